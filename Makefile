@@ -1,0 +1,31 @@
+# Two entry points, both from a fresh clone with only Python 3.11 and pip:
+#   make demo   set up .venv and stream one chat, printing its timing
+#   make test   set up .venv and run every test, lint and type check
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck setup clean
+
+$(STAMP): pyproject.toml scripts/setup
+	PY=$(PY) bash scripts/setup
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python examples/stream_chat.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+test: $(STAMP) lint typecheck
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

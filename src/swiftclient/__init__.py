@@ -1,0 +1,93 @@
+"""swiftclient: a fast, dependable async client for OpenAI-compatible LLM APIs.
+
+``await AsyncClient(...).chat(messages, model=...)``; see the README for a tour.
+"""
+
+from ._client import NOT_GIVEN, AsyncClient, NotGiven
+from ._deadline import Deadline, Timeout
+from ._retry import RetryPolicy
+from ._stream import ChatStream
+from .backends.base import Backend, RequestOptions
+from .backends.http import HTTPBackend
+from .errors import (
+    APIConnectionError,
+    APIError,
+    APIResponseValidationError,
+    APIStatusError,
+    APITimeoutError,
+    AuthenticationError,
+    BadRequestError,
+    ConfigurationError,
+    ConflictError,
+    DeadlineExceeded,
+    EngineError,
+    FirstTokenTimeout,
+    InternalServerError,
+    NotFoundError,
+    OverloadedError,
+    PermissionDeniedError,
+    RateLimitError,
+    StreamError,
+    StreamStalled,
+    StructuredOutputError,
+    SwiftClientError,
+    UnprocessableEntityError,
+)
+from .types import (
+    Attempt,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatRequest,
+    Message,
+    Timing,
+    Tool,
+    ToolCall,
+    Usage,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "NOT_GIVEN",
+    "APIConnectionError",
+    "APIError",
+    "APIResponseValidationError",
+    "APIStatusError",
+    "APITimeoutError",
+    "AsyncClient",
+    "Attempt",
+    "AuthenticationError",
+    "Backend",
+    "BadRequestError",
+    "ChatCompletion",
+    "ChatCompletionChunk",
+    "ChatRequest",
+    "ChatStream",
+    "ConfigurationError",
+    "ConflictError",
+    "Deadline",
+    "DeadlineExceeded",
+    "EngineError",
+    "FirstTokenTimeout",
+    "HTTPBackend",
+    "InternalServerError",
+    "Message",
+    "NotFoundError",
+    "NotGiven",
+    "OverloadedError",
+    "PermissionDeniedError",
+    "RateLimitError",
+    "RequestOptions",
+    "RetryPolicy",
+    "StreamError",
+    "StreamStalled",
+    "StructuredOutputError",
+    "SwiftClientError",
+    "Timeout",
+    "Timing",
+    "Tool",
+    "ToolCall",
+    "UnprocessableEntityError",
+    "Usage",
+    "__version__",
+]

@@ -1,0 +1,136 @@
+"""Assemble stream chunks into one ChatCompletion: text and tool-call argument deltas merged."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .types import (
+    AssistantMessage,
+    ChatCompletion,
+    ChatCompletionChunk,
+    Choice,
+    FunctionCall,
+    ToolCall,
+    Usage,
+)
+
+__all__ = ["Accumulator"]
+
+
+class _ToolCallParts:
+    __slots__ = ("arguments", "id", "name")
+
+    def __init__(self) -> None:
+        self.id: str | None = None
+        self.name: list[str] = []
+        self.arguments: list[str] = []
+
+
+class _ChoiceParts:
+    __slots__ = ("content", "finish_reason", "logprobs", "reasoning", "refusal", "tool_calls")
+
+    def __init__(self) -> None:
+        self.content: list[str] = []
+        self.refusal: list[str] = []
+        self.reasoning: list[str] = []
+        self.tool_calls: dict[int, _ToolCallParts] = {}
+        self.finish_reason: str | None = None
+        self.logprobs: dict[str, list[Any]] | None = None
+
+
+class Accumulator:
+    """Collects chunks in O(1) per chunk and builds the final completion once."""
+
+    __slots__ = ("_choices", "_created", "_extra", "_fingerprint", "_id", "_model", "usage")
+
+    def __init__(self) -> None:
+        self._choices: dict[int, _ChoiceParts] = {}
+        self._id = ""
+        self._model = ""
+        self._created = 0
+        self._fingerprint: str | None = None
+        self._extra: dict[str, Any] = {}
+        self.usage: Usage | None = None
+
+    def add(self, chunk: ChatCompletionChunk) -> None:
+        """Fold one chunk in."""
+        if not self._id and chunk.id:
+            self._id = chunk.id
+            self._model = chunk.model
+            self._created = chunk.created
+        if chunk.system_fingerprint:
+            self._fingerprint = chunk.system_fingerprint
+        if chunk.usage is not None:
+            self.usage = chunk.usage
+        for choice in chunk.choices:
+            parts = self._choices.get(choice.index)
+            if parts is None:
+                parts = self._choices[choice.index] = _ChoiceParts()
+            delta = choice.delta
+            if delta.content:
+                parts.content.append(delta.content)
+            if delta.refusal:
+                parts.refusal.append(delta.refusal)
+            if delta.reasoning_content:
+                parts.reasoning.append(delta.reasoning_content)
+            if delta.tool_calls:
+                for call in delta.tool_calls:
+                    tc = parts.tool_calls.get(call.index)
+                    if tc is None:
+                        tc = parts.tool_calls[call.index] = _ToolCallParts()
+                    if call.id:
+                        tc.id = call.id
+                    if call.function is not None:
+                        if call.function.name:
+                            tc.name.append(call.function.name)
+                        if call.function.arguments:
+                            tc.arguments.append(call.function.arguments)
+            if choice.finish_reason is not None:
+                parts.finish_reason = choice.finish_reason
+            if choice.logprobs:
+                merged = parts.logprobs if parts.logprobs is not None else {}
+                for key, value in choice.logprobs.items():
+                    if isinstance(value, list):
+                        merged.setdefault(key, []).extend(value)
+                parts.logprobs = merged
+
+    @property
+    def text(self) -> str:
+        """Text of choice 0 so far."""
+        parts = self._choices.get(0)
+        return "".join(parts.content) if parts else ""
+
+    def build(self) -> ChatCompletion:
+        """Return the assembled completion."""
+        choices = []
+        for index in sorted(self._choices):
+            parts = self._choices[index]
+            tool_calls = [
+                ToolCall(
+                    id=tc.id or f"call_{index}_{i}",
+                    function=FunctionCall(name="".join(tc.name), arguments="".join(tc.arguments)),
+                )
+                for i, tc in sorted(parts.tool_calls.items())
+            ]
+            message = AssistantMessage(
+                content="".join(parts.content) if parts.content or not tool_calls else None,
+                refusal="".join(parts.refusal) or None,
+                reasoning_content="".join(parts.reasoning) or None,
+                tool_calls=tool_calls or None,
+            )
+            choices.append(
+                Choice(
+                    index=index,
+                    message=message,
+                    finish_reason=parts.finish_reason,
+                    logprobs=parts.logprobs,
+                )
+            )
+        return ChatCompletion(
+            id=self._id,
+            created=self._created,
+            model=self._model,
+            choices=choices,
+            usage=self.usage,
+            system_fingerprint=self._fingerprint,
+        )

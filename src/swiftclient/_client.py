@@ -1,0 +1,267 @@
+"""AsyncClient: resolve the model to a backend, apply the call's policies, return results."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any, TypeVar, overload
+
+import anyio
+import pydantic
+
+from . import errors
+from ._deadline import Deadline, Timeout
+from ._retry import RetryPolicy
+from ._stream import Call, ChatStream
+from .backends.base import Backend, RequestOptions
+from .types import ChatCompletion, ChatRequest, JSONSchemaFormat, Message, ResponseFormat
+
+__all__ = ["AsyncClient", "NOT_GIVEN", "NotGiven"]
+
+ModelT = TypeVar("ModelT", bound=pydantic.BaseModel)
+MessagesInput = str | Sequence[Message | Mapping[str, Any]]
+
+
+class NotGiven:
+    """Marks an argument the caller did not pass (distinct from ``None``)."""
+
+    _instance: NotGiven | None = None
+
+    def __new__(cls) -> NotGiven:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "NOT_GIVEN"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+NOT_GIVEN = NotGiven()
+
+
+def _messages(messages: MessagesInput) -> list[Message]:
+    if isinstance(messages, str):
+        return [Message(role="user", content=messages)]
+    return [m if isinstance(m, Message) else Message.model_validate(m) for m in messages]
+
+
+def _schema_format(model: type[pydantic.BaseModel]) -> ResponseFormat:
+    return ResponseFormat(
+        type="json_schema",
+        json_schema=JSONSchemaFormat(name=model.__name__, schema=model.model_json_schema()),
+    )
+
+
+class AsyncClient:
+    """The client agents call: ``await client.chat(messages=..., model=...)``.
+
+    Args:
+        backend: one backend (it becomes the default).
+        backends: several named backends; ``"name/model"`` routes to ``name``.
+        default_backend: which of ``backends`` gets model strings without a known prefix.
+        model: the model used when a call names none.
+        timeout: default :class:`Timeout` (a number sets ``total``).
+        retry: default :class:`RetryPolicy`.
+        stream_chat: run ``chat()`` over streaming (TTFT and ITL measured, first-token and
+            idle timeouts apply); ``False`` uses the backends' non-streamed path.
+
+    With no backend at all, the client configures itself from the environment (see
+    :func:`swiftclient.providers.from_env`).
+    """
+
+    def __init__(
+        self,
+        backend: Backend | None = None,
+        *,
+        backends: Mapping[str, Backend] | None = None,
+        default_backend: str | None = None,
+        model: str | None = None,
+        timeout: Timeout | float | None | NotGiven = NOT_GIVEN,
+        retry: RetryPolicy | None = None,
+        stream_chat: bool = True,
+    ) -> None:
+        named: dict[str, Backend] = dict(backends or {})
+        if backend is not None:
+            named.setdefault(backend.name, backend)
+            default_backend = default_backend or backend.name
+        if not named:
+            from .providers import from_env
+
+            env_backend = from_env()
+            named[env_backend.name] = env_backend
+            default_backend = env_backend.name
+            if model is None:
+                import os
+
+                model = os.environ.get("SWIFTCLIENT_MODEL")
+        if default_backend is None:
+            default_backend = next(iter(named))
+        if default_backend not in named:
+            raise errors.ConfigurationError(
+                f"default_backend {default_backend!r} is not one of {sorted(named)}"
+            )
+        self._backends = named
+        self._default = default_backend
+        self.model = model
+        self.timeout = Timeout() if isinstance(timeout, NotGiven) else Timeout.coerce(timeout)
+        self.retry = retry or RetryPolicy()
+        self.stream_chat = stream_chat
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"AsyncClient(backends={sorted(self._backends)}, default={self._default!r})"
+
+    @property
+    def backends(self) -> dict[str, Backend]:
+        """The configured backends by name."""
+        return dict(self._backends)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close every backend (their pools, engines and connections)."""
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            for backend in self._backends.values():
+                await backend.aclose()
+
+    async def warmup(self, connections: int = 1) -> None:
+        """Open pooled connections (HTTP) or load models (local) before the first call."""
+        for backend in self._backends.values():
+            warm = getattr(backend, "warmup", None)
+            if warm is not None:
+                await warm(connections)
+
+    # ------------------------------------------------------------------ resolution
+
+    def resolve(self, model: str | None) -> tuple[Backend, str]:
+        """Split a model string into (backend, the backend's model name)."""
+        model = model or self.model
+        if not model:
+            raise errors.ConfigurationError(
+                "no model given: pass model=... or set AsyncClient(model=...)"
+            )
+        head, sep, rest = model.partition("/")
+        if sep and head in self._backends and rest:
+            return self._backends[head], rest
+        return self._backends[self._default], model
+
+    def _call(
+        self,
+        messages: MessagesInput,
+        model: str | None,
+        timeout: Timeout | float | None | NotGiven,
+        retry: RetryPolicy | None,
+        params: dict[str, Any],
+    ) -> Call:
+        if self._closed:
+            raise errors.ConfigurationError("this AsyncClient is closed")
+        backend, backend_model = self.resolve(model)
+        try:
+            request = ChatRequest(model=backend_model, messages=_messages(messages), **params)
+        except pydantic.ValidationError as exc:
+            raise errors.ConfigurationError(f"invalid chat request: {exc}") from exc
+        limits = self.timeout if isinstance(timeout, NotGiven) else Timeout.coerce(timeout)
+        options = RequestOptions(idempotency_key=f"swiftclient-{uuid.uuid4().hex}")
+        return Call(backend, request, Deadline(limits), retry or self.retry, options)
+
+    # ------------------------------------------------------------------ calls
+
+    def stream(
+        self,
+        messages: MessagesInput,
+        *,
+        model: str | None = None,
+        timeout: Timeout | float | None | NotGiven = NOT_GIVEN,
+        retry: RetryPolicy | None = None,
+        **params: Any,
+    ) -> ChatStream:
+        """Open a streamed chat: ``async with client.stream(messages, model=...) as s``.
+
+        ``params`` are :class:`ChatRequest` fields (``temperature``, ``tools``, ``stop``, ...;
+        provider-specific ones go in ``extra_body``).
+        """
+        return ChatStream(self._call(messages, model, timeout, retry, params))
+
+    @overload
+    async def chat(
+        self,
+        messages: MessagesInput,
+        *,
+        model: str | None = ...,
+        response_model: None = ...,
+        timeout: Timeout | float | None | NotGiven = ...,
+        retry: RetryPolicy | None = ...,
+        stream: bool | None = ...,
+        **params: Any,
+    ) -> ChatCompletion: ...
+
+    @overload
+    async def chat(
+        self,
+        messages: MessagesInput,
+        *,
+        model: str | None = ...,
+        response_model: type[ModelT],
+        timeout: Timeout | float | None | NotGiven = ...,
+        retry: RetryPolicy | None = ...,
+        stream: bool | None = ...,
+        **params: Any,
+    ) -> ModelT: ...
+
+    async def chat(
+        self,
+        messages: MessagesInput,
+        *,
+        model: str | None = None,
+        response_model: type[ModelT] | None = None,
+        timeout: Timeout | float | None | NotGiven = NOT_GIVEN,
+        retry: RetryPolicy | None = None,
+        stream: bool | None = None,
+        **params: Any,
+    ) -> ChatCompletion | ModelT:
+        """Run one chat completion and return it (with ``.text``, ``.tool_calls``,
+        ``.usage`` and ``.timing``).
+
+        With ``response_model``, the model is asked for JSON matching that pydantic model's
+        schema and the validated instance is returned; a reply that does not validate
+        raises :class:`StructuredOutputError` carrying the raw text.
+        """
+        if response_model is not None:
+            if "response_format" in params:
+                raise errors.ConfigurationError("pass response_model or response_format, not both")
+            params["response_format"] = _schema_format(response_model)
+        call = self._call(messages, model, timeout, retry, params)
+        use_stream = self.stream_chat if stream is None else stream
+        if use_stream:
+            async with ChatStream(call) as chat_stream:
+                completion = await chat_stream.final()
+        else:
+            completion = await call.complete()
+        if response_model is None:
+            return completion
+        raw = completion.text
+        try:
+            return response_model.model_validate_json(raw)
+        except pydantic.ValidationError as exc:
+            raise errors.StructuredOutputError(
+                f"the reply does not validate as {response_model.__name__}: "
+                f"{exc.error_count()} error(s)",
+                raw=raw,
+                completion=completion,
+            ) from exc

@@ -1,0 +1,101 @@
+"""Time limits: the user's :class:`Timeout` and the one :class:`Deadline` each call carries.
+
+``Timeout.total`` bounds the whole call, every attempt and backoff included; every wait
+underneath asks the deadline how long it may take (:meth:`Deadline.bound`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import anyio
+
+from .errors import ConfigurationError, DeadlineExceeded
+
+__all__ = ["Deadline", "Timeout"]
+
+
+def _check(name: str, value: float | None) -> None:
+    if value is not None and (not isinstance(value, int | float) or not value > 0):
+        raise ConfigurationError(f"Timeout.{name} must be a positive number or None, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Timeout:
+    """Time limits for one call, in seconds; ``None`` means no limit.
+
+    - ``total``: the whole call, every retry and backoff included.
+    - ``connect``: opening one connection.
+    - ``pool``: waiting for a free pooled connection.
+    - ``first_token``: from an attempt's start to its first content token.
+    - ``idle``: the longest gap between two stream chunks (comments do not count).
+    """
+
+    total: float | None = 600.0
+    connect: float | None = 10.0
+    pool: float | None = 30.0
+    first_token: float | None = None
+    idle: float | None = 120.0
+
+    def __post_init__(self) -> None:
+        for name in ("total", "connect", "pool", "first_token", "idle"):
+            _check(name, getattr(self, name))
+
+    @classmethod
+    def coerce(cls, value: Timeout | float | None) -> Timeout:
+        """Accept a Timeout, a number (taken as ``total``) or None (no total limit)."""
+        if isinstance(value, Timeout):
+            return value
+        if value is None:
+            return cls(total=None)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return cls(total=float(value))
+        raise ConfigurationError(f"timeout must be a Timeout, a number or None, got {value!r}")
+
+
+class Deadline:
+    """The absolute end of one call, on anyio's clock.
+
+    Create it inside the running event loop, once per call; every attempt shares it.
+    """
+
+    __slots__ = ("_at", "timeout")
+
+    def __init__(self, timeout: Timeout | None = None) -> None:
+        self.timeout = timeout or Timeout()
+        total = self.timeout.total
+        self._at = math.inf if total is None else anyio.current_time() + total
+
+    @classmethod
+    def after(cls, seconds: float | None) -> Deadline:
+        """A deadline ``seconds`` from now (``None``: never)."""
+        return cls(Timeout.coerce(seconds))
+
+    @property
+    def at(self) -> float:
+        """The absolute end on anyio's clock (``inf`` when unbounded)."""
+        return self._at
+
+    def remaining(self) -> float:
+        """Seconds left (``inf`` when unbounded, never negative)."""
+        if self._at == math.inf:
+            return math.inf
+        return max(0.0, self._at - anyio.current_time())
+
+    @property
+    def expired(self) -> bool:
+        """True once no time is left."""
+        return self.remaining() <= 0.0
+
+    def bound(self, limit: float | None) -> float | None:
+        """The smaller of ``limit`` and the time left; ``None`` when both are unbounded."""
+        left = self.remaining()
+        if limit is not None:
+            left = min(left, limit)
+        return None if left == math.inf else left
+
+    def check(self) -> None:
+        """Raise :class:`DeadlineExceeded` when no time is left."""
+        if self.expired:
+            raise DeadlineExceeded("the call's total deadline was exceeded")

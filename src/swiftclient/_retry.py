@@ -1,0 +1,132 @@
+"""Retry policy on tenacity, bounded by the call's one deadline.
+
+Retried: connection failures and timeouts of one attempt, HTTP 408, 409, 429 and 5xx, and
+any response with ``x-should-retry: true``; never any other 4xx, never once the deadline
+is spent. Waits honour ``retry-after-ms`` and ``Retry-After`` (seconds or an HTTP date) up
+to ``max_retry_after``; otherwise backoff is exponential with full jitter. A retry whose
+wait would end past the deadline is not made: the last error is raised instead.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import anyio
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
+
+from . import errors
+from ._deadline import Deadline
+
+__all__ = ["RetryPolicy", "retry_after_seconds", "run_with_retries"]
+
+T = TypeVar("T")
+
+_RETRY_STATUSES = frozenset({408, 409, 429})
+
+
+def retry_after_seconds(headers: dict[str, str]) -> float | None:
+    """Parse ``retry-after-ms`` or ``Retry-After`` (seconds or HTTP date) into seconds."""
+    lowered = {k.lower(): v for k, v in headers.items()}
+    value = lowered.get("retry-after-ms")
+    if value is not None:
+        try:
+            return max(0.0, float(value) / 1000.0)
+        except ValueError:
+            pass
+    value = lowered.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How a call retries. ``max_attempts`` counts the first attempt (1 disables retries)."""
+
+    max_attempts: int = 3
+    initial_backoff: float = 0.5
+    max_backoff: float = 8.0
+    max_retry_after: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise errors.ConfigurationError("RetryPolicy.max_attempts must be at least 1")
+        if self.initial_backoff < 0 or self.max_backoff < 0 or self.max_retry_after < 0:
+            raise errors.ConfigurationError("RetryPolicy waits must not be negative")
+
+    @classmethod
+    def none(cls) -> RetryPolicy:
+        """A policy that never retries."""
+        return cls(max_attempts=1)
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        """True when ``exc`` is worth another attempt."""
+        if isinstance(exc, errors.APIStatusError):
+            flag = exc.headers.get("x-should-retry")
+            if flag is not None:
+                return flag.strip().lower() == "true"
+            return exc.status_code in _RETRY_STATUSES or exc.status_code >= 500
+        if isinstance(exc, errors.DeadlineExceeded):
+            return False
+        return isinstance(exc, errors.APIConnectionError)
+
+    def wait_seconds(self, attempt: int, exc: BaseException | None) -> float:
+        """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
+        if isinstance(exc, errors.APIStatusError):
+            hinted = retry_after_seconds(exc.headers)
+            if hinted is not None and hinted <= self.max_retry_after:
+                return hinted
+        ceiling = min(self.max_backoff, self.initial_backoff * (2 ** (attempt - 1)))
+        return random.uniform(0.0, ceiling)
+
+
+async def run_with_retries(
+    policy: RetryPolicy,
+    deadline: Deadline,
+    attempt: Callable[[int], Awaitable[T]],
+    *,
+    before_sleep: Callable[[int, BaseException, float], None] | None = None,
+) -> T:
+    """Run ``attempt(n)`` until it succeeds, the policy gives up, or the deadline would pass."""
+
+    def wait(state: RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome else None
+        return policy.wait_seconds(state.attempt_number, exc)
+
+    def stop(state: RetryCallState) -> bool:
+        if state.attempt_number >= policy.max_attempts:
+            return True
+        return state.upcoming_sleep >= deadline.remaining()
+
+    def notify(state: RetryCallState) -> None:
+        if before_sleep is not None and state.outcome is not None:
+            exc = state.outcome.exception()
+            if exc is not None:
+                before_sleep(state.attempt_number, exc, state.upcoming_sleep)
+
+    retrying = AsyncRetrying(
+        sleep=anyio.sleep,
+        stop=stop,
+        wait=wait,
+        retry=retry_if_exception(policy.is_retryable),
+        before_sleep=notify,
+        reraise=True,
+    )
+    result: T | None = None
+    async for state in retrying:
+        with state:
+            result = await attempt(state.retry_state.attempt_number)
+    return result  # type: ignore[return-value]

@@ -1,0 +1,141 @@
+"""A sans-IO decoder for Server-Sent Events: bytes in, events out, no I/O.
+
+It follows the WHATWG event-stream rules: lines end in LF, CR or CRLF (a CR at the end of
+one chunk and an LF at the start of the next count as one line end); lines starting with
+``:`` are comments; ``data`` lines of one event are joined with LF; ``event``, ``id`` and
+``retry`` fields are kept; a leading UTF-8 byte-order mark is dropped. Work is linear in
+the input: each byte is scanned once however the stream is split into chunks.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = ["SSEDecoder", "ServerSentEvent"]
+
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+_BOM = b"\xef\xbb\xbf"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSentEvent:
+    """One dispatched event. ``data`` stays bytes so JSON parsers can take it directly."""
+
+    data: bytes
+    event: str = "message"
+    id: str | None = None
+    retry: int | None = None
+
+
+class SSEDecoder:
+    """Incremental SSE decoder; call :meth:`feed` with each chunk and :meth:`close` at EOF."""
+
+    __slots__ = (
+        "_buf",
+        "_data",
+        "_event",
+        "_last_id",
+        "_retry",
+        "_scan",
+        "_skip_lf",
+        "_started",
+        "comments",
+    )
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._scan = 0
+        self._skip_lf = False
+        self._started = False
+        self._data: list[bytes] = []
+        self._event = b""
+        self._last_id: str | None = None
+        self._retry: int | None = None
+        self.comments = 0
+
+    def feed(self, chunk: bytes) -> list[ServerSentEvent]:
+        """Decode ``chunk`` and return the events it completes."""
+        if not chunk:
+            return []
+        if self._skip_lf:
+            self._skip_lf = False
+            if chunk[:1] == b"\n":
+                chunk = chunk[1:]
+        buf = self._buf
+        buf += chunk
+        if not self._started:
+            if len(buf) < 3 and _BOM.startswith(bytes(buf)):
+                return []
+            self._started = True
+            if buf[:3] == _BOM:
+                del buf[:3]
+        events: list[ServerSentEvent] = []
+        start = 0
+        pos = self._scan
+        search = _LINE_END.search
+        while True:
+            match = search(buf, pos)
+            if match is None:
+                break
+            end = match.start()
+            if match.end() == len(buf) and buf[end] == 0x0D:
+                # A CR at the very end may be the first half of a CRLF split across chunks.
+                self._skip_lf = True
+            event = self._line(bytes(buf[start:end]))
+            if event is not None:
+                events.append(event)
+            start = pos = match.end()
+        if start:
+            del buf[:start]
+        self._scan = len(buf)
+        return events
+
+    def close(self) -> list[ServerSentEvent]:
+        """Finish the stream. An unterminated last event is discarded, as the spec says."""
+        self._buf.clear()
+        self._scan = 0
+        self._data = []
+        self._event = b""
+        return []
+
+    def _line(self, line: bytes) -> ServerSentEvent | None:
+        if not line:
+            return self._dispatch()
+        if line[0] == 0x3A:  # ":" comment
+            self.comments += 1
+            return None
+        colon = line.find(b":")
+        if colon == -1:
+            field, value = line, b""
+        else:
+            field = line[:colon]
+            value = line[colon + 1 :]
+            if value[:1] == b" ":
+                value = value[1:]
+        if field == b"data":
+            self._data.append(value)
+        elif field == b"event":
+            self._event = value
+        elif field == b"id":
+            if b"\x00" not in value:
+                self._last_id = value.decode("utf-8", "replace")
+        elif field == b"retry":
+            if value.isdigit():
+                self._retry = int(value)
+        return None
+
+    def _dispatch(self) -> ServerSentEvent | None:
+        data = self._data
+        event_type = self._event
+        self._event = b""
+        if not data:
+            return None
+        self._data = []
+        payload = data[0] if len(data) == 1 else b"\n".join(data)
+        return ServerSentEvent(
+            data=payload,
+            event=event_type.decode("utf-8", "replace") if event_type else "message",
+            id=self._last_id,
+            retry=self._retry,
+        )

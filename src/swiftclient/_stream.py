@@ -1,0 +1,324 @@
+"""One call's execution: attempts under one deadline, retries before the first token, timing.
+
+:class:`ChatStream` is what ``client.stream(...)`` returns; ``client.chat(...)`` is the same
+stream plus accumulation, so both share every policy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from types import TracebackType
+from typing import Literal
+
+import anyio
+
+from . import errors
+from ._accumulate import Accumulator
+from ._deadline import Deadline
+from ._retry import RetryPolicy, run_with_retries
+from .backends.base import Backend, RequestOptions
+from .types import Attempt, ChatCompletion, ChatCompletionChunk, ChatRequest, Timing
+
+__all__ = ["Call", "ChatStream"]
+
+_Limit = Literal["deadline", "idle", "first_token"]
+_CLOSE_GRACE = 5.0
+
+
+class Call:
+    """Everything one call needs: where it goes, what it sends, its deadline and policy."""
+
+    __slots__ = ("backend", "deadline", "options", "policy", "request", "started", "timing")
+
+    def __init__(
+        self,
+        backend: Backend,
+        request: ChatRequest,
+        deadline: Deadline,
+        policy: RetryPolicy,
+        options: RequestOptions,
+    ) -> None:
+        self.backend = backend
+        self.request = request
+        self.deadline = deadline
+        self.policy = policy
+        self.options = options
+        self.started = anyio.current_time()
+        self.timing = Timing()
+
+    def new_attempt(self, number: int) -> Attempt:
+        """Record and return a new attempt."""
+        attempt = Attempt(
+            number=number,
+            backend=self.backend.name,
+            model=self.request.model,
+            started=anyio.current_time() - self.started,
+        )
+        self.timing.attempts.append(attempt)
+        return attempt
+
+    def end_attempt(self, attempt: Attempt, exc: BaseException | None) -> None:
+        """Close an attempt's record with its outcome."""
+        attempt.duration = anyio.current_time() - self.started - attempt.started
+        if exc is None:
+            attempt.outcome = "ok"
+        elif isinstance(exc, anyio.get_cancelled_exc_class()):
+            attempt.outcome = "cancelled"
+        else:
+            attempt.outcome = "error"
+            attempt.error = type(exc).__name__
+            if isinstance(exc, errors.APIStatusError):
+                attempt.status_code = exc.status_code
+
+    def finish(self) -> None:
+        """Stamp the call's total time."""
+        self.timing.total = anyio.current_time() - self.started
+
+    async def complete(self) -> ChatCompletion:
+        """Run a non-streamed completion with retries under the deadline."""
+
+        async def once(number: int) -> ChatCompletion:
+            attempt = self.new_attempt(number)
+            try:
+                with anyio.move_on_after(self.deadline.remaining()) as scope:
+                    result = await self.backend.complete(self.request, self.deadline, self.options)
+                if scope.cancelled_caught:
+                    raise errors.DeadlineExceeded(
+                        f"{self.backend.name}: the call's total deadline was exceeded",
+                        backend=self.backend.name,
+                    )
+            except BaseException as exc:
+                self.end_attempt(attempt, exc)
+                raise
+            self.end_attempt(attempt, None)
+            return result
+
+        try:
+            completion = await run_with_retries(self.policy, self.deadline, once)
+        finally:
+            self.finish()
+        completion.timing = self.timing
+        return completion
+
+
+class ChatStream:
+    """A streamed chat completion: ``async with client.stream(...) as stream``.
+
+    Iterate it for typed chunks, use :meth:`text` for text only, and :meth:`final` for the
+    assembled completion. ``timing`` fills in as chunks arrive. Leaving the block early
+    releases the connection (or the local engine's request) at once.
+    """
+
+    def __init__(self, call: Call) -> None:
+        self._call = call
+        self._stack: AsyncExitStack | None = None
+        self._iterator: AsyncIterator[ChatCompletionChunk] | None = None
+        self._buffered: list[ChatCompletionChunk] = []
+        self._attempt: Attempt | None = None
+        self._attempt_started = 0.0
+        self._first_content_at: float | None = None
+        self._last_content_at: float | None = None
+        self._accumulator = Accumulator()
+        self._done = False
+        self._completion: ChatCompletion | None = None
+
+    @property
+    def timing(self) -> Timing:
+        """What was measured so far."""
+        return self._call.timing
+
+    @property
+    def request(self) -> ChatRequest:
+        """The request as sent (model without its backend prefix)."""
+        return self._call.request
+
+    # ------------------------------------------------------------------ bounded waits
+
+    def _limit(self) -> tuple[float, _Limit]:
+        call = self._call
+        limit, kind = call.deadline.remaining(), "deadline"
+        idle = call.deadline.timeout.idle
+        if idle is not None and idle < limit:
+            limit, kind = idle, "idle"
+        first = call.deadline.timeout.first_token
+        if first is not None and self._first_content_at is None:
+            left = self._attempt_started + first - anyio.current_time()
+            if left < limit:
+                limit, kind = left, "first_token"
+        return limit, kind  # type: ignore[return-value]
+
+    def _timeout_error(self, kind: _Limit) -> errors.APITimeoutError:
+        name = self._call.backend.name
+        timeout = self._call.deadline.timeout
+        if kind == "first_token":
+            return errors.FirstTokenTimeout(
+                f"{name}: no content token within {timeout.first_token}s", backend=name
+            )
+        if kind == "idle":
+            return errors.StreamStalled(
+                f"{name}: no chunk for {timeout.idle}s (stream stalled)", backend=name
+            )
+        return errors.DeadlineExceeded(
+            f"{name}: the call's total deadline of {timeout.total}s was exceeded", backend=name
+        )
+
+    async def _next(
+        self, iterator: AsyncIterator[ChatCompletionChunk]
+    ) -> ChatCompletionChunk | None:
+        limit, kind = self._limit()
+        if limit <= 0:
+            raise self._timeout_error(kind)
+        if limit == math.inf:
+            try:
+                return await iterator.__anext__()
+            except StopAsyncIteration:
+                return None
+        with anyio.move_on_after(limit):
+            try:
+                return await iterator.__anext__()
+            except StopAsyncIteration:
+                return None
+        raise self._timeout_error(kind)
+
+    # ------------------------------------------------------------------ attempts
+
+    async def _attempt_once(self, number: int) -> None:
+        call = self._call
+        attempt = call.new_attempt(number)
+        self._attempt_started = anyio.current_time()
+        stack = AsyncExitStack()
+        try:
+            limit, kind = self._limit()
+            if limit <= 0:
+                raise self._timeout_error(kind)
+            with anyio.move_on_after(limit) as scope:
+                iterator = await stack.enter_async_context(
+                    call.backend.stream(call.request, call.deadline, call.options)
+                )
+            if scope.cancelled_caught:
+                raise self._timeout_error(kind)
+            buffered: list[ChatCompletionChunk] = []
+            while True:
+                chunk = await self._next(iterator)
+                if chunk is None:
+                    break
+                buffered.append(chunk)
+                if chunk.has_content():
+                    now = anyio.current_time()
+                    attempt.ttft = now - self._attempt_started
+                    self._mark_content(now)
+                    break
+        except BaseException as exc:
+            with anyio.move_on_after(_CLOSE_GRACE, shield=True):
+                await stack.aclose()
+            call.end_attempt(attempt, exc)
+            raise
+        self._stack = stack
+        self._iterator = iterator
+        self._buffered = buffered
+        self._attempt = attempt
+        if chunk is None:
+            self._done = True
+
+    def _mark_content(self, now: float) -> None:
+        timing = self._call.timing
+        if self._first_content_at is None:
+            self._first_content_at = now
+            timing.ttft = now - self._call.started
+        elif self._last_content_at is not None:
+            timing.itl.append(now - self._last_content_at)
+        self._last_content_at = now
+
+    async def __aenter__(self) -> ChatStream:
+        call = self._call
+        try:
+            await run_with_retries(call.policy, call.deadline, self._attempt_once)
+        except BaseException:
+            call.finish()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose(exc)
+
+    async def aclose(self, exc: BaseException | None = None) -> None:
+        """Release the stream's connection or engine request (idempotent)."""
+        stack, self._stack = self._stack, None
+        if stack is None:
+            return
+        self._done = True
+        with anyio.move_on_after(_CLOSE_GRACE, shield=True):
+            await stack.aclose()
+        if self._attempt is not None and self._attempt.outcome == "pending":
+            self._call.end_attempt(self._attempt, exc)
+        self._call.finish()
+
+    # ------------------------------------------------------------------ iteration
+
+    def __aiter__(self) -> ChatStream:
+        return self
+
+    async def __anext__(self) -> ChatCompletionChunk:
+        if self._buffered:
+            chunk = self._buffered.pop(0)
+            self._accumulator.add(chunk)
+            return chunk
+        if self._done or self._iterator is None:
+            raise StopAsyncIteration
+        try:
+            next_chunk = await self._next(self._iterator)
+        except BaseException as exc:
+            self._done = True
+            if self._attempt is not None and self._attempt.outcome == "pending":
+                self._call.end_attempt(self._attempt, exc)
+            raise
+        if next_chunk is None:
+            self._done = True
+            if self._attempt is not None and self._attempt.outcome == "pending":
+                self._call.end_attempt(self._attempt, None)
+            self._call.finish()
+            raise StopAsyncIteration
+        if next_chunk.has_content():
+            self._mark_content(anyio.current_time())
+        self._accumulator.add(next_chunk)
+        return next_chunk
+
+    def text(self) -> _TextIterator:
+        """Iterate over content text only (empty deltas skipped)."""
+        return _TextIterator(self)
+
+    async def final(self) -> ChatCompletion:
+        """Consume what is left and return the assembled completion, with timing."""
+        if self._completion is None:
+            async for _ in self:
+                pass
+            completion = self._accumulator.build()
+            completion.timing = self._call.timing
+            self._completion = completion
+        return self._completion
+
+
+class _TextIterator:
+    """Content text of a :class:`ChatStream`."""
+
+    __slots__ = ("_stream",)
+
+    def __init__(self, stream: ChatStream) -> None:
+        self._stream = stream
+
+    def __aiter__(self) -> _TextIterator:
+        return self
+
+    async def __anext__(self) -> str:
+        while True:
+            chunk = await self._stream.__anext__()
+            text = chunk.text
+            if text:
+                return text

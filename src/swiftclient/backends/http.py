@@ -1,0 +1,403 @@
+"""HTTPBackend: any OpenAI-compatible ``/chat/completions`` endpoint over pooled keep-alive HTTP.
+
+One long-lived ``httpx.AsyncClient`` per backend. On asyncio its bytes travel over an
+aiohttp-backed transport (much less CPU per request and chunk); on trio, or with HTTP/2,
+httpx's own transport carries them. Leaving a stream early always closes its response, so
+the pooled connection is returned (or discarded when unread bytes make it unusable).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import httpx
+import pydantic
+
+from .. import errors
+from .._deadline import Deadline
+from .._sse import SSEDecoder
+from .._wire import encode_request
+from ..types import ChatCompletion, ChatCompletionChunk, ChatRequest
+from ._errors import map_httpx_error
+from .base import RequestOptions
+
+__all__ = ["HTTPBackend"]
+
+_MAX_ERROR_BODY = 1 << 20
+_USER_AGENT = "swiftclient/0.1"
+
+
+def _keepalive_options() -> list[tuple[int, int, int]]:
+    options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
+    for name, value in (("TCP_KEEPIDLE", 60), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 5)):
+        if hasattr(socket, name):
+            options.append((socket.IPPROTO_TCP, getattr(socket, name), value))
+    return options
+
+
+def _on_asyncio() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+class HTTPBackend:
+    """A backend for one OpenAI-compatible HTTP API.
+
+    Args:
+        base_url: the API root, e.g. ``https://api.openai.com/v1``.
+        api_key: sent as a bearer token; never logged or shown in reprs and errors.
+        name: the backend's name in model strings, spans and errors.
+        headers: extra headers for every request.
+        max_connections: pool size (concurrent requests beyond it wait for a connection).
+        keepalive_expiry: seconds an idle pooled connection is kept.
+        tcp_keepalive: enable TCP keep-alive probes on every socket.
+        http2: use HTTP/2 (httpx's transport; needs the ``http2`` extra).
+        transport: an explicit httpx transport (tests, proxies); overrides the choice above.
+        stream_usage: ask for a final usage chunk on streams (``stream_options.include_usage``).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        *,
+        name: str = "http",
+        headers: Mapping[str, str] | None = None,
+        max_connections: int = 100,
+        keepalive_expiry: float | None = 30.0,
+        tcp_keepalive: bool = True,
+        http2: bool = False,
+        transport: httpx.AsyncBaseTransport | None = None,
+        stream_usage: bool = True,
+    ) -> None:
+        if not base_url or "://" not in base_url:
+            raise errors.ConfigurationError(f"base_url must be an absolute URL, got {base_url!r}")
+        if max_connections < 1:
+            raise errors.ConfigurationError("max_connections must be at least 1")
+        if not name or "/" in name:
+            raise errors.ConfigurationError(f"backend name must be non-empty without '/': {name!r}")
+        self.name = name
+        self.base_url = base_url.rstrip("/")
+        self._api_key = api_key
+        self._headers = {"user-agent": _USER_AGENT, "accept": "application/json"}
+        if headers:
+            self._headers.update({k.lower(): v for k, v in headers.items()})
+        if api_key:
+            self._headers["authorization"] = f"Bearer {api_key}"
+        self._max_connections = max_connections
+        self._keepalive_expiry = keepalive_expiry
+        self._tcp_keepalive = tcp_keepalive
+        self._http2 = http2
+        self._transport = transport
+        self._stream_usage = stream_usage
+        self._client: httpx.AsyncClient | None = None
+        self._url = f"{self.base_url}/chat/completions"
+
+    def __repr__(self) -> str:
+        return f"HTTPBackend(name={self.name!r}, base_url={self.base_url!r})"
+
+    # ------------------------------------------------------------------ connection pool
+
+    def _make_transport(self) -> httpx.AsyncBaseTransport:
+        if self._transport is not None:
+            return self._transport
+        socket_options = _keepalive_options() if self._tcp_keepalive else None
+        if not self._http2 and _on_asyncio():
+            from ._aiohttp import AiohttpTransport
+
+            def factory(addr_info: Any) -> socket.socket:
+                family, type_, proto, _, _ = addr_info
+                sock = socket.socket(family=family, type=type_, proto=proto)
+                for level, option, value in socket_options or ():
+                    sock.setsockopt(level, option, value)
+                return sock
+
+            return AiohttpTransport(
+                max_connections=self._max_connections,
+                keepalive_expiry=self._keepalive_expiry,
+                socket_factory=factory if socket_options else None,
+            )
+        if self._http2:
+            try:
+                import h2  # noqa: F401
+            except ImportError as exc:
+                raise errors.ConfigurationError(
+                    "http2=True needs the 'http2' extra: pip install 'swiftclient-llm[http2]'"
+                ) from exc
+        return httpx.AsyncHTTPTransport(
+            http2=self._http2,
+            limits=httpx.Limits(
+                max_connections=self._max_connections,
+                max_keepalive_connections=self._max_connections,
+                keepalive_expiry=self._keepalive_expiry,
+            ),
+            socket_options=socket_options,
+        )
+
+    def _get_client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(
+                transport=self._make_transport(), headers=self._headers, timeout=None
+            )
+        return self._client
+
+    def pool_stats(self) -> dict[str, int]:
+        """Connections checked out (``in_use``) and idle in the pool right now."""
+        if self._client is None:
+            return {"in_use": 0, "idle": 0}
+        transport = self._client._transport
+        stats = getattr(transport, "pool_stats", None)
+        if stats is not None:
+            result: dict[str, int] = stats()
+            return result
+        pool = getattr(transport, "_pool", None)
+        connections = list(getattr(pool, "connections", []))
+        idle = sum(1 for c in connections if c.is_idle())
+        in_use = sum(1 for c in connections if not c.is_idle() and not c.is_closed())
+        return {"in_use": in_use, "idle": idle}
+
+    async def warmup(self, connections: int = 1) -> None:
+        """Open up to ``connections`` pooled connections before the first real request.
+
+        Sends concurrent ``GET {base_url}/models`` requests; their answers are ignored.
+        """
+        client = self._get_client()
+
+        async def one() -> None:
+            try:
+                response = await client.get(f"{self.base_url}/models", timeout=10.0)
+                await response.aclose()
+            except httpx.HTTPError:
+                pass
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(max(1, min(connections, self._max_connections))):
+                tg.start_soon(one)
+
+    async def aclose(self) -> None:
+        """Close every pooled connection."""
+        client, self._client = self._client, None
+        if client is not None:
+            with anyio.CancelScope(shield=True):
+                await client.aclose()
+
+    # ------------------------------------------------------------------ requests
+
+    def _request(
+        self, request: ChatRequest, deadline: Deadline, options: RequestOptions | None, stream: bool
+    ) -> httpx.Request:
+        limits = deadline.timeout
+        timeout = httpx.Timeout(
+            connect=deadline.bound(limits.connect),
+            read=None,
+            write=deadline.bound(limits.connect),
+            pool=deadline.bound(limits.pool),
+        )
+        headers: dict[str, str] = {}
+        if stream:
+            headers["accept"] = "text/event-stream"
+        if options is not None:
+            if options.idempotency_key:
+                headers["idempotency-key"] = options.idempotency_key
+            headers.update(options.headers)
+        body = encode_request(request, stream=stream, include_usage=self._stream_usage)
+        headers["content-type"] = "application/json"
+        return self._get_client().build_request(
+            "POST", self._url, content=body, headers=headers, timeout=timeout
+        )
+
+    def _error(self, exc: Exception) -> errors.SwiftClientError:
+        return map_httpx_error(exc, backend=self.name, secrets=(self._api_key,))
+
+    async def _send(self, request: httpx.Request) -> httpx.Response:
+        try:
+            response = await self._get_client().send(request, stream=True)
+        except httpx.HTTPError as exc:
+            raise self._error(exc) from exc
+        if response.status_code >= 400:
+            try:
+                raise await self._status_error(response)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await response.aclose()
+        return response
+
+    async def _status_error(self, response: httpx.Response) -> errors.APIStatusError:
+        body_bytes = b""
+        try:
+            async for part in response.aiter_bytes():
+                body_bytes += part
+                if len(body_bytes) > _MAX_ERROR_BODY:
+                    break
+        except httpx.HTTPError:
+            pass
+        body: object = body_bytes.decode("utf-8", "replace")
+        detail = str(body)[:500]
+        try:
+            body = pydantic_core_from_json(body_bytes)
+        except ValueError:
+            pass
+        if isinstance(body, dict):
+            err = body.get("error", body)
+            if isinstance(err, dict) and isinstance(err.get("message"), str):
+                detail = err["message"]
+            elif isinstance(err, str):
+                detail = err
+        status = response.status_code
+        request_id = response.headers.get("x-request-id") or response.headers.get("request-id")
+        message = errors.redact(f"{self.name}: HTTP {status}: {detail}", self._api_key)
+        return errors.status_error_class(status)(
+            message,
+            status_code=status,
+            request_id=request_id,
+            body=body,
+            headers=dict(response.headers),
+            backend=self.name,
+        )
+
+    @asynccontextmanager
+    async def stream(
+        self, request: ChatRequest, deadline: Deadline, options: RequestOptions | None = None
+    ) -> AsyncIterator[AsyncIterator[ChatCompletionChunk]]:
+        """Open a streamed completion; the connection is released when the block exits."""
+        response = await self._send(self._request(request, deadline, options, stream=True))
+        chunks = _ChunkStream(response, self)
+        try:
+            content_type = response.headers.get("content-type", "")
+            if "json" in content_type and "event-stream" not in content_type:
+                raise errors.APIResponseValidationError(
+                    f"{self.name}: expected an event stream, got {content_type!r}",
+                    backend=self.name,
+                )
+            yield chunks
+        finally:
+            with anyio.CancelScope(shield=True):
+                await chunks.aclose()
+
+    async def complete(
+        self, request: ChatRequest, deadline: Deadline, options: RequestOptions | None = None
+    ) -> ChatCompletion:
+        """Run a non-streamed completion."""
+        response = await self._send(self._request(request, deadline, options, stream=False))
+        try:
+            try:
+                body = await response.aread()
+            except httpx.HTTPError as exc:
+                raise self._error(exc) from exc
+        finally:
+            with anyio.CancelScope(shield=True):
+                await response.aclose()
+        try:
+            return ChatCompletion.model_validate_json(body)
+        except pydantic.ValidationError as exc:
+            raise errors.APIResponseValidationError(
+                f"{self.name}: response body is not a chat completion: {exc.error_count()} errors",
+                backend=self.name,
+            ) from exc
+
+
+def pydantic_core_from_json(data: bytes) -> Any:
+    """Parse JSON bytes (ValueError when they are not JSON)."""
+    import pydantic_core
+
+    return pydantic_core.from_json(data)
+
+
+class _ChunkStream:
+    """Decodes an SSE response into chunks; an explicit iterator, so closing is deterministic."""
+
+    __slots__ = ("_backend", "_bytes", "_decoder", "_done", "_finished", "_pending", "_response")
+
+    def __init__(self, response: httpx.Response, backend: HTTPBackend) -> None:
+        self._response = response
+        self._backend = backend
+        self._bytes: AsyncIterator[bytes] | None = None
+        self._decoder = SSEDecoder()
+        self._pending: list[ChatCompletionChunk] = []
+        self._done = False
+        self._finished = False
+
+    def __aiter__(self) -> _ChunkStream:
+        return self
+
+    async def __anext__(self) -> ChatCompletionChunk:
+        while not self._pending:
+            if self._done:
+                raise StopAsyncIteration
+            await self._fill()
+        return self._pending.pop(0)
+
+    async def _fill(self) -> None:
+        if self._bytes is None:
+            self._bytes = self._response.aiter_bytes()
+        try:
+            raw = await self._bytes.__anext__()
+        except StopAsyncIteration:
+            self._done = True
+            if not self._finished:
+                raise errors.APIConnectionError(
+                    f"{self._backend.name}: stream ended before the completion finished",
+                    backend=self._backend.name,
+                ) from None
+            return
+        except httpx.HTTPError as exc:
+            self._done = True
+            raise self._backend._error(exc) from exc
+        validate = ChatCompletionChunk.model_validate_json
+        for event in self._decoder.feed(raw):
+            data = event.data
+            if data == b"[DONE]":
+                self._done = True
+                self._finished = True
+                return
+            if event.event == "error":
+                self._done = True
+                raise _stream_error(self._backend.name, data)
+            try:
+                chunk = validate(data)
+            except pydantic.ValidationError as exc:
+                self._done = True
+                raise errors.APIResponseValidationError(
+                    f"{self._backend.name}: stream event is not a chat completion chunk",
+                    backend=self._backend.name,
+                ) from exc
+            extra = chunk.__pydantic_extra__
+            if extra and "error" in extra:
+                self._done = True
+                raise _stream_error(self._backend.name, data)
+            for choice in chunk.choices:
+                if choice.finish_reason is not None:
+                    self._finished = True
+            self._pending.append(chunk)
+
+    async def aclose(self) -> None:
+        self._done = True
+        if self._bytes is not None:
+            aclose = getattr(self._bytes, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        await self._response.aclose()
+
+
+def _stream_error(backend: str, data: bytes) -> errors.StreamError:
+    body: object
+    try:
+        body = pydantic_core_from_json(data)
+    except ValueError:
+        body = data.decode("utf-8", "replace")
+    message = "error event in stream"
+    if isinstance(body, dict):
+        err = body.get("error", body)
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            message = err["message"]
+        elif isinstance(err, str):
+            message = err
+    return errors.StreamError(f"{backend}: {errors.redact(message)}", body=body, backend=backend)

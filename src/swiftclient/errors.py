@@ -1,0 +1,228 @@
+"""The swiftclient exception tree.
+
+::
+
+    SwiftClientError
+    ├── ConfigurationError                 bad arguments, unknown backend, missing extra
+    ├── APIError
+    │   ├── APIConnectionError
+    │   │   └── APITimeoutError
+    │   │       ├── FirstTokenTimeout       no content token within Timeout.first_token
+    │   │       ├── StreamStalled           gap between chunks over Timeout.idle
+    │   │       └── DeadlineExceeded        the call's total deadline ran out
+    │   ├── APIStatusError (status_code, request_id, body)
+    │   │   ├── BadRequestError 400
+    │   │   ├── AuthenticationError 401
+    │   │   ├── PermissionDeniedError 403
+    │   │   ├── NotFoundError 404
+    │   │   ├── ConflictError 409
+    │   │   ├── UnprocessableEntityError 422
+    │   │   ├── RateLimitError 429
+    │   │   └── InternalServerError >= 500
+    │   ├── APIResponseValidationError      a body or SSE event that does not parse
+    │   └── StreamError                     an in-band error event inside a stream
+    ├── StructuredOutputError               response_model validation failed (raw text kept)
+    └── EngineError                         local engine failures
+        └── OverloadedError                 the engine's queue is full
+
+Errors never carry secrets: messages are built from status codes, request ids and
+provider error bodies, and :func:`redact` scrubs anything that looks like a bearer
+token or API key before it reaches a message.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+__all__ = [
+    "APIConnectionError",
+    "APIError",
+    "APIResponseValidationError",
+    "APIStatusError",
+    "APITimeoutError",
+    "AuthenticationError",
+    "BadRequestError",
+    "ConfigurationError",
+    "ConflictError",
+    "DeadlineExceeded",
+    "EngineError",
+    "FirstTokenTimeout",
+    "InternalServerError",
+    "NotFoundError",
+    "OverloadedError",
+    "PermissionDeniedError",
+    "RateLimitError",
+    "StreamError",
+    "StreamStalled",
+    "StructuredOutputError",
+    "SwiftClientError",
+    "UnprocessableEntityError",
+    "redact",
+    "status_error_class",
+]
+
+_SECRET_PATTERNS = (
+    re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{4,}"),
+    re.compile(r"\b(sk|rk|pk|oxlo|key)[-_][A-Za-z0-9_-]{8,}"),
+    re.compile(r"(?i)(api[_-]?key[\"']?\s*[:=]\s*[\"']?)[^\"'\s,}]{4,}"),
+)
+
+
+def redact(text: str, *secrets: str | None) -> str:
+    """Return ``text`` with known secrets and anything shaped like an API key masked."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    text = _SECRET_PATTERNS[0].sub(r"\1***", text)
+    text = _SECRET_PATTERNS[1].sub("***", text)
+    return _SECRET_PATTERNS[2].sub(r"\1***", text)
+
+
+class SwiftClientError(Exception):
+    """Root of every exception swiftclient raises on purpose."""
+
+
+class ConfigurationError(SwiftClientError, ValueError):
+    """Bad arguments, an unknown backend, or a missing optional extra."""
+
+
+class APIError(SwiftClientError):
+    """A call to a model backend failed."""
+
+    def __init__(self, message: str, *, backend: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.backend = backend
+
+
+class APIConnectionError(APIError):
+    """The backend could not be reached, or the connection broke."""
+
+
+class APITimeoutError(APIConnectionError):
+    """A time limit ran out."""
+
+
+class FirstTokenTimeout(APITimeoutError):
+    """No content token arrived within ``Timeout.first_token``."""
+
+
+class StreamStalled(APITimeoutError):
+    """The gap between two stream chunks exceeded ``Timeout.idle``."""
+
+
+class DeadlineExceeded(APITimeoutError):
+    """The call's total deadline (``Timeout.total``) ran out."""
+
+
+class APIResponseValidationError(APIError):
+    """A response body or SSE event did not parse as the expected type."""
+
+
+class StreamError(APIError):
+    """The provider sent an in-band error event inside a stream."""
+
+    def __init__(
+        self, message: str, *, body: object | None = None, backend: str | None = None
+    ) -> None:
+        super().__init__(message, backend=backend)
+        self.body = body
+
+
+class APIStatusError(APIError):
+    """The backend answered with an HTTP error status."""
+
+    status_code: int
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int,
+        request_id: str | None = None,
+        body: object | None = None,
+        headers: dict[str, str] | None = None,
+        backend: str | None = None,
+    ) -> None:
+        super().__init__(message, backend=backend)
+        self.status_code = status_code
+        self.request_id = request_id
+        self.body = body
+        self.headers = headers or {}
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(status_code={self.status_code}, "
+            f"request_id={self.request_id!r}, message={self.message!r})"
+        )
+
+
+class BadRequestError(APIStatusError):
+    """HTTP 400."""
+
+
+class AuthenticationError(APIStatusError):
+    """HTTP 401."""
+
+
+class PermissionDeniedError(APIStatusError):
+    """HTTP 403."""
+
+
+class NotFoundError(APIStatusError):
+    """HTTP 404."""
+
+
+class ConflictError(APIStatusError):
+    """HTTP 409."""
+
+
+class UnprocessableEntityError(APIStatusError):
+    """HTTP 422."""
+
+
+class RateLimitError(APIStatusError):
+    """HTTP 429."""
+
+
+class InternalServerError(APIStatusError):
+    """HTTP 500 and above."""
+
+
+_STATUS_CLASSES: dict[int, type[APIStatusError]] = {
+    400: BadRequestError,
+    401: AuthenticationError,
+    403: PermissionDeniedError,
+    404: NotFoundError,
+    409: ConflictError,
+    422: UnprocessableEntityError,
+    429: RateLimitError,
+}
+
+
+def status_error_class(status_code: int) -> type[APIStatusError]:
+    """Return the exception class for an HTTP error status."""
+    if status_code >= 500:
+        return InternalServerError
+    return _STATUS_CLASSES.get(status_code, APIStatusError)
+
+
+class StructuredOutputError(SwiftClientError):
+    """The model's answer did not validate against ``response_model``.
+
+    ``raw`` keeps the text the model produced; ``__cause__`` is the validation error.
+    """
+
+    def __init__(self, message: str, *, raw: str, completion: Any = None) -> None:
+        super().__init__(message)
+        self.raw = raw
+        self.completion = completion
+
+
+class EngineError(SwiftClientError):
+    """The local inference engine failed."""
+
+
+class OverloadedError(EngineError):
+    """The engine's waiting queue is full; try again later."""

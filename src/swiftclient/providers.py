@@ -1,0 +1,90 @@
+"""Provider presets and configuration from the environment.
+
+Every preset is a plain :class:`HTTPBackend` for an OpenAI-compatible API; none is treated
+specially. ``local`` selects the bundled engine (the ``local`` extra).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .backends.base import Backend
+from .backends.http import HTTPBackend
+from .errors import ConfigurationError
+
+__all__ = ["PRESETS", "Preset", "from_env", "preset"]
+
+
+@dataclass(frozen=True, slots=True)
+class Preset:
+    """Where a provider lives and which environment variable holds its key."""
+
+    base_url: str
+    key_env: str | None
+    key_required: bool = True
+
+
+PRESETS: dict[str, Preset] = {
+    "oxlo": Preset("https://api.oxlo.ai/v1", "OXLO_API_KEY"),
+    "openai": Preset("https://api.openai.com/v1", "OPENAI_API_KEY"),
+    "deepseek": Preset("https://api.deepseek.com/v1", "DEEPSEEK_API_KEY"),
+    "vllm": Preset("http://127.0.0.1:8000/v1", "VLLM_API_KEY", key_required=False),
+    "sglang": Preset("http://127.0.0.1:30000/v1", "SGLANG_API_KEY", key_required=False),
+}
+
+
+def preset(
+    name: str,
+    *,
+    api_key: str | None = None,
+    base_url: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    **kwargs: Any,
+) -> Backend:
+    """Build the backend for a named provider (``oxlo``, ``openai``, ``deepseek``, ``vllm``,
+    ``sglang``, or ``local``). Keys come from the argument or the preset's variable."""
+    env = os.environ if environ is None else environ
+    if name == "local":
+        from .backends.local import LocalBackend
+
+        model = kwargs.pop("model", None) or env.get("SWIFTCLIENT_LOCAL_MODEL")
+        return LocalBackend(model, **kwargs)
+    spec = PRESETS.get(name)
+    if spec is None:
+        known = ", ".join(sorted([*PRESETS, "local"]))
+        raise ConfigurationError(f"unknown provider {name!r}; known providers: {known}")
+    key = api_key or (env.get(spec.key_env) if spec.key_env else None)
+    if spec.key_required and not key:
+        raise ConfigurationError(
+            f"provider {name!r} needs an API key: pass api_key= or set {spec.key_env}"
+        )
+    return HTTPBackend(base_url or spec.base_url, key, name=kwargs.pop("name", name), **kwargs)
+
+
+def from_env(environ: Mapping[str, str] | None = None) -> Backend:
+    """Configure one backend from the environment.
+
+    Order: ``SWIFTCLIENT_PROVIDER`` (a preset name or ``local``); then
+    ``SWIFTCLIENT_BASE_URL`` with ``SWIFTCLIENT_API_KEY``; then ``OPENAI_BASE_URL`` /
+    ``OPENAI_API_KEY`` (the key alone selects OpenAI).
+    """
+    env = os.environ if environ is None else environ
+    provider = env.get("SWIFTCLIENT_PROVIDER")
+    if provider:
+        return preset(provider, base_url=env.get("SWIFTCLIENT_BASE_URL"), environ=env)
+    base_url = env.get("SWIFTCLIENT_BASE_URL")
+    if base_url:
+        return HTTPBackend(base_url, env.get("SWIFTCLIENT_API_KEY"), name="default")
+    base_url = env.get("OPENAI_BASE_URL")
+    key = env.get("OPENAI_API_KEY")
+    if base_url:
+        return HTTPBackend(base_url, key, name="default")
+    if key:
+        return HTTPBackend(PRESETS["openai"].base_url, key, name="openai")
+    raise ConfigurationError(
+        "no backend configured: pass backend=... to AsyncClient, or set SWIFTCLIENT_PROVIDER "
+        "(oxlo, openai, deepseek, vllm, sglang, local), SWIFTCLIENT_BASE_URL, or OPENAI_API_KEY"
+    )

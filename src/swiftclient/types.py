@@ -1,0 +1,452 @@
+"""The typed contract for OpenAI-compatible chat completions (pydantic 2).
+
+Requests are strict: a misspelled parameter is an error, and provider-specific fields go in
+``extra_body``. Responses are lenient: unknown fields a provider adds are kept (``extra="allow"``)
+so nothing the server said is lost. Responses and stream chunks are parsed straight from bytes
+with ``model_validate_json``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = [
+    "AssistantMessage",
+    "Attempt",
+    "ChatCompletion",
+    "ChatCompletionChunk",
+    "ChatRequest",
+    "Choice",
+    "ChoiceDelta",
+    "ChunkChoice",
+    "CompletionTokensDetails",
+    "ContentPart",
+    "FunctionCall",
+    "FunctionCallDelta",
+    "FunctionDefinition",
+    "ImageContentPart",
+    "ImageURL",
+    "JSONSchemaFormat",
+    "Message",
+    "PromptTokensDetails",
+    "ResponseFormat",
+    "StreamOptions",
+    "TextContentPart",
+    "Timing",
+    "Tool",
+    "ToolCall",
+    "ToolCallDelta",
+    "ToolChoice",
+    "ToolChoiceFunction",
+    "Usage",
+]
+
+_REQUEST = ConfigDict(extra="forbid", populate_by_name=True)
+_RESPONSE = ConfigDict(extra="allow", populate_by_name=True)
+
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+
+
+# --------------------------------------------------------------------------- request parts
+
+
+class TextContentPart(BaseModel):
+    """A text part of a message's content."""
+
+    model_config = _REQUEST
+    type: Literal["text"] = "text"
+    text: str
+
+
+class ImageURL(BaseModel):
+    """An image reference: an https URL or a ``data:`` URL."""
+
+    model_config = _REQUEST
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImageContentPart(BaseModel):
+    """An image part of a message's content."""
+
+    model_config = _REQUEST
+    type: Literal["image_url"] = "image_url"
+    image_url: ImageURL
+
+
+ContentPart = Annotated[TextContentPart | ImageContentPart, Field(discriminator="type")]
+
+
+class FunctionCall(BaseModel):
+    """A function call the model made: its name and JSON-encoded arguments."""
+
+    model_config = _RESPONSE
+    name: str
+    arguments: str = ""
+
+
+class ToolCall(BaseModel):
+    """One tool call in an assistant message."""
+
+    model_config = _RESPONSE
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class Message(BaseModel):
+    """One chat message, in any role."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    role: Role
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    def text(self) -> str:
+        """Return the message's text, joining text parts and skipping images."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content if isinstance(p, TextContentPart))
+
+
+class FunctionDefinition(BaseModel):
+    """A function the model may call."""
+
+    model_config = _REQUEST
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    """A tool offered to the model."""
+
+    model_config = _REQUEST
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class ToolChoiceFunction(BaseModel):
+    """Names the function in a forced tool choice."""
+
+    model_config = _REQUEST
+    name: str
+
+
+class ToolChoice(BaseModel):
+    """Force a call to one named function."""
+
+    model_config = _REQUEST
+    type: Literal["function"] = "function"
+    function: ToolChoiceFunction
+
+
+class JSONSchemaFormat(BaseModel):
+    """The schema half of a ``json_schema`` response format."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: str
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """``{"type": "text" | "json_object" | "json_schema", ...}``."""
+
+    model_config = _REQUEST
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+
+class StreamOptions(BaseModel):
+    """Streaming options; ``include_usage`` asks for a final usage chunk."""
+
+    model_config = _REQUEST
+    include_usage: bool | None = None
+
+
+class ChatRequest(BaseModel):
+    """A chat-completion request, as sent on the wire.
+
+    Unknown keyword arguments are rejected; put provider-specific fields in ``extra_body``,
+    which is merged into the JSON body as is.
+    """
+
+    model_config = _REQUEST
+    model: str
+    messages: list[Message]
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: int | None = Field(default=None, ge=1)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    prompt_cache_key: str | None = None
+    reasoning_effort: str | None = None
+    service_tier: str | None = None
+    extra_body: dict[str, Any] | None = None
+
+    @field_validator("messages")
+    @classmethod
+    def _non_empty(cls, value: list[Message]) -> list[Message]:
+        if not value:
+            raise ValueError("messages must hold at least one message")
+        return value
+
+    @field_validator("model")
+    @classmethod
+    def _model_named(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("model must be a non-empty string")
+        return value
+
+    def stop_list(self) -> list[str]:
+        """Return ``stop`` as a list (empty when unset)."""
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    def max_new_tokens(self) -> int | None:
+        """Return the token limit, preferring ``max_completion_tokens``."""
+        return self.max_completion_tokens or self.max_tokens
+
+
+# --------------------------------------------------------------------------- responses
+
+
+class PromptTokensDetails(BaseModel):
+    """Breakdown of prompt tokens; ``cached_tokens`` came from a prompt cache."""
+
+    model_config = _RESPONSE
+    cached_tokens: int | None = None
+
+
+class CompletionTokensDetails(BaseModel):
+    """Breakdown of completion tokens."""
+
+    model_config = _RESPONSE
+    reasoning_tokens: int | None = None
+
+
+class Usage(BaseModel):
+    """Token counts for one completion."""
+
+    model_config = _RESPONSE
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails | None = None
+    completion_tokens_details: CompletionTokensDetails | None = None
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens served from a cache (0 when the provider does not say)."""
+        details = self.prompt_tokens_details
+        return (details.cached_tokens or 0) if details else 0
+
+
+class AssistantMessage(BaseModel):
+    """The message a choice carries."""
+
+    model_config = _RESPONSE
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+    refusal: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    reasoning_content: str | None = None
+
+
+class Choice(BaseModel):
+    """One choice of a completion."""
+
+    model_config = _RESPONSE
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: str | None = None
+    logprobs: dict[str, Any] | None = None
+
+
+class Attempt(BaseModel):
+    """One attempt of a call against one backend and model.
+
+    Attempts are first-class so that telemetry and hedging can wrap them.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    number: int
+    backend: str
+    model: str
+    started: float
+    duration: float | None = None
+    ttft: float | None = None
+    status_code: int | None = None
+    error: str | None = None
+    outcome: Literal["ok", "error", "cancelled", "pending"] = "pending"
+
+
+def _percentile(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]  # type: ignore[index]
+
+
+class Timing(BaseModel):
+    """What the SDK measured for one call.
+
+    ``ttft`` is the time from the call's start to its first content token, ``itl`` the
+    gaps between content chunks, ``total`` the whole call, ``attempts`` every try made.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    ttft: float | None = None
+    itl: list[float] = Field(default_factory=list)
+    total: float | None = None
+    attempts: list[Attempt] = Field(default_factory=list)
+
+    @property
+    def itl_p50(self) -> float | None:
+        """Median inter-token latency in seconds."""
+        return _percentile(self.itl, 50)
+
+    @property
+    def itl_p95(self) -> float | None:
+        """95th-percentile inter-token latency in seconds."""
+        return _percentile(self.itl, 95)
+
+    def summary(self) -> str:
+        """Return a one-line human summary, times in milliseconds."""
+
+        def ms(value: float | None) -> str:
+            return "-" if value is None else f"{value * 1000:.1f}ms"
+
+        return (
+            f"ttft={ms(self.ttft)} itl_p50={ms(self.itl_p50)} itl_p95={ms(self.itl_p95)} "
+            f"total={ms(self.total)} attempts={len(self.attempts)}"
+        )
+
+
+class ChatCompletion(BaseModel):
+    """A complete chat-completion response."""
+
+    model_config = _RESPONSE
+    id: str = ""
+    object: str = "chat.completion"
+    created: int = 0
+    model: str = ""
+    choices: list[Choice] = Field(default_factory=list)
+    usage: Usage | None = None
+    system_fingerprint: str | None = None
+    timing: Timing | None = Field(default=None, exclude=True)
+
+    @property
+    def text(self) -> str:
+        """The first choice's text ("" when it has none)."""
+        if not self.choices:
+            return ""
+        return self.choices[0].message.content or ""
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        """The first choice's tool calls (empty when it has none)."""
+        if not self.choices:
+            return []
+        return self.choices[0].message.tool_calls or []
+
+    @property
+    def finish_reason(self) -> str | None:
+        """The first choice's finish reason."""
+        return self.choices[0].finish_reason if self.choices else None
+
+
+class FunctionCallDelta(BaseModel):
+    """A fragment of a function call in a stream."""
+
+    model_config = _RESPONSE
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(BaseModel):
+    """A fragment of a tool call in a stream; fragments share ``index``."""
+
+    model_config = _RESPONSE
+    index: int = 0
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta | None = None
+
+
+class ChoiceDelta(BaseModel):
+    """What one chunk adds to a choice."""
+
+    model_config = _RESPONSE
+    role: str | None = None
+    content: str | None = None
+    refusal: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
+    reasoning_content: str | None = None
+
+
+class ChunkChoice(BaseModel):
+    """One choice within a stream chunk."""
+
+    model_config = _RESPONSE
+    index: int = 0
+    delta: ChoiceDelta = Field(default_factory=ChoiceDelta)
+    finish_reason: str | None = None
+    logprobs: dict[str, Any] | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    """One event of a streamed chat completion."""
+
+    model_config = _RESPONSE
+    id: str = ""
+    object: str = "chat.completion.chunk"
+    created: int = 0
+    model: str = ""
+    choices: list[ChunkChoice] = Field(default_factory=list)
+    usage: Usage | None = None
+    system_fingerprint: str | None = None
+
+    @property
+    def text(self) -> str:
+        """Content text this chunk adds to the first choice ("" when none)."""
+        for choice in self.choices:
+            if choice.index == 0:
+                return choice.delta.content or ""
+        return ""
+
+    def has_content(self) -> bool:
+        """True when the chunk carries a content token (text, refusal or tool-call data)."""
+        for choice in self.choices:
+            delta = choice.delta
+            if delta.content or delta.refusal or delta.tool_calls or delta.reasoning_content:
+                return True
+        return False
