@@ -151,7 +151,8 @@ class AsyncClient:
 
     def resolve(self, model: str | None) -> tuple[Backend, str]:
         """Split a model string into (backend, the backend's model name)."""
-        model = model or self.model
+        if model is None:
+            model = self.model
         if not model:
             raise errors.ConfigurationError(
                 "no model given: pass model=... or set AsyncClient(model=...)"

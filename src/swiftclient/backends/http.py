@@ -29,6 +29,7 @@ from .base import RequestOptions
 __all__ = ["HTTPBackend"]
 
 _MAX_ERROR_BODY = 1 << 20
+_DRAIN_GRACE = 2.0
 _USER_AGENT = "swiftclient/0.1"
 
 
@@ -355,8 +356,8 @@ class _ChunkStream:
         for event in self._decoder.feed(raw):
             data = event.data
             if data == b"[DONE]":
-                self._done = True
                 self._finished = True
+                await self._drain()
                 return
             if event.event == "error":
                 self._done = True
@@ -377,6 +378,18 @@ class _ChunkStream:
                 if choice.finish_reason is not None:
                     self._finished = True
             self._pending.append(chunk)
+
+    async def _drain(self) -> None:
+        """Read to the end of the body after ``[DONE]`` so the connection can be reused."""
+        self._done = True
+        if self._bytes is None:
+            return
+        with anyio.move_on_after(_DRAIN_GRACE):
+            try:
+                async for _ in self._bytes:
+                    pass
+            except httpx.HTTPError:
+                pass
 
     async def aclose(self) -> None:
         self._done = True

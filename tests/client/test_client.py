@@ -1,0 +1,243 @@
+"""AsyncClient behaviour over a mock transport: routing, streaming, retries, timeouts."""
+
+from __future__ import annotations
+
+import json
+
+import pydantic
+import pytest
+
+from swiftclient import (
+    AsyncClient,
+    BadRequestError,
+    ConfigurationError,
+    DeadlineExceeded,
+    FirstTokenTimeout,
+    HTTPBackend,
+    InternalServerError,
+    RateLimitError,
+    RetryPolicy,
+    StreamError,
+    StreamStalled,
+    StructuredOutputError,
+    Timeout,
+)
+from swiftclient.providers import from_env, preset
+
+from .mock import Script, chunk, sse, stream_body
+
+pytestmark = pytest.mark.anyio
+FAST = RetryPolicy(max_attempts=3, initial_backoff=0.0, max_backoff=0.0)
+KEY = "sk-test-SECRETSECRETSECRET"
+
+
+def make(script: Script, **kwargs: object) -> AsyncClient:
+    backend = HTTPBackend("http://mock/v1", KEY, name="mock", transport=script.transport())
+    return AsyncClient(backend, model="m", retry=FAST, **kwargs)  # type: ignore[arg-type]
+
+
+async def test_chat_streams_and_measures() -> None:
+    script = Script()
+    async with make(script) as client:
+        completion = await client.chat([{"role": "user", "content": "hi"}], temperature=0)
+    assert completion.text == "Hello world"
+    assert completion.usage is not None and completion.usage.completion_tokens == 2
+    timing = completion.timing
+    assert timing is not None and timing.ttft is not None and timing.total is not None
+    assert len(timing.itl) == 1 and len(timing.attempts) == 1
+    assert timing.attempts[0].outcome == "ok"
+    body = json.loads(script.requests[0].content)
+    assert body["stream"] is True and body["temperature"] == 0 and body["model"] == "m"
+    assert script.requests[0].headers["authorization"] == f"Bearer {KEY}"
+
+
+async def test_stream_text_and_final_and_early_exit_closes() -> None:
+    script = Script()
+    async with make(script) as client:
+        async with client.stream("hi") as stream:
+            texts = [t async for t in stream.text()]
+            final = await stream.final()
+        assert texts == ["Hello", " world"] and final.text == "Hello world"
+        async with client.stream("hi") as stream:
+            async for _ in stream:
+                break
+    assert len(script.closed) == 2
+
+
+async def test_tool_call_deltas_are_merged() -> None:
+    parts = [
+        chunk(role="assistant"),
+        chunk(tool_calls=[{"index": 0, "id": "call_1", "type": "function",
+                           "function": {"name": "get_weather", "arguments": ""}}]),
+        chunk(tool_calls=[{"index": 0, "function": {"arguments": '{"city": '}}]),
+        chunk(tool_calls=[{"index": 0, "function": {"arguments": '"Paris"}'}}]),
+        chunk(tool_calls=[{"index": 1, "id": "call_2", "function": {"name": "t", "arguments": "{}"}}]),
+        chunk(finish="tool_calls"),
+        b"data: [DONE]\n\n",
+    ]
+    script = Script().add(parts=parts)
+    async with make(script) as client:
+        completion = await client.chat("weather?")
+    calls = completion.tool_calls
+    assert [c.function.name for c in calls] == ["get_weather", "t"]
+    assert json.loads(calls[0].function.arguments) == {"city": "Paris"}
+    assert calls[0].id == "call_1" and completion.finish_reason == "tool_calls"
+    assert completion.choices[0].message.content is None
+
+
+async def test_retries_5xx_then_succeeds_with_one_idempotency_key() -> None:
+    script = Script().add(503).add(429, headers={"retry-after-ms": "1"}).add()
+    async with make(script) as client:
+        completion = await client.chat("hi")
+    assert completion.text == "ok"
+    attempts = completion.timing.attempts if completion.timing else []
+    assert [a.outcome for a in attempts] == ["error", "error", "ok"]
+    assert [a.status_code for a in attempts] == [503, 429, None]
+    keys = {r.headers["idempotency-key"] for r in script.requests}
+    assert len(keys) == 1
+
+
+async def test_400_is_never_retried_and_carries_body() -> None:
+    script = Script().add(400).add()
+    async with make(script) as client:
+        with pytest.raises(BadRequestError) as info:
+            await client.chat("hi")
+    assert len(script.requests) == 1
+    assert info.value.status_code == 400 and info.value.body == {"error": {"message": "status 400"}}
+    assert KEY not in str(info.value) and KEY not in repr(info.value)
+
+
+async def test_x_should_retry_overrides_status() -> None:
+    script = Script().add(400, headers={"x-should-retry": "true"}).add(500, headers={"x-should-retry": "false"})
+    async with make(script) as client:
+        with pytest.raises(InternalServerError):
+            await client.chat("hi")
+    assert len(script.requests) == 2
+
+
+async def test_retry_after_past_the_deadline_is_not_waited_for() -> None:
+    script = Script().add(429, headers={"retry-after": "30"}).add()
+    async with make(script, timeout=Timeout(total=5)) as client:
+        with pytest.raises(RateLimitError):
+            await client.chat("hi")
+    assert len(script.requests) == 1
+
+
+async def test_exhausted_retries_raise_last_error() -> None:
+    script = Script().add(500).add(502).add(503).add()
+    async with make(script) as client:
+        with pytest.raises(InternalServerError) as info:
+            await client.chat("hi")
+    assert info.value.status_code == 503 and len(script.requests) == 3
+
+
+async def test_idle_timeout_raises_stream_stalled_after_content() -> None:
+    script = Script().add(parts=[chunk(role="assistant"), chunk("a")], stall=True)
+    async with make(script, timeout=Timeout(total=60, idle=0.3)) as client:
+        async with client.stream("hi") as stream:
+            with pytest.raises(StreamStalled):
+                async for _ in stream:
+                    pass
+    assert len(script.requests) == 1  # no retry once content has arrived
+    assert script.closed
+
+
+async def test_first_token_timeout_is_retried_then_raised() -> None:
+    script = Script()
+    for _ in range(3):
+        script.add(parts=[chunk(role="assistant"), b": keep-alive\n\n"], stall=True)
+    async with make(script, timeout=Timeout(total=60, first_token=0.3, idle=None)) as client:
+        with pytest.raises(FirstTokenTimeout):
+            await client.chat("hi")
+    assert len(script.requests) == 3
+
+
+async def test_total_deadline_bounds_everything() -> None:
+    script = Script().add(parts=[chunk(role="assistant")], stall=True)
+    async with make(script, timeout=Timeout(total=0.3, idle=None)) as client:
+        with pytest.raises(DeadlineExceeded):
+            await client.chat("hi")
+
+
+async def test_in_band_error_event_is_typed() -> None:
+    parts = [chunk("a"), sse({"error": {"message": "overloaded", "type": "server_error"}})]
+    script = Script().add(parts=parts)
+    async with make(script) as client:
+        with pytest.raises(StreamError, match="overloaded"):
+            await client.chat("hi")
+
+
+async def test_stream_that_ends_without_finish_is_an_error_and_retried_before_content() -> None:
+    script = Script().add(parts=[chunk(role="assistant")]).add()
+    async with make(script) as client:
+        completion = await client.chat("hi")
+    assert completion.text == "ok" and len(script.requests) == 2
+
+
+class Weather(pydantic.BaseModel):
+    city: str
+    celsius: float
+
+
+async def test_response_model_validates_and_reports_raw_text() -> None:
+    good = stream_body(['{"city": "Paris", ', '"celsius": 21.5}'])
+    script = Script().add(parts=good).add(parts=stream_body(["not json"]))
+    async with make(script) as client:
+        weather = await client.chat("weather", response_model=Weather)
+        assert weather == Weather(city="Paris", celsius=21.5)
+        body = json.loads(script.requests[0].content)
+        assert body["response_format"]["type"] == "json_schema"
+        assert body["response_format"]["json_schema"]["schema"]["title"] == "Weather"
+        with pytest.raises(StructuredOutputError) as info:
+            await client.chat("weather", response_model=Weather)
+    assert info.value.raw == "not json"
+
+
+async def test_model_routing_by_backend_prefix() -> None:
+    a, b = Script(), Script()
+    backend_a = HTTPBackend("http://a/v1", name="a", transport=a.transport())
+    backend_b = HTTPBackend("http://b/v1", name="b", transport=b.transport())
+    async with AsyncClient(backends={"a": backend_a, "b": backend_b}, default_backend="a") as client:
+        await client.chat("x", model="b/llama")
+        await client.chat("x", model="Qwen/Qwen3-0.6B")
+        await client.chat("x", model="a/m")
+    assert json.loads(b.requests[0].content)["model"] == "llama"
+    assert [json.loads(r.content)["model"] for r in a.requests] == ["Qwen/Qwen3-0.6B", "m"]
+
+
+async def test_bad_parameters_raise_configuration_error() -> None:
+    async with make(Script()) as client:
+        with pytest.raises(ConfigurationError, match="max_token"):
+            await client.chat("x", max_token=3)
+        with pytest.raises(ConfigurationError):
+            await client.chat("x", model="")
+
+
+async def test_non_streamed_path() -> None:
+    import httpx
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"id": "x", "choices": [{"index": 0, "message": {
+            "role": "assistant", "content": "plain"}, "finish_reason": "stop"}]})
+
+    backend = HTTPBackend("http://x/v1", transport=httpx.MockTransport(handler))
+    async with AsyncClient(backend, model="m") as client:
+        completion = await client.chat("hi", stream=False)
+    assert completion.text == "plain" and completion.timing is not None
+
+
+def test_env_configuration_and_presets() -> None:
+    env = {"SWIFTCLIENT_BASE_URL": "http://h/v1", "SWIFTCLIENT_API_KEY": "k" * 20}
+    backend = from_env(env)
+    assert isinstance(backend, HTTPBackend) and backend.base_url == "http://h/v1"
+    assert "k" * 20 not in repr(backend)
+    oxlo = preset("oxlo", environ={"OXLO_API_KEY": "oxlo-key-123456789"})
+    assert isinstance(oxlo, HTTPBackend) and oxlo.base_url == "https://api.oxlo.ai/v1"
+    assert isinstance(from_env({"OPENAI_API_KEY": "x" * 10}), HTTPBackend)
+    assert isinstance(from_env({"SWIFTCLIENT_PROVIDER": "vllm"}), HTTPBackend)
+    with pytest.raises(ConfigurationError, match="OXLO_API_KEY"):
+        preset("oxlo", environ={})
+    with pytest.raises(ConfigurationError, match="unknown provider"):
+        preset("nope", environ={})
+    with pytest.raises(ConfigurationError, match="no backend configured"):
+        from_env({})

@@ -1,0 +1,87 @@
+"""Exception tree, the single httpx mapping, and secret redaction."""
+
+from __future__ import annotations
+
+import inspect
+
+import httpx
+import pytest
+
+from swiftclient import errors
+from swiftclient.backends._errors import HTTPX_ERROR_MAP, map_httpx_error
+
+
+def _httpx_exception_classes() -> list[type[Exception]]:
+    return [
+        obj
+        for _, obj in inspect.getmembers(httpx)
+        if inspect.isclass(obj) and issubclass(obj, Exception) and obj.__module__.startswith("httpx")
+    ]
+
+
+def test_every_httpx_exception_class_is_mapped_directly() -> None:
+    missing = [cls.__name__ for cls in _httpx_exception_classes() if cls not in HTTPX_ERROR_MAP]
+    # Each class is either in the map itself or reaches a mapped parent; make the map explicit
+    # for the roots and the families so a new httpx class lands somewhere deliberate.
+    for cls in _httpx_exception_classes():
+        assert any(base in HTTPX_ERROR_MAP for base in cls.__mro__), cls
+    assert "HTTPError" not in missing and "TimeoutException" not in missing
+
+
+@pytest.mark.parametrize(
+    ("exc", "expected"),
+    [
+        (httpx.ConnectTimeout("t"), errors.APITimeoutError),
+        (httpx.ReadTimeout("t"), errors.APITimeoutError),
+        (httpx.PoolTimeout("t"), errors.APITimeoutError),
+        (httpx.ConnectError("c"), errors.APIConnectionError),
+        (httpx.ReadError("r"), errors.APIConnectionError),
+        (httpx.RemoteProtocolError("p"), errors.APIConnectionError),
+        (httpx.DecodingError("d"), errors.APIResponseValidationError),
+        (httpx.UnsupportedProtocol("u"), errors.ConfigurationError),
+        (httpx.InvalidURL("u"), errors.ConfigurationError),
+    ],
+)
+def test_mapping_targets(exc: Exception, expected: type[Exception]) -> None:
+    mapped = map_httpx_error(exc, backend="b")
+    assert type(mapped) is expected
+
+
+def test_status_error_mapping_uses_status_classes() -> None:
+    request = httpx.Request("POST", "http://x")
+    for status, cls in [(400, errors.BadRequestError), (401, errors.AuthenticationError),
+                        (403, errors.PermissionDeniedError), (404, errors.NotFoundError),
+                        (409, errors.ConflictError), (422, errors.UnprocessableEntityError),
+                        (429, errors.RateLimitError), (503, errors.InternalServerError),
+                        (418, errors.APIStatusError)]:
+        response = httpx.Response(status, request=request)
+        exc = httpx.HTTPStatusError("boom", request=request, response=response)
+        mapped = map_httpx_error(exc, backend="b")
+        assert type(mapped) is cls
+        assert isinstance(mapped, errors.APIStatusError) and mapped.status_code == status
+
+
+def test_tree_shape() -> None:
+    assert issubclass(errors.FirstTokenTimeout, errors.APITimeoutError)
+    assert issubclass(errors.StreamStalled, errors.APITimeoutError)
+    assert issubclass(errors.DeadlineExceeded, errors.APITimeoutError)
+    assert issubclass(errors.APITimeoutError, errors.APIConnectionError)
+    assert issubclass(errors.OverloadedError, errors.EngineError)
+    assert issubclass(errors.ConfigurationError, ValueError)
+    for cls in (errors.APIError, errors.StructuredOutputError, errors.EngineError):
+        assert issubclass(cls, errors.SwiftClientError)
+
+
+def test_redaction_masks_keys_and_bearer_tokens() -> None:
+    text = "Bearer abcdef123456 failed for sk-live_ABCDEFGHIJKLMNOP and api_key=hunter2hunter2"
+    out = errors.redact(text, "hunter2hunter2")
+    assert "abcdef123456" not in out
+    assert "ABCDEFGHIJKLMNOP" not in out
+    assert "hunter2" not in out
+
+
+def test_mapped_message_never_carries_the_key() -> None:
+    exc = httpx.ConnectError("failed with Authorization: Bearer my-very-secret-key-value")
+    mapped = map_httpx_error(exc, backend="b", secrets=("my-very-secret-key-value",))
+    assert "my-very-secret-key-value" not in str(mapped)
+    assert "my-very-secret-key-value" not in repr(mapped)

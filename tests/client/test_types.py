@@ -1,0 +1,100 @@
+"""The pydantic contract: strict requests, lenient responses, bytes parsing, canonical bytes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from swiftclient._wire import encode_request
+from swiftclient.types import ChatCompletion, ChatCompletionChunk, ChatRequest, Message, Timing
+
+
+def test_request_accepts_openai_style_dicts() -> None:
+    request = ChatRequest.model_validate(
+        {
+            "model": "m",
+            "messages": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": [{"type": "text", "text": "hi"},
+                                             {"type": "image_url", "image_url": {"url": "data:x"}}]},
+                {"role": "assistant", "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "42"},
+            ],
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+            "tool_choice": "auto",
+            "response_format": {"type": "json_schema", "json_schema": {"name": "X", "schema": {}}},
+            "stream_options": {"include_usage": True},
+            "prompt_cache_key": "k",
+            "extra_body": {"top_k": 5},
+        }
+    )
+    assert request.messages[1].text() == "hi"
+    assert request.response_format is not None
+    body = json.loads(encode_request(request, stream=True))
+    assert body["top_k"] == 5 and "extra_body" not in body
+    assert body["response_format"]["json_schema"]["schema"] == {}
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"model": "m", "messages": []},
+        {"model": "", "messages": [{"role": "user", "content": "x"}]},
+        {"model": "m", "messages": [{"role": "robot", "content": "x"}]},
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_token": 5},
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": 3},
+    ],
+)
+def test_bad_requests_are_rejected(bad: dict[str, object]) -> None:
+    with pytest.raises(ValidationError):
+        ChatRequest.model_validate(bad)
+
+
+def test_canonical_bytes_are_stable_and_compact() -> None:
+    a = ChatRequest(model="m", messages=[Message(role="user", content="x")], temperature=0.5)
+    b = ChatRequest.model_validate(
+        {"temperature": 0.5, "messages": [{"content": "x", "role": "user"}], "model": "m"}
+    )
+    assert encode_request(a, stream=False) == encode_request(b, stream=False)
+    assert b" " not in encode_request(a, stream=False)
+    assert b"stream_options" not in encode_request(a, stream=False)
+    assert b"stream_options" not in encode_request(a, stream=True, include_usage=False)
+
+
+def test_responses_keep_unknown_fields() -> None:
+    raw = (
+        b'{"id":"x","object":"chat.completion","created":1,"model":"m","provider_field":7,'
+        b'"choices":[{"index":0,"message":{"role":"assistant","content":"hi","extra":1},'
+        b'"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,'
+        b'"total_tokens":4,"prompt_tokens_details":{"cached_tokens":2}}}'
+    )
+    completion = ChatCompletion.model_validate_json(raw)
+    assert completion.text == "hi"
+    assert completion.usage is not None and completion.usage.cached_tokens == 2
+    dumped = completion.model_dump()
+    assert dumped["provider_field"] == 7
+    assert dumped["choices"][0]["message"]["extra"] == 1
+    assert "timing" not in dumped
+
+
+def test_chunk_content_detection() -> None:
+    role_only = ChatCompletionChunk.model_validate_json(
+        b'{"choices":[{"index":0,"delta":{"role":"assistant"}}]}'
+    )
+    assert not role_only.has_content()
+    tool = ChatCompletionChunk.model_validate_json(
+        b'{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{"}}]}}]}'
+    )
+    assert tool.has_content()
+
+
+def test_timing_percentiles() -> None:
+    timing = Timing(itl=[0.01 * i for i in range(1, 101)])
+    assert timing.itl_p50 == pytest.approx(0.505)
+    assert timing.itl_p95 is not None and 0.94 < timing.itl_p95 < 0.96
+    assert Timing().itl_p50 is None
+    assert "ttft=-" in Timing().summary()
