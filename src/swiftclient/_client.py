@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from types import TracebackType
 from typing import Any, TypeVar, overload
 
@@ -111,6 +112,7 @@ class AsyncClient:
         self.retry = retry or RetryPolicy()
         self.stream_chat = stream_chat
         self._closed = False
+        self._stack: AsyncExitStack | None = None
 
     def __repr__(self) -> str:
         return f"AsyncClient(backends={sorted(self._backends)}, default={self._default!r})"
@@ -123,6 +125,14 @@ class AsyncClient:
     # ------------------------------------------------------------------ lifecycle
 
     async def __aenter__(self) -> AsyncClient:
+        """Enter every backend that is itself an async context manager (the local engine
+        runs its driver inside this block)."""
+        stack = AsyncExitStack()
+        async with stack:
+            for backend in self._backends.values():
+                if isinstance(backend, AbstractAsyncContextManager):
+                    await stack.enter_async_context(backend)
+            self._stack = stack.pop_all()
         return self
 
     async def __aexit__(
@@ -131,7 +141,13 @@ class AsyncClient:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.aclose()
+        stack, self._stack = self._stack, None
+        try:
+            if stack is not None:
+                with anyio.CancelScope(shield=True):
+                    await stack.__aexit__(exc_type, exc, tb)
+        finally:
+            await self.aclose()
 
     async def aclose(self) -> None:
         """Close every backend (their pools, engines and connections)."""

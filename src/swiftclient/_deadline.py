@@ -29,7 +29,8 @@ class Timeout:
     - ``connect``: opening one connection.
     - ``pool``: waiting for a free pooled connection.
     - ``first_token``: from an attempt's start to its first content token.
-    - ``idle``: the longest gap between two stream chunks (comments do not count).
+    - ``idle``: the longest gap between two stream chunks once the first chunk has arrived
+      (SSE comments and keep-alives do not count as chunks).
     """
 
     total: float | None = 600.0

@@ -118,6 +118,7 @@ class ChatStream:
         self._buffered: list[ChatCompletionChunk] = []
         self._attempt: Attempt | None = None
         self._attempt_started = 0.0
+        self._chunk_seen = False
         self._first_content_at: float | None = None
         self._last_content_at: float | None = None
         self._accumulator = Accumulator()
@@ -140,7 +141,7 @@ class ChatStream:
         call = self._call
         limit, kind = call.deadline.remaining(), "deadline"
         idle = call.deadline.timeout.idle
-        if idle is not None and idle < limit:
+        if idle is not None and self._chunk_seen and idle < limit:
             limit, kind = idle, "idle"
         first = call.deadline.timeout.first_token
         if first is not None and self._first_content_at is None:
@@ -188,6 +189,7 @@ class ChatStream:
         call = self._call
         attempt = call.new_attempt(number)
         self._attempt_started = anyio.current_time()
+        self._chunk_seen = False
         stack = AsyncExitStack()
         try:
             limit, kind = self._limit()
@@ -204,6 +206,7 @@ class ChatStream:
                 chunk = await self._next(iterator)
                 if chunk is None:
                     break
+                self._chunk_seen = True
                 buffered.append(chunk)
                 if chunk.has_content():
                     now = anyio.current_time()

@@ -140,7 +140,10 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             status_code=response.status,
             headers=list(response.raw_headers),
             stream=_ResponseStream(response, request),
-            extensions={"http_version": b"HTTP/1.1", "reason_phrase": response.reason or ""},
+            extensions={
+                "http_version": b"HTTP/1.1",
+                "reason_phrase": (response.reason or "").encode("ascii", "ignore"),
+            },
             request=request,
         )
 

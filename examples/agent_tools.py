@@ -1,0 +1,78 @@
+"""A multi-turn tool-calling agent loop.
+
+The model asks for tools, the loop runs them and sends the results back, until the model
+answers in text. With no provider configured it runs against swiftclient's loopback fake
+provider, scripted to behave like a tool-using model, so the example runs anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+
+from swiftclient import AsyncClient, HTTPBackend
+from swiftclient.testing import FakeProvider, Reply
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather for a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+
+
+def get_weather(city: str) -> dict[str, Any]:
+    """A stand-in tool: a real agent would call a weather API here."""
+    return {"city": city, "celsius": 21.5, "sky": "clear"}
+
+
+REGISTRY: dict[str, Callable[..., Any]] = {"get_weather": get_weather}
+
+
+async def run_agent(client: AsyncClient, question: str, max_turns: int = 5) -> str:
+    """Loop until the model answers without calling a tool."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": question}]
+    for _ in range(max_turns):
+        completion = await client.chat(messages, tools=TOOLS)
+        calls = completion.tool_calls
+        if not calls:
+            return completion.text
+        messages.append(completion.choices[0].message.model_dump(exclude_none=True))
+        for call in calls:
+            result = REGISTRY[call.function.name](**json.loads(call.function.arguments))
+            print(f"tool {call.function.name}({call.function.arguments}) -> {result}")
+            messages.append(
+                {"role": "tool", "tool_call_id": call.id, "content": json.dumps(result)}
+            )
+    raise RuntimeError("the agent did not finish within max_turns")
+
+
+async def main() -> None:
+    question = "What's the weather in Paris?"
+    if os.environ.get("OPENAI_API_KEY") or os.environ.get("SWIFTCLIENT_PROVIDER"):
+        async with AsyncClient(model=os.environ.get("SWIFTCLIENT_MODEL", "gpt-4o-mini")) as client:
+            print(await run_agent(client, question))
+        return
+    async with FakeProvider() as fake:
+        fake.script(
+            Reply(tool_calls=(("get_weather", {"city": "Paris"}),)),
+            Reply(text="It is 21.5 °C and clear in Paris."),
+        )
+        async with AsyncClient(HTTPBackend(fake.base_url, name="fake"), model="fake-model") as client:
+            print(await run_agent(client, question))
+
+
+if __name__ == "__main__":
+    anyio.run(main)

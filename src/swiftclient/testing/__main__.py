@@ -1,0 +1,62 @@
+"""``python -m swiftclient.testing``: serve a fake OpenAI-compatible provider until killed."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+import anyio
+
+from ._fake import FakeProvider
+from ._reply import Reply
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m swiftclient.testing",
+        description="Serve a fake OpenAI-compatible chat provider on loopback until killed.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port to bind, 0 for any free one")
+    parser.add_argument("--tokens", type=int, default=5, help="tokens per reply (default 5)")
+    parser.add_argument("--token-delay", type=float, default=0.0, help="seconds between chunks")
+    parser.add_argument("--ttft", type=float, default=0.0, help="seconds before the first chunk")
+    parser.add_argument("--chunk-size", type=int, default=1, help="tokens per chunk")
+    parser.add_argument("--model", default="fake-model", help="model id served at /v1/models")
+    parser.add_argument("--api-key", default=None, help="require this bearer token")
+    parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` and serve until interrupted; returns the exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        default = Reply(
+            tokens=args.tokens,
+            token_delay=args.token_delay,
+            ttft=args.ttft,
+            chunk_size=args.chunk_size,
+        )
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    fake = FakeProvider(
+        default, api_key=args.api_key, model=args.model, host=args.host, port=args.port
+    )
+
+    async def serve() -> None:
+        async with anyio.create_task_group() as task_group:
+            url = await task_group.start(fake.serve_forever)
+            print(f"fake provider serving on {url}", flush=True)
+
+    try:
+        anyio.run(serve, backend=args.backend)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,326 @@
+"""``FakeProvider``: a real loopback OpenAI-compatible provider, scripted per request."""
+
+from __future__ import annotations
+
+import hmac
+from collections import deque
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from .._httpserver import HTTPRequest, HTTPServer, ResponseWriter, serve_in_thread
+from ._events import (
+    DONE,
+    MALFORMED,
+    ChunkRenderer,
+    Plan,
+    completion_body,
+    error_event,
+    plan_reply,
+)
+from ._reply import Reply
+
+__all__ = ["FakeProvider", "RecordedRequest"]
+
+_CREATED = 1_700_000_000  # a fixed timestamp keeps every reply deterministic
+_KEEPALIVE_COMMENT = b": keep-alive\n\n"
+_ERROR_CODES = {401: "invalid_api_key", 404: "not_found", 429: "rate_limit_exceeded"}
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedRequest:
+    """A request the fake provider received. ``body`` is the parsed JSON (``None`` if none)."""
+
+    method: str
+    path: str
+    query: str
+    headers: dict[str, str] = field(repr=False)
+    body: Any
+    raw_body: bytes = field(repr=False)
+
+
+class FakeProvider:
+    """An OpenAI-compatible provider on a loopback port, for tests.
+
+    ``async with FakeProvider() as fake:`` serves ``fake.base_url`` (ending in ``/v1``):
+    ``POST /v1/chat/completions`` (streamed or not) and ``GET /v1/models``. Each chat request
+    consumes the next :class:`Reply` queued with :meth:`script`, or ``fake.default`` once the
+    queue is empty. Every request is recorded in ``fake.requests`` and every response carries
+    an ``x-request-id``. With ``api_key`` set, requests need ``Authorization: Bearer <key>``.
+    Replies are deterministic: fixed ids, timestamp and token text.
+    """
+
+    def __init__(
+        self,
+        default: Reply | None = None,
+        *,
+        api_key: str | None = None,
+        model: str = "fake-model",
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        self.default: Reply = default if default is not None else Reply()
+        """The reply used once the scripted queue is empty."""
+        self.requests: list[RecordedRequest] = []
+        """Every request received, in arrival order."""
+        self.in_flight = 0
+        """Chat requests being answered right now."""
+        self.cancelled = 0
+        """Chat requests whose answer was cancelled (the client left, or the server stopped)."""
+        self.model = model
+        self._api_key = api_key
+        self._queue: deque[Reply] = deque()
+        self._server = HTTPServer(self._handle, host=host, port=port)
+        self._seq = 0
+        self._idle: anyio.Event | None = None
+
+    def __repr__(self) -> str:
+        return f"FakeProvider(model={self.model!r}, auth={self._api_key is not None})"
+
+    def script(self, *replies: Reply) -> None:
+        """Queue replies; each chat request consumes the next one, in order."""
+        for reply in replies:
+            if not isinstance(reply, Reply):
+                raise TypeError(f"script() takes Reply objects, got {type(reply).__name__}")
+        self._queue.extend(replies)
+
+    @property
+    def pending(self) -> int:
+        """Scripted replies not consumed yet."""
+        return len(self._queue)
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI-style base URL, ``http://127.0.0.1:PORT/v1``."""
+        return self._server.base_url + "/v1"
+
+    @property
+    def port(self) -> int:
+        """The bound port."""
+        return self._server.port
+
+    @property
+    def connections_opened(self) -> int:
+        """TCP connections accepted so far (for connection-pooling tests)."""
+        return self._server.connections_opened
+
+    @property
+    def open_connections(self) -> int:
+        """TCP connections open right now."""
+        return self._server.open_connections
+
+    async def wait_until_idle(self) -> None:
+        """Wait until no chat request is being answered."""
+        while self.in_flight:
+            if self._idle is None:
+                self._idle = anyio.Event()
+            await self._idle.wait()
+
+    async def __aenter__(self) -> FakeProvider:
+        await self._server.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        return await self._server.__aexit__(exc_type, exc, tb)
+
+    async def serve_forever(
+        self, *, task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Serve until cancelled; ``await task_group.start(fake.serve_forever)`` gives base_url."""
+        async with self:
+            task_status.started(self.base_url)
+            await anyio.sleep_forever()
+
+    def run_in_thread(self, *, backend: str = "asyncio") -> AbstractContextManager[FakeProvider]:
+        """Serve from a background thread: ``with FakeProvider().run_in_thread() as fake:``."""
+        return serve_in_thread(self, backend=backend)
+
+    # ------------------------------------------------------------------ request handling
+
+    async def _handle(self, request: HTTPRequest, writer: ResponseWriter) -> None:
+        self._seq += 1
+        seq = self._seq
+        try:
+            body = request.json() if request.body else None
+        except ValueError:
+            body = None
+        self.requests.append(
+            RecordedRequest(
+                request.method, request.path, request.query, request.headers, body, request.body
+            )
+        )
+        headers = {"x-request-id": f"req_fake_{seq:06d}"}
+        if self._api_key is not None and not self._authorized(request.headers):
+            await writer.send_error(
+                401, "Incorrect API key provided.", code="invalid_api_key", headers=headers
+            )
+        elif request.path == "/v1/chat/completions":
+            if request.method != "POST":
+                await writer.send_error(
+                    405, "Use POST.", code="method_not_allowed", headers=headers
+                )
+            elif not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+                await writer.send_error(
+                    400, "The body must be a JSON object with messages.", headers=headers
+                )
+            else:
+                await self._chat(body, writer, headers, seq)
+        elif request.path == "/v1/models" and request.method == "GET":
+            model = {"id": self.model, "object": "model", "created": _CREATED, "owned_by": "fake"}
+            await writer.send_json(200, {"object": "list", "data": [model]}, headers)
+        else:
+            await writer.send_error(
+                404, f"Unknown request URL: {request.method} {request.path}.", headers=headers
+            )
+
+    def _authorized(self, headers: Mapping[str, str]) -> bool:
+        expected = f"Bearer {self._api_key}".encode()
+        return hmac.compare_digest(headers.get("authorization", "").encode(), expected)
+
+    async def _chat(
+        self, body: dict[str, Any], writer: ResponseWriter, headers: dict[str, str], seq: int
+    ) -> None:
+        reply = self._queue.popleft() if self._queue else self.default
+        headers.update(reply.response_headers())
+        self.in_flight += 1
+        try:
+            if reply.is_error:
+                await _sleep(reply.ttft)
+                message = reply.error_message or f"Scripted error {reply.status}."
+                code = _ERROR_CODES.get(reply.status)
+                await writer.send_error(reply.status, message, code=code, headers=headers)
+                return
+            model = body["model"] if isinstance(body.get("model"), str) else self.model
+            plan = plan_reply(reply, body, f"call_{seq}")
+            completion_id = f"chatcmpl-fake-{seq}"
+            if body.get("stream") is True:
+                options = body.get("stream_options")
+                renderer = ChunkRenderer(
+                    completion_id=completion_id,
+                    model=model,
+                    created=_CREATED,
+                    include_usage=isinstance(options, dict)
+                    and options.get("include_usage") is True,
+                )
+                await _stream(reply, plan, renderer, writer, headers)
+            else:
+                result = completion_body(
+                    plan, completion_id=completion_id, model=model, created=_CREATED
+                )
+                await _complete(reply, plan, result, writer, headers)
+        except anyio.get_cancelled_exc_class():
+            self.cancelled += 1
+            raise
+        finally:
+            self.in_flight -= 1
+            if not self.in_flight and self._idle is not None:
+                self._idle.set()
+                self._idle = None
+
+
+async def _sleep(seconds: float) -> None:
+    if seconds > 0:
+        await anyio.sleep(seconds)
+
+
+async def _stall(writer: ResponseWriter, interval: float | None) -> None:
+    """Send nothing more until the client goes away (keep-alive comments aside)."""
+    if interval is None:
+        await anyio.sleep_forever()
+        return
+    while True:
+        await anyio.sleep(interval)
+        await writer.write(_KEEPALIVE_COMMENT)
+
+
+async def _flush(writer: ResponseWriter, pending: list[bytes]) -> None:
+    if pending:
+        await writer.write(b"".join(pending))
+        pending.clear()
+
+
+async def _stream(
+    reply: Reply,
+    plan: Plan,
+    renderer: ChunkRenderer,
+    writer: ResponseWriter,
+    headers: dict[str, str],
+) -> None:
+    """Send ``plan`` as SSE; events due at the same moment go out in one write."""
+    steps = [renderer.content(text) for text in plan.content_chunks]
+    for index, call in enumerate(plan.tool_calls):
+        steps.extend(renderer.tool_call(index, call))
+    role = renderer.role(with_content=bool(plan.content_chunks))
+    await writer.start_stream(200, {**headers, "cache-control": "no-cache"})
+    await _sleep(reply.ttft)
+    pending: list[bytes] = []
+    for i in range(len(steps) + 1):
+        if i == reply.drop_after:
+            await _flush(writer, pending)
+            await writer.abort()
+            return
+        if i == reply.stall_after:
+            await _flush(writer, pending)
+            await _stall(writer, reply.keepalive_comments)
+        if i == reply.malformed_after:
+            pending.append(MALFORMED)
+        if i == reply.error_event_after:
+            message = reply.error_message or "The server had an error while generating."
+            pending.append(error_event(message, code="fake_stream_error"))
+            await _flush(writer, pending)
+            await writer.end()
+            return
+        if i == len(steps):
+            break
+        if i and reply.token_delay:
+            await _flush(writer, pending)
+            await anyio.sleep(reply.token_delay)
+        if role:
+            pending.append(role)
+            role = b""
+        pending.append(steps[i])
+    if role:
+        pending.append(role)
+    pending.append(renderer.finish(plan.finish_reason))
+    if renderer.include_usage:
+        pending.append(renderer.usage(plan.usage))
+    pending.append(DONE)
+    await _flush(writer, pending)
+    await writer.end()
+
+
+async def _complete(
+    reply: Reply,
+    plan: Plan,
+    result: dict[str, Any],
+    writer: ResponseWriter,
+    headers: dict[str, str],
+) -> None:
+    """Send a whole ``chat.completion`` after the time the stream would have taken."""
+    if reply.drop_after is not None:
+        await _sleep(reply.ttft)
+        await writer.abort()
+        return
+    if reply.stall_after is not None:
+        await anyio.sleep_forever()
+    steps = len(plan.content_chunks) + sum(len(c.argument_pieces()) + 1 for c in plan.tool_calls)
+    await _sleep(reply.ttft + reply.token_delay * max(0, steps - 1))
+    if reply.malformed_after is not None:
+        broken = b'{"id": "chatcmpl-broken", "choices": ['
+        await writer.send(200, broken, {**headers, "content-type": "application/json"})
+    elif reply.error_event_after is not None:
+        message = reply.error_message or "The server had an error while generating."
+        error = {"message": message, "type": "server_error", "code": "fake_stream_error"}
+        await writer.send_json(200, {"error": error}, headers)
+    else:
+        await writer.send_json(200, result, headers)

@@ -1,0 +1,167 @@
+"""HTTPBackend over real loopback sockets against the fake provider: pooling and faults."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from swiftclient import (
+    APIConnectionError,
+    APIResponseValidationError,
+    AsyncClient,
+    HTTPBackend,
+    RateLimitError,
+    RetryPolicy,
+    StreamError,
+    StreamStalled,
+    Timeout,
+)
+from swiftclient.testing import FakeProvider, Reply
+
+pytestmark = pytest.mark.anyio
+FAST = RetryPolicy(max_attempts=3, initial_backoff=0.0, max_backoff=0.0)
+
+
+def client_for(fake: FakeProvider, **kwargs: object) -> tuple[AsyncClient, HTTPBackend]:
+    backend = HTTPBackend(fake.base_url, "sk-test-key-1234567890", name="fake", max_connections=32)
+    client = AsyncClient(backend, model="fake-model", retry=FAST, **kwargs)  # type: ignore[arg-type]
+    return client, backend
+
+
+async def test_sequential_streams_reuse_one_connection() -> None:
+    async with FakeProvider(Reply(tokens=5)) as fake:
+        client, backend = client_for(fake)
+        async with client:
+            for _ in range(20):
+                completion = await client.chat("hi")
+                assert completion.text.split() == [f"tok{i}" for i in range(5)]
+            assert backend.pool_stats()["in_use"] == 0
+        assert fake.connections_opened == 1
+
+
+async def test_warmup_opens_connections() -> None:
+    async with FakeProvider() as fake:
+        client, backend = client_for(fake)
+        async with client:
+            await client.warmup(4)
+            assert fake.connections_opened >= 1
+            opened = fake.connections_opened
+            await client.chat("hi")
+            assert fake.connections_opened == opened  # the request used a warm connection
+
+
+async def _abandon(client: AsyncClient, kind: int) -> None:
+    if kind == 0:  # leave early with break
+        async with client.stream("hi") as stream:
+            async for _ in stream:
+                break
+    elif kind == 1:  # cancelled while reading
+        with anyio.CancelScope() as scope:
+            async with client.stream("hi") as stream:
+                async for _ in stream:
+                    scope.cancel()
+                    await anyio.sleep_forever()
+    elif kind == 2:  # broken by the server mid-stream
+        with pytest.raises(APIConnectionError):
+            async with client.stream("hi") as stream:
+                async for _ in stream:
+                    pass
+    else:  # timed out (stall after content, idle limit)
+        with pytest.raises(StreamStalled):
+            async with client.stream("hi", timeout=Timeout(total=60, idle=1.0)) as stream:
+                async for _ in stream:
+                    pass
+
+
+async def test_a_thousand_abandoned_streams_leave_no_connection_checked_out() -> None:
+    replies = {
+        0: Reply(tokens=50),
+        1: Reply(tokens=50, token_delay=0.01),
+        2: Reply(tokens=50, drop_after=2),
+        3: Reply(tokens=50, stall_after=2),
+    }
+    async with FakeProvider() as fake:
+        client, backend = client_for(fake)
+        client.retry = RetryPolicy.none()  # one request per stream, so replies pair with kinds
+        async with client:
+            for batch in range(25):  # 25 batches of 40 concurrent streams of one kind
+                kind = batch % 4
+                fake.script(*[replies[kind]] * 40)
+                async with anyio.create_task_group() as tg:
+                    for _ in range(40):
+                        tg.start_soon(_abandon, client, kind)
+                assert backend.pool_stats()["in_use"] == 0
+            await fake.wait_until_idle()
+            # The pool still works afterwards, and nothing is left checked out.
+            fake.script(Reply(text="still fine"))
+            assert (await client.chat("hi")).text == "still fine"
+            assert backend.pool_stats()["in_use"] == 0
+        assert len(fake.requests) == 1001
+
+
+async def test_drop_before_content_is_retried() -> None:
+    async with FakeProvider() as fake:
+        fake.script(Reply(drop_after=0), Reply(text="second try"))
+        client, _ = client_for(fake)
+        async with client:
+            completion = await client.chat("hi")
+        assert completion.text == "second try"
+        assert completion.timing is not None and len(completion.timing.attempts) == 2
+
+
+async def test_drop_after_content_is_not_retried() -> None:
+    async with FakeProvider() as fake:
+        fake.script(Reply(tokens=10, drop_after=3), Reply(text="never"))
+        client, _ = client_for(fake)
+        async with client:
+            with pytest.raises(APIConnectionError):
+                await client.chat("hi")
+        assert len(fake.requests) == 1
+
+
+async def test_rate_limit_with_retry_after_is_retried() -> None:
+    async with FakeProvider() as fake:
+        fake.script(Reply(status=429, retry_after_ms=10), Reply(text="ok now"))
+        client, _ = client_for(fake)
+        async with client:
+            assert (await client.chat("hi")).text == "ok now"
+        fake.script(*[Reply(status=429, retry_after=0)] * 3)
+        client, _ = client_for(fake)
+        async with client:
+            with pytest.raises(RateLimitError) as info:
+                await client.chat("hi")
+        assert info.value.request_id
+
+
+async def test_malformed_event_and_error_event() -> None:
+    async with FakeProvider() as fake:
+        fake.script(Reply(tokens=5, malformed_after=2), Reply(tokens=5, error_event_after=2))
+        client, _ = client_for(fake)
+        async with client:
+            with pytest.raises(APIResponseValidationError):
+                await client.chat("hi")
+            with pytest.raises(StreamError):
+                await client.chat("hi")
+
+
+async def test_keepalive_comments_do_not_reset_idle() -> None:
+    async with FakeProvider() as fake:
+        fake.script(Reply(tokens=5, stall_after=1, keepalive_comments=0.02))
+        client, backend = client_for(fake, timeout=Timeout(total=30, idle=0.5))
+        async with client:
+            with pytest.raises(StreamStalled):
+                await client.chat("hi")
+            assert backend.pool_stats()["in_use"] == 0
+
+
+async def test_usage_and_cached_tokens_come_through() -> None:
+    from swiftclient.testing import ReplyUsage
+
+    async with FakeProvider() as fake:
+        fake.script(Reply(tokens=3, usage=ReplyUsage(prompt_tokens=100, cached_tokens=64)))
+        client, _ = client_for(fake)
+        async with client:
+            completion = await client.chat("hi")
+        assert completion.usage is not None
+        assert completion.usage.prompt_tokens == 100 and completion.usage.cached_tokens == 64
+        assert fake.requests[0].body["stream_options"] == {"include_usage": True}
