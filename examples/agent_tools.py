@@ -70,7 +70,9 @@ async def main() -> None:
             Reply(tool_calls=(("get_weather", {"city": "Paris"}),)),
             Reply(text="It is 21.5 °C and clear in Paris."),
         )
-        async with AsyncClient(HTTPBackend(fake.base_url, name="fake"), model="fake-model") as client:
+        async with AsyncClient(
+            HTTPBackend(fake.base_url, name="fake"), model="fake-model"
+        ) as client:
             print(await run_agent(client, question))
 
 

@@ -144,8 +144,10 @@ class AsyncClient:
         stack, self._stack = self._stack, None
         try:
             if stack is not None:
-                with anyio.CancelScope(shield=True):
-                    await stack.__aexit__(exc_type, exc, tb)
+                # Not wrapped in a shield: a backend that runs a task group (the local engine)
+                # must exit it in the cancel scope it entered it in. Backends shield their own
+                # cleanup.
+                await stack.__aexit__(exc_type, exc, tb)
         finally:
             await self.aclose()
 

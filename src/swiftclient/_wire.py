@@ -15,7 +15,7 @@ from .types import ChatRequest
 
 __all__ = ["encode_request", "request_body"]
 
-_EXCLUDE = frozenset({"extra_body", "stream", "stream_options"})
+_EXCLUDE = {"extra_body", "stream", "stream_options"}
 
 
 def request_body(

@@ -308,12 +308,12 @@ class Attempt(BaseModel):
     outcome: Literal["ok", "error", "cancelled", "pending"] = "pending"
 
 
-def _percentile(values: Sequence[float], q: float) -> float | None:
+def _percentile(values: Sequence[float], q: int) -> float | None:
     if not values:
         return None
     if len(values) == 1:
         return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]  # type: ignore[index]
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
 class Timing(BaseModel):

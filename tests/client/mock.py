@@ -19,7 +19,9 @@ def chunk(content: str | None = None, finish: str | None = None, **delta: Any) -
     d: dict[str, Any] = dict(delta)
     if content is not None:
         d["content"] = content
-    return sse({"id": "c", "model": "m", "choices": [{"index": 0, "delta": d, "finish_reason": finish}]})
+    return sse(
+        {"id": "c", "model": "m", "choices": [{"index": 0, "delta": d, "finish_reason": finish}]}
+    )
 
 
 def stream_body(words: list[str], usage: bool = True) -> list[bytes]:
@@ -27,8 +29,19 @@ def stream_body(words: list[str], usage: bool = True) -> list[bytes]:
     parts += [chunk(w) for w in words]
     parts.append(chunk(finish="stop"))
     if usage:
-        parts.append(sse({"id": "c", "choices": [], "usage": {"prompt_tokens": 1,
-                          "completion_tokens": len(words), "total_tokens": 1 + len(words)}}))
+        parts.append(
+            sse(
+                {
+                    "id": "c",
+                    "choices": [],
+                    "usage": {
+                        "prompt_tokens": 1,
+                        "completion_tokens": len(words),
+                        "total_tokens": 1 + len(words),
+                    },
+                }
+            )
+        )
     parts.append(b"data: [DONE]\n\n")
     return parts
 
@@ -57,12 +70,22 @@ class Script:
     requests: list[httpx.Request] = field(default_factory=list)
     closed: list[bool] = field(default_factory=list)
     default: Callable[[], tuple[int, list[bytes], dict[str, str], bool]] = lambda: (
-        200, stream_body(["Hello", " world"]), {}, False)
+        200,
+        stream_body(["Hello", " world"]),
+        {},
+        False,
+    )
 
-    def add(self, status: int = 200, parts: list[bytes] | None = None,
-            headers: dict[str, str] | None = None, stall: bool = False) -> Script:
-        self.replies.append((status, parts if parts is not None else stream_body(["ok"]),
-                             headers or {}, stall))
+    def add(
+        self,
+        status: int = 200,
+        parts: list[bytes] | None = None,
+        headers: dict[str, str] | None = None,
+        stall: bool = False,
+    ) -> Script:
+        self.replies.append(
+            (status, parts if parts is not None else stream_body(["ok"]), headers or {}, stall)
+        )
         return self
 
     def transport(self) -> httpx.MockTransport:
@@ -71,7 +94,9 @@ class Script:
             await request.aread()
             status, parts, headers, stall = self.replies.pop(0) if self.replies else self.default()
             if status >= 400:
-                return httpx.Response(status, headers=headers, json={"error": {"message": f"status {status}"}})
+                return httpx.Response(
+                    status, headers=headers, json={"error": {"message": f"status {status}"}}
+                )
             h = {"content-type": "text/event-stream", **headers}
             return httpx.Response(status, headers=h, stream=_Body(parts, stall, self.closed))
 

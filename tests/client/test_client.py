@@ -67,11 +67,21 @@ async def test_stream_text_and_final_and_early_exit_closes() -> None:
 async def test_tool_call_deltas_are_merged() -> None:
     parts = [
         chunk(role="assistant"),
-        chunk(tool_calls=[{"index": 0, "id": "call_1", "type": "function",
-                           "function": {"name": "get_weather", "arguments": ""}}]),
+        chunk(
+            tool_calls=[
+                {
+                    "index": 0,
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": ""},
+                }
+            ]
+        ),
         chunk(tool_calls=[{"index": 0, "function": {"arguments": '{"city": '}}]),
         chunk(tool_calls=[{"index": 0, "function": {"arguments": '"Paris"}'}}]),
-        chunk(tool_calls=[{"index": 1, "id": "call_2", "function": {"name": "t", "arguments": "{}"}}]),
+        chunk(
+            tool_calls=[{"index": 1, "id": "call_2", "function": {"name": "t", "arguments": "{}"}}]
+        ),
         chunk(finish="tool_calls"),
         b"data: [DONE]\n\n",
     ]
@@ -108,7 +118,11 @@ async def test_400_is_never_retried_and_carries_body() -> None:
 
 
 async def test_x_should_retry_overrides_status() -> None:
-    script = Script().add(400, headers={"x-should-retry": "true"}).add(500, headers={"x-should-retry": "false"})
+    script = (
+        Script()
+        .add(400, headers={"x-should-retry": "true"})
+        .add(500, headers={"x-should-retry": "false"})
+    )
     async with make(script) as client:
         with pytest.raises(InternalServerError):
             await client.chat("hi")
@@ -197,7 +211,9 @@ async def test_model_routing_by_backend_prefix() -> None:
     a, b = Script(), Script()
     backend_a = HTTPBackend("http://a/v1", name="a", transport=a.transport())
     backend_b = HTTPBackend("http://b/v1", name="b", transport=b.transport())
-    async with AsyncClient(backends={"a": backend_a, "b": backend_b}, default_backend="a") as client:
+    async with AsyncClient(
+        backends={"a": backend_a, "b": backend_b}, default_backend="a"
+    ) as client:
         await client.chat("x", model="b/llama")
         await client.chat("x", model="Qwen/Qwen3-0.6B")
         await client.chat("x", model="a/m")
@@ -217,8 +233,19 @@ async def test_non_streamed_path() -> None:
     import httpx
 
     def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, json={"id": "x", "choices": [{"index": 0, "message": {
-            "role": "assistant", "content": "plain"}, "finish_reason": "stop"}]})
+        return httpx.Response(
+            200,
+            json={
+                "id": "x",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "plain"},
+                        "finish_reason": "stop",
+                    }
+                ],
+            },
+        )
 
     backend = HTTPBackend("http://x/v1", transport=httpx.MockTransport(handler))
     async with AsyncClient(backend, model="m") as client:

@@ -15,7 +15,9 @@ def _httpx_exception_classes() -> list[type[Exception]]:
     return [
         obj
         for _, obj in inspect.getmembers(httpx)
-        if inspect.isclass(obj) and issubclass(obj, Exception) and obj.__module__.startswith("httpx")
+        if inspect.isclass(obj)
+        and issubclass(obj, Exception)
+        and obj.__module__.startswith("httpx")
     ]
 
 
@@ -49,11 +51,17 @@ def test_mapping_targets(exc: Exception, expected: type[Exception]) -> None:
 
 def test_status_error_mapping_uses_status_classes() -> None:
     request = httpx.Request("POST", "http://x")
-    for status, cls in [(400, errors.BadRequestError), (401, errors.AuthenticationError),
-                        (403, errors.PermissionDeniedError), (404, errors.NotFoundError),
-                        (409, errors.ConflictError), (422, errors.UnprocessableEntityError),
-                        (429, errors.RateLimitError), (503, errors.InternalServerError),
-                        (418, errors.APIStatusError)]:
+    for status, cls in [
+        (400, errors.BadRequestError),
+        (401, errors.AuthenticationError),
+        (403, errors.PermissionDeniedError),
+        (404, errors.NotFoundError),
+        (409, errors.ConflictError),
+        (422, errors.UnprocessableEntityError),
+        (429, errors.RateLimitError),
+        (503, errors.InternalServerError),
+        (418, errors.APIStatusError),
+    ]:
         response = httpx.Response(status, request=request)
         exc = httpx.HTTPStatusError("boom", request=request, response=response)
         mapped = map_httpx_error(exc, backend="b")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swiftclient._sse import SSEDecoder, ServerSentEvent
+from swiftclient._sse import ServerSentEvent, SSEDecoder
 
 
 def decode(*chunks: bytes) -> list[ServerSentEvent]:
@@ -37,7 +37,8 @@ def test_crlf_split_across_chunks_is_one_line_end() -> None:
 def test_comments_fields_and_retry() -> None:
     decoder = SSEDecoder()
     events = decoder.feed(
-        b": keep-alive\n\nevent: error\nid: 7\nretry: 1500\ndata: boom\n\nretry: x\ndata:no-space\n\n"
+        b": keep-alive\n\nevent: error\nid: 7\nretry: 1500\ndata: boom\n\n"
+        b"retry: x\ndata:no-space\n\n"
     )
     assert decoder.comments == 1
     assert events[0] == ServerSentEvent(data=b"boom", event="error", id="7", retry=1500)
@@ -62,7 +63,7 @@ def test_field_without_colon_and_unknown_fields() -> None:
 
 STREAM = (
     b": hello\r\n"
-    b"data: {\"id\":\"1\",\"choices\":[{\"delta\":{\"content\":\"h\\u00e9\"}}]}\n\n"
+    b'data: {"id":"1","choices":[{"delta":{"content":"h\\u00e9"}}]}\n\n'
     b"event: ping\rdata: a\rdata: b\r\r"
     b"id: 42\r\ndata: multi\r\ndata: line\r\n\r\n"
     b"retry: 10\ndata: [DONE]\n\n"
@@ -79,7 +80,9 @@ def test_every_chunking_yields_the_same_events(cuts: list[int]) -> None:
 
 @settings(max_examples=100, deadline=None)
 @given(
-    st.lists(st.binary(max_size=30).filter(lambda b: b"\n" not in b and b"\r" not in b), max_size=5),
+    st.lists(
+        st.binary(max_size=30).filter(lambda b: b"\n" not in b and b"\r" not in b), max_size=5
+    ),
     st.integers(min_value=1, max_value=7),
 )
 def test_arbitrary_payloads_roundtrip_in_any_chunk_size(payloads: list[bytes], size: int) -> None:

@@ -17,13 +17,28 @@ def test_request_accepts_openai_style_dicts() -> None:
             "model": "m",
             "messages": [
                 {"role": "system", "content": "be brief"},
-                {"role": "user", "content": [{"type": "text", "text": "hi"},
-                                             {"type": "image_url", "image_url": {"url": "data:x"}}]},
-                {"role": "assistant", "tool_calls": [
-                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "hi"},
+                        {"type": "image_url", "image_url": {"url": "data:x"}},
+                    ],
+                },
+                {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {
+                            "id": "c1",
+                            "type": "function",
+                            "function": {"name": "f", "arguments": "{}"},
+                        }
+                    ],
+                },
                 {"role": "tool", "tool_call_id": "c1", "content": "42"},
             ],
-            "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+            "tools": [
+                {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+            ],
             "tool_choice": "auto",
             "response_format": {"type": "json_schema", "json_schema": {"name": "X", "schema": {}}},
             "stream_options": {"include_usage": True},

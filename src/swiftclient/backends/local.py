@@ -1,0 +1,276 @@
+"""LocalBackend: the bundled inference engine (:mod:`local_engine`) behind the Backend seam.
+
+``local_engine`` (and with it torch) is imported only when the backend loads its model, so
+``import swiftclient`` and constructing a ``LocalBackend`` stay light. The model is loaded in a
+worker thread when the backend is entered (``async with AsyncClient(LocalBackend(...))``) or
+warmed up; the engine's driver task runs inside that ``async with`` block.
+
+Request mapping (prompt, sampling parameters, ``extra_body`` keys, the prefix-cache salt) is
+described in :mod:`local_engine.service`; in short: ``extra_body`` may carry ``top_k``,
+``min_p``, ``ignore_eos``, ``stop_token_ids``, ``cache_salt`` and ``chat_template_kwargs``, and
+the cache salt is ``extra_body["cache_salt"]``, else ``user``, so that different tenants never
+share cached prompt blocks (``prompt_cache_key`` is ignored).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+import anyio
+import anyio.to_thread
+
+from .. import errors
+from .._deadline import Deadline
+from ..types import ChatCompletion, ChatCompletionChunk, ChatRequest
+from .base import RequestOptions
+
+if TYPE_CHECKING:
+    from local_engine.async_engine import AsyncEngine
+    from local_engine.engine import Engine, EngineConfig
+    from local_engine.service import ChatService
+
+__all__ = ["LocalBackend"]
+
+_NOT_RUNNING = (
+    "LocalBackend {name!r} is not running: use it inside `async with AsyncClient(backend) as "
+    "client:` (or `async with backend:`), which loads the model and starts the engine"
+)
+
+
+class LocalBackend:
+    """Chat completions from a model run in this process by the bundled engine.
+
+    Args:
+        model: a Hugging Face model directory (``config.json``, safetensors weights,
+            ``tokenizer.json``), the name of an embedded default model (``"swift-tiny"``,
+            ``"swift-50m"``), or ``None`` for the embedded default model. Embedded models have
+            random weights: they exercise the pipeline offline and write gibberish.
+        name: the backend's name in model strings and errors.
+        engine_config: KV cache size, batching limits, ``max_model_len``, dtype, device.
+        default_max_tokens: the completion limit of requests that set none (capped by the
+            room the model's context leaves).
+        chat_template: a template source (or a named template) overriding the tokenizer's.
+        tool_format: ``"hermes"``, ``"llama3"`` or ``"none"``, overriding the tool-call
+            convention detected from the template.
+
+    Use it inside ``async with AsyncClient(LocalBackend(...)) as client:``; calls outside
+    that block raise :class:`~swiftclient.errors.ConfigurationError`. Leaving a stream early
+    aborts its engine request and frees its KV blocks at once.
+    """
+
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        *,
+        name: str = "local",
+        engine_config: EngineConfig | None = None,
+        default_max_tokens: int = 1024,
+        chat_template: str | None = None,
+        tool_format: str | None = None,
+    ) -> None:
+        if not name or "/" in name:
+            raise errors.ConfigurationError(f"backend name must be non-empty without '/': {name!r}")
+        if isinstance(default_max_tokens, bool) or not isinstance(default_max_tokens, int):
+            raise errors.ConfigurationError("default_max_tokens must be an int")
+        if default_max_tokens < 1:
+            raise errors.ConfigurationError("default_max_tokens must be at least 1")
+        self.name = name
+        self._model = model
+        self._engine_config = engine_config
+        self._default_max_tokens = default_max_tokens
+        self._chat_template = chat_template
+        self._tool_format = tool_format
+        self._owns_engine = True
+        self._model_dir: Path | None = None
+        self._service: ChatService | None = None
+        self._async_engine: AsyncEngine | None = None
+        self._load_lock: anyio.Lock | None = None
+
+    @classmethod
+    def from_engine(
+        cls,
+        engine: Engine,
+        *,
+        name: str = "local",
+        default_max_tokens: int = 1024,
+        chat_template: str | None = None,
+        tool_format: str | None = None,
+    ) -> LocalBackend:
+        """Serve an already built :class:`~local_engine.engine.Engine` (it needs a tokenizer).
+
+        The engine stays the caller's: :meth:`aclose` does not drop it.
+        """
+        from local_engine.service import ChatService
+
+        backend = cls(
+            name=name,
+            default_max_tokens=default_max_tokens,
+            chat_template=chat_template,
+            tool_format=tool_format,
+        )
+        backend._service = ChatService(
+            engine,
+            default_max_tokens=default_max_tokens,
+            chat_template=chat_template,
+            tool_format=tool_format,
+        )
+        backend._owns_engine = False
+        return backend
+
+    def __repr__(self) -> str:
+        return f"LocalBackend(name={self.name!r}, model={self._model!r})"
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def loaded(self) -> bool:
+        """True once the model is in memory."""
+        return self._service is not None
+
+    @property
+    def running(self) -> bool:
+        """True inside ``async with`` (the engine accepts requests)."""
+        return self._async_engine is not None
+
+    @property
+    def engine(self) -> Engine:
+        """The loaded :class:`~local_engine.engine.Engine` (ConfigurationError before loading)."""
+        return self._loaded_service().engine
+
+    @property
+    def async_engine(self) -> AsyncEngine | None:
+        """The running :class:`~local_engine.async_engine.AsyncEngine`, if any."""
+        return self._async_engine
+
+    @property
+    def model_dir(self) -> Path | None:
+        """The model directory loaded from (None before loading or for :meth:`from_engine`)."""
+        return self._model_dir
+
+    def _loaded_service(self) -> ChatService:
+        if self._service is None:
+            raise errors.ConfigurationError(
+                f"LocalBackend {self.name!r} has not loaded its model yet (enter it or call "
+                "warmup())"
+            )
+        return self._service
+
+    def _running(self) -> tuple[AsyncEngine, ChatService]:
+        if self._async_engine is None or self._service is None:
+            raise errors.ConfigurationError(_NOT_RUNNING.format(name=self.name))
+        return self._async_engine, self._service
+
+    # ------------------------------------------------------------------ loading
+
+    def _resolve_model_dir(self) -> Path:
+        from local_engine.default_model import DEFAULT_MODELS, ensure_default_model
+
+        model = self._model
+        if model is None:
+            return ensure_default_model()
+        path = Path(model).expanduser()
+        if path.is_dir():
+            return path
+        if isinstance(model, str) and model in DEFAULT_MODELS:
+            return ensure_default_model(model)
+        raise errors.ConfigurationError(
+            f"model {str(model)!r} is neither a model directory nor an embedded default model "
+            f"({', '.join(sorted(DEFAULT_MODELS))})"
+        )
+
+    def _load_sync(self) -> tuple[Path, ChatService]:
+        try:
+            from local_engine.engine import Engine
+            from local_engine.service import ChatService
+        except ImportError as exc:
+            raise errors.ConfigurationError(
+                "LocalBackend needs the 'local' extra (torch, safetensors, tokenizers, jinja2): "
+                "pip install 'swiftclient-llm[local]'"
+            ) from exc
+        path = self._resolve_model_dir()
+        try:
+            engine = Engine.from_pretrained(path, self._engine_config)
+        except OSError as exc:
+            raise errors.ConfigurationError(f"cannot load the model in {path}: {exc}") from exc
+        except (RuntimeError, MemoryError) as exc:
+            raise errors.EngineError(f"loading the model in {path} failed: {exc!r}") from exc
+        service = ChatService(
+            engine,
+            default_max_tokens=self._default_max_tokens,
+            chat_template=self._chat_template,
+            tool_format=self._tool_format,
+        )
+        return path, service
+
+    async def warmup(self, connections: int = 1) -> None:
+        """Load the model now (in a worker thread) rather than on entry.
+
+        ``connections`` is accepted for the Backend ``warmup`` convention and ignored.
+        """
+        if self._load_lock is None:
+            self._load_lock = anyio.Lock()
+        async with self._load_lock:
+            if self._service is None:
+                self._model_dir, self._service = await anyio.to_thread.run_sync(self._load_sync)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> LocalBackend:
+        """Load the model (in a worker thread) and start the engine's driver task."""
+        from local_engine.async_engine import AsyncEngine
+
+        if self._async_engine is not None:
+            raise errors.ConfigurationError(f"LocalBackend {self.name!r} is already running")
+        await self.warmup()
+        async_engine = AsyncEngine(self._loaded_service().engine)
+        await async_engine.__aenter__()
+        self._async_engine = async_engine
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        """Abort every request and stop the driver."""
+        async_engine, self._async_engine = self._async_engine, None
+        if async_engine is None:
+            return None
+        return await async_engine.__aexit__(exc_type, exc, tb)
+
+    async def aclose(self) -> None:
+        """Abort every request and stop the engine; outside ``async with``, also drop the
+        model this backend loaded (a later entry loads it again)."""
+        if self._async_engine is not None:
+            with anyio.CancelScope(shield=True):
+                await self._async_engine.aclose()
+        elif self._owns_engine:
+            self._service = None
+            self._model_dir = None
+
+    # ------------------------------------------------------------------ requests
+
+    @asynccontextmanager
+    async def stream(
+        self, request: ChatRequest, deadline: Deadline, options: RequestOptions | None = None
+    ) -> AsyncIterator[AsyncIterator[ChatCompletionChunk]]:
+        """Open a streamed completion; leaving the block aborts the engine request.
+
+        A final usage chunk is sent unless ``request.stream_options.include_usage`` is False.
+        """
+        async_engine, service = self._running()
+        usage = request.stream_options is None or request.stream_options.include_usage is not False
+        async with service.stream(async_engine, request, include_usage=usage) as chunks:
+            yield chunks
+
+    async def complete(
+        self, request: ChatRequest, deadline: Deadline, options: RequestOptions | None = None
+    ) -> ChatCompletion:
+        """Run a non-streamed completion."""
+        async_engine, service = self._running()
+        return await service.complete(async_engine, request)
