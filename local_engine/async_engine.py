@@ -1,0 +1,307 @@
+"""The concurrent front end: one driver task steps the engine; each request streams.
+
+``async with AsyncEngine(engine) as ae`` starts ONE driver task. It sleeps on an event
+while there is no work; otherwise it runs :meth:`Engine.step` in a worker thread so the
+event loop stays responsive, then hands each output to its request's mailbox. Engine
+state is only touched under one lock (held by the driver for the whole step), so adds
+and aborts land between steps, never during one.
+
+Backpressure policy: the driver never blocks on a consumer and never drops tokens. Each
+request has a one-slot mailbox; an output that arrives while the previous one is still
+unread is *merged* into it (token ids, text and logprobs concatenated). A slow consumer
+therefore receives fewer, larger outputs, and the memory it can pin is bounded by its
+own request's ``max_tokens``, however slow it is.
+
+Two ways to consume a request: ``async with ae.stream(...) as outputs`` adds it on entry
+(errors such as OverloadedError surface there) and aborts it on exit; ``ae.generate(...)``
+wraps that in one async iterator. Leaving early (break, cancellation, an error) aborts
+the request and frees its KV blocks right away, or right after the step in flight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from types import TracebackType
+from typing import Self
+
+import anyio
+import anyio.to_thread
+from anyio.abc import TaskGroup
+
+from local_engine.engine import Engine, RequestOutput
+from local_engine.sampler import SamplingParams
+from swiftclient.errors import EngineError
+
+__all__ = ["AsyncEngine"]
+
+
+class _Mailbox:
+    """One request's pending output: a single slot that merges what the reader missed."""
+
+    __slots__ = ("_error", "_event", "_pending")
+
+    def __init__(self) -> None:
+        self._pending: RequestOutput | None = None
+        self._error: BaseException | None = None
+        self._event = anyio.Event()
+
+    def put(self, out: RequestOutput) -> None:
+        prev = self._pending
+        if prev is None:
+            self._pending = out
+        else:
+            prev.new_token_ids.extend(out.new_token_ids)
+            prev.new_text += out.new_text
+            if prev.logprobs is not None and out.logprobs is not None:
+                prev.logprobs.extend(out.logprobs)
+            prev.finished = out.finished
+            prev.finish_reason = out.finish_reason
+            prev.num_cached_tokens = out.num_cached_tokens
+            prev.num_generated_tokens = out.num_generated_tokens
+        self._event.set()
+
+    def fail(self, error: BaseException) -> None:
+        self._error = error
+        self._event.set()
+
+    async def get(self) -> RequestOutput:
+        while self._pending is None:
+            if self._error is not None:
+                raise self._error
+            await self._event.wait()
+            self._event = anyio.Event()
+        out, self._pending = self._pending, None
+        return out
+
+
+class _Outputs:
+    """Iterates one request's outputs until the finished one."""
+
+    __slots__ = ("_done", "_mailbox")
+
+    def __init__(self, mailbox: _Mailbox) -> None:
+        self._mailbox = mailbox
+        self._done = False
+
+    def __aiter__(self) -> _Outputs:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self._done:
+            raise StopAsyncIteration
+        out = await self._mailbox.get()
+        self._done = out.finished
+        return out
+
+
+class AsyncEngine:
+    """Serve an :class:`Engine` to many concurrent tasks (asyncio or trio)."""
+
+    def __init__(self, engine: Engine) -> None:
+        """Wrap ``engine``; nothing runs until ``async with``."""
+        self.engine = engine
+        self._mailboxes: dict[str, _Mailbox] = {}
+        self._pending_aborts: set[str] = set()
+        self._task_group: TaskGroup | None = None
+        self._driver_scope: anyio.CancelScope | None = None
+        self._accepting = False
+        self._failure: BaseException | None = None
+
+    async def __aenter__(self) -> Self:
+        """Start the driver task."""
+        if self._task_group is not None:
+            raise EngineError("AsyncEngine is already running")
+        self._lock = anyio.Lock()
+        self._wakeup = anyio.Event()
+        self._tick = anyio.Event()
+        self._stopped = anyio.Event()
+        self._driver_scope = scope = anyio.CancelScope()
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        self._task_group = tg
+        self._accepting = True
+        tg.start_soon(self._drive, scope)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        """Abort every request, stop the driver and wait for it."""
+        await self.aclose()
+        tg, self._task_group = self._task_group, None
+        if tg is None:
+            return None
+        return await tg.__aexit__(exc_type, exc, tb)
+
+    async def aclose(self) -> None:
+        """Abort every request (their streams end with ``finish_reason="abort"``) and
+        stop the driver. Idempotent."""
+        if self._driver_scope is None:
+            return
+        self._accepting = False
+        for request_id in list(self._mailboxes):
+            self.abort(request_id)
+        self._driver_scope.cancel()
+        with anyio.CancelScope(shield=True):
+            await self._stopped.wait()
+        self._pending_aborts.clear()
+        self.engine.abort_all()
+        self._notify()
+
+    @asynccontextmanager
+    async def stream(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        request_id: str | None = None,
+        cache_salt: str | None = None,
+    ) -> AsyncIterator[AsyncIterator[RequestOutput]]:
+        """Add a request on entry and yield an iterator over its outputs; leaving the
+        block aborts the request if it is still live (its blocks are freed at once).
+
+        Raises (on entry):
+            ValueError: bad prompt or parameters (see :meth:`Engine.add_request`).
+            OverloadedError: the engine's waiting queue is full.
+            EngineError: the AsyncEngine is not running or has failed.
+        """
+        if not self._accepting:
+            raise EngineError("AsyncEngine is not running (use `async with AsyncEngine(...)`)")
+        mailbox = _Mailbox()
+        async with self._lock:
+            if self._failure is not None:
+                raise EngineError("the engine failed") from self._failure
+            rid = self.engine.add_request(
+                prompt_ids, params, request_id=request_id, cache_salt=cache_salt
+            )
+            self._mailboxes[rid] = mailbox
+        self._wakeup.set()
+        try:
+            yield _Outputs(mailbox)
+        finally:
+            if self._mailboxes.pop(rid, None) is not None:
+                self._request_abort(rid)
+
+    async def generate(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        request_id: str | None = None,
+        cache_salt: str | None = None,
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """Stream a request's outputs until it finishes (:meth:`stream` as one iterator).
+
+        The request is added when iteration starts, so errors surface from the first
+        ``__anext__``. Cancelling or closing the iterator aborts the request; when
+        breaking out early, close it (``contextlib.aclosing``) or use :meth:`stream`, so
+        the abort does not wait for garbage collection.
+        """
+        async with self.stream(
+            prompt_ids, params, request_id=request_id, cache_salt=cache_salt
+        ) as outputs:
+            async for out in outputs:
+                yield out
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request; its stream gets a final output with ``finish_reason="abort"``."""
+        mailbox = self._mailboxes.pop(request_id, None)
+        if mailbox is not None:
+            seq = self.engine.scheduler.get(request_id)
+            mailbox.put(
+                RequestOutput(
+                    request_id=request_id,
+                    new_token_ids=[],
+                    new_text="",
+                    finished=True,
+                    finish_reason="abort",
+                    num_prompt_tokens=seq.num_prompt_tokens if seq else 0,
+                    num_cached_tokens=(seq.num_cached_tokens or 0) if seq else 0,
+                    num_generated_tokens=seq.num_generated_tokens if seq else 0,
+                    logprobs=None,
+                )
+            )
+        self._request_abort(request_id)
+
+    async def wait_idle(self) -> None:
+        """Wait until no request is live and every abort has been applied."""
+        if self._driver_scope is None:
+            return
+        while self._mailboxes or self._pending_aborts or self.engine.has_unfinished():
+            if self._stopped.is_set():
+                return
+            await self._tick.wait()
+
+    @property
+    def num_active(self) -> int:
+        """Requests with an open stream."""
+        return len(self._mailboxes)
+
+    def _request_abort(self, request_id: str) -> None:
+        """Abort now if no step is in flight, else right after it (synchronous: safe to
+        call from ``finally`` blocks and generator finalizers)."""
+        if self._lock.locked():
+            self._pending_aborts.add(request_id)
+            self._wakeup.set()
+        else:
+            self.engine.abort(request_id)
+            self._notify()
+
+    def _notify(self) -> None:
+        self._tick.set()
+        self._tick = anyio.Event()
+
+    def _apply_aborts(self) -> None:
+        while self._pending_aborts:
+            self.engine.abort(self._pending_aborts.pop())
+
+    async def _drive(self, scope: anyio.CancelScope) -> None:
+        try:
+            with scope:
+                await self._loop()
+        finally:
+            self._stopped.set()
+            self._notify()
+
+    async def _loop(self) -> None:
+        engine = self.engine
+        while True:
+            outputs: list[RequestOutput] = []
+            async with self._lock:
+                self._apply_aborts()
+                busy = engine.has_unfinished()
+                if busy:
+                    try:
+                        outputs = await anyio.to_thread.run_sync(engine.step)
+                    except Exception as exc:
+                        self._fail(exc)
+                        return
+                    finally:
+                        self._apply_aborts()
+            if not busy:
+                self._notify()
+                await self._wakeup.wait()
+                self._wakeup = anyio.Event()
+                continue
+            for out in outputs:
+                mailbox = self._mailboxes.get(out.request_id)
+                if mailbox is not None:
+                    mailbox.put(out)
+                    if out.finished:
+                        del self._mailboxes[out.request_id]
+            self._notify()
+
+    def _fail(self, exc: Exception) -> None:
+        """A step raised: fail every stream, drop every request, refuse new ones."""
+        self._failure = exc
+        self._accepting = False
+        for mailbox in self._mailboxes.values():
+            error = EngineError(f"engine step failed: {exc!r}")
+            error.__cause__ = exc
+            mailbox.fail(error)
+        self._mailboxes.clear()
+        self.engine.abort_all()

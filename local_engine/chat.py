@@ -1,0 +1,328 @@
+"""The chat layer of the local engine: requests to prompt tokens, engine output to responses.
+
+:class:`ChatFormatter` renders a :class:`~swiftclient.types.ChatRequest` with the model's chat
+template and encodes it. :func:`build_completion` and :class:`CompletionStream` turn generated
+text and token counts into :class:`~swiftclient.types.ChatCompletion` and
+:class:`~swiftclient.types.ChatCompletionChunk` objects, parsing tool calls on the way. Nothing
+here imports the engine: plain strings and ints in, swiftclient types out.
+
+``response_format`` (``json_object`` / ``json_schema``) is honoured by a system instruction
+asking for JSON only; the local engine does not do constrained decoding yet, so the reply is
+not guaranteed to parse.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from swiftclient.errors import ConfigurationError
+from swiftclient.types import (
+    AssistantMessage,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatRequest,
+    Choice,
+    ChoiceDelta,
+    ChunkChoice,
+    FunctionCallDelta,
+    Message,
+    PromptTokensDetails,
+    ResponseFormat,
+    Tool,
+    ToolCallDelta,
+    ToolChoice,
+    Usage,
+)
+
+from .templates import normalize_messages, render_chat_template, select_template
+from .tokenizer import Tokenizer
+from .tool_calls import (
+    ParsedOutput,
+    ToolCallFormat,
+    ToolCallStream,
+    check_tool_format,
+    detect_tool_format,
+    parse_tool_calls,
+)
+
+__all__ = [
+    "ChatFormatter",
+    "ChatPrompt",
+    "CompletionStream",
+    "build_completion",
+    "make_usage",
+    "new_completion_id",
+    "response_format_instruction",
+    "with_response_format",
+]
+
+
+def new_completion_id() -> str:
+    """A fresh completion id: ``chatcmpl-`` and 24 random hex digits."""
+    return f"chatcmpl-{secrets.token_hex(12)}"
+
+
+def make_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> Usage:
+    """Usage with totals and ``prompt_tokens_details.cached_tokens``."""
+    return Usage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
+    )
+
+
+def response_format_instruction(response_format: ResponseFormat | None) -> str | None:
+    """The system instruction that asks for JSON output, or None for plain text."""
+    if response_format is None or response_format.type == "text":
+        return None
+    if response_format.type == "json_object" or response_format.json_schema is None:
+        return "Respond only with a single valid JSON object, with no other text."
+    spec = response_format.json_schema
+    lines = ["Respond only with a single valid JSON value, with no other text."]
+    if spec.description:
+        lines.append(f"It is {spec.name}: {spec.description}")
+    if spec.schema_ is not None:
+        schema = json.dumps(spec.schema_, ensure_ascii=False, sort_keys=True)
+        lines.append(f"It must conform to this JSON schema: {schema}")
+    return "\n".join(lines)
+
+
+def with_response_format(
+    messages: Sequence[Message | Mapping[str, Any]], response_format: ResponseFormat | None
+) -> list[dict[str, Any]]:
+    """Normalized messages with the JSON instruction added to (or as) the system message."""
+    result = normalize_messages(messages)
+    instruction = response_format_instruction(response_format)
+    if instruction is None:
+        return result
+    if result and result[0]["role"] == "system" and isinstance(result[0].get("content"), str):
+        head = result[0]
+        result[0] = {**head, "content": f"{head['content']}\n\n{instruction}"}
+    else:
+        result.insert(0, {"role": "system", "content": instruction})
+    return result
+
+
+def _offered_tools(
+    tools: list[Tool] | None, tool_choice: str | ToolChoice | None
+) -> list[Tool] | None:
+    """The tools to show the model: none for ``tool_choice="none"``, one for a named choice."""
+    if not tools or tool_choice == "none":
+        return None
+    if isinstance(tool_choice, ToolChoice):
+        chosen = [t for t in tools if t.function.name == tool_choice.function.name]
+        if not chosen:
+            raise ConfigurationError(
+                f"tool_choice names {tool_choice.function.name!r}, which is not in tools"
+            )
+        return chosen
+    return tools
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """A rendered request: prompt text and ids, and how to parse tool calls in the reply."""
+
+    text: str
+    token_ids: list[int]
+    tool_format: ToolCallFormat
+
+
+class ChatFormatter:
+    """Renders chat requests with a tokenizer's chat template.
+
+    ``chat_template`` overrides the tokenizer's (a template source, or the name of one of the
+    tokenizer's named templates); ``tool_format`` overrides the tool-call convention that is
+    otherwise detected from the template's markers.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        *,
+        chat_template: str | None = None,
+        tool_format: str | None = None,
+    ) -> None:
+        """Bind a tokenizer, an optional template override and tool-call format override."""
+        self.tokenizer = tokenizer
+        self._template = tokenizer.chat_template
+        self._template_name: str | None = None
+        if chat_template is not None:
+            named = isinstance(self._template, dict) and chat_template in self._template
+            if named:
+                self._template_name = chat_template
+            else:
+                self._template = chat_template
+        self._tool_format = None if tool_format is None else check_tool_format(tool_format)
+
+    def template_source(self, *, has_tools: bool = False) -> str:
+        """The template source used for a conversation with or without tools."""
+        return select_template(self._template, name=self._template_name, has_tools=has_tools)
+
+    def tool_format(self, *, has_tools: bool = True) -> ToolCallFormat:
+        """The tool-call convention for replies ("none" when no tools were offered)."""
+        if not has_tools:
+            return "none"
+        if self._tool_format is not None:
+            return self._tool_format
+        return detect_tool_format(self.template_source(has_tools=True))
+
+    def render(
+        self,
+        messages: Sequence[Message | Mapping[str, Any]],
+        *,
+        tools: Sequence[Tool | Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        response_format: ResponseFormat | None = None,
+        **template_kwargs: Any,
+    ) -> str:
+        """Render messages (and tools) to prompt text."""
+        tools = list(tools) if tools else None
+        return render_chat_template(
+            self.template_source(has_tools=tools is not None),
+            with_response_format(messages, response_format),
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            special_tokens=self.tokenizer.special_tokens,
+            **template_kwargs,
+        )
+
+    def prepare(self, request: ChatRequest) -> ChatPrompt:
+        """Render and encode a request.
+
+        Tools follow ``tool_choice`` ("none" hides them, a named choice shows only that one;
+        "required" is not enforced). ``extra_body["chat_template_kwargs"]`` is passed to the
+        template (e.g. ``{"enable_thinking": False}``).
+        """
+        tools = _offered_tools(request.tools, request.tool_choice)
+        extra = (request.extra_body or {}).get("chat_template_kwargs") or {}
+        if not isinstance(extra, Mapping):
+            raise ConfigurationError("extra_body['chat_template_kwargs'] must be an object")
+        text = self.render(
+            request.messages,
+            tools=tools,
+            response_format=request.response_format,
+            **{str(k): v for k, v in extra.items()},
+        )
+        return ChatPrompt(
+            text=text,
+            token_ids=self.tokenizer.encode(text, add_special_tokens=False),
+            tool_format=self.tool_format(has_tools=tools is not None),
+        )
+
+
+def _final_reason(finish_reason: str | None, parsed: ParsedOutput) -> str | None:
+    return "tool_calls" if parsed.tool_calls and finish_reason == "stop" else finish_reason
+
+
+def build_completion(
+    text: str,
+    *,
+    model: str,
+    finish_reason: str | None,
+    prompt_tokens: int,
+    completion_tokens: int,
+    cached_tokens: int = 0,
+    tool_format: ToolCallFormat = "none",
+    completion_id: str | None = None,
+    created: int | None = None,
+) -> ChatCompletion:
+    """A complete response for generated ``text``, with tool calls parsed out of it.
+
+    ``finish_reason`` is the engine's ("stop", "length", ...); it becomes "tool_calls" when
+    the model stopped after calling tools.
+    """
+    parsed = parse_tool_calls(text, tool_format)
+    message = AssistantMessage(content=parsed.content, tool_calls=parsed.tool_calls or None)
+    return ChatCompletion(
+        id=completion_id or new_completion_id(),
+        created=int(time.time()) if created is None else created,
+        model=model,
+        choices=[Choice(message=message, finish_reason=_final_reason(finish_reason, parsed))],
+        usage=make_usage(prompt_tokens, completion_tokens, cached_tokens),
+    )
+
+
+class CompletionStream:
+    """Turns the text deltas of one generation into stream chunks.
+
+    Call :meth:`start` once, :meth:`push` for every text delta, and :meth:`finish` at the end.
+    Content that may be the start of a tool call is held back until it is known not to be.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        tool_format: ToolCallFormat = "none",
+        completion_id: str | None = None,
+        created: int | None = None,
+    ) -> None:
+        """Start a stream of chunks that share an id, a timestamp and a model name."""
+        self.id = completion_id or new_completion_id()
+        self.created = int(time.time()) if created is None else created
+        self.model = model
+        self._tools = ToolCallStream(tool_format)
+
+    def _chunk(self, delta: ChoiceDelta, finish_reason: str | None = None) -> ChatCompletionChunk:
+        return ChatCompletionChunk(
+            id=self.id,
+            created=self.created,
+            model=self.model,
+            choices=[ChunkChoice(delta=delta, finish_reason=finish_reason)],
+        )
+
+    def start(self) -> ChatCompletionChunk:
+        """The opening chunk: the assistant role and empty content."""
+        return self._chunk(ChoiceDelta(role="assistant", content=""))
+
+    def push(self, text: str) -> ChatCompletionChunk | None:
+        """A content chunk for a text delta, or None when nothing can be shown yet."""
+        content = self._tools.feed(text)
+        return self._chunk(ChoiceDelta(content=content)) if content else None
+
+    def finish(
+        self,
+        finish_reason: str | None,
+        *,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cached_tokens: int = 0,
+        include_usage: bool = False,
+    ) -> list[ChatCompletionChunk]:
+        """The closing chunks: held content, tool calls, finish reason, then usage if asked."""
+        parsed = self._tools.finish()
+        chunks: list[ChatCompletionChunk] = []
+        if parsed.content:
+            chunks.append(self._chunk(ChoiceDelta(content=parsed.content)))
+        if parsed.tool_calls:
+            deltas = [
+                ToolCallDelta(
+                    index=i,
+                    id=call.id,
+                    type="function",
+                    function=FunctionCallDelta(
+                        name=call.function.name, arguments=call.function.arguments
+                    ),
+                )
+                for i, call in enumerate(parsed.tool_calls)
+            ]
+            chunks.append(self._chunk(ChoiceDelta(tool_calls=deltas)))
+        chunks.append(self._chunk(ChoiceDelta(), _final_reason(finish_reason, parsed)))
+        if include_usage:
+            chunks.append(
+                ChatCompletionChunk(
+                    id=self.id,
+                    created=self.created,
+                    model=self.model,
+                    choices=[],
+                    usage=make_usage(prompt_tokens, completion_tokens, cached_tokens),
+                )
+            )
+        return chunks

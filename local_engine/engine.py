@@ -1,0 +1,338 @@
+"""The synchronous engine: ``add_request`` / ``step`` / ``abort`` over one model.
+
+Not thread-safe: one caller drives it (see :mod:`local_engine.async_engine` for the
+concurrent front end).
+"""
+
+from __future__ import annotations
+
+import operator
+import uuid
+from collections.abc import Sequence as SequenceABC
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from local_engine.attention import get_attention_backend
+from local_engine.kv_cache import BlockPool
+from local_engine.model import DecoderModel
+from local_engine.runner import ModelRunner
+from local_engine.sampler import Sampler, SamplingParams, TokenLogprob
+from local_engine.scheduler import Scheduler
+from local_engine.sequence import Sequence
+from local_engine.stop import StopChecker
+from local_engine.tokenizer import Tokenizer
+from swiftclient.errors import ConfigurationError, EngineError, OverloadedError
+
+__all__ = [
+    "Engine",
+    "EngineConfig",
+    "GenerationResult",
+    "RequestOutput",
+    "SamplingParams",
+    "TokenLogprob",
+]
+
+
+@dataclass
+class EngineConfig:
+    """Engine sizing and policy.
+
+    ``num_blocks=None`` sizes the KV cache from ``kv_cache_memory`` bytes.
+    ``max_model_len=None`` means the model's ``max_position_embeddings``, capped by what
+    the KV pool can hold. ``dtype``/``device`` apply when :meth:`Engine.from_pretrained`
+    loads the model. ``seed`` fixes the sampling noise of requests without their own seed.
+    """
+
+    block_size: int = 16
+    num_blocks: int | None = None
+    kv_cache_memory: int = 256 * 2**20
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    max_waiting: int = 1024
+    attention_backend: str = "auto"
+    dtype: str | None = None
+    device: str = "cpu"
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in (
+            "block_size",
+            "kv_cache_memory",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "max_waiting",
+        ):
+            _positive(name, getattr(self, name))
+        for name in ("num_blocks", "max_model_len"):
+            if getattr(self, name) is not None:
+                _positive(name, getattr(self, name))
+
+
+def _positive(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigurationError(f"{name} must be a positive int, got {value!r}")
+
+
+@dataclass
+class RequestOutput:
+    """What one step produced for one request.
+
+    ``num_cached_tokens`` counts prompt tokens served from the prefix cache.
+    ``logprobs`` covers ``new_token_ids`` when the request asked for them, else None.
+    """
+
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str
+    finished: bool
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    num_generated_tokens: int
+    logprobs: list[TokenLogprob] | None = None
+
+
+@dataclass
+class GenerationResult:
+    """A finished request, as returned by :meth:`Engine.generate`."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    num_cached_tokens: int = 0
+    logprobs: list[TokenLogprob] | None = None
+
+
+@dataclass(slots=True)
+class _Request:
+    seq: Sequence
+    stop: StopChecker
+
+
+class Engine:
+    """Continuous-batching inference over one :class:`DecoderModel`."""
+
+    def __init__(
+        self,
+        model: DecoderModel,
+        config: EngineConfig | None = None,
+        tokenizer: Tokenizer | None = None,
+    ) -> None:
+        """Size the KV cache, build scheduler and runner. ConfigurationError on bad sizes."""
+        self.config = config = config if config is not None else EngineConfig()
+        self.model = model
+        self.tokenizer = tokenizer
+        if config.attention_backend != "auto":
+            model.set_attention_backend(get_attention_backend(config.attention_backend))
+        bs = config.block_size
+        num_blocks = config.num_blocks
+        if num_blocks is None:
+            num_blocks = config.kv_cache_memory // (model.kv_bytes_per_token() * bs)
+            if num_blocks < 1:
+                raise ConfigurationError(
+                    f"kv_cache_memory={config.kv_cache_memory} bytes holds no block of {bs} tokens"
+                )
+        max_positions = model.config.max_position_embeddings
+        if config.max_model_len is None:
+            self.max_model_len = min(max_positions, num_blocks * bs)
+        elif config.max_model_len > max_positions:
+            raise ConfigurationError(
+                f"max_model_len={config.max_model_len} exceeds the model's "
+                f"max_position_embeddings={max_positions}"
+            )
+        else:
+            self.max_model_len = config.max_model_len
+        self.pool = BlockPool(num_blocks, bs, enable_prefix_caching=config.enable_prefix_caching)
+        try:
+            self.scheduler = Scheduler(
+                self.pool,
+                max_num_seqs=config.max_num_seqs,
+                max_num_batched_tokens=config.max_num_batched_tokens,
+            )
+        except ValueError as exc:
+            raise ConfigurationError(str(exc)) from exc
+        self.runner = ModelRunner(
+            model, num_blocks=num_blocks, block_size=bs, sampler=Sampler(seed=config.seed)
+        )
+        eos = set(model.config.eos_token_ids)
+        if tokenizer is not None:
+            eos.update(tokenizer.eos_token_ids)
+        self.eos_token_ids = frozenset(eos)
+        self._requests: dict[str, _Request] = {}
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, config: EngineConfig | None = None) -> Engine:
+        """Load the model under ``path`` (and its tokenizer when tokenizer.json exists)."""
+        from local_engine.loader import load_model
+
+        config = config if config is not None else EngineConfig()
+        model = load_model(path, dtype=config.dtype, device=config.device)
+        root = Path(path)
+        tokenizer = Tokenizer.from_dir(root) if (root / "tokenizer.json").exists() else None
+        return cls(model, config, tokenizer)
+
+    @property
+    def num_blocks(self) -> int:
+        """KV blocks in the pool."""
+        return self.pool.num_blocks
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests queued for admission."""
+        return self.scheduler.num_waiting
+
+    @property
+    def num_running(self) -> int:
+        """Requests holding KV blocks."""
+        return self.scheduler.num_running
+
+    def has_unfinished(self) -> bool:
+        """True while any request is waiting or running."""
+        return bool(self._requests)
+
+    def num_free_blocks(self) -> int:
+        """KV blocks available to new work (free or evictable cached blocks)."""
+        return self.pool.num_free_blocks
+
+    def add_request(
+        self,
+        prompt_ids: SequenceABC[int],
+        params: SamplingParams,
+        *,
+        request_id: str | None = None,
+        cache_salt: str | None = None,
+    ) -> str:
+        """Queue a request; return its id.
+
+        Raises:
+            ValueError: empty or out-of-vocabulary prompt, prompt + ``max_tokens`` over
+                ``max_model_len``, stop strings without a tokenizer, a duplicate id.
+            OverloadedError: ``max_waiting`` requests are already queued.
+        """
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
+        vocab = self.model.config.vocab_size
+        try:
+            prompt = [operator.index(t) for t in prompt_ids]
+        except TypeError as exc:
+            raise ValueError(f"prompt_ids must be ints in [0, {vocab})") from exc
+        if not prompt:
+            raise ValueError("prompt_ids must not be empty")
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            raise ValueError(f"prompt_ids must be ints in [0, {vocab})")
+        total = len(prompt) + params.max_tokens
+        if total > self.max_model_len:
+            raise ValueError(
+                f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) = {total} "
+                f"exceeds max_model_len ({self.max_model_len})"
+            )
+        if request_id is None:
+            request_id = uuid.uuid4().hex
+        elif request_id in self._requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        detok = self.tokenizer.detokenizer() if self.tokenizer is not None else None
+        stop = StopChecker(params, self.eos_token_ids, detok)
+        if self.scheduler.num_waiting >= self.config.max_waiting:
+            raise OverloadedError(
+                f"{self.scheduler.num_waiting} requests are already waiting "
+                f"(max_waiting={self.config.max_waiting})"
+            )
+        seq = Sequence(request_id, prompt, params, cache_salt=cache_salt)
+        self.scheduler.add(seq)
+        self._requests[request_id] = _Request(seq, stop)
+        return request_id
+
+    def abort(self, request_id: str) -> None:
+        """Drop a request and free its blocks; unknown or finished ids are ignored."""
+        req = self._requests.pop(request_id, None)
+        if req is not None:
+            self.scheduler.finish(req.seq)
+            self.runner.sampler.release(request_id)
+
+    def abort_all(self) -> None:
+        """Abort every live request."""
+        for request_id in list(self._requests):
+            self.abort(request_id)
+
+    def step(self) -> list[RequestOutput]:
+        """Run one batch; return an output for every request that got a token."""
+        batch = self.scheduler.schedule()
+        if batch.is_empty:
+            if self._requests:
+                raise EngineError("the scheduler found no work for unfinished requests")
+            return []
+        result = self.runner.execute(batch)
+        self.scheduler.update(batch)
+        outputs: list[RequestOutput] = []
+        sampled = result.sampled
+        for seq, token, logprob in zip(
+            result.seqs, sampled.token_ids, sampled.logprobs, strict=True
+        ):
+            req = self._requests[seq.request_id]
+            seq.append_token(token)
+            text, reason = req.stop.push(token)
+            if reason is not None:
+                self.abort(seq.request_id)
+            outputs.append(
+                RequestOutput(
+                    request_id=seq.request_id,
+                    new_token_ids=[token],
+                    new_text=text,
+                    finished=reason is not None,
+                    finish_reason=reason,
+                    num_prompt_tokens=seq.num_prompt_tokens,
+                    num_cached_tokens=seq.num_cached_tokens or 0,
+                    num_generated_tokens=seq.num_generated_tokens,
+                    logprobs=[logprob] if logprob is not None else None,
+                )
+            )
+        return outputs
+
+    def generate(
+        self,
+        prompts: SequenceABC[SequenceABC[int]],
+        params: SamplingParams | SequenceABC[SamplingParams],
+    ) -> list[GenerationResult]:
+        """Run ``prompts`` to completion (offline batch use); results in prompt order.
+
+        Requests are fed in as the waiting queue has room, so any number of prompts
+        works. Needs an otherwise idle engine, since it consumes every step's outputs;
+        on an error every request it added is aborted.
+        """
+        if self._requests:
+            raise EngineError("generate() needs an idle engine")
+        plist = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        if len(plist) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(plist)} SamplingParams")
+        results: dict[str, GenerationResult] = {}
+        texts: dict[str, list[str]] = {}
+        todo = iter(zip(prompts, plist, strict=True))
+        pending = len(prompts)
+        try:
+            while pending or self._requests:
+                while pending and self.scheduler.num_waiting < self.config.max_waiting:
+                    prompt, p = next(todo)
+                    pending -= 1
+                    rid = self.add_request(prompt, p)
+                    results[rid] = GenerationResult(
+                        rid, list(prompt), logprobs=[] if p.logprobs else None
+                    )
+                    texts[rid] = []
+                for out in self.step():
+                    res = results[out.request_id]
+                    res.token_ids.extend(out.new_token_ids)
+                    texts[out.request_id].append(out.new_text)
+                    res.num_cached_tokens = out.num_cached_tokens
+                    if res.logprobs is not None and out.logprobs is not None:
+                        res.logprobs.extend(out.logprobs)
+                    if out.finished:
+                        res.finish_reason = out.finish_reason
+        finally:
+            self.abort_all()
+        for rid, res in results.items():
+            res.text = "".join(texts[rid])
+        return list(results.values())

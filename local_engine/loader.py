@@ -1,0 +1,188 @@
+"""Load an HF-format checkpoint directory (config.json + safetensors) into a DecoderModel.
+
+Each HF tensor name maps onto a slice of one of the model's fused parameters (q/k/v rows of
+``qkv_weight``, gate/up rows of ``gate_up_weight``, ...). All shard headers are checked
+before any tensor is read: a missing, unexpected or misshapen weight raises
+:class:`~swiftclient.errors.ConfigurationError` naming it. Tensors are copied one at a time
+into preallocated parameters, converting dtype on the way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import cast
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from swiftclient.errors import ConfigurationError
+
+from .config import ModelConfig, normalize_dtype_name
+from .model import DecoderLayer, DecoderModel
+
+__all__ = ["load_model", "resolve_dtype"]
+
+_INDEX_FILE = "model.safetensors.index.json"
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+# HF name -> (destination view inside a model parameter, shape the checkpoint must have)
+_Targets = dict[str, tuple[torch.Tensor, tuple[int, ...]]]
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, config: ModelConfig) -> torch.dtype:
+    """The torch dtype to load as: ``dtype`` if given (``"auto"``/None: the config's own).
+
+    Raises:
+        ConfigurationError: an unsupported dtype.
+    """
+    if dtype is None or dtype == "auto":
+        name = config.dtype
+    elif isinstance(dtype, torch.dtype):
+        name = normalize_dtype_name(str(dtype))
+    else:
+        name = normalize_dtype_name(dtype)
+    return cast(torch.dtype, getattr(torch, name))
+
+
+def load_model(
+    path: str | Path,
+    *,
+    dtype: str | torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+) -> DecoderModel:
+    """Read ``config.json`` and the safetensors weights under ``path`` into a DecoderModel.
+
+    Single-file (``model.safetensors``) and sharded (``model.safetensors.index.json``)
+    checkpoints are supported, with tied or untied embeddings.
+
+    Raises:
+        ConfigurationError: the directory, config or weights are missing, unsupported or
+            do not match the config.
+    """
+    root = Path(path)
+    config = ModelConfig.from_pretrained(root)
+    torch_dtype = resolve_dtype(dtype, config)
+    config = dataclasses.replace(config, dtype=str(torch_dtype).removeprefix("torch."))
+    files = _weight_files(root)
+    model = DecoderModel(config, dtype=torch_dtype, device=device)
+    targets = _targets(model)
+    shapes_by_file = {file: _tensor_shapes(file) for file in files}
+    _check_names(targets, shapes_by_file, config)
+    with torch.no_grad():
+        for file, shapes in shapes_by_file.items():
+            with safe_open(str(file), framework="pt", device="cpu") as handle:
+                for name in shapes:
+                    if name in targets:
+                        targets[name][0].copy_(handle.get_tensor(name))
+    return model
+
+
+def _weight_files(root: Path) -> list[Path]:
+    index = root / _INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            names = sorted(set(weight_map.values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ConfigurationError(f"cannot read {str(index)!r}: {exc}") from exc
+        files = [root / name for name in names]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise ConfigurationError(f"{_INDEX_FILE} lists missing shard files: {missing}")
+        return files
+    single = root / "model.safetensors"
+    if single.is_file():
+        return [single]
+    files = sorted(root.glob("*.safetensors"))
+    if not files:
+        raise ConfigurationError(
+            f"no *.safetensors weights in {str(root)!r} (PyTorch .bin checkpoints are not "
+            "supported; re-save with safetensors)"
+        )
+    return files
+
+
+def _tensor_shapes(file: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor names and shapes from a safetensors header, without reading any data."""
+    try:
+        with safe_open(str(file), framework="pt", device="cpu") as handle:
+            return {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}
+    except (OSError, SafetensorError) as exc:
+        raise ConfigurationError(f"cannot read weights file {str(file)!r}: {exc}") from exc
+
+
+def _check_names(
+    targets: _Targets, shapes_by_file: dict[Path, dict[str, tuple[int, ...]]], config: ModelConfig
+) -> None:
+    seen: dict[str, Path] = {}
+    unexpected: list[str] = []
+    for file, shapes in shapes_by_file.items():
+        for name, shape in shapes.items():
+            if name in targets and targets[name][1] != shape:
+                raise ConfigurationError(
+                    f"weight {name!r} in {file.name} has shape {shape}, expected "
+                    f"{targets[name][1]} from config.json"
+                )
+            if name in seen:
+                raise ConfigurationError(
+                    f"weight {name!r} appears in both {seen[name].name} and {file.name}"
+                )
+            seen[name] = file
+            ignorable = name.endswith(_IGNORED_SUFFIXES) or (
+                name == "lm_head.weight" and config.tie_word_embeddings
+            )
+            if name not in targets and not ignorable:
+                unexpected.append(name)
+    if unexpected:
+        raise ConfigurationError(
+            f"checkpoint has {len(unexpected)} weights the {config.family} config does not "
+            f"use, e.g. {sorted(unexpected)[:5]}"
+        )
+    missing = sorted(set(targets) - set(seen))
+    if missing:
+        raise ConfigurationError(
+            f"checkpoint lacks {len(missing)} weights the {config.family} config needs, "
+            f"e.g. {missing[:5]}"
+        )
+
+
+def _targets(model: DecoderModel) -> _Targets:
+    cfg = model.config
+    hidden, hd, inter = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    q_rows, kv_rows = cfg.num_heads * hd, cfg.num_kv_heads * hd
+    targets: _Targets = {
+        "model.embed_tokens.weight": (model.embed_tokens, (cfg.vocab_size, hidden)),
+        "model.norm.weight": (model.norm, (hidden,)),
+    }
+    if not cfg.tie_word_embeddings:
+        targets["lm_head.weight"] = (model.lm_head, (cfg.vocab_size, hidden))
+    for i, module in enumerate(model.layers):
+        layer = cast(DecoderLayer, module)
+        attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        splits = {
+            "q_proj": (0, q_rows),
+            "k_proj": (q_rows, kv_rows),
+            "v_proj": (q_rows + kv_rows, kv_rows),
+        }
+        for proj, (start, rows) in splits.items():
+            targets[f"{attn}{proj}.weight"] = (
+                layer.qkv_weight[start : start + rows],
+                (rows, hidden),
+            )
+            if layer.qkv_bias is not None:
+                targets[f"{attn}{proj}.bias"] = (layer.qkv_bias[start : start + rows], (rows,))
+        targets[f"{attn}o_proj.weight"] = (layer.o_weight, (hidden, q_rows))
+        if layer.o_bias is not None:
+            targets[f"{attn}o_proj.bias"] = (layer.o_bias, (hidden,))
+        if layer.qk_norm_weight is not None:
+            # One per-head weight each, broadcast over that projection's heads.
+            targets[f"{attn}q_norm.weight"] = (layer.qk_norm_weight[: cfg.num_heads], (hd,))
+            targets[f"{attn}k_norm.weight"] = (layer.qk_norm_weight[cfg.num_heads :], (hd,))
+        targets[f"{mlp}gate_proj.weight"] = (layer.gate_up_weight[:inter], (inter, hidden))
+        targets[f"{mlp}up_proj.weight"] = (layer.gate_up_weight[inter:], (inter, hidden))
+        targets[f"{mlp}down_proj.weight"] = (layer.down_weight, (hidden, inter))
+        targets[f"model.layers.{i}.input_layernorm.weight"] = (layer.input_norm, (hidden,))
+        targets[f"model.layers.{i}.post_attention_layernorm.weight"] = (layer.post_norm, (hidden,))
+    return targets

@@ -1,0 +1,232 @@
+"""One decoder for the Llama / Qwen2 / Qwen3 / Mistral families, parameterized by ModelConfig.
+
+Numerics follow the transformers implementations (RMSNorm in float32, rotary tables computed
+in float32 and cast to the model dtype, SwiGLU MLP). Weights are stored fused: q/k/v in one
+matrix and gate/up in another, so each layer runs three matmuls before its MLP down
+projection. Attention goes through an :class:`AttentionBackend` over a paged KV cache.
+Parameters are allocated uninitialized; :func:`local_engine.loader.load_model` fills them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from swiftclient.errors import ConfigurationError
+
+from .attention import AttentionBackend, AttentionMetadata, get_attention_backend
+from .config import ModelConfig, RopeScaling
+
+__all__ = ["DecoderLayer", "DecoderModel", "rope_inverse_frequencies"]
+
+
+def _param(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
+    return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last axis; ``weight`` broadcasts against ``x``."""
+    if x.dtype == torch.float32:
+        if weight.dim() == 1:
+            return F.rms_norm(x, (x.shape[-1],), weight, eps)
+        return F.rms_norm(x, (x.shape[-1],), None, eps) * weight
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def rope_inverse_frequencies(
+    head_dim: int, theta: float, scaling: RopeScaling | None
+) -> torch.Tensor:
+    """Float32 rotary inverse frequencies ``[head_dim // 2]``, with optional scaling."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim
+    inv_freq = 1.0 / (theta**exponents)
+    if scaling is None:
+        return inv_freq
+    if scaling.rope_type == "linear":
+        return inv_freq / scaling.factor
+    # llama3: long wavelengths are divided by factor, short ones kept, the band between blended.
+    old_len = scaling.original_max_position_embeddings
+    low_wavelen = old_len / scaling.low_freq_factor
+    high_wavelen = old_len / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+    smooth = (old_len / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    blended = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    in_band = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(in_band, blended, scaled)
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm attention + SwiGLU MLP block with fused projections."""
+
+    def __init__(
+        self, config: ModelConfig, index: int, *, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        """Allocate one layer's (uninitialized) parameters."""
+        super().__init__()
+        hidden, hd = config.hidden_size, config.head_dim
+        heads, kv_heads = config.num_heads, config.num_kv_heads
+        qkv_rows = (heads + 2 * kv_heads) * hd
+
+        def p(*shape: int) -> nn.Parameter:
+            return _param(*shape, dtype=dtype, device=device)
+
+        self.num_heads = heads
+        self.num_kv_heads = kv_heads
+        self.head_dim = hd
+        self.eps = config.rms_norm_eps
+        self.scale = hd**-0.5
+        self.sliding_window = config.sliding_windows[index]
+        self.input_norm = p(hidden)
+        self.qkv_weight = p(qkv_rows, hidden)
+        self.qkv_bias = p(qkv_rows) if config.attention_bias else None
+        self.qk_norm_weight = p(heads + kv_heads, hd) if config.qk_norm else None
+        self.o_weight = p(hidden, heads * hd)
+        self.o_bias = p(hidden) if config.o_proj_bias else None
+        self.post_norm = p(hidden)
+        self.gate_up_weight = p(2 * config.intermediate_size, hidden)
+        self.down_weight = p(hidden, config.intermediate_size)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        attention: AttentionBackend,
+    ) -> torch.Tensor:
+        """Run the block on ``x`` ``[T, hidden]``; ``cos``/``sin`` are ``[T, 1, head_dim]``."""
+        tokens = x.shape[0]
+        heads, kv_heads, hd = self.num_heads, self.num_kv_heads, self.head_dim
+        h = _rms_norm(x, self.input_norm, self.eps)
+        qkv = F.linear(h, self.qkv_weight, self.qkv_bias).view(tokens, heads + 2 * kv_heads, hd)
+        qk = qkv[:, : heads + kv_heads]
+        if self.qk_norm_weight is not None:
+            qk = _rms_norm(qk, self.qk_norm_weight, self.eps)
+        half = hd // 2
+        qk = qk * cos + torch.cat((qk[..., half:], qk[..., :half]), dim=-1) * sin
+        out = attention.forward(
+            qk[:, :heads],
+            qk[:, heads:],
+            qkv[:, heads + kv_heads :],
+            kv_cache,
+            meta,
+            scale=self.scale,
+            sliding_window=self.sliding_window,
+        )
+        x = x + F.linear(out.reshape(tokens, heads * hd), self.o_weight, self.o_bias)
+        h = _rms_norm(x, self.post_norm, self.eps)
+        gate, up = F.linear(h, self.gate_up_weight).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, self.down_weight)
+
+
+class DecoderModel(nn.Module):
+    """Token ids + positions + paged KV cache -> final hidden states; logits on demand."""
+
+    rope_cos: torch.Tensor  # [max_position_embeddings, head_dim // 2], model dtype
+    rope_sin: torch.Tensor
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        dtype: torch.dtype | None = None,
+        device: str | torch.device = "cpu",
+        attention: AttentionBackend | None = None,
+    ) -> None:
+        """Allocate an uninitialized model on ``device`` (dtype defaults to ``config.dtype``)."""
+        super().__init__()
+        dtype = dtype if dtype is not None else getattr(torch, config.dtype)
+        dev = torch.device(device)
+        self.config = config
+        self.attention: AttentionBackend = attention or get_attention_backend("auto")
+        self.embed_tokens = _param(config.vocab_size, config.hidden_size, dtype=dtype, device=dev)
+        layers = [
+            DecoderLayer(config, i, dtype=dtype, device=dev) for i in range(config.num_layers)
+        ]
+        self.layers = nn.ModuleList(layers)
+        self._layer_seq: tuple[DecoderLayer, ...] = tuple(layers)
+        self.norm = _param(config.hidden_size, dtype=dtype, device=dev)
+        if config.tie_word_embeddings:
+            self.lm_head = self.embed_tokens
+        else:
+            self.lm_head = _param(config.vocab_size, config.hidden_size, dtype=dtype, device=dev)
+        inv_freq = rope_inverse_frequencies(config.head_dim, config.rope_theta, config.rope_scaling)
+        positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
+        freqs = positions[:, None] * inv_freq[None, :]
+        self.register_buffer("rope_cos", freqs.cos().to(device=dev, dtype=dtype), persistent=False)
+        self.register_buffer("rope_sin", freqs.sin().to(device=dev, dtype=dtype), persistent=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of weights, activations and the KV cache."""
+        return self.embed_tokens.dtype
+
+    @property
+    def device(self) -> torch.device:
+        """The device holding the weights."""
+        return self.embed_tokens.device
+
+    def set_attention_backend(self, attention: AttentionBackend) -> None:
+        """Route attention through ``attention`` from the next forward on."""
+        self.attention = attention
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Run the new tokens ``[T]`` at ``positions`` ``[T]``; return hidden ``[T, hidden]``.
+
+        Raises:
+            ConfigurationError: ``kv_caches`` does not hold one tensor per layer.
+        """
+        if len(kv_caches) != len(self._layer_seq):
+            raise ConfigurationError(
+                f"expected {len(self._layer_seq)} KV cache tensors, got {len(kv_caches)}"
+            )
+        meta.derived.clear()
+        with torch.inference_mode():
+            hidden = F.embedding(input_ids, self.embed_tokens)
+            cos_half = self.rope_cos[positions]
+            sin_half = self.rope_sin[positions]
+            cos = torch.cat((cos_half, cos_half), dim=-1).unsqueeze(1)
+            sin = torch.cat((-sin_half, sin_half), dim=-1).unsqueeze(1)
+            for layer, cache in zip(self._layer_seq, kv_caches, strict=True):
+                hidden = layer.forward(hidden, cos, sin, cache, meta, self.attention)
+            return _rms_norm(hidden, self.norm, self.config.rms_norm_eps)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Project hidden states ``[N, hidden]`` to float32 logits ``[N, vocab]``."""
+        with torch.inference_mode():
+            return F.linear(hidden, self.lm_head).float()
+
+    def make_kv_cache(self, num_blocks: int, block_size: int) -> list[torch.Tensor]:
+        """Allocate a zeroed paged cache: per layer ``[2, num_blocks, block_size, kv, hd]``.
+
+        Raises:
+            ConfigurationError: a non-positive size.
+        """
+        if num_blocks <= 0 or block_size <= 0:
+            raise ConfigurationError(
+                f"num_blocks and block_size must be positive, got {num_blocks} and {block_size}"
+            )
+        shape = (2, num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim)
+        return [
+            torch.zeros(shape, dtype=self.dtype, device=self.device)
+            for _ in range(self.config.num_layers)
+        ]
+
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of KV cache one token occupies across all layers."""
+        cfg = self.config
+        return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * self.dtype.itemsize

@@ -1,0 +1,124 @@
+"""Runs one scheduled step on the model: inputs -> forward -> logits -> sampled tokens.
+
+Host work per step is proportional to the batch (its new tokens and block tables), never
+to the model: each input becomes one host list and one host-to-device copy, and only the
+last position of each sequence that samples reaches the LM head. Tensors live on the
+model's device, so the same code runs on CPU and GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as SequenceABC
+from dataclasses import dataclass
+
+import torch
+
+from local_engine.attention import AttentionMetadata
+from local_engine.model import DecoderModel
+from local_engine.sampler import Sampler, SamplerOutput
+from local_engine.scheduler import ScheduledSequence, SchedulerOutput
+from local_engine.sequence import Sequence
+
+__all__ = ["ModelRunner", "RunnerOutput", "StepInputs"]
+
+
+@dataclass(slots=True)
+class StepInputs:
+    """Device tensors for one forward pass, and which rows of its output to sample."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    sample_indices: torch.Tensor
+    sample_seqs: list[Sequence]
+
+
+@dataclass(slots=True)
+class RunnerOutput:
+    """Sequences that sampled a token this step, aligned with the sampler's output."""
+
+    seqs: list[Sequence]
+    sampled: SamplerOutput
+
+
+class ModelRunner:
+    """Owns the paged KV cache and turns scheduler output into sampled tokens."""
+
+    def __init__(
+        self,
+        model: DecoderModel,
+        *,
+        num_blocks: int,
+        block_size: int,
+        sampler: Sampler | None = None,
+    ) -> None:
+        """Allocate ``num_blocks`` KV blocks of ``block_size`` tokens on the model's device."""
+        self.model = model
+        self.block_size = block_size
+        self.device = model.device
+        self.kv_caches = model.make_kv_cache(num_blocks, block_size)
+        self.sampler = sampler if sampler is not None else Sampler()
+
+    def prepare(self, scheduled: SequenceABC[ScheduledSequence]) -> StepInputs:
+        """Lay out the step's new tokens, positions and attention metadata."""
+        bs = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        starts = [0]
+        context_lens: list[int] = []
+        query_lens: list[int] = []
+        tables: list[list[int]] = []
+        sample_indices: list[int] = []
+        sample_seqs: list[Sequence] = []
+        for item in scheduled:
+            seq, start, end = item.seq, item.start, item.start + item.num_new_tokens
+            table = seq.block_table.block_ids
+            input_ids.extend(seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            pos = start
+            while pos < end:  # one range per block touched
+                offset = pos % bs
+                take = min(bs - offset, end - pos)
+                base = table[pos // bs] * bs + offset
+                slots.extend(range(base, base + take))
+                pos += take
+            starts.append(starts[-1] + item.num_new_tokens)
+            context_lens.append(end)
+            query_lens.append(item.num_new_tokens)
+            tables.append(table)
+            if item.samples:
+                sample_indices.append(starts[-1] - 1)
+                sample_seqs.append(seq)
+        width = max(len(t) for t in tables)
+        padded = [t + [0] * (width - len(t)) for t in tables]
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            block_tables=torch.tensor(padded, dtype=torch.int32, device=dev),
+            context_lens=torch.tensor(context_lens, dtype=torch.int32, device=dev),
+            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
+            query_lens_host=query_lens,
+            context_lens_host=context_lens,
+            max_query_len=max(query_lens),
+            max_context_len=max(context_lens),
+        )
+        return StepInputs(
+            input_ids=torch.tensor(input_ids, dtype=torch.int64, device=dev),
+            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
+            meta=meta,
+            sample_indices=torch.tensor(sample_indices, dtype=torch.int64, device=dev),
+            sample_seqs=sample_seqs,
+        )
+
+    @torch.inference_mode()
+    def execute(self, batch: SchedulerOutput) -> RunnerOutput:
+        """Run the model on ``batch`` and sample for every sequence that reaches its end."""
+        if batch.is_empty:
+            return RunnerOutput([], SamplerOutput([], []))
+        inputs = self.prepare(batch.scheduled)
+        hidden = self.model.forward(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        if not inputs.sample_seqs:
+            return RunnerOutput([], SamplerOutput([], []))
+        logits = self.model.compute_logits(hidden.index_select(0, inputs.sample_indices))
+        return RunnerOutput(inputs.sample_seqs, self.sampler.sample(logits, inputs.sample_seqs))

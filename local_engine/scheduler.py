@@ -1,0 +1,220 @@
+"""Continuous batching under a per-step token budget (no torch).
+
+Each step the scheduler picks, in this order and within ``max_num_batched_tokens``:
+
+1. one token for every running sequence that is decoding, growing its block table
+   when a block fills; if the pool runs dry it preempts the most recently admitted
+   running sequence (possibly the one asking) by recompute: its blocks are freed and
+   it returns to the front of the waiting queue with its generated tokens kept, to be
+   recomputed as part of its prompt;
+2. the next chunk of every running sequence still prefilling;
+3. new sequences from the waiting queue, first come first served, while blocks and
+   ``max_num_seqs`` allow (none in a step that had to preempt). Admission allocates
+   blocks for the whole prompt at once and reuses cached prefix blocks.
+
+Admission cannot deadlock: :meth:`Scheduler.add` rejects a sequence whose prompt plus
+``max_tokens`` could never fit in the whole pool, and a lone running sequence can
+always take every block, so it always makes progress.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from local_engine.kv_cache import BlockPool
+from local_engine.sequence import Sequence, SequenceStatus
+
+__all__ = ["ScheduledSequence", "Scheduler", "SchedulerOutput"]
+
+
+@dataclass(slots=True)
+class ScheduledSequence:
+    """``num_new_tokens`` tokens of ``seq`` to compute, starting at position ``start``.
+
+    ``samples`` is True when the chunk reaches the end of the sequence (prompt complete
+    or a decode), so the step samples a token for it.
+    """
+
+    seq: Sequence
+    start: int
+    num_new_tokens: int
+    samples: bool = False
+
+    @classmethod
+    def of(cls, seq: Sequence, num_new_tokens: int) -> ScheduledSequence:
+        """Schedule ``num_new_tokens`` tokens of ``seq`` after those already computed."""
+        start = seq.num_computed_tokens
+        return cls(seq, start, num_new_tokens, start + num_new_tokens == seq.num_tokens)
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """What one step computes, and which sequences it preempted to make room."""
+
+    scheduled: list[ScheduledSequence] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        """Total new tokens in this step."""
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        """True when there is nothing to compute."""
+        return not self.scheduled
+
+
+class Scheduler:
+    """Decides which tokens of which sequences each engine step computes."""
+
+    def __init__(
+        self, pool: BlockPool, *, max_num_seqs: int = 64, max_num_batched_tokens: int = 2048
+    ) -> None:
+        """Schedule over ``pool``; ``max_num_batched_tokens`` must cover ``max_num_seqs``
+        decodes so that no running sequence ever starves."""
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+        if max_num_batched_tokens < max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= "
+                f"max_num_seqs ({max_num_seqs})"
+            )
+        self.pool = pool
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # admission order: newest last
+        self._seqs: dict[str, Sequence] = {}
+        self.num_preemptions = 0  # total, for metrics and tests
+
+    @property
+    def num_waiting(self) -> int:
+        """Sequences waiting for admission (new or preempted)."""
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        """Sequences holding KV blocks."""
+        return len(self.running)
+
+    def has_unfinished(self) -> bool:
+        """True while any sequence is waiting or running."""
+        return bool(self._seqs)
+
+    def get(self, request_id: str) -> Sequence | None:
+        """Return the live sequence with this id, if any."""
+        return self._seqs.get(request_id)
+
+    def max_blocks_for(self, seq: Sequence) -> int:
+        """The most blocks ``seq`` can ever hold: the last sampled token is never computed."""
+        return self.pool.blocks_for(seq.max_total_tokens - 1)
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a new sequence; ValueError if its id is in use or it can never fit."""
+        if seq.request_id in self._seqs:
+            raise ValueError(f"request id {seq.request_id!r} is already in use")
+        if seq.status is not SequenceStatus.WAITING or seq.block_table.block_ids:
+            raise ValueError("only a fresh waiting sequence can be added")
+        needed = self.max_blocks_for(seq)
+        if needed > self.pool.num_blocks:
+            raise ValueError(
+                f"prompt ({seq.num_prompt_tokens} tokens) plus max_tokens "
+                f"({seq.params.max_tokens}) needs {needed} KV blocks but the pool has only "
+                f"{self.pool.num_blocks} of {self.pool.block_size} tokens"
+            )
+        self._seqs[seq.request_id] = seq
+        self.waiting.append(seq)
+
+    def schedule(self) -> SchedulerOutput:
+        """Pick this step's work (see the module docstring for the policy)."""
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        # 1. decodes, oldest first; may preempt from the newest end.
+        for seq in list(self.running):
+            if budget == 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            if seq.num_tokens - seq.num_computed_tokens != 1:
+                continue
+            while not self.pool.append_slots(seq.block_table, seq.num_tokens):
+                victim = self.running[-1]
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is seq:
+                    break
+            if seq.status is SequenceStatus.RUNNING:
+                out.scheduled.append(ScheduledSequence.of(seq, 1))
+                budget -= 1
+        # 2. running prefills, next chunk each (their blocks were allocated at admission).
+        for seq in self.running:
+            remaining = seq.num_tokens - seq.num_computed_tokens
+            if budget == 0:
+                break
+            if remaining > 1:
+                n = min(remaining, budget)
+                out.scheduled.append(ScheduledSequence.of(seq, n))
+                budget -= n
+        # 3. admissions.
+        while (
+            self.waiting
+            and budget > 0
+            and not out.preempted
+            and len(self.running) < self.max_num_seqs
+        ):
+            seq = self.waiting[0]
+            cached = self.pool.allocate(seq.block_table, seq.token_ids)
+            if cached is None:
+                break
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            seq.num_computed_tokens = cached
+            if seq.num_cached_tokens is None:
+                seq.num_cached_tokens = cached
+            self.running.append(seq)
+            n = min(seq.num_tokens - cached, budget)
+            out.scheduled.append(ScheduledSequence.of(seq, n))
+            budget -= n
+        return out
+
+    def update(self, out: SchedulerOutput) -> None:
+        """Mark the scheduled tokens computed and publish newly full blocks' hashes.
+
+        Call after the model ran the step and before appending sampled tokens.
+        """
+        for item in out.scheduled:
+            seq = item.seq
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # aborted while the step ran
+            seq.num_computed_tokens = item.start + item.num_new_tokens
+            self.pool.commit(seq.block_table, seq.token_ids, seq.num_computed_tokens)
+
+    def finish(self, seq: Sequence) -> None:
+        """Retire ``seq`` (stopped or aborted) and free its blocks."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        else:
+            return
+        self.pool.free(seq.block_table)
+        seq.status = SequenceStatus.FINISHED
+        del self._seqs[seq.request_id]
+
+    def abort(self, request_id: str) -> Sequence | None:
+        """Retire the sequence with this id, if it is live; return it."""
+        seq = self._seqs.get(request_id)
+        if seq is not None:
+            self.finish(seq)
+        return seq
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.pool.free(seq.block_table)
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)

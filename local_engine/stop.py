@@ -1,0 +1,98 @@
+"""When a request stops, and which of its text may be streamed yet (no torch).
+
+Text comes from an incremental detokenizer. With stop strings, a tail of the text that
+could still grow into a stop string is held back, so a stop string (or its beginning)
+never reaches the caller; when one completes, the text is cut just before it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Protocol
+
+from local_engine.sampling_params import SamplingParams
+
+__all__ = ["Detokenizer", "StopChecker"]
+
+
+class Detokenizer(Protocol):
+    """The part of :class:`local_engine.tokenizer.IncrementalDetokenizer` used here."""
+
+    def push(self, token_id: int) -> str:
+        """Add one token; return the text it completes."""
+        ...
+
+    def flush(self) -> str:
+        """Return whatever text is still held back."""
+        ...
+
+
+class StopChecker:
+    """Follows one request's generated tokens; says what text to emit and when to stop."""
+
+    def __init__(
+        self,
+        params: SamplingParams,
+        eos_token_ids: Collection[int],
+        detokenizer: Detokenizer | None,
+    ) -> None:
+        """``eos_token_ids`` stop the request unless ``params.ignore_eos``."""
+        if params.stop and detokenizer is None:
+            raise ValueError("stop strings need an engine with a tokenizer")
+        self._params = params
+        stop_ids = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            stop_ids.update(eos_token_ids)
+        self._stop_ids = frozenset(stop_ids)
+        self._detok = detokenizer
+        self._held = ""  # decoded but not yet emitted
+        self.num_tokens = 0
+
+    def push(self, token_id: int) -> tuple[str, str | None]:
+        """Take the next generated token; return ``(new_text, finish_reason)``.
+
+        ``finish_reason`` is ``"stop"`` (stop token or string), ``"length"``
+        (``max_tokens`` reached) or ``None`` (keep going). A stop token adds no text.
+        """
+        self.num_tokens += 1
+        if token_id in self._stop_ids:
+            return self._finish(""), "stop"
+        piece = self._detok.push(token_id) if self._detok is not None else ""
+        if self.num_tokens >= self._params.max_tokens:
+            text, stopped = self._scan(piece, final=True)
+            return text, "stop" if stopped else "length"
+        text, stopped = self._scan(piece, final=False)
+        return text, "stop" if stopped else None
+
+    def finish(self) -> str:
+        """Release held text when the request ends for another reason (e.g. abort)."""
+        return self._finish("")
+
+    def _finish(self, piece: str) -> str:
+        text, _ = self._scan(piece, final=True)
+        return text
+
+    def _scan(self, piece: str, *, final: bool) -> tuple[str, bool]:
+        if final and self._detok is not None:
+            piece += self._detok.flush()
+        buf = self._held + piece
+        stops = self._params.stop
+        if stops:
+            cut = min((i for i in (buf.find(s) for s in stops) if i >= 0), default=-1)
+            if cut >= 0:
+                self._held = ""
+                return buf[:cut], True
+        keep = 0 if final or not stops else _held_suffix(buf, stops)
+        self._held = buf[len(buf) - keep :] if keep else ""
+        return buf[: len(buf) - keep], False
+
+
+def _held_suffix(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest tail of ``text`` that is a proper prefix of a stop string."""
+    best = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), best, -1):
+            if text.endswith(stop[:n]):
+                best = n
+                break
+    return best

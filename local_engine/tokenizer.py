@@ -1,0 +1,283 @@
+"""Tokenizer for a Hugging Face model directory, and incremental detokenization.
+
+:class:`Tokenizer` wraps a ``tokenizers`` ``tokenizer.json`` and reads what the engine and the
+chat layer need from ``tokenizer_config.json`` (named special tokens, the chat template) and
+``generation_config.json`` (extra end-of-sequence ids).
+
+:class:`IncrementalDetokenizer` turns a stream of token ids into text as it arrives. It decodes
+a short sliding window of recent tokens rather than the whole sequence, so the work per token
+does not grow with the sequence length, and it holds back text while the window ends in an
+incomplete UTF-8 sequence (byte-level BPE may split one character over several tokens).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer as _HFTokenizer
+
+from swiftclient.errors import ConfigurationError
+
+__all__ = ["SPECIAL_TOKEN_NAMES", "IncrementalDetokenizer", "Tokenizer"]
+
+#: The named special tokens transformers exposes to chat templates (``special_tokens_map``).
+SPECIAL_TOKEN_NAMES = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
+
+_REPLACEMENT = "\ufffd"
+# After this many tokens held back behind a trailing U+FFFD, look for a point where the window
+# can be cut without changing the decoded text (invalid byte runs would otherwise grow it).
+_MAX_HELD_TOKENS = 8
+# A UTF-8 sequence is at most 4 bytes and every token carries at least one byte, so any
+# incomplete sequence before a cut is resolved by the next 3 tokens.
+_RESOLVE_TOKENS = 3
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigurationError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigurationError(f"{path} must hold a JSON object")
+    return data
+
+
+def _token_text(value: object) -> str | None:
+    """A special token as written in a config: a string, or an AddedToken dict."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping) and isinstance(value.get("content"), str):
+        return str(value["content"])
+    return None
+
+
+def _load_chat_template(path: Path, config: Mapping[str, Any]) -> str | dict[str, str] | None:
+    """The chat template: ``chat_template.jinja`` first, then ``tokenizer_config.json``."""
+    jinja_file = path / "chat_template.jinja"
+    if jinja_file.is_file():
+        return jinja_file.read_text(encoding="utf-8")
+    raw = config.get("chat_template")
+    if raw is None or isinstance(raw, str):
+        return raw
+    if isinstance(raw, list):
+        named: dict[str, str] = {}
+        for entry in raw:
+            if not (
+                isinstance(entry, Mapping)
+                and isinstance(entry.get("name"), str)
+                and isinstance(entry.get("template"), str)
+            ):
+                raise ConfigurationError(
+                    "tokenizer_config.json chat_template list entries need 'name' and 'template'"
+                )
+            named[entry["name"]] = entry["template"]
+        return named
+    raise ConfigurationError("tokenizer_config.json chat_template must be a string or a list")
+
+
+class Tokenizer:
+    """A model's tokenizer: encode, decode, special tokens and chat template."""
+
+    def __init__(
+        self,
+        backend: _HFTokenizer,
+        *,
+        special_tokens: Mapping[str, str] | None = None,
+        extra_eos_token_ids: Sequence[int] = (),
+        chat_template: str | Mapping[str, str] | None = None,
+    ) -> None:
+        """Wrap a ``tokenizers.Tokenizer``.
+
+        ``special_tokens`` maps names from :data:`SPECIAL_TOKEN_NAMES` to token strings;
+        ``extra_eos_token_ids`` adds ids (from ``generation_config.json``) that end generation.
+        """
+        self._backend = backend
+        self.special_tokens: dict[str, str] = {
+            name: text
+            for name, text in (special_tokens or {}).items()
+            if name in SPECIAL_TOKEN_NAMES
+        }
+        self.chat_template: str | dict[str, str] | None = (
+            dict(chat_template) if isinstance(chat_template, Mapping) else chat_template
+        )
+        self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
+        added = backend.get_added_tokens_decoder()
+        self.special_token_ids: frozenset[int] = frozenset(
+            token_id for token_id, token in added.items() if token.special
+        )
+        self.added_tokens: dict[str, int] = {token.content: tid for tid, token in added.items()}
+        self.bos_token_id = self._named_id("bos_token")
+        self.pad_token_id = self._named_id("pad_token")
+        eos: list[int] = []
+        for token_id in (self._named_id("eos_token"), *extra_eos_token_ids):
+            if token_id is not None and token_id not in eos:
+                eos.append(token_id)
+        self.eos_token_ids: tuple[int, ...] = tuple(eos)
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> Tokenizer:
+        """Load ``tokenizer.json`` and its configs from a model directory."""
+        root = Path(path)
+        tokenizer_file = root / "tokenizer.json"
+        if not tokenizer_file.is_file():
+            raise ConfigurationError(f"no tokenizer.json in {root}")
+        try:
+            backend = _HFTokenizer.from_file(str(tokenizer_file))
+        except Exception as exc:  # the Rust side raises bare Exception subclasses
+            raise ConfigurationError(f"cannot load {tokenizer_file}: {exc}") from exc
+        config = _read_json(root / "tokenizer_config.json")
+        legacy_map = _read_json(root / "special_tokens_map.json")
+        special: dict[str, str] = {}
+        for name in SPECIAL_TOKEN_NAMES:
+            text = _token_text(config.get(name))
+            if text is None:
+                text = _token_text(legacy_map.get(name))
+            if text is not None:
+                special[name] = text
+        generation = _read_json(root / "generation_config.json")
+        raw_eos = generation.get("eos_token_id")
+        extra_eos = [raw_eos] if isinstance(raw_eos, int) else list(raw_eos or [])
+        if not all(isinstance(i, int) for i in extra_eos):
+            raise ConfigurationError("generation_config.json eos_token_id must be ints")
+        return cls(
+            backend,
+            special_tokens=special,
+            extra_eos_token_ids=extra_eos,
+            chat_template=_load_chat_template(root, config),
+        )
+
+    def _named_id(self, name: str) -> int | None:
+        text = self.special_tokens.get(name)
+        return None if text is None else self.token_to_id(text)
+
+    @property
+    def backend(self) -> _HFTokenizer:
+        """The wrapped ``tokenizers.Tokenizer``."""
+        return self._backend
+
+    def token_to_id(self, token: str) -> int | None:
+        """The id of a vocabulary token, or None when it is not in the vocabulary."""
+        token_id = self._backend.token_to_id(token)
+        return None if token_id is None else int(token_id)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        """The vocabulary string of an id, or None when the id is out of range."""
+        token = self._backend.id_to_token(token_id)
+        return None if token is None else str(token)
+
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
+        """Token ids for ``text``; ``add_special_tokens`` applies the post-processor (e.g. BOS)."""
+        ids = self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+        return list(ids)
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        """Text for ``ids``; special tokens are dropped unless ``skip_special_tokens`` is False."""
+        return str(self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens))
+
+    def detokenizer(self, *, skip_special_tokens: bool = True) -> IncrementalDetokenizer:
+        """A fresh :class:`IncrementalDetokenizer` for one generated sequence."""
+        return IncrementalDetokenizer(self, skip_special_tokens=skip_special_tokens)
+
+
+class IncrementalDetokenizer:
+    """Streams the text of a token sequence, one token at a time.
+
+    The concatenation of everything :meth:`push` and :meth:`flush` return equals
+    ``tokenizer.decode(all_ids)``. Each push decodes only a window that starts one emission
+    back (so SentencePiece-style leading spaces come out right), which keeps the cost per
+    token independent of the sequence length.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, *, skip_special_tokens: bool = True) -> None:
+        """Start an empty stream over ``tokenizer``."""
+        self._tokenizer = tokenizer
+        self._skip = skip_special_tokens
+        self._ids: list[int] = []
+        self._prefix_offset = 0
+        self._read_offset = 0
+        self._prefix_text = ""
+        self._held = 0
+        self._pieces: list[str] = []
+        self._text: str | None = ""
+
+    @property
+    def text(self) -> str:
+        """All text emitted so far."""
+        if self._text is None:
+            self._text = "".join(self._pieces)
+        return self._text
+
+    def _emit(self, piece: str) -> str:
+        if piece:
+            self._pieces.append(piece)
+            self._text = None
+        return piece
+
+    def _decode(self, start: int, stop: int | None = None) -> str:
+        return self._tokenizer.decode(self._ids[start:stop], skip_special_tokens=False)
+
+    def push(self, token_id: int) -> str:
+        """Add one token; return the text it completes (possibly "")."""
+        if self._skip and token_id in self._tokenizer.special_token_ids:
+            return ""
+        self._ids.append(token_id)
+        new_text = self._decode(self._prefix_offset)
+        if new_text.endswith(_REPLACEMENT) or len(new_text) <= len(self._prefix_text):
+            self._held += 1
+            if self._held >= _MAX_HELD_TOKENS:
+                return self._cut_held(new_text)
+            return ""
+        piece = new_text[len(self._prefix_text) :]
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(self._ids)
+        self._prefix_text = self._decode(self._prefix_offset)
+        self._held = 0
+        return self._emit(piece)
+
+    def _cut_held(self, window_text: str) -> str:
+        """Emit held text up to a cut that later tokens can no longer change.
+
+        A cut at ``split`` is safe when the window decodes to the same text whole as in two
+        parts and at least :data:`_RESOLVE_TOKENS` tokens follow it: the bytes after the cut
+        then start a fresh sequence, so the window can restart there.
+        """
+        split = len(self._ids) - _RESOLVE_TOKENS
+        if split <= self._read_offset:
+            return ""
+        head = self._decode(self._prefix_offset, split)
+        tail = self._decode(split)
+        if head + tail != window_text or not head.startswith(self._prefix_text):
+            return ""
+        piece = head[len(self._prefix_text) :]
+        self._prefix_offset = self._read_offset = split
+        self._prefix_text = ""
+        self._held = 0
+        # The restarted window may already be complete text.
+        if tail and not tail.endswith(_REPLACEMENT):
+            self._prefix_offset = split
+            self._read_offset = len(self._ids)
+            self._prefix_text = tail
+            return self._emit(piece + tail)
+        self._held = len(self._ids) - split
+        return self._emit(piece)
+
+    def flush(self) -> str:
+        """Return whatever text is still held back (call once, at the end)."""
+        remainder = self._decode(self._prefix_offset)[len(self._prefix_text) :]
+        self._prefix_offset = self._read_offset = len(self._ids)
+        self._prefix_text = ""
+        self._held = 0
+        return self._emit(remainder)

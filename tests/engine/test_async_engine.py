@@ -1,0 +1,208 @@
+"""AsyncEngine: concurrent streams, cancellation frees blocks, overload, shutdown."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, aclosing
+from pathlib import Path
+
+import anyio
+import pytest
+
+from local_engine.async_engine import AsyncEngine
+from local_engine.engine import Engine, EngineConfig, RequestOutput
+from local_engine.loader import load_model
+from local_engine.model import DecoderModel
+from local_engine.sampler import SamplingParams
+from swiftclient.errors import EngineError, OverloadedError
+
+from .tiny import make_tiny_model
+
+pytestmark = pytest.mark.anyio
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+LONG = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> DecoderModel:
+    path: Path = make_tiny_model(tmp_path_factory.mktemp("tiny") / "qwen2", "qwen2", seed=5)
+    return load_model(path)
+
+
+def make_engine(model: DecoderModel, **overrides: object) -> Engine:
+    cfg: dict[str, object] = {"num_blocks": 512, "block_size": 4}
+    cfg.update(overrides)
+    return Engine(model, EngineConfig(**cfg))  # type: ignore[arg-type]
+
+
+def prompt(i: int) -> list[int]:
+    return [3 + (i * 7 + j * 13) % 250 for j in range(3 + i % 11)]
+
+
+async def test_concurrent_streams_get_their_own_tokens(model: DecoderModel) -> None:
+    expected = [
+        r.token_ids for r in make_engine(model).generate([prompt(i) for i in range(8)], GREEDY)
+    ]
+    got: dict[int, list[int]] = {}
+    finals: dict[int, RequestOutput] = {}
+
+    async def consume(i: int, ae: AsyncEngine) -> None:
+        tokens: list[int] = []
+        async for out in ae.generate(prompt(i), GREEDY, request_id=f"r{i}"):
+            assert out.request_id == f"r{i}"
+            tokens.extend(out.new_token_ids)
+            finals[i] = out
+        got[i] = tokens
+
+    engine = make_engine(model)
+    async with AsyncEngine(engine) as ae:
+        async with anyio.create_task_group() as tg:
+            for i in range(8):
+                tg.start_soon(consume, i, ae)
+    assert [got[i] for i in range(8)] == expected
+    assert all(finals[i].finished and finals[i].finish_reason == "length" for i in range(8))
+    assert engine.num_free_blocks() == 512 and not engine.has_unfinished()
+
+
+async def test_cancelling_100_streams_frees_every_block(model: DecoderModel) -> None:
+    engine = make_engine(model, max_num_seqs=32, max_num_batched_tokens=256)
+    baseline = engine.num_free_blocks()
+    steps = 0
+    real_step = engine.step
+
+    def counting_step() -> list[RequestOutput]:
+        nonlocal steps
+        steps += 1
+        return real_step()
+
+    engine.step = counting_step  # type: ignore[method-assign]
+    started = 0
+    all_running = anyio.Event()
+
+    async def consume(i: int, ae: AsyncEngine) -> None:
+        nonlocal started
+        # Half use stream(), half a closed-on-exit generate(): both are cancel-safe.
+        cm: AbstractAsyncContextManager[AsyncIterator[RequestOutput]]
+        if i % 2:
+            cm = ae.stream(prompt(i), LONG)
+        else:
+            cm = aclosing(ae.generate(prompt(i), LONG))
+        async with cm as outputs:
+            async for _ in outputs:
+                started += 1
+                if started == 32:  # every running slot streams; 68 requests still wait
+                    all_running.set()
+                await anyio.sleep_forever()
+
+    async with AsyncEngine(engine) as ae:
+        async with anyio.create_task_group() as tg:
+            for i in range(100):
+                tg.start_soon(consume, i, ae)
+            await all_running.wait()
+            assert engine.num_free_blocks() < baseline
+            tg.cancel_scope.cancel()
+            steps_at_cancel = steps
+        await ae.wait_idle()
+        # Aborted within a step or two of the cancel (the one in flight, and one that may
+        # start before the cancelled tasks run), not run on to max_tokens (200 steps).
+        assert steps - steps_at_cancel <= 2
+        assert not engine.has_unfinished() and ae.num_active == 0
+        assert engine.num_free_blocks() == baseline
+        # The engine still serves new requests afterwards.
+        outs = [o async for o in ae.generate(prompt(1), GREEDY)]
+        assert outs[-1].finished
+
+
+async def test_breaking_out_of_a_stream_aborts(model: DecoderModel) -> None:
+    engine = make_engine(model)
+    async with AsyncEngine(engine) as ae:
+        async with ae.stream(prompt(2), LONG) as outputs:
+            async for out in outputs:
+                assert not out.finished
+                break
+        await ae.wait_idle()
+        assert engine.num_free_blocks() == 512
+        async with aclosing(ae.generate(prompt(3), LONG)) as agen:
+            async for _ in agen:
+                break
+        await ae.wait_idle()
+        assert engine.num_free_blocks() == 512 and not engine.has_unfinished()
+
+
+async def test_overload_raises(model: DecoderModel) -> None:
+    engine = make_engine(model, max_num_seqs=1, max_num_batched_tokens=64, max_waiting=1)
+    async with AsyncEngine(engine) as ae:
+        async with ae.stream(prompt(1), LONG) as running:
+            await running.__anext__()  # admitted: it holds the only running slot
+            async with ae.stream(prompt(2), GREEDY):  # waits behind it
+                with pytest.raises(OverloadedError):
+                    async with ae.stream(prompt(3), GREEDY):
+                        pass
+                with pytest.raises(OverloadedError):
+                    await ae.generate(prompt(4), GREEDY).__anext__()
+        with pytest.raises(ValueError, match="empty"):
+            async with ae.stream([], GREEDY):
+                pass
+
+
+async def test_slow_consumer_gets_merged_outputs(model: DecoderModel) -> None:
+    engine = make_engine(model)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=True)
+    expected = make_engine(model).generate([prompt(4)], params)[0].token_ids
+    async with AsyncEngine(engine) as ae:
+        async with ae.stream(prompt(4), params) as outputs:
+            await ae.wait_idle()  # the request finishes before we read anything
+            outs = [o async for o in outputs]
+    assert len(outs) == 1 and outs[0].finished and outs[0].num_generated_tokens == 12
+    assert outs[0].new_token_ids == expected
+    assert outs[0].logprobs is not None and len(outs[0].logprobs) == 12
+
+
+async def test_aclose_aborts_open_streams(model: DecoderModel) -> None:
+    engine = make_engine(model)
+    reasons: list[str | None] = []
+    first = anyio.Event()
+
+    async def consume(ae: AsyncEngine) -> None:
+        async for out in ae.generate(prompt(5), LONG):
+            first.set()
+            if out.finished:
+                reasons.append(out.finish_reason)
+
+    async with anyio.create_task_group() as tg:
+        async with AsyncEngine(engine) as ae:
+            tg.start_soon(consume, ae)
+            await first.wait()
+    assert reasons == ["abort"]
+    assert engine.num_free_blocks() == 512 and not engine.has_unfinished()
+    with pytest.raises(EngineError, match="not running"):
+        await ae.generate(prompt(1), GREEDY).__anext__()
+
+
+async def test_explicit_abort_ends_stream(model: DecoderModel) -> None:
+    engine = make_engine(model)
+    async with AsyncEngine(engine) as ae:
+        async with ae.stream(prompt(6), LONG, request_id="x") as outputs:
+            await outputs.__anext__()
+            ae.abort("x")
+            rest = [o async for o in outputs]
+        assert rest[-1].finish_reason == "abort"
+        await ae.wait_idle()
+        assert engine.num_free_blocks() == 512
+
+
+async def test_step_failure_fails_streams(model: DecoderModel) -> None:
+    engine = make_engine(model)
+
+    def broken() -> list[RequestOutput]:
+        raise RuntimeError("boom")
+
+    engine.step = broken  # type: ignore[method-assign]
+    async with AsyncEngine(engine) as ae:
+        with pytest.raises(EngineError, match="boom"):
+            async for _ in ae.generate(prompt(1), GREEDY):
+                pass
+        with pytest.raises(EngineError):
+            await ae.generate(prompt(1), GREEDY).__anext__()
+    assert not engine.has_unfinished()

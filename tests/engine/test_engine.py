@@ -1,0 +1,281 @@
+"""Engine: batching equivalence, preemption, prefix cache, chunked prefill, validation."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import torch
+
+from local_engine.engine import Engine, EngineConfig, GenerationResult
+from local_engine.loader import load_model
+from local_engine.model import DecoderModel
+from local_engine.sampler import SamplingParams
+from swiftclient.errors import ConfigurationError, OverloadedError
+
+from .tiny import make_tiny_model
+
+VOCAB = 256
+EOS = 2
+SHORT = SamplingParams(max_tokens=8)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "llama", "llama", seed=3)
+
+
+@pytest.fixture(scope="module")
+def model(model_dir: Path) -> DecoderModel:
+    return load_model(model_dir)
+
+
+def engine_for(model: DecoderModel, **overrides: object) -> Engine:
+    cfg: dict[str, object] = {"num_blocks": 256, "block_size": 4, "seed": 0}
+    cfg.update(overrides)
+    return Engine(model, EngineConfig(**cfg))  # type: ignore[arg-type]
+
+
+def workload() -> tuple[list[list[int]], list[SamplingParams]]:
+    """32 mixed-length prompts; half greedy, half seeded sampling with assorted knobs."""
+    rng = random.Random(7)
+    shared = [rng.randrange(3, VOCAB) for _ in range(9)]
+    prompts: list[list[int]] = []
+    params: list[SamplingParams] = []
+    for i in range(32):
+        own = [rng.randrange(3, VOCAB) for _ in range(rng.randrange(1, 30))]
+        prompts.append(shared + own if i % 3 == 0 else own)
+        max_tokens = rng.randrange(2, 10)
+        if i % 2 == 0:
+            params.append(SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+        else:
+            params.append(
+                SamplingParams(
+                    temperature=0.9,
+                    top_k=40 if i % 4 == 1 else 0,
+                    top_p=0.9 if i % 4 == 3 else 1.0,
+                    presence_penalty=0.3 if i % 8 == 1 else 0.0,
+                    seed=1000 + i,
+                    max_tokens=max_tokens,
+                    ignore_eos=True,
+                )
+            )
+    return prompts, params
+
+
+def tokens(results: Sequence[GenerationResult]) -> list[list[int]]:
+    return [r.token_ids for r in results]
+
+
+@pytest.fixture(scope="module")
+def alone(model: DecoderModel) -> list[list[int]]:
+    """Every workload request run by itself, on a fresh engine with no prefix cache."""
+    prompts, params = workload()
+    out = []
+    for prompt, p in zip(prompts, params, strict=True):
+        engine = engine_for(model, enable_prefix_caching=False)
+        out.append(engine.generate([prompt], p)[0].token_ids)
+    return out
+
+
+def test_greedy_matches_transformers(model_dir: Path, model: DecoderModel) -> None:
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    prompt = [5, 17, 99, 3, 250, 41, 8]
+    ref = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    result = engine_for(model).generate([prompt], params)[0]
+    assert result.token_ids == ref[0, len(prompt) :].tolist()
+
+
+def test_batch_of_32_matches_alone(model: DecoderModel, alone: list[list[int]]) -> None:
+    prompts, params = workload()
+    engine = engine_for(model, max_num_seqs=32, enable_prefix_caching=False)
+    assert tokens(engine.generate(prompts, params)) == alone
+
+
+def test_preemption_matches_alone(model: DecoderModel, alone: list[list[int]]) -> None:
+    prompts, params = workload()
+    # 12 blocks of 4 = 48 slots: the longest request (38 + 9) just fits on its own.
+    engine = engine_for(model, num_blocks=12, max_num_seqs=16, enable_prefix_caching=False)
+    assert tokens(engine.generate(prompts, params)) == alone
+    assert engine.scheduler.num_preemptions > 0
+    assert engine.num_free_blocks() == 12
+
+
+def test_prefix_cache_hits_match_alone(model: DecoderModel, alone: list[list[int]]) -> None:
+    prompts, params = workload()
+    engine = engine_for(model, max_num_seqs=8)
+    first = engine.generate(prompts[:1], params[:1])  # warms the shared prefix
+    assert first[0].num_cached_tokens == 0
+    results = engine.generate(prompts, params)
+    assert tokens(results) == alone
+    shared = [r for i, r in enumerate(results) if i % 3 == 0]
+    assert all(r.num_cached_tokens >= 8 for r in shared)
+    # Running it all again hits every full block of every prompt.
+    again = engine.generate(prompts, params)
+    assert tokens(again) == alone
+    assert sum(r.num_cached_tokens for r in again) > sum(r.num_cached_tokens for r in results)
+
+
+def test_chunked_prefill_matches_alone(model: DecoderModel, alone: list[list[int]]) -> None:
+    prompts, params = workload()
+    engine = engine_for(model, max_num_seqs=4, max_num_batched_tokens=5)
+    assert tokens(engine.generate(prompts, params)) == alone
+
+
+def test_step_outputs_stream_every_token(model: DecoderModel) -> None:
+    engine = engine_for(model)
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=True)
+    rid = engine.add_request([9, 8, 7], params, request_id="r1")
+    assert rid == "r1"
+    seen: list[int] = []
+    outputs = []
+    while engine.has_unfinished():
+        outputs.extend(engine.step())
+    for out in outputs:
+        seen.extend(out.new_token_ids)
+        assert out.num_prompt_tokens == 3
+        assert out.logprobs is not None and out.logprobs[0].token_id == out.new_token_ids[0]
+        assert out.logprobs[0].logprob <= 0.0
+    assert [o.num_generated_tokens for o in outputs] == [1, 2, 3, 4, 5]
+    assert [o.finished for o in outputs] == [False] * 4 + [True]
+    assert outputs[-1].finish_reason == "length"
+    assert len(seen) == 5 and engine.num_free_blocks() == 256
+
+
+def test_stop_token_and_eos_finish_with_stop(model: DecoderModel) -> None:
+    engine = engine_for(model)
+    greedy = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    ref = engine.generate([[11, 12, 13]], greedy)[0].token_ids
+    stop_at = ref[2]
+    first = ref.index(stop_at)
+    params = SamplingParams(temperature=0.0, max_tokens=6, stop_token_ids=(stop_at,))
+    result = engine.generate([[11, 12, 13]], params)[0]
+    assert result.finish_reason == "stop" and result.token_ids == ref[: first + 1]
+
+
+def test_abort_frees_blocks(model: DecoderModel) -> None:
+    engine = engine_for(model, num_blocks=32)
+    rid = engine.add_request(list(range(3, 30)), SamplingParams(max_tokens=50))
+    engine.step()
+    assert engine.num_free_blocks() < 32
+    engine.abort(rid)
+    engine.abort(rid)  # idempotent
+    assert engine.num_free_blocks() == 32 and not engine.has_unfinished()
+    assert engine.step() == []
+
+
+def test_kv_cache_sized_from_memory(model: DecoderModel) -> None:
+    per_block = model.kv_bytes_per_token() * 16
+    engine = Engine(model, EngineConfig(kv_cache_memory=per_block * 10 + 5))
+    assert engine.num_blocks == 10
+    assert engine.max_model_len == 160  # capped by the pool (max_position_embeddings 256)
+    big = Engine(model, EngineConfig(num_blocks=100))
+    assert big.max_model_len == 256
+    with pytest.raises(ConfigurationError):
+        Engine(model, EngineConfig(kv_cache_memory=per_block - 1))
+    with pytest.raises(ConfigurationError):
+        Engine(model, EngineConfig(num_blocks=4, max_model_len=10_000))
+
+
+@pytest.mark.parametrize(
+    ("prompt", "params", "match"),
+    [
+        ([], SHORT, "empty"),
+        ([1, VOCAB], SHORT, "ints in"),
+        ([1, -1], SHORT, "ints in"),
+        ([1, 2.0], SHORT, "ints in"),
+        ([1] * 250, SamplingParams(max_tokens=7), "max_model_len"),
+        ([1, 2], SamplingParams(max_tokens=4, stop=("x",)), "tokenizer"),
+    ],
+)
+def test_bad_requests_raise_value_error(
+    model: DecoderModel, prompt: list[int], params: SamplingParams, match: str
+) -> None:
+    engine = engine_for(model)
+    with pytest.raises(ValueError, match=match):
+        engine.add_request(prompt, params)
+    assert not engine.has_unfinished()
+
+
+def test_duplicate_request_id(model: DecoderModel) -> None:
+    engine = engine_for(model)
+    engine.add_request([5], SHORT, request_id="x")
+    with pytest.raises(ValueError, match="in use"):
+        engine.add_request([5], SHORT, request_id="x")
+
+
+def test_overloaded_when_waiting_queue_full(model: DecoderModel) -> None:
+    engine = engine_for(model, max_waiting=2)
+    engine.add_request([5], SHORT)
+    engine.add_request([6], SHORT)
+    with pytest.raises(OverloadedError):
+        engine.add_request([7], SHORT)
+    engine.step()  # both admitted: the queue has room again
+    engine.add_request([7], SHORT)
+
+
+def test_generate_feeds_more_prompts_than_max_waiting(model: DecoderModel) -> None:
+    engine = engine_for(model, max_waiting=2, max_num_seqs=2)
+    prompts = [[10 + i, 20 + i] for i in range(5)]
+    greedy = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    results = engine.generate(prompts, greedy)
+    assert [r.prompt_token_ids for r in results] == prompts
+    assert all(len(r.token_ids) == 3 and r.finish_reason == "length" for r in results)
+    assert results[0].token_ids == engine.generate(prompts[:1], greedy)[0].token_ids
+
+
+def test_bad_config_rejected(model: DecoderModel) -> None:
+    with pytest.raises(ConfigurationError, match="block_size"):
+        EngineConfig(block_size=0)
+    with pytest.raises(ConfigurationError, match="max_num_seqs"):
+        EngineConfig(max_num_seqs=0)
+    with pytest.raises(ConfigurationError, match="max_num_batched_tokens"):
+        Engine(model, EngineConfig(num_blocks=8, max_num_seqs=8, max_num_batched_tokens=4))
+
+
+def write_char_tokenizer(root: Path) -> None:
+    """Token id i reads as one character (chr(0x100 + i)); id 2 is the special "</s>"."""
+    from tokenizers import AddedToken, decoders, models
+    from tokenizers import Tokenizer as HFTokenizer
+
+    vocab = {chr(0x100 + i): i for i in range(VOCAB) if i != EOS}
+    vocab["</s>"] = EOS
+    backend = HFTokenizer(models.WordLevel(vocab, unk_token=chr(0x100)))
+    backend.decoder = decoders.Fuse()
+    backend.add_special_tokens([AddedToken("</s>", special=True)])
+    backend.save(str(root / "tokenizer.json"))
+    (root / "tokenizer_config.json").write_text('{"eos_token": "</s>"}')
+
+
+def test_from_pretrained_with_tokenizer_streams_text_and_stops(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    import shutil
+
+    root = tmp_path / "m"
+    shutil.copytree(model_dir, root)
+    assert Engine.from_pretrained(root, EngineConfig(num_blocks=8)).tokenizer is None
+    write_char_tokenizer(root)
+    engine = Engine.from_pretrained(root, EngineConfig(num_blocks=64, block_size=4))
+    assert engine.tokenizer is not None and EOS in engine.eos_token_ids
+    base = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    full = engine.generate([[20, 21, 22]], base)[0]
+    assert full.text == engine.tokenizer.decode(full.token_ids) and len(full.text) == 10
+    stop = full.text[4:6]
+    cut = full.text.index(stop)
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, stop=(stop,))
+    engine.add_request([20, 21, 22], params)
+    streamed = ""
+    last = None
+    while engine.has_unfinished():
+        for out in engine.step():
+            streamed += out.new_text
+            assert full.text[:cut].startswith(streamed)  # never a stop-string prefix
+            last = out
+    assert last is not None and last.finish_reason == "stop"
+    assert streamed == full.text[:cut]
