@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import uuid
+import os
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from types import TracebackType
@@ -96,8 +96,6 @@ class AsyncClient:
             named[env_backend.name] = env_backend
             default_backend = env_backend.name
             if model is None:
-                import os
-
                 model = os.environ.get("SWIFTCLIENT_MODEL")
         if default_backend is None:
             default_backend = next(iter(named))
@@ -196,7 +194,7 @@ class AsyncClient:
         except pydantic.ValidationError as exc:
             raise errors.ConfigurationError(f"invalid chat request: {exc}") from exc
         limits = self.timeout if isinstance(timeout, NotGiven) else Timeout.coerce(timeout)
-        options = RequestOptions(idempotency_key=f"swiftclient-{uuid.uuid4().hex}")
+        options = RequestOptions(idempotency_key=f"swiftclient-{os.urandom(16).hex()}")
         return Call(backend, request, Deadline(limits), retry or self.retry, options)
 
     # ------------------------------------------------------------------ calls

@@ -6,7 +6,9 @@ underneath asks the deadline how long it may take (:meth:`Deadline.bound`).
 
 from __future__ import annotations
 
+import asyncio
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import anyio
@@ -14,6 +16,14 @@ import anyio
 from .errors import ConfigurationError, DeadlineExceeded
 
 __all__ = ["Deadline", "Timeout"]
+
+
+def _clock() -> Callable[[], float]:
+    """The running loop's clock: asyncio's ``loop.time`` directly, else anyio's."""
+    try:
+        return asyncio.get_running_loop().time
+    except RuntimeError:
+        return anyio.current_time
 
 
 def _check(name: str, value: float | None) -> None:
@@ -61,12 +71,14 @@ class Deadline:
     Create it inside the running event loop, once per call; every attempt shares it.
     """
 
-    __slots__ = ("_at", "timeout")
+    __slots__ = ("_at", "now", "timeout")
 
     def __init__(self, timeout: Timeout | None = None) -> None:
         self.timeout = timeout or Timeout()
+        self.now: Callable[[], float] = _clock()
+        """The event loop's clock (resolved once; reading it is on every hot path)."""
         total = self.timeout.total
-        self._at = math.inf if total is None else anyio.current_time() + total
+        self._at = math.inf if total is None else self.now() + total
 
     @classmethod
     def after(cls, seconds: float | None) -> Deadline:
@@ -82,7 +94,7 @@ class Deadline:
         """Seconds left (``inf`` when unbounded, never negative)."""
         if self._at == math.inf:
             return math.inf
-        return max(0.0, self._at - anyio.current_time())
+        return max(0.0, self._at - self.now())
 
     @property
     def expired(self) -> bool:

@@ -100,14 +100,29 @@ async def run_with_retries(
     *,
     before_sleep: Callable[[int, BaseException, float], None] | None = None,
 ) -> T:
-    """Run ``attempt(n)`` until it succeeds, the policy gives up, or the deadline would pass."""
+    """Run ``attempt(n)`` until it succeeds, the policy gives up, or the deadline would pass.
+
+    The first attempt runs directly (most calls succeed at once and need no retry
+    machinery); after a retryable failure tenacity drives the rest with the same rules.
+    """
+    try:
+        return await attempt(1)
+    except Exception as exc:
+        if policy.max_attempts <= 1 or not policy.is_retryable(exc):
+            raise
+        delay = policy.wait_seconds(1, exc)
+        if delay >= deadline.remaining():
+            raise
+        if before_sleep is not None:
+            before_sleep(1, exc, delay)
+    await anyio.sleep(delay)
 
     def wait(state: RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None
-        return policy.wait_seconds(state.attempt_number, exc)
+        return policy.wait_seconds(state.attempt_number + 1, exc)
 
     def stop(state: RetryCallState) -> bool:
-        if state.attempt_number >= policy.max_attempts:
+        if state.attempt_number + 1 >= policy.max_attempts:
             return True
         return state.upcoming_sleep >= deadline.remaining()
 
@@ -115,7 +130,7 @@ async def run_with_retries(
         if before_sleep is not None and state.outcome is not None:
             exc = state.outcome.exception()
             if exc is not None:
-                before_sleep(state.attempt_number, exc, state.upcoming_sleep)
+                before_sleep(state.attempt_number + 1, exc, state.upcoming_sleep)
 
     retrying = AsyncRetrying(
         sleep=anyio.sleep,
@@ -128,5 +143,5 @@ async def run_with_retries(
     result: T | None = None
     async for state in retrying:
         with state:
-            result = await attempt(state.retry_state.attempt_number)
+            result = await attempt(state.retry_state.attempt_number + 1)
     return result  # type: ignore[return-value]

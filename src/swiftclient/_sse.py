@@ -58,6 +58,8 @@ class SSEDecoder:
         """Decode ``chunk`` and return the events it completes."""
         if not chunk:
             return []
+        if self._started and not self._skip_lf and b"\r" not in chunk:
+            return self._feed_lf(chunk)
         if self._skip_lf:
             self._skip_lf = False
             if chunk[:1] == b"\n":
@@ -89,6 +91,43 @@ class SSEDecoder:
         if start:
             del buf[:start]
         self._scan = len(buf)
+        return events
+
+    def _feed_lf(self, chunk: bytes) -> list[ServerSentEvent]:
+        """Fast path for chunks without CR (the common case): split on LF only.
+
+        The leftover in the buffer never holds a line end, so only the new chunk is searched
+        for one, and each byte is still handled a bounded number of times.
+        """
+        buf = self._buf
+        if b"\n" not in chunk:
+            buf += chunk
+            self._scan = len(buf)
+            return []
+        if buf:
+            buf += chunk
+            lines = bytes(buf).split(b"\n")
+        else:
+            lines = chunk.split(b"\n")
+        rest = lines.pop()
+        buf.clear()
+        buf += rest
+        self._scan = len(buf)
+        events: list[ServerSentEvent] = []
+        data = self._data
+        for line in lines:
+            if line[:6] == b"data: ":
+                data.append(line[6:])
+            elif not line:
+                event = self._dispatch()
+                if event is not None:
+                    events.append(event)
+                data = self._data
+            else:
+                event = self._line(line)
+                if event is not None:
+                    events.append(event)
+                data = self._data
         return events
 
     def close(self) -> list[ServerSentEvent]:

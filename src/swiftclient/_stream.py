@@ -7,7 +7,7 @@ stream plus accumulation, so both share every policy.
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import Literal
@@ -30,7 +30,16 @@ _CLOSE_GRACE = 5.0
 class Call:
     """Everything one call needs: where it goes, what it sends, its deadline and policy."""
 
-    __slots__ = ("backend", "deadline", "options", "policy", "request", "started", "timing")
+    __slots__ = (
+        "_now",
+        "backend",
+        "deadline",
+        "options",
+        "policy",
+        "request",
+        "started",
+        "timing",
+    )
 
     def __init__(
         self,
@@ -45,7 +54,8 @@ class Call:
         self.deadline = deadline
         self.policy = policy
         self.options = options
-        self.started = anyio.current_time()
+        self._now = deadline.now
+        self.started = self._now()
         self.timing = Timing()
 
     def new_attempt(self, number: int) -> Attempt:
@@ -54,14 +64,14 @@ class Call:
             number=number,
             backend=self.backend.name,
             model=self.request.model,
-            started=anyio.current_time() - self.started,
+            started=self._now() - self.started,
         )
         self.timing.attempts.append(attempt)
         return attempt
 
     def end_attempt(self, attempt: Attempt, exc: BaseException | None) -> None:
         """Close an attempt's record with its outcome."""
-        attempt.duration = anyio.current_time() - self.started - attempt.started
+        attempt.duration = self._now() - self.started - attempt.started
         if exc is None:
             attempt.outcome = "ok"
         elif isinstance(exc, anyio.get_cancelled_exc_class()):
@@ -74,7 +84,7 @@ class Call:
 
     def finish(self) -> None:
         """Stamp the call's total time."""
-        self.timing.total = anyio.current_time() - self.started
+        self.timing.total = self._now() - self.started
 
     async def complete(self) -> ChatCompletion:
         """Run a non-streamed completion with retries under the deadline."""
@@ -113,6 +123,8 @@ class ChatStream:
 
     def __init__(self, call: Call) -> None:
         self._call = call
+        self._now = call.deadline.now
+        self._nowait: Callable[[], ChatCompletionChunk | None] | None = None
         self._stack: AsyncExitStack | None = None
         self._iterator: AsyncIterator[ChatCompletionChunk] | None = None
         self._buffered: list[ChatCompletionChunk] = []
@@ -145,7 +157,7 @@ class ChatStream:
             limit, kind = idle, "idle"
         first = call.deadline.timeout.first_token
         if first is not None and self._first_content_at is None:
-            left = self._attempt_started + first - anyio.current_time()
+            left = self._attempt_started + first - self._now()
             if left < limit:
                 limit, kind = left, "first_token"
         return limit, kind  # type: ignore[return-value]
@@ -168,6 +180,12 @@ class ChatStream:
     async def _next(
         self, iterator: AsyncIterator[ChatCompletionChunk]
     ) -> ChatCompletionChunk | None:
+        nowait = self._nowait
+        if nowait is not None:
+            # A chunk that already arrived needs no wait, so no timeout scope either.
+            ready = nowait()
+            if ready is not None:
+                return ready
         limit, kind = self._limit()
         if limit <= 0:
             raise self._timeout_error(kind)
@@ -188,7 +206,7 @@ class ChatStream:
     async def _attempt_once(self, number: int) -> None:
         call = self._call
         attempt = call.new_attempt(number)
-        self._attempt_started = anyio.current_time()
+        self._attempt_started = self._now()
         self._chunk_seen = False
         stack = AsyncExitStack()
         try:
@@ -201,6 +219,7 @@ class ChatStream:
                 )
             if scope.cancelled_caught:
                 raise self._timeout_error(kind)
+            self._nowait = getattr(iterator, "next_nowait", None)
             buffered: list[ChatCompletionChunk] = []
             while True:
                 chunk = await self._next(iterator)
@@ -209,7 +228,7 @@ class ChatStream:
                 self._chunk_seen = True
                 buffered.append(chunk)
                 if chunk.has_content():
-                    now = anyio.current_time()
+                    now = self._now()
                     attempt.ttft = now - self._attempt_started
                     self._mark_content(now)
                     break
@@ -289,7 +308,7 @@ class ChatStream:
             self._call.finish()
             raise StopAsyncIteration
         if next_chunk.has_content():
-            self._mark_content(anyio.current_time())
+            self._mark_content(self._now())
         self._accumulator.add(next_chunk)
         return next_chunk
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -20,7 +21,7 @@ import pydantic
 
 from .. import errors
 from .._deadline import Deadline
-from .._sse import SSEDecoder
+from .._sse import ServerSentEvent, SSEDecoder
 from .._wire import encode_request
 from ..types import ChatCompletion, ChatCompletionChunk, ChatRequest
 from ._errors import map_httpx_error
@@ -313,16 +314,21 @@ def pydantic_core_from_json(data: bytes) -> Any:
 
 
 class _ChunkStream:
-    """Decodes an SSE response into chunks; an explicit iterator, so closing is deterministic."""
+    """Decodes an SSE response into chunks; an explicit iterator, so closing is deterministic.
 
-    __slots__ = ("_backend", "_bytes", "_decoder", "_done", "_finished", "_pending", "_response")
+    Events are decoded as bytes arrive but validated one at a time, when asked for, so a
+    reply that arrives in one burst does not keep a hundred parsed chunks alive at once.
+    :meth:`next_nowait` hands out an already-received chunk without awaiting.
+    """
+
+    __slots__ = ("_backend", "_bytes", "_decoder", "_done", "_events", "_finished", "_response")
 
     def __init__(self, response: httpx.Response, backend: HTTPBackend) -> None:
         self._response = response
         self._backend = backend
         self._bytes: AsyncIterator[bytes] | None = None
         self._decoder = SSEDecoder()
-        self._pending: list[ChatCompletionChunk] = []
+        self._events: deque[ServerSentEvent] = deque()
         self._done = False
         self._finished = False
 
@@ -330,40 +336,32 @@ class _ChunkStream:
         return self
 
     async def __anext__(self) -> ChatCompletionChunk:
-        while not self._pending:
+        while True:
+            chunk = self.next_nowait()
+            if chunk is not None:
+                return chunk
             if self._done:
+                if self._bytes is not None and self._finished:
+                    await self._drain()
                 raise StopAsyncIteration
             await self._fill()
-        return self._pending.pop(0)
 
-    async def _fill(self) -> None:
-        if self._bytes is None:
-            self._bytes = self._response.aiter_bytes()
-        try:
-            raw = await self._bytes.__anext__()
-        except StopAsyncIteration:
-            self._done = True
-            if not self._finished:
-                raise errors.APIConnectionError(
-                    f"{self._backend.name}: stream ended before the completion finished",
-                    backend=self._backend.name,
-                ) from None
-            return
-        except httpx.HTTPError as exc:
-            self._done = True
-            raise self._backend._error(exc) from exc
-        validate = ChatCompletionChunk.model_validate_json
-        for event in self._decoder.feed(raw):
+    def next_nowait(self) -> ChatCompletionChunk | None:
+        """The next chunk already received, or None when the next one needs I/O (or the end)."""
+        events = self._events
+        while events:
+            event = events.popleft()
             data = event.data
             if data == b"[DONE]":
                 self._finished = True
-                await self._drain()
-                return
+                self._done = True
+                events.clear()
+                return None
             if event.event == "error":
                 self._done = True
                 raise _stream_error(self._backend.name, data)
             try:
-                chunk = validate(data)
+                chunk = ChatCompletionChunk.model_validate_json(data)
             except pydantic.ValidationError as exc:
                 self._done = True
                 raise errors.APIResponseValidationError(
@@ -377,24 +375,46 @@ class _ChunkStream:
             for choice in chunk.choices:
                 if choice.finish_reason is not None:
                     self._finished = True
-            self._pending.append(chunk)
+            return chunk
+        return None
+
+    async def _fill(self) -> None:
+        if self._bytes is None:
+            self._bytes = self._response.aiter_bytes()
+        try:
+            raw = await self._bytes.__anext__()
+        except StopAsyncIteration:
+            self._done = True
+            self._bytes = None
+            if not self._finished:
+                raise errors.APIConnectionError(
+                    f"{self._backend.name}: stream ended before the completion finished",
+                    backend=self._backend.name,
+                ) from None
+            return
+        except httpx.HTTPError as exc:
+            self._done = True
+            raise self._backend._error(exc) from exc
+        self._events.extend(self._decoder.feed(raw))
 
     async def _drain(self) -> None:
         """Read to the end of the body after ``[DONE]`` so the connection can be reused."""
-        self._done = True
-        if self._bytes is None:
+        stream, self._bytes = self._bytes, None
+        if stream is None:
             return
         with anyio.move_on_after(_DRAIN_GRACE):
             try:
-                async for _ in self._bytes:
+                async for _ in stream:
                     pass
             except httpx.HTTPError:
                 pass
 
     async def aclose(self) -> None:
         self._done = True
-        if self._bytes is not None:
-            aclose = getattr(self._bytes, "aclose", None)
+        self._events.clear()
+        stream, self._bytes = self._bytes, None
+        if stream is not None:
+            aclose = getattr(stream, "aclose", None)
             if aclose is not None:
                 await aclose()
         await self._response.aclose()

@@ -1,0 +1,49 @@
+"""Run ``python -m swiftclient.testing`` as a separate process for the load benchmark.
+
+A separate process keeps the server's CPU work off the client's GIL; on a small machine the
+two still share the cores. The process is terminated (then killed) however the block exits.
+"""
+
+from __future__ import annotations
+
+import re
+import select
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+__all__ = ["fake_provider_process"]
+
+_STARTUP_TIMEOUT = 30.0
+_URL = re.compile(r"https?://\S+")
+
+
+@contextmanager
+def fake_provider_process(tokens: int) -> Iterator[str]:
+    """Start the fake provider on a free loopback port; yield its base URL (``.../v1``).
+
+    Every streamed reply carries ``tokens`` content chunks plus the role, finish and usage
+    chunks (the usage chunk only when the request asks for it).
+    """
+    command = [sys.executable, "-m", "swiftclient.testing", "--port", "0", "--tokens", str(tokens)]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        stdout = proc.stdout
+        if stdout is None:
+            raise RuntimeError("the fake provider's stdout is not a pipe")
+        ready, _, _ = select.select([stdout], [], [], _STARTUP_TIMEOUT)
+        line = stdout.readline() if ready else ""
+        match = _URL.search(line)
+        if match is None:
+            raise RuntimeError(f"the fake provider did not start (it printed {line!r})")
+        yield match.group(0)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()

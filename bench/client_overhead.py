@@ -1,0 +1,310 @@
+"""Client overhead: swiftclient against the official openai SDK, raw httpx and raw aiohttp.
+
+Run from the repository root::
+
+    .venv/bin/python bench/client_overhead.py            # full run, about 1-2 minutes
+    .venv/bin/python bench/client_overhead.py --quick    # smoke run, well under 30 s
+    .venv/bin/python bench/client_overhead.py --profile  # + cProfile of swiftclient's stream
+
+Part 1 (CPU): process CPU time per non-streamed request and per streamed chunk, every client
+parsing the same canned bytes from an in-process mock transport (no sockets, no server).
+Part 2 (load): wall time and errors of 1, 64 and 512 concurrent streams of 100 chunks against
+``python -m swiftclient.testing`` running as a separate process.
+
+Goals (PASS/FAIL printed beside each):
+- per-request CPU <= 1.3x raw httpx, and openai >= 5x swiftclient's;
+- per-chunk CPU <= 2x raw httpx;
+- 512 concurrent streams: zero errors, wall time <= 1.2x raw aiohttp's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import io
+import os
+import platform
+import pstats
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import anyio
+from _canned import STREAM_CHUNKS
+from _cpu_peers import Mode, Peer, SwiftPeer, make_peers
+from _load_peers import LoadResult, Opener, measure, open_aiohttp, open_swiftclient
+from _server import fake_provider_process
+from _util import cpu_seconds_per_call, markdown_table, ratio, verdict
+
+REQUEST_GOAL_VS_RAW = 1.3
+OPENAI_GOAL_FACTOR = 5.0
+CHUNK_GOAL_VS_RAW = 2.0
+LOAD_GOAL_VS_AIOHTTP = 1.2
+MAX_CONNECTIONS = 512
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Iteration counts for one run."""
+
+    requests: int
+    """Timed non-streamed requests per round."""
+    streams: int
+    """Timed streams per round (each ``STREAM_CHUNKS`` chunks)."""
+    rounds: int
+    """Rounds per client, interleaved across clients; the best round counts."""
+    concurrencies: tuple[int, ...]
+    """Concurrent-stream counts of the load part."""
+    load_repeats: int
+    """Timed batches per load configuration (more for tiny batches); the best counts."""
+
+
+FULL = Settings(requests=2000, streams=100, rounds=3, concurrencies=(1, 64, 512), load_repeats=3)
+QUICK = Settings(requests=100, streams=10, rounds=1, concurrencies=(1, 64), load_repeats=1)
+
+
+# --------------------------------------------------------------------------- part 1: CPU
+
+
+async def _cpu_costs(mode: Mode, iterations: int, rounds: int) -> dict[str, float]:
+    """Best CPU seconds per call for each peer; rounds interleave the peers."""
+    peers: list[Peer] = make_peers(mode)
+    best = {peer.name: float("inf") for peer in peers}
+    try:
+        for peer in peers:
+            expected = 1 if mode == "request" else STREAM_CHUNKS
+            got = await peer.run()
+            if got != expected:
+                raise RuntimeError(f"{peer.name} parsed {got} chunks, expected {expected}")
+        warmup = max(2, iterations // 10)
+        for _ in range(rounds):
+            for peer in peers:
+                cost = await cpu_seconds_per_call(peer.run, iterations, warmup)
+                best[peer.name] = min(best[peer.name], cost)
+    finally:
+        for peer in peers:
+            await peer.aclose()
+    return best
+
+
+def _cpu_table(request: dict[str, float], stream: dict[str, float]) -> str:
+    per_chunk = {name: cost / STREAM_CHUNKS for name, cost in stream.items()}
+    rows: list[list[object]] = []
+    for name in request:
+        rows.append(
+            [
+                name,
+                f"{request[name] * 1e6:.1f}",
+                f"{ratio(request[name], request['raw httpx']):.2f}x",
+                f"{per_chunk[name] * 1e6:.2f}",
+                f"{ratio(per_chunk[name], per_chunk['raw httpx']):.2f}x",
+            ]
+        )
+    table = markdown_table(
+        ["client", "µs/request", "vs raw httpx", "µs/chunk", "vs raw httpx"], rows
+    )
+    req_vs_raw = ratio(request["swiftclient"], request["raw httpx"])
+    openai_vs_swift = ratio(request["openai"], request["swiftclient"])
+    chunk_vs_raw = ratio(per_chunk["swiftclient"], per_chunk["raw httpx"])
+    openai_chunk = ratio(per_chunk["openai"], per_chunk["swiftclient"])
+    goals = markdown_table(
+        ["goal", "measured", "verdict"],
+        [
+            [
+                f"per-request CPU: swiftclient/raw httpx <= {REQUEST_GOAL_VS_RAW}x",
+                f"{req_vs_raw:.2f}x",
+                verdict(req_vs_raw <= REQUEST_GOAL_VS_RAW),
+            ],
+            [
+                f"per-request CPU: openai/swiftclient >= {OPENAI_GOAL_FACTOR:.0f}x",
+                f"{openai_vs_swift:.2f}x",
+                verdict(openai_vs_swift >= OPENAI_GOAL_FACTOR),
+            ],
+            [
+                f"per-chunk CPU: swiftclient/raw httpx <= {CHUNK_GOAL_VS_RAW}x",
+                f"{chunk_vs_raw:.2f}x",
+                verdict(chunk_vs_raw <= CHUNK_GOAL_VS_RAW),
+            ],
+            ["per-chunk CPU: openai/swiftclient (no goal)", f"{openai_chunk:.2f}x", "-"],
+        ],
+    )
+    return table + "\n\n" + goals
+
+
+def run_cpu_part(settings: Settings) -> str:
+    """Measure part 1 on asyncio and return its markdown."""
+
+    async def both() -> tuple[dict[str, float], dict[str, float]]:
+        request = await _cpu_costs("request", settings.requests, settings.rounds)
+        stream = await _cpu_costs("stream", settings.streams, settings.rounds)
+        return request, stream
+
+    request, stream = asyncio.run(both())
+    return (
+        "## CPU per request and per chunk (in-process mock transport, asyncio)\n\n"
+        f"Best of {settings.rounds} round(s): {settings.requests} requests and "
+        f"{settings.streams} streams of {STREAM_CHUNKS} chunks per round; the same canned "
+        "bytes for every client.\n\n" + _cpu_table(request, stream)
+    )
+
+
+# --------------------------------------------------------------------------- part 2: load
+
+
+def _load_config(
+    opener: Opener, backend: str, base_url: str, settings: Settings
+) -> list[LoadResult]:
+    def repeats(concurrency: int) -> int:
+        # A batch of a handful of streams lasts milliseconds: take more samples of it.
+        return settings.load_repeats if concurrency >= 64 else 5 * settings.load_repeats
+
+    async def main() -> list[LoadResult]:
+        return await measure(
+            opener,
+            base_url,
+            settings.concurrencies,
+            repeats=repeats,
+            expected_chunks=STREAM_CHUNKS,
+            max_connections=MAX_CONNECTIONS,
+        )
+
+    return anyio.run(main, backend=backend)
+
+
+def _errors(result: LoadResult) -> str:
+    total = sum(result.errors.values())
+    if not total:
+        return "0"
+    detail = ", ".join(f"{name}: {n}" for name, n in result.errors.most_common())
+    return f"{total} ({detail})"
+
+
+def _load_table(results: dict[str, list[LoadResult]]) -> str:
+    peer = {r.concurrency: r for r in results["raw aiohttp"]}
+    rows: list[list[object]] = []
+    goals: list[list[object]] = []
+    for name, runs in results.items():
+        for result in runs:
+            base = peer[result.concurrency]
+            vs = ratio(result.wall, base.wall)
+            rows.append(
+                [
+                    name,
+                    result.concurrency,
+                    f"{result.wall:.3f}",
+                    f"{result.cpu:.3f}",
+                    _errors(result),
+                    result.streams,
+                    f"{vs:.2f}x",
+                ]
+            )
+            if result.concurrency == max(peer) and name != "raw aiohttp":
+                ok = not result.errors and vs <= LOAD_GOAL_VS_AIOHTTP
+                goals.append(
+                    [
+                        f"{name}: {result.concurrency} streams, 0 errors, "
+                        f"<= {LOAD_GOAL_VS_AIOHTTP}x aiohttp",
+                        f"{vs:.2f}x, {sum(result.errors.values())} errors",
+                        verdict(ok),
+                    ]
+                )
+    table = markdown_table(
+        [
+            "client",
+            "streams",
+            "best wall s",
+            "client CPU s",
+            "errors (all batches)",
+            "streams run",
+            "vs aiohttp",
+        ],
+        rows,
+    )
+    return table + "\n\n" + markdown_table(["goal", "measured", "verdict"], goals)
+
+
+def run_load_part(settings: Settings) -> str:
+    """Measure part 2 against a fake provider in a separate process; return its markdown."""
+    configs: list[tuple[str, Opener, str]] = [
+        ("swiftclient asyncio (aiohttp transport)", open_swiftclient, "asyncio"),
+        ("swiftclient trio (httpx transport)", open_swiftclient, "trio"),
+        ("raw aiohttp", open_aiohttp, "asyncio"),
+    ]
+    results: dict[str, list[LoadResult]] = {}
+    with fake_provider_process(tokens=STREAM_CHUNKS - 3) as base_url:
+        for name, opener, backend in configs:
+            results[name] = _load_config(opener, backend, base_url, settings)
+    cpus = os.cpu_count()
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cpus
+    return (
+        "## Concurrent streams against the fake provider in a separate process\n\n"
+        f"CPUs: {cpus} (usable by this process: {usable}). The server runs in its own process "
+        "(its CPU is off the client's GIL), but client and server still share these cores, "
+        "so wall times include the server's work too. Each stream has "
+        f"{STREAM_CHUNKS} chunks; max_connections={MAX_CONNECTIONS} for every client; one "
+        "untimed warm-up batch per configuration, then the best of "
+        f"{settings.load_repeats} timed batch(es) ({5 * settings.load_repeats} for fewer "
+        "than 64 streams).\n\n" + _load_table(results)
+    )
+
+
+# --------------------------------------------------------------------------- profile
+
+
+def profile_stream(streams: int, top: int = 10) -> str:
+    """cProfile of swiftclient's streamed-chunk path; the ``top`` entries by cumulative time."""
+
+    async def main() -> cProfile.Profile:
+        peer = SwiftPeer("stream")
+        try:
+            for _ in range(5):
+                await peer.run()
+            profiler = cProfile.Profile()
+            profiler.enable()
+            for _ in range(streams):
+                await peer.run()
+            profiler.disable()
+        finally:
+            await peer.aclose()
+        return profiler
+
+    out = io.StringIO()
+    stats = pstats.Stats(asyncio.run(main()), stream=out)
+    stats.sort_stats("cumulative").print_stats(top)
+    return (
+        f"## cProfile: swiftclient stream path, {streams} streams x {STREAM_CHUNKS} chunks\n\n"
+        "```\n" + out.getvalue().strip() + "\n```"
+    )
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run both parts and print their markdown; returns the exit status."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="small counts for a smoke run")
+    parser.add_argument(
+        "--profile", action="store_true", help="also print a cProfile of the stream path"
+    )
+    args = parser.parse_args(argv)
+    settings = QUICK if args.quick else FULL
+    started = time.perf_counter()
+    print(
+        f"# Client overhead ({'quick' if args.quick else 'full'} run)\n\n"
+        f"Python {platform.python_version()} on {platform.machine()}, "
+        f"{os.cpu_count()} CPUs.\n",
+        flush=True,
+    )
+    print(run_cpu_part(settings) + "\n", flush=True)
+    print(run_load_part(settings) + "\n", flush=True)
+    if args.profile:
+        print(profile_stream(10 if args.quick else 100) + "\n", flush=True)
+    print(f"Total time: {time.perf_counter() - started:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
