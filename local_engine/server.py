@@ -1,0 +1,444 @@
+"""An OpenAI-compatible HTTP server for the local engine.
+
+Endpoints: ``POST /v1/chat/completions`` (streamed as server-sent events or not; usage with
+``prompt_tokens_details.cached_tokens``; ``stream_options.include_usage`` honoured),
+``GET /v1/models`` and ``GET /health``. Requests are mapped exactly as
+:class:`~swiftclient.backends.local.LocalBackend` maps them (the server runs one), and
+``extra_body`` fields such as ``top_k``, ``min_p``, ``ignore_eos`` or ``cache_salt`` arrive as
+top-level JSON fields, as OpenAI clients send them.
+
+Errors are OpenAI-style JSON bodies: 400 for invalid JSON, an invalid request or parameters
+(including ``max_tokens`` over the server's limit, or a prompt too long for the model), 401 for
+a missing or wrong bearer key, 404/405 for unknown routes, 413 for a body over the limit, 503
+with ``Retry-After`` when the engine's queue is full, 500 when the engine fails. A client that
+disconnects has its engine request aborted at once (its KV blocks are freed).
+
+Run it with ``python -m local_engine.server [MODEL_DIR] [--host H] [--port P] [--api-key K]``
+(no directory: the embedded default model) or ``swiftclient serve``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import json
+import os
+import secrets
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack
+from types import TracebackType
+from typing import Any
+
+import anyio
+import anyio.abc
+import pydantic
+
+from swiftclient._deadline import Deadline, Timeout
+from swiftclient._httpserver import HTTPRequest, HTTPServer, ResponseWriter
+from swiftclient.backends.local import LocalBackend
+from swiftclient.errors import ConfigurationError, EngineError, OverloadedError, redact
+from swiftclient.types import ChatCompletion, ChatCompletionChunk, ChatRequest, StreamOptions
+
+from .service import EXTRA_BODY_KEYS
+
+__all__ = ["LocalServer", "RequestError", "main", "parse_chat_body"]
+
+_REQUEST_FIELDS = frozenset(ChatRequest.model_fields) - {"extra_body"}
+_IGNORED_FIELDS = frozenset({"store"})
+_UNLIMITED = Timeout(total=None, connect=None, pool=None, first_token=None, idle=None)
+_RETRY_AFTER = "1"
+_DONE = b"data: [DONE]\n\n"
+
+_Route = Callable[[HTTPRequest, ResponseWriter], Awaitable[None]]
+
+
+class RequestError(ValueError):
+    """A request the server refuses: HTTP status, message, error code, offending parameter."""
+
+    def __init__(self, status: int, message: str, code: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+
+
+def _validation_message(exc: pydantic.ValidationError) -> tuple[str, str | None]:
+    first = exc.errors()[0]
+    loc = ".".join(str(part) for part in first["loc"])
+    more = exc.error_count() - 1
+    suffix = f" (and {more} more error{'s' if more > 1 else ''})" if more else ""
+    return f"invalid request: {loc}: {first['msg']}{suffix}", loc or None
+
+
+def parse_chat_body(body: Any) -> ChatRequest:
+    """Turn a decoded ``/v1/chat/completions`` JSON body into a :class:`ChatRequest`.
+
+    OpenAI fields become request fields; the local engine's extra fields
+    (:data:`~local_engine.service.EXTRA_BODY_KEYS`) go to ``extra_body``; ``store`` is
+    ignored. Raises :class:`RequestError` (a ``ValueError``) naming the first problem.
+    """
+    if not isinstance(body, dict):
+        raise RequestError(400, "the request body must be a JSON object", "invalid_request")
+    fields: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for key, value in body.items():
+        if key in _REQUEST_FIELDS:
+            fields[key] = value
+        elif key in EXTRA_BODY_KEYS:
+            extra[key] = value
+        elif key == "extra_body" and isinstance(value, dict):
+            extra.update(value)
+        elif key not in _IGNORED_FIELDS:
+            raise RequestError(400, f"unsupported parameter: {key!r}", "unsupported_parameter", key)
+    if extra:
+        fields["extra_body"] = extra
+    try:
+        return ChatRequest.model_validate(fields)
+    except pydantic.ValidationError as exc:
+        message, param = _validation_message(exc)
+        raise RequestError(400, message, "invalid_request", param) from exc
+
+
+def _chunk_bytes(chunk: ChatCompletionChunk) -> bytes:
+    data = chunk.model_dump(mode="json", exclude_none=True)
+    for choice in data["choices"]:
+        choice.setdefault("logprobs", None)
+        choice.setdefault("finish_reason", None)
+    return _event(data)
+
+
+def _event(data: dict[str, Any]) -> bytes:
+    text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    return b"data: " + text.encode() + b"\n\n"
+
+
+def _completion_json(completion: ChatCompletion) -> dict[str, Any]:
+    data = completion.model_dump(mode="json", exclude_none=True)
+    for choice in data["choices"]:
+        choice.setdefault("logprobs", None)
+        choice.setdefault("finish_reason", None)
+        choice["message"].setdefault("content", None)
+    return data
+
+
+def _engine_error(exc: Exception) -> RequestError:
+    """Map a failure of the backend onto a status (bad input 400, overload 503, else 500)."""
+    if isinstance(exc, OverloadedError):
+        return RequestError(503, f"the server is overloaded: {exc}", "server_overloaded")
+    if isinstance(exc, ValueError):
+        return RequestError(400, str(exc), "invalid_request")
+    return RequestError(500, "the engine failed while serving the request", "engine_error")
+
+
+class LocalServer:
+    """Serves a :class:`LocalBackend` over the OpenAI chat-completions API.
+
+    ``async with LocalServer(backend) as server:`` loads the model, starts the engine and
+    listens on ``host:port`` (port 0 picks a free one; ``server.base_url`` ends in ``/v1``).
+
+    Args:
+        backend: the local backend to serve (entered and exited by the server).
+        host: interface to bind; loopback by default.
+        port: TCP port.
+        api_key: when set, every route but ``/health`` needs ``Authorization: Bearer <key>``.
+        max_body_bytes: larger request bodies get 413.
+        max_tokens_limit: requests asking for more completion tokens get 400.
+        model_name: the id reported by ``/v1/models`` (default: the model directory's name).
+    """
+
+    def __init__(
+        self,
+        backend: LocalBackend,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        api_key: str | None = None,
+        max_body_bytes: int = 8 * 1024 * 1024,
+        max_tokens_limit: int | None = None,
+        model_name: str | None = None,
+    ) -> None:
+        if max_tokens_limit is not None and max_tokens_limit < 1:
+            raise ConfigurationError(f"max_tokens_limit must be positive, got {max_tokens_limit}")
+        self.backend = backend
+        self._api_key = api_key or None
+        self._max_tokens_limit = max_tokens_limit
+        self._model_name = model_name
+        self._created = int(time.time())
+        self._http = HTTPServer(self._handle, host=host, port=port, max_body_bytes=max_body_bytes)
+        self._stack: AsyncExitStack | None = None
+        self._routes: dict[str, tuple[str, _Route]] = {
+            "/v1/chat/completions": ("POST", self._chat),
+            "/v1/models": ("GET", self._models),
+        }
+
+    def __repr__(self) -> str:
+        return f"LocalServer(backend={self.backend!r}, auth={self._api_key is not None})"
+
+    @property
+    def base_url(self) -> str:
+        """``http://HOST:PORT/v1`` of the running server."""
+        return self._http.base_url + "/v1"
+
+    @property
+    def port(self) -> int:
+        """The bound port."""
+        return self._http.port
+
+    @property
+    def model_name(self) -> str:
+        """The model id this server reports."""
+        if self._model_name:
+            return self._model_name
+        model_dir = self.backend.model_dir
+        return model_dir.name if model_dir is not None else "local"
+
+    async def __aenter__(self) -> LocalServer:
+        """Load the model, start the engine, then listen."""
+        async with AsyncExitStack() as stack:
+            await stack.enter_async_context(self.backend)
+            await stack.enter_async_context(self._http)
+            self._stack = stack.pop_all()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        """Stop listening (every in-flight request is aborted), then stop the engine."""
+        stack, self._stack = self._stack, None
+        if stack is None:
+            return None
+        return await stack.__aexit__(exc_type, exc, tb)
+
+    async def serve_forever(
+        self, *, task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Serve until cancelled; ``await task_group.start(server.serve_forever)`` gives
+        the base URL."""
+        async with self:
+            task_status.started(self.base_url)
+            await anyio.sleep_forever()
+
+    # ------------------------------------------------------------------ routing
+
+    def _authorized(self, request: HTTPRequest) -> bool:
+        if self._api_key is None:
+            return True
+        expected = f"Bearer {self._api_key}".encode()
+        return hmac.compare_digest(request.headers.get("authorization", "").encode(), expected)
+
+    async def _handle(self, request: HTTPRequest, writer: ResponseWriter) -> None:
+        path = request.path.rstrip("/") or "/"
+        if path == "/health":
+            await self._health(request, writer)
+            return
+        route = self._routes.get(path)
+        if route is None:
+            await _send_error(
+                writer,
+                RequestError(404, f"unknown route {request.method} {request.path}", "not_found"),
+            )
+            return
+        method, handler = route
+        if request.method != method:
+            refusal = RequestError(405, f"use {method} for {path}", "method_not_allowed")
+            await _send_error(writer, refusal, {"allow": method})
+        elif not self._authorized(request):
+            refusal = RequestError(401, "invalid or missing API key", "invalid_api_key")
+            await _send_error(writer, refusal, {"www-authenticate": "Bearer"})
+        else:
+            await handler(request, writer)
+
+    async def _health(self, request: HTTPRequest, writer: ResponseWriter) -> None:
+        if request.method != "GET":
+            await _send_error(
+                writer, RequestError(405, "use GET for /health", "method_not_allowed")
+            )
+        elif self.backend.running:
+            await writer.send_json(200, {"status": "ok"})
+        else:
+            await writer.send_json(503, {"status": "stopped"})
+
+    async def _models(self, request: HTTPRequest, writer: ResponseWriter) -> None:
+        model = {
+            "id": self.model_name,
+            "object": "model",
+            "created": self._created,
+            "owned_by": "swiftclient",
+        }
+        await writer.send_json(200, {"object": "list", "data": [model]})
+
+    async def _chat(self, request: HTTPRequest, writer: ResponseWriter) -> None:
+        headers = {"x-request-id": f"req_{secrets.token_hex(12)}"}
+        try:
+            chat, stream = self._parse(request)
+        except RequestError as error:
+            await _send_error(writer, error, headers)
+            return
+        deadline = Deadline(_UNLIMITED)
+        if not stream:
+            try:
+                completion = await self.backend.complete(chat, deadline)
+            except (ValueError, EngineError) as exc:
+                await _send_error(writer, _engine_error(exc), headers)
+                return
+            await writer.send_json(200, _completion_json(completion), headers)
+            return
+        try:
+            async with self.backend.stream(chat, deadline) as chunks:
+                await writer.start_stream(200, {**headers, "cache-control": "no-cache"})
+                async for chunk in chunks:
+                    await writer.write(_chunk_bytes(chunk))
+        except (ValueError, EngineError) as exc:
+            failure = _engine_error(exc)
+            if not writer.started:
+                await _send_error(writer, failure, headers)
+                return
+            message = {"message": failure.message, "type": "server_error", "code": failure.code}
+            await writer.write(_event({"error": message}))
+            return
+        await writer.write(_DONE)
+
+    def _parse(self, request: HTTPRequest) -> tuple[ChatRequest, bool]:
+        try:
+            body = json.loads(request.body)
+        except ValueError as exc:
+            raise RequestError(400, f"the body is not valid JSON: {exc}", "invalid_json") from exc
+        chat = parse_chat_body(body)
+        limit = self._max_tokens_limit
+        asked = chat.max_new_tokens()
+        if limit is not None and asked is not None and asked > limit:
+            param = "max_completion_tokens" if chat.max_completion_tokens else "max_tokens"
+            raise RequestError(
+                400,
+                f"{param}={asked} is over this server's limit of {limit}",
+                "max_tokens_too_large",
+                param,
+            )
+        stream = bool(chat.stream)
+        if stream:
+            options = chat.stream_options
+            usage = options is not None and options.include_usage is True
+            chat = chat.model_copy(update={"stream_options": StreamOptions(include_usage=usage)})
+        return chat, stream
+
+
+async def _send_error(
+    writer: ResponseWriter, error: RequestError, headers: dict[str, str] | None = None
+) -> None:
+    extra = dict(headers or {})
+    if error.status == 503:
+        extra["retry-after"] = _RETRY_AFTER
+    type_ = "server_error" if error.status >= 500 else None
+    body = {
+        "error": {
+            "message": redact(error.message),
+            "type": type_ or _error_type(error.status),
+            "param": error.param,
+            "code": error.code,
+        }
+    }
+    await writer.send_json(error.status, body, extra)
+
+
+def _error_type(status: int) -> str:
+    if status == 401:
+        return "authentication_error"
+    if status == 404:
+        return "not_found_error"
+    return "invalid_request_error"
+
+
+# ---------------------------------------------------------------------- command line
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m local_engine.server",
+        description="Serve a local model over an OpenAI-compatible chat-completions API.",
+    )
+    parser.add_argument(
+        "model_dir", nargs="?", default="", help="HF model directory (default: embedded model)"
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="interface to bind (127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port (0 picks a free one)")
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("SWIFTCLIENT_SERVER_API_KEY"),
+        help="require this bearer key (default: $SWIFTCLIENT_SERVER_API_KEY; none: open)",
+    )
+    parser.add_argument("--model-name", help="the model id to report (default: directory name)")
+    parser.add_argument("--max-tokens-limit", type=int, default=4096)
+    parser.add_argument("--default-max-tokens", type=int, default=1024)
+    parser.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024)
+    parser.add_argument("--max-model-len", type=int)
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--max-waiting", type=int, default=1024)
+    parser.add_argument("--kv-cache-mib", type=int, default=256, help="KV cache size in MiB")
+    parser.add_argument("--dtype", help="float32, bfloat16 or float16 (default: the model's)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--loop", choices=("asyncio", "trio"), default="asyncio")
+    return parser
+
+
+def _build(args: argparse.Namespace) -> LocalServer:
+    from .engine import EngineConfig
+
+    config = EngineConfig(
+        kv_cache_memory=args.kv_cache_mib * 2**20,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len,
+        max_waiting=args.max_waiting,
+        dtype=args.dtype,
+        device=args.device,
+    )
+    backend = LocalBackend(
+        args.model_dir or None,
+        engine_config=config,
+        default_max_tokens=min(args.default_max_tokens, args.max_tokens_limit),
+    )
+    return LocalServer(
+        backend,
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        max_body_bytes=args.max_body_bytes,
+        max_tokens_limit=args.max_tokens_limit,
+        model_name=args.model_name,
+    )
+
+
+async def _serve(server: LocalServer) -> None:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with server:
+            print(f"serving {server.model_name} at {server.base_url}", flush=True)
+            async for _ in signals:
+                break
+    print("stopped", flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the server until SIGINT or SIGTERM; returns the exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        server = _build(args)
+        anyio.run(_serve, server, backend=args.loop)
+    except ConfigurationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"error: cannot serve on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,333 @@
+"""Chat requests over the engine: :class:`ChatRequest` in, OpenAI chunks and completions out.
+
+The one place where OpenAI request fields become a prompt and :class:`SamplingParams`, shared
+by :class:`swiftclient.backends.local.LocalBackend` and the HTTP server
+(:mod:`local_engine.server`).
+
+Mapping:
+
+- the prompt is the chat template rendered by :class:`~local_engine.chat.ChatFormatter`
+  (tools, ``tool_choice``, the ``response_format`` instruction,
+  ``extra_body["chat_template_kwargs"]``);
+- ``temperature``, ``top_p``, ``max_completion_tokens`` (else ``max_tokens``), ``stop``,
+  ``seed``, ``presence_penalty``, ``frequency_penalty``, ``logprobs`` and ``top_logprobs``
+  map one to one (OpenAI's defaults where unset). With no token limit a request may generate
+  ``default_max_tokens``, fewer when the model's context is shorter;
+- ``extra_body`` may carry ``top_k``, ``min_p``, ``ignore_eos``, ``stop_token_ids``,
+  ``cache_salt`` and ``chat_template_kwargs``; any other key is a
+  :class:`~swiftclient.errors.ConfigurationError`;
+- the prefix-cache salt (which keeps tenants from sharing cached prompt blocks) is
+  ``extra_body["cache_salt"]``, else ``user``. ``prompt_cache_key`` is a routing hint for
+  hosted providers and is ignored here: one engine has one cache;
+- ``n > 1`` and a non-empty ``logit_bias`` are refused; ``parallel_tool_calls``,
+  ``metadata``, ``service_tier`` and ``reasoning_effort`` have no effect.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from swiftclient.errors import ConfigurationError, EngineError
+from swiftclient.types import ChatCompletion, ChatCompletionChunk, ChatRequest
+
+from .chat import ChatFormatter, ChatPrompt, CompletionStream, build_completion
+from .engine import Engine, RequestOutput
+from .sampling_params import SamplingParams, TokenLogprob
+from .tokenizer import Tokenizer
+
+__all__ = ["EXTRA_BODY_KEYS", "ChatService", "OutputSource", "PreparedRequest"]
+
+EXTRA_BODY_KEYS = frozenset(
+    {"top_k", "min_p", "ignore_eos", "stop_token_ids", "cache_salt", "chat_template_kwargs"}
+)
+"""The ``extra_body`` keys the local engine understands."""
+
+
+class OutputSource(Protocol):
+    """What :class:`ChatService` needs of :class:`~local_engine.async_engine.AsyncEngine`."""
+
+    def stream(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        request_id: str | None = None,
+        cache_salt: str | None = None,
+    ) -> AbstractAsyncContextManager[AsyncIterator[RequestOutput]]:
+        """Add a request on entry, yield its outputs, abort it on exit."""
+        ...
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A request ready for the engine: prompt, sampling parameters and cache salt."""
+
+    prompt: ChatPrompt
+    params: SamplingParams
+    cache_salt: str | None
+
+
+def _extra(request: ChatRequest) -> dict[str, Any]:
+    extra = dict(request.extra_body or {})
+    unknown = sorted(set(extra) - EXTRA_BODY_KEYS)
+    if unknown:
+        raise ConfigurationError(
+            f"unsupported extra_body keys for the local engine: {unknown}; "
+            f"supported: {sorted(EXTRA_BODY_KEYS)}"
+        )
+    if "ignore_eos" in extra and not isinstance(extra["ignore_eos"], bool):
+        raise ConfigurationError("extra_body['ignore_eos'] must be a boolean")
+    salt = extra.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise ConfigurationError("extra_body['cache_salt'] must be a non-empty string")
+    stop_ids = extra.get("stop_token_ids")
+    if stop_ids is not None and not isinstance(stop_ids, list | tuple):
+        raise ConfigurationError("extra_body['stop_token_ids'] must be a list of token ids")
+    return extra
+
+
+def _check_supported(request: ChatRequest) -> None:
+    if request.n is not None and request.n > 1:
+        raise ConfigurationError(f"n={request.n} is not supported by the local engine (only 1)")
+    if request.logit_bias:
+        raise ConfigurationError("logit_bias is not supported by the local engine")
+
+
+class ChatService:
+    """Maps chat requests onto one :class:`Engine` and its outputs back onto OpenAI types.
+
+    ``engine`` must have a tokenizer. ``chat_template`` and ``tool_format`` override the
+    tokenizer's template and the detected tool-call convention.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        default_max_tokens: int = 1024,
+        chat_template: str | None = None,
+        tool_format: str | None = None,
+    ) -> None:
+        """Bind the engine and its tokenizer; ConfigurationError when it has no tokenizer."""
+        if engine.tokenizer is None:
+            raise ConfigurationError(
+                "the model has no tokenizer (tokenizer.json): chat needs one to render prompts"
+            )
+        if isinstance(default_max_tokens, bool) or default_max_tokens < 1:
+            raise ConfigurationError(
+                f"default_max_tokens must be a positive int, got {default_max_tokens!r}"
+            )
+        self.engine = engine
+        self.tokenizer: Tokenizer = engine.tokenizer
+        self.default_max_tokens = default_max_tokens
+        self.formatter = ChatFormatter(
+            self.tokenizer, chat_template=chat_template, tool_format=tool_format
+        )
+
+    @property
+    def max_model_len(self) -> int:
+        """The longest prompt plus completion the engine accepts, in tokens."""
+        return self.engine.max_model_len
+
+    # ------------------------------------------------------------------ request mapping
+
+    def sampling_params(self, request: ChatRequest, prompt_tokens: int) -> SamplingParams:
+        """The sampling parameters for ``request`` with a prompt of ``prompt_tokens``.
+
+        Raises ConfigurationError for unsupported or invalid values, and when the prompt
+        plus the completion limit does not fit ``max_model_len``.
+        """
+        _check_supported(request)
+        return self._params(request, _extra(request), prompt_tokens)
+
+    def _params(
+        self, request: ChatRequest, extra: dict[str, Any], prompt_tokens: int
+    ) -> SamplingParams:
+        limit = self.max_model_len
+        room = limit - prompt_tokens
+        if room < 1:
+            raise ConfigurationError(
+                f"the prompt is {prompt_tokens} tokens, but this model's context "
+                f"(max_model_len) is {limit} tokens, leaving no room for a reply"
+            )
+        max_tokens = request.max_new_tokens()
+        if max_tokens is None:
+            max_tokens = min(self.default_max_tokens, room)
+        elif max_tokens > room:
+            raise ConfigurationError(
+                f"the prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds "
+                f"this model's context (max_model_len) of {limit} tokens; "
+                f"ask for at most {room} tokens"
+            )
+        try:
+            return SamplingParams(
+                max_tokens=max_tokens,
+                temperature=1.0 if request.temperature is None else request.temperature,
+                top_p=1.0 if request.top_p is None else request.top_p,
+                top_k=extra.get("top_k", 0),
+                min_p=extra.get("min_p", 0.0),
+                seed=request.seed,
+                stop=tuple(request.stop_list()),
+                stop_token_ids=tuple(extra.get("stop_token_ids", ())),
+                ignore_eos=extra.get("ignore_eos", False),
+                presence_penalty=request.presence_penalty or 0.0,
+                frequency_penalty=request.frequency_penalty or 0.0,
+                logprobs=bool(request.logprobs),
+                top_logprobs=request.top_logprobs or 0,
+            )
+        except ValueError as exc:
+            raise ConfigurationError(f"invalid sampling parameters: {exc}") from exc
+
+    def prepare(self, request: ChatRequest) -> PreparedRequest:
+        """Render and encode the prompt, and map the sampling parameters and salt."""
+        _check_supported(request)
+        extra = _extra(request)
+        prompt = self.formatter.prepare(request)
+        params = self._params(request, extra, len(prompt.token_ids))
+        salt = extra.get("cache_salt") or request.user or None
+        return PreparedRequest(prompt, params, salt)
+
+    # ------------------------------------------------------------------ responses
+
+    @asynccontextmanager
+    async def stream(
+        self, source: OutputSource, request: ChatRequest, *, include_usage: bool = True
+    ) -> AsyncIterator[AsyncIterator[ChatCompletionChunk]]:
+        """Run ``request`` on ``source`` and yield an iterator of OpenAI stream chunks.
+
+        Errors in the request, and :class:`~swiftclient.errors.OverloadedError`, surface on
+        entry; leaving the block aborts the engine request (its KV blocks are freed).
+        """
+        prepared = self.prepare(request)
+        async with _add(source, prepared) as outputs:
+            yield _ChunkIterator(self, outputs, request.model, prepared, include_usage)
+
+    async def complete(self, source: OutputSource, request: ChatRequest) -> ChatCompletion:
+        """Run ``request`` on ``source`` to the end and return the whole completion."""
+        prepared = self.prepare(request)
+        texts: list[str] = []
+        logprobs: list[dict[str, Any]] | None = [] if prepared.params.logprobs else None
+        async with _add(source, prepared) as outputs:
+            async for out in outputs:
+                _check_output(out)
+                texts.append(out.new_text)
+                if logprobs is not None and out.logprobs:
+                    logprobs.extend(self.logprob_entries(out.logprobs))
+                if out.finished:
+                    completion = build_completion(
+                        "".join(texts),
+                        model=request.model,
+                        finish_reason=out.finish_reason,
+                        prompt_tokens=out.num_prompt_tokens,
+                        completion_tokens=out.num_generated_tokens,
+                        cached_tokens=out.num_cached_tokens,
+                        tool_format=prepared.prompt.tool_format,
+                    )
+                    if logprobs is not None:
+                        completion.choices[0].logprobs = {"content": logprobs}
+                    return completion
+        raise EngineError("the engine ended the request without a final output")
+
+    def logprob_entries(self, logprobs: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
+        """OpenAI ``logprobs.content`` entries for generated tokens."""
+        entries = []
+        for item in logprobs:
+            entry = self._token_entry(item.token_id, item.logprob)
+            entry["top_logprobs"] = [self._token_entry(t, lp) for t, lp in item.top_logprobs]
+            entries.append(entry)
+        return entries
+
+    def _token_entry(self, token_id: int, logprob: float) -> dict[str, Any]:
+        text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+
+@asynccontextmanager
+async def _add(
+    source: OutputSource, prepared: PreparedRequest
+) -> AsyncIterator[AsyncIterator[RequestOutput]]:
+    """Add the request to the engine (its ValueErrors become ConfigurationErrors)."""
+    async with AsyncExitStack() as stack:
+        try:
+            outputs = await stack.enter_async_context(
+                source.stream(
+                    prepared.prompt.token_ids, prepared.params, cache_salt=prepared.cache_salt
+                )
+            )
+        except ConfigurationError:
+            raise
+        except ValueError as exc:
+            raise ConfigurationError(f"the engine refused the request: {exc}") from exc
+        yield outputs
+
+
+def _check_output(out: RequestOutput) -> None:
+    if out.finish_reason == "abort":
+        raise EngineError("the local engine shut down before the request finished")
+
+
+class _ChunkIterator:
+    """One request's engine outputs as OpenAI chunks: role, content, tool calls, finish, usage."""
+
+    __slots__ = ("_done", "_held_logprobs", "_outputs", "_pending", "_service", "_stream", "_usage")
+
+    def __init__(
+        self,
+        service: ChatService,
+        outputs: AsyncIterator[RequestOutput],
+        model: str,
+        prepared: PreparedRequest,
+        include_usage: bool,
+    ) -> None:
+        self._service = service
+        self._outputs = outputs
+        self._stream = CompletionStream(model=model, tool_format=prepared.prompt.tool_format)
+        self._usage = include_usage
+        self._held_logprobs: list[dict[str, Any]] = []
+        self._pending: deque[ChatCompletionChunk] = deque([self._stream.start()])
+        self._done = False
+
+    def __aiter__(self) -> _ChunkIterator:
+        return self
+
+    async def __anext__(self) -> ChatCompletionChunk:
+        while not self._pending:
+            if self._done:
+                raise StopAsyncIteration
+            try:
+                out = await self._outputs.__anext__()
+            except StopAsyncIteration:
+                self._done = True
+                raise EngineError("the engine ended the request without a final output") from None
+            self._absorb(out)
+        return self._pending.popleft()
+
+    def _absorb(self, out: RequestOutput) -> None:
+        _check_output(out)
+        if out.logprobs:
+            self._held_logprobs.extend(self._service.logprob_entries(out.logprobs))
+        chunk = self._stream.push(out.new_text) if out.new_text else None
+        if chunk is not None:
+            self._attach_logprobs(chunk)
+            self._pending.append(chunk)
+        if not out.finished:
+            return
+        self._done = True
+        closing = self._stream.finish(
+            out.finish_reason,
+            prompt_tokens=out.num_prompt_tokens,
+            completion_tokens=out.num_generated_tokens,
+            cached_tokens=out.num_cached_tokens,
+            include_usage=self._usage,
+        )
+        self._attach_logprobs(closing[0])
+        self._pending.extend(closing)
+
+    def _attach_logprobs(self, chunk: ChatCompletionChunk) -> None:
+        if self._held_logprobs and chunk.choices:
+            chunk.choices[0].logprobs = {"content": self._held_logprobs}
+            self._held_logprobs = []

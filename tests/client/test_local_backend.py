@@ -1,0 +1,271 @@
+"""LocalBackend: lazy import, lifecycle, cancellation, seeds, prefix cache, request mapping."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from swiftclient import AsyncClient
+from swiftclient._deadline import Deadline
+from swiftclient.backends.local import LocalBackend
+from swiftclient.errors import ConfigurationError, EngineError
+from swiftclient.types import ChatRequest, Message, Tool
+
+from ..conformance.tiny_local import TinyModel, load_tiny_model
+
+LIMIT = 30.0  # seconds; a bound on waiting for the engine to settle, not a speed assertion
+MODEL = "tiny"
+FIXED: dict[str, Any] = {"temperature": 0.0, "extra_body": {"ignore_eos": True}}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
+    return load_tiny_model(tmp_path_factory.mktemp("swiftclient-cache"))
+
+
+@pytest.fixture
+def cache_env(tiny: TinyModel, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Point SWIFTCLIENT_CACHE_DIR at the prebuilt cache, so the default model is found."""
+    monkeypatch.setenv("SWIFTCLIENT_CACHE_DIR", str(tiny.cache_root))
+    yield tiny.path
+
+
+def test_importing_the_backend_does_not_import_torch() -> None:
+    code = (
+        "import sys, swiftclient\n"
+        "from swiftclient.backends import local\n"
+        "backend = local.LocalBackend()\n"
+        "heavy = ('torch', 'local_engine', 'transformers')\n"
+        "print(','.join(m for m in heavy if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+def test_constructor_rejects_bad_arguments() -> None:
+    with pytest.raises(ConfigurationError, match="name"):
+        LocalBackend(name="a/b")
+    with pytest.raises(ConfigurationError, match="default_max_tokens"):
+        LocalBackend(default_max_tokens=0)
+
+
+@pytest.mark.anyio
+async def test_calls_outside_async_with_raise_configuration_error(tiny: TinyModel) -> None:
+    backend = LocalBackend.from_engine(tiny.engine())
+    client = AsyncClient(backend, model=MODEL)
+    with pytest.raises(ConfigurationError, match="async with AsyncClient"):
+        await client.chat("Hi", max_tokens=2)
+    with pytest.raises(ConfigurationError, match="async with AsyncClient"):
+        async with client.stream("Hi", max_tokens=2):
+            pass
+    async with client:
+        assert (await client.chat("Hi", max_tokens=2)).usage is not None
+    request = ChatRequest(model=MODEL, messages=[Message(role="user", content="Hi")])
+    with pytest.raises(ConfigurationError, match="not running"):
+        await backend.complete(request, Deadline.after(5.0))
+
+
+@pytest.mark.anyio
+async def test_default_model_is_found_in_the_cache_dir(cache_env: Path) -> None:
+    backend = LocalBackend()
+    assert not backend.loaded
+    await backend.warmup()
+    assert backend.loaded and not backend.running and backend.model_dir == cache_env
+    async with AsyncClient(backend, model="default") as client:
+        assert backend.running
+        completion = await client.chat("Hello", max_tokens=3, **FIXED)
+    assert completion.usage is not None and completion.usage.completion_tokens == 3
+    assert not backend.running and not backend.loaded  # closing drops the model it loaded
+
+
+@pytest.mark.anyio
+async def test_model_may_be_a_directory_or_a_default_model_name(cache_env: Path) -> None:
+    for model in (cache_env, str(cache_env), "swift-tiny"):
+        backend = LocalBackend(model)
+        await backend.warmup()
+        assert backend.model_dir == cache_env
+    with pytest.raises(ConfigurationError, match="neither a model directory"):
+        async with LocalBackend(cache_env / "missing"):
+            pass
+
+
+@pytest.mark.anyio
+async def test_a_hundred_abandoned_streams_free_every_block(tiny: TinyModel) -> None:
+    engine = tiny.engine(num_blocks=1024, max_num_seqs=128, max_num_batched_tokens=4096)
+    backend = LocalBackend.from_engine(engine)
+    baseline = engine.num_free_blocks()
+    streaming = 0
+    all_streaming = anyio.Event()
+    kinds = {"break": 0, "cancel while streaming": 0, "cancel before first token": 0}
+
+    async def one(i: int) -> None:
+        nonlocal streaming
+        prompt = f"Request {i}: " + "tell me more " * (i % 7)
+        async with client.stream(prompt, max_tokens=500, **FIXED) as stream:
+            streaming += 1
+            if streaming == 80:
+                all_streaming.set()
+            if i % 2:
+                kinds["break"] += 1
+                async for chunk in stream:
+                    if chunk.text:
+                        break
+                return
+            kinds["cancel while streaming"] += 1
+            await anyio.sleep_forever()
+
+    async def early(i: int) -> None:
+        kinds["cancel before first token"] += 1
+        async with client.stream(f"Late {i}", max_tokens=500, **FIXED) as stream:
+            async for _ in stream:
+                pass
+
+    async with AsyncClient(backend, model=MODEL) as client:
+        async with anyio.create_task_group() as tg:
+            for i in range(80):
+                tg.start_soon(one, i)
+            await all_streaming.wait()
+            for i in range(20):
+                tg.start_soon(early, i)
+            await anyio.wait_all_tasks_blocked()
+            tg.cancel_scope.cancel()
+        async_engine = backend.async_engine
+        assert async_engine is not None and async_engine.num_active == 0
+        with anyio.fail_after(LIMIT):
+            await async_engine.wait_idle()
+        assert not engine.has_unfinished()
+        assert engine.num_free_blocks() == baseline
+        # The engine is still healthy afterwards.
+        completion = await client.chat("After", max_tokens=2, **FIXED)
+        assert completion.finish_reason == "length"
+    assert kinds == {"break": 40, "cancel while streaming": 40, "cancel before first token": 20}
+
+
+@pytest.mark.anyio
+async def test_same_seed_gives_the_same_text(tiny: TinyModel) -> None:
+    sampled: dict[str, Any] = {
+        "temperature": 1.0,
+        "max_tokens": 12,
+        "extra_body": {"ignore_eos": True},
+    }
+    async with AsyncClient(LocalBackend.from_engine(tiny.engine()), model=MODEL) as client:
+        first = await client.chat("Write a line.", seed=42, **sampled)
+        again = await client.chat("Write a line.", seed=42, stream=False, **sampled)
+        other = await client.chat("Write a line.", seed=43, **sampled)
+    assert first.text and first.text == again.text
+    assert other.text != first.text
+
+
+@pytest.mark.anyio
+async def test_repeated_long_prompt_reports_cached_tokens_per_salt(tiny: TinyModel) -> None:
+    prompt = "The quick brown fox jumps over the lazy dog. " * 20
+
+    async def cached(client: AsyncClient, **params: Any) -> int:
+        completion = await client.chat(prompt, max_tokens=2, **{**FIXED, **params})
+        assert completion.usage is not None
+        assert completion.usage.cached_tokens < completion.usage.prompt_tokens
+        return int(completion.usage.cached_tokens)
+
+    async with AsyncClient(LocalBackend.from_engine(tiny.engine()), model=MODEL) as client:
+        assert await cached(client) == 0
+        repeat = await cached(client)
+        assert repeat > 0 and repeat % 16 == 0
+        assert await cached(client, user="tenant-b") == 0  # another salt shares nothing
+        assert await cached(client, user="tenant-b") == repeat
+        salted = {"extra_body": {"ignore_eos": True, "cache_salt": "tenant-c"}}
+        assert await cached(client, **salted) == 0
+
+
+@pytest.mark.anyio
+async def test_logprobs_cover_every_generated_token(tiny: TinyModel) -> None:
+    async with AsyncClient(LocalBackend.from_engine(tiny.engine()), model=MODEL) as client:
+        for stream in (True, False):
+            completion = await client.chat(
+                "Hi", max_tokens=4, logprobs=True, top_logprobs=3, stream=stream, **FIXED
+            )
+            logprobs = completion.choices[0].logprobs
+            assert logprobs is not None and len(logprobs["content"]) == 4
+            for entry in logprobs["content"]:
+                assert entry["logprob"] <= 0.0 and isinstance(entry["token"], str)
+                assert len(entry["top_logprobs"]) == 3
+            # Greedy: the chosen token is the most likely one.
+            first = logprobs["content"][0]
+            assert first["logprob"] == pytest.approx(first["top_logprobs"][0]["logprob"])
+
+
+@pytest.mark.anyio
+async def test_tools_and_response_format_reach_the_prompt(tiny: TinyModel) -> None:
+    tool = Tool.model_validate(
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Current weather for a city",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+            },
+        }
+    )
+
+    async def prompt_tokens(client: AsyncClient, **params: Any) -> int:
+        completion = await client.chat("Weather in Paris?", max_tokens=1, **{**FIXED, **params})
+        assert completion.usage is not None
+        return int(completion.usage.prompt_tokens)
+
+    async with AsyncClient(LocalBackend.from_engine(tiny.engine()), model=MODEL) as client:
+        plain = await prompt_tokens(client)
+        assert await prompt_tokens(client, tools=[tool]) > plain
+        assert await prompt_tokens(client, tools=[tool], tool_choice="none") == plain
+        assert await prompt_tokens(client, response_format={"type": "json_object"}) > plain
+
+
+@pytest.mark.anyio
+async def test_bad_requests_raise_configuration_error(tiny: TinyModel) -> None:
+    engine = tiny.engine(num_blocks=8)  # a 128-token context
+    async with AsyncClient(LocalBackend.from_engine(engine), model=MODEL) as client:
+        with pytest.raises(ConfigurationError, match="max_model_len"):
+            await client.chat("word " * 200)
+        with pytest.raises(ConfigurationError, match="ask for at most"):
+            await client.chat("Hi", max_tokens=500)
+        with pytest.raises(ConfigurationError, match="n=3"):
+            await client.chat("Hi", n=3)
+        with pytest.raises(ConfigurationError, match="logit_bias"):
+            await client.chat("Hi", logit_bias={"5": 1.0})
+        with pytest.raises(ConfigurationError, match="unsupported extra_body"):
+            await client.chat("Hi", extra_body={"repetition_penalty": 1.1})
+        with pytest.raises(ConfigurationError, match="ignore_eos"):
+            await client.chat("Hi", extra_body={"ignore_eos": "yes"})
+        with pytest.raises(ConfigurationError, match="top_p"):
+            await client.chat("Hi", top_p=0.0)
+        with pytest.raises(ConfigurationError, match="top_logprobs"):
+            await client.chat("Hi", top_logprobs=2)
+        # Without a limit, a request gets what the context leaves.
+        completion = await client.chat("Hi", **FIXED)
+        assert completion.finish_reason == "length"
+        assert completion.usage is not None
+        assert completion.usage.total_tokens == engine.max_model_len
+
+
+@pytest.mark.anyio
+async def test_an_error_in_the_block_propagates_unwrapped(tiny: TinyModel) -> None:
+    backend = LocalBackend.from_engine(tiny.engine())
+    with pytest.raises(KeyError, match="boom"):
+        async with AsyncClient(backend, model=MODEL):
+            raise KeyError("boom")
+    assert not backend.running
+
+
+@pytest.mark.anyio
+async def test_engine_shutdown_mid_stream_is_an_engine_error(tiny: TinyModel) -> None:
+    backend = LocalBackend.from_engine(tiny.engine())
+    async with AsyncClient(backend, model=MODEL) as client:
+        async with client.stream("Go on", max_tokens=500, **FIXED) as stream:
+            await backend.aclose()
+            with pytest.raises(EngineError, match="shut down"):
+                async for _ in stream:
+                    pass

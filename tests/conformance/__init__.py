@@ -1,0 +1,1 @@
+"""The backend conformance suite: one contract checked against every backend."""

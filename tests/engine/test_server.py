@@ -1,0 +1,454 @@
+"""The OpenAI-compatible local server, driven by the official ``openai`` client (and raw HTTP
+where a client library would refuse to send the request)."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import httpx
+import openai
+import pytest
+
+from local_engine.engine import Engine, RequestOutput
+from local_engine.server import LocalServer
+from swiftclient.backends.local import LocalBackend
+
+from ..conformance.tiny_local import CountingEngine, TinyModel, load_tiny_model
+
+pytestmark = [
+    pytest.mark.anyio,
+    # openai's stream leaves its inner async generators to the garbage collector, which trio
+    # reports; ``serve`` collects them before its test ends. The server side is closed at once
+    # (the tests check the engine and the connection).
+    pytest.mark.filterwarnings(
+        "ignore:Exception ignored in. <async_generator object (AsyncStream|SSEDecoder)\\.:"
+        "pytest.PytestUnraisableExceptionWarning"
+    ),
+]
+
+KEY = "sk-local-test-0123456789"
+LIMIT = 30.0  # seconds; a bound on waiting for the engine to settle, not a speed assertion
+LONG: dict[str, Any] = {"max_tokens": 1000, "extra_body": {"ignore_eos": True}}
+GREEDY: dict[str, Any] = {"temperature": 0.0, "extra_body": {"ignore_eos": True}}
+HI: Any = [{"role": "user", "content": "Hi there"}]  # openai's TypedDicts, loosely
+TOOLS: Any = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather for a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
+    return load_tiny_model(tmp_path_factory.mktemp("swiftclient-cache"))
+
+
+@dataclass
+class Served:
+    """A running server, its engine, an OpenAI client and a raw HTTP client (with the key,
+    rooted at the server's origin)."""
+
+    server: LocalServer
+    engine: Engine
+    oa: openai.AsyncOpenAI
+    http: httpx.AsyncClient
+
+    @property
+    def steps(self) -> int:
+        return self.engine.steps if isinstance(self.engine, CountingEngine) else 0
+
+    async def settle(self) -> None:
+        """Wait until the engine has no live request; check that every block is free."""
+        async_engine = self.server.backend.async_engine
+        assert async_engine is not None
+        with anyio.fail_after(LIMIT):
+            await async_engine.wait_idle()
+        assert not self.engine.has_unfinished()
+        assert self.engine.num_free_blocks() == self.engine.num_blocks
+
+
+@asynccontextmanager
+async def serve(engine: Engine, **options: Any) -> AsyncIterator[Served]:
+    options = {"api_key": KEY, "max_tokens_limit": 2000, **options}
+    backend = LocalBackend.from_engine(engine, default_max_tokens=16)
+    async with LocalServer(backend, port=0, model_name="tiny-test", **options) as server:
+        oa = openai.AsyncOpenAI(base_url=server.base_url, api_key=KEY, max_retries=0, timeout=60)
+        headers = {"authorization": f"Bearer {KEY}"}
+        root = server.base_url.removesuffix("/v1")
+        async with httpx.AsyncClient(base_url=root, headers=headers) as http:
+            try:
+                yield Served(server, engine, oa, http)
+            finally:
+                await oa.close()
+                gc.collect()  # finalize openai's abandoned generators within this test
+
+
+@pytest.fixture
+async def served(tiny: TinyModel, anyio_backend: str) -> AsyncIterator[Served]:
+    async with serve(tiny.engine(), max_body_bytes=64 * 1024) as running:
+        yield running
+
+
+# ---------------------------------------------------------------------- chat
+
+
+async def test_streaming_chat_with_usage(served: Served) -> None:
+    stream = await served.oa.chat.completions.create(
+        model="tiny-test",
+        messages=HI,
+        max_tokens=5,
+        stream=True,
+        stream_options={"include_usage": True},
+        **GREEDY,
+    )
+    chunks = [chunk async for chunk in stream]
+
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert {c.object for c in chunks} == {"chat.completion.chunk"}
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == "length" and finishes.count("length") == 1
+    usage = chunks[-1].usage
+    assert usage is not None and not chunks[-1].choices
+    assert usage.completion_tokens == 5 and usage.prompt_tokens > 0
+    assert usage.prompt_tokens_details is not None
+    assert usage.prompt_tokens_details.cached_tokens == 0
+    await served.settle()
+
+
+async def test_streaming_without_include_usage_sends_no_usage(served: Served) -> None:
+    stream = await served.oa.chat.completions.create(
+        model="tiny-test", messages=HI, max_tokens=3, stream=True, **GREEDY
+    )
+    chunks = [chunk async for chunk in stream]
+    assert all(c.usage is None and c.choices for c in chunks)
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+async def test_raw_stream_is_server_sent_events_ending_in_done(served: Served) -> None:
+    body = {"model": "m", "messages": HI, "max_tokens": 3, "stream": True, "ignore_eos": True}
+    async with served.http.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        raw = (await response.aread()).decode()
+    events = [block for block in raw.split("\n\n") if block]
+    assert all(e.startswith("data: ") for e in events) and events[-1] == "data: [DONE]"
+    for event in events[:-1]:
+        chunk = json.loads(event.removeprefix("data: "))
+        assert chunk["object"] == "chat.completion.chunk"
+        assert all("finish_reason" in c and "delta" in c for c in chunk["choices"])
+
+
+async def test_plain_chat_returns_a_completion(served: Served) -> None:
+    completion = await served.oa.chat.completions.create(
+        model="tiny-test", messages=HI, max_tokens=4, **GREEDY
+    )
+    assert completion.object == "chat.completion" and completion.id.startswith("chatcmpl-")
+    assert completion.model == "tiny-test"
+    choice = completion.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content
+    assert choice.finish_reason == "length"
+    assert completion.usage is not None and completion.usage.completion_tokens == 4
+    # Without max_tokens, the backend's default applies.
+    default = await served.oa.chat.completions.create(model="tiny-test", messages=HI, **GREEDY)
+    assert default.usage is not None and default.usage.completion_tokens == 16
+
+
+async def test_repeated_long_prompt_reports_cached_tokens(served: Served) -> None:
+    messages: Any = [{"role": "user", "content": "Tell me about the sea and the sky. " * 12}]
+    counts = []
+    for _ in range(2):
+        completion = await served.oa.chat.completions.create(
+            model="tiny-test", messages=messages, max_tokens=1, **GREEDY
+        )
+        assert completion.usage is not None and completion.usage.prompt_tokens_details
+        counts.append(completion.usage.prompt_tokens_details.cached_tokens)
+    assert counts[0] == 0 and counts[1] and counts[1] > 0
+
+
+async def test_tool_definitions_are_rendered_into_the_prompt(served: Served) -> None:
+    async def prompt_tokens(**params: Any) -> int:
+        completion = await served.oa.chat.completions.create(
+            model="tiny-test", messages=HI, max_tokens=1, **GREEDY, **params
+        )
+        assert completion.usage is not None
+        return int(completion.usage.prompt_tokens)
+
+    plain = await prompt_tokens()
+    assert await prompt_tokens(tools=TOOLS) > plain + 10
+    assert await prompt_tokens(tools=TOOLS, tool_choice="none") == plain
+
+
+async def test_stop_string_cuts_the_text(served: Served) -> None:
+    async def greedy(**params: Any) -> tuple[str, str | None]:
+        completion = await served.oa.chat.completions.create(
+            model="tiny-test", messages=HI, max_tokens=12, **GREEDY, **params
+        )
+        choice = completion.choices[0]
+        return choice.message.content or "", choice.finish_reason
+
+    full, _ = await greedy()
+    stop = full[len(full) // 2 :][:2]
+    assert stop
+    cut, reason = await greedy(stop=[stop])
+    assert reason == "stop"
+    assert cut == full[: full.find(stop)]
+
+
+async def test_same_seed_same_text(served: Served) -> None:
+    async def sampled(seed: int) -> str:
+        completion = await served.oa.chat.completions.create(
+            model="tiny-test",
+            messages=HI,
+            max_tokens=10,
+            temperature=1.0,
+            seed=seed,
+            extra_body={"ignore_eos": True},
+        )
+        return completion.choices[0].message.content or ""
+
+    first = await sampled(7)
+    assert first and first == await sampled(7)
+    assert first != await sampled(8)
+
+
+class ScriptedEngine(CountingEngine):
+    """Writes a fixed reply (what a trained model would have written) in place of the
+    tiny model's random text, so the tool-call path runs end to end."""
+
+    script = ["Let me check. ", "<tool_call>", '{"name": "get_weather", ', '"arguments": ']
+    script += ['{"city": "Paris"}}', "</tool_call>"]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._left: dict[str, list[str]] = {}
+
+    def step(self) -> list[RequestOutput]:
+        outputs = super().step()
+        for out in outputs:
+            left = self._left.setdefault(out.request_id, list(self.script))
+            out.new_text = left.pop(0) if left else ""
+            if not left and not out.finished:
+                self.abort(out.request_id)
+                out.finished, out.finish_reason = True, "stop"
+        return outputs
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "plain"])
+async def test_tool_call_output_is_returned_as_tool_calls(
+    tiny: TinyModel, anyio_backend: str, stream: bool
+) -> None:
+    async with serve(tiny.build(ScriptedEngine)) as running:
+        params: dict[str, Any] = {"model": "tiny-test", "messages": HI, "tools": TOOLS}
+        params |= {"max_tokens": 50, "extra_body": {"ignore_eos": True}}
+        create: Any = running.oa.chat.completions.create
+        if stream:
+            chunks = [c async for c in await create(stream=True, **params)]
+            content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            deltas = [t for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or []]
+            assert len(deltas) == 1 and deltas[0].function is not None
+            call_id, name = deltas[0].id, deltas[0].function.name
+            arguments = deltas[0].function.arguments
+            finish = chunks[-1].choices[0].finish_reason
+        else:
+            completion = await create(**params)
+            message = completion.choices[0].message
+            content = message.content or ""
+            assert message.tool_calls is not None and len(message.tool_calls) == 1
+            call = message.tool_calls[0]
+            assert call.type == "function"
+            call_id, name, arguments = call.id, call.function.name, call.function.arguments
+            finish = completion.choices[0].finish_reason
+        assert content.strip() == "Let me check."
+        assert call_id and call_id.startswith("call_")
+        assert name == "get_weather" and json.loads(arguments or "") == {"city": "Paris"}
+        assert finish == "tool_calls"
+        await running.settle()
+
+
+# ---------------------------------------------------------------------- refusals
+
+
+async def test_wrong_or_missing_key_is_401(served: Served) -> None:
+    stranger = openai.AsyncOpenAI(base_url=served.server.base_url, api_key="sk-wrong-key-000")
+    try:
+        with pytest.raises(openai.AuthenticationError) as caught:
+            await stranger.chat.completions.create(model="tiny-test", messages=HI)
+        assert caught.value.status_code == 401 and caught.value.code == "invalid_api_key"
+        assert "sk-wrong" not in str(caught.value)
+        with pytest.raises(openai.AuthenticationError):
+            await stranger.models.list()
+    finally:
+        await stranger.close()
+    response = await served.http.get("/v1/models", headers={"authorization": ""})
+    assert response.status_code == 401
+    assert response.json()["error"]["type"] == "authentication_error"
+
+
+async def test_body_too_large_is_413(served: Served) -> None:
+    huge: Any = [{"role": "user", "content": "x" * 100_000}]
+    with pytest.raises(openai.APIStatusError) as caught:
+        await served.oa.chat.completions.create(model="tiny-test", messages=huge)
+    assert caught.value.status_code == 413
+    assert (await served.http.get("/health")).status_code == 200
+
+
+async def test_max_tokens_over_the_limit_is_400(tiny: TinyModel, anyio_backend: str) -> None:
+    async with serve(tiny.engine(), max_tokens_limit=8) as running:
+        for key in ("max_tokens", "max_completion_tokens"):
+            with pytest.raises(openai.BadRequestError) as caught:
+                limit: dict[str, Any] = {key: 9}
+                await running.oa.chat.completions.create(model="tiny-test", messages=HI, **limit)
+            assert caught.value.code == "max_tokens_too_large" and caught.value.param == key
+        ok = await running.oa.chat.completions.create(model="tiny-test", messages=HI, max_tokens=8)
+        assert ok.choices[0].finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "fragment"),
+    [
+        (b"{not json", "invalid_json", "not valid JSON"),
+        (b"[1, 2]", "invalid_request", "JSON object"),
+        (b"{}", "invalid_request", "model"),
+        (b'{"model": "m", "messages": "hi"}', "invalid_request", "messages"),
+        (b'{"model": "m", "messages": []}', "invalid_request", "at least one"),
+        (b'{"model": "m", "messages": [{"role": "robot"}]}', "invalid_request", "role"),
+        (
+            b'{"model": "m", "messages": [{"role": "user"}], "bogus": 1}',
+            "unsupported_parameter",
+            "bogus",
+        ),
+        (b'{"model": "m", "messages": [{"role": "user"}], "n": 2}', "invalid_request", "n=2"),
+        (
+            b'{"model": "m", "messages": [{"role": "user"}], "top_k": "x"}',
+            "invalid_request",
+            "top_k",
+        ),
+        (
+            b'{"model": "m", "messages": [{"role": "user"}], "temperature": 9}',
+            "invalid_request",
+            "temperature",
+        ),
+    ],
+)
+async def test_invalid_requests_are_400_and_the_server_keeps_serving(
+    served: Served, body: bytes, code: str, fragment: str
+) -> None:
+    response = await served.http.post(
+        "/v1/chat/completions", content=body, headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["code"] == code
+    assert fragment in error["message"]
+    assert (await served.http.get("/health")).status_code == 200
+
+
+async def test_prompt_longer_than_the_context_is_400(served: Served) -> None:
+    long: Any = [{"role": "user", "content": "word " * 6000}]
+    with pytest.raises(openai.BadRequestError, match="max_model_len"):
+        await served.oa.chat.completions.create(model="tiny-test", messages=long, max_tokens=2)
+
+
+async def test_unknown_routes_and_methods(served: Served) -> None:
+    assert (await served.http.get("/nowhere")).status_code == 404
+    response = await served.http.get("/v1/chat/completions")
+    assert response.status_code == 405 and response.headers["allow"] == "POST"
+
+
+async def test_health_and_models(served: Served) -> None:
+    async with httpx.AsyncClient() as bare:  # no key needed
+        health = await bare.get(served.server.base_url.removesuffix("/v1") + "/health")
+    assert health.status_code == 200 and health.json() == {"status": "ok"}
+    models = await served.oa.models.list()
+    assert [m.id for m in models.data] == ["tiny-test"]
+    assert models.data[0].object == "model"
+
+
+async def test_overload_is_503_with_retry_after(tiny: TinyModel, anyio_backend: str) -> None:
+    engine = tiny.engine(max_num_seqs=1, max_waiting=1)
+    async with serve(engine) as running:
+        create: Any = running.oa.chat.completions.create
+        first = await create(model="tiny-test", messages=HI, stream=True, **LONG)
+        async for chunk in first:  # the first request runs...
+            if chunk.choices and chunk.choices[0].delta.content:
+                break
+        second = await create(model="tiny-test", messages=HI, stream=True, **LONG)  # ...one waits
+        with pytest.raises(openai.InternalServerError) as caught:
+            await create(model="tiny-test", messages=HI, **LONG)
+        assert caught.value.status_code == 503
+        assert caught.value.response.headers["retry-after"] == "1"
+        assert caught.value.code == "server_overloaded"
+        await second.close()
+        await first.close()
+        await running.settle()
+
+
+async def test_client_disconnect_mid_stream_aborts_the_request(served: Served) -> None:
+    stream = await served.oa.chat.completions.create(
+        model="tiny-test", messages=HI, stream=True, **LONG
+    )
+    seen = 0
+    async for chunk in stream:
+        seen += bool(chunk.choices and chunk.choices[0].delta.content)
+        if seen == 2:
+            break
+    assert served.engine.has_unfinished()
+    await stream.close()
+    steps = served.steps
+    await served.settle()
+    assert served.steps - steps < 500  # aborted: finishing would take ~1000 more steps
+
+
+# ---------------------------------------------------------------------- command line
+
+
+@pytest.fixture
+def server_process(tiny: TinyModel) -> Iterator[subprocess.Popen[str]]:
+    env = {**os.environ, "SWIFTCLIENT_CACHE_DIR": str(tiny.cache_root)}
+    argv = [sys.executable, "-m", "local_engine.server", "", "--port", "0", "--api-key", KEY]
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=LIMIT)
+        assert process.stdout is not None
+        process.stdout.close()
+
+
+def test_main_serves_the_default_model_until_interrupted(
+    server_process: subprocess.Popen[str],
+) -> None:
+    assert server_process.stdout is not None
+    line = server_process.stdout.readline()
+    assert line.startswith("serving swift-tiny at http://127.0.0.1:"), line
+    base_url = line.split(" at ")[1].strip()
+    headers = {"authorization": f"Bearer {KEY}"}
+    with httpx.Client(base_url=base_url, headers=headers, timeout=LIMIT) as http:
+        assert http.get("/models").json()["data"][0]["id"] == "swift-tiny"
+        body = {"model": "swift-tiny", "messages": HI, "max_tokens": 2}
+        assert http.post("/chat/completions", json=body).status_code == 200
+    server_process.send_signal(signal.SIGINT)
+    assert server_process.wait(timeout=LIMIT) == 0
