@@ -135,6 +135,11 @@ class AsyncEngine:
         tg, self._task_group = self._task_group, None
         if tg is None:
             return None
+        if exc is not None and not isinstance(exc, anyio.get_cancelled_exc_class()):
+            # The driver has stopped; close the group cleanly so the body's own exception
+            # propagates unchanged instead of wrapped in an ExceptionGroup.
+            await tg.__aexit__(None, None, None)
+            return None
         return await tg.__aexit__(exc_type, exc, tb)
 
     async def aclose(self) -> None:

@@ -206,3 +206,9 @@ async def test_step_failure_fails_streams(model: DecoderModel) -> None:
         with pytest.raises(EngineError):
             await ae.generate(prompt(1), GREEDY).__anext__()
     assert not engine.has_unfinished()
+
+
+async def test_body_exception_propagates_unwrapped(model: DecoderModel) -> None:
+    with pytest.raises(KeyError):
+        async with AsyncEngine(make_engine(model)):
+            raise KeyError("from the body")
