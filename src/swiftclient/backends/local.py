@@ -237,16 +237,10 @@ class LocalBackend:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
-        """Abort every request and stop the driver.
-
-        An exception from the body is left to propagate as it is: it is not handed to the
-        engine's task group, which would wrap it in an exception group.
-        """
+        """Abort every request and stop the driver (an exception from the body propagates
+        as it is)."""
         async_engine, self._async_engine = self._async_engine, None
         if async_engine is None:
-            return None
-        if exc is not None and not isinstance(exc, anyio.get_cancelled_exc_class()):
-            await async_engine.__aexit__(None, None, None)
             return None
         return await async_engine.__aexit__(exc_type, exc, tb)
 
