@@ -10,12 +10,13 @@ import asyncio
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 
 from .errors import ConfigurationError, DeadlineExceeded
 
-__all__ = ["Deadline", "Timeout"]
+__all__ = ["Deadline", "ReadTimer", "Timeout"]
 
 
 def _clock() -> Callable[[], float]:
@@ -112,3 +113,78 @@ class Deadline:
         """Raise :class:`DeadlineExceeded` when no time is left."""
         if self.expired:
             raise DeadlineExceeded("the call's total deadline was exceeded")
+
+
+class ReadTimer:
+    """Bounds one stream's awaited reads on asyncio with a single, lazily re-armed loop timer.
+
+    A cancel scope per read costs a timer handle plus task bookkeeping on every chunk. Here a
+    read only records when it must end (:meth:`start`); the one timer, when it fires, re-arms
+    itself for that time if a later read moved it, and cancels the reading task only when the
+    read in progress has waited past it — the way ``asyncio.timeout`` cancels. The reader
+    asks :meth:`expired` on ``CancelledError`` to tell its own timeout from any other
+    cancellation (which then propagates untouched).
+    """
+
+    __slots__ = ("_armed_at", "_baseline", "_due", "_fired", "_handle", "_loop", "_task")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._handle: asyncio.TimerHandle | None = None
+        self._armed_at = math.inf
+        self._due = math.inf
+        self._task: asyncio.Task[Any] | None = None
+        self._baseline = 0
+        self._fired = False
+
+    def start(self, task: asyncio.Task[Any], due: float) -> None:
+        """``task`` begins a read that must end by ``due`` (on the loop's clock)."""
+        self._task = task
+        self._due = due
+        self._baseline = task.cancelling()
+        if due < self._armed_at:
+            if self._handle is not None:
+                self._handle.cancel()
+            self._handle = self._loop.call_at(due, self._fire)
+            self._armed_at = due
+
+    def expired(self) -> bool:
+        """Call on ``CancelledError`` from the read: True when this timer alone caused it.
+
+        The timer's cancel request is withdrawn then, so the task is not left cancelling.
+        """
+        task = self._task
+        if not self._fired or task is None:
+            return False
+        self._fired = False
+        return task.uncancel() <= self._baseline
+
+    def stop(self) -> None:
+        """The read ended (any way); withdraw a cancel request it did not consume."""
+        task, self._task = self._task, None
+        if self._fired:
+            self._fired = False
+            if task is not None:
+                task.uncancel()
+
+    def close(self) -> None:
+        """Drop the pending timer (the stream is finished)."""
+        self._task = None
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        self._armed_at = math.inf
+
+    def _fire(self) -> None:
+        self._handle = None
+        self._armed_at = math.inf
+        task = self._task
+        if task is None:
+            return
+        due = self._due
+        if self._loop.time() < due:
+            self._handle = self._loop.call_at(due, self._fire)
+            self._armed_at = due
+            return
+        self._fired = True
+        task.cancel()

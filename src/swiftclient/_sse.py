@@ -58,7 +58,18 @@ class SSEDecoder:
         """Decode ``chunk`` and return the events it completes."""
         if not chunk:
             return []
-        if self._started and not self._skip_lf and b"\r" not in chunk:
+        if not self._started:
+            # Only a byte-order mark's prefix is ever held back before the stream starts.
+            head = bytes(self._buf) + chunk
+            if len(head) < 3 and _BOM.startswith(head):
+                self._buf[:] = head
+                return []
+            self._started = True
+            self._buf.clear()
+            chunk = head[3:] if head[:3] == _BOM else head
+            if not chunk:
+                return []
+        if not self._skip_lf and b"\r" not in chunk:
             return self._feed_lf(chunk)
         if self._skip_lf:
             self._skip_lf = False
@@ -66,12 +77,6 @@ class SSEDecoder:
                 chunk = chunk[1:]
         buf = self._buf
         buf += chunk
-        if not self._started:
-            if len(buf) < 3 and _BOM.startswith(bytes(buf)):
-                return []
-            self._started = True
-            if buf[:3] == _BOM:
-                del buf[:3]
         events: list[ServerSentEvent] = []
         start = 0
         pos = self._scan
@@ -100,6 +105,11 @@ class SSEDecoder:
         for one, and each byte is still handled a bounded number of times.
         """
         buf = self._buf
+        if not buf and not self._data and not self._event:
+            # The commonest chunk of all: exactly one event of one ``data: `` line.
+            end = chunk.find(b"\n")
+            if end == len(chunk) - 2 and chunk[-1] == 0x0A and chunk[:6] == b"data: ":
+                return [ServerSentEvent(chunk[6:end], "message", self._last_id, self._retry)]
         if b"\n" not in chunk:
             buf += chunk
             self._scan = len(buf)
@@ -119,6 +129,12 @@ class SSEDecoder:
             if line[:6] == b"data: ":
                 data.append(line[6:])
             elif not line:
+                if data and not self._event:
+                    # Dispatch inline for the usual event: data lines and no event type.
+                    payload = data[0] if len(data) == 1 else b"\n".join(data)
+                    events.append(ServerSentEvent(payload, "message", self._last_id, self._retry))
+                    data = self._data = []
+                    continue
                 event = self._dispatch()
                 if event is not None:
                     events.append(event)

@@ -6,6 +6,7 @@ stream plus accumulation, so both share every policy.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
@@ -16,7 +17,7 @@ import anyio
 
 from . import errors
 from ._accumulate import Accumulator
-from ._deadline import Deadline
+from ._deadline import Deadline, ReadTimer
 from ._retry import RetryPolicy, run_with_retries
 from .backends.base import Backend, RequestOptions
 from .types import Attempt, ChatCompletion, ChatCompletionChunk, ChatRequest, Timing
@@ -25,6 +26,16 @@ __all__ = ["Call", "ChatStream"]
 
 _Limit = Literal["deadline", "idle", "first_token"]
 _CLOSE_GRACE = 5.0
+_current_task = asyncio.current_task
+
+
+def _read_timer() -> ReadTimer | None:
+    """A :class:`ReadTimer` on asyncio; None elsewhere (reads use cancel scopes there)."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+    return ReadTimer(loop)
 
 
 class Call:
@@ -136,6 +147,7 @@ class ChatStream:
         self._accumulator = Accumulator()
         self._done = False
         self._completion: ChatCompletion | None = None
+        self._timer: ReadTimer | None = None
 
     @property
     def timing(self) -> Timing:
@@ -149,18 +161,25 @@ class ChatStream:
 
     # ------------------------------------------------------------------ bounded waits
 
-    def _limit(self) -> tuple[float, _Limit]:
+    def _bound(self, now: float) -> tuple[float, _Limit]:
+        """When the next wait must end (on the deadline's clock) and which limit that is."""
         call = self._call
-        limit, kind = call.deadline.remaining(), "deadline"
-        idle = call.deadline.timeout.idle
-        if idle is not None and self._chunk_seen and idle < limit:
-            limit, kind = idle, "idle"
-        first = call.deadline.timeout.first_token
+        timeout = call.deadline.timeout
+        due, kind = call.deadline.at, "deadline"
+        idle = timeout.idle
+        if idle is not None and self._chunk_seen and now + idle < due:
+            due, kind = now + idle, "idle"
+        first = timeout.first_token
         if first is not None and self._first_content_at is None:
-            left = self._attempt_started + first - self._now()
-            if left < limit:
-                limit, kind = left, "first_token"
-        return limit, kind  # type: ignore[return-value]
+            at = self._attempt_started + first
+            if at < due:
+                due, kind = at, "first_token"
+        return due, kind  # type: ignore[return-value]
+
+    def _limit(self) -> tuple[float, _Limit]:
+        now = self._now()
+        due, kind = self._bound(now)
+        return max(0.0, due - now), kind
 
     def _timeout_error(self, kind: _Limit) -> errors.APITimeoutError:
         name = self._call.backend.name
@@ -182,23 +201,44 @@ class ChatStream:
     ) -> ChatCompletionChunk | None:
         nowait = self._nowait
         if nowait is not None:
-            # A chunk that already arrived needs no wait, so no timeout scope either.
+            # A chunk that already arrived needs no wait, so no time limit either.
             ready = nowait()
             if ready is not None:
                 return ready
-        limit, kind = self._limit()
-        if limit <= 0:
+        return await self._wait(iterator)
+
+    async def _wait(
+        self, iterator: AsyncIterator[ChatCompletionChunk]
+    ) -> ChatCompletionChunk | None:
+        """The iterator's next chunk (None at its end), bounded by the limit that applies."""
+        now = self._now()
+        due, kind = self._bound(now)
+        if due <= now:
             raise self._timeout_error(kind)
-        if limit == math.inf:
+        if due == math.inf:
             try:
                 return await iterator.__anext__()
             except StopAsyncIteration:
                 return None
-        with anyio.move_on_after(limit):
-            try:
-                return await iterator.__anext__()
-            except StopAsyncIteration:
-                return None
+        timer = self._timer
+        if timer is None:
+            with anyio.CancelScope(deadline=due):
+                try:
+                    return await iterator.__anext__()
+                except StopAsyncIteration:
+                    return None
+            raise self._timeout_error(kind)
+        # asyncio: one lazily re-armed timer per stream instead of a cancel scope per read.
+        timer.start(_current_task(), due)  # type: ignore[arg-type]
+        try:
+            return await iterator.__anext__()
+        except StopAsyncIteration:
+            return None
+        except asyncio.CancelledError:
+            if not timer.expired():
+                raise
+        finally:
+            timer.stop()
         raise self._timeout_error(kind)
 
     # ------------------------------------------------------------------ attempts
@@ -255,9 +295,12 @@ class ChatStream:
 
     async def __aenter__(self) -> ChatStream:
         call = self._call
+        self._timer = _read_timer()
         try:
             await run_with_retries(call.policy, call.deadline, self._attempt_once)
         except BaseException:
+            if self._timer is not None:
+                self._timer.close()
             call.finish()
             raise
         return self
@@ -276,6 +319,8 @@ class ChatStream:
         if stack is None:
             return
         self._done = True
+        if self._timer is not None:
+            self._timer.close()
         with anyio.move_on_after(_CLOSE_GRACE, shield=True):
             await stack.aclose()
         if self._attempt is not None and self._attempt.outcome == "pending":
@@ -295,7 +340,10 @@ class ChatStream:
         if self._done or self._iterator is None:
             raise StopAsyncIteration
         try:
-            next_chunk = await self._next(self._iterator)
+            nowait = self._nowait
+            next_chunk = nowait() if nowait is not None else None
+            if next_chunk is None:
+                next_chunk = await self._wait(self._iterator)
         except BaseException as exc:
             self._done = True
             if self._attempt is not None and self._attempt.outcome == "pending":

@@ -14,6 +14,8 @@ from typing import Any
 import aiohttp
 import httpx
 
+from .http import READ_EXTENSION
+
 __all__ = ["AiohttpTransport"]
 
 SocketFactory = Callable[[Any], socket.socket]
@@ -51,9 +53,13 @@ class _ResponseStream(httpx.AsyncByteStream):
         self._request = request
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
+        while chunk := await self.read():
+            yield chunk
+
+    async def read(self) -> bytes:
+        """The next bytes received (``b""`` at the end); errors mapped to httpx's."""
         try:
-            async for chunk in self._response.content.iter_any():
-                yield chunk
+            return await self._response.content.readany()
         except Exception as exc:
             mapped = _map_error(exc, self._request)
             if mapped is None:
@@ -136,14 +142,18 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             if mapped is None:
                 raise
             raise mapped from exc
+        stream = _ResponseStream(response, request)
+        extensions: dict[str, Any] = {
+            "http_version": b"HTTP/1.1",
+            "reason_phrase": (response.reason or "").encode("ascii", "ignore"),
+        }
+        if "Content-Encoding" not in response.headers:
+            extensions[READ_EXTENSION] = stream.read
         return httpx.Response(
             status_code=response.status,
             headers=list(response.raw_headers),
-            stream=_ResponseStream(response, request),
-            extensions={
-                "http_version": b"HTTP/1.1",
-                "reason_phrase": (response.reason or "").encode("ascii", "ignore"),
-            },
+            stream=stream,
+            extensions=extensions,
             request=request,
         )
 

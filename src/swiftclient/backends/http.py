@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -27,7 +27,13 @@ from ..types import ChatCompletion, ChatCompletionChunk, ChatRequest
 from ._errors import map_httpx_error
 from .base import RequestOptions
 
-__all__ = ["HTTPBackend"]
+__all__ = ["READ_EXTENSION", "HTTPBackend"]
+
+READ_EXTENSION = "swiftclient.read"
+"""Optional httpx response extension a transport may set: ``async () -> bytes`` returning the
+next body bytes as received (``b""`` at the end; failures raised as httpx exceptions). It must
+only be set when the body has no content-encoding. Streams then read through it instead of
+httpx's iterator layers (the aiohttp transport sets it)."""
 
 _MAX_ERROR_BODY = 1 << 20
 _DRAIN_GRACE = 2.0
@@ -102,6 +108,7 @@ class HTTPBackend:
         self._stream_usage = stream_usage
         self._client: httpx.AsyncClient | None = None
         self._url = f"{self.base_url}/chat/completions"
+        self._parsed_url: httpx.URL | None = None  # parsed once, on the first request
 
     def __repr__(self) -> str:
         return f"HTTPBackend(name={self.name!r}, base_url={self.base_url!r})"
@@ -212,8 +219,11 @@ class HTTPBackend:
             headers.update(options.headers)
         body = encode_request(request, stream=stream, include_usage=self._stream_usage)
         headers["content-type"] = "application/json"
+        url = self._parsed_url
+        if url is None:
+            url = self._parsed_url = httpx.URL(self._url)
         return self._get_client().build_request(
-            "POST", self._url, content=body, headers=headers, timeout=timeout
+            "POST", url, content=body, headers=headers, timeout=timeout
         )
 
     def _error(self, exc: Exception) -> errors.SwiftClientError:
@@ -319,14 +329,30 @@ class _ChunkStream:
     Events are decoded as bytes arrive but validated one at a time, when asked for, so a
     reply that arrives in one burst does not keep a hundred parsed chunks alive at once.
     :meth:`next_nowait` hands out an already-received chunk without awaiting.
+
+    The body is read with the fewest layers the response allows: the transport's own reader
+    when it offers one (:data:`READ_EXTENSION`, our aiohttp transport), else ``aiter_raw``
+    when there is no content-encoding to undo, else ``aiter_bytes``.
     """
 
-    __slots__ = ("_backend", "_bytes", "_decoder", "_done", "_events", "_finished", "_response")
+    __slots__ = (
+        "_backend",
+        "_bytes",
+        "_decoder",
+        "_done",
+        "_events",
+        "_finished",
+        "_open",
+        "_read",
+        "_response",
+    )
 
     def __init__(self, response: httpx.Response, backend: HTTPBackend) -> None:
         self._response = response
         self._backend = backend
         self._bytes: AsyncIterator[bytes] | None = None
+        self._read: Callable[[], Awaitable[bytes]] | None = None
+        self._open = False
         self._decoder = SSEDecoder()
         self._events: deque[ServerSentEvent] = deque()
         self._done = False
@@ -341,7 +367,7 @@ class _ChunkStream:
             if chunk is not None:
                 return chunk
             if self._done:
-                if self._bytes is not None and self._finished:
+                if self._open and self._finished:
                     await self._drain()
                 raise StopAsyncIteration
             await self._fill()
@@ -378,45 +404,74 @@ class _ChunkStream:
             return chunk
         return None
 
-    async def _fill(self) -> None:
-        if self._bytes is None:
-            self._bytes = self._response.aiter_bytes()
+    def _open_body(self) -> None:
+        response = self._response
+        self._open = True
+        if "content-encoding" in response.headers:
+            self._bytes = response.aiter_bytes()
+            return
+        read = response.extensions.get(READ_EXTENSION)
+        if read is not None:
+            self._read = read
+        else:
+            self._bytes = response.aiter_raw()
+
+    async def _next_bytes(self) -> bytes:
+        """The next body bytes, ``b""`` at the end."""
+        read = self._read
+        if read is not None:
+            return await read()
+        stream = self._bytes
+        if stream is None:
+            return b""
         try:
-            raw = await self._bytes.__anext__()
+            return await stream.__anext__()
         except StopAsyncIteration:
+            return b""
+
+    async def _fill(self) -> None:
+        if not self._open:
+            self._open_body()
+        read = self._read
+        try:
+            if read is not None:
+                raw = await read()
+            else:
+                raw = await self._next_bytes()
+        except httpx.HTTPError as exc:
             self._done = True
-            self._bytes = None
+            raise self._backend._error(exc) from exc
+        if not raw:
+            self._done = True
+            self._open = False
+            self._bytes = self._read = None
             if not self._finished:
                 raise errors.APIConnectionError(
                     f"{self._backend.name}: stream ended before the completion finished",
                     backend=self._backend.name,
                 ) from None
             return
-        except httpx.HTTPError as exc:
-            self._done = True
-            raise self._backend._error(exc) from exc
         self._events.extend(self._decoder.feed(raw))
 
     async def _drain(self) -> None:
         """Read to the end of the body after ``[DONE]`` so the connection can be reused."""
-        stream, self._bytes = self._bytes, None
-        if stream is None:
-            return
         with anyio.move_on_after(_DRAIN_GRACE):
             try:
-                async for _ in stream:
+                while await self._next_bytes():
                     pass
             except httpx.HTTPError:
                 pass
+        self._open = False
+        self._bytes = self._read = None
 
     async def aclose(self) -> None:
         self._done = True
+        self._open = False
         self._events.clear()
-        stream, self._bytes = self._bytes, None
-        if stream is not None:
-            aclose = getattr(stream, "aclose", None)
-            if aclose is not None:
-                await aclose()
+        # httpx's body iterators nest async generators we cannot reach to close, so the
+        # iterator is only dropped: closing the response below is what releases the
+        # connection (and ends the transport's stream).
+        self._read = self._bytes = None
         await self._response.aclose()
 
 

@@ -1,0 +1,121 @@
+"""Per-read time limits of a stream: the lazily re-armed read timer (asyncio) and scopes (trio)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import anyio
+import anyio.lowlevel
+import httpx
+import pytest
+
+from swiftclient import AsyncClient, HTTPBackend, RetryPolicy, StreamStalled, Timeout
+from swiftclient._deadline import ReadTimer
+
+from .mock import chunk
+
+pytestmark = pytest.mark.anyio
+NO_RETRY = RetryPolicy(max_attempts=1)
+
+
+class _Paced(httpx.AsyncByteStream):
+    """A role chunk, then ``count`` content chunks ``gap`` seconds apart, then a stall."""
+
+    def __init__(self, count: int, gap: float) -> None:
+        self.count = count
+        self.gap = gap
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield chunk(role="assistant")
+        for i in range(self.count):
+            await anyio.sleep(self.gap)
+            yield chunk(str(i))
+        await anyio.Event().wait()  # never set: only a time limit ends this
+
+
+def _client(count: int, gap: float, timeout: Timeout) -> AsyncClient:
+    def handler(request: httpx.Request) -> httpx.Response:
+        headers = {"content-type": "text/event-stream"}
+        return httpx.Response(200, headers=headers, stream=_Paced(count, gap))
+
+    backend = HTTPBackend("http://mock/v1", name="mock", transport=httpx.MockTransport(handler))
+    return AsyncClient(backend, model="m", retry=NO_RETRY, timeout=timeout)
+
+
+def _cancel_requests() -> int:
+    """Cancel requests still pending on the current asyncio task (0 on trio)."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:
+        return 0
+    return 0 if task is None else task.cancelling()
+
+
+async def test_idle_bounds_each_gap_not_the_whole_stream() -> None:
+    # Six gaps of 0.1 s add up past idle=0.5, yet no single gap reaches it.
+    texts: list[str] = []
+    async with _client(6, 0.1, Timeout(total=60, idle=0.5)) as client:
+        async with client.stream("hi") as stream:
+            with pytest.raises(StreamStalled):
+                async for text in stream.text():
+                    texts.append(text)
+    assert texts == [str(i) for i in range(6)]
+    assert _cancel_requests() == 0
+    await anyio.lowlevel.checkpoint()  # the task is not left cancelled
+
+
+async def test_outer_cancellation_is_not_reported_as_a_stall() -> None:
+    async with _client(1, 0.0, Timeout(total=60, idle=30)) as client:
+        with anyio.move_on_after(0.2) as scope:
+            async with client.stream("hi") as stream:
+                async for _ in stream:
+                    pass
+        assert scope.cancelled_caught
+        assert _cancel_requests() == 0
+        async with client.stream("hi") as stream:  # the client still works afterwards
+            first = await stream.text().__anext__()
+        assert first == "0"
+
+
+async def test_stall_inside_an_outer_scope_leaves_the_scope_uncancelled() -> None:
+    async with _client(1, 0.0, Timeout(total=60, idle=0.2)) as client:
+        with anyio.CancelScope() as scope:
+            async with client.stream("hi") as stream:
+                with pytest.raises(StreamStalled):
+                    async for _ in stream:
+                        pass
+            await anyio.lowlevel.checkpoint()
+        assert not scope.cancel_called and not scope.cancelled_caught
+        assert _cancel_requests() == 0
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_read_timer_cancels_only_a_read_past_its_due_time() -> None:
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    timer = ReadTimer(loop)
+    try:
+        # A read that finishes in time is left alone.
+        timer.start(task, loop.time() + 5.0)
+        await asyncio.sleep(0)
+        timer.stop()
+        assert task.cancelling() == 0
+        # A read that waits past its due time is cancelled, and the timer claims it.
+        timer.start(task, loop.time() + 0.05)
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.Event().wait()
+        assert timer.expired()
+        timer.stop()
+        assert task.cancelling() == 0
+        # A cancellation from elsewhere is not the timer's.
+        timer.start(task, loop.time() + 5.0)
+        loop.call_soon(task.cancel)
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.Event().wait()
+        assert not timer.expired()
+        timer.stop()
+        assert task.uncancel() == 0
+    finally:
+        timer.close()
