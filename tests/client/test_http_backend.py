@@ -9,6 +9,7 @@ from swiftclient import (
     APIConnectionError,
     APIResponseValidationError,
     AsyncClient,
+    DeadlineExceeded,
     HTTPBackend,
     RateLimitError,
     RetryPolicy,
@@ -165,3 +166,15 @@ async def test_usage_and_cached_tokens_come_through() -> None:
         assert completion.usage is not None
         assert completion.usage.prompt_tokens == 100 and completion.usage.cached_tokens == 64
         assert fake.requests[0].body["stream_options"] == {"include_usage": True}
+
+
+async def test_non_streamed_call_is_bounded_by_the_deadline() -> None:
+    async with FakeProvider() as fake:
+        fake.script(Reply(stall_after=0), Reply(text="after"))
+        client, backend = client_for(fake, timeout=Timeout(total=0.5))
+        async with client:
+            with pytest.raises(DeadlineExceeded):
+                await client.chat("hi", stream=False)
+            assert backend.pool_stats()["in_use"] == 0
+            completion = await client.chat("hi", stream=False, timeout=30)
+            assert completion.text == "after"

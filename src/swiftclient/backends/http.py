@@ -95,7 +95,11 @@ class HTTPBackend:
         self.name = name
         self.base_url = base_url.rstrip("/")
         self._api_key = api_key
-        self._headers = {"user-agent": _USER_AGENT, "accept": "application/json"}
+        self._headers = {
+            "user-agent": _USER_AGENT,
+            "accept": "application/json",
+            "content-type": "application/json",
+        }
         if headers:
             self._headers.update({k.lower(): v for k, v in headers.items()})
         if api_key:
@@ -109,6 +113,7 @@ class HTTPBackend:
         self._client: httpx.AsyncClient | None = None
         self._url = f"{self.base_url}/chat/completions"
         self._parsed_url: httpx.URL | None = None  # parsed once, on the first request
+        self._timeouts: dict[tuple[float, float], httpx.Timeout] = {}
 
     def __repr__(self) -> str:
         return f"HTTPBackend(name={self.name!r}, base_url={self.base_url!r})"
@@ -203,13 +208,6 @@ class HTTPBackend:
     def _request(
         self, request: ChatRequest, deadline: Deadline, options: RequestOptions | None, stream: bool
     ) -> httpx.Request:
-        limits = deadline.timeout
-        timeout = httpx.Timeout(
-            connect=deadline.bound(limits.connect),
-            read=None,
-            write=deadline.bound(limits.connect),
-            pool=deadline.bound(limits.pool),
-        )
         headers: dict[str, str] = {}
         if stream:
             headers["accept"] = "text/event-stream"
@@ -218,12 +216,29 @@ class HTTPBackend:
                 headers["idempotency-key"] = options.idempotency_key
             headers.update(options.headers)
         body = encode_request(request, stream=stream, include_usage=self._stream_usage)
-        headers["content-type"] = "application/json"
         url = self._parsed_url
         if url is None:
             url = self._parsed_url = httpx.URL(self._url)
         return self._get_client().build_request(
-            "POST", url, content=body, headers=headers, timeout=timeout
+            "POST", url, content=body, headers=headers, timeout=self._timeout(deadline)
+        )
+
+    def _timeout(self, deadline: Deadline) -> httpx.Timeout:
+        """httpx limits for one attempt: connect and pool waits, never past the deadline."""
+        limits = deadline.timeout
+        connect, pool = limits.connect, limits.pool
+        if connect is not None and pool is not None and deadline.remaining() > max(connect, pool):
+            # The deadline is farther than both limits, so they apply as they are: reuse one.
+            cached = self._timeouts.get((connect, pool))
+            if cached is None:
+                cached = httpx.Timeout(connect=connect, read=None, write=connect, pool=pool)
+                self._timeouts[(connect, pool)] = cached
+            return cached
+        return httpx.Timeout(
+            connect=deadline.bound(connect),
+            read=None,
+            write=deadline.bound(connect),
+            pool=deadline.bound(pool),
         )
 
     def _error(self, exc: Exception) -> errors.SwiftClientError:
@@ -305,8 +320,9 @@ class HTTPBackend:
             except httpx.HTTPError as exc:
                 raise self._error(exc) from exc
         finally:
-            with anyio.CancelScope(shield=True):
-                await response.aclose()
+            if not response.is_closed:  # aread() closes it when the body was read whole
+                with anyio.CancelScope(shield=True):
+                    await response.aclose()
         try:
             return ChatCompletion.model_validate_json(body)
         except pydantic.ValidationError as exc:

@@ -1,0 +1,608 @@
+"""local_engine against transformers ``generate()`` on the same model, fp32 on CPU.
+
+Run from the repository root::
+
+    .venv/bin/python bench/engine_cpu.py            # full run, 3-10 minutes (load-dependent)
+    .venv/bin/python bench/engine_cpu.py --quick    # smoke run, under a minute
+    .venv/bin/python bench/engine_cpu.py --profile  # + cProfile of the engine workloads
+
+Both peers run the embedded ``swift-50m`` model (random weights, Qwen3 architecture, about
+52M parameters) in float32 with the same number of torch threads, decode greedily and
+generate exactly the same number of tokens (``ignore_eos`` / ``min_new_tokens``).
+
+Workloads and goals (PASS/FAIL printed beside each):
+
+1. Batch-1 decode: one 128-token prompt, 128 new tokens. The decode rate is
+   ``(new_tokens - 1) / (end - first_token)``: every token after the first, over the time
+   after the first token arrived (transformers reports token arrival through a streamer).
+   Goal: local_engine >= 1.0x transformers. End-to-end tokens/s is shown too.
+2. 32 concurrent requests, prompts of 32-256 tokens: total generated tokens over wall time.
+   local_engine gets all 32 at once (continuous batching); transformers runs one batched
+   ``generate()`` over the left-padded prompts. Two output shapes: (a) every request asks for
+   64 new tokens — the static batch's best case; (b) requests ask for 16-128 new tokens, as
+   real concurrent requests do: a static batch runs until its longest request is done, so
+   only each request's own tokens count as generated. Goal: >= 3x transformers (printed for
+   both shapes).
+3. Time to first token of a 1,024-token request whose first 1,000 tokens were already
+   processed (prefix cache hit), against the same request on an engine with
+   ``enable_prefix_caching=False`` and against transformers (prefill, one new token).
+   Each round uses a fresh 24-token suffix, so only the shared prefix can hit.
+   Goal: >= 5x lower TTFT on a hit than without the cache.
+
+Every round builds fresh random prompts (same lengths) and runs all peers on them back to
+back, who goes first rotating; a warm-up round precedes the timed ones. So the engine's prefix
+cache only ever hits where workload 3 means it to (the output reports the hits). The table
+shows each peer's best round and the ratio of the bests (the verdict), plus the median of the
+per-round ratios: on a shared machine load only ever adds time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import platform
+import pstats
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from _util import markdown_table, ratio, verdict
+from transformers import AutoModelForCausalLM
+from transformers.generation.streamers import BaseStreamer
+
+from local_engine.default_model import ensure_default_model
+from local_engine.engine import Engine, EngineConfig, SamplingParams
+
+MODEL_NAME = "swift-50m"
+DECODE_GOAL = 1.0
+BATCH_GOAL = 3.0
+PREFIX_GOAL = 5.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Sizes and rounds for one run."""
+
+    reps: int
+    """Timed rounds of the batch-1 and TTFT workloads; an untimed warm-up round precedes them."""
+    batch_reps: int
+    """Timed rounds of the batched workload (the slow one)."""
+    decode_prompt: int
+    """Prompt tokens of the batch-1 decode workload."""
+    decode_new: int
+    """New tokens of the batch-1 decode workload."""
+    batch_requests: int
+    """Concurrent requests of the batched workload."""
+    batch_min_prompt: int
+    """Shortest prompt of the batched workload."""
+    batch_max_prompt: int
+    """Longest prompt of the batched workload."""
+    batch_new: int
+    """New tokens per request of the batched workload (a)."""
+    batch_min_new: int
+    """Fewest new tokens a request asks for in the batched workload (b)."""
+    batch_max_new: int
+    """Most new tokens a request asks for in the batched workload (b)."""
+    prefix: int
+    """Shared prefix tokens of the TTFT workload."""
+    suffix: int
+    """Fresh tokens after the prefix, per TTFT round."""
+
+
+FULL = Settings(
+    reps=5,
+    batch_reps=3,
+    decode_prompt=128,
+    decode_new=128,
+    batch_requests=32,
+    batch_min_prompt=32,
+    batch_max_prompt=256,
+    batch_new=64,
+    batch_min_new=16,
+    batch_max_new=128,
+    prefix=1000,
+    suffix=24,
+)
+QUICK = Settings(
+    reps=2,
+    batch_reps=2,
+    decode_prompt=32,
+    decode_new=16,
+    batch_requests=8,
+    batch_min_prompt=16,
+    batch_max_prompt=64,
+    batch_new=8,
+    batch_min_new=4,
+    batch_max_new=16,
+    prefix=1000,
+    suffix=24,
+)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One timed generation: wall-clock stamps (``perf_counter``) and the tokens it made."""
+
+    start: float
+    first_token: float
+    end: float
+    tokens: list[list[int]]
+    """Generated tokens per prompt, in prompt order."""
+    cached: int = 0
+    """Prompt tokens served from the prefix cache (local_engine only)."""
+
+    @property
+    def total_tokens(self) -> int:
+        """Tokens generated over all prompts."""
+        return sum(len(t) for t in self.tokens)
+
+    @property
+    def ttft(self) -> float:
+        """Seconds from the call to the first generated token."""
+        return self.first_token - self.start
+
+    @property
+    def decode_rate(self) -> float:
+        """Tokens after the first, per second after the first token arrived (batch of one)."""
+        return (self.total_tokens - 1) / (self.end - self.first_token)
+
+    @property
+    def end_to_end_rate(self) -> float:
+        """Generated tokens per second of the whole call."""
+        return self.total_tokens / (self.end - self.start)
+
+
+class _ArrivalStamps(BaseStreamer):
+    """A transformers streamer that only notes when the first generated token arrives."""
+
+    def __init__(self) -> None:
+        self.first: float | None = None
+        self._calls = 0
+
+    def put(self, value: Any) -> None:
+        """Called with the prompt first, then with each step's new tokens."""
+        self._calls += 1
+        if self._calls == 2:
+            self.first = time.perf_counter()
+
+    def end(self) -> None:
+        """Called once generation is over."""
+
+
+class EnginePeer:
+    """Drives one :class:`Engine` through ``add_request`` / ``step``, timing the first token."""
+
+    def __init__(self, engine: Engine) -> None:
+        """Wrap an idle engine."""
+        self.engine = engine
+
+    def run(self, prompts: Sequence[list[int]], new_tokens: NewTokens) -> Run:
+        """Add every prompt at once and step until each has its ``new_tokens`` greedy tokens."""
+        engine = self.engine
+        targets = _targets(prompts, new_tokens)
+        params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in targets]
+        start = time.perf_counter()
+        ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
+        tokens: dict[str, list[int]] = {rid: [] for rid in ids}
+        cached: dict[str, int] = {}
+        first: float | None = None
+        while engine.has_unfinished():
+            for out in engine.step():
+                tokens[out.request_id].extend(out.new_token_ids)
+                cached[out.request_id] = out.num_cached_tokens
+            if first is None and cached:
+                first = time.perf_counter()
+        end = time.perf_counter()
+        run = Run(start, first or end, end, [tokens[rid] for rid in ids], sum(cached.values()))
+        return _checked(run, new_tokens)
+
+
+class TransformersPeer:
+    """One batched ``generate()`` call over left-padded prompts."""
+
+    def __init__(self, model: Any, pad_token_id: int) -> None:
+        """Wrap a transformers causal LM in eval mode."""
+        self.model = model
+        self.pad = pad_token_id
+
+    def run(self, prompts: Sequence[list[int]], new_tokens: NewTokens) -> Run:
+        """Generate each prompt's ``new_tokens`` greedy tokens in one static batch.
+
+        A static batch runs until its longest request is done; each row then keeps only the
+        tokens its request asked for (the rest is work a static batch cannot avoid).
+        """
+        targets = _targets(prompts, new_tokens)
+        longest = max(targets)
+        width = max(len(p) for p in prompts)
+        ids = torch.tensor([[self.pad] * (width - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        stamps = _ArrivalStamps() if len(prompts) == 1 else None
+        start = time.perf_counter()
+        out = self.model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=longest,
+            min_new_tokens=longest,
+            do_sample=False,
+            pad_token_id=self.pad,
+            streamer=stamps,
+        )
+        end = time.perf_counter()
+        first = stamps.first if stamps is not None and stamps.first is not None else end
+        tokens = [row[width : width + n] for row, n in zip(out.tolist(), targets, strict=True)]
+        return _checked(Run(start, first, end, tokens), targets)
+
+
+NewTokens = int | Sequence[int]
+"""New tokens for every prompt, or one count per prompt."""
+
+
+def _targets(prompts: Sequence[list[int]], new_tokens: NewTokens) -> list[int]:
+    if isinstance(new_tokens, int):
+        return [new_tokens] * len(prompts)
+    return list(new_tokens)
+
+
+def _checked(run: Run, new_tokens: NewTokens) -> Run:
+    targets = _targets(run.tokens, new_tokens)
+    if [len(t) for t in run.tokens] != targets:
+        raise RuntimeError(f"a peer generated {[len(t) for t in run.tokens]}, not {targets}")
+    return run
+
+
+Prompts = list[list[int]]
+
+
+def _rounds(
+    reps: int, make: Callable[[int], Prompts], peers: Sequence[Callable[[Prompts], Run]]
+) -> tuple[list[Run], ...]:
+    """Run every peer on the same prompts per round; keep rounds ``1..reps``.
+
+    Round 0 is an untimed warm-up. ``make(round)`` builds each round's prompts, fresh ones
+    every round, so an engine never meets a prompt its prefix cache has already seen unless
+    the workload means it to. Who goes first rotates from round to round.
+    """
+    results: tuple[list[Run], ...] = tuple([] for _ in peers)
+    for rnd in range(reps + 1):
+        prompts = make(rnd)
+        shift = rnd % len(peers)
+        order = list(range(len(peers)))
+        for i in order[shift:] + order[:shift]:
+            run = peers[i](prompts)
+            if rnd:
+                results[i].append(run)
+    return results
+
+
+def _rate_row(
+    metric: str, eng: Sequence[Run], hf: Sequence[Run], attr: str, goal: float | None
+) -> Row:
+    """A higher-is-better rate: best = the highest round."""
+    e = [float(getattr(r, attr)) for r in eng]
+    h = [float(getattr(r, attr)) for r in hf]
+    paired = statistics.median([ratio(x, y) for x, y in zip(e, h, strict=True)])
+    return Row(metric, f"{max(e):.1f}", f"{max(h):.1f}", ratio(max(e), max(h)), paired, goal)
+
+
+def _latency_row(
+    metric: str, ours: Sequence[float], theirs: Sequence[float], goal: float | None
+) -> Row:
+    """A lower-is-better latency in ms: best = the lowest round; ratio = theirs / ours."""
+    paired = statistics.median([ratio(t, o) for o, t in zip(ours, theirs, strict=True)])
+    best = ratio(min(theirs), min(ours))
+    return Row(metric, f"{min(ours):.1f}", f"{min(theirs):.1f}", best, paired, goal)
+
+
+def _random_ids(rng: random.Random, n: int, high: int) -> list[int]:
+    return [rng.randrange(high) for _ in range(n)]
+
+
+@dataclass
+class Setup:
+    """The peers and the model facts the workloads need."""
+
+    engine: EnginePeer
+    engine_no_cache: EnginePeer
+    hf: TransformersPeer
+    token_high: int
+    """Prompts draw token ids below this (below every special token)."""
+
+
+def build(path: Path, s: Settings) -> Setup:
+    """Load both peers from ``path``; size each engine's KV cache for its workloads."""
+    longest = max(
+        s.decode_prompt + s.decode_new,
+        s.batch_requests * (s.batch_max_prompt + max(s.batch_new, s.batch_max_new)),
+        2 * (s.prefix + s.suffix + 1),
+    )
+    engine = Engine.from_pretrained(
+        path, EngineConfig(dtype="float32", kv_cache_memory=_kv_bytes(path, longest), seed=0)
+    )
+    no_cache = Engine(
+        engine.model,
+        EngineConfig(
+            dtype="float32",
+            kv_cache_memory=_kv_bytes(path, 2 * (s.prefix + s.suffix + 1)),
+            enable_prefix_caching=False,
+            seed=0,
+        ),
+        engine.tokenizer,
+    )
+    hf: Any = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    hf.eval()
+    specials = set(engine.eos_token_ids)
+    bos = engine.model.config.bos_token_id
+    if bos is not None:
+        specials.add(bos)
+    high = min(specials, default=engine.model.config.vocab_size)
+    return Setup(EnginePeer(engine), EnginePeer(no_cache), TransformersPeer(hf, high), high)
+
+
+def _kv_bytes(path: Path, tokens: int) -> int:
+    """KV-cache bytes for ``tokens`` tokens of the model under ``path`` (float32), padded."""
+    from local_engine.config import ModelConfig
+
+    cfg = ModelConfig.from_pretrained(path)
+    per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 4
+    return per_token * (tokens + 64 * 16)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the result table; ratios are local_engine-better-when-higher."""
+
+    metric: str
+    engine: str
+    peer: str
+    ratio: float
+    """Ratio of the two peers' best rounds; the verdict uses this one."""
+    median_ratio: float
+    """Median of the per-round ratios (each round runs both peers back to back)."""
+    goal: float | None
+
+    def cells(self) -> list[str]:
+        """Table cells: metric, engine, peer, ratio, median ratio, goal, verdict."""
+        goal = f">= {self.goal:g}x" if self.goal is not None else "info"
+        result = verdict(self.ratio >= self.goal) if self.goal is not None else "-"
+        return [
+            self.metric,
+            self.engine,
+            self.peer,
+            f"{self.ratio:.2f}x",
+            f"{self.median_ratio:.2f}x",
+            goal,
+            result,
+        ]
+
+
+def bench_decode(setup: Setup, s: Settings) -> tuple[list[Row], bool, int]:
+    """Workload 1; also returns whether the peers' greedy tokens agreed in every round and
+    how many prompt tokens the engine found in its prefix cache (should be 0)."""
+
+    def make(rnd: int) -> Prompts:
+        return [_random_ids(random.Random(100 + rnd), s.decode_prompt, setup.token_high)]
+
+    eng, hf = _rounds(
+        s.reps,
+        make,
+        [lambda p: setup.engine.run(p, s.decode_new), lambda p: setup.hf.run(p, s.decode_new)],
+    )
+    match = all(e.tokens == h.tokens for e, h in zip(eng, hf, strict=True))
+    shape = f"{s.decode_prompt}-token prompt, {s.decode_new} new"
+    rows = [
+        _rate_row(f"batch-1 decode tok/s ({shape})", eng, hf, "decode_rate", DECODE_GOAL),
+        _rate_row("batch-1 end-to-end tok/s (same runs)", eng, hf, "end_to_end_rate", None),
+    ]
+    return rows, match, sum(r.cached for r in eng)
+
+
+def batch_lengths(s: Settings) -> list[int]:
+    """The batched workload's prompt lengths (the same every round)."""
+    rng = random.Random(2)
+    return [rng.randint(s.batch_min_prompt, s.batch_max_prompt) for _ in range(s.batch_requests)]
+
+
+def batch_new_tokens(s: Settings) -> list[int]:
+    """Workload 2(b)'s per-request new-token counts (the same every round)."""
+    rng = random.Random(3)
+    return [rng.randint(s.batch_min_new, s.batch_max_new) for _ in range(s.batch_requests)]
+
+
+def bench_batch_mixed(setup: Setup, s: Settings) -> tuple[list[Row], int]:
+    """Workload 2(b): mixed output lengths; also returns the engine's prefix-cache hits."""
+    lengths = batch_lengths(s)
+    targets = batch_new_tokens(s)
+
+    def make(rnd: int) -> Prompts:
+        rng = random.Random(300 + rnd)
+        return [_random_ids(rng, n, setup.token_high) for n in lengths]
+
+    eng, hf = _rounds(
+        s.batch_reps,
+        make,
+        [lambda p: setup.engine.run(p, targets), lambda p: setup.hf.run(p, targets)],
+    )
+    shape = (
+        f"{s.batch_requests} requests, {s.batch_min_prompt}-{s.batch_max_prompt}-token "
+        f"prompts, {s.batch_min_new}-{s.batch_max_new} new each"
+    )
+    row = _rate_row(f"total gen tok/s ({shape})", eng, hf, "end_to_end_rate", BATCH_GOAL)
+    return [row], sum(r.cached for r in eng)
+
+
+def bench_batch(setup: Setup, s: Settings) -> tuple[list[Row], str, int]:
+    """Workload 2(a); also returns a note (matching outputs, token positions each peer runs
+    through the model) and the prompt tokens the engine found in its prefix cache."""
+    lengths = batch_lengths(s)
+
+    def make(rnd: int) -> Prompts:
+        rng = random.Random(200 + rnd)
+        return [_random_ids(rng, n, setup.token_high) for n in lengths]
+
+    eng, hf = _rounds(
+        s.batch_reps,
+        make,
+        [lambda p: setup.engine.run(p, s.batch_new), lambda p: setup.hf.run(p, s.batch_new)],
+    )
+    same = sum(
+        a == b
+        for e, h in zip(eng, hf, strict=True)
+        for a, b in zip(e.tokens, h.tokens, strict=True)
+    )
+    shape = (
+        f"{s.batch_requests} requests, {s.batch_min_prompt}-{s.batch_max_prompt}-token "
+        f"prompts, {s.batch_new} new each"
+    )
+    decodes = s.batch_requests * (s.batch_new - 1)
+    ours = sum(lengths) + decodes
+    theirs = s.batch_requests * max(lengths) + decodes
+    note = (
+        f"batched outputs identical: {same}/{s.batch_requests * len(eng)} prompts; "
+        f"token positions run through the model: local_engine {ours} (prompts + decodes), "
+        f"transformers {theirs} (left-padded prompts + decodes), so at equal per-token "
+        f"efficiency the ratio would be about {theirs / ours:.2f}x"
+    )
+    row = _rate_row(f"total gen tok/s ({shape})", eng, hf, "end_to_end_rate", BATCH_GOAL)
+    return [row], note, sum(r.cached for r in eng)
+
+
+def bench_prefix(setup: Setup, s: Settings) -> tuple[list[Row], int, bool]:
+    """Workload 3; also returns the fewest cached prompt tokens of a hit and whether the
+    three peers' first tokens agreed in every round.
+
+    Every round's prompt is the shared prefix plus a fresh suffix; the warm-up round
+    leaves the prefix in the caching engine's cache.
+    """
+    prefix = _random_ids(random.Random(3), s.prefix, setup.token_high)
+
+    def make(rnd: int) -> Prompts:
+        return [prefix + _random_ids(random.Random(300 + rnd), s.suffix, setup.token_high)]
+
+    hit, miss, hf = _rounds(
+        s.reps,
+        make,
+        [
+            lambda p: setup.engine.run(p, 1),
+            lambda p: setup.engine_no_cache.run(p, 1),
+            lambda p: setup.hf.run(p, 1),
+        ],
+    )
+    cached = min(r.cached for r in hit)
+    agree = all(a.tokens == b.tokens == c.tokens for a, b, c in zip(hit, miss, hf, strict=True))
+    hit_ms = [r.ttft * 1e3 for r in hit]
+    miss_ms = [r.ttft * 1e3 for r in miss]
+    hf_ms = [r.ttft * 1e3 for r in hf]
+    total = s.prefix + s.suffix
+    rows = [
+        _latency_row(
+            f"TTFT ms, {total}-token prompt: {cached} cached (hit) vs engine w/o prefix cache",
+            hit_ms,
+            miss_ms,
+            PREFIX_GOAL,
+        ),
+        _latency_row("TTFT ms, prefix hit vs transformers (full prefill)", hit_ms, hf_ms, None),
+        _latency_row("TTFT ms, engine w/o prefix cache vs transformers", miss_ms, hf_ms, None),
+    ]
+    return rows, cached, agree
+
+
+def profile_engine(setup: Setup, s: Settings) -> None:
+    """Print cProfile's top 10 (cumulative, then internal time) for the engine's batch-1 and
+    batched workloads."""
+    rng = random.Random(400)  # prompts no earlier workload used: no prefix-cache hits
+    decode_prompt = _random_ids(rng, s.decode_prompt, setup.token_high)
+    batch = [_random_ids(rng, n, setup.token_high) for n in batch_lengths(s)]
+    for title, prompts, new in (
+        ("batch-1 decode", [decode_prompt], s.decode_new),
+        (f"{s.batch_requests} concurrent requests", batch, s.batch_new),
+    ):
+        profiler = cProfile.Profile()
+        profiler.enable()
+        setup.engine.run(prompts, new)
+        profiler.disable()
+        for key in ("cumulative", "tottime"):
+            buf = io.StringIO()
+            pstats.Stats(profiler, stream=buf).sort_stats(key).print_stats(10)
+            print(f"\n### cProfile: local_engine, {title} (top 10 by {key})\n")
+            print("```")
+            print(buf.getvalue().strip())
+            print("```")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run every workload and print the markdown table; exit 0 even on FAIL."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="small smoke run")
+    parser.add_argument("--reps", type=int, default=None, help="timed rounds of every workload")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads for both peers")
+    parser.add_argument("--profile", action="store_true", help="cProfile the engine workloads")
+    args = parser.parse_args(argv)
+    s = QUICK if args.quick else FULL
+    if args.reps is not None:
+        if args.reps < 1:
+            parser.error("--reps must be >= 1")
+        s = Settings(**{**s.__dict__, "reps": args.reps, "batch_reps": args.reps})
+    if args.threads < 1:
+        parser.error("--threads must be >= 1")
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    hf_logging: Any = transformers.logging
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    setup = build(ensure_default_model(MODEL_NAME), s)
+    load_before = os.getloadavg()
+    wall = time.perf_counter()
+    decode_rows, decode_match, decode_cached = bench_decode(setup, s)
+    batch_rows, batch_note, batch_cached = bench_batch(setup, s)
+    mixed_rows, mixed_cached = bench_batch_mixed(setup, s)
+    batch_rows += mixed_rows
+    batch_cached += mixed_cached
+    prefix_rows, cached, ttft_agree = bench_prefix(setup, s)
+    wall = time.perf_counter() - wall
+    load_after = os.getloadavg()
+
+    print(f"## local_engine vs transformers, CPU fp32 ({'quick' if args.quick else 'full'} run)\n")
+    print(
+        f"- model: {MODEL_NAME} (random weights), torch {torch.__version__}, "
+        f"transformers {transformers.__version__}, python {platform.python_version()}"
+    )
+    print(
+        f"- torch threads: {args.threads} for both peers; machine: {os.cpu_count()} CPUs, "
+        f"SHARED with other running jobs (1-min load average {load_before[0]:.1f} before, "
+        f"{load_after[0]:.1f} after): absolute numbers are noisy"
+    )
+    print(
+        f"- {s.reps} timed rounds per workload ({s.batch_reps} for the batched one) after a "
+        "warm-up round; every round uses fresh prompts and runs the peers back to back, who "
+        "goes first rotating; values are each peer's best round (load only ever adds time), "
+        "`ratio` compares the bests, `median ratio` is the median of per-round ratios; "
+        f"higher = local_engine better; workloads took {wall:.0f} s\n"
+    )
+    headers = ["metric", "local_engine", "peer", "ratio", "median ratio", "goal", "result"]
+    rows = decode_rows + batch_rows + prefix_rows
+    print(markdown_table(headers, [r.cells() for r in rows]))
+    print()
+    print(f"outputs match: {'yes' if decode_match else 'no'} (batch-1 greedy tokens, every round)")
+    print(batch_note)
+    print(
+        f"prefix-cache hits in the batch-1 and batched workloads: "
+        f"{decode_cached + batch_cached} prompt tokens (fresh prompts every round)"
+    )
+    print(f"TTFT first tokens agree (hit, no cache, transformers): {'yes' if ttft_agree else 'no'}")
+    print(f"prefix hit served {cached} of {s.prefix + s.suffix} prompt tokens from the cache")
+    if args.profile:
+        profile_engine(setup, s)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
