@@ -52,8 +52,9 @@ class Accumulator:
         self._extra: dict[str, Any] = {}
         self.usage: Usage | None = None
 
-    def add(self, chunk: ChatCompletionChunk) -> None:
-        """Fold one chunk in."""
+    def add(self, chunk: ChatCompletionChunk) -> bool:
+        """Fold one chunk in; True when it carried content (see ``has_content``)."""
+        content = False
         if not self._id and chunk.id:
             self._id = chunk.id
             self._model = chunk.model
@@ -69,11 +70,15 @@ class Accumulator:
             delta = choice.delta
             if delta.content:
                 parts.content.append(delta.content)
+                content = True
             if delta.refusal:
                 parts.refusal.append(delta.refusal)
+                content = True
             if delta.reasoning_content:
                 parts.reasoning.append(delta.reasoning_content)
+                content = True
             if delta.tool_calls:
+                content = True
                 for call in delta.tool_calls:
                     tc = parts.tool_calls.get(call.index)
                     if tc is None:
@@ -93,6 +98,7 @@ class Accumulator:
                     if isinstance(value, list):
                         merged.setdefault(key, []).extend(value)
                 parts.logprobs = merged
+        return content
 
     @property
     def text(self) -> str:

@@ -375,9 +375,8 @@ class ChatStream:
                 self._call.end_attempt(self._attempt, None)
             self._call.finish()
             raise StopAsyncIteration
-        if next_chunk.has_content():
+        if self._accumulator.add(next_chunk):
             self._mark_content(self._now())
-        self._accumulator.add(next_chunk)
         return next_chunk
 
     def text(self) -> _TextIterator:

@@ -36,6 +36,8 @@ only be set when the body has no content-encoding. Streams then read through it 
 httpx's iterator layers (the aiohttp transport sets it)."""
 
 _MAX_ERROR_BODY = 1 << 20
+# The chunk validator itself: the per-chunk hot path skips model_validate_json's wrapper.
+_validate_chunk = ChatCompletionChunk.__pydantic_validator__.validate_json
 _DRAIN_GRACE = 2.0
 _USER_AGENT = "swiftclient/0.1"
 
@@ -403,7 +405,7 @@ class _ChunkStream:
                 self._done = True
                 raise _stream_error(self._backend.name, data)
             try:
-                chunk = ChatCompletionChunk.model_validate_json(data)
+                chunk: ChatCompletionChunk = _validate_chunk(data)
             except pydantic.ValidationError as exc:
                 self._done = True
                 raise errors.APIResponseValidationError(
