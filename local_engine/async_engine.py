@@ -155,6 +155,10 @@ class AsyncEngine:
             await self._stopped.wait()
         self._pending_aborts.clear()
         self.engine.abort_all()
+        # Backstop: no stream may wait on a driver that is gone.
+        for mailbox in self._mailboxes.values():
+            mailbox.fail(EngineError("AsyncEngine was closed"))
+        self._mailboxes.clear()
         self._notify()
 
     @asynccontextmanager
@@ -180,6 +184,8 @@ class AsyncEngine:
         async with self._lock:
             if self._failure is not None:
                 raise EngineError("the engine failed") from self._failure
+            if not self._accepting:  # closed while this call waited for the lock
+                raise EngineError("AsyncEngine is shutting down")
             rid = self.engine.add_request(
                 prompt_ids, params, request_id=request_id, cache_salt=cache_salt
             )

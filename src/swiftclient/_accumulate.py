@@ -26,10 +26,34 @@ class _ToolCallParts:
         self.arguments: list[str] = []
 
 
+def _merge_extra(into: dict[str, Any], extra: dict[str, Any], *, concat: bool) -> None:
+    """Fold a model's unknown fields in: strings concatenate when ``concat`` (delta fields
+    stream in pieces), anything else keeps its latest value."""
+    for key, value in extra.items():
+        if value is None:
+            continue
+        previous = into.get(key)
+        if concat and isinstance(value, str) and isinstance(previous, str):
+            into[key] = previous + value
+        else:
+            into[key] = value
+
+
 class _ChoiceParts:
-    __slots__ = ("content", "finish_reason", "logprobs", "reasoning", "refusal", "tool_calls")
+    __slots__ = (
+        "content",
+        "extra",
+        "finish_reason",
+        "logprobs",
+        "message_extra",
+        "reasoning",
+        "refusal",
+        "tool_calls",
+    )
 
     def __init__(self) -> None:
+        self.extra: dict[str, Any] = {}
+        self.message_extra: dict[str, Any] = {}
         self.content: list[str] = []
         self.refusal: list[str] = []
         self.reasoning: list[str] = []
@@ -63,11 +87,18 @@ class Accumulator:
             self._fingerprint = chunk.system_fingerprint
         if chunk.usage is not None:
             self.usage = chunk.usage
+        extra = chunk.__pydantic_extra__
+        if extra:
+            _merge_extra(self._extra, extra, concat=False)
         for choice in chunk.choices:
             parts = self._choices.get(choice.index)
             if parts is None:
                 parts = self._choices[choice.index] = _ChoiceParts()
             delta = choice.delta
+            if choice.__pydantic_extra__:
+                _merge_extra(parts.extra, choice.__pydantic_extra__, concat=False)
+            if delta.__pydantic_extra__:
+                _merge_extra(parts.message_extra, delta.__pydantic_extra__, concat=True)
             if delta.content:
                 parts.content.append(delta.content)
                 content = True
@@ -123,6 +154,7 @@ class Accumulator:
                 refusal="".join(parts.refusal) or None,
                 reasoning_content="".join(parts.reasoning) or None,
                 tool_calls=tool_calls or None,
+                **parts.message_extra,
             )
             choices.append(
                 Choice(
@@ -130,6 +162,7 @@ class Accumulator:
                     message=message,
                     finish_reason=parts.finish_reason,
                     logprobs=parts.logprobs,
+                    **parts.extra,
                 )
             )
         return ChatCompletion(
@@ -139,4 +172,5 @@ class Accumulator:
             choices=choices,
             usage=self.usage,
             system_fingerprint=self._fingerprint,
+            **self._extra,
         )

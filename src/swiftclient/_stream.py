@@ -100,12 +100,10 @@ class Call:
     async def complete(self) -> ChatCompletion:
         """Run a non-streamed completion with retries under the deadline."""
 
-        timer = _read_timer()
-
         async def once(number: int) -> ChatCompletion:
             attempt = self.new_attempt(number)
             try:
-                result = await self._bounded_complete(timer)
+                result = await self._bounded_complete()
             except BaseException as exc:
                 self.end_attempt(attempt, exc)
                 raise
@@ -115,29 +113,19 @@ class Call:
         try:
             completion = await run_with_retries(self.policy, self.deadline, once)
         finally:
-            if timer is not None:
-                timer.close()
             self.finish()
         completion.timing = self.timing
         return completion
 
-    async def _bounded_complete(self, timer: ReadTimer | None) -> ChatCompletion:
-        """One ``backend.complete`` bounded by the deadline (a loop timer on asyncio)."""
+    async def _bounded_complete(self) -> ChatCompletion:
+        """One ``backend.complete`` bounded by the deadline.
+
+        A cancel scope, not the stream's loop timer: a whole non-streamed call includes the
+        backend's shielded cleanup, which only a cancel scope respects.
+        """
         deadline = self.deadline
-        if deadline.at == math.inf:
+        with anyio.CancelScope(deadline=deadline.at):
             return await self.backend.complete(self.request, deadline, self.options)
-        if timer is None:
-            with anyio.CancelScope(deadline=deadline.at):
-                return await self.backend.complete(self.request, deadline, self.options)
-        else:
-            timer.start(_current_task(), deadline.at)  # type: ignore[arg-type]
-            try:
-                return await self.backend.complete(self.request, deadline, self.options)
-            except asyncio.CancelledError:
-                if not timer.expired():
-                    raise
-            finally:
-                timer.stop()
         raise errors.DeadlineExceeded(
             f"{self.backend.name}: the call's total deadline was exceeded",
             backend=self.backend.name,

@@ -59,6 +59,7 @@ __all__ = [
     "SwiftClientError",
     "UnprocessableEntityError",
     "redact",
+    "redact_json",
     "status_error_class",
 ]
 
@@ -77,6 +78,17 @@ def redact(text: str, *secrets: str | None) -> str:
     text = _SECRET_PATTERNS[0].sub(r"\1***", text)
     text = _SECRET_PATTERNS[1].sub("***", text)
     return _SECRET_PATTERNS[2].sub(r"\1***", text)
+
+
+def redact_json(value: Any, *secrets: str | None) -> Any:
+    """Return a copy of a parsed JSON value with :func:`redact` applied to every string."""
+    if isinstance(value, str):
+        return redact(value, *secrets)
+    if isinstance(value, dict):
+        return {key: redact_json(item, *secrets) for key, item in value.items()}
+    if isinstance(value, list):
+        return [redact_json(item, *secrets) for item in value]
+    return value
 
 
 class SwiftClientError(Exception):

@@ -67,14 +67,20 @@ def preset(
 def from_env(environ: Mapping[str, str] | None = None) -> Backend:
     """Configure one backend from the environment.
 
-    Order: ``SWIFTCLIENT_PROVIDER`` (a preset name or ``local``); then
+    Order: ``SWIFTCLIENT_PROVIDER`` (a preset name or ``local``; ``SWIFTCLIENT_API_KEY``
+    and ``SWIFTCLIENT_BASE_URL`` override the preset's key and URL); then
     ``SWIFTCLIENT_BASE_URL`` with ``SWIFTCLIENT_API_KEY``; then ``OPENAI_BASE_URL`` /
     ``OPENAI_API_KEY`` (the key alone selects OpenAI).
     """
     env = os.environ if environ is None else environ
     provider = env.get("SWIFTCLIENT_PROVIDER")
     if provider:
-        return preset(provider, base_url=env.get("SWIFTCLIENT_BASE_URL"), environ=env)
+        return preset(
+            provider,
+            api_key=env.get("SWIFTCLIENT_API_KEY"),
+            base_url=env.get("SWIFTCLIENT_BASE_URL"),
+            environ=env,
+        )
     base_url = env.get("SWIFTCLIENT_BASE_URL")
     if base_url:
         return HTTPBackend(base_url, env.get("SWIFTCLIENT_API_KEY"), name="default")

@@ -9,6 +9,7 @@ import pytest
 
 from swiftclient import (
     AsyncClient,
+    AuthenticationError,
     BadRequestError,
     ConfigurationError,
     DeadlineExceeded,
@@ -268,3 +269,73 @@ def test_env_configuration_and_presets() -> None:
         preset("nope", environ={})
     with pytest.raises(ConfigurationError, match="no backend configured"):
         from_env({})
+
+
+async def test_streams_from_a_transport_that_returns_a_read_body() -> None:
+    import httpx
+
+    body = b"".join(stream_body(["already", " read"]))
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body)
+
+    backend = HTTPBackend("http://x/v1", transport=httpx.MockTransport(handler))
+    async with AsyncClient(backend, model="m") as client:
+        completion = await client.chat("hi")
+    assert completion.text == "already read"
+
+
+async def test_streamed_calls_keep_unknown_fields_like_non_streamed_ones() -> None:
+    def event(delta: dict[str, object], **extra: object) -> bytes:
+        return sse(
+            {
+                "id": "c",
+                "provider": "p1",
+                "citations": ["a"],
+                "choices": [{"index": 0, "delta": delta, **extra}],
+            }
+        )
+
+    parts = [
+        event({"role": "assistant"}),
+        event({"reasoning": "think "}),
+        event({"reasoning": "more", "content": "answer"}),
+        event({}, finish_reason="stop", stop_reason=42),
+        b"data: [DONE]\n\n",
+    ]
+    script = Script().add(parts=parts)
+    async with make(script) as client:
+        completion = await client.chat("hi")
+    dumped = completion.model_dump()
+    assert dumped["provider"] == "p1" and dumped["citations"] == ["a"]
+    assert dumped["choices"][0]["stop_reason"] == 42
+    assert dumped["choices"][0]["message"]["reasoning"] == "think more"
+    assert completion.text == "answer"
+
+
+async def test_error_body_echoing_the_key_is_redacted() -> None:
+    import httpx
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(401, json={"error": {"message": f"bad key {KEY}", "echo": [KEY]}})
+
+    backend = HTTPBackend("http://x/v1", KEY, transport=httpx.MockTransport(handler))
+    async with AsyncClient(backend, model="m", retry=FAST) as client:
+        with pytest.raises(AuthenticationError) as info:
+            await client.chat("hi")
+    assert KEY not in str(info.value) and KEY not in repr(info.value)
+    assert KEY not in json.dumps(info.value.body)
+
+
+def test_urls_with_credentials_are_refused_and_queries_hidden() -> None:
+    with pytest.raises(ConfigurationError, match="credentials"):
+        HTTPBackend("https://user:secret-key-value@api.example.com/v1")
+    backend = HTTPBackend("https://api.example.com/v1?key=secret-key-value")
+    assert "secret-key-value" not in repr(backend)
+
+
+def test_swiftclient_api_key_overrides_the_preset_variable() -> None:
+    env = {"SWIFTCLIENT_PROVIDER": "openai", "SWIFTCLIENT_API_KEY": "sk-first-choice-key"}
+    backend = from_env(env)
+    assert isinstance(backend, HTTPBackend)
+    assert backend._api_key == "sk-first-choice-key"

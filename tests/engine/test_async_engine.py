@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, aclosing
 from pathlib import Path
@@ -212,3 +213,43 @@ async def test_body_exception_propagates_unwrapped(model: DecoderModel) -> None:
     with pytest.raises(KeyError):
         async with AsyncEngine(make_engine(model)):
             raise KeyError("from the body")
+
+
+async def test_request_waiting_for_the_lock_while_closing_fails_cleanly(
+    model: DecoderModel,
+) -> None:
+    engine = make_engine(model)
+    gate, in_step = threading.Event(), threading.Event()
+    step = engine.step
+
+    def held_step() -> list[RequestOutput]:
+        in_step.set()
+        gate.wait()
+        return step()
+
+    engine.step = held_step  # type: ignore[method-assign]
+    outcome: list[str] = []
+    async with AsyncEngine(engine) as ae:
+
+        async def first() -> None:
+            async with ae.stream(prompt(1), LONG) as outputs:
+                async for _ in outputs:
+                    pass
+            outcome.append("first ended")
+
+        async def second() -> None:
+            with pytest.raises(EngineError, match="shutting down"):
+                async with ae.stream(prompt(2), LONG):
+                    pass
+            outcome.append("second refused")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(first)
+            await anyio.to_thread.run_sync(in_step.wait)  # the driver is mid-step
+            tg.start_soon(second)
+            await anyio.wait_all_tasks_blocked()  # second waits for the engine lock
+            tg.start_soon(ae.aclose)
+            await anyio.wait_all_tasks_blocked()
+            gate.set()
+    assert sorted(outcome) == ["first ended", "second refused"]
+    assert engine.num_free_blocks() == engine.num_blocks

@@ -89,7 +89,11 @@ class HTTPBackend:
         stream_usage: bool = True,
     ) -> None:
         if not base_url or "://" not in base_url:
-            raise errors.ConfigurationError(f"base_url must be an absolute URL, got {base_url!r}")
+            raise errors.ConfigurationError("base_url must be an absolute http(s) URL")
+        if "@" in base_url.split("://", 1)[1].split("/", 1)[0]:
+            raise errors.ConfigurationError(
+                "base_url must not carry credentials (user:password@host): pass api_key= instead"
+            )
         if max_connections < 1:
             raise errors.ConfigurationError("max_connections must be at least 1")
         if not name or "/" in name:
@@ -118,7 +122,8 @@ class HTTPBackend:
         self._timeouts: dict[tuple[float, float], httpx.Timeout] = {}
 
     def __repr__(self) -> str:
-        return f"HTTPBackend(name={self.name!r}, base_url={self.base_url!r})"
+        shown = self.base_url.split("?", 1)[0]  # a query string may carry a key
+        return f"HTTPBackend(name={self.name!r}, base_url={shown!r})"
 
     # ------------------------------------------------------------------ connection pool
 
@@ -280,6 +285,7 @@ class HTTPBackend:
                 detail = err["message"]
             elif isinstance(err, str):
                 detail = err
+        body = errors.redact_json(body, self._api_key)
         status = response.status_code
         request_id = response.headers.get("x-request-id") or response.headers.get("request-id")
         message = errors.redact(f"{self.name}: HTTP {status}: {detail}", self._api_key)
@@ -425,7 +431,9 @@ class _ChunkStream:
     def _open_body(self) -> None:
         response = self._response
         self._open = True
-        if "content-encoding" in response.headers:
+        if "content-encoding" in response.headers or response.is_stream_consumed:
+            # aiter_bytes undoes content-encoding, and also serves a body the transport
+            # already read (mock transports built with content=...).
             self._bytes = response.aiter_bytes()
             return
         read = response.extensions.get(READ_EXTENSION)
@@ -456,7 +464,7 @@ class _ChunkStream:
                 raw = await read()
             else:
                 raw = await self._next_bytes()
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, httpx.StreamError) as exc:
             self._done = True
             raise self._backend._error(exc) from exc
         if not raw:
@@ -477,7 +485,7 @@ class _ChunkStream:
             try:
                 while await self._next_bytes():
                     pass
-            except httpx.HTTPError:
+            except (httpx.HTTPError, httpx.StreamError):
                 pass
         self._open = False
         self._bytes = self._read = None
