@@ -184,11 +184,6 @@ class ChatStream:
                 due, kind = at, "first_token"
         return due, kind  # type: ignore[return-value]
 
-    def _limit(self) -> tuple[float, _Limit]:
-        now = self._now()
-        due, kind = self._bound(now)
-        return max(0.0, due - now), kind
-
     def _timeout_error(self, kind: _Limit) -> errors.APITimeoutError:
         name = self._call.backend.name
         timeout = self._call.deadline.timeout
@@ -258,10 +253,11 @@ class ChatStream:
         self._chunk_seen = False
         stack = AsyncExitStack()
         try:
-            limit, kind = self._limit()
-            if limit <= 0:
+            now = self._now()
+            due, kind = self._bound(now)
+            if due <= now:
                 raise self._timeout_error(kind)
-            with anyio.move_on_after(limit) as scope:
+            with anyio.CancelScope(deadline=due) as scope:
                 iterator = await stack.enter_async_context(
                     call.backend.stream(call.request, call.deadline, call.options)
                 )

@@ -12,9 +12,17 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from .._deadline import Deadline
+from ..errors import ConfigurationError
 from ..types import ChatCompletion, ChatCompletionChunk, ChatRequest
 
-__all__ = ["Backend", "RequestOptions"]
+__all__ = ["Backend", "RequestOptions", "check_backend_name"]
+
+
+def check_backend_name(name: str) -> str:
+    """Return ``name`` if it can prefix model strings (non-empty, no ``/``), else raise."""
+    if not name or "/" in name:
+        raise ConfigurationError(f"backend name must be non-empty without '/': {name!r}")
+    return name
 
 
 @dataclass(frozen=True, slots=True)

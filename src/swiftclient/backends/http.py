@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 import httpx
 import pydantic
+import pydantic_core
 
 from .. import errors
 from .._deadline import Deadline
@@ -25,7 +26,7 @@ from .._sse import ServerSentEvent, SSEDecoder
 from .._wire import encode_request
 from ..types import ChatCompletion, ChatCompletionChunk, ChatRequest
 from ._errors import map_httpx_error
-from .base import RequestOptions
+from .base import RequestOptions, check_backend_name
 
 __all__ = ["READ_EXTENSION", "HTTPBackend"]
 
@@ -96,8 +97,7 @@ class HTTPBackend:
             )
         if max_connections < 1:
             raise errors.ConfigurationError("max_connections must be at least 1")
-        if not name or "/" in name:
-            raise errors.ConfigurationError(f"backend name must be non-empty without '/': {name!r}")
+        check_backend_name(name)
         self.name = name
         self.base_url = base_url.rstrip("/")
         self._api_key = api_key
@@ -282,22 +282,11 @@ class HTTPBackend:
                     break
         except httpx.HTTPError:
             pass
-        body: object = body_bytes.decode("utf-8", "replace")
-        detail = str(body)[:500]
-        try:
-            body = pydantic_core_from_json(body_bytes)
-        except ValueError:
-            pass
-        if isinstance(body, dict):
-            err = body.get("error", body)
-            if isinstance(err, dict) and isinstance(err.get("message"), str):
-                detail = err["message"]
-            elif isinstance(err, str):
-                detail = err
-        body = errors.redact_json(body, self._api_key)
+        text = body_bytes.decode("utf-8", "replace")[:500]
+        body, detail = _error_body(body_bytes, self._api_key, text)
         status = response.status_code
         request_id = response.headers.get("x-request-id") or response.headers.get("request-id")
-        message = errors.redact(f"{self.name}: HTTP {status}: {detail}", self._api_key)
+        message = f"{self.name}: HTTP {status}: {detail}"
         return errors.status_error_class(status)(
             message,
             status_code=status,
@@ -347,13 +336,6 @@ class HTTPBackend:
                 f"{self.name}: response body is not a chat completion: {exc.error_count()} errors",
                 backend=self.name,
             ) from exc
-
-
-def pydantic_core_from_json(data: bytes) -> Any:
-    """Parse JSON bytes (ValueError when they are not JSON)."""
-    import pydantic_core
-
-    return pydantic_core.from_json(data)
 
 
 class _ChunkStream:
@@ -418,7 +400,7 @@ class _ChunkStream:
                 return None
             if event.event == "error":
                 self._done = True
-                raise _stream_error(self._backend.name, data)
+                raise _stream_error(self._backend, data)
             try:
                 chunk: ChatCompletionChunk = _validate_chunk(data)
             except pydantic.ValidationError as exc:
@@ -430,7 +412,7 @@ class _ChunkStream:
             extra = chunk.__pydantic_extra__
             if extra and "error" in extra:
                 self._done = True
-                raise _stream_error(self._backend.name, data)
+                raise _stream_error(self._backend, data)
             for choice in chunk.choices:
                 if choice.finish_reason is not None:
                     self._finished = True
@@ -513,17 +495,24 @@ class _ChunkStream:
         await self._response.aclose()
 
 
-def _stream_error(backend: str, data: bytes) -> errors.StreamError:
+def _error_body(data: bytes, api_key: str | None, default: str) -> tuple[object, str]:
+    """A provider error body (parsed when it is JSON) and its message, both redacted;
+    ``default`` is the message when the body names none."""
     body: object
     try:
-        body = pydantic_core_from_json(data)
+        body = pydantic_core.from_json(data)
     except ValueError:
         body = data.decode("utf-8", "replace")
-    message = "error event in stream"
+    message = default
     if isinstance(body, dict):
         err = body.get("error", body)
         if isinstance(err, dict) and isinstance(err.get("message"), str):
             message = err["message"]
         elif isinstance(err, str):
             message = err
-    return errors.StreamError(f"{backend}: {errors.redact(message)}", body=body, backend=backend)
+    return errors.redact_json(body, api_key), errors.redact(message, api_key)
+
+
+def _stream_error(backend: HTTPBackend, data: bytes) -> errors.StreamError:
+    body, message = _error_body(data, backend._api_key, "error event in stream")
+    return errors.StreamError(f"{backend.name}: {message}", body=body, backend=backend.name)

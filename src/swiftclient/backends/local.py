@@ -26,7 +26,7 @@ import anyio.to_thread
 from .. import errors
 from .._deadline import Deadline
 from ..types import ChatCompletion, ChatCompletionChunk, ChatRequest
-from .base import RequestOptions
+from .base import RequestOptions, check_backend_name
 
 if TYPE_CHECKING:
     from local_engine.async_engine import AsyncEngine
@@ -72,8 +72,7 @@ class LocalBackend:
         chat_template: str | None = None,
         tool_format: str | None = None,
     ) -> None:
-        if not name or "/" in name:
-            raise errors.ConfigurationError(f"backend name must be non-empty without '/': {name!r}")
+        check_backend_name(name)
         if isinstance(default_max_tokens, bool) or not isinstance(default_max_tokens, int):
             raise errors.ConfigurationError("default_max_tokens must be an int")
         if default_max_tokens < 1:
