@@ -335,24 +335,9 @@ async def _send_error(
     extra = dict(headers or {})
     if error.status == 503:
         extra["retry-after"] = _RETRY_AFTER
-    type_ = "server_error" if error.status >= 500 else None
-    body = {
-        "error": {
-            "message": redact(error.message),
-            "type": type_ or _error_type(error.status),
-            "param": error.param,
-            "code": error.code,
-        }
-    }
-    await writer.send_json(error.status, body, extra)
-
-
-def _error_type(status: int) -> str:
-    if status == 401:
-        return "authentication_error"
-    if status == 404:
-        return "not_found_error"
-    return "invalid_request_error"
+    await writer.send_error(
+        error.status, redact(error.message), code=error.code, param=error.param, headers=extra
+    )
 
 
 # ---------------------------------------------------------------------- command line

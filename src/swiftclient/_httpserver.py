@@ -77,9 +77,15 @@ _ERROR_TYPES = {
 
 
 def error_body(
-    status: int, message: str, *, type: str | None = None, code: str | None = None
+    status: int,
+    message: str,
+    *,
+    type: str | None = None,
+    code: str | None = None,
+    param: str | None = None,
 ) -> dict[str, Any]:
-    """Return an OpenAI-style error body: ``{"error": {"message", "type", "code"}}``.
+    """Return an OpenAI-style error body: ``{"error": {"message", "type", "code"}}``, with
+    ``param`` when given.
 
     ``type`` defaults from the status: ``server_error`` for 5xx, ``rate_limit_error`` for 429,
     ``invalid_request_error`` for most other 4xx.
@@ -88,7 +94,10 @@ def error_body(
         type = (
             "server_error" if status >= 500 else _ERROR_TYPES.get(status, "invalid_request_error")
         )
-    return {"error": {"message": message, "type": type, "code": code}}
+    error: dict[str, Any] = {"message": message, "type": type, "code": code}
+    if param is not None:
+        error["param"] = param
+    return {"error": error}
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,10 +206,12 @@ class ResponseWriter:
         *,
         type: str | None = None,
         code: str | None = None,
+        param: str | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> None:
         """Send an OpenAI-style JSON error (see :func:`error_body`)."""
-        await self.send_json(status, error_body(status, message, type=type, code=code), headers)
+        body = error_body(status, message, type=type, code=code, param=param)
+        await self.send_json(status, body, headers)
 
     async def start_stream(self, status: int, headers: Mapping[str, str] | None = None) -> None:
         """Send the status line and headers of a streamed (chunked) response.
