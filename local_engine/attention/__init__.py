@@ -5,30 +5,48 @@ from __future__ import annotations
 from swiftclient.errors import ConfigurationError
 
 from .base import AttentionBackend, AttentionMetadata, build_attention_metadata
+from .cpu import CPUPagedAttention
+from .native import DISABLE_ENV, load_paged_decode
 from .reference import ReferenceAttention
 
 __all__ = [
     "BACKEND_NAMES",
     "AttentionBackend",
     "AttentionMetadata",
+    "CPUPagedAttention",
     "ReferenceAttention",
     "build_attention_metadata",
     "get_attention_backend",
 ]
 
-BACKEND_NAMES = ("auto", "reference")
+BACKEND_NAMES = ("auto", "cpu", "reference")
 
 
 def get_attention_backend(name: str = "auto") -> AttentionBackend:
     """Return a new attention backend.
 
-    ``"auto"`` picks the best backend available (today the SDPA reference everywhere);
-    ``"reference"`` forces the portable SDPA implementation.
+    - ``"reference"``: the portable SDPA implementation, on any device and dtype.
+    - ``"cpu"``: the reference backend with float32 CPU decode rows run by the native paged
+      kernel (compiled on first use; see :mod:`local_engine.attention.native`).
+    - ``"auto"``: ``"cpu"`` where the kernel builds, else ``"reference"``. Rows the kernel
+      does not take (GPU tensors, half precision) run on the reference path either way.
 
     Raises:
-        ConfigurationError: ``name`` is not a known backend.
+        ConfigurationError: ``name`` is not a known backend, or ``"cpu"`` was asked for and
+            the kernel cannot be built here.
     """
-    if name in ("auto", "reference"):
+    if name == "reference":
+        return ReferenceAttention()
+    if name in ("auto", "cpu"):
+        kernel = load_paged_decode()
+        if kernel is not None:
+            return CPUPagedAttention(kernel)
+        if name == "cpu":
+            raise ConfigurationError(
+                "the 'cpu' attention backend needs its native kernel, which could not be "
+                f"built here (no working C compiler, or {DISABLE_ENV}=0); use 'auto' or "
+                "'reference'"
+            )
         return ReferenceAttention()
     raise ConfigurationError(
         f"unknown attention backend {name!r}: expected one of {', '.join(BACKEND_NAMES)}"

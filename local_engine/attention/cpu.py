@@ -1,0 +1,80 @@
+"""CPU attention: the reference backend, with decode rows run by the native paged kernel.
+
+Decode (one new token per sequence) dominates a busy engine's attention time, and the
+reference path spends most of it copying each sequence's key/value blocks into a contiguous
+buffer before SDPA reads them again. The kernel in ``csrc/paged_decode.c`` reads keys and
+values where they lie in the paged cache, once. Prefill (many query tokens per sequence) is
+matrix-shaped work that SDPA already does well, so it stays on the reference path, as do
+decode rows the kernel does not take (non-float32 or non-CPU tensors, more than
+``MAX_GROUP`` query heads per KV head or ``MAX_HEADS`` in all).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import AttentionMetadata
+from .native import MAX_GROUP, MAX_HEADS, PagedDecodeKernel
+from .reference import ReferenceAttention, _Decode
+
+__all__ = ["CPUPagedAttention"]
+
+
+class CPUPagedAttention(ReferenceAttention):
+    """:class:`ReferenceAttention` with float32 CPU decode rows run by the native kernel."""
+
+    name = "cpu"
+
+    def __init__(self, kernel: PagedDecodeKernel) -> None:
+        """Use ``kernel`` (from :func:`local_engine.attention.native.load_paged_decode`)."""
+        super().__init__()
+        self.kernel = kernel
+
+    def _decode(
+        self,
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        decode: _Decode,
+        scale: float,
+        window: int | None,
+    ) -> torch.Tensor:
+        if not _kernel_takes(q, kv_cache):
+            return super()._decode(q, kv_cache, meta, decode, scale, window)
+        rows, heads, dim = q.shape
+        block_size, kv_heads = kv_cache.shape[2], kv_cache.shape[3]
+        tables = decode.blocks.contiguous()
+        lens = decode.context_lens.contiguous()
+        out = torch.empty((rows, heads, dim), dtype=q.dtype, device=q.device)
+        self.kernel(
+            q=q.data_ptr(),
+            q_strides=(q.stride(0), q.stride(1)),
+            k=kv_cache[0].data_ptr(),
+            v=kv_cache[1].data_ptr(),
+            tables=tables.data_ptr(),
+            table_stride=decode.width,
+            lens=lens.data_ptr(),
+            out=out.data_ptr(),
+            shape=(rows, heads, kv_heads, dim),
+            block_size=block_size,
+            window=window or 0,
+            max_len=decode.width * block_size,
+            scale=scale,
+            threads=torch.get_num_threads(),
+        )
+        return out
+
+
+def _kernel_takes(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+    heads, kv_heads = q.shape[1], kv_cache.shape[3]
+    return (
+        q.device.type == "cpu"
+        and kv_cache.device.type == "cpu"
+        and q.dtype == torch.float32
+        and kv_cache.dtype == torch.float32
+        and kv_cache.is_contiguous()
+        and q.stride(2) == 1
+        and heads % kv_heads == 0
+        and heads // kv_heads <= MAX_GROUP
+        and heads <= MAX_HEADS
+    )

@@ -1,0 +1,197 @@
+/*
+ * Paged decode attention for CPU: one new query token per sequence, attending over its keys
+ * and values where they lie in the paged KV cache, without gathering them first.
+ *
+ * Layout (all float32, row-major):
+ *   q      [rows, heads, dim]            strides q_row, q_head (elements); dim is contiguous
+ *   k, v   [num_blocks, block_size, kv_heads, dim]   one layer's key and value halves
+ *   tables [rows, table_stride] int64    block ids; position p of row r lives in block
+ *                                        tables[r, p / block_size] at offset p % block_size
+ *   lens   [rows] int64                  context length of each row (>= 1); the query is the
+ *                                        token at position lens[r] - 1
+ *   out    [rows, heads, dim]            contiguous
+ *
+ * Query head h reads KV head h / (heads / kv_heads) (grouped-query attention). With window
+ * > 0 a row sees only its last `window` positions (positions > lens - 1 - window).
+ *
+ * Work is split into tasks, one row each when there are at least two rows per thread (each
+ * token's keys and values are then one contiguous read), else one (row, KV head) pair each,
+ * over `nthreads` threads: an OpenMP team when built with -fopenmp (against the runtime
+ * torch uses), else pthreads with the caller's thread as one of them. Each task reads its
+ * keys once, keeps the scores of its query heads in a scratch buffer, applies an exact
+ * softmax (max-subtracted, float32) and reads its values once. Returns 0 on success, 1 when
+ * scratch memory could not be allocated, 2 for shapes the kernel does not take (the caller
+ * then uses its fallback).
+ *
+ * Compiled on first use by local_engine/attention/native.py.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+#define MAX_GROUP 16
+#define MAX_HEADS 256
+#define MAX_THREADS 64
+
+typedef struct {
+    const float *q;
+    int64_t q_row, q_head;
+    const float *k, *v;
+    const int64_t *tables;
+    int64_t table_stride;
+    const int64_t *lens;
+    float *out;
+    int64_t rows, heads, kv_heads, dim, block_size, window, max_len;
+    float scale;
+    int nthreads, tid, status;
+} job_t;
+
+static inline float dot(const float *a, const float *b, int64_t n) {
+    int64_t d = 0;
+    float s = 0.f;
+#if defined(__AVX512F__)
+    __m512 acc = _mm512_setzero_ps();
+    for (; d + 16 <= n; d += 16)
+        acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + d), _mm512_loadu_ps(b + d), acc);
+    s = _mm512_reduce_add_ps(acc);
+#else
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (; d + 8 <= n; d += 8)
+        for (int l = 0; l < 8; l++) acc[l] += a[d + l] * b[d + l];
+    for (int l = 0; l < 8; l++) s += acc[l];
+#endif
+    for (; d < n; d++) s += a[d] * b[d];
+    return s;
+}
+
+/* y += p * x */
+static inline void axpy(float *y, float p, const float *x, int64_t n) {
+    int64_t d = 0;
+#if defined(__AVX512F__)
+    const __m512 pv = _mm512_set1_ps(p);
+    for (; d + 16 <= n; d += 16)
+        _mm512_storeu_ps(y + d, _mm512_fmadd_ps(pv, _mm512_loadu_ps(x + d), _mm512_loadu_ps(y + d)));
+#endif
+    for (; d < n; d++) y[d] += p * x[d];
+}
+
+static void *run(void *arg) {
+    job_t *j = (job_t *)arg;
+    const int64_t kvh = j->kv_heads, group = j->heads / kvh, dim = j->dim, bs = j->block_size;
+    const int64_t token_stride = kvh * dim;
+    /* A task is one row's KV heads [h0, h1): all of them when there are rows enough to keep
+       every thread busy (each token's keys are then one contiguous read), else one. */
+    const int64_t split = j->rows >= 2 * (int64_t)j->nthreads ? 1 : kvh;
+    const int64_t span = kvh / split; /* KV heads per task */
+    float *scores = malloc(sizeof(float) * (size_t)(span * group * j->max_len));
+    float *acc = malloc(sizeof(float) * (size_t)(span * group * dim));
+    if (scores == NULL || acc == NULL) {
+        free(scores);
+        free(acc);
+        j->status = 1;
+        return NULL;
+    }
+    const int64_t tasks = j->rows * split;
+    for (int64_t task = j->tid; task < tasks; task += j->nthreads) {
+        const int64_t row = task / split, h0 = (task % split) * span;
+        const int64_t heads = span * group; /* query heads of this task */
+        const int64_t len = j->lens[row];
+        const int64_t first = (j->window > 0 && len > j->window) ? len - j->window : 0;
+        const int64_t n = len - first;
+        const int64_t *table = j->tables + row * j->table_stride;
+        const float *q = j->q + row * j->q_row + h0 * group * j->q_head;
+        float top[MAX_HEADS], total[MAX_HEADS];
+        for (int64_t i = 0; i < heads; i++) top[i] = -INFINITY;
+        /* scores = q . k over the visible positions, block by block */
+        for (int64_t t = first; t < len;) {
+            const int64_t offset = t % bs;
+            const int64_t stop = (t - offset + bs < len) ? t - offset + bs : len;
+            const float *key = j->k + (table[t / bs] * bs + offset) * token_stride + h0 * dim;
+            for (; t < stop; t++, key += token_stride)
+                for (int64_t i = 0; i < heads; i++) {
+                    const float s = dot(q + i * j->q_head, key + (i / group) * dim, dim) * j->scale;
+                    scores[i * n + (t - first)] = s;
+                    top[i] = s > top[i] ? s : top[i];
+                }
+        }
+        for (int64_t i = 0; i < heads; i++) {
+            float sum = 0.f, *row_scores = scores + i * n;
+            for (int64_t t = 0; t < n; t++) {
+                row_scores[t] = expf(row_scores[t] - top[i]);
+                sum += row_scores[t];
+            }
+            total[i] = sum;
+        }
+        memset(acc, 0, sizeof(float) * (size_t)(heads * dim));
+        for (int64_t t = first; t < len;) {
+            const int64_t offset = t % bs;
+            const int64_t stop = (t - offset + bs < len) ? t - offset + bs : len;
+            const float *value = j->v + (table[t / bs] * bs + offset) * token_stride + h0 * dim;
+            for (; t < stop; t++, value += token_stride)
+                for (int64_t i = 0; i < heads; i++)
+                    axpy(acc + i * dim, scores[i * n + (t - first)], value + (i / group) * dim, dim);
+        }
+        for (int64_t i = 0; i < heads; i++) {
+            float *o = j->out + (row * j->heads + h0 * group + i) * dim;
+            const float inv = 1.f / total[i];
+            for (int64_t d = 0; d < dim; d++) o[d] = acc[i * dim + d] * inv;
+        }
+    }
+    free(scores);
+    free(acc);
+    return NULL;
+}
+
+int swift_paged_decode_f32(const float *q, int64_t q_row, int64_t q_head, const float *k,
+                           const float *v, const int64_t *tables, int64_t table_stride,
+                           const int64_t *lens, float *out, int64_t rows, int64_t heads,
+                           int64_t kv_heads, int64_t dim, int64_t block_size, int64_t window,
+                           int64_t max_len, float scale, int nthreads) {
+    if (rows < 1 || heads < 1 || kv_heads < 1 || dim < 1 || block_size < 1 || max_len < 1 ||
+        heads % kv_heads != 0 || heads / kv_heads > MAX_GROUP || heads > MAX_HEADS)
+        return 2;
+    for (int64_t r = 0; r < rows; r++)
+        if (lens[r] < 1 || lens[r] > max_len) return 2;
+    if (nthreads < 1) nthreads = 1;
+    if (nthreads > MAX_THREADS) nthreads = MAX_THREADS;
+    if ((int64_t)nthreads > rows * kv_heads) nthreads = (int)(rows * kv_heads);
+    const job_t base = {q, q_row, q_head, k, v, tables, table_stride, lens, out, rows, heads,
+                        kv_heads, dim, block_size, window, max_len, scale, nthreads, 0, 0};
+    int status = 0;
+#if defined(_OPENMP)
+    /* Built against the OpenMP runtime torch already loaded: the work runs on torch's own
+       worker threads, which are awake (spinning) right after the projection before it. */
+#pragma omp parallel num_threads(nthreads)
+    {
+        job_t job = base;
+        job.tid = omp_get_thread_num();
+        job.nthreads = omp_get_num_threads();
+        run(&job);
+#pragma omp atomic
+        status |= job.status;
+    }
+#else
+    job_t jobs[MAX_THREADS];
+    pthread_t threads[MAX_THREADS];
+    for (int i = 0; i < nthreads; i++) {
+        jobs[i] = base;
+        jobs[i].tid = i;
+    }
+    int started = 1; /* jobs[0] runs on the caller's thread */
+    while (started < nthreads && pthread_create(&threads[started], NULL, run, &jobs[started]) == 0)
+        started++;
+    run(&jobs[0]);
+    for (int i = started; i < nthreads; i++) run(&jobs[i]); /* threads that did not start */
+    for (int i = 1; i < started; i++) pthread_join(threads[i], NULL);
+    for (int i = 0; i < nthreads; i++) status |= jobs[i].status;
+#endif
+    return status;
+}
