@@ -680,6 +680,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"- model: {MODEL_NAME} (random weights), torch {torch.__version__}, "
         f"transformers {transformers.__version__}, python {platform.python_version()}"
     )
+    backend = setup.engine.engine.model.attention
+    print(f"- local_engine attention backend: {getattr(backend, 'name', type(backend).__name__)}")
     print(
         f"- torch threads: {args.threads} for both peers; machine: {os.cpu_count()} CPUs, "
         f"SHARED with other running jobs (1-min load average {load_before[0]:.1f} before, "

@@ -59,6 +59,7 @@ class CPUPagedAttention(ReferenceAttention):
             block_size=block_size,
             window=window or 0,
             max_len=decode.width * block_size,
+            num_blocks=kv_cache.shape[1],
             scale=scale,
             threads=torch.get_num_threads(),
         )

@@ -67,7 +67,7 @@ _COMPILE_TIMEOUT_S = 120
 _I64 = ctypes.c_int64
 _PTR = ctypes.c_void_p
 _ARGTYPES = [_PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _PTR]
-_ARGTYPES += [_I64] * 7 + [ctypes.c_float, ctypes.c_int]
+_ARGTYPES += [_I64] * 8 + [ctypes.c_float, ctypes.c_int]
 
 
 class KernelError(RuntimeError):
@@ -96,10 +96,13 @@ class PagedDecodeKernel:
         block_size: int,
         window: int,
         max_len: int,
+        num_blocks: int,
         scale: float,
         threads: int,
     ) -> None:
         """Run the kernel; ``shape`` is ``(rows, heads, kv_heads, dim)``.
+
+        Every block id a row uses is checked against ``num_blocks`` first.
 
         Raises:
             KernelError: the kernel returned a non-zero status.
@@ -122,11 +125,12 @@ class PagedDecodeKernel:
             block_size,
             window,
             max_len,
+            num_blocks,
             scale,
             threads,
         )
         if status:
-            what = "out of scratch memory" if status == 1 else "arguments it does not take"
+            what = "out of scratch memory" if status == 1 else "arguments out of its limits"
             raise KernelError(f"paged decode kernel failed ({what}, status {status})")
 
 

@@ -133,6 +133,7 @@ def test_kernel_refuses_shapes_it_does_not_take() -> None:
         "block_size": 4,
         "window": 0,
         "max_len": 4,
+        "num_blocks": 1,
         "scale": 1.0,
         "threads": 1,
     }
@@ -140,6 +141,15 @@ def test_kernel_refuses_shapes_it_does_not_take() -> None:
         kernel(shape=(1, 3, 2, 8), **args)  # 3 query heads over 2 KV heads
     with pytest.raises(KernelError, match="status 2"):
         kernel(shape=(1, 2, 2, 8), **{**args, "max_len": 2})  # a row longer than max_len
+    tables[0] = 1
+    with pytest.raises(KernelError, match="status 2"):
+        kernel(shape=(1, 2, 2, 8), **args)  # block 1 of a one-block cache
+    tables[0] = -1
+    with pytest.raises(KernelError, match="status 2"):
+        kernel(shape=(1, 2, 2, 8), **args)
+    tables[0] = 0
+    kernel(shape=(1, 2, 2, 8), **args)  # the same call with a valid table runs
+    assert torch.equal(out[:, :2], torch.zeros(1, 2, 8))  # zero values -> zero output
 
 
 def test_library_is_built_once_and_reused(tmp_path: Path) -> None:

@@ -5,8 +5,9 @@
  * Layout (all float32, row-major):
  *   q      [rows, heads, dim]            strides q_row, q_head (elements); dim is contiguous
  *   k, v   [num_blocks, block_size, kv_heads, dim]   one layer's key and value halves
- *   tables [rows, table_stride] int64    block ids; position p of row r lives in block
- *                                        tables[r, p / block_size] at offset p % block_size
+ *   tables [rows, table_stride] int64    block ids in [0, num_blocks); position p of row r
+ *                                        lives in block tables[r, p / block_size] at offset
+ *                                        p % block_size
  *   lens   [rows] int64                  context length of each row (>= 1); the query is the
  *                                        token at position lens[r] - 1
  *   out    [rows, heads, dim]            contiguous
@@ -20,8 +21,8 @@
  * torch uses), else pthreads with the caller's thread as one of them. Each task reads its
  * keys once, keeps the scores of its query heads in a scratch buffer, applies an exact
  * softmax (max-subtracted, float32) and reads its values once. Returns 0 on success, 1 when
- * scratch memory could not be allocated, 2 for shapes the kernel does not take (the caller
- * then uses its fallback).
+ * scratch memory could not be allocated, 2 for arguments the kernel does not take (shapes
+ * outside its limits, or a block id outside the cache; it then reads nothing).
  *
  * Compiled on first use by local_engine/attention/native.py.
  */
@@ -154,12 +155,18 @@ int swift_paged_decode_f32(const float *q, int64_t q_row, int64_t q_head, const 
                            const float *v, const int64_t *tables, int64_t table_stride,
                            const int64_t *lens, float *out, int64_t rows, int64_t heads,
                            int64_t kv_heads, int64_t dim, int64_t block_size, int64_t window,
-                           int64_t max_len, float scale, int nthreads) {
+                           int64_t max_len, int64_t num_blocks, float scale, int nthreads) {
     if (rows < 1 || heads < 1 || kv_heads < 1 || dim < 1 || block_size < 1 || max_len < 1 ||
         heads % kv_heads != 0 || heads / kv_heads > MAX_GROUP || heads > MAX_HEADS)
         return 2;
-    for (int64_t r = 0; r < rows; r++)
-        if (lens[r] < 1 || lens[r] > max_len) return 2;
+    for (int64_t r = 0; r < rows; r++) {
+        if (lens[r] < 1 || lens[r] > max_len || (lens[r] - 1) / block_size >= table_stride)
+            return 2;
+        for (int64_t b = 0; b <= (lens[r] - 1) / block_size; b++) {
+            const int64_t id = tables[r * table_stride + b];
+            if (id < 0 || id >= num_blocks) return 2; /* never read outside the cache */
+        }
+    }
     if (nthreads < 1) nthreads = 1;
     if (nthreads > MAX_THREADS) nthreads = MAX_THREADS;
     if ((int64_t)nthreads > rows * kv_heads) nthreads = (int)(rows * kv_heads);
