@@ -681,7 +681,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"transformers {transformers.__version__}, python {platform.python_version()}"
     )
     backend = setup.engine.engine.model.attention
-    print(f"- local_engine attention backend: {getattr(backend, 'name', type(backend).__name__)}")
+    name = getattr(backend, "name", type(backend).__name__)
+    if name == "cpu":
+        loaded = getattr(backend, "kernel", None) is not None
+        name += " (native paged-decode kernel)" if loaded else " (kernel unavailable: SDPA)"
+    print(f"- local_engine attention backend: {name}")
     print(
         f"- torch threads: {args.threads} for both peers; machine: {os.cpu_count()} CPUs, "
         f"SHARED with other running jobs (1-min load average {load_before[0]:.1f} before, "

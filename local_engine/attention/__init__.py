@@ -27,9 +27,11 @@ def get_attention_backend(name: str = "auto") -> AttentionBackend:
 
     - ``"reference"``: the portable SDPA implementation, on any device and dtype.
     - ``"cpu"``: the reference backend with float32 CPU decode rows run by the native paged
-      kernel (compiled on first use; see :mod:`local_engine.attention.native`).
-    - ``"auto"``: ``"cpu"`` where the kernel builds, else ``"reference"``. Rows the kernel
-      does not take (GPU tensors, half precision) run on the reference path either way.
+      kernel, built now (see :mod:`local_engine.attention.native`).
+    - ``"auto"``: the ``"cpu"`` backend, building its kernel only when the first decode row
+      it can take arrives, and running every row on the reference path where the kernel
+      cannot be built. Rows the kernel does not take (GPU tensors, half precision) run on
+      the reference path either way.
 
     Raises:
         ConfigurationError: ``name`` is not a known backend, or ``"cpu"`` was asked for and
@@ -37,17 +39,17 @@ def get_attention_backend(name: str = "auto") -> AttentionBackend:
     """
     if name == "reference":
         return ReferenceAttention()
-    if name in ("auto", "cpu"):
+    if name == "auto":
+        return CPUPagedAttention()
+    if name == "cpu":
         kernel = load_paged_decode()
-        if kernel is not None:
-            return CPUPagedAttention(kernel)
-        if name == "cpu":
+        if kernel is None:
             raise ConfigurationError(
                 "the 'cpu' attention backend needs its native kernel, which could not be "
                 f"built here (no working C compiler, or {DISABLE_ENV}=0); use 'auto' or "
                 "'reference'"
             )
-        return ReferenceAttention()
+        return CPUPagedAttention(kernel)
     raise ConfigurationError(
         f"unknown attention backend {name!r}: expected one of {', '.join(BACKEND_NAMES)}"
     )

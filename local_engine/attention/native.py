@@ -23,8 +23,11 @@ import logging
 import os
 import platform
 import secrets
+import shlex
 import shutil
+import signal
 import subprocess
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +43,7 @@ __all__ = [
     "KernelError",
     "PagedDecodeKernel",
     "build_library",
+    "gomp_libraries",
     "load_paged_decode",
     "open_library",
     "torch_uses_gomp",
@@ -50,8 +54,6 @@ logger = logging.getLogger("local_engine")
 DISABLE_ENV = "SWIFTCLIENT_NATIVE_KERNELS"
 SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
 SYMBOL = "swift_paged_decode_f32"
-MAX_GROUP = 16
-"""Query heads per KV head the kernel takes (``MAX_GROUP`` in the C source)."""
 MAX_HEADS = 256
 """Query heads the kernel takes (``MAX_HEADS`` in the C source)."""
 
@@ -134,78 +136,159 @@ class PagedDecodeKernel:
             raise KernelError(f"paged decode kernel failed ({what}, status {status})")
 
 
-def torch_uses_gomp() -> bool:
-    """True when this process has GNU OpenMP loaded (torch's Linux wheels bring their own).
-
-    Only then is the kernel built with ``-fopenmp``: the dynamic loader resolves its
-    ``libgomp.so.1`` to the copy already loaded, so the kernel runs on torch's own worker
-    threads. Those spin for a while after every parallel torch op; a separate pool of
-    threads would only fight them for the cores.
-    """
+def gomp_libraries() -> set[str]:
+    """Paths of the GNU OpenMP runtimes mapped into this process (Linux; empty elsewhere)."""
     try:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
-        return False
-    return "libgomp" in maps
+        return set()
+    found = set()
+    for line in maps.splitlines():
+        parts = line.split(maxsplit=5)
+        if len(parts) == 6 and Path(parts[5].strip()).name.startswith("libgomp"):
+            found.add(parts[5].strip())
+    return found
+
+
+def torch_uses_gomp() -> bool:
+    """True when exactly one GNU OpenMP runtime is loaded and it answers to ``libgomp.so.1``.
+
+    torch's Linux wheels bring such a copy. Only then is the kernel built with ``-fopenmp``:
+    the dynamic loader resolves the kernel's ``libgomp.so.1`` to that copy, so the kernel runs
+    on torch's own worker threads. Those spin for a while after every parallel torch op; a
+    second pool of threads would only fight them for the cores.
+    """
+    libraries = gomp_libraries()
+    return len(libraries) == 1 and Path(next(iter(libraries))).name == "libgomp.so.1"
+
+
+def _compiler(name: str | None) -> list[str]:
+    """The compiler command (``$CC`` may carry arguments, e.g. ``ccache gcc``)."""
+    words = shlex.split(name or os.environ.get("CC") or "cc")
+    exe = shutil.which(words[0]) if words else None
+    if exe is None:
+        raise OSError(f"no C compiler {name or os.environ.get('CC') or 'cc'!r} on PATH")
+    return [exe, *words[1:]]
+
+
+def _fingerprint(cc: list[str]) -> bytes:
+    """What else decides the binary: the compiler's version and the CPU's features
+    (``-march=native`` code must never be loaded on a CPU without them)."""
+    try:
+        version = subprocess.run(
+            [*cc, "--version"], capture_output=True, timeout=30, check=False
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        version = b""
+    cpu = platform.machine() + platform.processor()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features", "model name")):
+                cpu += line
+    return version + b"\0" + cpu.encode()
+
+
+def _first_error(stderr: str) -> str:
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if "error" in line.lower()]
+    return (errors or lines or ["unknown error"])[0]
 
 
 def build_library(
-    directory: Path, *, compiler: str | None = None, openmp: bool | None = None
+    directory: Path,
+    *,
+    compiler: str | None = None,
+    openmp: bool | None = None,
+    timeout: float = _COMPILE_TIMEOUT_S,
 ) -> Path:
     """Compile the kernel into ``directory`` (or find it there) and return the library path.
 
-    ``openmp`` (default: :func:`torch_uses_gomp`) adds ``-fopenmp`` to the first flag sets
-    tried, with the plain ones as the fallback.
+    ``compiler`` defaults to ``$CC``, else ``cc``. ``openmp`` (default:
+    :func:`torch_uses_gomp`) puts flag sets with ``-fopenmp`` first, with the plain ones as
+    the fallback; an OpenMP build's file name ends in ``-omp.so``. The library's name hashes
+    the source, the whole command line, the compiler's version and the CPU's features.
+    ``timeout`` bounds all attempts together; a compiler that overruns it is killed with
+    its whole process group, and no further attempt is made.
 
     Raises:
-        OSError: no flag set compiled (the compiler's last error is in the message), or
-            the compiler is missing.
+        OSError: the compiler is missing, timed out, or no flag set compiled (its first
+            error line is in the message).
     """
-    cc = compiler or os.environ.get("CC") or "cc"
-    exe = shutil.which(cc)
-    if exe is None:
-        raise OSError(f"no C compiler {cc!r} on PATH")
+    cc = _compiler(compiler)
     source = SOURCE.read_bytes()
+    fingerprint = _fingerprint(cc)
     directory.mkdir(parents=True, exist_ok=True)
-    errors: list[str] = []
     flag_sets = list(_FLAG_SETS)
     if torch_uses_gomp() if openmp is None else openmp:
         flag_sets = [(*flags, _OPENMP) for flags in _FLAG_SETS] + flag_sets
+    deadline = time.monotonic() + timeout
+    error = "no flag set to try"
     for flags in flag_sets:
-        parts = [source, exe.encode(), " ".join(flags).encode(), platform.machine().encode()]
-        digest = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
-        target = directory / f"paged_decode-{digest}.so"
+        command = [*cc, *flags, "-shared", "-fPIC", "-pthread", "-o", "OUT", str(SOURCE), "-lm"]
+        digest = hashlib.sha256(
+            b"\0".join([source, fingerprint, "\0".join(command).encode()])
+        ).hexdigest()[:16]
+        suffix = "-omp" if _OPENMP in flags else ""
+        target = directory / f"paged_decode-{digest}{suffix}.so"
         if target.exists():
             return target
-        scratch = directory / f".paged_decode-{digest}.{os.getpid()}-{secrets.token_hex(4)}.so"
-        cmd = [exe, *flags, "-shared", "-fPIC", "-pthread", "-o", str(scratch), str(SOURCE), "-lm"]
+        scratch = directory / f".paged_decode-{digest}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
+        command[command.index("OUT")] = str(scratch)
         try:
-            done = subprocess.run(
-                cmd, capture_output=True, text=True, timeout=_COMPILE_TIMEOUT_S, check=False
-            )
-            if done.returncode == 0 and scratch.exists():
+            ok, error = _compile(command, deadline - time.monotonic(), timeout)
+            if ok and scratch.exists():
                 os.replace(scratch, target)  # atomic; a concurrent builder's copy is identical
                 return target
-            errors.append(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "")
-        except subprocess.TimeoutExpired:
-            errors.append(f"timed out after {_COMPILE_TIMEOUT_S} s")
         finally:
             with contextlib.suppress(OSError):
                 scratch.unlink()
-    raise OSError(f"could not compile {SOURCE.name} with {cc}: {errors[-1] or 'unknown error'}")
+    raise OSError(f"could not compile {SOURCE.name} with {cc[0]}: {error}")
+
+
+def _compile(command: list[str], remaining: float, timeout: float) -> tuple[bool, str]:
+    """Run one compile; True on success, else the first error line.
+
+    Raises:
+        OSError: the compiler could not start, or overran the time left (it is killed with
+            its process group first).
+    """
+    if remaining <= 0:
+        raise OSError(f"compiling the kernel took longer than {timeout:g} s")
+    with subprocess.Popen(
+        command,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, so a timeout kills the linker too
+    ) as proc:  # leaving the block closes the pipe and reaps the compiler
+        try:
+            _, stderr = proc.communicate(timeout=remaining)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            raise OSError(f"compiling the kernel took longer than {timeout:g} s") from None
+    return proc.returncode == 0, _first_error(stderr)
 
 
 @functools.cache
 def load_paged_decode() -> PagedDecodeKernel | None:
-    """The kernel, built and loaded once per process; ``None`` where it cannot be."""
+    """The kernel, built and loaded once per process; ``None`` where it cannot be (the
+    reason is logged)."""
     if os.environ.get(DISABLE_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
         logger.info("native CPU kernels disabled by %s", DISABLE_ENV)
         return None
     try:
-        return open_library(build_library(default_cache_root() / "kernels"))
-    except OSError as exc:
+        directory = default_cache_root() / "kernels"
+        kernel = open_library(build_library(directory))
+        if kernel.path.stem.endswith("-omp") and len(gomp_libraries()) > 1:
+            # Loading it brought in a second OpenMP runtime: use the pthread build instead
+            # (the extra runtime starts no threads unless it is called).
+            logger.info("kernel would use a second OpenMP runtime; using its pthread build")
+            kernel = open_library(build_library(directory, openmp=False))
+    except (OSError, RuntimeError) as exc:  # RuntimeError: no home directory for the cache
         logger.warning("CPU paged-decode kernel unavailable, using SDPA attention: %s", exc)
         return None
+    return kernel
 
 
 def open_library(path: Path) -> PagedDecodeKernel:

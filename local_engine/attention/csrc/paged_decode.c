@@ -38,7 +38,6 @@
 #include <omp.h>
 #endif
 
-#define MAX_GROUP 16
 #define MAX_HEADS 256
 #define MAX_THREADS 64
 
@@ -157,7 +156,7 @@ int swift_paged_decode_f32(const float *q, int64_t q_row, int64_t q_head, const 
                            int64_t kv_heads, int64_t dim, int64_t block_size, int64_t window,
                            int64_t max_len, int64_t num_blocks, float scale, int nthreads) {
     if (rows < 1 || heads < 1 || kv_heads < 1 || dim < 1 || block_size < 1 || max_len < 1 ||
-        heads % kv_heads != 0 || heads / kv_heads > MAX_GROUP || heads > MAX_HEADS)
+        heads % kv_heads != 0 || heads > MAX_HEADS)
         return 2;
     for (int64_t r = 0; r < rows; r++) {
         if (lens[r] < 1 || lens[r] > max_len || (lens[r] - 1) / block_size >= table_stride)
