@@ -2,11 +2,12 @@
 
 The kernel (``csrc/paged_decode.c``) is plain C99 with no Python or torch headers, so
 building it takes well under a second with the system C compiler. Its threads are an OpenMP
-team on torch's own runtime where torch uses GNU OpenMP (Linux wheels), else pthreads. The shared
-library is cached under ``<cache root>/kernels/`` (the root is ``$SWIFTCLIENT_CACHE_DIR`` or
-``~/.cache/swiftclient``), named by a hash of the source, the compiler, its flags and the
-machine, and written to a temporary file that is renamed into place, so concurrent first
-uses are safe. It is loaded with :mod:`ctypes`.
+team on torch's own runtime where torch uses GNU OpenMP (Linux wheels), else pthreads. The
+shared library is cached under ``<cache root>/kernels/`` (the root is
+``$SWIFTCLIENT_CACHE_DIR`` or ``~/.cache/swiftclient``), named by a hash of the source, the
+command line, the compiler's version and the CPU's features, and written to a temporary file
+that is renamed into place, so concurrent first uses are safe. It is loaded with
+:mod:`ctypes`.
 
 Where no compiler works (``$CC``, else ``cc``), or ``SWIFTCLIENT_NATIVE_KERNELS=0`` is set,
 :func:`load_paged_decode` returns ``None`` and the engine keeps the portable SDPA path; the
@@ -171,21 +172,22 @@ def _compiler(name: str | None) -> list[str]:
     return [exe, *words[1:]]
 
 
-def _fingerprint(cc: list[str]) -> bytes:
+def _fingerprint(cc: list[str], timeout: float) -> bytes:
     """What else decides the binary: the compiler's version and the CPU's features
     (``-march=native`` code must never be loaded on a CPU without them)."""
     try:
         version = subprocess.run(
-            [*cc, "--version"], capture_output=True, timeout=30, check=False
+            [*cc, "--version"], capture_output=True, timeout=timeout, check=False
         ).stdout
     except (OSError, subprocess.TimeoutExpired):
         version = b""
-    cpu = platform.machine() + platform.processor()
+    cpu = {"machine": platform.machine() + platform.processor()}
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features", "model name")):
-                cpu += line
-    return version + b"\0" + cpu.encode()
+            key = line.split(":", 1)[0].strip()
+            if key in ("flags", "Features", "model name"):
+                cpu.setdefault(key, line)  # the first core's; every core repeats them
+    return version + b"\0" + "\n".join(sorted(cpu.values())).encode()
 
 
 def _first_error(stderr: str) -> str:
@@ -214,14 +216,14 @@ def build_library(
         OSError: the compiler is missing, timed out, or no flag set compiled (its first
             error line is in the message).
     """
+    deadline = time.monotonic() + timeout
     cc = _compiler(compiler)
     source = SOURCE.read_bytes()
-    fingerprint = _fingerprint(cc)
+    fingerprint = _fingerprint(cc, timeout)
     directory.mkdir(parents=True, exist_ok=True)
     flag_sets = list(_FLAG_SETS)
     if torch_uses_gomp() if openmp is None else openmp:
         flag_sets = [(*flags, _OPENMP) for flags in _FLAG_SETS] + flag_sets
-    deadline = time.monotonic() + timeout
     error = "no flag set to try"
     for flags in flag_sets:
         command = [*cc, *flags, "-shared", "-fPIC", "-pthread", "-o", "OUT", str(SOURCE), "-lm"]
