@@ -226,10 +226,11 @@ def build_library(
         flag_sets = [(*flags, _OPENMP) for flags in _FLAG_SETS] + flag_sets
     error = "no flag set to try"
     for flags in flag_sets:
-        command = [*cc, *flags, "-shared", "-fPIC", "-pthread", "-o", "OUT", str(SOURCE), "-lm"]
-        digest = hashlib.sha256(
+        command = [*cc, *flags, "-shared", "-fPIC", "-pthread", "-o", "OUT", "SRC", "-lm"]
+        digest = hashlib.sha256(  # the source's bytes, not its path, go into the name
             b"\0".join([source, fingerprint, "\0".join(command).encode()])
         ).hexdigest()[:16]
+        command[command.index("SRC")] = str(SOURCE)
         suffix = "-omp" if _OPENMP in flags else ""
         target = directory / f"paged_decode-{digest}{suffix}.so"
         if target.exists():
