@@ -37,7 +37,7 @@ import anyio.abc
 import pydantic
 
 from swiftclient._deadline import Deadline, Timeout
-from swiftclient._httpserver import HTTPRequest, HTTPServer, ResponseWriter
+from swiftclient._httpserver import HTTPRequest, HTTPServer, ResponseWriter, error_body
 from swiftclient.backends.local import LocalBackend
 from swiftclient.errors import ConfigurationError, EngineError, OverloadedError, redact
 from swiftclient.types import ChatCompletion, ChatCompletionChunk, ChatRequest, StreamOptions
@@ -300,8 +300,7 @@ class LocalServer:
             if not writer.started:
                 await _send_error(writer, failure, headers)
                 return
-            message = {"message": failure.message, "type": "server_error", "code": failure.code}
-            await writer.write(_event({"error": message}))
+            await writer.write(_event(error_body(500, redact(failure.message), code=failure.code)))
             return
         await writer.write(_DONE)
 
