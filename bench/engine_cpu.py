@@ -477,13 +477,13 @@ def build(path: Path, s: Settings) -> Setup:
         2 * (s.prefix + s.suffix + 1),
     )
     engine = Engine.from_pretrained(
-        path, EngineConfig(dtype="float32", kv_cache_memory=_kv_bytes(path, longest), seed=0)
+        path, EngineConfig(dtype="float32", num_blocks=_blocks_for(longest), seed=0)
     )
     no_cache = Engine(
         engine.model,
         EngineConfig(
             dtype="float32",
-            kv_cache_memory=_kv_bytes(path, 2 * (s.prefix + s.suffix + 1)),
+            num_blocks=_blocks_for(2 * (s.prefix + s.suffix + 1)),
             enable_prefix_caching=False,
             seed=0,
         ),
@@ -499,13 +499,9 @@ def build(path: Path, s: Settings) -> Setup:
     return Setup(EnginePeer(engine), EnginePeer(no_cache), TransformersPeer(hf, high), high)
 
 
-def _kv_bytes(path: Path, tokens: int) -> int:
-    """KV-cache bytes for ``tokens`` tokens of the model under ``path`` (float32), padded."""
-    from local_engine.config import ModelConfig
-
-    cfg = ModelConfig.from_pretrained(path)
-    per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 4
-    return per_token * (tokens + 64 * 16)
+def _blocks_for(tokens: int) -> int:
+    """KV blocks (of the engine's default size) for ``tokens`` tokens, with 64 spare."""
+    return tokens // EngineConfig().block_size + 64
 
 
 @dataclass(frozen=True)

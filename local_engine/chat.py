@@ -39,7 +39,7 @@ from swiftclient.types import (
     Usage,
 )
 
-from .templates import normalize_messages, render_chat_template, select_template
+from .templates import normalize_messages, render_normalized, select_template
 from .tokenizer import Tokenizer
 from .tool_calls import (
     ParsedOutput,
@@ -184,9 +184,9 @@ class ChatFormatter:
     ) -> str:
         """Render messages (and tools) to prompt text."""
         tools = list(tools) if tools else None
-        return render_chat_template(
+        return render_normalized(
             self.template_source(has_tools=tools is not None),
-            with_response_format(messages, response_format),
+            with_response_format(messages, response_format),  # normalizes the messages
             tools=tools,
             add_generation_prompt=add_generation_prompt,
             special_tokens=self.tokenizer.special_tokens,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from local_engine.attention import AttentionMetadata
+from local_engine.attention import AttentionMetadata, build_attention_metadata
 from local_engine.model import DecoderModel
 from local_engine.sampler import Sampler, SamplerOutput
 from local_engine.scheduler import ScheduledSequence, SchedulerOutput
@@ -61,11 +61,8 @@ class ModelRunner:
 
     def prepare(self, scheduled: SequenceABC[ScheduledSequence]) -> StepInputs:
         """Lay out the step's new tokens, positions and attention metadata."""
-        bs = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []
-        slots: list[int] = []
-        starts = [0]
         context_lens: list[int] = []
         query_lens: list[int] = []
         tables: list[list[int]] = []
@@ -73,35 +70,17 @@ class ModelRunner:
         sample_seqs: list[Sequence] = []
         for item in scheduled:
             seq, start, end = item.seq, item.start, item.start + item.num_new_tokens
-            table = seq.block_table.block_ids
             input_ids.extend(seq.token_ids[start:end])
             positions.extend(range(start, end))
-            pos = start
-            while pos < end:  # one range per block touched
-                offset = pos % bs
-                take = min(bs - offset, end - pos)
-                base = table[pos // bs] * bs + offset
-                slots.extend(range(base, base + take))
-                pos += take
-            starts.append(starts[-1] + item.num_new_tokens)
             context_lens.append(end)
             query_lens.append(item.num_new_tokens)
-            tables.append(table)
+            tables.append(seq.block_table.block_ids)
             if item.samples:
-                sample_indices.append(starts[-1] - 1)
+                sample_indices.append(len(input_ids) - 1)
                 sample_seqs.append(seq)
-        width = max(len(t) for t in tables)
-        padded = [t + [0] * (width - len(t)) for t in tables]
         dev = self.device
-        meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            block_tables=torch.tensor(padded, dtype=torch.int32, device=dev),
-            context_lens=torch.tensor(context_lens, dtype=torch.int32, device=dev),
-            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
-            query_lens_host=query_lens,
-            context_lens_host=context_lens,
-            max_query_len=max(query_lens),
-            max_context_len=max(context_lens),
+        meta = build_attention_metadata(
+            tables, context_lens, query_lens, block_size=self.block_size, device=dev
         )
         return StepInputs(
             input_ids=torch.tensor(input_ids, dtype=torch.int64, device=dev),

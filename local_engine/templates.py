@@ -35,6 +35,7 @@ __all__ = [
     "normalize_messages",
     "normalize_tools",
     "render_chat_template",
+    "render_normalized",
     "select_template",
 ]
 
@@ -246,11 +247,31 @@ def render_chat_template(
     ``special_tokens`` (e.g. ``{"bos_token": "<s>"}``) become template variables; ``kwargs``
     are passed on too and win over them (e.g. ``enable_thinking=False``).
     """
+    return render_normalized(
+        source,
+        normalize_messages(messages),
+        tools=tools,
+        add_generation_prompt=add_generation_prompt,
+        special_tokens=special_tokens,
+        **kwargs,
+    )
+
+
+def render_normalized(
+    source: str,
+    messages: list[dict[str, Any]],
+    *,
+    tools: Sequence[Tool | Mapping[str, Any]] | None = None,
+    add_generation_prompt: bool = False,
+    special_tokens: Mapping[str, str] | None = None,
+    **kwargs: Any,
+) -> str:
+    """:func:`render_chat_template` for messages already through :func:`normalize_messages`."""
     template = compile_template(source)
     variables: dict[str, Any] = {**(special_tokens or {}), **_plain(kwargs)}
     try:
         return template.render(
-            messages=normalize_messages(messages),
+            messages=messages,
             tools=normalize_tools(tools),
             documents=None,
             add_generation_prompt=add_generation_prompt,

@@ -12,7 +12,6 @@ incomplete UTF-8 sequence (byte-level BPE may split one character over several t
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,8 @@ from typing import Any
 from tokenizers import Tokenizer as _HFTokenizer
 
 from swiftclient.errors import ConfigurationError
+
+from .config import _read_json, _token_ids
 
 __all__ = ["SPECIAL_TOKEN_NAMES", "IncrementalDetokenizer", "Tokenizer"]
 
@@ -41,18 +42,6 @@ _MAX_HELD_TOKENS = 8
 # A UTF-8 sequence is at most 4 bytes and every token carries at least one byte, so any
 # incomplete sequence before a cut is resolved by the next 3 tokens.
 _RESOLVE_TOKENS = 3
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ConfigurationError(f"cannot read {path}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigurationError(f"{path} must hold a JSON object")
-    return data
 
 
 def _token_text(value: object) -> str | None:
@@ -138,8 +127,8 @@ class Tokenizer:
             backend = _HFTokenizer.from_file(str(tokenizer_file))
         except Exception as exc:  # the Rust side raises bare Exception subclasses
             raise ConfigurationError(f"cannot load {tokenizer_file}: {exc}") from exc
-        config = _read_json(root / "tokenizer_config.json")
-        legacy_map = _read_json(root / "special_tokens_map.json")
+        config = _read_json(root / "tokenizer_config.json", required=False)
+        legacy_map = _read_json(root / "special_tokens_map.json", required=False)
         special: dict[str, str] = {}
         for name in SPECIAL_TOKEN_NAMES:
             text = _token_text(config.get(name))
@@ -147,11 +136,8 @@ class Tokenizer:
                 text = _token_text(legacy_map.get(name))
             if text is not None:
                 special[name] = text
-        generation = _read_json(root / "generation_config.json")
-        raw_eos = generation.get("eos_token_id")
-        extra_eos = [raw_eos] if isinstance(raw_eos, int) else list(raw_eos or [])
-        if not all(isinstance(i, int) for i in extra_eos):
-            raise ConfigurationError("generation_config.json eos_token_id must be ints")
+        generation = _read_json(root / "generation_config.json", required=False)
+        extra_eos = list(_token_ids(generation.get("eos_token_id"), "eos_token_id"))
         return cls(
             backend,
             special_tokens=special,

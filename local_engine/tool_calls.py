@@ -22,6 +22,8 @@ from typing import Any, Literal
 from swiftclient.errors import ConfigurationError
 from swiftclient.types import FunctionCall, ToolCall
 
+from .stop import _held_suffix
+
 __all__ = [
     "TOOL_CALL_FORMATS",
     "ParsedOutput",
@@ -151,14 +153,6 @@ def parse_tool_calls(text: str, fmt: ToolCallFormat) -> ParsedOutput:
     return ParsedOutput(content=content or None, tool_calls=end.tool_calls)
 
 
-def _partial_suffix(text: str, marker: str) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of ``marker``."""
-    for size in range(min(len(text), len(marker) - 1), 0, -1):
-        if marker.startswith(text[-size:]):
-            return size
-    return 0
-
-
 class ToolCallStream:
     """Incremental tool-call parsing for streamed text.
 
@@ -208,7 +202,7 @@ class ToolCallStream:
                 return prefix
             self._captured = text  # blank lead-in: shown only if no call parses
             return ""
-        hold = _partial_suffix(text, _HERMES_OPEN)
+        hold = _held_suffix(text, (_HERMES_OPEN,))
         cut = len(text) - hold
         return self._show(text[:cut], text[cut:])
 

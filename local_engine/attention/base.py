@@ -98,9 +98,13 @@ def build_attention_metadata(
             raise ConfigurationError(f"query_len {qlen} must be in 1..context_len ({ctx})")
         if len(table) * block_size < ctx:
             raise ConfigurationError(f"{len(table)} blocks cannot hold {ctx} tokens")
-        slots.extend(
-            table[p // block_size] * block_size + p % block_size for p in range(ctx - qlen, ctx)
-        )
+        pos = ctx - qlen
+        while pos < ctx:  # one range per block touched
+            offset = pos % block_size
+            take = min(block_size - offset, ctx - pos)
+            base = table[pos // block_size] * block_size + offset
+            slots.extend(range(base, base + take))
+            pos += take
         starts.append(starts[-1] + qlen)
     width = max(len(t) for t in block_tables)
     padded = [list(t) + [0] * (width - len(t)) for t in block_tables]

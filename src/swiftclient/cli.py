@@ -9,7 +9,6 @@ model directory (with no directory: the embedded default model).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from collections.abc import Sequence
 
@@ -18,7 +17,7 @@ import anyio
 from ._client import AsyncClient
 from .backends.base import Backend
 from .errors import SwiftClientError
-from .types import Timing
+from .types import Timing, _percentile
 
 __all__ = ["main"]
 
@@ -69,11 +68,8 @@ async def _chat(args: argparse.Namespace) -> int:
 
 
 def _ms(values: Sequence[float], q: int) -> str:
-    if not values:
-        return "-"
-    if len(values) == 1:
-        return f"{values[0] * 1000:.1f}"
-    return f"{statistics.quantiles(values, n=100, method='inclusive')[q - 1] * 1000:.1f}"
+    value = _percentile(values, q)
+    return "-" if value is None else f"{value * 1000:.1f}"
 
 
 async def _bench(args: argparse.Namespace) -> int:

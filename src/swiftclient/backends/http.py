@@ -9,6 +9,7 @@ the pooled connection is returned (or discarded when unread bytes make it unusab
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -57,6 +58,13 @@ def _on_asyncio() -> bool:
     except RuntimeError:
         return False
     return True
+
+
+@functools.lru_cache(maxsize=16)
+def _fixed_timeout(connect: float, pool: float) -> httpx.Timeout:
+    """One shared ``httpx.Timeout`` per (connect, pool) pair, for calls whose deadline is
+    farther than both limits; a bounded cache, since callers may vary their timeouts."""
+    return httpx.Timeout(connect=connect, read=None, write=connect, pool=pool)
 
 
 class HTTPBackend:
@@ -119,7 +127,6 @@ class HTTPBackend:
         self._client: httpx.AsyncClient | None = None
         self._url = f"{self.base_url}/chat/completions"
         self._parsed_url: httpx.URL | None = None  # parsed once, on the first request
-        self._timeouts: dict[tuple[float, float], httpx.Timeout] = {}
 
     def __repr__(self) -> str:
         shown = self.base_url.split("?", 1)[0]  # a query string may carry a key
@@ -245,11 +252,7 @@ class HTTPBackend:
         connect, pool = limits.connect, limits.pool
         if connect is not None and pool is not None and deadline.remaining() > max(connect, pool):
             # The deadline is farther than both limits, so they apply as they are: reuse one.
-            cached = self._timeouts.get((connect, pool))
-            if cached is None:
-                cached = httpx.Timeout(connect=connect, read=None, write=connect, pool=pool)
-                self._timeouts[(connect, pool)] = cached
-            return cached
+            return _fixed_timeout(connect, pool)
         return httpx.Timeout(
             connect=deadline.bound(connect),
             read=None,
@@ -452,12 +455,8 @@ class _ChunkStream:
     async def _fill(self) -> None:
         if not self._open:
             self._open_body()
-        read = self._read
         try:
-            if read is not None:
-                raw = await read()
-            else:
-                raw = await self._next_bytes()
+            raw = await self._next_bytes()
         except (httpx.HTTPError, httpx.StreamError) as exc:
             self._done = True
             raise self._backend._error(exc) from exc

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from .._httpserver import error_body
 from ._reply import Reply
 
 __all__ = [
@@ -226,6 +227,4 @@ class ChunkRenderer:
 
 def error_event(message: str, *, type: str = "server_error", code: str | None = None) -> bytes:
     """An in-band error event: ``data: {"error": {...}}``."""
-    return (
-        "data: " + _dumps({"error": {"message": message, "type": type, "code": code}}) + "\n\n"
-    ).encode()
+    return ("data: " + _dumps(error_body(500, message, type=type, code=code)) + "\n\n").encode()

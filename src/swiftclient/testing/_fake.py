@@ -13,7 +13,13 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from .._httpserver import HTTPRequest, HTTPServer, ResponseWriter, serve_in_thread
+from .._httpserver import (
+    HTTPRequest,
+    HTTPServer,
+    ResponseWriter,
+    error_body,
+    serve_in_thread,
+)
 from ._events import (
     DONE,
     MALFORMED,
@@ -320,7 +326,6 @@ async def _complete(
         await writer.send(200, broken, {**headers, "content-type": "application/json"})
     elif reply.error_event_after is not None:
         message = reply.error_message or "The server had an error while generating."
-        error = {"message": message, "type": "server_error", "code": "fake_stream_error"}
-        await writer.send_json(200, {"error": error}, headers)
+        await writer.send_json(200, error_body(500, message, code="fake_stream_error"), headers)
     else:
         await writer.send_json(200, result, headers)
