@@ -65,7 +65,9 @@ class AsyncClient:
         backends: several named backends; ``"name/model"`` routes to ``name``.
         default_backend: which of ``backends`` gets model strings without a known prefix.
         model: the model used when a call names none.
-        timeout: default :class:`Timeout` (a number sets ``total``).
+        timeout: default :class:`Timeout` (a number sets ``total``, the other limits keep
+            their defaults). A per-call ``timeout=`` number or None overrides only ``total``
+            of this default; a per-call :class:`Timeout` replaces it.
         retry: default :class:`RetryPolicy`.
         stream_chat: run ``chat()`` over streaming (TTFT and ITL measured, first-token and
             idle timeouts apply); ``False`` uses the backends' non-streamed path.
@@ -193,7 +195,9 @@ class AsyncClient:
             request = ChatRequest(model=backend_model, messages=_messages(messages), **params)
         except pydantic.ValidationError as exc:
             raise errors.ConfigurationError(f"invalid chat request: {exc}") from exc
-        limits = self.timeout if isinstance(timeout, NotGiven) else Timeout.coerce(timeout)
+        limits = (
+            self.timeout if isinstance(timeout, NotGiven) else Timeout.coerce(timeout, self.timeout)
+        )
         options = RequestOptions(idempotency_key=f"swiftclient-{os.urandom(16).hex()}")
         return Call(backend, request, Deadline(limits), retry or self.retry, options)
 

@@ -7,6 +7,7 @@ underneath asks the deadline how long it may take (:meth:`Deadline.bound`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from typing import Any
 
 import anyio
 
-from .errors import ConfigurationError, DeadlineExceeded
+from .errors import ConfigurationError
 
 __all__ = ["Deadline", "ReadTimer", "Timeout"]
 
@@ -55,15 +56,21 @@ class Timeout:
             _check(name, getattr(self, name))
 
     @classmethod
-    def coerce(cls, value: Timeout | float | None) -> Timeout:
-        """Accept a Timeout, a number (taken as ``total``) or None (no total limit)."""
+    def coerce(cls, value: Timeout | float | None, base: Timeout | None = None) -> Timeout:
+        """Accept a Timeout, a number (taken as ``total``) or None (no total limit).
+
+        A number or None overrides ``total`` only: every other limit comes from ``base``
+        (the defaults when ``base`` is None). A :class:`Timeout` replaces ``base`` whole.
+        """
         if isinstance(value, Timeout):
             return value
         if value is None:
-            return cls(total=None)
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return cls(total=float(value))
-        raise ConfigurationError(f"timeout must be a Timeout, a number or None, got {value!r}")
+            total = None
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            total = float(value)
+        else:
+            raise ConfigurationError(f"timeout must be a Timeout, a number or None, got {value!r}")
+        return dataclasses.replace(base or cls(), total=total)
 
 
 class Deadline:
@@ -108,11 +115,6 @@ class Deadline:
         if limit is not None:
             left = min(left, limit)
         return None if left == math.inf else left
-
-    def check(self) -> None:
-        """Raise :class:`DeadlineExceeded` when no time is left."""
-        if self.expired:
-            raise DeadlineExceeded("the call's total deadline was exceeded")
 
 
 class ReadTimer:
