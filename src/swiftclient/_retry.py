@@ -97,8 +97,6 @@ async def run_with_retries(
     policy: RetryPolicy,
     deadline: Deadline,
     attempt: Callable[[int], Awaitable[T]],
-    *,
-    before_sleep: Callable[[int, BaseException, float], None] | None = None,
 ) -> T:
     """Run ``attempt(n)`` until it succeeds, the policy gives up, or the deadline would pass.
 
@@ -113,8 +111,6 @@ async def run_with_retries(
         delay = policy.wait_seconds(1, exc)
         if delay >= deadline.remaining():
             raise
-        if before_sleep is not None:
-            before_sleep(1, exc, delay)
     await anyio.sleep(delay)
 
     def wait(state: RetryCallState) -> float:
@@ -126,18 +122,11 @@ async def run_with_retries(
             return True
         return state.upcoming_sleep >= deadline.remaining()
 
-    def notify(state: RetryCallState) -> None:
-        if before_sleep is not None and state.outcome is not None:
-            exc = state.outcome.exception()
-            if exc is not None:
-                before_sleep(state.attempt_number + 1, exc, state.upcoming_sleep)
-
     retrying = AsyncRetrying(
         sleep=anyio.sleep,
         stop=stop,
         wait=wait,
         retry=retry_if_exception(policy.is_retryable),
-        before_sleep=notify,
         reraise=True,
     )
     result: T | None = None
