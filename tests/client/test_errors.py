@@ -11,23 +11,40 @@ from swiftclient import errors
 from swiftclient.backends._errors import HTTPX_ERROR_MAP, map_httpx_error
 
 
-def _httpx_exception_classes() -> list[type[Exception]]:
-    return [
+def _httpx_exception_classes() -> set[type[Exception]]:
+    """Every exception class httpx defines: its public ones and all their httpx subclasses."""
+    found: set[type[Exception]] = set()
+    todo = [
         obj
         for _, obj in inspect.getmembers(httpx)
         if inspect.isclass(obj)
         and issubclass(obj, Exception)
         and obj.__module__.startswith("httpx")
     ]
+    while todo:
+        cls = todo.pop()
+        if cls not in found and cls.__module__.startswith("httpx"):
+            found.add(cls)
+            todo.extend(cls.__subclasses__())
+    return found
 
 
 def test_every_httpx_exception_class_is_mapped_directly() -> None:
-    missing = [cls.__name__ for cls in _httpx_exception_classes() if cls not in HTTPX_ERROR_MAP]
-    # Each class is either in the map itself or reaches a mapped parent; make the map explicit
-    # for the roots and the families so a new httpx class lands somewhere deliberate.
-    for cls in _httpx_exception_classes():
-        assert any(base in HTTPX_ERROR_MAP for base in cls.__mro__), cls
-    assert "HTTPError" not in missing and "TimeoutException" not in missing
+    # Reaching a mapped parent is not enough: each class httpx defines must be mapped on
+    # purpose, so a class mapped only through its root (say ReadTimeout through HTTPError)
+    # fails here.
+    classes = _httpx_exception_classes()
+    assert {httpx.HTTPError, httpx.ReadTimeout, httpx.StreamClosed} <= classes
+    missing = sorted(cls.__name__ for cls in classes if cls not in HTTPX_ERROR_MAP)
+    assert not missing, f"httpx exception classes without their own mapping: {missing}"
+
+
+def test_every_mapping_entry_is_what_the_mapper_returns() -> None:
+    for cls, target in HTTPX_ERROR_MAP.items():
+        if cls is httpx.HTTPStatusError:
+            continue  # built from a response; covered by the status-class test below
+        mapped = map_httpx_error(cls.__new__(cls), backend="b")  # some take no arguments
+        assert type(mapped) is target, cls
 
 
 @pytest.mark.parametrize(

@@ -12,22 +12,37 @@ from .. import errors
 
 __all__ = ["HTTPX_ERROR_MAP", "map_httpx_error"]
 
-# Most specific first is not needed: lookup walks the raised class's MRO.
+# Every class httpx defines has its own entry (a test checks it), so each mapping is a
+# deliberate choice; the lookup still walks the MRO for subclasses a later httpx adds.
 HTTPX_ERROR_MAP: dict[type[Exception], type[errors.SwiftClientError]] = {
-    httpx.TimeoutException: errors.APITimeoutError,
-    httpx.NetworkError: errors.APIConnectionError,
-    httpx.ProtocolError: errors.APIConnectionError,
-    httpx.ProxyError: errors.APIConnectionError,
-    httpx.UnsupportedProtocol: errors.ConfigurationError,
-    httpx.DecodingError: errors.APIResponseValidationError,
-    httpx.TooManyRedirects: errors.APIConnectionError,
-    httpx.TransportError: errors.APIConnectionError,
-    httpx.RequestError: errors.APIConnectionError,
-    httpx.HTTPStatusError: errors.APIStatusError,
     httpx.HTTPError: errors.APIError,
+    httpx.HTTPStatusError: errors.APIStatusError,
+    httpx.RequestError: errors.APIConnectionError,
+    httpx.TooManyRedirects: errors.APIConnectionError,
+    httpx.DecodingError: errors.APIResponseValidationError,
+    httpx.TransportError: errors.APIConnectionError,
+    httpx.UnsupportedProtocol: errors.ConfigurationError,
+    httpx.ProxyError: errors.APIConnectionError,
+    httpx.TimeoutException: errors.APITimeoutError,
+    httpx.ConnectTimeout: errors.APITimeoutError,
+    httpx.ReadTimeout: errors.APITimeoutError,
+    httpx.WriteTimeout: errors.APITimeoutError,
+    httpx.PoolTimeout: errors.APITimeoutError,
+    httpx.NetworkError: errors.APIConnectionError,
+    httpx.ConnectError: errors.APIConnectionError,
+    httpx.ReadError: errors.APIConnectionError,
+    httpx.WriteError: errors.APIConnectionError,
+    httpx.CloseError: errors.APIConnectionError,
+    httpx.ProtocolError: errors.APIConnectionError,
+    httpx.LocalProtocolError: errors.APIConnectionError,
+    httpx.RemoteProtocolError: errors.APIConnectionError,
     httpx.InvalidURL: errors.ConfigurationError,
     httpx.CookieConflict: errors.APIError,
     httpx.StreamError: errors.APIError,
+    httpx.StreamConsumed: errors.APIError,
+    httpx.StreamClosed: errors.APIError,
+    httpx.ResponseNotRead: errors.APIError,
+    httpx.RequestNotRead: errors.APIError,
 }
 
 
