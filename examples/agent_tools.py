@@ -14,7 +14,7 @@ from typing import Any
 
 import anyio
 
-from swiftclient import AsyncClient, HTTPBackend
+from swiftclient import AssistantMessage, AsyncClient, HTTPBackend
 from swiftclient.testing import FakeProvider, Reply
 
 TOOLS = [
@@ -43,13 +43,13 @@ REGISTRY: dict[str, Callable[..., Any]] = {"get_weather": get_weather}
 
 async def run_agent(client: AsyncClient, question: str, max_turns: int = 5) -> str:
     """Loop until the model answers without calling a tool."""
-    messages: list[dict[str, Any]] = [{"role": "user", "content": question}]
+    messages: list[AssistantMessage | dict[str, Any]] = [{"role": "user", "content": question}]
     for _ in range(max_turns):
         completion = await client.chat(messages, tools=TOOLS)
         calls = completion.tool_calls
         if not calls:
             return completion.text
-        messages.append(completion.choices[0].message.model_dump(exclude_none=True))
+        messages.append(completion.choices[0].message)
         for call in calls:
             result = REGISTRY[call.function.name](**json.loads(call.function.arguments))
             print(f"tool {call.function.name}({call.function.arguments}) -> {result}")

@@ -34,6 +34,7 @@ from .errors import (
     UnprocessableEntityError,
 )
 from .types import (
+    AssistantMessage,
     Attempt,
     ChatCompletion,
     ChatCompletionChunk,
@@ -54,6 +55,7 @@ __all__ = [
     "APIResponseValidationError",
     "APIStatusError",
     "APITimeoutError",
+    "AssistantMessage",
     "AsyncClient",
     "Attempt",
     "AuthenticationError",

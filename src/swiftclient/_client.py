@@ -16,12 +16,19 @@ from ._deadline import Deadline, Timeout
 from ._retry import RetryPolicy
 from ._stream import Call, ChatStream
 from .backends.base import Backend, RequestOptions
-from .types import ChatCompletion, ChatRequest, JSONSchemaFormat, Message, ResponseFormat
+from .types import (
+    AssistantMessage,
+    ChatCompletion,
+    ChatRequest,
+    JSONSchemaFormat,
+    Message,
+    ResponseFormat,
+)
 
 __all__ = ["AsyncClient", "NOT_GIVEN", "NotGiven"]
 
 ModelT = TypeVar("ModelT", bound=pydantic.BaseModel)
-MessagesInput = str | Sequence[Message | Mapping[str, Any]]
+MessagesInput = str | Sequence[Message | AssistantMessage | Mapping[str, Any]]
 
 
 class NotGiven:
@@ -44,10 +51,31 @@ class NotGiven:
 NOT_GIVEN = NotGiven()
 
 
+def _validation_summary(exc: pydantic.ValidationError) -> str:
+    """``loc: message`` for each error, without the input values (they may be large)."""
+    parts = []
+    for error in exc.errors(include_url=False, include_input=False):
+        where = ".".join(str(part) for part in error["loc"])
+        message = error["msg"].removeprefix("Value error, ")
+        parts.append(f"{where}: {message}" if where else message)
+    return "; ".join(parts)
+
+
 def _messages(messages: MessagesInput) -> list[Message]:
     if isinstance(messages, str):
         return [Message(role="user", content=messages)]
-    return [m if isinstance(m, Message) else Message.model_validate(m) for m in messages]
+    out: list[Message] = []
+    for index, message in enumerate(messages):
+        if isinstance(message, Message):
+            out.append(message)
+            continue
+        try:
+            out.append(Message.model_validate(message))
+        except pydantic.ValidationError as exc:
+            raise errors.ConfigurationError(
+                f"invalid message messages[{index}]: {_validation_summary(exc)}"
+            ) from exc
+    return out
 
 
 def _schema_format(model: type[pydantic.BaseModel]) -> ResponseFormat:
@@ -194,7 +222,9 @@ class AsyncClient:
         try:
             request = ChatRequest(model=backend_model, messages=_messages(messages), **params)
         except pydantic.ValidationError as exc:
-            raise errors.ConfigurationError(f"invalid chat request: {exc}") from exc
+            raise errors.ConfigurationError(
+                f"invalid chat request: {_validation_summary(exc)}"
+            ) from exc
         limits = (
             self.timeout if isinstance(timeout, NotGiven) else Timeout.coerce(timeout, self.timeout)
         )

@@ -12,7 +12,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
     "AssistantMessage",
@@ -99,7 +99,22 @@ class ToolCall(BaseModel):
 
 
 class Message(BaseModel):
-    """One chat message, in any role."""
+    """One chat message, in any role.
+
+    Checked on construction, so a malformed conversation fails before it is sent:
+
+    - ``system``, ``developer`` and ``user`` messages need ``content`` (a string, possibly
+      empty, or a non-empty list of parts);
+    - an ``assistant`` message needs ``content``, ``tool_calls`` or a ``refusal`` (``content``
+      may be ``None`` when it calls tools);
+    - a ``tool`` message needs ``tool_call_id`` (the id of the call it answers) and
+      ``content``;
+    - ``tool_calls`` belong on assistant messages only, ``tool_call_id`` on tool messages only.
+
+    An :class:`AssistantMessage` from a completion validates as a ``Message`` (see
+    :meth:`AssistantMessage.to_message`), so ``messages.append(completion.choices[0].message)``
+    continues a conversation.
+    """
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
     role: Role
@@ -107,6 +122,37 @@ class Message(BaseModel):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_reply(cls, value: Any) -> Any:
+        if isinstance(value, AssistantMessage):
+            return value.request_fields()
+        return value
+
+    @model_validator(mode="after")
+    def _well_formed(self) -> Message:
+        role, content = self.role, self.content
+        if isinstance(content, list) and not content:
+            raise ValueError(f"a {role} message's content must not be an empty list")
+        if self.tool_calls is not None and role != "assistant":
+            raise ValueError(f"tool_calls belong on assistant messages, not on a {role} message")
+        if self.tool_call_id is not None and role != "tool":
+            raise ValueError(f"tool_call_id belongs on tool messages, not on a {role} message")
+        if role == "tool":
+            if not self.tool_call_id:
+                raise ValueError(
+                    "a tool message needs tool_call_id (the id of the call it answers)"
+                )
+            if content is None:
+                raise ValueError("a tool message needs content (the tool's result)")
+        elif role == "assistant":
+            refusal = (self.__pydantic_extra__ or {}).get("refusal")
+            if content is None and not self.tool_calls and refusal is None:
+                raise ValueError("an assistant message needs content or tool_calls")
+        elif content is None:
+            raise ValueError(f"a {role} message needs content")
+        return self
 
     def text(self) -> str:
         """Return the message's text, joining text parts and skipping images."""
@@ -270,7 +316,11 @@ class Usage(BaseModel):
 
 
 class AssistantMessage(BaseModel):
-    """The message a choice carries."""
+    """The message a choice carries.
+
+    It can be sent back as is: ``messages.append(completion.choices[0].message)`` works with
+    ``client.chat`` and ``ChatRequest``, which take it as :meth:`to_message` does.
+    """
 
     model_config = _RESPONSE
     role: Literal["assistant"] = "assistant"
@@ -278,6 +328,25 @@ class AssistantMessage(BaseModel):
     refusal: str | None = None
     tool_calls: list[ToolCall] | None = None
     reasoning_content: str | None = None
+
+    def request_fields(self) -> dict[str, Any]:
+        """The fields a request's assistant message carries: ``role``, ``content``,
+        ``tool_calls`` and ``refusal`` when set.
+
+        Reasoning text and provider-specific response fields are left out: providers reject
+        or ignore them in requests (DeepSeek answers 400 to ``reasoning_content``). To send
+        such a field back, append a dict that has it.
+        """
+        fields: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.tool_calls is not None:
+            fields["tool_calls"] = self.tool_calls
+        if self.refusal is not None:
+            fields["refusal"] = self.refusal
+        return fields
+
+    def to_message(self) -> Message:
+        """This reply as a request :class:`Message` (see :meth:`request_fields`)."""
+        return Message.model_validate(self.request_fields())
 
 
 class Choice(BaseModel):

@@ -3,14 +3,30 @@ that say what happened after retries."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 
-from swiftclient import FirstTokenTimeout, Timeout
+from swiftclient import (
+    AssistantMessage,
+    AsyncClient,
+    ChatRequest,
+    ConfigurationError,
+    FirstTokenTimeout,
+    HTTPBackend,
+    Message,
+    Timeout,
+)
+from swiftclient._wire import encode_request
+from swiftclient.testing import FakeProvider, Reply
 
 from .mock import Script, chunk
 from .test_client import make
 
 pytestmark = pytest.mark.anyio
+_CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
 
 
 # --------------------------------------------------------------------------- per-call timeout
@@ -38,3 +54,130 @@ async def test_a_per_call_number_keeps_the_clients_first_token_limit() -> None:
         with pytest.raises(FirstTokenTimeout):
             await client.chat("hi", timeout=20)
     assert len(script.requests) == 3
+
+
+# --------------------------------------------------------------------------- messages
+
+
+@pytest.mark.parametrize(
+    ("message", "match"),
+    [
+        ({"role": "user"}, "a user message needs content"),
+        ({"role": "system", "content": None}, "a system message needs content"),
+        ({"role": "developer"}, "a developer message needs content"),
+        ({"role": "user", "content": []}, "must not be an empty list"),
+        ({"role": "tool", "content": "42"}, "needs tool_call_id"),
+        ({"role": "tool", "tool_call_id": "", "content": "42"}, "needs tool_call_id"),
+        ({"role": "tool", "tool_call_id": "c1"}, "a tool message needs content"),
+        ({"role": "assistant"}, "needs content or tool_calls"),
+        ({"role": "assistant", "tool_calls": []}, "needs content or tool_calls"),
+        ({"role": "user", "content": "x", "tool_call_id": "c1"}, "tool_call_id belongs on tool"),
+        (
+            {"role": "user", "content": "x", "tool_calls": [_CALL]},
+            "tool_calls belong on assistant",
+        ),
+        ({"role": "robot", "content": "x"}, "role"),
+    ],
+)
+async def test_malformed_messages_are_refused_before_sending(
+    message: dict[str, Any], match: str
+) -> None:
+    script = Script()
+    async with make(script) as client:
+        conversation = [{"role": "user", "content": "first"}, message]
+        with pytest.raises(ConfigurationError, match=r"messages\[1\]") as info:
+            await client.chat(conversation)
+        assert match in str(info.value)
+        with pytest.raises(ConfigurationError, match=match):
+            await client.chat(conversation, stream=False)
+        with pytest.raises(ConfigurationError, match=match):
+            client.stream(conversation)
+    assert script.requests == []
+
+
+async def test_every_valid_message_shape_is_sent() -> None:
+    conversation: list[dict[str, Any]] = [
+        {"role": "system", "content": ""},
+        {"role": "developer", "content": [{"type": "text", "text": "rules"}]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "what is this?"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+            ],
+            "name": "ann",
+        },
+        {"role": "assistant", "tool_calls": [_CALL]},
+        {"role": "assistant", "content": None, "tool_calls": [_CALL]},
+        {"role": "tool", "tool_call_id": "c1", "content": ""},
+        {"role": "assistant", "refusal": "I can't help with that."},
+        {"role": "assistant", "content": "", "prefix": True},
+    ]
+    script = Script()
+    async with make(script) as client:
+        await client.chat(conversation)
+    sent = json.loads(script.requests[0].content)["messages"]
+    assert sent[3] == {"role": "assistant", "tool_calls": [_CALL]}
+    assert sent[6] == {"role": "assistant", "refusal": "I can't help with that."}
+    assert sent[7] == {"role": "assistant", "content": "", "prefix": True}
+
+
+def test_a_reply_validates_as_a_request_message() -> None:
+    reply = AssistantMessage.model_validate(
+        {
+            "role": "assistant",
+            "content": None,
+            "reasoning_content": "let me think",
+            "tool_calls": [_CALL],
+            "provider_field": 1,
+        }
+    )
+    message = Message.model_validate(reply)
+    assert message == reply.to_message()
+    assert message.role == "assistant" and message.content is None
+    assert message.tool_calls is not None and message.tool_calls[0].id == "c1"
+    request = ChatRequest(model="m", messages=[reply])  # type: ignore[list-item]
+    body = json.loads(encode_request(request, stream=False))
+    assert body["messages"] == [{"role": "assistant", "tool_calls": [_CALL]}]
+
+
+def _weather(city: str) -> dict[str, Any]:
+    return {"city": city, "celsius": 21.5}
+
+
+def _add(a: int, b: int) -> dict[str, Any]:
+    return {"sum": a + b}
+
+
+_TOOLS: dict[str, Callable[..., dict[str, Any]]] = {"get_weather": _weather, "add": _add}
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "plain"])
+async def test_a_three_turn_tool_loop_appends_the_replies_as_they_come(stream: bool) -> None:
+    async with FakeProvider() as fake:
+        fake.script(
+            Reply(tool_calls=(("get_weather", {"city": "Paris"}),)),
+            Reply(tool_calls=(("add", {"a": 20, "b": 1.5}),)),
+            Reply(text="It is 21.5 degrees in Paris."),
+        )
+        async with AsyncClient(HTTPBackend(fake.base_url, name="fake"), model="m") as client:
+            messages: list[AssistantMessage | dict[str, Any]] = [
+                {"role": "user", "content": "How warm is Paris, plus 1.5?"}
+            ]
+            for _ in range(3):
+                completion = await client.chat(messages, stream=stream)
+                messages.append(completion.choices[0].message)
+                for call in completion.tool_calls:
+                    result = _TOOLS[call.function.name](**json.loads(call.function.arguments))
+                    messages.append(
+                        {"role": "tool", "tool_call_id": call.id, "content": json.dumps(result)}
+                    )
+        assert completion.text == "It is 21.5 degrees in Paris." and not completion.tool_calls
+    sent = fake.requests[-1].body["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool", "assistant", "tool"]
+    for assistant, tool, name in ((sent[1], sent[2], "get_weather"), (sent[3], sent[4], "add")):
+        assert set(assistant) == {"role", "tool_calls"}
+        (call,) = assistant["tool_calls"]
+        assert call["function"]["name"] == name and tool["tool_call_id"] == call["id"]
+    assert json.loads(sent[4]["content"]) == {"sum": 21.5}
+    assert len(fake.requests) == 3

@@ -9,7 +9,7 @@ import anyio
 import pytest
 
 from swiftclient.errors import BadRequestError, ConfigurationError
-from swiftclient.types import ChatCompletion
+from swiftclient.types import AssistantMessage, ChatCompletion, FunctionCall, ToolCall
 
 from .conftest import Target
 
@@ -125,6 +125,47 @@ async def test_invalid_parameters_raise_configuration_error(target: Target) -> N
             await client.chat("word " * 6000, max_tokens=2)
         with pytest.raises(expected, match="top_k"):
             await client.chat("Hi", extra_body={"top_k": -1})
+    await target.assert_released()
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "plain"])
+async def test_replies_appended_to_the_conversation_continue_it(
+    target: Target, stream: bool
+) -> None:
+    # The first line of every agent loop: the reply goes back in as it came out.
+    messages: list[AssistantMessage | dict[str, Any]] = [
+        {"role": "user", "content": "Say something."}
+    ]
+    first = await target.client.chat(messages, max_tokens=4, stream=stream, **FIXED)
+    messages += [first.choices[0].message, {"role": "user", "content": "Say more."}]
+    second = await target.client.chat(messages, max_tokens=4, stream=stream, **FIXED)
+    assert second.text and second.usage is not None and first.usage is not None
+    assert second.usage.prompt_tokens > first.usage.prompt_tokens
+
+    call = ToolCall(
+        id="call_1", function=FunctionCall(name="get_weather", arguments='{"city": "Paris"}')
+    )
+    messages += [
+        AssistantMessage(content=None, tool_calls=[call]),
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"celsius": 21}'},
+    ]
+    third = await target.client.chat(
+        messages, tools=[WEATHER_TOOL], max_tokens=4, stream=stream, **FIXED
+    )
+    assert third.usage is not None and third.usage.prompt_tokens > second.usage.prompt_tokens
+    if target.fake is not None:
+        sent = target.fake.requests[-1].body["messages"]
+        assert sent[1] == {"role": "assistant", "content": first.text}
+        assert sent[3] == {"role": "assistant", "tool_calls": [call.model_dump()]}
     await target.assert_released()
 
 

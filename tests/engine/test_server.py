@@ -333,19 +333,24 @@ async def test_max_tokens_over_the_limit_is_400(tiny: TinyModel, anyio_backend: 
         (b'{"model": "m", "messages": "hi"}', "invalid_request", "messages"),
         (b'{"model": "m", "messages": []}', "invalid_request", "at least one"),
         (b'{"model": "m", "messages": [{"role": "robot"}]}', "invalid_request", "role"),
+        (b'{"model": "m", "messages": [{"role": "user"}]}', "invalid_request", "needs content"),
         (
-            b'{"model": "m", "messages": [{"role": "user"}], "bogus": 1}',
+            b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "bogus": 1}',
             "unsupported_parameter",
             "bogus",
         ),
-        (b'{"model": "m", "messages": [{"role": "user"}], "n": 2}', "invalid_request", "n=2"),
         (
-            b'{"model": "m", "messages": [{"role": "user"}], "top_k": "x"}',
+            b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 2}',
+            "invalid_request",
+            "n=2",
+        ),
+        (
+            b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "top_k": "x"}',
             "invalid_request",
             "top_k",
         ),
         (
-            b'{"model": "m", "messages": [{"role": "user"}], "temperature": 9}',
+            b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 9}',
             "invalid_request",
             "temperature",
         ),
