@@ -17,12 +17,12 @@ import anyio
 
 from . import errors
 from ._accumulate import Accumulator
-from ._deadline import Deadline, ReadTimer
+from ._deadline import Deadline, ReadTimer, Timeout
 from ._retry import RetryPolicy, run_with_retries
 from .backends.base import Backend, RequestOptions
 from .types import Attempt, ChatCompletion, ChatCompletionChunk, ChatRequest, Timing
 
-__all__ = ["Call", "ChatStream"]
+__all__ = ["Call", "ChatStream", "deadline_exceeded"]
 
 _Limit = Literal["deadline", "idle", "first_token"]
 _CLOSE_GRACE = 5.0
@@ -36,6 +36,13 @@ def _read_timer() -> ReadTimer | None:
     except RuntimeError:
         return None
     return ReadTimer(loop)
+
+
+def deadline_exceeded(backend: str, timeout: Timeout) -> errors.DeadlineExceeded:
+    """The error for a call whose total deadline ran out (one wording on every path)."""
+    return errors.DeadlineExceeded(
+        f"{backend}: the call's total deadline of {timeout.total}s was exceeded", backend=backend
+    )
 
 
 class Call:
@@ -97,6 +104,11 @@ class Call:
         """Stamp the call's total time."""
         self.timing.total = self._now() - self.started
 
+    def failed(self, exc: BaseException) -> None:
+        """The call is raising ``exc``: attach its attempts to an :class:`APIError`."""
+        if isinstance(exc, errors.APIError):
+            exc._record_attempts(self.timing.attempts)
+
     async def complete(self) -> ChatCompletion:
         """Run a non-streamed completion with retries under the deadline."""
 
@@ -112,6 +124,9 @@ class Call:
 
         try:
             completion = await run_with_retries(self.policy, self.deadline, once)
+        except BaseException as exc:
+            self.failed(exc)
+            raise
         finally:
             self.finish()
         completion.timing = self.timing
@@ -126,10 +141,7 @@ class Call:
         deadline = self.deadline
         with anyio.CancelScope(deadline=deadline.at):
             return await self.backend.complete(self.request, deadline, self.options)
-        raise errors.DeadlineExceeded(
-            f"{self.backend.name}: the call's total deadline was exceeded",
-            backend=self.backend.name,
-        )
+        raise deadline_exceeded(self.backend.name, deadline.timeout)
 
 
 class ChatStream:
@@ -195,9 +207,7 @@ class ChatStream:
             return errors.StreamStalled(
                 f"{name}: no chunk for {timeout.idle}s (stream stalled)", backend=name
             )
-        return errors.DeadlineExceeded(
-            f"{name}: the call's total deadline of {timeout.total}s was exceeded", backend=name
-        )
+        return deadline_exceeded(name, timeout)
 
     async def _next(
         self, iterator: AsyncIterator[ChatCompletionChunk]
@@ -302,10 +312,11 @@ class ChatStream:
         self._timer = _read_timer()
         try:
             await run_with_retries(call.policy, call.deadline, self._attempt_once)
-        except BaseException:
+        except BaseException as exc:
             if self._timer is not None:
                 self._timer.close()
             call.finish()
+            call.failed(exc)
             raise
         return self
 
@@ -352,6 +363,7 @@ class ChatStream:
             self._done = True
             if self._attempt is not None and self._attempt.outcome == "pending":
                 self._call.end_attempt(self._attempt, exc)
+            self._call.failed(exc)
             raise
         if next_chunk is None:
             self._done = True

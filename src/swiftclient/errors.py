@@ -33,7 +33,11 @@ token or API key before it reaches a message.
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .types import Attempt
 
 __all__ = [
     "APIConnectionError",
@@ -100,12 +104,28 @@ class ConfigurationError(SwiftClientError, ValueError):
 
 
 class APIError(SwiftClientError):
-    """A call to a model backend failed."""
+    """A call to a model backend failed.
+
+    Raised by a call, it carries the call's ``attempts`` (:class:`~swiftclient.types.Attempt`
+    records, the failed one last); after more than one, the message ends with
+    ``(after N attempts)``.
+    """
+
+    attempts: tuple[Attempt, ...] = ()
 
     def __init__(self, message: str, *, backend: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.backend = backend
+
+    def _record_attempts(self, attempts: Sequence[Attempt]) -> None:
+        """Attach the attempts of the call that raised this error (once)."""
+        if self.attempts:
+            return
+        self.attempts = tuple(attempts)
+        if len(attempts) > 1:
+            self.message = f"{self.message} (after {len(attempts)} attempts)"
+            self.args = (self.message, *self.args[1:])
 
 
 class APIConnectionError(APIError):

@@ -7,23 +7,29 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import anyio
+import httpx
 import pytest
 
 from swiftclient import (
     AssistantMessage,
     AsyncClient,
+    BadRequestError,
     ChatRequest,
     ConfigurationError,
+    DeadlineExceeded,
     FirstTokenTimeout,
     HTTPBackend,
+    InternalServerError,
     Message,
+    StreamStalled,
     Timeout,
 )
 from swiftclient._wire import encode_request
 from swiftclient.testing import FakeProvider, Reply
 
 from .mock import Script, chunk
-from .test_client import make
+from .test_client import KEY, make
 
 pytestmark = pytest.mark.anyio
 _CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
@@ -181,3 +187,73 @@ async def test_a_three_turn_tool_loop_appends_the_replies_as_they_come(stream: b
         assert call["function"]["name"] == name and tool["tool_call_id"] == call["id"]
     assert json.loads(sent[4]["content"]) == {"sum": 21.5}
     assert len(fake.requests) == 3
+
+
+# --------------------------------------------------------------------------- errors after retries
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "plain"])
+async def test_an_error_after_retries_carries_its_attempts(stream: bool) -> None:
+    script = Script().add(500).add(502).add(503)
+    async with make(script) as client:
+        with pytest.raises(InternalServerError) as info:
+            await client.chat("hi", stream=stream)
+    error = info.value
+    assert [(a.number, a.outcome, a.status_code) for a in error.attempts] == [
+        (1, "error", 500),
+        (2, "error", 502),
+        (3, "error", 503),
+    ]
+    assert str(error).endswith("(after 3 attempts)") and error.message == str(error)
+    assert "after 3 attempts" in repr(error)
+    assert KEY not in str(error) and KEY not in repr(error)
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "plain"])
+async def test_an_error_on_the_first_attempt_says_nothing_of_retries(stream: bool) -> None:
+    script = Script().add(400)
+    async with make(script) as client:
+        with pytest.raises(BadRequestError) as info:
+            await client.chat("hi", stream=stream)
+    assert [a.status_code for a in info.value.attempts] == [400]
+    assert "attempt" not in str(info.value)
+
+
+async def test_timeouts_retried_and_a_stall_after_a_retry_say_how_many_attempts() -> None:
+    script = Script()
+    for _ in range(3):
+        script.add(parts=[chunk(role="assistant"), b": keep-alive\n\n"], stall=True)
+    async with make(script, timeout=Timeout(total=60, first_token=0.3, idle=None)) as client:
+        with pytest.raises(FirstTokenTimeout, match=r"\(after 3 attempts\)$") as first:
+            await client.chat("hi")
+    assert [a.error for a in first.value.attempts] == ["FirstTokenTimeout"] * 3
+
+    script = Script().add(503).add(parts=[chunk(role="assistant"), chunk("a")], stall=True)
+    async with make(script, timeout=Timeout(total=60, idle=0.3)) as client:
+        async with client.stream("hi") as stream:
+            with pytest.raises(StreamStalled, match=r"\(after 2 attempts\)$") as stalled:
+                async for _ in stream:
+                    pass
+    assert [a.outcome for a in stalled.value.attempts] == ["error", "error"]
+    assert stalled.value.attempts[-1].error == "StreamStalled"
+
+
+async def test_deadline_messages_read_the_same_streamed_and_not() -> None:
+    async def never_answers(request: httpx.Request) -> httpx.Response:
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    limits = Timeout(total=0.3, idle=None)
+    script = Script().add(parts=[chunk(role="assistant")], stall=True)
+    async with make(script, timeout=limits) as client:
+        with pytest.raises(DeadlineExceeded) as streamed:
+            await client.chat("hi")
+    plain = HTTPBackend(
+        "http://mock/v1", KEY, name="mock", transport=httpx.MockTransport(never_answers)
+    )
+    async with AsyncClient(plain, model="m", timeout=limits) as client:
+        with pytest.raises(DeadlineExceeded) as not_streamed:
+            await client.chat("hi", stream=False)
+    expected = "mock: the call's total deadline of 0.3s was exceeded"
+    assert str(streamed.value) == str(not_streamed.value) == expected
+    assert len(streamed.value.attempts) == len(not_streamed.value.attempts) == 1
