@@ -15,19 +15,13 @@ from . import errors
 from ._deadline import Deadline, Timeout
 from ._retry import RetryPolicy
 from ._stream import Call, ChatStream
+from ._structured import structured_output, validation_summary
 from .backends.base import Backend, RequestOptions
-from .types import (
-    AssistantMessage,
-    ChatCompletion,
-    ChatRequest,
-    JSONSchemaFormat,
-    Message,
-    ResponseFormat,
-)
+from .types import AssistantMessage, ChatCompletion, ChatRequest, Message
 
 __all__ = ["AsyncClient", "NOT_GIVEN", "NotGiven"]
 
-ModelT = TypeVar("ModelT", bound=pydantic.BaseModel)
+T = TypeVar("T")
 MessagesInput = str | Sequence[Message | AssistantMessage | Mapping[str, Any]]
 
 
@@ -51,16 +45,6 @@ class NotGiven:
 NOT_GIVEN = NotGiven()
 
 
-def _validation_summary(exc: pydantic.ValidationError) -> str:
-    """``loc: message`` for each error, without the input values (they may be large)."""
-    parts = []
-    for error in exc.errors(include_url=False, include_input=False):
-        where = ".".join(str(part) for part in error["loc"])
-        message = error["msg"].removeprefix("Value error, ")
-        parts.append(f"{where}: {message}" if where else message)
-    return "; ".join(parts)
-
-
 def _messages(messages: MessagesInput) -> list[Message]:
     if isinstance(messages, str):
         return [Message(role="user", content=messages)]
@@ -73,16 +57,9 @@ def _messages(messages: MessagesInput) -> list[Message]:
             out.append(Message.model_validate(message))
         except pydantic.ValidationError as exc:
             raise errors.ConfigurationError(
-                f"invalid message messages[{index}]: {_validation_summary(exc)}"
+                f"invalid message messages[{index}]: {validation_summary(exc)}"
             ) from exc
     return out
-
-
-def _schema_format(model: type[pydantic.BaseModel]) -> ResponseFormat:
-    return ResponseFormat(
-        type="json_schema",
-        json_schema=JSONSchemaFormat(name=model.__name__, schema=model.model_json_schema()),
-    )
 
 
 class AsyncClient:
@@ -223,7 +200,7 @@ class AsyncClient:
             request = ChatRequest(model=backend_model, messages=_messages(messages), **params)
         except pydantic.ValidationError as exc:
             raise errors.ConfigurationError(
-                f"invalid chat request: {_validation_summary(exc)}"
+                f"invalid chat request: {validation_summary(exc)}"
             ) from exc
         limits = (
             self.timeout if isinstance(timeout, NotGiven) else Timeout.coerce(timeout, self.timeout)
@@ -268,35 +245,40 @@ class AsyncClient:
         messages: MessagesInput,
         *,
         model: str | None = ...,
-        response_model: type[ModelT],
+        response_model: type[T],
         timeout: Timeout | float | None | NotGiven = ...,
         retry: RetryPolicy | None = ...,
         stream: bool | None = ...,
         **params: Any,
-    ) -> ModelT: ...
+    ) -> T: ...
 
     async def chat(
         self,
         messages: MessagesInput,
         *,
         model: str | None = None,
-        response_model: type[ModelT] | None = None,
+        response_model: type[T] | None = None,
         timeout: Timeout | float | None | NotGiven = NOT_GIVEN,
         retry: RetryPolicy | None = None,
         stream: bool | None = None,
         **params: Any,
-    ) -> ChatCompletion | ModelT:
+    ) -> ChatCompletion | T:
         """Run one chat completion and return it (with ``.text``, ``.tool_calls``,
         ``.usage`` and ``.timing``).
 
-        With ``response_model``, the model is asked for JSON matching that pydantic model's
-        schema and the validated instance is returned; a reply that does not validate
-        raises :class:`StructuredOutputError` carrying the raw text.
+        With ``response_model`` (a pydantic model, TypedDict or dataclass, or a list or dict
+        of them), the model is asked for JSON matching that type's schema and the validated
+        value is returned; a reply that does not validate raises
+        :class:`StructuredOutputError` naming the failing fields and carrying the raw text.
+        A reply fenced in a Markdown code block is read from inside the fence. A type that
+        cannot describe a JSON object or array raises :class:`ConfigurationError`.
         """
+        structured = None
         if response_model is not None:
             if "response_format" in params:
                 raise errors.ConfigurationError("pass response_model or response_format, not both")
-            params["response_format"] = _schema_format(response_model)
+            structured = structured_output(response_model)
+            params["response_format"] = structured.response_format
         call = self._call(messages, model, timeout, retry, params)
         use_stream = self.stream_chat if stream is None else stream
         if use_stream:
@@ -304,15 +286,6 @@ class AsyncClient:
                 completion = await chat_stream.final()
         else:
             completion = await call.complete()
-        if response_model is None:
+        if structured is None:
             return completion
-        raw = completion.text
-        try:
-            return response_model.model_validate_json(raw)
-        except pydantic.ValidationError as exc:
-            raise errors.StructuredOutputError(
-                f"the reply does not validate as {response_model.__name__}: "
-                f"{exc.error_count()} error(s)",
-                raw=raw,
-                completion=completion,
-            ) from exc
+        return structured.parse(completion)

@@ -3,13 +3,16 @@ that say what happened after retries."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from typing import Any
 
 import anyio
 import httpx
+import pydantic
 import pytest
+from typing_extensions import TypedDict  # pydantic needs it on Python < 3.12
 
 from swiftclient import (
     AssistantMessage,
@@ -23,12 +26,14 @@ from swiftclient import (
     InternalServerError,
     Message,
     StreamStalled,
+    StructuredOutputError,
     Timeout,
 )
+from swiftclient._structured import structured_output
 from swiftclient._wire import encode_request
 from swiftclient.testing import FakeProvider, Reply
 
-from .mock import Script, chunk
+from .mock import Script, chunk, stream_body
 from .test_client import KEY, make
 
 pytestmark = pytest.mark.anyio
@@ -257,3 +262,146 @@ async def test_deadline_messages_read_the_same_streamed_and_not() -> None:
     expected = "mock: the call's total deadline of 0.3s was exceeded"
     assert str(streamed.value) == str(not_streamed.value) == expected
     assert len(streamed.value.attempts) == len(not_streamed.value.attempts) == 1
+
+
+# --------------------------------------------------------------------------- response_model
+
+
+class Weather(pydantic.BaseModel):
+    city: str
+    celsius: float
+
+
+class WeatherDict(TypedDict):
+    city: str
+    celsius: float
+
+
+@dataclasses.dataclass
+class WeatherData:
+    city: str
+    celsius: float
+
+
+class Node(pydantic.BaseModel):
+    name: str
+    children: list[Node] = []
+
+
+def _replies(*texts: str) -> Script:
+    script = Script()
+    for text in texts:
+        script.add(parts=stream_body([text]))
+    return script
+
+
+PARIS = '{"city": "Paris", "celsius": 21.5}'
+
+
+@pytest.mark.parametrize(
+    ("response_model", "reply", "expected", "name"),
+    [
+        (Weather, PARIS, Weather(city="Paris", celsius=21.5), "Weather"),
+        (WeatherDict, PARIS, {"city": "Paris", "celsius": 21.5}, "WeatherDict"),
+        (WeatherData, PARIS, WeatherData("Paris", 21.5), "WeatherData"),
+        (list[Weather], f"[{PARIS}]", [Weather(city="Paris", celsius=21.5)], "list_Weather"),
+        (
+            dict[str, WeatherDict],
+            f'{{"today": {PARIS}}}',
+            {"today": {"city": "Paris", "celsius": 21.5}},
+            "dict_str_WeatherDict",
+        ),
+        (
+            Node,
+            '{"name": "a", "children": [{"name": "b"}]}',
+            Node(name="a", children=[Node(name="b")]),
+            "Node",
+        ),
+    ],
+)
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "plain"])
+async def test_response_model_takes_models_typeddicts_dataclasses_and_lists(
+    response_model: Any, reply: str, expected: object, name: str, stream: bool
+) -> None:
+    if stream:
+        script = _replies(reply)
+    else:
+        script = Script().add(parts=[json.dumps(_plain_completion(reply)).encode()])
+    async with make(script) as client:
+        result = await client.chat("weather", response_model=response_model, stream=stream)
+    assert result == expected
+    sent = json.loads(script.requests[0].content)["response_format"]
+    assert sent["type"] == "json_schema" and sent["json_schema"]["name"] == name
+    assert sent["json_schema"]["schema"] == pydantic.TypeAdapter(response_model).json_schema()
+
+
+def _plain_completion(text: str) -> dict[str, Any]:
+    return {
+        "id": "x",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+        ],
+    }
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        f"```json\n{PARIS}\n```",
+        f"```\n{PARIS}\n```",
+        f"\n  ```JSON \r\n{PARIS}\r\n```\n",
+    ],
+)
+async def test_a_reply_fenced_in_a_code_block_is_accepted(reply: str) -> None:
+    script = _replies(reply)
+    async with make(script) as client:
+        assert await client.chat("w", response_model=Weather) == Weather(city="Paris", celsius=21.5)
+
+
+async def test_structured_output_error_names_the_failing_fields() -> None:
+    script = _replies('{"city": 5}', "Sure! Here it is: {", f"```json\n[{PARIS}]\n```")
+    async with make(script) as client:
+        with pytest.raises(StructuredOutputError) as fields:
+            await client.chat("w", response_model=Weather)
+        with pytest.raises(StructuredOutputError, match="Invalid JSON") as not_json:
+            await client.chat("w", response_model=Weather)
+        with pytest.raises(StructuredOutputError, match="Input should be an object") as wrong_shape:
+            await client.chat("w", response_model=Weather)
+    message = str(fields.value)
+    assert message.startswith("the reply does not validate as Weather: ")
+    assert "city: Input should be a valid string" in message
+    assert "celsius: Field required" in message
+    assert fields.value.raw == '{"city": 5}'
+    assert not_json.value.raw == "Sure! Here it is: {"
+    assert wrong_shape.value.raw.startswith("```json")
+
+
+class NotAModel:
+    pass
+
+
+@pytest.mark.parametrize(
+    ("response_model", "match"),
+    [
+        (int, "describes a JSON integer"),
+        (str, "describes a JSON string"),
+        (Weather | None, "describes a JSON value"),
+        (Weather(city="Paris", celsius=1.0), "must be a type"),
+        ("Weather", "must be a type"),
+        (NotAModel, "cannot be validated"),
+    ],
+)
+async def test_response_model_refuses_what_cannot_be_structured_output(
+    response_model: Any, match: str
+) -> None:
+    script = Script()
+    async with make(script) as client:
+        with pytest.raises(ConfigurationError, match=match):
+            await client.chat("w", response_model=response_model)
+    assert script.requests == []
+
+
+def test_each_response_model_is_prepared_once() -> None:
+    assert structured_output(Weather) is structured_output(Weather)
+    assert structured_output(list[Weather]) is structured_output(list[Weather])
+    assert structured_output(list[Weather]) is not structured_output(list[WeatherDict])

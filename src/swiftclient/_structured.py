@@ -1,0 +1,127 @@
+"""``response_model=``: which types a call accepts, the schema it sends, how a reply is read.
+
+Any type pydantic can validate and describe is accepted when its JSON schema is an object or
+an array: pydantic models, TypedDicts, dataclasses, ``dict[str, Model]``, ``list[Model]``...
+Each type's :class:`pydantic.TypeAdapter` and response format are built once and cached.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import typing
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import pydantic
+
+from . import errors
+from .types import ChatCompletion, JSONSchemaFormat, ResponseFormat
+
+__all__ = ["StructuredOutput", "structured_output", "validation_summary"]
+
+T = TypeVar("T")
+
+_CACHE_SIZE = 256
+_SUMMARY_LIMIT = 10
+_NAME = re.compile(r"[^A-Za-z0-9_-]")
+# A reply that is one fenced Markdown code block, with or without a language tag.
+_FENCED = re.compile(r"\A\s*```[\w+.-]*[ \t]*\r?\n(.*?)\s*```\s*\Z", re.DOTALL)
+_ACCEPTED = "a pydantic model, TypedDict or dataclass, or a list or dict of them"
+
+
+def validation_summary(exc: pydantic.ValidationError) -> str:
+    """``where: what`` for each error (the first few), without the input values."""
+    found = exc.errors(include_url=False, include_input=False)
+    parts = []
+    for error in found[:_SUMMARY_LIMIT]:
+        where = ".".join(str(part) for part in error["loc"])
+        message = error["msg"].removeprefix("Value error, ")
+        parts.append(f"{where}: {message}" if where else message)
+    if len(found) > _SUMMARY_LIMIT:
+        parts.append(f"and {len(found) - _SUMMARY_LIMIT} more")
+    return "; ".join(parts)
+
+
+def _schema_name(tp: Any) -> str:
+    """A JSON-schema name for ``tp``: ``Weather``, ``list_Weather``, ``dict_str_Weather``."""
+    origin = typing.get_origin(tp)
+    if origin is None:
+        return str(getattr(tp, "__name__", "response"))
+    if origin is typing.Annotated:
+        return _schema_name(typing.get_args(tp)[0])
+    names = [_schema_name(origin)]
+    names += [_schema_name(arg) for arg in typing.get_args(tp) if hasattr(arg, "__name__")]
+    return "_".join(names)
+
+
+def _root(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema's root definition (recursive models put it under ``$defs``)."""
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/$defs/"):
+        found = schema.get("$defs", {}).get(ref.removeprefix("#/$defs/"))
+        if isinstance(found, dict):
+            return found
+    return schema
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredOutput(Generic[T]):
+    """One ``response_model`` type: its adapter, name and the response format to send."""
+
+    adapter: pydantic.TypeAdapter[T]
+    name: str
+    response_format: ResponseFormat
+
+    def parse(self, completion: ChatCompletion) -> T:
+        """Validate the completion's text (a reply fenced in a Markdown code block too)."""
+        raw = completion.text
+        fenced = _FENCED.match(raw)
+        try:
+            return self.adapter.validate_json(fenced.group(1) if fenced else raw)
+        except pydantic.ValidationError as exc:
+            raise errors.StructuredOutputError(
+                f"the reply does not validate as {self.name}: {validation_summary(exc)}",
+                raw=raw,
+                completion=completion,
+            ) from exc
+
+
+def _build(tp: Any) -> StructuredOutput[Any]:
+    if not isinstance(tp, type) and typing.get_origin(tp) is None:
+        raise errors.ConfigurationError(f"response_model must be a type ({_ACCEPTED}), got {tp!r}")
+    try:
+        adapter: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(tp)
+        schema = adapter.json_schema()
+    except (pydantic.PydanticUserError, pydantic.PydanticUndefinedAnnotation, TypeError) as exc:
+        raise errors.ConfigurationError(
+            f"response_model {tp!r} cannot be validated and described as a JSON schema "
+            f"({_ACCEPTED}): {str(exc).splitlines()[0]}"
+        ) from exc
+    kind = _root(schema).get("type")
+    if kind not in ("object", "array"):
+        raise errors.ConfigurationError(
+            f"response_model {tp!r} describes a JSON {kind or 'value'}; structured output needs "
+            f"an object or an array ({_ACCEPTED})"
+        )
+    name = _NAME.sub("_", _schema_name(tp))[:64]
+    response_format = ResponseFormat(
+        type="json_schema", json_schema=JSONSchemaFormat(name=name, schema=schema)
+    )
+    return StructuredOutput(adapter, name, response_format)
+
+
+@functools.lru_cache(maxsize=_CACHE_SIZE)
+def _cached(tp: Any) -> StructuredOutput[Any]:
+    return _build(tp)
+
+
+def structured_output(tp: type[T]) -> StructuredOutput[T]:
+    """The (cached) :class:`StructuredOutput` for ``tp``; ConfigurationError when it cannot be
+    one."""
+    key: Any = tp
+    try:
+        hash(key)
+    except TypeError:  # an Annotated type with unhashable metadata: build it every time
+        return _build(key)
+    return _cached(key)
