@@ -27,7 +27,7 @@ async def main() -> None:
     if _hosted_configured():
         client = AsyncClient(model=os.environ.get("SWIFTCLIENT_MODEL", "gpt-4o-mini"))
     else:
-        from swiftclient.backends.local import LocalBackend
+        from local_engine import LocalBackend
 
         print("No hosted provider configured: running offline on the embedded default model.")
         client = AsyncClient(LocalBackend(), model="default")

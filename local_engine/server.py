@@ -3,7 +3,7 @@
 Endpoints: ``POST /v1/chat/completions`` (streamed as server-sent events or not; usage with
 ``prompt_tokens_details.cached_tokens``; ``stream_options.include_usage`` honoured),
 ``GET /v1/models`` and ``GET /health``. Requests are mapped exactly as
-:class:`~swiftclient.backends.local.LocalBackend` maps them (the server runs one), and
+:class:`~local_engine.backend.LocalBackend` maps them (the server runs one), and
 ``extra_body`` fields such as ``top_k``, ``min_p``, ``ignore_eos`` or ``cache_salt`` arrive as
 top-level JSON fields, as OpenAI clients send them.
 
@@ -36,12 +36,12 @@ import anyio
 import anyio.abc
 import pydantic
 
-from swiftclient._deadline import Deadline, Timeout
+from swiftclient import Deadline, Timeout
 from swiftclient._httpserver import HTTPRequest, HTTPServer, ResponseWriter, error_body
-from swiftclient.backends.local import LocalBackend
 from swiftclient.errors import ConfigurationError, EngineError, OverloadedError, redact
 from swiftclient.types import ChatCompletion, ChatCompletionChunk, ChatRequest, StreamOptions
 
+from .backend import LocalBackend
 from .service import EXTRA_BODY_KEYS
 
 __all__ = ["LocalServer", "RequestError", "main", "parse_chat_body"]

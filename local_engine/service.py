@@ -1,7 +1,7 @@
 """Chat requests over the engine: :class:`ChatRequest` in, OpenAI chunks and completions out.
 
 The one place where OpenAI request fields become a prompt and :class:`SamplingParams`, shared
-by :class:`swiftclient.backends.local.LocalBackend` and the HTTP server
+by :class:`local_engine.backend.LocalBackend` and the HTTP server
 (:mod:`local_engine.server`).
 
 Mapping:

@@ -3,7 +3,8 @@
 The backend comes from the same settings as ``AsyncClient()``: ``--provider`` (a preset or
 ``local``), ``--base-url``/``--api-key``, or the environment (``SWIFTCLIENT_PROVIDER``,
 ``SWIFTCLIENT_BASE_URL``, ``OPENAI_API_KEY``...). ``--local DIR`` runs the bundled engine on a
-model directory (with no directory: the embedded default model).
+model directory (with no directory: ``SWIFTCLIENT_LOCAL_MODEL``, else the embedded default
+model); the engine is found through the ``local`` entry points, never imported by name.
 """
 
 from __future__ import annotations
@@ -27,9 +28,7 @@ def _backend(args: argparse.Namespace) -> Backend | None:
     from .providers import preset
 
     if args.local is not None:
-        from .backends.local import LocalBackend
-
-        return LocalBackend(args.local or None)
+        return preset("local", model=args.local or None)
     if args.provider:
         return preset(args.provider, api_key=args.api_key, base_url=args.base_url)
     if args.base_url:
@@ -116,7 +115,9 @@ async def _bench(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from local_engine.server import main as serve_main
+    from .providers import local_server
+
+    serve_main = local_server()
 
     argv = [args.model_dir or "", "--host", args.host, "--port", str(args.port)]
     if args.api_key:

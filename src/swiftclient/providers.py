@@ -1,21 +1,50 @@
 """Provider presets and configuration from the environment.
 
 Every preset is a plain :class:`HTTPBackend` for an OpenAI-compatible API; none is treated
-specially. ``local`` selects the bundled engine (the ``local`` extra).
+specially. ``local`` selects the bundled engine (the ``local`` extra), which swiftclient
+never imports: it is found through the ``swiftclient.backends`` entry point named ``local``.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from importlib.metadata import entry_points
+from typing import Any, cast
 
 from .backends.base import Backend
 from .backends.http import HTTPBackend
 from .errors import ConfigurationError
 
-__all__ = ["PRESETS", "Preset", "from_env", "preset"]
+__all__ = ["BACKENDS_GROUP", "PRESETS", "SERVERS_GROUP", "Preset", "from_env", "preset"]
+
+BACKENDS_GROUP = "swiftclient.backends"
+"""Entry point group of backend classes (``local``: the bundled engine's ``LocalBackend``)."""
+SERVERS_GROUP = "swiftclient.servers"
+"""Entry point group of server commands, ``main(argv) -> exit status`` (``local``)."""
+_LOCAL_EXTRA = "pip install 'swiftclient-llm[local]'"
+
+
+def _local_entry_point(group: str) -> Any:
+    """What the local engine registers in ``group`` (ConfigurationError when it is absent)."""
+    for entry_point in entry_points(group=group, name="local"):
+        try:
+            return entry_point.load()
+        except ImportError as exc:
+            raise ConfigurationError(
+                f"the local engine ({entry_point.value}) cannot be imported: {exc}; it needs "
+                f"the 'local' extra: {_LOCAL_EXTRA}"
+            ) from exc
+    raise ConfigurationError(
+        f"the local engine is not installed (no 'local' entry point in {group}); it comes "
+        f"with the 'local' extra: {_LOCAL_EXTRA}"
+    )
+
+
+def local_server() -> Callable[[Sequence[str]], int]:
+    """The bundled engine's server command (``swiftclient serve``)."""
+    return cast(Callable[[Sequence[str]], int], _local_entry_point(SERVERS_GROUP))
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,10 +77,9 @@ def preset(
     ``sglang``, or ``local``). Keys come from the argument or the preset's variable."""
     env = os.environ if environ is None else environ
     if name == "local":
-        from .backends.local import LocalBackend
-
+        local_backend = _local_entry_point(BACKENDS_GROUP)
         model = kwargs.pop("model", None) or env.get("SWIFTCLIENT_LOCAL_MODEL")
-        return LocalBackend(model, **kwargs)
+        return cast(Backend, local_backend(model, **kwargs))
     spec = PRESETS.get(name)
     if spec is None:
         known = ", ".join(sorted([*PRESETS, "local"]))

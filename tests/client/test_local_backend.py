@@ -11,9 +11,8 @@ from typing import Any
 import anyio
 import pytest
 
-from swiftclient import AsyncClient
-from swiftclient._deadline import Deadline
-from swiftclient.backends.local import LocalBackend
+from local_engine import LocalBackend
+from swiftclient import AsyncClient, Deadline
 from swiftclient.errors import ConfigurationError, EngineError
 from swiftclient.types import ChatRequest, Message, Tool
 
@@ -38,10 +37,12 @@ def cache_env(tiny: TinyModel, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path
 
 def test_importing_the_backend_does_not_import_torch() -> None:
     code = (
-        "import sys, swiftclient\n"
-        "from swiftclient.backends import local\n"
-        "backend = local.LocalBackend()\n"
-        "heavy = ('torch', 'local_engine', 'transformers')\n"
+        "import sys\n"
+        "from local_engine import LocalBackend\n"
+        "from swiftclient.providers import preset\n"
+        "backends = [LocalBackend(), preset('local', environ={})]\n"
+        "assert all(type(b) is LocalBackend for b in backends), backends\n"
+        "heavy = ('torch', 'transformers', 'safetensors', 'tokenizers')\n"
         "print(','.join(m for m in heavy if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -19,12 +19,12 @@ from typing import Any
 import anyio
 import pytest
 
+from local_engine import LocalBackend
 from local_engine.default_model import DEFAULT_MODEL_NAME, ensure_default_model
 from local_engine.server import LocalServer
 from swiftclient import AsyncClient
 from swiftclient.backends.base import Backend
 from swiftclient.backends.http import HTTPBackend
-from swiftclient.backends.local import LocalBackend
 from swiftclient.testing import FakeProvider, Reply
 
 from .tiny_local import CountingEngine, TinyModel, load_tiny_model

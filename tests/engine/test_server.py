@@ -19,9 +19,9 @@ import httpx
 import openai
 import pytest
 
+from local_engine import LocalBackend
 from local_engine.engine import Engine, RequestOutput
 from local_engine.server import LocalServer
-from swiftclient.backends.local import LocalBackend
 
 from ..conformance.tiny_local import CountingEngine, TinyModel, load_tiny_model
 

@@ -1,7 +1,10 @@
-"""LocalBackend: the bundled inference engine (:mod:`local_engine`) behind the Backend seam.
+"""LocalBackend: the bundled inference engine behind swiftclient's Backend seam.
 
-``local_engine`` (and with it torch) is imported only when the backend loads its model, so
-``import swiftclient`` and constructing a ``LocalBackend`` stay light. The model is loaded in a
+It speaks only swiftclient's public contract (the Backend protocol, ``Deadline``,
+``RequestOptions``, types and errors); swiftclient finds it through the ``swiftclient.backends``
+entry point (``SWIFTCLIENT_PROVIDER=local``) and never imports this package. The engine (and
+with it torch) is imported only when the backend loads its model, so ``import local_engine``
+and constructing a ``LocalBackend`` stay light. The model is loaded in a
 worker thread when the backend is entered (``async with AsyncClient(LocalBackend(...))``) or
 warmed up; the engine's driver task runs inside that ``async with`` block.
 
@@ -23,10 +26,9 @@ from typing import TYPE_CHECKING
 import anyio
 import anyio.to_thread
 
-from .. import errors
-from .._deadline import Deadline
-from ..types import ChatCompletion, ChatCompletionChunk, ChatRequest
-from .base import RequestOptions, check_backend_name
+from swiftclient import Deadline, RequestOptions, errors
+from swiftclient.backends import check_backend_name
+from swiftclient.types import ChatCompletion, ChatCompletionChunk, ChatRequest
 
 if TYPE_CHECKING:
     from local_engine.async_engine import AsyncEngine
