@@ -155,6 +155,7 @@ def test_swiftclient_never_imports_local_engine() -> None:
         ("from swiftclient._deadline import Deadline", "swiftclient._deadline"),
         ("import swiftclient._httpserver", "swiftclient._httpserver"),
         ("from swiftclient.types import _percentile", "swiftclient.types._percentile"),
+        ("from swiftclient.types import statistics", "swiftclient.types.statistics"),
         ("from swiftclient.backends.http import _ChunkStream", "swiftclient.backends.http."),
         ("import swiftclient\nswiftclient._client.AsyncClient", "_client"),
         ("import importlib\nimportlib.import_module('swiftclient._sse')", "swiftclient._sse"),

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
+import typing
 from collections.abc import Callable
 from typing import Any
 
@@ -399,6 +401,15 @@ async def test_response_model_refuses_what_cannot_be_structured_output(
         with pytest.raises(ConfigurationError, match=match):
             await client.chat("w", response_model=response_model)
     assert script.requests == []
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="pydantic takes typing.TypedDict there")
+def test_a_typing_typeddict_on_python_311_is_refused_with_pydantics_hint() -> None:
+    class Plain(typing.TypedDict):
+        city: str
+
+    with pytest.raises(ConfigurationError, match="typing_extensions.TypedDict"):
+        structured_output(Plain)
 
 
 def test_each_response_model_is_prepared_once() -> None:
