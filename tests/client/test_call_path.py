@@ -20,6 +20,7 @@ from swiftclient import (
     AssistantMessage,
     AsyncClient,
     BadRequestError,
+    ChatCompletion,
     ChatRequest,
     ConfigurationError,
     DeadlineExceeded,
@@ -163,6 +164,48 @@ def _add(a: int, b: int) -> dict[str, Any]:
 
 
 _TOOLS: dict[str, Callable[..., dict[str, Any]]] = {"get_weather": _weather, "add": _add}
+_TOOL_SCHEMAS = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "parameters": {
+                "type": "object",
+                "properties": properties,
+                "required": list(properties),
+            },
+        },
+    }
+    for name, properties in [
+        ("get_weather", {"city": {"type": "string"}}),
+        ("add", {"a": {"type": "number"}, "b": {"type": "number"}}),
+    ]
+]
+
+
+TOOL_LOOP_ANSWER = "It is 21.5 degrees in Paris."
+
+
+async def tool_loop(client: AsyncClient, *, stream: bool, **params: Any) -> list[ChatCompletion]:
+    """Three turns of the usual agent loop (a weather call, an add call, an answer), each
+    reply appended to the conversation as it came out; returns the three completions."""
+    messages: list[AssistantMessage | dict[str, Any]] = [
+        {"role": "user", "content": "How warm is Paris, plus 1.5?"}
+    ]
+    completions = []
+    for _ in range(3):
+        completion = await client.chat(messages, tools=_TOOL_SCHEMAS, stream=stream, **params)
+        completions.append(completion)
+        messages.append(completion.choices[0].message)
+        for call in completion.tool_calls:
+            result = _TOOLS[call.function.name](**json.loads(call.function.arguments))
+            messages.append(
+                {"role": "tool", "tool_call_id": call.id, "content": json.dumps(result)}
+            )
+    names = [[c.function.name for c in completion.tool_calls] for completion in completions]
+    assert names == [["get_weather"], ["add"], []]
+    assert completions[-1].text == TOOL_LOOP_ANSWER
+    return completions
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["streamed", "plain"])
@@ -171,21 +214,10 @@ async def test_a_three_turn_tool_loop_appends_the_replies_as_they_come(stream: b
         fake.script(
             Reply(tool_calls=(("get_weather", {"city": "Paris"}),)),
             Reply(tool_calls=(("add", {"a": 20, "b": 1.5}),)),
-            Reply(text="It is 21.5 degrees in Paris."),
+            Reply(text=TOOL_LOOP_ANSWER),
         )
         async with AsyncClient(HTTPBackend(fake.base_url, name="fake"), model="m") as client:
-            messages: list[AssistantMessage | dict[str, Any]] = [
-                {"role": "user", "content": "How warm is Paris, plus 1.5?"}
-            ]
-            for _ in range(3):
-                completion = await client.chat(messages, stream=stream)
-                messages.append(completion.choices[0].message)
-                for call in completion.tool_calls:
-                    result = _TOOLS[call.function.name](**json.loads(call.function.arguments))
-                    messages.append(
-                        {"role": "tool", "tool_call_id": call.id, "content": json.dumps(result)}
-                    )
-        assert completion.text == "It is 21.5 degrees in Paris." and not completion.tool_calls
+            await tool_loop(client, stream=stream)
     sent = fake.requests[-1].body["messages"]
     assert [m["role"] for m in sent] == ["user", "assistant", "tool", "assistant", "tool"]
     for assistant, tool, name in ((sent[1], sent[2], "get_weather"), (sent[3], sent[4], "add")):

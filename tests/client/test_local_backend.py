@@ -16,7 +16,8 @@ from swiftclient import AsyncClient, Deadline
 from swiftclient.errors import ConfigurationError, EngineError
 from swiftclient.types import ChatRequest, Message, Tool
 
-from ..conformance.tiny_local import TinyModel, load_tiny_model
+from ..conformance.tiny_local import ReplyScriptEngine, TinyModel, load_tiny_model
+from .test_call_path import TOOL_LOOP_ANSWER, tool_loop
 
 LIMIT = 30.0  # seconds; a bound on waiting for the engine to settle, not a speed assertion
 MODEL = "tiny"
@@ -223,6 +224,31 @@ async def test_tools_and_response_format_reach_the_prompt(tiny: TinyModel) -> No
         assert await prompt_tokens(client, tools=[tool]) > plain
         assert await prompt_tokens(client, tools=[tool], tool_choice="none") == plain
         assert await prompt_tokens(client, response_format={"type": "json_object"}) > plain
+
+
+class ToolLoopEngine(ReplyScriptEngine):
+    """Answers like a tool-using model: a weather call, an add call, then the answer."""
+
+    replies = (
+        ("<tool_call>", '{"name": "get_weather", "arguments": {"city": "Paris"}}', "</tool_call>"),
+        ("<tool_call>", '{"name": "add", "arguments": {"a": 20, "b": 1.5}}', "</tool_call>"),
+        (TOOL_LOOP_ANSWER,),
+    )
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "plain"])
+async def test_a_three_turn_tool_loop_runs_on_the_local_engine(
+    tiny: TinyModel, stream: bool
+) -> None:
+    engine = tiny.build(ToolLoopEngine)
+    async with AsyncClient(LocalBackend.from_engine(engine), model=MODEL) as client:
+        completions = await tool_loop(
+            client, stream=stream, max_tokens=20, extra_body={"ignore_eos": True}
+        )
+    prompts = [c.usage.prompt_tokens if c.usage else 0 for c in completions]
+    assert prompts[0] < prompts[1] < prompts[2]  # each turn's reply and result went back in
+    assert engine.num_free_blocks() == engine.num_blocks
 
 
 @pytest.mark.anyio

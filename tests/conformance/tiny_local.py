@@ -16,7 +16,7 @@ from local_engine.loader import load_model
 from local_engine.model import DecoderModel
 from local_engine.tokenizer import Tokenizer
 
-__all__ = ["CountingEngine", "TinyModel", "load_tiny_model"]
+__all__ = ["CountingEngine", "ReplyScriptEngine", "TinyModel", "load_tiny_model"]
 
 EngineT = TypeVar("EngineT", bound=Engine)
 
@@ -30,6 +30,33 @@ class CountingEngine(Engine):
         """Run one step and count it."""
         self.steps += 1
         return super().step()
+
+
+class ReplyScriptEngine(CountingEngine):
+    """Writes fixed replies (what a trained model would have written) in place of the tiny
+    model's random text: the n-th request gets ``replies[n]`` as its text pieces, one per
+    step, then stops (the last reply repeats for later requests). Set ``replies`` on a
+    subclass."""
+
+    replies: tuple[tuple[str, ...], ...] = ()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._left: dict[str, list[str]] = {}
+
+    def step(self) -> list[RequestOutput]:
+        """Run one step, then replace each request's new text with its next scripted piece."""
+        outputs = super().step()
+        for out in outputs:
+            left = self._left.get(out.request_id)
+            if left is None:
+                reply = self.replies[min(len(self._left), len(self.replies) - 1)]
+                left = self._left[out.request_id] = list(reply)
+            out.new_text = left.pop(0) if left else ""
+            if not left and not out.finished:
+                self.abort(out.request_id)
+                out.finished, out.finish_reason = True, "stop"
+        return outputs
 
 
 @dataclass(frozen=True)

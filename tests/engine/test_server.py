@@ -20,10 +20,10 @@ import openai
 import pytest
 
 from local_engine import LocalBackend
-from local_engine.engine import Engine, RequestOutput
+from local_engine.engine import Engine
 from local_engine.server import LocalServer
 
-from ..conformance.tiny_local import CountingEngine, TinyModel, load_tiny_model
+from ..conformance.tiny_local import CountingEngine, ReplyScriptEngine, TinyModel, load_tiny_model
 
 pytestmark = [
     pytest.mark.anyio,
@@ -232,26 +232,20 @@ async def test_same_seed_same_text(served: Served) -> None:
     assert first != await sampled(8)
 
 
-class ScriptedEngine(CountingEngine):
+class ScriptedEngine(ReplyScriptEngine):
     """Writes a fixed reply (what a trained model would have written) in place of the
     tiny model's random text, so the tool-call path runs end to end."""
 
-    script = ["Let me check. ", "<tool_call>", '{"name": "get_weather", ', '"arguments": ']
-    script += ['{"city": "Paris"}}', "</tool_call>"]
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._left: dict[str, list[str]] = {}
-
-    def step(self) -> list[RequestOutput]:
-        outputs = super().step()
-        for out in outputs:
-            left = self._left.setdefault(out.request_id, list(self.script))
-            out.new_text = left.pop(0) if left else ""
-            if not left and not out.finished:
-                self.abort(out.request_id)
-                out.finished, out.finish_reason = True, "stop"
-        return outputs
+    replies = (
+        (
+            "Let me check. ",
+            "<tool_call>",
+            '{"name": "get_weather", ',
+            '"arguments": ',
+            '{"city": "Paris"}}',
+            "</tool_call>",
+        ),
+    )
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["streamed", "plain"])
