@@ -49,6 +49,9 @@ _REQUEST = ConfigDict(extra="forbid", populate_by_name=True)
 _RESPONSE = ConfigDict(extra="allow", populate_by_name=True)
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
+# What else an assistant message may carry instead of content or tool calls (a refusal, a
+# legacy function call, a reference to earlier audio output).
+_ASSISTANT_BODIES = ("refusal", "function_call", "audio")
 
 
 # --------------------------------------------------------------------------- request parts
@@ -105,8 +108,9 @@ class Message(BaseModel):
 
     - ``system``, ``developer`` and ``user`` messages need ``content`` (a string, possibly
       empty, or a non-empty list of parts);
-    - an ``assistant`` message needs ``content``, ``tool_calls`` or a ``refusal`` (``content``
-      may be ``None`` when it calls tools);
+    - an ``assistant`` message needs ``content``, ``tool_calls`` or a ``refusal`` (or a
+      legacy ``function_call`` / an ``audio`` reference); ``content`` may be ``None`` when it
+      calls tools;
     - a ``tool`` message needs ``tool_call_id`` (the id of the call it answers) and
       ``content``;
     - ``tool_calls`` belong on assistant messages only, ``tool_call_id`` on tool messages only.
@@ -147,9 +151,10 @@ class Message(BaseModel):
             if content is None:
                 raise ValueError("a tool message needs content (the tool's result)")
         elif role == "assistant":
-            refusal = (self.__pydantic_extra__ or {}).get("refusal")
-            if content is None and not self.tool_calls and refusal is None:
-                raise ValueError("an assistant message needs content or tool_calls")
+            extra = self.__pydantic_extra__ or {}
+            if content is None and not self.tool_calls:
+                if all(extra.get(key) is None for key in _ASSISTANT_BODIES):
+                    raise ValueError("an assistant message needs content or tool_calls")
         elif content is None:
             raise ValueError(f"a {role} message needs content")
         return self

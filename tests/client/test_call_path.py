@@ -126,6 +126,8 @@ async def test_every_valid_message_shape_is_sent() -> None:
         {"role": "tool", "tool_call_id": "c1", "content": ""},
         {"role": "assistant", "refusal": "I can't help with that."},
         {"role": "assistant", "content": "", "prefix": True},
+        {"role": "assistant", "function_call": {"name": "f", "arguments": "{}"}},
+        {"role": "assistant", "audio": {"id": "audio_1"}},
     ]
     script = Script()
     async with make(script) as client:
