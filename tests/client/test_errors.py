@@ -33,9 +33,9 @@ def test_every_httpx_exception_class_is_mapped_directly() -> None:
 @pytest.mark.parametrize(
     ("exc", "expected"),
     [
-        (httpx.ConnectTimeout("t"), errors.APITimeoutError),
+        (httpx.ConnectTimeout("t"), errors.ConnectTimeout),
         (httpx.ReadTimeout("t"), errors.APITimeoutError),
-        (httpx.PoolTimeout("t"), errors.APITimeoutError),
+        (httpx.PoolTimeout("t"), errors.PoolTimeout),
         (httpx.ConnectError("c"), errors.APIConnectionError),
         (httpx.ReadError("r"), errors.APIConnectionError),
         (httpx.RemoteProtocolError("p"), errors.APIConnectionError),

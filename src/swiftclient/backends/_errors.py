@@ -14,6 +14,8 @@ __all__ = ["HTTPX_ERROR_MAP", "map_httpx_error"]
 
 # Most specific first is not needed: lookup walks the raised class's MRO.
 HTTPX_ERROR_MAP: dict[type[Exception], type[errors.SwiftClientError]] = {
+    httpx.ConnectTimeout: errors.ConnectTimeout,
+    httpx.PoolTimeout: errors.PoolTimeout,
     httpx.TimeoutException: errors.APITimeoutError,
     httpx.NetworkError: errors.APIConnectionError,
     httpx.ProtocolError: errors.APIConnectionError,
