@@ -60,12 +60,33 @@ class _Body:
         await self._response.aclose()
 
 
+class _RequestBody(httpx.AsyncByteStream):
+    """The request body as one piece, iterated by a plain iterator: httpx's own byte stream
+    is an async generator, which trio warns about when a failed send abandons it."""
+
+    __slots__ = ("_data", "_sent")
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+        self._sent = False
+
+    def __aiter__(self) -> _RequestBody:
+        self._sent = False
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._sent or not self._data:
+            raise StopAsyncIteration
+        self._sent = True
+        return self._data
+
+
 class HttpxTransport:
     """Adapt an ``httpx.AsyncBaseTransport`` to the backend's transport seam."""
 
     def __init__(self, transport: httpx.AsyncBaseTransport) -> None:
         self._transport = transport
-        self._urls: dict[str, httpx.URL] = {}
+        self._urls: dict[str, tuple[httpx.URL, str]] = {}
 
     async def send(
         self,
@@ -76,14 +97,21 @@ class HttpxTransport:
         connect: float | None,
     ) -> TransportResponse:
         """Build the ``httpx.Request`` and hand it to the transport."""
-        parsed = self._urls.get(url)
-        if parsed is None:
+        target = self._urls.get(url)
+        if target is None:
             if len(self._urls) > 64:
                 self._urls.clear()
-            parsed = self._urls[url] = httpx.URL(url)
+            parsed = httpx.URL(url)
+            target = self._urls[url] = (parsed, parsed.netloc.decode("ascii"))
+        parsed, host = target
         timeout = {"connect": connect, "read": None, "write": connect, "pool": None}
+        # A given body stream makes httpx add no headers: Host and Content-Length are ours.
         request = httpx.Request(
-            method, parsed, headers=headers, content=body, extensions={"timeout": timeout}
+            method,
+            parsed,
+            headers={**headers, "host": host, "content-length": str(len(body))},
+            stream=_RequestBody(body),
+            extensions={"timeout": timeout},
         )
         response = await self._transport.handle_async_request(request)
         response.request = request
