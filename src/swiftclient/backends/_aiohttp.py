@@ -82,11 +82,16 @@ class _Body:
 
     async def aclose(self) -> None:
         """Back to the pool after a whole body; otherwise drop the connection."""
+        self.close_nowait()
+
+    def close_nowait(self) -> bool:
+        """Release or close the connection; aiohttp does either without waiting."""
         response = self._response
         if self._content.at_eof():
             response.release()
         else:
             response.close()
+        return True
 
 
 class AiohttpTransport:

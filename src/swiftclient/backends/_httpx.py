@@ -51,6 +51,10 @@ class _Body:
         except StopAsyncIteration:
             return b""
 
+    def close_nowait(self) -> bool:
+        """httpx closes responses asynchronously: always False."""
+        return False
+
     async def aclose(self) -> None:
         """Close our iterator explicitly, then the response (which releases the connection)."""
         iterator, self._iterator = self._iterator, None

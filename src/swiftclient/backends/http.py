@@ -143,8 +143,22 @@ class _Response:
         self.read: Callable[[], Awaitable[bytes]] = response.body.read
         self._slots: anyio.Semaphore | None = slots
 
+    def close_nowait(self) -> bool:
+        """Release the connection and its slot when that needs no waiting (True), as it
+        never does on the aiohttp transport; False: :meth:`aclose` must be awaited."""
+        slots = self._slots
+        if slots is None:
+            return True
+        if not self.body.close_nowait():
+            return False
+        self._slots = None
+        slots.release()
+        return True
+
     async def aclose(self) -> None:
         """Release the connection and its slot (idempotent; shielded)."""
+        if self.close_nowait():
+            return
         slots, self._slots = self._slots, None
         if slots is None:
             return
@@ -393,22 +407,17 @@ class HTTPBackend:
 
     # ------------------------------------------------------------------ requests
 
-    async def _acquire(self, deadline: Deadline) -> anyio.Semaphore:
-        """Take a connection slot, waiting at most ``Timeout.pool`` for one."""
+    async def _acquire(self, deadline: Deadline) -> None:
+        """Wait for a connection slot (none was free), at most ``Timeout.pool``."""
         slots = self._slots
         assert slots is not None
-        try:
-            slots.acquire_nowait()
-            return slots
-        except anyio.WouldBlock:
-            pass
         pool = deadline.timeout.pool
         if pool is None or pool >= deadline.remaining():
             await slots.acquire()  # the call's own deadline bounds this wait
-            return slots
+            return
         with anyio.move_on_after(pool):
             await slots.acquire()
-            return slots
+            return
         raise errors.PoolTimeout(
             f"{self.name}: no free connection within {pool}s "
             f"(all {self._max_connections} pooled connections busy)",
@@ -431,7 +440,12 @@ class HTTPBackend:
                 headers["idempotency-key"] = options.idempotency_key
             headers.update(options.headers)
         body = encode_request(request, stream=stream, include_usage=self._stream_usage)
-        slots = await self._acquire(deadline)
+        slots = self._slots
+        assert slots is not None
+        try:
+            slots.acquire_nowait()
+        except anyio.WouldBlock:
+            await self._acquire(deadline)
         connect = deadline.bound(deadline.timeout.connect)
         response = await self._exchange("POST", self._url, headers, body, connect, slots)
         if response.status >= 400:
@@ -547,7 +561,8 @@ class HTTPBackend:
         try:
             body = await self._read_body(response, self.max_body_bytes)
         finally:
-            await response.aclose()
+            if not response.close_nowait():
+                await response.aclose()
         try:
             completion: ChatCompletion = _validate_completion(body)
         except pydantic.ValidationError as exc:
