@@ -23,7 +23,8 @@
     │   │   └── InternalServerError >= 500
     │   ├── APIResponseValidationError      a body or SSE event that does not parse
     │   │   └── ResponseTooLarge            a body or SSE event over the backend's size limit
-    │   └── StreamError                     an in-band error event inside a stream
+    │   └── StreamError                     an in-band error: an error event in a stream, or
+    │                                       a 200 body that is {"error": ...}
     ├── StructuredOutputError               response_model validation failed (raw text kept)
     └── EngineError                         local engine failures
         └── OverloadedError                 the engine's queue is full
@@ -187,7 +188,8 @@ class ResponseTooLarge(APIResponseValidationError):
 
 
 class StreamError(APIError):
-    """The provider sent an in-band error event inside a stream."""
+    """The provider reported a failure in-band: an error event inside a stream, or a
+    status-200 body that is ``{"error": ...}``; ``body`` keeps the (redacted) error."""
 
     def __init__(
         self, message: str, *, body: object | None = None, backend: str | None = None
