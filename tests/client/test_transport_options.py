@@ -125,10 +125,11 @@ async def test_a_client_certificate_is_presented(
             await _chat(HTTPBackend(server.base_url, KEY, verify=ca_file))
 
 
-def test_a_missing_ca_path_is_a_configuration_error() -> None:
+async def test_a_missing_ca_path_is_a_configuration_error() -> None:
     backend = HTTPBackend("https://127.0.0.1:1/v1", verify="/no/such/ca.pem")
     with pytest.raises(ConfigurationError, match="no CA file"):
-        backend._make_transport()
+        async with AsyncClient(backend, model="m"):
+            pass
 
 
 # --------------------------------------------------------------------------- proxies

@@ -35,6 +35,7 @@ from .._sse import EventTooLarge, ServerSentEvent, SSEDecoder
 from .._wire import encode_request
 from ..types import ChatCompletion, ChatCompletionChunk, ChatRequest
 from ._errors import map_httpx_error
+from ._httpx import HttpxTransport
 from .base import RequestOptions, Transport, TransportResponse, check_backend_name
 
 __all__ = ["HTTPBackend"]
@@ -289,8 +290,6 @@ class HTTPBackend:
         return self.base_url.startswith("https://") or (self._proxy or "").startswith("https://")
 
     def _make_transport(self) -> Transport:
-        from ._httpx import HttpxTransport
-
         if self._given_transport is not None:
             return HttpxTransport(self._given_transport)
         socket_options = _keepalive_options() if self._tcp_keepalive else None
