@@ -16,6 +16,7 @@ from typing import Any
 
 import aiohttp
 import httpx
+import yarl
 
 from .base import TransportResponse
 
@@ -110,6 +111,7 @@ class AiohttpTransport:
         self._ssl: ssl.SSLContext | bool = ssl_context if ssl_context is not None else True
         self._proxy = proxy
         self._session: aiohttp.ClientSession | None = None
+        self._urls: dict[str, yarl.URL] = {}  # parsed once: a backend calls few URLs
 
     def _open(self) -> aiohttp.ClientSession:
         connector = aiohttp.TCPConnector(
@@ -120,9 +122,13 @@ class AiohttpTransport:
             socket_factory=self._socket_factory,
             ssl=self._ssl,
         )
-        # trust_env stays off: the backend resolves proxy settings once, itself.
+        # trust_env stays off: the backend resolves proxy settings once, itself. API calls
+        # keep no cookies (a dummy jar skips the per-request cookie filtering).
         self._session = aiohttp.ClientSession(
-            connector=connector, skip_auto_headers=("User-Agent",), proxy=self._proxy
+            connector=connector,
+            skip_auto_headers=("User-Agent",),
+            proxy=self._proxy,
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
         return self._session
 
@@ -138,10 +144,15 @@ class AiohttpTransport:
         session = self._session
         if session is None or session.closed:
             session = self._open()
+        target = self._urls.get(url)
+        if target is None:
+            if len(self._urls) > 64:
+                self._urls.clear()
+            target = self._urls[url] = yarl.URL(url)
         try:
             response = await session.request(
                 method,
-                url,
+                target,
                 headers=headers,
                 data=body or None,
                 allow_redirects=False,
