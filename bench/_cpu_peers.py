@@ -90,12 +90,14 @@ def _httpx2_transport(mode: Mode) -> httpx2.MockTransport:
 
 
 class SwiftPeer:
-    """swiftclient over ``HTTPBackend(transport=httpx.MockTransport(...))``."""
+    """swiftclient over ``HTTPBackend(transport=httpx.MockTransport(...))``, or over the
+    ``backend`` given (the real-socket benchmark passes a default ``HTTPBackend``)."""
 
     name = "swiftclient"
 
-    def __init__(self, mode: Mode) -> None:
-        backend = HTTPBackend(BASE_URL, API_KEY, transport=_httpx_transport(mode))
+    def __init__(self, mode: Mode, backend: HTTPBackend | None = None) -> None:
+        if backend is None:
+            backend = HTTPBackend(BASE_URL, API_KEY, transport=_httpx_transport(mode))
         self._client = AsyncClient(backend, model=MODEL)
         self._mode = mode
 
@@ -116,15 +118,22 @@ class SwiftPeer:
 
 
 class OpenAIPeer:
-    """The official ``openai`` SDK over ``httpx2.MockTransport``."""
+    """The official ``openai`` SDK over ``httpx2.MockTransport``, or with its default http
+    client against ``base_url`` when one is given."""
 
     name = "openai"
 
-    def __init__(self, mode: Mode) -> None:
-        self._http = httpx2.AsyncClient(transport=_httpx2_transport(mode))
-        self._client = openai.AsyncOpenAI(
-            api_key=API_KEY, base_url=BASE_URL, http_client=self._http, max_retries=0
-        )
+    def __init__(self, mode: Mode, base_url: str | None = None) -> None:
+        if base_url is None:
+            self._http: httpx2.AsyncClient | None = httpx2.AsyncClient(
+                transport=_httpx2_transport(mode)
+            )
+            self._client = openai.AsyncOpenAI(
+                api_key=API_KEY, base_url=BASE_URL, http_client=self._http, max_retries=0
+            )
+        else:
+            self._http = None
+            self._client = openai.AsyncOpenAI(api_key=API_KEY, base_url=base_url, max_retries=0)
         self._mode = mode
 
     async def run(self) -> int:
@@ -145,21 +154,23 @@ class OpenAIPeer:
     async def aclose(self) -> None:
         """Close the SDK client and its http client."""
         await self._client.close()
-        await self._http.aclose()
+        if self._http is not None:
+            await self._http.aclose()
 
 
 class RawHttpxPeer:
-    """Hand-written ``httpx`` + ``json.loads``: the floor for this transport."""
+    """Hand-written ``httpx`` + ``json.loads``: the floor for this transport (a real
+    ``httpx.AsyncClient`` against ``base_url`` when one is given)."""
 
     name = "raw httpx"
 
-    def __init__(self, mode: Mode) -> None:
+    def __init__(self, mode: Mode, base_url: str | None = None) -> None:
         self._http = httpx.AsyncClient(
-            transport=_httpx_transport(mode),
+            transport=_httpx_transport(mode) if base_url is None else None,
             headers={"authorization": f"Bearer {API_KEY}"},
         )
         self._mode = mode
-        self._url = f"{BASE_URL}/chat/completions"
+        self._url = f"{base_url or BASE_URL}/chat/completions"
 
     async def run(self) -> int:
         """One POST; the body, or every ``data:`` line of the stream, goes to ``json.loads``."""

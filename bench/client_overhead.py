@@ -8,12 +8,17 @@ Run from the repository root::
 
 Part 1 (CPU): process CPU time per non-streamed request and per streamed chunk, every client
 parsing the same canned bytes from an in-process mock transport (no sockets, no server).
+Part 1b (CPU over real sockets): the same per-request and per-chunk CPU with every client
+talking to ``python -m swiftclient.testing`` in another process over loopback TCP (raw
+aiohttp, raw httpx, openai, swiftclient); only the client process's CPU is counted, rounds
+alternate the clients, best and median are printed.
 Part 2 (load): wall time and errors of 1, 64 and 512 concurrent streams of 100 chunks against
 ``python -m swiftclient.testing`` running as a separate process.
 
 Goals (PASS/FAIL printed beside each):
 - per-request CPU <= 1.3x raw httpx, and openai >= 5x swiftclient's;
 - per-chunk CPU <= 2x raw httpx;
+- over real sockets: per-request CPU <= 1.3x raw aiohttp, per-chunk CPU <= 1.5x raw aiohttp;
 - 512 concurrent streams: zero errors, wall time <= 1.2x raw aiohttp's on the default
   (asyncio, aiohttp-backed) transport; trio's httpx transport must finish with zero errors.
 """
@@ -27,6 +32,7 @@ import io
 import os
 import platform
 import pstats
+import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -37,12 +43,15 @@ from _canned import STREAM_CHUNKS
 from _cpu_peers import Mode, Peer, SwiftPeer, make_peers
 from _load_peers import LoadResult, Opener, measure, open_aiohttp, open_swiftclient
 from _server import fake_provider_process
+from _socket_peers import make_socket_peers
 from _util import cpu_seconds_per_call, markdown_table, ratio, verdict
 
 REQUEST_GOAL_VS_RAW = 1.3
 OPENAI_GOAL_FACTOR = 5.0
 CHUNK_GOAL_VS_RAW = 2.0
 LOAD_GOAL_VS_AIOHTTP = 1.2
+SOCKET_REQUEST_GOAL = 1.3
+SOCKET_CHUNK_GOAL = 1.5
 MAX_CONNECTIONS = 512
 
 
@@ -60,10 +69,25 @@ class Settings:
     """Concurrent-stream counts of the load part."""
     load_repeats: int
     """Timed batches per load configuration (more for tiny batches); the best counts."""
+    socket_requests: int = 500
+    """Timed non-streamed requests per round over real sockets."""
+    socket_streams: int = 30
+    """Timed streams per round over real sockets."""
+    socket_rounds: int = 7
+    """Rounds over real sockets; each round runs every client once, in rotating order."""
 
 
 FULL = Settings(requests=2000, streams=100, rounds=3, concurrencies=(1, 64, 512), load_repeats=3)
-QUICK = Settings(requests=100, streams=10, rounds=1, concurrencies=(1, 64), load_repeats=1)
+QUICK = Settings(
+    requests=100,
+    streams=10,
+    rounds=1,
+    concurrencies=(1, 64),
+    load_repeats=1,
+    socket_requests=40,
+    socket_streams=4,
+    socket_rounds=2,
+)
 
 
 # --------------------------------------------------------------------------- part 1: CPU
@@ -148,6 +172,114 @@ def run_cpu_part(settings: Settings) -> str:
         f"Best of {settings.rounds} round(s): {settings.requests} requests and "
         f"{settings.streams} streams of {STREAM_CHUNKS} chunks per round; the same canned "
         "bytes for every client.\n\n" + _cpu_table(request, stream)
+    )
+
+
+# --------------------------------------------------------------------------- part 1b: sockets
+
+
+async def _socket_costs(
+    mode: Mode, base_url: str, iterations: int, rounds: int
+) -> dict[str, list[float]]:
+    """CPU seconds per call of each real-socket peer, one sample per round; the order of the
+    peers rotates every round so none always runs first or last."""
+    peers: list[Peer] = make_socket_peers(mode, base_url)
+    samples: dict[str, list[float]] = {peer.name: [] for peer in peers}
+    try:
+        expected = 1 if mode == "request" else STREAM_CHUNKS
+        for peer in peers:
+            got = await peer.run()
+            if got != expected:
+                raise RuntimeError(f"{peer.name} parsed {got} chunks, expected {expected}")
+        warmup = max(2, iterations // 10)
+        for index in range(rounds):
+            shift = index % len(peers)
+            for peer in peers[shift:] + peers[:shift]:
+                samples[peer.name].append(await cpu_seconds_per_call(peer.run, iterations, warmup))
+    finally:
+        for peer in peers:
+            await peer.aclose()
+    return samples
+
+
+def _socket_table(request: dict[str, list[float]], stream: dict[str, list[float]]) -> str:
+    floor = "raw aiohttp"
+    best_req = {name: min(v) for name, v in request.items()}
+    med_req = {name: statistics.median(v) for name, v in request.items()}
+    best_chunk = {name: min(v) / STREAM_CHUNKS for name, v in stream.items()}
+    med_chunk = {name: statistics.median(v) / STREAM_CHUNKS for name, v in stream.items()}
+    rows = [
+        [
+            name,
+            f"{best_req[name] * 1e6:.1f}",
+            f"{med_req[name] * 1e6:.1f}",
+            f"{ratio(best_req[name], best_req[floor]):.2f}x",
+            f"{best_chunk[name] * 1e6:.2f}",
+            f"{med_chunk[name] * 1e6:.2f}",
+            f"{ratio(best_chunk[name], best_chunk[floor]):.2f}x",
+        ]
+        for name in request
+    ]
+    table = markdown_table(
+        [
+            "client",
+            "µs/request best",
+            "median",
+            "best vs raw aiohttp",
+            "µs/chunk best",
+            "median",
+            "best vs raw aiohttp",
+        ],
+        rows,
+    )
+    req = ratio(best_req["swiftclient"], best_req[floor])
+    req_med = ratio(med_req["swiftclient"], med_req[floor])
+    chunk = ratio(best_chunk["swiftclient"], best_chunk[floor])
+    chunk_med = ratio(med_chunk["swiftclient"], med_chunk[floor])
+    goals = markdown_table(
+        ["goal (best of rounds; median beside it)", "measured", "verdict"],
+        [
+            [
+                f"per-request CPU: swiftclient/raw aiohttp <= {SOCKET_REQUEST_GOAL}x",
+                f"{req:.2f}x (median {req_med:.2f}x)",
+                verdict(req <= SOCKET_REQUEST_GOAL),
+            ],
+            [
+                f"per-chunk CPU: swiftclient/raw aiohttp <= {SOCKET_CHUNK_GOAL}x",
+                f"{chunk:.2f}x (median {chunk_med:.2f}x)",
+                verdict(chunk <= SOCKET_CHUNK_GOAL),
+            ],
+            [
+                "per-request CPU: openai/swiftclient (no goal)",
+                f"{ratio(best_req['openai'], best_req['swiftclient']):.2f}x",
+                "-",
+            ],
+        ],
+    )
+    return table + "\n\n" + goals
+
+
+def run_socket_part(settings: Settings) -> str:
+    """Measure part 1b (asyncio, server in another process) and return its markdown."""
+    with fake_provider_process(tokens=STREAM_CHUNKS - 3) as base_url:
+
+        async def both() -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+            request = await _socket_costs(
+                "request", base_url, settings.socket_requests, settings.socket_rounds
+            )
+            stream = await _socket_costs(
+                "stream", base_url, settings.socket_streams, settings.socket_rounds
+            )
+            return request, stream
+
+        request, stream = asyncio.run(both())
+    return (
+        "## CPU per request and per chunk over real loopback sockets (asyncio)\n\n"
+        f"The fake provider serves from another process; only this (client) process's CPU "
+        f"is counted. {settings.socket_rounds} round(s) of {settings.socket_requests} requests "
+        f"and {settings.socket_streams} streams of {STREAM_CHUNKS} chunks per client, the "
+        "clients' order rotating each round; µs/chunk is a whole stream's CPU over its "
+        "chunks.\n\n" + _socket_table(request, stream)
     )
 
 
@@ -303,6 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush=True,
     )
     print(run_cpu_part(settings) + "\n", flush=True)
+    print(run_socket_part(settings) + "\n", flush=True)
     print(run_load_part(settings) + "\n", flush=True)
     if args.profile:
         print(profile_stream(10 if args.quick else 100) + "\n", flush=True)

@@ -5,6 +5,10 @@ one chunk and an LF at the start of the next count as one line end); lines start
 ``:`` are comments; ``data`` lines of one event are joined with LF; ``event``, ``id`` and
 ``retry`` fields are kept; a leading UTF-8 byte-order mark is dropped. Work is linear in
 the input: each byte is scanned once however the stream is split into chunks.
+
+Memory is bounded: with ``max_event_bytes`` set, a line or event that grows past it (a
+server sending ``data: `` and then megabytes with no newline) raises :class:`EventTooLarge`
+as soon as the held bytes pass the limit, instead of buffering without end.
 """
 
 from __future__ import annotations
@@ -12,10 +16,18 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["SSEDecoder", "ServerSentEvent"]
+__all__ = ["EventTooLarge", "SSEDecoder", "ServerSentEvent"]
 
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 _BOM = b"\xef\xbb\xbf"
+
+
+class EventTooLarge(ValueError):
+    """An SSE line or event exceeded the decoder's ``max_event_bytes``."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"an SSE event exceeds the limit of {limit} bytes")
+        self.limit = limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,13 +41,18 @@ class ServerSentEvent:
 
 
 class SSEDecoder:
-    """Incremental SSE decoder; call :meth:`feed` with each chunk and :meth:`close` at EOF."""
+    """Incremental SSE decoder; call :meth:`feed` with each chunk and :meth:`close` at EOF.
+
+    ``max_event_bytes`` (None: unbounded) caps one event's data plus the line being read.
+    """
 
     __slots__ = (
         "_buf",
         "_data",
+        "_data_size",
         "_event",
         "_last_id",
+        "_limit",
         "_retry",
         "_scan",
         "_skip_lf",
@@ -43,7 +60,11 @@ class SSEDecoder:
         "comments",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_event_bytes: int | None = None) -> None:
+        if max_event_bytes is not None and max_event_bytes < 1:
+            raise ValueError("max_event_bytes must be positive")
+        self._limit = max_event_bytes
+        self._data_size = 0
         self._buf = bytearray()
         self._scan = 0
         self._skip_lf = False
@@ -96,7 +117,14 @@ class SSEDecoder:
         if start:
             del buf[:start]
         self._scan = len(buf)
+        self._check_size()
         return events
+
+    def _check_size(self) -> None:
+        """Raise :class:`EventTooLarge` when the held line and event data pass the limit."""
+        limit = self._limit
+        if limit is not None and len(self._buf) + self._data_size > limit:
+            raise EventTooLarge(limit)
 
     def _feed_lf(self, chunk: bytes) -> list[ServerSentEvent]:
         """Fast path for chunks without CR (the common case): split on LF only.
@@ -109,10 +137,13 @@ class SSEDecoder:
             # The commonest chunk of all: exactly one event of one ``data: `` line.
             end = chunk.find(b"\n")
             if end == len(chunk) - 2 and chunk[-1] == 0x0A and chunk[:6] == b"data: ":
+                if self._limit is not None and end - 6 > self._limit:
+                    raise EventTooLarge(self._limit)
                 return [ServerSentEvent(chunk[6:end], "message", self._last_id, self._retry)]
         if b"\n" not in chunk:
             buf += chunk
             self._scan = len(buf)
+            self._check_size()
             return []
         if buf:
             buf += chunk
@@ -128,12 +159,16 @@ class SSEDecoder:
         for line in lines:
             if line[:6] == b"data: ":
                 data.append(line[6:])
+                self._data_size += len(line) - 5
             elif not line:
                 if data and not self._event:
                     # Dispatch inline for the usual event: data lines and no event type.
+                    if self._limit is not None and self._data_size > self._limit:
+                        raise EventTooLarge(self._limit)
                     payload = data[0] if len(data) == 1 else b"\n".join(data)
                     events.append(ServerSentEvent(payload, "message", self._last_id, self._retry))
                     data = self._data = []
+                    self._data_size = 0
                     continue
                 event = self._dispatch()
                 if event is not None:
@@ -144,6 +179,7 @@ class SSEDecoder:
                 if event is not None:
                     events.append(event)
                 data = self._data
+        self._check_size()
         return events
 
     def close(self) -> list[ServerSentEvent]:
@@ -151,6 +187,7 @@ class SSEDecoder:
         self._buf.clear()
         self._scan = 0
         self._data = []
+        self._data_size = 0
         self._event = b""
         return []
 
@@ -170,6 +207,7 @@ class SSEDecoder:
                 value = value[1:]
         if field == b"data":
             self._data.append(value)
+            self._data_size += len(value) + 1
         elif field == b"event":
             self._event = value
         elif field == b"id":
@@ -186,7 +224,10 @@ class SSEDecoder:
         self._event = b""
         if not data:
             return None
+        if self._limit is not None and self._data_size > self._limit:
+            raise EventTooLarge(self._limit)
         self._data = []
+        self._data_size = 0
         payload = data[0] if len(data) == 1 else b"\n".join(data)
         return ServerSentEvent(
             data=payload,

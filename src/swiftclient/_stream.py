@@ -19,7 +19,7 @@ from . import errors
 from ._accumulate import Accumulator
 from ._deadline import Deadline, ReadTimer, Timeout
 from ._retry import RetryPolicy, run_with_retries
-from .backends.base import Backend, RequestOptions
+from .backends.base import Backend, BufferedChunkIterator, RequestOptions
 from .types import Attempt, ChatCompletion, ChatCompletionChunk, ChatRequest, Timing
 
 __all__ = ["Call", "ChatStream", "deadline_exceeded"]
@@ -273,7 +273,9 @@ class ChatStream:
                 )
             if scope.cancelled_caught:
                 raise self._timeout_error(kind)
-            self._nowait = getattr(iterator, "next_nowait", None)
+            self._nowait = (
+                iterator.next_nowait if isinstance(iterator, BufferedChunkIterator) else None
+            )
             buffered: list[ChatCompletionChunk] = []
             while True:
                 chunk = await self._next(iterator)

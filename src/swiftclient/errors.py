@@ -7,6 +7,8 @@
     ├── APIError
     │   ├── APIConnectionError
     │   │   └── APITimeoutError
+    │   │       ├── PoolTimeout             no free pooled connection within Timeout.pool
+    │   │       ├── ConnectTimeout          opening a connection took over Timeout.connect
     │   │       ├── FirstTokenTimeout       no content token within Timeout.first_token
     │   │       ├── StreamStalled           gap between chunks over Timeout.idle
     │   │       └── DeadlineExceeded        the call's total deadline ran out
@@ -20,20 +22,24 @@
     │   │   ├── RateLimitError 429
     │   │   └── InternalServerError >= 500
     │   ├── APIResponseValidationError      a body or SSE event that does not parse
-    │   └── StreamError                     an in-band error event inside a stream
+    │   │   └── ResponseTooLarge            a body or SSE event over the backend's size limit
+    │   └── StreamError                     an in-band error: an error event in a stream, or
+    │                                       a 200 body that is {"error": ...}
     ├── StructuredOutputError               response_model validation failed (raw text kept)
     └── EngineError                         local engine failures
         └── OverloadedError                 the engine's queue is full
 
 Errors never carry secrets: messages are built from status codes, request ids and
 provider error bodies, and :func:`redact` scrubs anything that looks like a bearer
-token or API key before it reaches a message.
+token or API key before it reaches a message; :func:`redact_headers` does the same for the
+response headers an error keeps.
 """
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -49,6 +55,7 @@ __all__ = [
     "BadRequestError",
     "ConfigurationError",
     "ConflictError",
+    "ConnectTimeout",
     "DeadlineExceeded",
     "EngineError",
     "FirstTokenTimeout",
@@ -56,13 +63,16 @@ __all__ = [
     "NotFoundError",
     "OverloadedError",
     "PermissionDeniedError",
+    "PoolTimeout",
     "RateLimitError",
+    "ResponseTooLarge",
     "StreamError",
     "StreamStalled",
     "StructuredOutputError",
     "SwiftClientError",
     "UnprocessableEntityError",
     "redact",
+    "redact_headers",
     "redact_json",
     "status_error_class",
 ]
@@ -74,14 +84,44 @@ _SECRET_PATTERNS = (
 )
 
 
+# Characters that can belong to one token (API keys, bearer tokens); a known secret is
+# masked only where it stands as a whole token, so a short key never mangles other words.
+_TOKEN_CHARS = r"A-Za-z0-9._~+/=-"
+# Headers whose values are credentials whatever they contain.
+_SECRET_HEADERS = frozenset(
+    {"authorization", "proxy-authorization", "api-key", "x-api-key", "cookie", "set-cookie"}
+)
+
+
+@functools.lru_cache(maxsize=64)
+def _secret_pattern(secret: str) -> re.Pattern[str]:
+    return re.compile(rf"(?<![{_TOKEN_CHARS}]){re.escape(secret)}(?![{_TOKEN_CHARS}])")
+
+
 def redact(text: str, *secrets: str | None) -> str:
-    """Return ``text`` with known secrets and anything shaped like an API key masked."""
+    """Return ``text`` with known secrets and anything shaped like an API key masked.
+
+    A known secret is masked where it stands as a whole token (not inside a longer word),
+    so even a very short key leaves the rest of the message readable.
+    """
     for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
+        if secret and secret in text:
+            text = _secret_pattern(secret).sub("***", text)
     text = _SECRET_PATTERNS[0].sub(r"\1***", text)
     text = _SECRET_PATTERNS[1].sub("***", text)
     return _SECRET_PATTERNS[2].sub(r"\1***", text)
+
+
+def redact_headers(headers: Mapping[str, str], *secrets: str | None) -> dict[str, str]:
+    """Return a copy of ``headers`` (names lower-cased) safe to keep on an exception.
+
+    Credential headers (``authorization``, ``x-api-key``, cookies, ...) are masked whole;
+    every other value goes through :func:`redact`, so a key a server echoes back is scrubbed.
+    """
+    return {
+        name.lower(): "***" if name.lower() in _SECRET_HEADERS else redact(value, *secrets)
+        for name, value in headers.items()
+    }
 
 
 def redact_json(value: Any, *secrets: str | None) -> Any:
@@ -136,6 +176,15 @@ class APITimeoutError(APIConnectionError):
     """A time limit ran out."""
 
 
+class PoolTimeout(APITimeoutError):
+    """No pooled connection became free within ``Timeout.pool`` (all ``max_connections``
+    were busy)."""
+
+
+class ConnectTimeout(APITimeoutError):
+    """Opening a connection (DNS, TCP, TLS) took longer than ``Timeout.connect``."""
+
+
 class FirstTokenTimeout(APITimeoutError):
     """No content token arrived within ``Timeout.first_token``."""
 
@@ -152,8 +201,14 @@ class APIResponseValidationError(APIError):
     """A response body or SSE event did not parse as the expected type."""
 
 
+class ResponseTooLarge(APIResponseValidationError):
+    """A response body or one SSE event exceeded the backend's size limit
+    (``HTTPBackend(max_body_bytes=..., max_event_bytes=...)``); the connection is dropped."""
+
+
 class StreamError(APIError):
-    """The provider sent an in-band error event inside a stream."""
+    """The provider reported a failure in-band: an error event inside a stream, or a
+    status-200 body that is ``{"error": ...}``; ``body`` keeps the (redacted) error."""
 
     def __init__(
         self, message: str, *, body: object | None = None, backend: str | None = None

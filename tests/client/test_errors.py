@@ -50,9 +50,9 @@ def test_every_mapping_entry_is_what_the_mapper_returns() -> None:
 @pytest.mark.parametrize(
     ("exc", "expected"),
     [
-        (httpx.ConnectTimeout("t"), errors.APITimeoutError),
+        (httpx.ConnectTimeout("t"), errors.ConnectTimeout),
         (httpx.ReadTimeout("t"), errors.APITimeoutError),
-        (httpx.PoolTimeout("t"), errors.APITimeoutError),
+        (httpx.PoolTimeout("t"), errors.PoolTimeout),
         (httpx.ConnectError("c"), errors.APIConnectionError),
         (httpx.ReadError("r"), errors.APIConnectionError),
         (httpx.RemoteProtocolError("p"), errors.APIConnectionError),
@@ -110,3 +110,40 @@ def test_mapped_message_never_carries_the_key() -> None:
     mapped = map_httpx_error(exc, backend="b", secrets=("my-very-secret-key-value",))
     assert "my-very-secret-key-value" not in str(mapped)
     assert "my-very-secret-key-value" not in repr(mapped)
+
+
+def test_new_timeouts_and_size_error_sit_in_the_tree() -> None:
+    assert issubclass(errors.PoolTimeout, errors.APITimeoutError)
+    assert issubclass(errors.ConnectTimeout, errors.APITimeoutError)
+    assert not issubclass(errors.PoolTimeout, errors.ConnectTimeout)
+    assert issubclass(errors.ResponseTooLarge, errors.APIResponseValidationError)
+
+
+def test_a_short_key_is_masked_only_as_a_whole_token() -> None:
+    # A two-letter key must not turn every "ab" inside other words into "***".
+    text = "about a tab: key ab rejected (ab)"
+    assert errors.redact(text, "ab") == "about a tab: key *** rejected (***)"
+    assert errors.redact("x", "") == "x"
+
+
+def test_a_key_inside_a_longer_token_is_still_caught_by_shape() -> None:
+    key = "sk-proj-abcdefghijklmnop"
+    assert key not in errors.redact(f"url?token={key}&x=1", key)
+    assert key not in errors.redact(f'{{"key":"{key}"}}', key)
+
+
+def test_response_headers_are_scrubbed() -> None:
+    key = "sk-test-key-1234567890"
+    headers = {
+        "X-Echo": f"got {key}",
+        "Authorization": f"Bearer {key}",
+        "Set-Cookie": "session=abc",
+        "x-request-id": "req_1",
+    }
+    out = errors.redact_headers(headers, key)
+    assert out == {
+        "x-echo": "got ***",
+        "authorization": "***",
+        "set-cookie": "***",
+        "x-request-id": "req_1",
+    }

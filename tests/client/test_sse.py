@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -101,3 +102,42 @@ def test_huge_single_event_fed_in_small_chunks() -> None:
         events.extend(decoder.feed(body[i : i + step]))
     assert len(events) == 1
     assert len(events[0].data) == len(payload)
+
+
+def test_a_line_without_end_past_the_limit_raises() -> None:
+    from swiftclient._sse import EventTooLarge
+
+    decoder = SSEDecoder(max_event_bytes=1000)
+    decoder.feed(b"data: ")
+    with pytest.raises(EventTooLarge):
+        for _ in range(100):
+            decoder.feed(b"x" * 100)
+
+
+def test_many_data_lines_of_one_event_past_the_limit_raise() -> None:
+    from swiftclient._sse import EventTooLarge
+
+    decoder = SSEDecoder(max_event_bytes=1000)
+    with pytest.raises(EventTooLarge):
+        for _ in range(200):
+            decoder.feed(b"data: 0123456789\n")  # never a blank line: one growing event
+    decoder = SSEDecoder(max_event_bytes=1000)
+    with pytest.raises(EventTooLarge):
+        for _ in range(2000):
+            decoder.feed(b"data:\r\n")  # empty data lines still count, CR path too
+
+
+def test_an_event_over_the_limit_in_one_chunk_raises() -> None:
+    from swiftclient._sse import EventTooLarge
+
+    with pytest.raises(EventTooLarge):
+        SSEDecoder(max_event_bytes=100).feed(b"data: " + b"y" * 200 + b"\n\n")
+
+
+def test_events_under_the_limit_pass_however_many() -> None:
+    decoder = SSEDecoder(max_event_bytes=64)
+    events = []
+    for i in range(1000):
+        events.extend(decoder.feed(b"data: " + str(i).encode() * 3 + b"\n\n"))
+    assert len(events) == 1000
+    assert events[-1].data == b"999999999"

@@ -1,164 +1,172 @@
-"""An httpx transport that sends requests over aiohttp (asyncio only).
+"""The asyncio transport: requests over one pooled ``aiohttp`` session.
 
-httpx stays the API; aiohttp's connection pool carries the bytes, which costs far less CPU
-per request and per chunk under high concurrency. aiohttp failures become the matching
-httpx exceptions here, so the one httpx -> swiftclient mapping covers both transports.
+aiohttp's connector does far less Python work per request and per chunk than httpx's on
+asyncio. This module speaks :class:`~swiftclient.backends.base.Transport` through aiohttp's
+public API only, and turns aiohttp failures into the matching httpx exceptions, so the one
+httpx -> swiftclient mapping (``_errors.py``) covers every transport.
 """
 
 from __future__ import annotations
 
+import functools
 import socket
-from collections.abc import AsyncIterator, Callable
+import ssl
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
 import httpx
+import yarl
 
-from .http import READ_EXTENSION
+from .base import TransportResponse
 
 __all__ = ["AiohttpTransport"]
 
 SocketFactory = Callable[[Any], socket.socket]
 
+_CUT_SHORT = "the connection closed before the response body was complete"
+_DISCONNECTED = "the server closed the connection without a response"
 
-def _map_error(exc: BaseException, request: httpx.Request) -> httpx.TransportError | None:
-    """Translate an aiohttp/OS failure into the httpx exception httpx itself would raise."""
+
+def map_aiohttp_error(exc: BaseException) -> httpx.TransportError | None:
+    """The httpx exception httpx itself would raise for an aiohttp/OS failure (None: not
+    a transport failure). Messages say what happened, not aiohttp's parser internals."""
     message = str(exc) or type(exc).__name__
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
-        return httpx.ConnectTimeout(message, request=request)
+        return httpx.ConnectTimeout(f"opening a connection timed out ({message})")
     if isinstance(exc, aiohttp.SocketTimeoutError):
-        return httpx.ReadTimeout(message, request=request)
+        return httpx.ReadTimeout(message)
+    if isinstance(exc, aiohttp.ClientProxyConnectionError):
+        return httpx.ProxyError(message)
     if isinstance(exc, aiohttp.ClientConnectorError):
-        return httpx.ConnectError(message, request=request)
-    if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError):
-        return httpx.RemoteProtocolError(message, request=request)
+        return httpx.ConnectError(message)
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return httpx.RemoteProtocolError(_CUT_SHORT)
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return httpx.RemoteProtocolError(_DISCONNECTED)
     if isinstance(exc, aiohttp.ClientResponseError):
-        return httpx.RemoteProtocolError(message, request=request)
+        return httpx.RemoteProtocolError(f"malformed response: {exc.message}")
     if isinstance(exc, aiohttp.ClientConnectionResetError | ConnectionResetError):
-        return httpx.ReadError(message, request=request)
+        return httpx.ReadError(f"the connection was reset ({message})")
     if isinstance(exc, aiohttp.ClientOSError | OSError):
-        return httpx.ReadError(message, request=request)
+        return httpx.ReadError(message)
     if isinstance(exc, aiohttp.ClientError):
-        return httpx.NetworkError(message, request=request)
-    if isinstance(exc, TimeoutError):
-        return httpx.PoolTimeout(message, request=request)
+        return httpx.NetworkError(message)
     return None
 
 
-class _ResponseStream(httpx.AsyncByteStream):
-    """Response body bytes; closing it early closes the connection instead of reusing it."""
+@functools.lru_cache(maxsize=16)
+def _client_timeout(connect: float | None) -> aiohttp.ClientTimeout:
+    # The backend bounds the pool wait itself and never lets aiohttp's pool block, so
+    # ``connect`` here covers opening a connection only.
+    return aiohttp.ClientTimeout(total=None, connect=connect, sock_connect=connect)
 
-    def __init__(self, response: aiohttp.ClientResponse, request: httpx.Request) -> None:
+
+class _Body:
+    """One response's body: aiohttp's ``readany`` with errors mapped."""
+
+    __slots__ = ("_content", "_response")
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
         self._response = response
-        self._request = request
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        while chunk := await self.read():
-            yield chunk
+        self._content = response.content
 
     async def read(self) -> bytes:
-        """The next bytes received (``b""`` at the end); errors mapped to httpx's."""
+        """The next bytes received (``b""`` at the end)."""
         try:
-            return await self._response.content.readany()
+            return await self._content.readany()
         except Exception as exc:
-            mapped = _map_error(exc, self._request)
+            mapped = map_aiohttp_error(exc)
             if mapped is None:
                 raise
             raise mapped from exc
 
     async def aclose(self) -> None:
+        """Back to the pool after a whole body; otherwise drop the connection."""
+        self.close_nowait()
+
+    def close_nowait(self) -> bool:
+        """Release or close the connection; aiohttp does either without waiting."""
         response = self._response
-        if response.content.at_eof() and not response.closed:
+        if self._content.at_eof():
             response.release()
         else:
             response.close()
+        return True
 
 
-class AiohttpTransport(httpx.AsyncBaseTransport):
-    """Carry httpx requests over one pooled aiohttp session, created on first use."""
+class AiohttpTransport:
+    """Send requests over one pooled ``aiohttp.ClientSession``, opened on first use."""
 
     def __init__(
         self,
         *,
-        max_connections: int = 100,
         keepalive_expiry: float | None = 30.0,
         socket_factory: SocketFactory | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        proxy: str | None = None,
     ) -> None:
-        self._max_connections = max_connections
         self._keepalive_expiry = keepalive_expiry
         self._socket_factory = socket_factory
+        self._ssl: ssl.SSLContext | bool = ssl_context if ssl_context is not None else True
+        self._proxy = proxy
         self._session: aiohttp.ClientSession | None = None
+        self._urls: dict[str, yarl.URL] = {}  # parsed once: a backend calls few URLs
 
-    def _get_session(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(
-                limit=self._max_connections,
-                keepalive_timeout=self._keepalive_expiry
-                if self._keepalive_expiry is not None
-                else 3600.0,
-                socket_factory=self._socket_factory,
-            )
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                auto_decompress=False,
-                skip_auto_headers=("User-Agent",),
-            )
+    def _open(self) -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(
+            limit=0,  # the backend's own pool limit applies; aiohttp's pool never waits
+            keepalive_timeout=self._keepalive_expiry
+            if self._keepalive_expiry is not None
+            else 3600.0,
+            socket_factory=self._socket_factory,
+            ssl=self._ssl,
+        )
+        # trust_env stays off: the backend resolves proxy settings once, itself. API calls
+        # keep no cookies (a dummy jar skips the per-request cookie filtering).
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            skip_auto_headers=("User-Agent",),
+            proxy=self._proxy,
+            cookie_jar=aiohttp.DummyCookieJar(),
+        )
         return self._session
 
-    def pool_stats(self) -> dict[str, int]:
-        """Connections checked out (``in_use``) and idle in the pool."""
-        if self._session is None or self._session.closed:
-            return {"in_use": 0, "idle": 0}
-        connector = self._session.connector
-        acquired = getattr(connector, "_acquired", ())
-        idle = sum(len(v) for v in getattr(connector, "_conns", {}).values())
-        return {"in_use": len(acquired), "idle": idle}
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        """Send ``request`` and return a streaming httpx response."""
-        session = self._get_session()
-        timeouts = request.extensions.get("timeout", {})
-        pool = timeouts.get("pool")
-        connect = timeouts.get("connect")
-        timeout = aiohttp.ClientTimeout(
-            total=None,
-            connect=None if pool is None and connect is None else (pool or 0) + (connect or 0),
-            sock_connect=connect,
-            sock_read=timeouts.get("read"),
-        )
-        body = await request.aread()
+    async def send(
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str],
+        body: bytes,
+        connect: float | None,
+    ) -> TransportResponse:
+        """Send one request; the response's body is still unread."""
+        session = self._session
+        if session is None or session.closed:
+            session = self._open()
+        target = self._urls.get(url)
+        if target is None:
+            if len(self._urls) > 64:
+                self._urls.clear()
+            target = self._urls[url] = yarl.URL(url)
         try:
             response = await session.request(
-                request.method,
-                str(request.url),
-                headers=request.headers.multi_items(),
+                method,
+                target,
+                headers=headers,
                 data=body or None,
                 allow_redirects=False,
-                timeout=timeout,
-                compress=None,
+                timeout=_client_timeout(connect),
             )
         except Exception as exc:
-            mapped = _map_error(exc, request)
+            mapped = map_aiohttp_error(exc)
             if mapped is None:
                 raise
             raise mapped from exc
-        stream = _ResponseStream(response, request)
-        extensions: dict[str, Any] = {
-            "http_version": b"HTTP/1.1",
-            "reason_phrase": (response.reason or "").encode("ascii", "ignore"),
-        }
-        if "Content-Encoding" not in response.headers:
-            extensions[READ_EXTENSION] = stream.read
-        return httpx.Response(
-            status_code=response.status,
-            headers=list(response.raw_headers),
-            stream=stream,
-            extensions=extensions,
-            request=request,
-        )
+        return TransportResponse(response.status, response.headers, _Body(response))
 
     async def aclose(self) -> None:
         """Close the session and every pooled connection."""
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()

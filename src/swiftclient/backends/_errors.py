@@ -24,10 +24,10 @@ HTTPX_ERROR_MAP: dict[type[Exception], type[errors.SwiftClientError]] = {
     httpx.UnsupportedProtocol: errors.ConfigurationError,
     httpx.ProxyError: errors.APIConnectionError,
     httpx.TimeoutException: errors.APITimeoutError,
-    httpx.ConnectTimeout: errors.APITimeoutError,
+    httpx.ConnectTimeout: errors.ConnectTimeout,
     httpx.ReadTimeout: errors.APITimeoutError,
     httpx.WriteTimeout: errors.APITimeoutError,
-    httpx.PoolTimeout: errors.APITimeoutError,
+    httpx.PoolTimeout: errors.PoolTimeout,
     httpx.NetworkError: errors.APIConnectionError,
     httpx.ConnectError: errors.APIConnectionError,
     httpx.ReadError: errors.APIConnectionError,
@@ -46,11 +46,24 @@ HTTPX_ERROR_MAP: dict[type[Exception], type[errors.SwiftClientError]] = {
 }
 
 
+def _detail(exc: BaseException) -> str:
+    """The first non-empty message along the exception's cause chain (httpx often re-raises
+    with an empty message, the reason being in the lower layer's exception)."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            break
+        if str(seen):
+            return str(seen)
+        seen = seen.__cause__ or seen.__context__
+    return type(exc).__name__
+
+
 def map_httpx_error(
     exc: Exception, *, backend: str, secrets: tuple[str | None, ...] = ()
 ) -> errors.SwiftClientError:
     """Return the swiftclient exception for an httpx exception (caller raises it ``from exc``)."""
-    message = errors.redact(str(exc) or type(exc).__name__, *secrets)
+    message = errors.redact(_detail(exc), *secrets)
     for cls in type(exc).__mro__:
         target = HTTPX_ERROR_MAP.get(cls)
         if target is None:

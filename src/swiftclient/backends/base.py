@@ -15,7 +15,15 @@ from .._deadline import Deadline
 from ..errors import ConfigurationError
 from ..types import ChatCompletion, ChatCompletionChunk, ChatRequest
 
-__all__ = ["Backend", "RequestOptions", "check_backend_name"]
+__all__ = [
+    "Backend",
+    "BufferedChunkIterator",
+    "RequestOptions",
+    "ResponseBody",
+    "Transport",
+    "TransportResponse",
+    "check_backend_name",
+]
 
 
 def check_backend_name(name: str) -> str:
@@ -62,4 +70,86 @@ class Backend(Protocol):
 
     async def aclose(self) -> None:
         """Release every resource the backend holds."""
+        ...
+
+
+@runtime_checkable
+class BufferedChunkIterator(Protocol):
+    """A chunk iterator that can also hand out chunks already received, without awaiting.
+
+    The fast-read protocol of streams: before each wait that needs a time limit, the stream
+    layer calls :meth:`next_nowait`; a chunk whose bytes already arrived is returned at once,
+    with no timer, cancel scope or task switch. Backends whose iterators do not offer it are
+    read with ``__anext__`` alone. The check is made once per stream.
+    """
+
+    def __aiter__(self) -> AsyncIterator[ChatCompletionChunk]:
+        """The iterator itself."""
+        ...
+
+    async def __anext__(self) -> ChatCompletionChunk:
+        """The next chunk, waiting for bytes when needed."""
+        ...
+
+    def next_nowait(self) -> ChatCompletionChunk | None:
+        """The next chunk already received, or None when the next one needs I/O (or the end)."""
+        ...
+
+
+class ResponseBody(Protocol):
+    """The body-read protocol of an HTTP transport's response.
+
+    :meth:`read` returns the next body bytes as they arrive (any size, ``b""`` at the end),
+    with content-encoding already undone; failures are raised as httpx exceptions, which the
+    backend maps to swiftclient's once. :meth:`aclose` releases the connection: back to the
+    pool when the body was read to its end, else closed (unread bytes make it unusable).
+    """
+
+    async def read(self) -> bytes:
+        """The next body bytes, ``b""`` at the end."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release the connection (idempotent)."""
+        ...
+
+    def close_nowait(self) -> bool:
+        """Release the connection at once when that needs no waiting, and say so; False
+        means :meth:`aclose` must be awaited (the backend then shields it from
+        cancellation). Saves a cancel scope per request where release is synchronous."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class TransportResponse:
+    """Status, headers (case-insensitive lookup) and body of one HTTP response."""
+
+    status: int
+    headers: Mapping[str, str]
+    body: ResponseBody
+
+
+class Transport(Protocol):
+    """The HTTP seam under :class:`~swiftclient.HTTPBackend`: one method sends one request.
+
+    The backend builds the request itself (method, absolute URL, every header, the body
+    bytes) and bounds the wait for a pooled connection itself; a transport only opens or
+    reuses a connection (within ``connect`` seconds when given) and returns the response
+    once its head has arrived, raising httpx exceptions for failures. Redirects, cookies and
+    auth flows are not a transport's business.
+    """
+
+    async def send(
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str],
+        body: bytes,
+        connect: float | None,
+    ) -> TransportResponse:
+        """Send one request and return its response with the body still unread."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close every connection the transport holds."""
         ...

@@ -1,20 +1,25 @@
 """HTTPBackend: any OpenAI-compatible ``/chat/completions`` endpoint over pooled keep-alive HTTP.
 
-One long-lived ``httpx.AsyncClient`` per backend. On asyncio its bytes travel over an
-aiohttp-backed transport (much less CPU per request and chunk); on trio, or with HTTP/2,
-httpx's own transport carries them. Leaving a stream early always closes its response, so
-the pooled connection is returned (or discarded when unread bytes make it unusable).
+The backend owns its transport (``base.Transport``): on asyncio one pooled aiohttp session
+(much less CPU per request and chunk), on trio or with HTTP/2 an httpx
+``AsyncHTTPTransport``. It builds every request itself, bounds the wait for a pooled
+connection with its own counter (``Timeout.pool``, :class:`~swiftclient.PoolTimeout`) apart
+from opening one (``Timeout.connect``, :class:`~swiftclient.ConnectTimeout`), and bounds
+every body it reads (``max_body_bytes``, ``max_event_bytes``). Leaving a stream early always
+closes its response, so the connection is returned (or dropped when unread bytes make it
+unusable).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import socket
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
+from types import TracebackType
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 import httpx
@@ -23,33 +28,24 @@ import pydantic_core
 
 from .. import errors
 from .._deadline import Deadline
-from .._sse import ServerSentEvent, SSEDecoder
+from .._sse import EventTooLarge, ServerSentEvent, SSEDecoder
 from .._wire import encode_request
 from ..types import ChatCompletion, ChatCompletionChunk, ChatRequest
 from ._errors import map_httpx_error
-from .base import RequestOptions, check_backend_name
+from ._httpx import HttpxTransport
+from ._network import Cert, Verify, env_proxy, keepalive_options, ssl_context
+from .base import RequestOptions, Transport, TransportResponse, check_backend_name
 
-__all__ = ["READ_EXTENSION", "HTTPBackend"]
-
-READ_EXTENSION = "swiftclient.read"
-"""Optional httpx response extension a transport may set: ``async () -> bytes`` returning the
-next body bytes as received (``b""`` at the end; failures raised as httpx exceptions). It must
-only be set when the body has no content-encoding. Streams then read through it instead of
-httpx's iterator layers (the aiohttp transport sets it)."""
+__all__ = ["HTTPBackend"]
 
 _MAX_ERROR_BODY = 1 << 20
+DEFAULT_MAX_BODY_BYTES = 64 << 20
+DEFAULT_MAX_EVENT_BYTES = 32 << 20
 # The chunk validator itself: the per-chunk hot path skips model_validate_json's wrapper.
 _validate_chunk = ChatCompletionChunk.__pydantic_validator__.validate_json
+_validate_completion = ChatCompletion.__pydantic_validator__.validate_json
 _DRAIN_GRACE = 2.0
 _USER_AGENT = "swiftclient/0.1"
-
-
-def _keepalive_options() -> list[tuple[int, int, int]]:
-    options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
-    for name, value in (("TCP_KEEPIDLE", 60), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 5)):
-        if hasattr(socket, name):
-            options.append((socket.IPPROTO_TCP, getattr(socket, name), value))
-    return options
 
 
 def _on_asyncio() -> bool:
@@ -60,11 +56,42 @@ def _on_asyncio() -> bool:
     return True
 
 
-@functools.lru_cache(maxsize=16)
-def _fixed_timeout(connect: float, pool: float) -> httpx.Timeout:
-    """One shared ``httpx.Timeout`` per (connect, pool) pair, for calls whose deadline is
-    farther than both limits; a bounded cache, since callers may vary their timeouts."""
-    return httpx.Timeout(connect=connect, read=None, write=connect, pool=pool)
+class _Response:
+    """One response holding one of the backend's connection slots until it is closed."""
+
+    __slots__ = ("body", "headers", "read", "status", "_slots")
+
+    def __init__(self, response: TransportResponse, slots: anyio.Semaphore) -> None:
+        self.status = response.status
+        self.headers = response.headers
+        self.body = response.body
+        self.read: Callable[[], Awaitable[bytes]] = response.body.read
+        self._slots: anyio.Semaphore | None = slots
+
+    def close_nowait(self) -> bool:
+        """Release the connection and its slot when that needs no waiting (True), as it
+        never does on the aiohttp transport; False: :meth:`aclose` must be awaited."""
+        slots = self._slots
+        if slots is None:
+            return True
+        if not self.body.close_nowait():
+            return False
+        self._slots = None
+        slots.release()
+        return True
+
+    async def aclose(self) -> None:
+        """Release the connection and its slot (idempotent; shielded)."""
+        if self.close_nowait():
+            return
+        slots, self._slots = self._slots, None
+        if slots is None:
+            return
+        try:
+            with anyio.CancelScope(shield=True):
+                await self.body.aclose()
+        finally:
+            slots.release()
 
 
 class HTTPBackend:
@@ -74,13 +101,27 @@ class HTTPBackend:
         base_url: the API root, e.g. ``https://api.openai.com/v1``.
         api_key: sent as a bearer token; never logged or shown in reprs and errors.
         name: the backend's name in model strings, spans and errors.
-        headers: extra headers for every request.
-        max_connections: pool size (concurrent requests beyond it wait for a connection).
+        headers: extra headers for every request of this backend.
+        max_connections: pool size; calls beyond it wait up to ``Timeout.pool`` for a free
+            connection, then raise :class:`~swiftclient.PoolTimeout`.
         keepalive_expiry: seconds an idle pooled connection is kept.
         tcp_keepalive: enable TCP keep-alive probes on every socket.
         http2: use HTTP/2 (httpx's transport; needs the ``http2`` extra).
-        transport: an explicit httpx transport (tests, proxies); overrides the choice above.
+        transport: an explicit ``httpx.AsyncBaseTransport`` (tests, custom routing); it
+            replaces the transport choice and the TLS and proxy options below.
         stream_usage: ask for a final usage chunk on streams (``stream_options.include_usage``).
+        verify: TLS certificate checks: True (certifi's CA bundle), a CA file or directory
+            path, False (off), or an ``ssl.SSLContext``.
+        cert: a client certificate: a file, ``(certfile, keyfile)`` or
+            ``(certfile, keyfile, password)``.
+        proxy: an ``http://`` proxy URL for every request (credentials in the URL are
+            allowed and never shown).
+        trust_env: honour ``HTTP(S)_PROXY`` / ``ALL_PROXY`` / ``NO_PROXY`` when ``proxy`` is
+            not given, and ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` when ``verify`` is True, on
+            every transport (as httpx does).
+        max_body_bytes: the largest non-streamed response body read; past it the call
+            raises :class:`~swiftclient.ResponseTooLarge`.
+        max_event_bytes: the largest single SSE line or event of a stream, likewise.
     """
 
     def __init__(
@@ -96,6 +137,12 @@ class HTTPBackend:
         http2: bool = False,
         transport: httpx.AsyncBaseTransport | None = None,
         stream_usage: bool = True,
+        verify: Verify = True,
+        cert: Cert | None = None,
+        proxy: str | None = None,
+        trust_env: bool = True,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
     ) -> None:
         if not base_url or "://" not in base_url:
             raise errors.ConfigurationError("base_url must be an absolute http(s) URL")
@@ -105,39 +152,74 @@ class HTTPBackend:
             )
         if max_connections < 1:
             raise errors.ConfigurationError("max_connections must be at least 1")
+        if max_body_bytes < 1 or max_event_bytes < 1:
+            raise errors.ConfigurationError("max_body_bytes and max_event_bytes must be positive")
+        if proxy is not None and not proxy.startswith(("http://", "https://")):
+            raise errors.ConfigurationError("proxy must be an http:// or https:// URL")
         check_backend_name(name)
         self.name = name
         self.base_url = base_url.rstrip("/")
         self._api_key = api_key
-        self._headers = {
+        base_headers = {
             "user-agent": _USER_AGENT,
             "accept": "application/json",
             "content-type": "application/json",
         }
         if headers:
-            self._headers.update({k.lower(): v for k, v in headers.items()})
+            base_headers.update({k.lower(): v for k, v in headers.items()})
         if api_key:
-            self._headers["authorization"] = f"Bearer {api_key}"
+            base_headers["authorization"] = f"Bearer {api_key}"
+        self._headers = base_headers
+        self._stream_headers = {**base_headers, "accept": "text/event-stream"}
         self._max_connections = max_connections
         self._keepalive_expiry = keepalive_expiry
         self._tcp_keepalive = tcp_keepalive
         self._http2 = http2
-        self._transport = transport
+        self._given_transport = transport
         self._stream_usage = stream_usage
-        self._client: httpx.AsyncClient | None = None
+        self._verify = verify
+        self._cert = cert
+        self._trust_env = trust_env
+        self._proxy = proxy if proxy is not None or not trust_env else env_proxy(self.base_url)
+        proxy_password = urlsplit(self._proxy).password if self._proxy else None
+        self._secrets = (api_key, proxy_password)
+        self.max_body_bytes = max_body_bytes
+        self.max_event_bytes = max_event_bytes
         self._url = f"{self.base_url}/chat/completions"
-        self._parsed_url: httpx.URL | None = None  # parsed once, on the first request
+        self._transport: Transport | None = None
+        self._slots: anyio.Semaphore | None = None
+        if transport is None and not http2:
+            # Pay aiohttp's import here, not inside the first call's measured time.
+            from . import _aiohttp  # noqa: F401
 
     def __repr__(self) -> str:
         shown = self.base_url.split("?", 1)[0]  # a query string may carry a key
         return f"HTTPBackend(name={self.name!r}, base_url={shown!r})"
 
+    @property
+    def proxy(self) -> str | None:
+        """The proxy requests go through (given, or from the environment), credentials
+        masked; None for a direct connection."""
+        if self._proxy is None:
+            return None
+        parts = urlsplit(self._proxy)
+        if parts.password is None and parts.username is None:
+            return self._proxy
+        netloc = f"***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+        return parts._replace(netloc=netloc).geturl()
+
     # ------------------------------------------------------------------ connection pool
 
-    def _make_transport(self) -> httpx.AsyncBaseTransport:
-        if self._transport is not None:
-            return self._transport
-        socket_options = _keepalive_options() if self._tcp_keepalive else None
+    def _needs_tls(self) -> bool:
+        return self.base_url.startswith("https://") or (self._proxy or "").startswith("https://")
+
+    def _make_transport(self) -> Transport:
+        if self._given_transport is not None:
+            return HttpxTransport(self._given_transport)
+        socket_options = keepalive_options() if self._tcp_keepalive else None
+        context = (
+            ssl_context(self._verify, self._cert, self._trust_env) if self._needs_tls() else None
+        )
         if not self._http2 and _on_asyncio():
             from ._aiohttp import AiohttpTransport
 
@@ -149,9 +231,10 @@ class HTTPBackend:
                 return sock
 
             return AiohttpTransport(
-                max_connections=self._max_connections,
                 keepalive_expiry=self._keepalive_expiry,
                 socket_factory=factory if socket_options else None,
+                ssl_context=context,
+                proxy=self._proxy,
             )
         if self._http2:
             try:
@@ -160,60 +243,79 @@ class HTTPBackend:
                 raise errors.ConfigurationError(
                     "http2=True needs the 'http2' extra: pip install 'swiftclient-llm[http2]'"
                 ) from exc
-        return httpx.AsyncHTTPTransport(
-            http2=self._http2,
-            limits=httpx.Limits(
-                max_connections=self._max_connections,
-                max_keepalive_connections=self._max_connections,
-                keepalive_expiry=self._keepalive_expiry,
-            ),
-            socket_options=socket_options,
+        return HttpxTransport(
+            httpx.AsyncHTTPTransport(
+                # No TLS is ever made without an https URL; False skips loading CA certs.
+                verify=context if context is not None else False,
+                http2=self._http2,
+                limits=httpx.Limits(
+                    max_connections=self._max_connections,
+                    max_keepalive_connections=self._max_connections,
+                    keepalive_expiry=self._keepalive_expiry,
+                ),
+                proxy=self._proxy,
+                trust_env=False,  # resolved above, once
+                socket_options=socket_options,
+            )
         )
 
-    def _get_client(self) -> httpx.AsyncClient:
-        if self._client is None:
-            self._client = httpx.AsyncClient(
-                transport=self._make_transport(), headers=self._headers, timeout=None
-            )
-        return self._client
-
-    def _client_transport(self) -> httpx.AsyncBaseTransport:
-        """The pooled transport requests go to directly.
-
-        Requests are built by the ``httpx.AsyncClient`` (default headers, URL, timeouts) and
-        handed straight to its transport: API calls use no redirects, auth flows, cookie jar
-        or event hooks, and skipping ``AsyncClient.send`` halves the per-request CPU.
-        """
-        return self._get_client()._transport
+    def _open(self) -> Transport:
+        """The backend's transport and connection slots, made on first use in this loop."""
+        transport = self._transport
+        if transport is None:
+            transport = self._transport = self._make_transport()
+            self._slots = anyio.Semaphore(self._max_connections)
+        return transport
 
     def pool_stats(self) -> dict[str, int]:
-        """Connections checked out (``in_use``) and idle in the pool right now."""
-        if self._client is None:
-            return {"in_use": 0, "idle": 0}
-        transport = self._client._transport
-        stats = getattr(transport, "pool_stats", None)
-        if stats is not None:
-            result: dict[str, int] = stats()
-            return result
-        pool = getattr(transport, "_pool", None)
-        connections = list(getattr(pool, "connections", []))
-        idle = sum(1 for c in connections if c.is_idle())
-        in_use = sum(1 for c in connections if not c.is_idle() and not c.is_closed())
-        return {"in_use": in_use, "idle": idle}
+        """Connections checked out by calls (``in_use``) and calls waiting for one
+        (``waiting``), counted by the backend itself."""
+        slots = self._slots
+        if slots is None:
+            return {"in_use": 0, "waiting": 0}
+        return {
+            "in_use": self._max_connections - slots.value,
+            "waiting": slots.statistics().tasks_waiting,
+        }
+
+    async def __aenter__(self) -> HTTPBackend:
+        """Create the transport now (``async with AsyncClient(...)`` does this), so the first
+        call pays no set-up; :meth:`warmup` also opens connections."""
+        self._open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
 
     async def warmup(self, connections: int = 1) -> None:
         """Open up to ``connections`` pooled connections before the first real request.
 
         Sends concurrent ``GET {base_url}/models`` requests; their answers are ignored.
         """
-        client = self._get_client()
+        self._open()
+        slots = self._slots
+        assert slots is not None
+        url = f"{self.base_url}/models"
 
         async def one() -> None:
             try:
-                response = await client.get(f"{self.base_url}/models", timeout=10.0)
-                await response.aclose()
-            except httpx.HTTPError:
+                with anyio.fail_after(10.0):
+                    await slots.acquire()
+                response = await self._exchange("GET", url, self._headers, b"", 10.0, slots)
+            except (errors.APIError, TimeoutError):
+                return
+            try:
+                with anyio.move_on_after(10.0):
+                    await self._read_body(response, _MAX_ERROR_BODY)
+            except errors.APIError:
                 pass
+            finally:
+                await response.aclose()
 
         async with anyio.create_task_group() as tg:
             for _ in range(max(1, min(connections, self._max_connections))):
@@ -221,81 +323,127 @@ class HTTPBackend:
 
     async def aclose(self) -> None:
         """Close every pooled connection."""
-        client, self._client = self._client, None
-        if client is not None:
+        transport, self._transport = self._transport, None
+        if transport is not None:
             with anyio.CancelScope(shield=True):
-                await client.aclose()
+                await transport.aclose()
 
     # ------------------------------------------------------------------ requests
 
-    def _request(
-        self, request: ChatRequest, deadline: Deadline, options: RequestOptions | None, stream: bool
-    ) -> httpx.Request:
-        headers: dict[str, str] = {}
-        if stream:
-            headers["accept"] = "text/event-stream"
-        if options is not None:
+    async def _acquire(self, deadline: Deadline) -> None:
+        """Wait for a connection slot (none was free), at most ``Timeout.pool``."""
+        slots = self._slots
+        assert slots is not None
+        pool = deadline.timeout.pool
+        if pool is None or pool >= deadline.remaining():
+            await slots.acquire()  # the call's own deadline bounds this wait
+            return
+        with anyio.move_on_after(pool):
+            await slots.acquire()
+            return
+        raise errors.PoolTimeout(
+            f"{self.name}: no free connection within {pool}s "
+            f"(all {self._max_connections} pooled connections busy)",
+            backend=self.name,
+        )
+
+    async def _send(
+        self,
+        request: ChatRequest,
+        deadline: Deadline,
+        options: RequestOptions | None,
+        stream: bool,
+    ) -> _Response:
+        if self._transport is None:
+            self._open()
+        headers = self._stream_headers if stream else self._headers
+        if options is not None and (options.idempotency_key or options.headers):
+            headers = dict(headers)
             if options.idempotency_key:
                 headers["idempotency-key"] = options.idempotency_key
             headers.update(options.headers)
         body = encode_request(request, stream=stream, include_usage=self._stream_usage)
-        url = self._parsed_url
-        if url is None:
-            url = self._parsed_url = httpx.URL(self._url)
-        return self._get_client().build_request(
-            "POST", url, content=body, headers=headers, timeout=self._timeout(deadline)
-        )
-
-    def _timeout(self, deadline: Deadline) -> httpx.Timeout:
-        """httpx limits for one attempt: connect and pool waits, never past the deadline."""
-        limits = deadline.timeout
-        connect, pool = limits.connect, limits.pool
-        if connect is not None and pool is not None and deadline.remaining() > max(connect, pool):
-            # The deadline is farther than both limits, so they apply as they are: reuse one.
-            return _fixed_timeout(connect, pool)
-        return httpx.Timeout(
-            connect=deadline.bound(connect),
-            read=None,
-            write=deadline.bound(connect),
-            pool=deadline.bound(pool),
-        )
-
-    def _error(self, exc: Exception) -> errors.SwiftClientError:
-        return map_httpx_error(exc, backend=self.name, secrets=(self._api_key,))
-
-    async def _send(self, request: httpx.Request) -> httpx.Response:
+        slots = self._slots
+        assert slots is not None
         try:
-            response = await self._client_transport().handle_async_request(request)
-        except httpx.HTTPError as exc:
-            raise self._error(exc) from exc
-        if response.status_code >= 400:
+            slots.acquire_nowait()
+        except anyio.WouldBlock:
+            await self._acquire(deadline)
+        connect = deadline.bound(deadline.timeout.connect)
+        response = await self._exchange("POST", self._url, headers, body, connect, slots)
+        if response.status >= 400:
             try:
                 raise await self._status_error(response)
             finally:
-                with anyio.CancelScope(shield=True):
-                    await response.aclose()
+                await response.aclose()
         return response
 
-    async def _status_error(self, response: httpx.Response) -> errors.APIStatusError:
+    async def _exchange(
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str],
+        body: bytes,
+        connect: float | None,
+        slots: anyio.Semaphore,
+    ) -> _Response:
+        """Send one request holding the slot ``slots`` was just acquired for; the slot is
+        released with the response, or at once when sending fails."""
+        transport = self._transport or self._open()
+        try:
+            sent = await transport.send(method, url, headers, body, connect)
+        except BaseException as exc:
+            slots.release()
+            if isinstance(exc, httpx.HTTPError):
+                raise self._error(exc) from exc
+            raise
+        return _Response(sent, slots)
+
+    def _error(self, exc: Exception) -> errors.SwiftClientError:
+        return map_httpx_error(exc, backend=self.name, secrets=self._secrets)
+
+    async def _read_body(self, response: _Response, limit: int) -> bytes:
+        """The whole body; :class:`~swiftclient.ResponseTooLarge` past ``limit`` bytes."""
+        length = response.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            raise self._too_large(f"the response body is {length} bytes", limit)
+        parts: list[bytes] = []
+        size = 0
+        read = response.read
+        try:
+            while data := await read():
+                size += len(data)
+                if size > limit:
+                    raise self._too_large("the response body", limit)
+                parts.append(data)
+        except httpx.HTTPError as exc:
+            raise self._error(exc) from exc
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _too_large(self, what: str, limit: int) -> errors.ResponseTooLarge:
+        return errors.ResponseTooLarge(
+            f"{self.name}: {what} exceeds the limit of {limit} bytes", backend=self.name
+        )
+
+    async def _status_error(self, response: _Response) -> errors.APIStatusError:
         body_bytes = b""
         try:
-            async for part in response.aiter_bytes():
-                body_bytes += part
-                if len(body_bytes) > _MAX_ERROR_BODY:
-                    break
+            while len(body_bytes) <= _MAX_ERROR_BODY and (data := await response.read()):
+                body_bytes += data
         except httpx.HTTPError:
             pass
         text = body_bytes.decode("utf-8", "replace")[:500]
-        body, detail = _error_body(body_bytes, self._api_key, text)
-        status = response.status_code
-        request_id = response.headers.get("x-request-id") or response.headers.get("request-id")
+        body, detail = _error_body(body_bytes, self._secrets, text)
+        status = response.status
+        headers = errors.redact_headers(response.headers, *self._secrets)
+        request_id = headers.get("x-request-id") or headers.get("request-id")
         message = f"{self.name}: HTTP {status}: {detail}"
         return errors.status_error_class(status)(
             message,
             status_code=status,
             request_id=request_id,
             body=body,
-            headers=dict(response.headers),
+            headers=headers,
             backend=self.name,
         )
 
@@ -304,41 +452,54 @@ class HTTPBackend:
         self, request: ChatRequest, deadline: Deadline, options: RequestOptions | None = None
     ) -> AsyncIterator[AsyncIterator[ChatCompletionChunk]]:
         """Open a streamed completion; the connection is released when the block exits."""
-        response = await self._send(self._request(request, deadline, options, stream=True))
-        chunks = _ChunkStream(response, self)
+        response = await self._send(request, deadline, options, stream=True)
         try:
-            content_type = response.headers.get("content-type", "")
-            if "json" in content_type and "event-stream" not in content_type:
-                raise errors.APIResponseValidationError(
-                    f"{self.name}: expected an event stream, got {content_type!r}",
-                    backend=self.name,
-                )
+            content_type = response.headers.get("content-type", "").lower()
+            if "event-stream" not in content_type and (
+                "json" in content_type or "html" in content_type
+            ):
+                raise await self._not_a_stream(response, content_type)
+            chunks = _ChunkStream(response, self)
             yield chunks
         finally:
-            with anyio.CancelScope(shield=True):
-                await chunks.aclose()
+            await response.aclose()
+
+    async def _not_a_stream(self, response: _Response, content_type: str) -> errors.APIError:
+        """The error for a stream answered with a JSON or HTML body: the in-band error a
+        JSON body carries, else a response-validation error (never retried)."""
+        if "json" in content_type:
+            data = await self._read_body(response, _MAX_ERROR_BODY)
+            inband = _inband_error(self, data)
+            if inband is not None:
+                return inband
+        return errors.APIResponseValidationError(
+            f"{self.name}: expected an event stream, got {content_type!r}", backend=self.name
+        )
 
     async def complete(
         self, request: ChatRequest, deadline: Deadline, options: RequestOptions | None = None
     ) -> ChatCompletion:
         """Run a non-streamed completion."""
-        response = await self._send(self._request(request, deadline, options, stream=False))
+        response = await self._send(request, deadline, options, stream=False)
         try:
-            try:
-                body = await response.aread()
-            except httpx.HTTPError as exc:
-                raise self._error(exc) from exc
+            body = await self._read_body(response, self.max_body_bytes)
         finally:
-            if not response.is_closed:  # aread() closes it when the body was read whole
-                with anyio.CancelScope(shield=True):
-                    await response.aclose()
+            if not response.close_nowait():
+                await response.aclose()
         try:
-            return ChatCompletion.model_validate_json(body)
+            completion: ChatCompletion = _validate_completion(body)
         except pydantic.ValidationError as exc:
+            inband = _inband_error(self, body)
+            if inband is not None:
+                raise inband from None
             raise errors.APIResponseValidationError(
                 f"{self.name}: response body is not a chat completion: {exc.error_count()} errors",
                 backend=self.name,
             ) from exc
+        extra = completion.__pydantic_extra__
+        if extra and "error" in extra:
+            raise _stream_error(self, body)
+        return completion
 
 
 class _ChunkStream:
@@ -346,35 +507,35 @@ class _ChunkStream:
 
     Events are decoded as bytes arrive but validated one at a time, when asked for, so a
     reply that arrives in one burst does not keep a hundred parsed chunks alive at once.
-    :meth:`next_nowait` hands out an already-received chunk without awaiting.
-
-    The body is read with the fewest layers the response allows: the transport's own reader
-    when it offers one (:data:`READ_EXTENSION`, our aiohttp transport), else the transport's
-    body stream itself when there is no content-encoding to undo, else ``aiter_bytes``.
+    It speaks :class:`~swiftclient.backends.base.BufferedChunkIterator`: :meth:`next_nowait`
+    hands out an already-received chunk without awaiting. Bytes come straight from the
+    transport's :class:`~swiftclient.backends.base.ResponseBody`.
     """
 
     __slots__ = (
         "_backend",
-        "_bytes",
         "_decoder",
         "_done",
         "_events",
         "_finished",
         "_open",
         "_read",
+        "_received",
         "_response",
+        "_seen_event",
     )
 
-    def __init__(self, response: httpx.Response, backend: HTTPBackend) -> None:
+    def __init__(self, response: _Response, backend: HTTPBackend) -> None:
         self._response = response
         self._backend = backend
-        self._bytes: AsyncIterator[bytes] | None = None
-        self._read: Callable[[], Awaitable[bytes]] | None = None
-        self._open = False
-        self._decoder = SSEDecoder()
+        self._read = response.read
+        self._open = True
+        self._decoder = SSEDecoder(max_event_bytes=backend.max_event_bytes)
         self._events: deque[ServerSentEvent] = deque()
         self._done = False
         self._finished = False
+        self._received = False
+        self._seen_event = False
 
     def __aiter__(self) -> _ChunkStream:
         return self
@@ -422,79 +583,56 @@ class _ChunkStream:
             return chunk
         return None
 
-    def _open_body(self) -> None:
-        response = self._response
-        self._open = True
-        if "content-encoding" in response.headers:
-            self._bytes = response.aiter_bytes()  # undoes the content-encoding
-            return
-        read = response.extensions.get(READ_EXTENSION)
-        if read is not None:
-            self._read = read
-        else:
-            # The transport's body stream itself (one iterator we can close, and it serves
-            # bodies a mock transport already read): no httpx iterator layers in between.
-            body = response.stream
-            if not isinstance(body, httpx.AsyncByteStream):
-                raise errors.ConfigurationError("HTTPBackend needs an async httpx transport")
-            self._bytes = body.__aiter__()
-
-    async def _next_bytes(self) -> bytes:
-        """The next body bytes, ``b""`` at the end."""
-        read = self._read
-        if read is not None:
-            return await read()
-        stream = self._bytes
-        if stream is None:
-            return b""
-        try:
-            return await stream.__anext__()
-        except StopAsyncIteration:
-            return b""
-
     async def _fill(self) -> None:
-        if not self._open:
-            self._open_body()
+        backend = self._backend
         try:
-            raw = await self._next_bytes()
-        except (httpx.HTTPError, httpx.StreamError) as exc:
+            raw = await self._read()
+        except httpx.HTTPError as exc:
             self._done = True
-            raise self._backend._error(exc) from exc
+            raise backend._error(exc) from exc
         if not raw:
             self._done = True
             self._open = False
-            self._bytes = self._read = None
             if not self._finished:
+                if self._received and not self._seen_event:
+                    raise errors.APIResponseValidationError(
+                        f"{backend.name}: the response body is not an event stream",
+                        backend=backend.name,
+                    ) from None
                 raise errors.APIConnectionError(
-                    f"{self._backend.name}: stream ended before the completion finished",
-                    backend=self._backend.name,
+                    f"{backend.name}: stream ended before the completion finished",
+                    backend=backend.name,
                 ) from None
             return
-        self._events.extend(self._decoder.feed(raw))
+        self._received = True
+        try:
+            events = self._decoder.feed(raw)
+        except EventTooLarge as exc:
+            self._done = True
+            raise backend._too_large("an SSE event", exc.limit) from None
+        if events:
+            self._seen_event = True
+            self._events.extend(events)
 
     async def _drain(self) -> None:
         """Read to the end of the body after ``[DONE]`` so the connection can be reused."""
+        self._open = False
         with anyio.move_on_after(_DRAIN_GRACE):
             try:
-                while await self._next_bytes():
+                while await self._read():
                     pass
-            except (httpx.HTTPError, httpx.StreamError):
+            except httpx.HTTPError:
                 pass
-        self._open = False
-        self._bytes = self._read = None
 
     async def aclose(self) -> None:
+        """Release the connection (back to the pool only after a whole body)."""
         self._done = True
         self._open = False
         self._events.clear()
-        stream, self._bytes, self._read = self._bytes, None, None
-        close = getattr(stream, "aclose", None)
-        if close is not None:  # our own iterator over the body stream: close it explicitly
-            await close()
         await self._response.aclose()
 
 
-def _error_body(data: bytes, api_key: str | None, default: str) -> tuple[object, str]:
+def _error_body(data: bytes, secrets: tuple[str | None, ...], default: str) -> tuple[object, str]:
     """A provider error body (parsed when it is JSON) and its message, both redacted;
     ``default`` is the message when the body names none."""
     body: object
@@ -509,9 +647,21 @@ def _error_body(data: bytes, api_key: str | None, default: str) -> tuple[object,
             message = err["message"]
         elif isinstance(err, str):
             message = err
-    return errors.redact_json(body, api_key), errors.redact(message, api_key)
+    return errors.redact_json(body, *secrets), errors.redact(message, *secrets)
 
 
 def _stream_error(backend: HTTPBackend, data: bytes) -> errors.StreamError:
-    body, message = _error_body(data, backend._api_key, "error event in stream")
+    body, message = _error_body(data, backend._secrets, "error event in stream")
     return errors.StreamError(f"{backend.name}: {message}", body=body, backend=backend.name)
+
+
+def _inband_error(backend: HTTPBackend, data: bytes) -> errors.StreamError | None:
+    """The :class:`~swiftclient.StreamError` for a body that is a JSON ``{"error": ...}``
+    object (a provider reporting a failure with status 200), else None."""
+    try:
+        parsed = pydantic_core.from_json(data)
+    except ValueError:
+        return None
+    if isinstance(parsed, dict) and parsed.get("error") is not None:
+        return _stream_error(backend, data)
+    return None
