@@ -20,8 +20,9 @@ engine's server (:mod:`local_engine.server`) share:
 uvicorn is imported only when a server starts; building an :class:`App` needs only anyio.
 uvloop and httptools are used when installed (uvicorn's ``auto``). Connections are served by
 a subclass of uvicorn's HTTP protocol that adds what uvicorn leaves out: a deadline for each
-request head (a client that opens a connection, or finishes a response, and then sends no
-complete head within ``head_timeout`` seconds is disconnected: slowloris), a cap on head
+request head (a client that opens a connection, or starts a request on a kept-alive one,
+and sends no complete head within ``head_timeout`` seconds is disconnected: slowloris), a
+cap on head
 bytes (431), and the transport handle that :meth:`ResponseWriter.abort` needs for fault
 injection.
 """
@@ -595,7 +596,8 @@ class ServerSettings:
             get 503 (uvicorn's ``limit_concurrency``); None: no cap.
         keepalive_timeout: seconds an idle kept-alive connection stays open.
         head_timeout: seconds a client has to send a complete request head, counted from
-            the connection's start or the end of the previous response.
+            the connection's start, or on a kept-alive connection from the head's first byte
+            (an idle kept-alive connection is closed after ``keepalive_timeout``).
         max_head_bytes: a request head larger than this gets 431 and the connection closes.
         graceful_timeout: seconds a shutdown waits for running requests.
         root_path: the path prefix a proxy strips (ASGI ``root_path``).
@@ -734,6 +736,8 @@ def _protocol_class(app: App, settings: ServerSettings) -> type[Any]:
 
         def on_message_begin(self) -> None:
             self.guard_bytes = 0
+            if self.guard_timer is None:  # a new request on a kept-alive connection
+                self.guard_arm()
             super().on_message_begin()
 
         def on_url(self, url: bytes) -> None:
@@ -747,11 +751,6 @@ def _protocol_class(app: App, settings: ServerSettings) -> type[Any]:
         def on_headers_complete(self) -> None:
             self.guard_disarm()
             super().on_headers_complete()
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            if not self.transport.is_closing():
-                self.guard_arm()
 
     return GuardedProtocol
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
 
-from ..asgi import ServerSettings, serve
+from ..asgi import serve
 from ..errors import ConfigurationError
 from ._fake import FakeProvider
 from ._reply import Reply
@@ -44,13 +45,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    fake = FakeProvider(default, api_key=args.api_key, model=args.model)
+    try:
+        fake = FakeProvider(
+            default, api_key=args.api_key, model=args.model, host=args.host, port=args.port
+        )
+    except ConfigurationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
     def ready(url: str) -> None:
         print(f"fake provider serving on {url}/v1", flush=True)
 
     try:
-        settings = ServerSettings(host=args.host, port=args.port, loop=args.loop)
+        settings = dataclasses.replace(fake.settings, loop=args.loop)
         serve(fake.app, settings, on_ready=ready, log_level="warning")
     except ConfigurationError as exc:
         print(f"error: {exc}", file=sys.stderr)

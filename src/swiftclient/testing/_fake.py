@@ -91,7 +91,11 @@ class FakeProvider:
         )
         self._router = router
         self._app = App(self._handle)
-        self._server = ThreadedServer(self._app, ServerSettings(host=host, port=port))
+        # Kept-alive connections outlive any client pool's idle expiry, so a test never
+        # races the server closing a pooled connection.
+        self.settings = ServerSettings(host=host, port=port, keepalive_timeout=75.0)
+        """Where and how the fake is served."""
+        self._server = ThreadedServer(self._app, self.settings)
         self._seq = 0
         self._idle: anyio.Event | None = None
 
