@@ -383,12 +383,12 @@ class App:
         self.connections = ConnectionTracker()
         """The connections of the uvicorn server running this app."""
         self._scopes: set[anyio.CancelScope] = set()
-        self._closing = False
+        self._stopped: set[anyio.CancelScope] = set()
 
     def cancel_requests(self) -> None:
         """Cancel every running handler (on shutdown); their connections are dropped."""
-        self._closing = True
         for scope in list(self._scopes):
+            self._stopped.add(scope)
             scope.cancel()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -461,11 +461,13 @@ class App:
             finally:
                 self._scopes.discard(scope)
                 scope.cancel()
+        stopped = scope in self._stopped
+        self._stopped.discard(scope)
         if writer._gone.is_set():
             return
         if aborted:
             raise RuntimeError("the connection was dropped on purpose (fault injection)")
-        if self._closing and not writer.finished:
+        if stopped and not writer.finished:
             # Cancelled by a shutdown: drop the connection, as an unfinished response would.
             if not self.connections.abort(request.client) and writer.streaming:
                 raise RuntimeError("the server is shutting down")
