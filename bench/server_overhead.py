@@ -14,8 +14,10 @@ the server process's own CPU time (user + system, from ``/proc/PID/stat``) over 
 divided by the tokens streamed, is the "server CPU per token", and the batch's wall time per
 token is shown beside it. Two servers:
 
-- ``fake``: ``python -m swiftclient.testing --tokens N`` (the fake provider): no engine at all,
-  so its CPU is the HTTP stack, the SSE framing and the chunk rendering: the pure server
+- ``fake``: ``python -m swiftclient.testing --tokens N --token-delay 0.000001`` (the fake
+  provider; the 1 µs delay makes it write each token on its own, as a server streaming from
+  an engine does, instead of the whole reply at once): no engine at all, so its CPU is the
+  HTTP stack, the SSE framing, the chunk rendering and one timer per token: the server
   overhead, and the fake provider's capacity (tokens/s of wall at 64 streams);
 - ``local``: ``python -m local_engine.server`` over the embedded ``swift-tiny`` model (random
   weights, 6.7M parameters), ``max_tokens=N`` with ``ignore_eos``: the engine's CPU is the
@@ -124,6 +126,7 @@ def _servers(trees: dict[str, Path], settings: Settings, stack: ExitStack) -> di
     found: dict[str, object] = {}
     for name, tree in trees.items():
         fake = ["-m", "swiftclient.testing", "--port", "0", "--tokens", str(settings.tokens)]
+        fake += ["--token-delay", "0.000001"]  # one write per token, not one per stream
         found[f"fake/{name}"] = stack.enter_context(_process(fake, tree, env))
         local = ["-m", "local_engine.server", "", "--port", "0", "--max-num-seqs", "64"]
         found[f"local/{name}"] = stack.enter_context(_process(local, tree, env))

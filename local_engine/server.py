@@ -167,6 +167,8 @@ class LocalServer:
         limit_concurrency: past this many connections or running requests, 503.
         keepalive_timeout: seconds an idle kept-alive connection stays open.
         head_timeout: seconds a client has to send a complete request head.
+        write_timeout: seconds a stream waits for a client that stopped reading before the
+            connection is dropped (and its engine request aborted).
         root_path: the path prefix a reverse proxy strips (``/api``, say).
         loop: ``auto`` (uvloop when installed), ``asyncio`` or ``uvloop``.
     """
@@ -184,6 +186,7 @@ class LocalServer:
         limit_concurrency: int | None = None,
         keepalive_timeout: float = 5.0,
         head_timeout: float = 10.0,
+        write_timeout: float = 60.0,
         root_path: str = "",
         loop: str = "auto",
     ) -> None:
@@ -212,7 +215,7 @@ class LocalServer:
             api_key=self._api_key,
             public=frozenset({"/health"}),
         )
-        self.app = App(router, max_body_bytes=max_body_bytes)
+        self.app = App(router, max_body_bytes=max_body_bytes, write_timeout=write_timeout)
         """The ASGI application (it needs the backend entered to answer chat requests)."""
         self._server = ThreadedServer(self.app, self.settings, resources=backend)
 
@@ -428,6 +431,12 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds a client has to send a complete request head (10)",
     )
     parser.add_argument(
+        "--timeout-write",
+        type=float,
+        default=60.0,
+        help="seconds a stream waits for a client that stopped reading, then drops it (60)",
+    )
+    parser.add_argument(
         "--root-path", default="", help="path prefix stripped by a reverse proxy (e.g. /api)"
     )
     return parser
@@ -460,6 +469,7 @@ def _build(args: argparse.Namespace) -> LocalServer:
         limit_concurrency=args.limit_concurrency,
         keepalive_timeout=args.timeout_keep_alive,
         head_timeout=args.timeout_request_head,
+        write_timeout=args.timeout_write,
         root_path=args.root_path,
         loop=args.loop,
     )

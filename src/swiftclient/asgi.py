@@ -9,8 +9,9 @@ engine's server (:mod:`local_engine.server`) share:
 - :class:`App`, an ASGI application around one handler: it reads the body (413 past
   ``max_body_bytes``, 408 when it trickles in past ``body_timeout``), hands a :class:`Request`
   and a :class:`ResponseWriter` to the handler, cancels the handler as soon as the client
-  goes away, answers 500 (logged with secrets redacted) when the handler fails, and drops the
-  connection when it fails mid-stream;
+  goes away, answers 500 (logged with secrets redacted) when the handler fails, drops the
+  connection when it fails mid-stream, and drops a client that stops reading a stream for
+  ``write_timeout`` seconds;
 - :class:`Router`: paths to ``(method, handler)``, 404 / 405 / 401 answered in one order;
 - running on uvicorn: :class:`ServerSettings` (host, port, connection cap, keep-alive and
   request-head deadlines, root path, loop), :func:`serve` (this thread, until a signal) and
@@ -42,6 +43,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 import anyio.abc
 import anyio.from_thread
+import anyio.lowlevel
 import anyio.to_thread
 
 from .errors import ConfigurationError, redact
@@ -182,6 +184,7 @@ class ConnectionTracker:
 
     def __init__(self) -> None:
         self._transports: dict[tuple[str, int], asyncio.Transport] = {}
+        self._paused: set[tuple[str, int]] = set()
         self.opened = 0
         """Connections accepted so far."""
 
@@ -198,6 +201,18 @@ class ConnectionTracker:
     def discard(self, client: tuple[str, int]) -> None:
         """Forget a closed connection."""
         self._transports.pop(client, None)
+        self._paused.discard(client)
+
+    def set_paused(self, client: tuple[str, int], paused: bool) -> None:
+        """Record that the connection's send buffer is full (the client is not reading)."""
+        if paused:
+            self._paused.add(client)
+        else:
+            self._paused.discard(client)
+
+    def is_paused(self, client: tuple[str, int] | None) -> bool:
+        """Whether a write to ``client`` would wait for it to read."""
+        return client in self._paused
 
     def abort(self, client: tuple[str, int] | None) -> bool:
         """Drop the connection from ``client`` at once; False when it is not known."""
@@ -230,7 +245,16 @@ class ResponseWriter:
     ``headers`` are added to every response this writer sends (a request id, say).
     """
 
-    __slots__ = ("_client", "_gone", "_send", "_state", "_tracker", "headers", "status")
+    __slots__ = (
+        "_client",
+        "_gone",
+        "_send",
+        "_state",
+        "_tracker",
+        "_write_timeout",
+        "headers",
+        "status",
+    )
 
     def __init__(
         self,
@@ -238,10 +262,12 @@ class ResponseWriter:
         *,
         client: tuple[str, int] | None = None,
         tracker: ConnectionTracker | None = None,
+        write_timeout: float = 60.0,
     ) -> None:
         self._send = send
         self._client = client
         self._tracker = tracker
+        self._write_timeout = write_timeout
         self._state = _IDLE
         self._gone = anyio.Event()
         self.headers: dict[str, str] = {}
@@ -328,11 +354,31 @@ class ResponseWriter:
         await self._send(head)
 
     async def write(self, data: bytes) -> None:
-        """Send ``data`` as part of a streamed response (empty data sends nothing)."""
+        """Send ``data`` as part of a streamed response (empty data sends nothing).
+
+        When the client has stopped reading (the server's send buffer is full), the write
+        waits at most ``write_timeout`` seconds; then the connection is dropped and the
+        handler cancelled.
+        """
         if self._state != _STREAMING:
             raise RuntimeError("write() needs start_stream() first and no end() or abort()")
-        if data:
-            await self._send({"type": "http.response.body", "body": data, "more_body": True})
+        if self._gone.is_set():
+            # uvicorn drops writes to a departed client without suspending; let the pending
+            # cancellation in, or a writing loop would never yield.
+            await anyio.lowlevel.checkpoint()
+        if not data:
+            return
+        message = {"type": "http.response.body", "body": data, "more_body": True}
+        tracker = self._tracker
+        if tracker is None or not tracker.is_paused(self._client):
+            await self._send(message)
+            return
+        # The client stopped reading: wait for it at most write_timeout, then drop it.
+        with anyio.move_on_after(self._write_timeout):
+            await self._send(message)
+            return
+        tracker.abort(self._client)
+        await self._gone.wait()  # the disconnect cancels the handler
 
     async def end(self) -> None:
         """Finish a streamed response."""
@@ -365,6 +411,8 @@ class App:
         handler: serves a :class:`Request` through a :class:`ResponseWriter`.
         max_body_bytes: a larger body (declared or sent) gets 413 and the connection closes.
         body_timeout: seconds for the whole body to arrive once the head has; 408 past it.
+        write_timeout: seconds a streamed write may wait for a client that stopped reading;
+            past it the connection is dropped and the handler cancelled.
     """
 
     def __init__(
@@ -373,13 +421,19 @@ class App:
         *,
         max_body_bytes: int = 32 * 1024 * 1024,
         body_timeout: float = 30.0,
+        write_timeout: float = 60.0,
     ) -> None:
-        for name, value in (("max_body_bytes", max_body_bytes), ("body_timeout", body_timeout)):
+        for name, value in (
+            ("max_body_bytes", max_body_bytes),
+            ("body_timeout", body_timeout),
+            ("write_timeout", write_timeout),
+        ):
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise ConfigurationError(f"{name} must be a positive number, got {value!r}")
         self.handler = handler
         self.max_body_bytes = max_body_bytes
         self.body_timeout = body_timeout
+        self.write_timeout = write_timeout
         self.connections = ConnectionTracker()
         """The connections of the uvicorn server running this app."""
         self._scopes: set[anyio.CancelScope] = set()
@@ -400,7 +454,9 @@ class App:
             raise RuntimeError(f"unsupported ASGI scope type {kind!r}")
         peer = scope.get("client")
         client = (str(peer[0]), int(peer[1])) if peer else None
-        writer = ResponseWriter(send, client=client, tracker=self.connections)
+        writer = ResponseWriter(
+            send, client=client, tracker=self.connections, write_timeout=self.write_timeout
+        )
         headers = _headers(scope)
         body = await self._read_body(headers, receive, writer)
         if body is None:
@@ -749,6 +805,16 @@ def _protocol_class(app: App, settings: ServerSettings) -> type[Any]:
         def on_header(self, name: bytes, value: bytes) -> None:
             self.guard_count(len(name) + len(value) + 4)
             super().on_header(name, value)
+
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            if self.guard_key is not None:
+                tracker.set_paused(self.guard_key, True)
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            if self.guard_key is not None:
+                tracker.set_paused(self.guard_key, False)
 
         def on_headers_complete(self) -> None:
             self.guard_disarm()

@@ -331,6 +331,30 @@ async def test_connection_cap_answers_503_past_the_limit() -> None:
                 await held.aclose()
 
 
+async def test_a_client_that_stops_reading_is_dropped_after_the_write_timeout() -> None:
+    cancelled = threading.Event()
+    writes = 0
+
+    async def firehose(request: Request, writer: ResponseWriter) -> None:
+        nonlocal writes
+        await writer.start_stream(200)
+        try:
+            while True:
+                await writer.write(b"x" * 65536)
+                writes += 1
+        except anyio.get_cancelled_exc_class():
+            cancelled.set()
+            raise
+
+    async with running(App(firehose, write_timeout=0.5)) as server:
+        with anyio.fail_after(LIMIT):
+            async with await anyio.connect_tcp("127.0.0.1", server.port) as stream:
+                await stream.send(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+                await wait_for(cancelled)  # never reading a byte
+        assert writes > 1
+        assert server.app.connections.open == 0
+
+
 async def test_router_orders_404_405_401_and_matches_the_scheme_in_any_case() -> None:
     async def secret(request: Request, writer: ResponseWriter) -> None:
         await writer.send_json(200, {"ok": True})

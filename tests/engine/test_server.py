@@ -594,8 +594,11 @@ def test_command_line_exposes_the_uvicorn_knobs() -> None:
     args = _parser().parse_args(
         ["", "--port", "0", "--limit-concurrency", "8", "--timeout-keep-alive", "2.5"]
         + ["--timeout-request-head", "3", "--root-path", "/api", "--loop", "asyncio"]
+        + ["--timeout-write", "7"]
     )
-    settings = _build(args).settings
+    server = _build(args)
+    assert server.app.write_timeout == 7
+    settings = server.settings
     assert settings.limit_concurrency == 8 and settings.keepalive_timeout == 2.5
     assert settings.head_timeout == 3 and settings.root_path == "/api"
     assert settings.loop == "asyncio"
