@@ -6,6 +6,7 @@ two still share the cores. The process is terminated (then killed) however the b
 
 from __future__ import annotations
 
+import os
 import re
 import select
 import subprocess
@@ -13,10 +14,43 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["fake_provider_process"]
+__all__ = ["fake_provider_process", "server_process"]
 
-_STARTUP_TIMEOUT = 30.0
+_STARTUP_TIMEOUT = 120.0
 _URL = re.compile(r"https?://\S+")
+
+
+@contextmanager
+def server_process(
+    argv: list[str], *, env: dict[str, str] | None = None, cwd: str | None = None
+) -> Iterator[tuple[int, str]]:
+    """Run ``python ARGV`` until the block exits; yield its pid and the first URL it prints."""
+    proc = subprocess.Popen(
+        [sys.executable, *argv],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=None if env is None else {**os.environ, **env},
+        cwd=cwd,
+    )
+    try:
+        stdout = proc.stdout
+        if stdout is None:
+            raise RuntimeError("the server's stdout is not a pipe")
+        ready, _, _ = select.select([stdout], [], [], _STARTUP_TIMEOUT)
+        line = stdout.readline() if ready else ""
+        match = _URL.search(line)
+        if match is None:
+            raise RuntimeError(f"{argv} did not start (it printed {line!r})")
+        yield proc.pid, match.group(0)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 @contextmanager
@@ -26,24 +60,6 @@ def fake_provider_process(tokens: int) -> Iterator[str]:
     Every streamed reply carries ``tokens`` content chunks plus the role, finish and usage
     chunks (the usage chunk only when the request asks for it).
     """
-    command = [sys.executable, "-m", "swiftclient.testing", "--port", "0", "--tokens", str(tokens)]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-    try:
-        stdout = proc.stdout
-        if stdout is None:
-            raise RuntimeError("the fake provider's stdout is not a pipe")
-        ready, _, _ = select.select([stdout], [], [], _STARTUP_TIMEOUT)
-        line = stdout.readline() if ready else ""
-        match = _URL.search(line)
-        if match is None:
-            raise RuntimeError(f"the fake provider did not start (it printed {line!r})")
-        yield match.group(0)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+    argv = ["-m", "swiftclient.testing", "--port", "0", "--tokens", str(tokens)]
+    with server_process(argv) as (_, url):
+        yield url

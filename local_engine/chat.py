@@ -193,12 +193,14 @@ class ChatFormatter:
             **template_kwargs,
         )
 
-    def prepare(self, request: ChatRequest) -> ChatPrompt:
+    def prepare(self, request: ChatRequest, *, max_bytes: int | None = None) -> ChatPrompt:
         """Render and encode a request.
 
         Tools follow ``tool_choice`` ("none" hides them, a named choice shows only that one;
         "required" is not enforced). ``extra_body["chat_template_kwargs"]`` is passed to the
-        template (e.g. ``{"enable_thinking": False}``).
+        template (e.g. ``{"enable_thinking": False}``). A rendered prompt of more than
+        ``max_bytes`` UTF-8 bytes, or one that is not valid Unicode (a lone surrogate), is a
+        ConfigurationError raised before tokenizing.
         """
         tools = _offered_tools(request.tools, request.tool_choice)
         extra = (request.extra_body or {}).get("chat_template_kwargs") or {}
@@ -210,6 +212,18 @@ class ChatFormatter:
             response_format=request.response_format,
             **{str(k): v for k, v in extra.items()},
         )
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError as exc:
+            raise ConfigurationError(
+                f"the prompt is not valid Unicode text: {exc.reason} at character {exc.start} "
+                "(a lone surrogate such as \\ud800 cannot be tokenized)"
+            ) from exc
+        if max_bytes is not None and size > max_bytes:
+            raise ConfigurationError(
+                f"the rendered prompt is {size} bytes, more than this model's context "
+                f"(max_model_len) can hold ({max_bytes} bytes at most)"
+            )
         return ChatPrompt(
             text=text,
             token_ids=self.tokenizer.encode(text, add_special_tokens=False),

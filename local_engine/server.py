@@ -1,4 +1,4 @@
-"""An OpenAI-compatible HTTP server for the local engine.
+"""An OpenAI-compatible HTTP server for the local engine: an ASGI app served by uvicorn.
 
 Endpoints: ``POST /v1/chat/completions`` (streamed as server-sent events or not; usage with
 ``prompt_tokens_details.cached_tokens``; ``stream_options.include_usage`` honoured),
@@ -7,37 +7,53 @@ Endpoints: ``POST /v1/chat/completions`` (streamed as server-sent events or not;
 ``extra_body`` fields such as ``top_k``, ``min_p``, ``ignore_eos`` or ``cache_salt`` arrive as
 top-level JSON fields, as OpenAI clients send them.
 
-Errors are OpenAI-style JSON bodies: 400 for invalid JSON, an invalid request or parameters
-(including ``max_tokens`` over the server's limit, or a prompt too long for the model), 401 for
-a missing or wrong bearer key, 404/405 for unknown routes, 413 for a body over the limit, 503
-with ``Retry-After`` when the engine's queue is full, 500 when the engine fails. A client that
-disconnects has its engine request aborted at once (its KV blocks are freed).
+Models: a request must name the served model (``model_name``, by default the model
+directory's name) or the alias ``default``; any other name gets 404 ``model_not_found``, as
+vLLM answers. ``/v1/models`` lists the served name.
 
-Run it with ``python -m local_engine.server [MODEL_DIR] [--host H] [--port P] [--api-key K]``
-(no directory: the embedded default model) or ``swiftclient serve``.
+Errors are OpenAI-style JSON bodies: 400 for invalid JSON (also JSON nested too deeply to
+parse), an invalid request or parameters (including ``max_tokens`` over the server's limit, a
+prompt too long for the model, or text that is not valid Unicode), 401 for a missing or wrong
+bearer key, 404 for an unknown model or route, 405 for a wrong method, 408 for a body that
+trickles in too slowly, 413 for a body over the limit, 431 for an oversized head, 503 with
+``Retry-After`` when the engine's queue is full (or past ``limit_concurrency``), 500 when the
+engine fails. A client that disconnects has its engine request aborted at once (its KV blocks
+are freed). Prompts are rendered and tokenized in a worker thread, so a huge request never
+stalls the event loop (``/health`` included).
+
+Run it with ``python -m local_engine.server [MODEL_DIR] [options]`` (no directory: the
+embedded default model) or ``swiftclient serve`` with the same options; ``--help`` lists them.
 """
 
 from __future__ import annotations
 
 import argparse
-import hmac
-import json
 import os
 import secrets
-import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AsyncExitStack
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.to_thread
 import pydantic
 
 from swiftclient import Deadline, Timeout
-from swiftclient._httpserver import HTTPRequest, HTTPServer, ResponseWriter, error_body
+from swiftclient.asgi import (
+    SSE_DONE,
+    App,
+    Request,
+    ResponseWriter,
+    Router,
+    ServerSettings,
+    ThreadedServer,
+    error_body,
+    serve,
+    sse_event,
+)
 from swiftclient.errors import ConfigurationError, EngineError, OverloadedError, redact
 from swiftclient.types import ChatCompletion, ChatCompletionChunk, ChatRequest, StreamOptions
 
@@ -50,9 +66,9 @@ _REQUEST_FIELDS = frozenset(ChatRequest.model_fields) - {"extra_body"}
 _IGNORED_FIELDS = frozenset({"store"})
 _UNLIMITED = Timeout(total=None, connect=None, pool=None, first_token=None, idle=None)
 _RETRY_AFTER = "1"
-_DONE = b"data: [DONE]\n\n"
-
-_Route = Callable[[HTTPRequest, ResponseWriter], Awaitable[None]]
+_THREAD_PARSE_BYTES = 64 * 1024  # bodies larger than this are parsed in a worker thread
+DEFAULT_ALIAS = "default"
+"""A model name every local server answers to, besides its served name."""
 
 
 class RequestError(ValueError):
@@ -108,12 +124,7 @@ def _chunk_bytes(chunk: ChatCompletionChunk) -> bytes:
     for choice in data["choices"]:
         choice.setdefault("logprobs", None)
         choice.setdefault("finish_reason", None)
-    return _event(data)
-
-
-def _event(data: dict[str, Any]) -> bytes:
-    text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
-    return b"data: " + text.encode() + b"\n\n"
+    return sse_event(data)
 
 
 def _completion_json(completion: ChatCompletion) -> dict[str, Any]:
@@ -137,17 +148,29 @@ def _engine_error(exc: Exception) -> RequestError:
 class LocalServer:
     """Serves a :class:`LocalBackend` over the OpenAI chat-completions API.
 
-    ``async with LocalServer(backend) as server:`` loads the model, starts the engine and
-    listens on ``host:port`` (port 0 picks a free one; ``server.base_url`` ends in ``/v1``).
+    ``async with LocalServer(backend) as server:`` starts uvicorn on its own event loop in a
+    background thread (so it works from asyncio, trio or :meth:`run_in_thread` alike), loads
+    the model and starts the engine there, and listens on ``host:port`` (port 0 picks a free
+    one; ``server.base_url`` ends in ``/v1``). :meth:`run` serves in this thread instead,
+    until SIGINT or SIGTERM (the command line). :attr:`app` is the ASGI application.
 
     Args:
         backend: the local backend to serve (entered and exited by the server).
         host: interface to bind; loopback by default.
         port: TCP port.
-        api_key: when set, every route but ``/health`` needs ``Authorization: Bearer <key>``.
+        api_key: when set, every route but ``/health`` needs ``Authorization: Bearer <key>``
+            (the scheme in any case; the key compared in constant time).
         max_body_bytes: larger request bodies get 413.
         max_tokens_limit: requests asking for more completion tokens get 400.
-        model_name: the id reported by ``/v1/models`` (default: the model directory's name).
+        model_name: the served model id (default: the model directory's name); requests
+            must name it or ``"default"``.
+        limit_concurrency: past this many connections or running requests, 503.
+        keepalive_timeout: seconds an idle kept-alive connection stays open.
+        head_timeout: seconds a client has to send a complete request head.
+        write_timeout: seconds a stream waits for a client that stopped reading before the
+            connection is dropped (and its engine request aborted).
+        root_path: the path prefix a reverse proxy strips (``/api``, say).
+        loop: ``auto`` (uvloop when installed), ``asyncio`` or ``uvloop``.
     """
 
     def __init__(
@@ -160,6 +183,12 @@ class LocalServer:
         max_body_bytes: int = 8 * 1024 * 1024,
         max_tokens_limit: int | None = None,
         model_name: str | None = None,
+        limit_concurrency: int | None = None,
+        keepalive_timeout: float = 5.0,
+        head_timeout: float = 10.0,
+        write_timeout: float = 60.0,
+        root_path: str = "",
+        loop: str = "auto",
     ) -> None:
         if max_tokens_limit is not None and max_tokens_limit < 1:
             raise ConfigurationError(f"max_tokens_limit must be positive, got {max_tokens_limit}")
@@ -168,25 +197,40 @@ class LocalServer:
         self._max_tokens_limit = max_tokens_limit
         self._model_name = model_name
         self._created = int(time.time())
-        self._http = HTTPServer(self._handle, host=host, port=port, max_body_bytes=max_body_bytes)
-        self._stack: AsyncExitStack | None = None
-        self._routes: dict[str, tuple[str, _Route]] = {
-            "/v1/chat/completions": ("POST", self._chat),
-            "/v1/models": ("GET", self._models),
-        }
+        self.settings = ServerSettings(
+            host=host,
+            port=port,
+            limit_concurrency=limit_concurrency,
+            keepalive_timeout=keepalive_timeout,
+            head_timeout=head_timeout,
+            root_path=root_path,
+            loop=loop,
+        )
+        router = Router(
+            {
+                "/v1/chat/completions": ("POST", self._chat),
+                "/v1/models": ("GET", self._models),
+                "/health": ("GET", self._health),
+            },
+            api_key=self._api_key,
+            public=frozenset({"/health"}),
+        )
+        self.app = App(router, max_body_bytes=max_body_bytes, write_timeout=write_timeout)
+        """The ASGI application (it needs the backend entered to answer chat requests)."""
+        self._server = ThreadedServer(self.app, self.settings, resources=backend)
 
     def __repr__(self) -> str:
         return f"LocalServer(backend={self.backend!r}, auth={self._api_key is not None})"
 
     @property
     def base_url(self) -> str:
-        """``http://HOST:PORT/v1`` of the running server."""
-        return self._http.base_url + "/v1"
+        """``http://HOST:PORT/v1`` (after the root path) of the running server."""
+        return self._server.base_url + "/v1"
 
     @property
     def port(self) -> int:
         """The bound port."""
-        return self._http.port
+        return self._server.port
 
     @property
     def model_name(self) -> str:
@@ -196,12 +240,14 @@ class LocalServer:
         model_dir = self.backend.model_dir
         return model_dir.name if model_dir is not None else "local"
 
+    @property
+    def served_model_names(self) -> tuple[str, ...]:
+        """The model names requests may use: the served name and ``"default"``."""
+        return (self.model_name, DEFAULT_ALIAS)
+
     async def __aenter__(self) -> LocalServer:
-        """Load the model, start the engine, then listen."""
-        async with AsyncExitStack() as stack:
-            await stack.enter_async_context(self.backend)
-            await stack.enter_async_context(self._http)
-            self._stack = stack.pop_all()
+        """Start the server thread: load the model, start the engine, then listen."""
+        await self._server.astart()
         return self
 
     async def __aexit__(
@@ -209,12 +255,9 @@ class LocalServer:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> bool | None:
+    ) -> None:
         """Stop listening (every in-flight request is aborted), then stop the engine."""
-        stack, self._stack = self._stack, None
-        if stack is None:
-            return None
-        return await stack.__aexit__(exc_type, exc, tb)
+        await self._server.astop()
 
     async def serve_forever(
         self, *, task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED
@@ -225,47 +268,29 @@ class LocalServer:
             task_status.started(self.base_url)
             await anyio.sleep_forever()
 
-    # ------------------------------------------------------------------ routing
+    async def wait_idle(self) -> None:
+        """Wait until the engine has no live request (from any event loop)."""
+        async_engine = self.backend.async_engine
+        if async_engine is not None:
+            await self._server.acall(async_engine.wait_idle)
 
-    def _authorized(self, request: HTTPRequest) -> bool:
-        if self._api_key is None:
-            return True
-        expected = f"Bearer {self._api_key}".encode()
-        return hmac.compare_digest(request.headers.get("authorization", "").encode(), expected)
+    def run(self) -> None:
+        """Serve in this thread until SIGINT or SIGTERM, printing the URL once ready."""
 
-    async def _handle(self, request: HTTPRequest, writer: ResponseWriter) -> None:
-        path = request.path.rstrip("/") or "/"
-        if path == "/health":
-            await self._health(request, writer)
-            return
-        route = self._routes.get(path)
-        if route is None:
-            await _send_error(
-                writer,
-                RequestError(404, f"unknown route {request.method} {request.path}", "not_found"),
-            )
-            return
-        method, handler = route
-        if request.method != method:
-            refusal = RequestError(405, f"use {method} for {path}", "method_not_allowed")
-            await _send_error(writer, refusal, {"allow": method})
-        elif not self._authorized(request):
-            refusal = RequestError(401, "invalid or missing API key", "invalid_api_key")
-            await _send_error(writer, refusal, {"www-authenticate": "Bearer"})
-        else:
-            await handler(request, writer)
+        def ready(url: str) -> None:
+            print(f"serving {self.model_name} at {url}/v1", flush=True)
 
-    async def _health(self, request: HTTPRequest, writer: ResponseWriter) -> None:
-        if request.method != "GET":
-            await _send_error(
-                writer, RequestError(405, "use GET for /health", "method_not_allowed")
-            )
-        elif self.backend.running:
+        serve(self.app, self.settings, resources=self.backend, on_ready=ready)
+
+    # ------------------------------------------------------------------ routes
+
+    async def _health(self, request: Request, writer: ResponseWriter) -> None:
+        if self.backend.running:
             await writer.send_json(200, {"status": "ok"})
         else:
             await writer.send_json(503, {"status": "stopped"})
 
-    async def _models(self, request: HTTPRequest, writer: ResponseWriter) -> None:
+    async def _models(self, request: Request, writer: ResponseWriter) -> None:
         model = {
             "id": self.model_name,
             "object": "model",
@@ -274,42 +299,55 @@ class LocalServer:
         }
         await writer.send_json(200, {"object": "list", "data": [model]})
 
-    async def _chat(self, request: HTTPRequest, writer: ResponseWriter) -> None:
-        headers = {"x-request-id": f"req_{secrets.token_hex(12)}"}
+    async def _chat(self, request: Request, writer: ResponseWriter) -> None:
+        writer.headers["x-request-id"] = f"req_{secrets.token_hex(12)}"
         try:
-            chat, stream = self._parse(request)
+            if len(request.body) > _THREAD_PARSE_BYTES:
+                chat, stream = await anyio.to_thread.run_sync(self._parse, request)
+            else:
+                chat, stream = self._parse(request)
         except RequestError as error:
-            await _send_error(writer, error, headers)
+            await _send_error(writer, error)
             return
         deadline = Deadline(_UNLIMITED)
         if not stream:
             try:
                 completion = await self.backend.complete(chat, deadline)
             except (ValueError, EngineError) as exc:
-                await _send_error(writer, _engine_error(exc), headers)
+                await _send_error(writer, _engine_error(exc))
                 return
-            await writer.send_json(200, _completion_json(completion), headers)
+            await writer.send_json(200, _completion_json(completion))
             return
         try:
             async with self.backend.stream(chat, deadline) as chunks:
-                await writer.start_stream(200, {**headers, "cache-control": "no-cache"})
+                await writer.start_stream(200, {"cache-control": "no-cache"})
                 async for chunk in chunks:
                     await writer.write(_chunk_bytes(chunk))
         except (ValueError, EngineError) as exc:
             failure = _engine_error(exc)
             if not writer.started:
-                await _send_error(writer, failure, headers)
+                await _send_error(writer, failure)
                 return
-            await writer.write(_event(error_body(500, redact(failure.message), code=failure.code)))
+            await writer.write(
+                sse_event(error_body(500, redact(failure.message), code=failure.code))
+            )
             return
-        await writer.write(_DONE)
+        await writer.write(SSE_DONE)
 
-    def _parse(self, request: HTTPRequest) -> tuple[ChatRequest, bool]:
+    def _parse(self, request: Request) -> tuple[ChatRequest, bool]:
         try:
-            body = json.loads(request.body)
+            body = request.json()
         except ValueError as exc:
             raise RequestError(400, f"the body is not valid JSON: {exc}", "invalid_json") from exc
         chat = parse_chat_body(body)
+        if chat.model not in self.served_model_names:
+            raise RequestError(
+                404,
+                f"The model {chat.model!r} does not exist: this server serves "
+                f"{self.model_name!r} (alias {DEFAULT_ALIAS!r}).",
+                "model_not_found",
+                "model",
+            )
         limit = self._max_tokens_limit
         asked = chat.max_new_tokens()
         if limit is not None and asked is not None and asked > limit:
@@ -328,14 +366,16 @@ class LocalServer:
         return chat, stream
 
 
-async def _send_error(
-    writer: ResponseWriter, error: RequestError, headers: dict[str, str] | None = None
-) -> None:
-    extra = dict(headers or {})
-    if error.status == 503:
-        extra["retry-after"] = _RETRY_AFTER
+async def _send_error(writer: ResponseWriter, error: RequestError) -> None:
+    extra = {"retry-after": _RETRY_AFTER} if error.status == 503 else None
+    kind = "invalid_request_error" if error.status == 404 else None
     await writer.send_error(
-        error.status, redact(error.message), code=error.code, param=error.param, headers=extra
+        error.status,
+        redact(error.message),
+        type=kind,
+        code=error.code,
+        param=error.param,
+        headers=extra,
     )
 
 
@@ -367,7 +407,38 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--kv-cache-mib", type=int, default=256, help="KV cache size in MiB")
     parser.add_argument("--dtype", help="float32, bfloat16 or float16 (default: the model's)")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--loop", choices=("asyncio", "trio"), default="asyncio")
+    parser.add_argument(
+        "--loop",
+        choices=("auto", "asyncio", "uvloop"),
+        default="auto",
+        help="event loop: auto uses uvloop when installed (uvicorn's choice)",
+    )
+    parser.add_argument(
+        "--limit-concurrency",
+        type=int,
+        help="answer 503 past this many open connections or running requests (default: none)",
+    )
+    parser.add_argument(
+        "--timeout-keep-alive",
+        type=float,
+        default=5.0,
+        help="seconds an idle kept-alive connection stays open (5)",
+    )
+    parser.add_argument(
+        "--timeout-request-head",
+        type=float,
+        default=10.0,
+        help="seconds a client has to send a complete request head (10)",
+    )
+    parser.add_argument(
+        "--timeout-write",
+        type=float,
+        default=60.0,
+        help="seconds a stream waits for a client that stopped reading, then drops it (60)",
+    )
+    parser.add_argument(
+        "--root-path", default="", help="path prefix stripped by a reverse proxy (e.g. /api)"
+    )
     return parser
 
 
@@ -395,24 +466,20 @@ def _build(args: argparse.Namespace) -> LocalServer:
         max_body_bytes=args.max_body_bytes,
         max_tokens_limit=args.max_tokens_limit,
         model_name=args.model_name,
+        limit_concurrency=args.limit_concurrency,
+        keepalive_timeout=args.timeout_keep_alive,
+        head_timeout=args.timeout_request_head,
+        write_timeout=args.timeout_write,
+        root_path=args.root_path,
+        loop=args.loop,
     )
-
-
-async def _serve(server: LocalServer) -> None:
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with server:
-            print(f"serving {server.model_name} at {server.base_url}", flush=True)
-            async for _ in signals:
-                break
-    print("stopped", flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the server until SIGINT or SIGTERM; returns the exit status."""
     args = _parser().parse_args(argv)
     try:
-        server = _build(args)
-        anyio.run(_serve, server, backend=args.loop)
+        _build(args).run()
     except ConfigurationError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -420,7 +487,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: cannot serve on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        return 0
+        pass
+    print("stopped", flush=True)
     return 0
 
 

@@ -19,6 +19,8 @@ Mapping:
 - the prefix-cache salt (which keeps tenants from sharing cached prompt blocks) is
   ``extra_body["cache_salt"]``, else ``user``. ``prompt_cache_key`` is a routing hint for
   hosted providers and is ignored here: one engine has one cache;
+- a prompt is rendered and tokenized in a worker thread, never on the event loop, and one
+  too long for ``max_model_len`` by its size alone is refused before it is tokenized;
 - ``n > 1`` and a non-empty ``logit_bias`` are refused; ``parallel_tool_calls``,
   ``metadata``, ``service_tier`` and ``reasoning_effort`` have no effect.
 """
@@ -30,6 +32,8 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+import anyio.to_thread
 
 from swiftclient.errors import ConfigurationError, EngineError
 from swiftclient.types import ChatCompletion, ChatCompletionChunk, ChatRequest
@@ -182,11 +186,31 @@ class ChatService:
         except ValueError as exc:
             raise ConfigurationError(f"invalid sampling parameters: {exc}") from exc
 
+    @property
+    def max_prompt_bytes(self) -> int:
+        """A prompt longer than this many UTF-8 bytes cannot fit ``max_model_len`` tokens."""
+        return self.max_model_len * self.tokenizer.max_token_bytes
+
     def prepare(self, request: ChatRequest) -> PreparedRequest:
-        """Render and encode the prompt, and map the sampling parameters and salt."""
+        """Render and encode the prompt, and map the sampling parameters and salt.
+
+        Blocking (rendering and tokenizing); :meth:`stream` and :meth:`complete` run it in a
+        worker thread. A prompt too long for the model by its size alone is refused before
+        it is rendered or tokenized.
+        """
         _check_supported(request)
         extra = _extra(request)
-        prompt = self.formatter.prepare(request)
+        limit = self.max_prompt_bytes
+        chars = sum(len(message.text()) for message in request.messages)
+        if chars > limit:  # characters never outnumber bytes
+            raise ConfigurationError(
+                f"the messages hold {chars} characters, more than this model's context "
+                f"(max_model_len {self.max_model_len} tokens) can hold ({limit} bytes at most)"
+            )
+        try:
+            prompt = self.formatter.prepare(request, max_bytes=limit)
+        except RecursionError as exc:
+            raise ConfigurationError("the request nests too deeply to render") from exc
         params = self._params(request, extra, len(prompt.token_ids))
         salt = extra.get("cache_salt") or request.user or None
         return PreparedRequest(prompt, params, salt)
@@ -202,13 +226,13 @@ class ChatService:
         Errors in the request, and :class:`~swiftclient.errors.OverloadedError`, surface on
         entry; leaving the block aborts the engine request (its KV blocks are freed).
         """
-        prepared = self.prepare(request)
+        prepared = await anyio.to_thread.run_sync(self.prepare, request)
         async with _add(source, prepared) as outputs:
             yield _ChunkIterator(self, outputs, request.model, prepared, include_usage)
 
     async def complete(self, source: OutputSource, request: ChatRequest) -> ChatCompletion:
         """Run ``request`` on ``source`` to the end and return the whole completion."""
-        prepared = self.prepare(request)
+        prepared = await anyio.to_thread.run_sync(self.prepare, request)
         texts: list[str] = []
         logprobs: list[dict[str, Any]] | None = [] if prepared.params.logprobs else None
         async with _add(source, prepared) as outputs:

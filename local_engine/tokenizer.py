@@ -12,6 +12,7 @@ incomplete UTF-8 sequence (byte-level BPE may split one character over several t
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,9 @@ def _load_chat_template(path: Path, config: Mapping[str, Any]) -> str | dict[str
             named[entry["name"]] = entry["template"]
         return named
     raise ConfigurationError("tokenizer_config.json chat_template must be a string or a list")
+
+
+_GIL_FREE_CHARS = 16_384
 
 
 class Tokenizer:
@@ -166,8 +170,26 @@ class Tokenizer:
 
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         """Token ids for ``text``; ``add_special_tokens`` applies the post-processor (e.g. BOS)."""
+        if len(text) > _GIL_FREE_CHARS:
+            # encode_batch releases the GIL while it works; encode holds it throughout, which
+            # would freeze every other thread (a server's event loop) on a long text.
+            batch = self._backend.encode_batch([text], add_special_tokens=add_special_tokens)
+            return list(batch[0].ids)
         ids = self._backend.encode(text, add_special_tokens=add_special_tokens).ids
         return list(ids)
+
+    @functools.cached_property
+    def max_token_bytes(self) -> int:
+        """An upper bound on the UTF-8 bytes of text one token stands for.
+
+        The longest vocabulary entry in UTF-8 (byte-level and SentencePiece vocabularies
+        spell each input byte with at least one byte), times 4 for normalizers that fold
+        several input characters into one. A text of more than ``n * max_token_bytes``
+        bytes needs more than ``n`` tokens.
+        """
+        vocab = self._backend.get_vocab(with_added_tokens=True)
+        longest = max((len(token.encode("utf-8", "replace")) for token in vocab), default=1)
+        return 4 * max(1, longest)
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         """Text for ``ids``; special tokens are dropped unless ``skip_special_tokens`` is False."""

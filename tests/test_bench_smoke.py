@@ -22,3 +22,17 @@ def test_client_overhead_quick_run_prints_its_tables() -> None:
     for peer in ("swiftclient", "openai", "raw httpx", "raw aiohttp"):
         assert peer in text
     assert "µs/chunk" in text and "vs aiohttp" in text
+
+
+def test_server_overhead_quick_run_compares_two_trees() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "server_overhead.py"), "--before", str(ROOT)]
+        + ["--quick"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=True,
+        cwd=ROOT,
+    )
+    for row in ("| fake ", "| local ", "before", "after", "CPU µs/token"):
+        assert row in out.stdout

@@ -114,17 +114,6 @@ async def _bench(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
-def _serve(args: argparse.Namespace) -> int:
-    from .providers import local_server
-
-    serve_main = local_server()
-
-    argv = [args.model_dir or "", "--host", args.host, "--port", str(args.port)]
-    if args.api_key:
-        argv += ["--api-key", args.api_key]
-    return serve_main(argv)
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="swiftclient", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -141,20 +130,29 @@ def _parser() -> argparse.ArgumentParser:
         if name == "bench":
             p.add_argument("--requests", type=int, default=16)
             p.add_argument("--concurrency", type=int, default=4)
-    s = sub.add_parser("serve", help="serve a local model over an OpenAI-compatible API")
-    s.add_argument("model_dir", nargs="?", help="HF model directory (default: embedded model)")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--api-key")
+    sub.add_parser(
+        "serve",
+        help="serve a local model over an OpenAI-compatible API "
+        "(the options of python -m local_engine.server; see `swiftclient serve --help`)",
+        add_help=False,
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["serve"]:  # the server parses its own options: the same flags either way
+        from .providers import local_server
+
+        try:
+            serve_main = local_server()
+        except SwiftClientError as exc:
+            print(f"swiftclient: {exc}", file=sys.stderr)
+            return 2
+        return serve_main(argv[1:])
     args = _parser().parse_args(argv)
     try:
-        if args.command == "serve":
-            return _serve(args)
         runner = _chat if args.command == "chat" else _bench
         return anyio.run(runner, args)
     except SwiftClientError as exc:

@@ -371,3 +371,12 @@ async def test_official_openai_client_streams_from_the_fake(anyio_backend: str) 
     assert usage is not None and usage.completion_tokens == 5
     assert whole.choices[0].message.content == "Hello from the fake provider"
     assert fake.requests[0].headers["authorization"] == "Bearer test"
+
+
+async def test_the_fake_can_be_entered_again_after_it_stopped() -> None:
+    fake = FakeProvider(Reply(tokens=2))
+    for _ in range(2):
+        async with fake, httpx.AsyncClient(base_url=fake.base_url) as client:
+            raw = await stream_raw(client)
+        assert "".join(c.text for c in chunks_of(raw)) == "tok0 tok1"
+    assert len(fake.requests) == 2

@@ -57,6 +57,7 @@ class Target:
     backend: Backend
     fake: FakeProvider | None = None
     local: LocalBackend | None = None
+    server: LocalServer | None = None  # serves the engine on its own loop and thread
     engine: CountingEngine | None = None
 
     def expect_long_reply(self) -> dict[str, Any]:
@@ -76,6 +77,8 @@ class Target:
         with anyio.fail_after(RELEASE_LIMIT):
             if self.fake is not None:
                 await self.fake.wait_until_idle()
+            if self.server is not None:
+                await self.server.wait_idle()
             if self.local is not None and self.local.async_engine is not None:
                 await self.local.async_engine.wait_idle()
         if isinstance(self.backend, HTTPBackend):
@@ -101,10 +104,10 @@ async def target(
         elif kind == "local_http":
             engine = tiny_model.engine()
             served = LocalBackend.from_engine(engine, default_max_tokens=64)
-            server = await stack.enter_async_context(LocalServer(served, port=0))
+            server = await stack.enter_async_context(LocalServer(served, port=0, model_name=MODEL))
             http = HTTPBackend(server.base_url, name="localhttp")
             client = AsyncClient(http, model=MODEL)
-            found = Target(kind, client, http, local=served, engine=engine)
+            found = Target(kind, client, http, server=server, engine=engine)
         else:
             engine = tiny_model.engine()
             local = LocalBackend.from_engine(engine, default_max_tokens=64)

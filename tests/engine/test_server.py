@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -78,10 +79,8 @@ class Served:
 
     async def settle(self) -> None:
         """Wait until the engine has no live request; check that every block is free."""
-        async_engine = self.server.backend.async_engine
-        assert async_engine is not None
         with anyio.fail_after(LIMIT):
-            await async_engine.wait_idle()
+            await self.server.wait_idle()
         assert not self.engine.has_unfinished()
         assert self.engine.num_free_blocks() == self.engine.num_blocks
 
@@ -146,7 +145,8 @@ async def test_streaming_without_include_usage_sends_no_usage(served: Served) ->
 
 
 async def test_raw_stream_is_server_sent_events_ending_in_done(served: Served) -> None:
-    body = {"model": "m", "messages": HI, "max_tokens": 3, "stream": True, "ignore_eos": True}
+    body = {"model": "tiny-test", "messages": HI, "max_tokens": 3, "stream": True}
+    body["ignore_eos"] = True
     async with served.http.stream("POST", "/v1/chat/completions", json=body) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
@@ -318,33 +318,40 @@ async def test_max_tokens_over_the_limit_is_400(tiny: TinyModel, anyio_backend: 
         assert ok.choices[0].finish_reason in ("stop", "length")
 
 
+_HI = b'{"model": "tiny-test", "messages": [{"role": "user", "content": "hi"}], '
+
+
 @pytest.mark.parametrize(
     ("body", "code", "fragment"),
     [
         (b"{not json", "invalid_json", "not valid JSON"),
         (b"[1, 2]", "invalid_request", "JSON object"),
         (b"{}", "invalid_request", "model"),
-        (b'{"model": "m", "messages": "hi"}', "invalid_request", "messages"),
-        (b'{"model": "m", "messages": []}', "invalid_request", "at least one"),
-        (b'{"model": "m", "messages": [{"role": "robot"}]}', "invalid_request", "role"),
-        (b'{"model": "m", "messages": [{"role": "user"}]}', "invalid_request", "needs content"),
+        (b'{"model": "tiny-test", "messages": "hi"}', "invalid_request", "messages"),
+        (b'{"model": "tiny-test", "messages": []}', "invalid_request", "at least one"),
+        (b'{"model": "tiny-test", "messages": [{"role": "robot"}]}', "invalid_request", "role"),
         (
-            b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "bogus": 1}',
+            b'{"model": "tiny-test", "messages": [{"role": "user"}]}',
+            "invalid_request",
+            "needs content",
+        ),
+        (
+            _HI + b'"bogus": 1}',
             "unsupported_parameter",
             "bogus",
         ),
         (
-            b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 2}',
+            _HI + b'"n": 2}',
             "invalid_request",
             "n=2",
         ),
         (
-            b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "top_k": "x"}',
+            _HI + b'"top_k": "x"}',
             "invalid_request",
             "top_k",
         ),
         (
-            b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 9}',
+            _HI + b'"temperature": 9}',
             "invalid_request",
             "temperature",
         ),
@@ -451,3 +458,160 @@ def test_main_serves_the_default_model_until_interrupted(
         assert http.post("/chat/completions", json=body).status_code == 200
     server_process.send_signal(signal.SIGINT)
     assert server_process.wait(timeout=LIMIT) == 0
+
+
+# ---------------------------------------------------------------------- hardening (issue 7)
+
+
+async def test_unknown_model_is_404_and_default_is_an_alias(served: Served) -> None:
+    for stream in (False, True):
+        body = {"model": "no-such-model", "messages": HI, "max_tokens": 2, "stream": stream}
+        response = await served.http.post("/v1/chat/completions", json=body)
+        assert response.status_code == 404
+        error = response.json()["error"]
+        assert error["code"] == "model_not_found" and error["param"] == "model"
+        assert error["type"] == "invalid_request_error"
+        assert "no-such-model" in error["message"] and "tiny-test" in error["message"]
+    with pytest.raises(openai.NotFoundError):
+        await served.oa.chat.completions.create(model="no-such-model", messages=HI)
+    alias = await served.oa.chat.completions.create(model="default", messages=HI, max_tokens=2)
+    assert alias.choices[0].message.role == "assistant"
+    assert [m.id for m in (await served.oa.models.list()).data] == ["tiny-test"]
+    assert served.server.served_model_names == ("tiny-test", "default")
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        (b'{"model": "tiny-test", "messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "JSON"),
+        (
+            b'{"model": "tiny-test", "messages": [{"role": "user", "content": "a\\ud800b"}]}',
+            "Unicode",
+        ),
+        (
+            b'{"model": "tiny-test", "messages": [{"role": "user", "content": "hi"}],'
+            b' "tools": [{"type": "function", "function": {"name": "f", "parameters":'
+            b' {"x": "\\udfff"}}}]}',
+            "Unicode",
+        ),
+    ],
+    ids=["deeply-nested", "lone-surrogate", "surrogate-in-tools"],
+)
+async def test_nesting_and_lone_surrogates_are_400_not_500(
+    tiny: TinyModel, anyio_backend: str, body: bytes, fragment: str
+) -> None:
+    async with serve(tiny.engine(), max_body_bytes=1 << 20) as running:
+        for stream in (b"false", b"true"):
+            sent = body[:-1] + b', "stream": ' + stream + b"}" if fragment != "JSON" else body
+            response = await running.http.post(
+                "/v1/chat/completions", content=sent, headers={"content-type": "application/json"}
+            )
+            assert response.status_code == 400, response.text
+            error = response.json()["error"]
+            assert error["type"] == "invalid_request_error" and fragment in error["message"]
+        assert (await running.http.get("/health")).status_code == 200
+        await running.settle()
+
+
+async def test_health_answers_while_a_huge_prompt_is_being_tokenized(
+    tiny: TinyModel, anyio_backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tokenizing runs off the event loop: with the tokenizer stuck on a long prompt, the
+    same server still answers /health (before the fix, the loop itself was stuck)."""
+    engine = tiny.engine()
+    tokenizer = engine.tokenizer
+    assert tokenizer is not None
+    original = tokenizer.encode
+    entered = threading.Event()
+    release = threading.Event()
+
+    def slow_encode(text: str, *, add_special_tokens: bool = False) -> list[int]:
+        if len(text) > 10_000:
+            entered.set()
+            release.wait(LIMIT)
+        return original(text, add_special_tokens=add_special_tokens)
+
+    monkeypatch.setattr(tokenizer, "encode", slow_encode)
+    async with serve(engine, max_body_bytes=1 << 20) as running:
+        huge = {"model": "tiny-test", "messages": [{"role": "user", "content": "x " * 20_000}]}
+        statuses: list[int] = []
+
+        async def post_huge() -> None:
+            response = await running.http.post("/v1/chat/completions", json=huge, timeout=LIMIT)
+            statuses.append(response.status_code)
+
+        try:
+            async with anyio.create_task_group() as task_group:
+                task_group.start_soon(post_huge)
+                assert await anyio.to_thread.run_sync(entered.wait, LIMIT)
+                with anyio.fail_after(LIMIT):
+                    health = await running.http.get("/health")
+                assert health.status_code == 200
+                release.set()
+        finally:
+            release.set()
+        assert statuses and statuses[0] in (200, 400)
+        await running.settle()
+
+
+async def test_a_prompt_too_long_by_size_is_refused_before_tokenizing(
+    tiny: TinyModel, anyio_backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = tiny.engine(max_model_len=256)
+    tokenizer = engine.tokenizer
+    assert tokenizer is not None
+    original = tokenizer.encode
+    encoded: list[int] = []
+
+    def spy(text: str, *, add_special_tokens: bool = False) -> list[int]:
+        encoded.append(len(text))
+        return original(text, add_special_tokens=add_special_tokens)
+
+    monkeypatch.setattr(tokenizer, "encode", spy)
+    limit = 256 * tokenizer.max_token_bytes
+    async with serve(engine, max_body_bytes=4 << 20) as running:
+        for content in ("word " * (limit // 5 + 10), "é" * (limit // 2 + 10)):
+            body = {"model": "tiny-test", "messages": [{"role": "user", "content": content}]}
+            response = await running.http.post("/v1/chat/completions", json=body)
+            assert response.status_code == 400
+            assert "max_model_len" in response.json()["error"]["message"]
+        assert all(size < limit for size in encoded)  # never tokenized
+        # Just under the size bound it is tokenized, and refused by its token count.
+        body = {"model": "tiny-test", "messages": [{"role": "user", "content": "word " * 400}]}
+        response = await running.http.post("/v1/chat/completions", json=body)
+        assert response.status_code == 400 and "max_model_len" in response.text
+        assert encoded
+
+
+async def test_bearer_scheme_is_case_insensitive(served: Served) -> None:
+    for header in (f"bearer {KEY}", f"BEARER {KEY}", f"Bearer  {KEY}"):
+        response = await served.http.get("/v1/models", headers={"authorization": header})
+        assert response.status_code == 200, header
+    assert (await served.http.get("/v1/models", headers={"authorization": KEY})).status_code == 401
+
+
+def test_command_line_exposes_the_uvicorn_knobs() -> None:
+    from local_engine.server import _build, _parser
+
+    args = _parser().parse_args(
+        ["", "--port", "0", "--limit-concurrency", "8", "--timeout-keep-alive", "2.5"]
+        + ["--timeout-request-head", "3", "--root-path", "/api", "--loop", "asyncio"]
+        + ["--timeout-write", "7"]
+    )
+    server = _build(args)
+    assert server.app.write_timeout == 7
+    settings = server.settings
+    assert settings.limit_concurrency == 8 and settings.keepalive_timeout == 2.5
+    assert settings.head_timeout == 3 and settings.root_path == "/api"
+    assert settings.loop == "asyncio"
+
+
+def test_swiftclient_serve_takes_the_same_options(capsys: pytest.CaptureFixture[str]) -> None:
+    from swiftclient.cli import main as cli_main
+
+    with pytest.raises(SystemExit) as exited:
+        cli_main(["serve", "--help"])
+    assert exited.value.code == 0
+    usage = capsys.readouterr().out
+    for flag in ("--limit-concurrency", "--timeout-keep-alive", "--root-path", "--api-key"):
+        assert flag in usage

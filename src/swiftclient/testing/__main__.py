@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
 
-import anyio
-
+from ..asgi import serve
+from ..errors import ConfigurationError
 from ._fake import FakeProvider
 from ._reply import Reply
 
@@ -25,7 +26,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--chunk-size", type=int, default=1, help="tokens per chunk")
     parser.add_argument("--model", default="fake-model", help="model id served at /v1/models")
     parser.add_argument("--api-key", default=None, help="require this bearer token")
-    parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
+    parser.add_argument(
+        "--loop", choices=("auto", "asyncio", "uvloop"), default="auto", help="event loop"
+    )
     return parser
 
 
@@ -42,17 +45,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    fake = FakeProvider(
-        default, api_key=args.api_key, model=args.model, host=args.host, port=args.port
-    )
+    try:
+        fake = FakeProvider(
+            default, api_key=args.api_key, model=args.model, host=args.host, port=args.port
+        )
+    except ConfigurationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
-    async def serve() -> None:
-        async with anyio.create_task_group() as task_group:
-            url = await task_group.start(fake.serve_forever)
-            print(f"fake provider serving on {url}", flush=True)
+    def ready(url: str) -> None:
+        print(f"fake provider serving on {url}/v1", flush=True)
 
     try:
-        anyio.run(serve, backend=args.backend)
+        settings = dataclasses.replace(fake.settings, loop=args.loop)
+        serve(fake.app, settings, on_ready=ready, log_level="warning")
+    except ConfigurationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         pass
     return 0

@@ -13,12 +13,12 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .._httpserver import error_body
+from ..asgi import SSE_DONE, error_body, sse_event
 from ._reply import Reply
 
 __all__ = [
-    "DONE",
     "MALFORMED",
+    "SSE_DONE",
     "ChunkRenderer",
     "Plan",
     "PlannedToolCall",
@@ -28,7 +28,6 @@ __all__ = [
     "split_words",
 ]
 
-DONE = b"data: [DONE]\n\n"
 MALFORMED = b'data: {"id": "chatcmpl-broken", "choices": [{"delta": \n\n'
 _WORD = re.compile(r"\s*\S+")
 _ARGUMENT_PIECE = 8  # characters of tool-call arguments per delta
@@ -227,4 +226,4 @@ class ChunkRenderer:
 
 def error_event(message: str, *, type: str = "server_error", code: str | None = None) -> bytes:
     """An in-band error event: ``data: {"error": {...}}``."""
-    return ("data: " + _dumps(error_body(500, message, type=type, code=code)) + "\n\n").encode()
+    return sse_event(error_body(500, message, type=type, code=code))

@@ -1,11 +1,15 @@
-"""``FakeProvider``: a real loopback OpenAI-compatible provider, scripted per request."""
+"""``FakeProvider``: a real loopback OpenAI-compatible provider, scripted per request.
+
+It is an :class:`~swiftclient.asgi.App` served by uvicorn on its own event loop in a
+background thread (:class:`~swiftclient.asgi.ThreadedServer`), so tests on asyncio, on trio
+or in plain synchronous code drive the very same server.
+"""
 
 from __future__ import annotations
 
-import hmac
 from collections import deque
-from collections.abc import Mapping
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -13,16 +17,10 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from .._httpserver import (
-    HTTPRequest,
-    HTTPServer,
-    ResponseWriter,
-    error_body,
-    serve_in_thread,
-)
+from ..asgi import App, Request, ResponseWriter, Router, ServerSettings, ThreadedServer, error_body
 from ._events import (
-    DONE,
     MALFORMED,
+    SSE_DONE,
     ChunkRenderer,
     Plan,
     completion_body,
@@ -59,6 +57,9 @@ class FakeProvider:
     queue is empty. Every request is recorded in ``fake.requests`` and every response carries
     an ``x-request-id``. With ``api_key`` set, requests need ``Authorization: Bearer <key>``.
     Replies are deterministic: fixed ids, timestamp and token text.
+
+    The server runs on its own event loop in a background thread, whatever loop the caller
+    runs (asyncio, trio, or none: :meth:`run_in_thread`).
     """
 
     def __init__(
@@ -81,7 +82,20 @@ class FakeProvider:
         self.model = model
         self._api_key = api_key
         self._queue: deque[Reply] = deque()
-        self._server = HTTPServer(self._handle, host=host, port=port)
+        router = Router(
+            {
+                "/v1/chat/completions": ("POST", self._chat),
+                "/v1/models": ("GET", self._models),
+            },
+            api_key=api_key,
+        )
+        self._router = router
+        self._app = App(self._handle)
+        # Kept-alive connections outlive any client pool's idle expiry, so a test never
+        # races the server closing a pooled connection.
+        self.settings = ServerSettings(host=host, port=port, keepalive_timeout=75.0)
+        """Where and how the fake is served."""
+        self._server = ThreadedServer(self._app, self.settings)
         self._seq = 0
         self._idle: anyio.Event | None = None
 
@@ -101,6 +115,11 @@ class FakeProvider:
         return len(self._queue)
 
     @property
+    def app(self) -> App:
+        """The ASGI application (to serve it some other way)."""
+        return self._app
+
+    @property
     def base_url(self) -> str:
         """The OpenAI-style base URL, ``http://127.0.0.1:PORT/v1``."""
         return self._server.base_url + "/v1"
@@ -113,22 +132,25 @@ class FakeProvider:
     @property
     def connections_opened(self) -> int:
         """TCP connections accepted so far (for connection-pooling tests)."""
-        return self._server.connections_opened
+        return self._app.connections.opened
 
     @property
     def open_connections(self) -> int:
         """TCP connections open right now."""
-        return self._server.open_connections
+        return self._app.connections.open
 
     async def wait_until_idle(self) -> None:
         """Wait until no chat request is being answered."""
+        await self._server.acall(self._wait_idle)
+
+    async def _wait_idle(self) -> None:
         while self.in_flight:
             if self._idle is None:
                 self._idle = anyio.Event()
             await self._idle.wait()
 
     async def __aenter__(self) -> FakeProvider:
-        await self._server.__aenter__()
+        await self._server.astart()
         return self
 
     async def __aexit__(
@@ -136,8 +158,8 @@ class FakeProvider:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> bool | None:
-        return await self._server.__aexit__(exc_type, exc, tb)
+    ) -> None:
+        await self._server.astop()
 
     async def serve_forever(
         self, *, task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED
@@ -147,15 +169,19 @@ class FakeProvider:
             task_status.started(self.base_url)
             await anyio.sleep_forever()
 
-    def run_in_thread(self, *, backend: str = "asyncio") -> AbstractContextManager[FakeProvider]:
-        """Serve from a background thread: ``with FakeProvider().run_in_thread() as fake:``."""
-        return serve_in_thread(self, backend=backend)
+    @contextmanager
+    def run_in_thread(self) -> Iterator[FakeProvider]:
+        """Serve from synchronous code: ``with FakeProvider().run_in_thread() as fake:``."""
+        self._server.start()
+        try:
+            yield self
+        finally:
+            self._server.stop()
 
     # ------------------------------------------------------------------ request handling
 
-    async def _handle(self, request: HTTPRequest, writer: ResponseWriter) -> None:
+    async def _handle(self, request: Request, writer: ResponseWriter) -> None:
         self._seq += 1
-        seq = self._seq
         try:
             body = request.json() if request.body else None
         except ValueError:
@@ -165,39 +191,24 @@ class FakeProvider:
                 request.method, request.path, request.query, request.headers, body, request.body
             )
         )
-        headers = {"x-request-id": f"req_fake_{seq:06d}"}
-        if self._api_key is not None and not self._authorized(request.headers):
-            await writer.send_error(
-                401, "Incorrect API key provided.", code="invalid_api_key", headers=headers
-            )
-        elif request.path == "/v1/chat/completions":
-            if request.method != "POST":
-                await writer.send_error(
-                    405, "Use POST.", code="method_not_allowed", headers=headers
-                )
-            elif not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-                await writer.send_error(
-                    400, "The body must be a JSON object with messages.", headers=headers
-                )
-            else:
-                await self._chat(body, writer, headers, seq)
-        elif request.path == "/v1/models" and request.method == "GET":
-            model = {"id": self.model, "object": "model", "created": _CREATED, "owned_by": "fake"}
-            await writer.send_json(200, {"object": "list", "data": [model]}, headers)
-        else:
-            await writer.send_error(
-                404, f"Unknown request URL: {request.method} {request.path}.", headers=headers
-            )
+        writer.headers["x-request-id"] = f"req_fake_{self._seq:06d}"
+        await self._router(request, writer)
 
-    def _authorized(self, headers: Mapping[str, str]) -> bool:
-        expected = f"Bearer {self._api_key}".encode()
-        return hmac.compare_digest(headers.get("authorization", "").encode(), expected)
+    async def _models(self, request: Request, writer: ResponseWriter) -> None:
+        model = {"id": self.model, "object": "model", "created": _CREATED, "owned_by": "fake"}
+        await writer.send_json(200, {"object": "list", "data": [model]})
 
-    async def _chat(
-        self, body: dict[str, Any], writer: ResponseWriter, headers: dict[str, str], seq: int
-    ) -> None:
+    async def _chat(self, request: Request, writer: ResponseWriter) -> None:
+        try:
+            body = request.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            await writer.send_error(400, "The body must be a JSON object with messages.")
+            return
+        seq = self._seq
         reply = self._queue.popleft() if self._queue else self.default
-        headers.update(reply.response_headers())
+        headers = reply.response_headers()
         self.in_flight += 1
         try:
             if reply.is_error:
@@ -300,7 +311,7 @@ async def _stream(
     pending.append(renderer.finish(plan.finish_reason))
     if renderer.include_usage:
         pending.append(renderer.usage(plan.usage))
-    pending.append(DONE)
+    pending.append(SSE_DONE)
     await _flush(writer, pending)
     await writer.end()
 
