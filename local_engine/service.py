@@ -135,15 +135,6 @@ class ChatService:
 
     # ------------------------------------------------------------------ request mapping
 
-    def sampling_params(self, request: ChatRequest, prompt_tokens: int) -> SamplingParams:
-        """The sampling parameters for ``request`` with a prompt of ``prompt_tokens``.
-
-        Raises ConfigurationError for unsupported or invalid values, and when the prompt
-        plus the completion limit does not fit ``max_model_len``.
-        """
-        _check_supported(request)
-        return self._params(request, _extra(request), prompt_tokens)
-
     def _params(
         self, request: ChatRequest, extra: dict[str, Any], prompt_tokens: int
     ) -> SamplingParams:
