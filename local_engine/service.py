@@ -234,7 +234,11 @@ class ChatService:
 
     def _token_entry(self, token_id: int, logprob: float) -> dict[str, Any]:
         text = self.tokenizer.decode([token_id], skip_special_tokens=False)
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+        return {
+            "token": text,
+            "logprob": logprob,
+            "bytes": list(self.tokenizer.token_bytes(token_id)),
+        }
 
 
 @asynccontextmanager
