@@ -367,6 +367,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--kv-cache-mib", type=int, default=256, help="KV cache size in MiB")
     parser.add_argument("--dtype", help="float32, bfloat16 or float16 (default: the model's)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's count)")
     parser.add_argument("--loop", choices=("asyncio", "trio"), default="asyncio")
     return parser
 
@@ -381,6 +382,7 @@ def _build(args: argparse.Namespace) -> LocalServer:
         max_waiting=args.max_waiting,
         dtype=args.dtype,
         device=args.device,
+        num_threads=args.threads,
     )
     backend = LocalBackend(
         args.model_dir or None,
