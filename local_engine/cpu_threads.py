@@ -12,13 +12,13 @@ The OpenMP runtime reads its wait settings once, when it is loaded, which is whe
 imported. So ``import local_engine`` (every engine entry point imports this package before
 torch) calls :func:`apply_openmp_defaults`, which sets ``OMP_WAIT_POLICY=PASSIVE``
 (:data:`DEFAULTS`): a thread with no work sleeps at once, so it yields the core to other work,
-and the scheduler wakes it promptly when the next parallel operation starts. The default is
-only set when the process environment has neither ``OMP_WAIT_POLICY`` nor ``GOMP_SPINCOUNT``
-(the user's setting always wins: ``GOMP_SPINCOUNT=300000`` restores GNU OpenMP's own default,
-``OMP_WAIT_POLICY=ACTIVE`` spins without end), and only while no OpenMP runtime is loaded
-yet. When torch (or
-anything else bringing GNU OpenMP) was imported first, it is too late: nothing is changed,
-:func:`openmp_setup` says so, and the engine logs it once when it starts on CPU.
+and is woken when the next parallel operation starts. The default is only set when the
+process environment has neither ``OMP_WAIT_POLICY`` nor ``GOMP_SPINCOUNT`` (the user's setting
+always wins: ``GOMP_SPINCOUNT=300000`` restores GNU OpenMP's own default,
+``OMP_WAIT_POLICY=ACTIVE`` spins without end), and only while no OpenMP runtime is loaded yet.
+When torch (or anything else bringing GNU OpenMP) was imported first, it is too late: nothing
+is changed, :func:`openmp_setup` says so, and the engine logs it once when it starts on CPU.
+The variable, like any, holds for the whole process and the processes it starts.
 
 The number of threads is a separate, run-time setting: ``EngineConfig(num_threads=...)``.
 """
@@ -28,8 +28,10 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 __all__ = [
     "DEFAULTS",
@@ -47,7 +49,7 @@ logger = logging.getLogger("local_engine")
 
 WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
 SPIN_COUNT_ENV = "GOMP_SPINCOUNT"
-DEFAULTS = {WAIT_POLICY_ENV: "PASSIVE"}
+DEFAULTS: Mapping[str, str] = MappingProxyType({WAIT_POLICY_ENV: "PASSIVE"})
 """What :func:`apply_openmp_defaults` puts in the environment. The measurement behind the
 choice (against GNU OpenMP's default and shorter spins) is in docs/local-engine.md, "CPU
 threads on a shared machine"."""
