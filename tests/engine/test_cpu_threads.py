@@ -84,7 +84,12 @@ def test_torch_loaded_first_is_logged_once(torch_first: bool) -> None:
         "log_openmp_setup(); log_openmp_setup()\n"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], env=_clean_env(), capture_output=True, text=True, check=True
+        [sys.executable, "-c", code],
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
     )
     expected = 1 if torch_first else 0
     assert out.stderr.count("torch was imported before local_engine") == expected
