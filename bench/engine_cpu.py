@@ -5,6 +5,7 @@ Run from the repository root::
     .venv/bin/python bench/engine_cpu.py            # full run, 6-12 minutes (load-dependent)
     .venv/bin/python bench/engine_cpu.py --quick    # smoke run, under a minute
     .venv/bin/python bench/engine_cpu.py --profile  # + cProfile of the engine workloads
+    .venv/bin/python bench/engine_cpu.py --only contention   # workload 4 alone, 1-3 minutes
 
 Both peers run the embedded ``swift-50m`` model (random weights, Qwen3 architecture, about
 52M parameters) in float32 with the same number of torch threads, decode greedily and
@@ -31,6 +32,11 @@ Workloads and goals (PASS/FAIL printed beside each):
    ``enable_prefix_caching=False`` and against transformers (prefill, one new token).
    Each round uses a fresh 24-token suffix, so only the shared prefix can hit.
    Goal: >= 5x lower TTFT on a hit than without the cache.
+4. Batch-1 decode (workload 1's shape) while one other CPU-bound process runs (a pure-Python
+   spin loop the script starts and stops, bounded in time), against the same engine with the
+   machine to itself, in alternating rounds. Goal: >= 0.6x of the idle rate. The engine only:
+   it measures how the engine's threads share a CPU (local_engine/cpu_threads.py); the
+   OpenMP wait settings in force are printed above the table.
 
 Every round builds fresh random prompts (same lengths) and runs all peers on them back to
 back, who goes first rotating; a warm-up round precedes the timed ones. So the engine's prefix
@@ -40,6 +46,10 @@ per-round ratios: on a shared machine load only ever adds time.
 """
 
 from __future__ import annotations
+
+# local_engine before torch: importing it sets the engine's OpenMP wait default, which the
+# OpenMP runtime reads once, when torch loads it (local_engine/cpu_threads.py).
+import local_engine  # noqa: F401  # isort: skip
 
 import argparse
 import cProfile
@@ -59,11 +69,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 import transformers
+from _contention import busy_process
 from _util import markdown_table, ratio, verdict
 from transformers import AutoModelForCausalLM
 from transformers.generation.streamers import BaseStreamer
 
 from local_engine.attention import build_attention_metadata
+from local_engine.cpu_threads import SPIN_COUNT_ENV, WAIT_POLICY_ENV, openmp_setup
 from local_engine.default_model import ensure_default_model
 from local_engine.engine import Engine, EngineConfig, SamplingParams
 from local_engine.runner import RunnerOutput
@@ -73,6 +85,10 @@ MODEL_NAME = "swift-50m"
 DECODE_GOAL = 1.0
 BATCH_GOAL = 3.0
 PREFIX_GOAL = 5.0
+CONTENTION_GOAL = 0.6
+BUSY_LIMIT_S = 300.0
+"""The competing process exits by itself after this long, whatever happens to the script."""
+WORKLOADS = ("decode", "batch", "prefix", "contention")
 
 
 @dataclass(frozen=True)
@@ -464,13 +480,22 @@ class Setup:
 
     engine: EnginePeer
     engine_no_cache: EnginePeer
-    hf: TransformersPeer
+    hf: TransformersPeer | None
+    """None when no chosen workload compares with transformers."""
     token_high: int
     """Prompts draw token ids below this (below every special token)."""
 
+    @property
+    def transformers(self) -> TransformersPeer:
+        """The transformers peer (RuntimeError when it was not loaded)."""
+        if self.hf is None:
+            raise RuntimeError("transformers was not loaded for this run")
+        return self.hf
 
-def build(path: Path, s: Settings) -> Setup:
-    """Load both peers from ``path``; size each engine's KV cache for its workloads."""
+
+def build(path: Path, s: Settings, *, with_transformers: bool = True) -> Setup:
+    """Load both peers from ``path`` (transformers only when asked); size each engine's KV
+    cache for its workloads."""
     longest = max(
         s.decode_prompt + s.decode_new,
         s.batch_requests * (s.batch_max_prompt + max(s.batch_new, s.batch_max_new)),
@@ -489,14 +514,17 @@ def build(path: Path, s: Settings) -> Setup:
         ),
         engine.tokenizer,
     )
-    hf: Any = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    hf.eval()
+    hf_peer: TransformersPeer | None = None
     specials = set(engine.eos_token_ids)
     bos = engine.model.config.bos_token_id
     if bos is not None:
         specials.add(bos)
     high = min(specials, default=engine.model.config.vocab_size)
-    return Setup(EnginePeer(engine), EnginePeer(no_cache), TransformersPeer(hf, high), high)
+    if with_transformers:
+        hf: Any = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        hf.eval()
+        hf_peer = TransformersPeer(hf, high)
+    return Setup(EnginePeer(engine), EnginePeer(no_cache), hf_peer, high)
 
 
 def _blocks_for(tokens: int) -> int:
@@ -542,7 +570,10 @@ def bench_decode(setup: Setup, s: Settings) -> tuple[list[Row], bool, int]:
     eng, hf = _rounds(
         s.reps,
         make,
-        [lambda p: setup.engine.run(p, s.decode_new), lambda p: setup.hf.run(p, s.decode_new)],
+        [
+            lambda p: setup.engine.run(p, s.decode_new),
+            lambda p: setup.transformers.run(p, s.decode_new),
+        ],
     )
     match = all(e.tokens == h.tokens for e, h in zip(eng, hf, strict=True))
     shape = f"{s.decode_prompt}-token prompt, {s.decode_new} new"
@@ -578,7 +609,7 @@ def bench_batch_mixed(setup: Setup, s: Settings) -> tuple[list[Row], str, int]:
     eng, hf = _rounds(
         s.batch_reps,
         make,
-        [lambda p: setup.engine.run(p, targets), lambda p: setup.hf.run(p, targets)],
+        [lambda p: setup.engine.run(p, targets), lambda p: setup.transformers.run(p, targets)],
     )
     shape = (
         f"{s.batch_requests} requests, {s.batch_min_prompt}-{s.batch_max_prompt}-token "
@@ -608,7 +639,10 @@ def bench_batch(setup: Setup, s: Settings) -> tuple[list[Row], list[str], int]:
     eng, hf = _rounds(
         s.batch_reps,
         make,
-        [lambda p: setup.engine.run(p, s.batch_new), lambda p: setup.hf.run(p, s.batch_new)],
+        [
+            lambda p: setup.engine.run(p, s.batch_new),
+            lambda p: setup.transformers.run(p, s.batch_new),
+        ],
     )
     same = sum(
         a == b
@@ -633,7 +667,7 @@ def bench_batch(setup: Setup, s: Settings) -> tuple[list[Row], list[str], int]:
     ceiling = ceiling_note("2a, equal outputs", hf, setup.engine.engine, shapes, s.batch_reps)
     prompts = make(s.batch_reps + 2)
     one = [setup.engine.run(prompts, s.batch_new)]
-    alone = [setup.hf.run_one_at_a_time(prompts, s.batch_new)]
+    alone = [setup.transformers.run_one_at_a_time(prompts, s.batch_new)]
     sequential = _rate_row(
         "total gen tok/s (same workload, 1 round): transformers one request at a time",
         one,
@@ -662,7 +696,7 @@ def bench_prefix(setup: Setup, s: Settings) -> tuple[list[Row], int, bool]:
         [
             lambda p: setup.engine.run(p, 1),
             lambda p: setup.engine_no_cache.run(p, 1),
-            lambda p: setup.hf.run(p, 1),
+            lambda p: setup.transformers.run(p, 1),
         ],
     )
     cached = min(r.cached for r in hit)
@@ -682,6 +716,56 @@ def bench_prefix(setup: Setup, s: Settings) -> tuple[list[Row], int, bool]:
         _latency_row("TTFT ms, engine w/o prefix cache vs transformers", miss_ms, hf_ms, None),
     ]
     return rows, cached, agree
+
+
+def contention_runs(setup: Setup, s: Settings) -> tuple[list[Run], list[Run]]:
+    """Workload 4's rounds: (contended runs, idle runs), paired by round.
+
+    Each round runs batch-1 decode (workload 1's shape) twice, on two fresh prompts (so
+    neither finds the other in the prefix cache), once while one busy process spins and once
+    without, who goes first alternating; the busy process is started (and seen spinning)
+    before the contended run and killed after it.
+    """
+
+    def make(rnd: int) -> Prompts:
+        return [_random_ids(random.Random(500 + rnd), s.decode_prompt, setup.token_high)]
+
+    def contended(prompts: Prompts) -> Run:
+        other = [[(token + 1) % setup.token_high for token in prompt] for prompt in prompts]
+        with busy_process(BUSY_LIMIT_S):
+            return setup.engine.run(other, s.decode_new)
+
+    busy, idle = _rounds(s.reps, make, [contended, lambda p: setup.engine.run(p, s.decode_new)])
+    return busy, idle
+
+
+def bench_contention(setup: Setup, s: Settings) -> tuple[list[Row], int]:
+    """Workload 4 as a table row; also returns the prompt tokens found in the prefix cache
+    (should be 0)."""
+    busy, idle = contention_runs(setup, s)
+    row = _rate_row(
+        "batch-1 decode tok/s with one busy process (local_engine) vs idle (peer)",
+        busy,
+        idle,
+        "decode_rate",
+        CONTENTION_GOAL,
+    )
+    return [row], sum(r.cached for r in busy + idle)
+
+
+def openmp_line() -> str:
+    """The OpenMP wait settings in force, and who set them."""
+    setup = openmp_setup()
+    values = ", ".join(
+        f"{name}={os.environ.get(name, 'unset')}" for name in (WAIT_POLICY_ENV, SPIN_COUNT_ENV)
+    )
+    if setup.applied:
+        who = "local_engine's default"
+    elif setup.user_set:
+        who = "set in the environment"
+    else:
+        who = "GNU OpenMP's default spin: torch was loaded before local_engine"
+    return f"{values} ({who})"
 
 
 def profile_engine(setup: Setup, s: Settings) -> None:
@@ -708,13 +792,20 @@ def profile_engine(setup: Setup, s: Settings) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run every workload and print the markdown table; exit 0 even on FAIL."""
+    """Run the chosen workloads and print the markdown table; exit 0 even on FAIL."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="small smoke run")
     parser.add_argument("--reps", type=int, default=None, help="timed rounds of every workload")
     parser.add_argument("--threads", type=int, default=2, help="torch threads for both peers")
     parser.add_argument("--profile", action="store_true", help="cProfile the engine workloads")
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=WORKLOADS,
+        help="run only this workload (repeatable; default: all)",
+    )
     args = parser.parse_args(argv)
+    chosen = set(args.only or WORKLOADS)
     s = QUICK if args.quick else FULL
     if args.reps is not None:
         if args.reps < 1:
@@ -727,16 +818,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     hf_logging: Any = transformers.logging
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    setup = build(ensure_default_model(MODEL_NAME), s)
+    setup = build(
+        ensure_default_model(MODEL_NAME), s, with_transformers=bool(chosen - {"contention"})
+    )
     load_before = os.getloadavg()
     wall = time.perf_counter()
-    decode_rows, decode_match, decode_cached = bench_decode(setup, s)
-    batch_rows, batch_notes, batch_cached = bench_batch(setup, s)
-    mixed_rows, mixed_note, mixed_cached = bench_batch_mixed(setup, s)
-    batch_rows += mixed_rows
-    batch_notes.append(mixed_note)
-    batch_cached += mixed_cached
-    prefix_rows, cached, ttft_agree = bench_prefix(setup, s)
+    rows: list[Row] = []
+    notes: list[str] = []
+    cached_in_fresh = 0
+    if "decode" in chosen:
+        decode_rows, decode_match, decode_cached = bench_decode(setup, s)
+        rows += decode_rows
+        cached_in_fresh += decode_cached
+        notes.append(
+            f"outputs match: {'yes' if decode_match else 'no'} (batch-1 greedy tokens, every round)"
+        )
+    if "batch" in chosen:
+        batch_rows, batch_notes, batch_cached = bench_batch(setup, s)
+        mixed_rows, mixed_note, mixed_cached = bench_batch_mixed(setup, s)
+        rows += batch_rows + mixed_rows
+        notes += [*batch_notes, mixed_note]
+        cached_in_fresh += batch_cached + mixed_cached
+    if "prefix" in chosen:
+        prefix_rows, cached, ttft_agree = bench_prefix(setup, s)
+        rows += prefix_rows
+        notes.append(
+            f"TTFT first tokens agree (hit, no cache, transformers): "
+            f"{'yes' if ttft_agree else 'no'}"
+        )
+        notes.append(
+            f"prefix hit served {cached} of {s.prefix + s.suffix} prompt tokens from the cache"
+        )
+    if "contention" in chosen:
+        contention_rows, contention_cached = bench_contention(setup, s)
+        rows += contention_rows
+        cached_in_fresh += contention_cached
     wall = time.perf_counter() - wall
     load_after = os.getloadavg()
 
@@ -751,31 +867,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         loaded = getattr(backend, "kernel", None) is not None
         name += " (native paged-decode kernel)" if loaded else " (kernel unavailable: SDPA)"
     print(f"- local_engine attention backend: {name}")
+    print(f"- OpenMP wait: {openmp_line()}")
     print(
         f"- torch threads: {args.threads} for both peers; machine: {os.cpu_count()} CPUs, "
         f"SHARED with other running jobs (1-min load average {load_before[0]:.1f} before, "
         f"{load_after[0]:.1f} after): absolute numbers are noisy"
     )
     print(
-        f"- {s.reps} timed rounds per workload ({s.batch_reps} for the batched one) after a "
+        f"- workloads: {', '.join(w for w in WORKLOADS if w in chosen)}; {s.reps} timed rounds "
+        f"per workload ({s.batch_reps} for the batched one) after a "
         "warm-up round; every round uses fresh prompts and runs the peers back to back, who "
         "goes first rotating; values are each peer's best round (load only ever adds time), "
         "`ratio` compares the bests, `median ratio` is the median of per-round ratios; "
         f"higher = local_engine better; workloads took {wall:.0f} s\n"
     )
     headers = ["metric", "local_engine", "peer", "ratio", "median ratio", "goal", "result"]
-    rows = decode_rows + batch_rows + prefix_rows
     print(markdown_table(headers, [r.cells() for r in rows]))
     print()
-    print(f"outputs match: {'yes' if decode_match else 'no'} (batch-1 greedy tokens, every round)")
-    for line in batch_notes:
+    for line in notes:
         print(line)
     print(
-        f"prefix-cache hits in the batch-1 and batched workloads: "
-        f"{decode_cached + batch_cached} prompt tokens (fresh prompts every round)"
+        f"prefix-cache hits in the workloads with fresh prompts: {cached_in_fresh} prompt "
+        "tokens (fresh prompts every round)"
     )
-    print(f"TTFT first tokens agree (hit, no cache, transformers): {'yes' if ttft_agree else 'no'}")
-    print(f"prefix hit served {cached} of {s.prefix + s.suffix} prompt tokens from the cache")
     if args.profile:
         profile_engine(setup, s)
     return 0

@@ -52,7 +52,10 @@ class LocalBackend:
             ``"swift-50m"``), or ``None`` for the embedded default model. Embedded models have
             random weights: they exercise the pipeline offline and write gibberish.
         name: the backend's name in model strings and errors.
-        engine_config: KV cache size, batching limits, ``max_model_len``, dtype, device.
+        engine_config: KV cache size, batching limits, ``max_model_len``, dtype, device, CPU
+            threads (``num_threads``). The engine's threads sleep when idle rather than spin
+            (``OMP_WAIT_POLICY=PASSIVE``, set when ``local_engine`` is first imported unless
+            the environment sets a wait policy; see docs/local-engine.md).
         default_max_tokens: the completion limit of requests that set none (capped by the
             room the model's context leaves).
         chat_template: a template source (or a named template) overriding the tokenizer's.

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from local_engine.attention import get_attention_backend
+from local_engine.cpu_threads import log_openmp_setup, set_num_threads
 from local_engine.kv_cache import BlockPool
 from local_engine.model import DecoderModel
 from local_engine.runner import ModelRunner
@@ -41,6 +42,10 @@ class EngineConfig:
     ``max_model_len=None`` means the model's ``max_position_embeddings``, capped by what
     the KV pool can hold. ``dtype``/``device`` apply when :meth:`Engine.from_pretrained`
     loads the model. ``seed`` fixes the sampling noise of requests without their own seed.
+    ``num_threads`` sets torch's CPU threads (``torch.set_num_threads``, which is
+    process-wide) when the engine is built; ``None`` keeps torch's count (``OMP_NUM_THREADS``,
+    else the CPUs this process may use). How idle threads wait is set before torch loads,
+    from the environment: see :mod:`local_engine.cpu_threads`.
     """
 
     block_size: int = 16
@@ -55,6 +60,7 @@ class EngineConfig:
     dtype: str | None = None
     device: str = "cpu"
     seed: int | None = None
+    num_threads: int | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -65,7 +71,7 @@ class EngineConfig:
             "max_waiting",
         ):
             _positive(name, getattr(self, name))
-        for name in ("num_blocks", "max_model_len"):
+        for name in ("num_blocks", "max_model_len", "num_threads"):
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
 
@@ -126,6 +132,10 @@ class Engine:
         self.config = config = config if config is not None else EngineConfig()
         self.model = model
         self.tokenizer = tokenizer
+        if config.num_threads is not None:
+            set_num_threads(config.num_threads)
+        if model.device.type == "cpu":
+            log_openmp_setup()
         if config.attention_backend != "auto":
             model.set_attention_backend(get_attention_backend(config.attention_backend))
         bs = config.block_size

@@ -203,13 +203,6 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
         del self._seqs[seq.request_id]
 
-    def abort(self, request_id: str) -> Sequence | None:
-        """Retire the sequence with this id, if it is live; return it."""
-        seq = self._seqs.get(request_id)
-        if seq is not None:
-            self.finish(seq)
-        return seq
-
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.pool.free(seq.block_table)

@@ -439,6 +439,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--root-path", default="", help="path prefix stripped by a reverse proxy (e.g. /api)"
     )
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's count)")
     return parser
 
 
@@ -452,6 +453,7 @@ def _build(args: argparse.Namespace) -> LocalServer:
         max_waiting=args.max_waiting,
         dtype=args.dtype,
         device=args.device,
+        num_threads=args.threads,
     )
     backend = LocalBackend(
         args.model_dir or None,

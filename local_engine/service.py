@@ -139,15 +139,6 @@ class ChatService:
 
     # ------------------------------------------------------------------ request mapping
 
-    def sampling_params(self, request: ChatRequest, prompt_tokens: int) -> SamplingParams:
-        """The sampling parameters for ``request`` with a prompt of ``prompt_tokens``.
-
-        Raises ConfigurationError for unsupported or invalid values, and when the prompt
-        plus the completion limit does not fit ``max_model_len``.
-        """
-        _check_supported(request)
-        return self._params(request, _extra(request), prompt_tokens)
-
     def _params(
         self, request: ChatRequest, extra: dict[str, Any], prompt_tokens: int
     ) -> SamplingParams:
@@ -267,7 +258,11 @@ class ChatService:
 
     def _token_entry(self, token_id: int, logprob: float) -> dict[str, Any]:
         text = self.tokenizer.decode([token_id], skip_special_tokens=False)
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+        return {
+            "token": text,
+            "logprob": logprob,
+            "bytes": list(self.tokenizer.token_bytes(token_id)),
+        }
 
 
 @asynccontextmanager

@@ -13,11 +13,13 @@ incomplete UTF-8 sequence (byte-level BPE may split one character over several t
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer as _HFTokenizer
+from tokenizers import decoders
 
 from swiftclient.errors import ConfigurationError
 
@@ -43,6 +45,25 @@ _MAX_HELD_TOKENS = 8
 # A UTF-8 sequence is at most 4 bytes and every token carries at least one byte, so any
 # incomplete sequence before a cut is resolved by the next 3 tokens.
 _RESOLVE_TOKENS = 3
+
+
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+"""A byte-fallback token (SentencePiece / Llama 2 style) stands for one raw byte."""
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """The character -> byte table of byte-level BPE (GPT-2, Llama 3, Qwen).
+
+    Vocabulary strings spell each byte as one printable character: the printable Latin-1
+    bytes as themselves, every other byte as ``chr(256 + n)``, n counting those bytes upwards.
+    """
+    table = {chr(b): b for b in (*range(33, 127), *range(161, 173), *range(174, 256))}
+    others = [b for b in range(256) if chr(b) not in table]
+    table.update({chr(256 + n): b for n, b in enumerate(others)})
+    return table
+
+
+_BYTE_LEVEL = _byte_level_alphabet()
 
 
 def _token_text(value: object) -> str | None:
@@ -112,6 +133,9 @@ class Tokenizer:
             token_id for token_id, token in added.items() if token.special
         )
         self.added_tokens: dict[str, int] = {token.content: tid for tid, token in added.items()}
+        self._added_ids = frozenset(added)
+        self._byte_level = isinstance(backend.decoder, decoders.ByteLevel)
+        self._byte_fallback = bool(getattr(backend.model, "byte_fallback", False))
         self.bos_token_id = self._named_id("bos_token")
         self.pad_token_id = self._named_id("pad_token")
         eos: list[int] = []
@@ -194,6 +218,24 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         """Text for ``ids``; special tokens are dropped unless ``skip_special_tokens`` is False."""
         return str(self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens))
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (the ``bytes`` of an OpenAI logprob entry).
+
+        Byte-level BPE and byte-fallback tokens may end inside a multi-byte UTF-8 character,
+        where decoding the token alone gives U+FFFD; their own bytes are read from the
+        vocabulary string instead, so that the bytes of a token sequence joined are the UTF-8
+        of its text. Other tokens (added and special tokens, SentencePiece pieces) give the
+        UTF-8 of their decoded text.
+        """
+        piece = self._backend.id_to_token(token_id)
+        if piece is not None and token_id not in self._added_ids:
+            if self._byte_level and all(ch in _BYTE_LEVEL for ch in piece):
+                return bytes(_BYTE_LEVEL[ch] for ch in piece)
+            match = _BYTE_TOKEN.fullmatch(piece) if self._byte_fallback else None
+            if match is not None:
+                return bytes([int(match[1], 16)])
+        return self.decode([token_id], skip_special_tokens=False).encode("utf-8")
 
     def detokenizer(self, *, skip_special_tokens: bool = True) -> IncrementalDetokenizer:
         """A fresh :class:`IncrementalDetokenizer` for one generated sequence."""

@@ -37,6 +37,7 @@ from pathlib import Path
 # shares it (see torch_uses_gomp).
 import torch  # noqa: F401  # isort: skip
 
+from local_engine.cpu_threads import gomp_libraries
 from local_engine.default_model import default_cache_root
 
 __all__ = [
@@ -137,27 +138,14 @@ class PagedDecodeKernel:
             raise KernelError(f"paged decode kernel failed ({what}, status {status})")
 
 
-def gomp_libraries() -> set[str]:
-    """Paths of the GNU OpenMP runtimes mapped into this process (Linux; empty elsewhere)."""
-    try:
-        maps = Path("/proc/self/maps").read_text()
-    except OSError:
-        return set()
-    found = set()
-    for line in maps.splitlines():
-        parts = line.split(maxsplit=5)
-        if len(parts) == 6 and Path(parts[5].strip()).name.startswith("libgomp"):
-            found.add(parts[5].strip())
-    return found
-
-
 def torch_uses_gomp() -> bool:
     """True when exactly one GNU OpenMP runtime is loaded and it answers to ``libgomp.so.1``.
 
     torch's Linux wheels bring such a copy. Only then is the kernel built with ``-fopenmp``:
     the dynamic loader resolves the kernel's ``libgomp.so.1`` to that copy, so the kernel runs
-    on torch's own worker threads. Those spin for a while after every parallel torch op; a
-    second pool of threads would only fight them for the cores.
+    on torch's own worker threads, which wait between parallel regions as
+    :mod:`local_engine.cpu_threads` sets them to; a second pool of threads would only fight
+    them for the cores.
     """
     libraries = gomp_libraries()
     return len(libraries) == 1 and Path(next(iter(libraries))).name == "libgomp.so.1"

@@ -279,3 +279,15 @@ def test_from_pretrained_with_tokenizer_streams_text_and_stops(
             last = out
     assert last is not None and last.finish_reason == "stop"
     assert streamed == full.text[:cut]
+
+
+def test_num_threads_sets_torchs_thread_count(model: DecoderModel) -> None:
+    before = torch.get_num_threads()
+    target = 2 if before == 1 else 1
+    try:
+        engine_for(model, num_threads=target)
+        assert torch.get_num_threads() == target
+        engine_for(model)  # None leaves the count alone
+        assert torch.get_num_threads() == target
+    finally:
+        torch.set_num_threads(before)

@@ -171,7 +171,7 @@ def test_prefix_cache_hit_skips_computed_tokens() -> None:
     assert out.scheduled[0].start == 0 and third.num_cached_tokens == 0
 
 
-def test_abort_frees_blocks_waiting_and_running() -> None:
+def test_finish_frees_blocks_waiting_and_running() -> None:
     pool = BlockPool(8, BS)
     sched = Scheduler(pool, max_num_seqs=1, max_num_batched_tokens=16)
     a, b = make_seq("a", 6), make_seq("b", 6, base=40)
@@ -179,10 +179,12 @@ def test_abort_frees_blocks_waiting_and_running() -> None:
     sched.add(b)
     run_step(sched)
     assert pool.num_free_blocks == 6
-    assert sched.abort("a") is a and a.is_finished
+    sched.finish(a)
+    assert a.is_finished and pool.num_free_blocks == 8
+    sched.finish(b)
+    assert sched.num_waiting == 0
+    sched.finish(a)  # already finished: nothing to free twice
     assert pool.num_free_blocks == 8
-    assert sched.abort("b") is b and sched.num_waiting == 0
-    assert sched.abort("missing") is None
     assert not sched.has_unfinished()
 
 
@@ -191,6 +193,6 @@ def test_update_ignores_sequences_aborted_mid_step() -> None:
     seq = make_seq("a", 6)
     sched.add(seq)
     out = sched.schedule()
-    sched.abort("a")
+    sched.finish(seq)
     sched.update(out)
     assert seq.num_computed_tokens == 0 and sched.pool.num_free_blocks == 8

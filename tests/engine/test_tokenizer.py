@@ -19,7 +19,7 @@ from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tok
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.trainers import BpeTrainer
 
-from local_engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from local_engine.tokenizer import _BYTE_LEVEL, IncrementalDetokenizer, Tokenizer
 from swiftclient.errors import ConfigurationError
 
 _TEXT = [
@@ -243,6 +243,48 @@ def test_multibyte_character_is_held_until_complete(
     assert [detok.push(i) for i in byte_ids] == [""] * (len(byte_ids) - 1) + ["🧪"]
     assert detok.flush() == ""
     assert detok.text == "a🧪"
+
+
+def test_byte_level_alphabet_is_the_tokenizers_alphabet() -> None:
+    assert set(_BYTE_LEVEL) == set(pre_tokenizers.ByteLevel.alphabet())
+    assert sorted(_BYTE_LEVEL.values()) == list(range(256))
+
+
+@_SETTINGS
+@given(text=st.text(max_size=40) | st.sampled_from(_TEXT))
+def test_token_bytes_join_to_the_text_bytes(
+    tokenizers_by_style: dict[str, Tokenizer], text: str
+) -> None:
+    tok = tokenizers_by_style["byte_level"]
+    ids = tok.encode(text)
+    assert b"".join(tok.token_bytes(i) for i in ids) == text.encode("utf-8")
+
+
+def test_token_ending_inside_a_character_gives_its_own_bytes(
+    tokenizers_by_style: dict[str, Tokenizer],
+) -> None:
+    tok = tokenizers_by_style["byte_level"]
+    text = "a🧪 Café 中文"
+    ids = tok.encode(text)
+    partial = [i for i in ids if "\ufffd" in tok.decode([i])]
+    assert partial  # the emoji is split over byte tokens
+    for token_id in partial:
+        assert b"\xef\xbf\xbd" not in tok.token_bytes(token_id)
+    assert b"".join(tok.token_bytes(i) for i in ids) == text.encode("utf-8")
+    special = tok.token_to_id("<|im_end|>")
+    assert special is not None and tok.token_bytes(special) == b"<|im_end|>"
+
+
+def test_byte_fallback_tokens_give_their_byte(
+    tokenizers_by_style: dict[str, Tokenizer],
+) -> None:
+    tok = tokenizers_by_style["byte_fallback"]
+    text = "x🧪"  # not in the training text: spelled with <0xNN> tokens
+    ids = tok.encode(text)
+    pieces = [tok.id_to_token(i) for i in ids]
+    assert "<0xF0>" in pieces
+    assert b"".join(tok.token_bytes(i) for i in ids) == text.encode("utf-8")
+    assert tok.token_bytes(tok.token_to_id("<0xF0>") or 0) == b"\xf0"
 
 
 def test_metaspace_spacing_is_kept_between_tokens(

@@ -1,0 +1,39 @@
+"""ChatService: OpenAI fields from engine outputs (logprob entries)."""
+
+from __future__ import annotations
+
+import pytest
+
+from local_engine.engine import Engine, EngineConfig
+from local_engine.loader import load_model
+from local_engine.sampling_params import TokenLogprob
+from local_engine.service import ChatService
+from local_engine.tokenizer import Tokenizer
+
+from .test_tokenizer import _byte_level, _write_dir
+from .tiny import make_tiny_model
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> ChatService:
+    root = tmp_path_factory.mktemp("service")
+    tokenizer = Tokenizer.from_dir(_write_dir(root / "tok", _byte_level(), {}))
+    model_dir = make_tiny_model(root / "model", "qwen2", vocab_size=tokenizer.vocab_size)
+    engine = Engine(load_model(model_dir), EngineConfig(num_blocks=16), tokenizer)
+    return ChatService(engine)
+
+
+def test_logprob_bytes_of_tokens_split_inside_a_character_join_to_the_text(
+    service: ChatService,
+) -> None:
+    """Bug 1.9: a token ending inside a UTF-8 sequence reported U+FFFD's bytes."""
+    text = "Streaming 🧪 déjà vu 中文"
+    ids = service.tokenizer.encode(text)
+    assert any("\ufffd" in service.tokenizer.decode([i]) for i in ids)
+    entries = service.logprob_entries(
+        [TokenLogprob(i, -0.5, top_logprobs=((i, -0.5),)) for i in ids]
+    )
+    assert b"".join(bytes(e["bytes"]) for e in entries) == text.encode("utf-8")
+    tops = [e["top_logprobs"][0]["bytes"] for e in entries]
+    assert b"".join(bytes(b) for b in tops) == text.encode("utf-8")
+    assert [e["token"] for e in entries] == [service.tokenizer.decode([i]) for i in ids]
