@@ -1,4 +1,4 @@
-"""Run ``python -m swiftclient.testing`` as a separate process for the load benchmark.
+"""Run benchmark servers (the fake provider, the simulated provider) as separate processes.
 
 A separate process keeps the server's CPU work off the client's GIL; on a small machine the
 two still share the cores. The process is terminated (then killed) however the block exits.
@@ -13,7 +13,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["fake_provider_process"]
+__all__ = ["fake_provider_process", "server_process"]
 
 _STARTUP_TIMEOUT = 30.0
 _URL = re.compile(r"https?://\S+")
@@ -27,16 +27,23 @@ def fake_provider_process(tokens: int) -> Iterator[str]:
     chunks (the usage chunk only when the request asks for it).
     """
     command = [sys.executable, "-m", "swiftclient.testing", "--port", "0", "--tokens", str(tokens)]
+    with server_process(command) as url:
+        yield url
+
+
+@contextmanager
+def server_process(command: list[str]) -> Iterator[str]:
+    """Run ``command``, wait for the first URL it prints on stdout, and yield that URL."""
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     try:
         stdout = proc.stdout
         if stdout is None:
-            raise RuntimeError("the fake provider's stdout is not a pipe")
+            raise RuntimeError("the server's stdout is not a pipe")
         ready, _, _ = select.select([stdout], [], [], _STARTUP_TIMEOUT)
         line = stdout.readline() if ready else ""
         match = _URL.search(line)
         if match is None:
-            raise RuntimeError(f"the fake provider did not start (it printed {line!r})")
+            raise RuntimeError(f"the server did not start (it printed {line!r})")
         yield match.group(0)
     finally:
         proc.terminate()
