@@ -149,6 +149,10 @@ class RunResult:
     billed_tokens: int = 0
     skipped: str | None = None
     health: dict[str, str] = field(default_factory=dict)
+    wall: float = 0.0
+    """Seconds of the measured part (first arrival to last call done)."""
+    client_cpu: float = 0.0
+    server_cpu: float = 0.0
 
     @property
     def calls(self) -> int:
@@ -336,12 +340,17 @@ async def run_strategy(
         await _drive(client, call, workload, range(settings.warmup), None)
         await _control(base, reset=True)
         measured = range(settings.warmup, settings.warmup + settings.calls)
+        server_cpu = (await _stats(base))["cpu"]
+        wall, cpu = time.perf_counter(), time.process_time()
         await _drive(client, call, workload, measured, result, at)
+        result.wall = time.perf_counter() - wall
+        result.client_cpu = time.process_time() - cpu
         health = getattr(client, "health", None)
         if health is not None:
             result.health = dict(health())
-    stats = (await _stats(base))["replicas"]
-    for counters in stats.values():
+    stats = await _stats(base)
+    result.server_cpu = stats["cpu"] - server_cpu
+    for counters in stats["replicas"].values():
         result.requests += counters["requests"]
         result.billed_tokens += (
             counters["billed_prompt_tokens"] + counters["billed_completion_tokens"]
@@ -378,11 +387,15 @@ def _ms(seconds: float) -> str:
 
 
 def results_table(results: Sequence[RunResult]) -> str:
-    """One row per strategy: TTFT quantiles, extra requests, wasted tokens, errors."""
+    """One row per strategy: TTFT quantiles, extra requests, wasted tokens, errors, and the
+    CPU share each process used during the measured calls (near 100%: the row measures a
+    saturated process, not the replicas)."""
     rows: list[list[object]] = []
+    notes: list[str] = []
     for r in results:
         if r.skipped:
-            rows.append([r.strategy, "-", "-", "-", "-", "-", "-", r.skipped])
+            rows.append([r.strategy, *["-"] * 9])
+            notes.append(f"{r.strategy}: {r.skipped}")
             continue
         rows.append(
             [
@@ -394,10 +407,14 @@ def results_table(results: Sequence[RunResult]) -> str:
                 f"{100 * r.extra:.1f}",
                 f"{100 * r.wasted:.1f}",
                 sum(r.errors.values()) or "0",
+                f"{100 * ratio(r.client_cpu, r.wall):.0f}",
+                f"{100 * ratio(r.server_cpu, r.wall):.0f}",
             ]
         )
     headers = ["strategy", "p50 ms", "p95 ms", "p99 ms", "p99.9 ms", "extra req %"]
-    return markdown_table([*headers, "wasted tok %", "errors"], rows)
+    cpu = ["client CPU %", "server CPU %"]
+    table = markdown_table([*headers, "wasted tok %", "errors", *cpu], rows)
+    return "\n\n".join([table, *notes])
 
 
 def goal_rows(utilization: float, results: Sequence[RunResult]) -> list[list[object]]:
