@@ -5,10 +5,13 @@ uvicorn, serving ``/r0/v1/chat/completions`` ... ``/r{N-1}/v1/...`` on one loopb
 prints ``listening http://127.0.0.1:PORT`` once it accepts connections.
 
 Each replica serves at most ``slots`` requests at once and queues the rest in arrival order,
-so extra load (hedges) raises everyone's latency, as on a real provider. A request holds its
-slot for its time to first token (drawn from :class:`_tail.TailModel`, keyed on the call id
-the client writes into its prompt as ``[call N]``) plus a short decode; a client that goes
-away frees the slot at once, as a provider that aborts a cancelled request does.
+so extra load (hedges) raises everyone's latency, as on a real provider. A request's time to
+first token is drawn from :class:`_tail.TailModel`, keyed on the call id the client writes
+into its prompt as ``[call N]``; a straggler first stalls outside any slot, then every
+request queues for a slot, holds it for the rest of its time to first token plus a short
+decode (``TailModel.split``). A client that goes away frees its slot at once, as a provider
+that aborts a cancelled request does; it is billed (its prompt and the tokens sent) only if
+it got a slot, i.e. once prefill started.
 
 Control and accounting (JSON, for the benchmark only):
 
@@ -24,6 +27,7 @@ Control and accounting (JSON, for the benchmark only):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import re
@@ -172,23 +176,25 @@ class Provider:
         send: Send,
     ) -> None:
         counters = replica.counters
+        if call is None:
+            latency = self.model.draw(_RNG)
+        else:
+            number = int(call.group(1))
+            n = replica.seen.get(number, 0)
+            replica.seen[number] = n + 1
+            latency = self.model.draw_for(self.seed, number, replica.name, n)
+        if len(counters.latencies) < _MAX_LATENCIES:
+            counters.latencies.append(latency)
+        stall, busy = self.model.split(latency)
+        stream = bool(request.get("stream"))
+        usage = bool((request.get("stream_options") or {}).get("include_usage"))
+        if stream:
+            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+        await anyio.sleep(stall)
         async with replica.slots:
             state["slot"] = True
             counters.billed_prompt_tokens += prompt_tokens
-            if call is None:
-                latency = self.model.draw(_RNG)
-            else:
-                number = int(call.group(1))
-                n = replica.seen.get(number, 0)
-                replica.seen[number] = n + 1
-                latency = self.model.draw_for(self.seed, number, replica.name, n)
-            if len(counters.latencies) < _MAX_LATENCIES:
-                counters.latencies.append(latency)
-            stream = bool(request.get("stream"))
-            usage = bool((request.get("stream_options") or {}).get("include_usage"))
-            if stream:
-                await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-            await anyio.sleep(latency)
+            await anyio.sleep(busy)
             if not stream:
                 await anyio.sleep(self.model.median * 0.1 * self.tokens)
                 state["done"] = True
@@ -314,7 +320,12 @@ async def _json(send: Send, status: int, payload: dict[str, Any]) -> None:
 
 @contextmanager
 def hedge_server_process(
-    replicas: int, slots: int, median: float, tokens: int = 8, fail_delay: float = 0.5
+    replicas: int,
+    slots: int,
+    median: float,
+    tokens: int = 8,
+    fail_delay: float = 0.5,
+    busy_cap: float = TailModel().busy_cap,
 ) -> Iterator[str]:
     """Run the simulated provider in its own process; yield its root URL (no ``/v1``)."""
     from _server import server_process
@@ -332,6 +343,8 @@ def hedge_server_process(
         str(tokens),
         "--fail-delay",
         str(fail_delay),
+        "--busy-cap",
+        str(busy_cap),
     ]
     with server_process(command) as url:
         yield url
@@ -347,8 +360,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--median", type=float, default=TailModel().median)
     parser.add_argument("--tokens", type=int, default=8)
     parser.add_argument("--fail-delay", type=float, default=0.5)
+    parser.add_argument("--busy-cap", type=float, default=TailModel().busy_cap)
     args = parser.parse_args(argv)
-    model = TailModel().with_median(args.median)
+    model = dataclasses.replace(TailModel(), median=args.median, busy_cap=args.busy_cap)
     app = Provider(args.replicas, args.slots, model, args.tokens, args.fail_delay)
     # proto=IPPROTO_TCP matters: asyncio turns Nagle's algorithm off (TCP_NODELAY) only on
     # sockets that say they are TCP, and accepted sockets inherit the listener's proto.

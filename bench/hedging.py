@@ -17,7 +17,7 @@ Strategies, each on a fresh client after an unmeasured warm-up:
 
 - ``none``: ``client.stream(model="rP/sim")``, one replica, no hedging;
 - ``fixed``: ``hedge=Hedge(delay=<p95 of none at this utilization>)`` over both replicas;
-- ``adaptive``: ``hedge=Hedge()`` (the delay is the recent p95 per target);
+- ``adaptive``: ``hedge=Hedge(quantile=0.97)`` (the delay is the recent p97 per target);
 - ``all``: both replicas at t=0 in one task group, the first token wins, the other is
   cancelled (what "fire every request at once" does).
 
@@ -27,7 +27,8 @@ a third of the way into a run at 60% utilization: sequential fallback and the ad
 route around it once its circuit breaker opens.
 
 Goals (PASS/FAIL printed): with at most 5% extra requests, p99 TTFT >= 4x lower than no
-hedging, p99.9 >= 10x lower, p50 within 2%; at 85% utilization no worse than no hedging.
+hedging, p99.9 >= 10x lower, p50 at most 2% higher; at 85% utilization no worse than no
+hedging.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ FAIL_DELAY_MEDIANS = 25.0
 """A failing replica answers 503 after this many medians (0.5 s at the default scale)."""
 HEDGE_BUDGET = 0.05
 HEDGE_FLOOR = 0.1
+ADAPTIVE_QUANTILE = 0.97
 NO_RETRY = RetryPolicy(max_attempts=1)
 PROMPT = "Summarize the following note in one line. " * 8
 P99_GOAL, P999_GOAL, P50_TOLERANCE, EXTRA_LIMIT = 4.0, 10.0, 0.02, 0.05
@@ -88,9 +90,22 @@ class Settings:
 
 
 FULL = Settings(
-    calls=800, warmup=120, utilizations=(0.3, 0.6, 0.85), median=0.02, rate=170, failure_calls=900
+    calls=1000, warmup=100, utilizations=(0.3, 0.6, 0.85), median=0.02, rate=170, failure_calls=800
 )
 QUICK = Settings(calls=60, warmup=30, utilizations=(0.3,), median=0.01, rate=60, failure_calls=0)
+
+
+def adaptive_policy() -> Any:
+    """The adaptive policy as the bench runs it.
+
+    The delay is the recent p97, not Hedge's default p95: with a 5% budget, a p95 delay
+    asks for hedges on 5% of calls, exactly what the bucket holds, so bursts of slow calls
+    find it empty and the stragglers among them go unhedged. A quantile a little above
+    ``1 - budget`` leaves the budget room to catch every straggler.
+    """
+    if Hedge is None:
+        raise RuntimeError("swiftclient.Hedge is not available")
+    return Hedge(quantile=ADAPTIVE_QUANTILE, budget=HEDGE_BUDGET, budget_floor=HEDGE_FLOOR)
 
 
 def hedging_available() -> bool:
@@ -130,7 +145,7 @@ def plan(settings: Settings, utilization: float, mean_service: float, seed: int)
 
 def mean_service(model: TailModel) -> float:
     """Seconds a request holds a slot on average: first token plus the short decode."""
-    return model.mean() + model.median * 0.1 * (TOKENS - 1)
+    return model.mean_busy() + model.median * 0.1 * (TOKENS - 1)
 
 
 # --------------------------------------------------------------------------- one call
@@ -375,7 +390,7 @@ def strategy_call(
         hedge = Hedge(delay=fixed_delay, budget=HEDGE_BUDGET, budget_floor=HEDGE_FLOOR)
         return hedged_call(timeout, hedge), None
     if strategy == "adaptive":
-        return hedged_call(timeout, Hedge(budget=HEDGE_BUDGET, budget_floor=HEDGE_FLOOR)), None
+        return hedged_call(timeout, adaptive_policy()), None
     raise ValueError(f"unknown strategy {strategy!r}")
 
 
@@ -448,9 +463,9 @@ def goal_rows(utilization: float, results: Sequence[RunResult]) -> list[list[obj
             [
                 u,
                 name,
-                f"p50 within {P50_TOLERANCE:.0%}",
+                f"p50 within {P50_TOLERANCE:.0%} (not higher)",
                 f"{p50:.3f}x",
-                verdict(abs(p50 - 1) <= P50_TOLERANCE),
+                verdict(p50 <= 1 + P50_TOLERANCE),
             ]
         )
     return rows
@@ -549,7 +564,7 @@ async def failure_scenario(
     rows: list[list[object]] = []
     for name, hedge in (
         ("fallback", None),
-        ("adaptive", Hedge(budget=HEDGE_BUDGET, budget_floor=HEDGE_FLOOR)),
+        ("adaptive", adaptive_policy()),
     ):
         call = hedged_call(timeout, hedge)
         r = await run_strategy(base, name, call, workload, scenario, break_r3)
