@@ -8,6 +8,12 @@ one), so the estimate follows a provider that slows down or recovers. It answers
 until ``min_samples`` samples are in the window: a hedge based on three samples would fire at
 random.
 
+Answers are cached per key and quantile: a call path asks on every call, and weighing and
+sorting a thousand samples each time would cost more than the rest of the call. A cached
+answer is reused until ``refresh`` seconds have passed, samples have expired, or new
+samples make up more than 1/32 of the key's series; an estimate that moves with minutes of
+history loses nothing by lagging that little.
+
 Memory is bounded twice: per key (``max_samples``) and in the number of keys (``max_keys``,
 the least recently observed key is dropped first). Times are seconds on a monotonic clock,
 passed in by the caller, so the estimator never reads a clock itself.
@@ -45,6 +51,22 @@ def prompt_bucket(n_chars: int) -> int:
     return max(0, n_chars.bit_length() - (_SMALL_PROMPT_CHARS.bit_length() - 1))
 
 
+_REFRESH_FRACTION = 32
+"""A cached quantile is recomputed once new samples exceed 1/32 of the series."""
+
+
+class _Series:
+    """One key's samples, oldest first, and its cached quantiles."""
+
+    __slots__ = ("cache", "cached_at", "samples", "since_cache")
+
+    def __init__(self, max_samples: int) -> None:
+        self.samples: deque[tuple[float, float]] = deque(maxlen=max_samples)
+        self.cache: dict[float, float] = {}
+        self.cached_at = 0.0
+        self.since_cache = 0
+
+
 class LatencyEstimator:
     """Windowed, decaying latency quantiles, one series per key.
 
@@ -55,6 +77,7 @@ class LatencyEstimator:
         max_samples: the newest samples kept per key (older ones are dropped first).
         max_keys: the number of keys kept; observing a new key beyond it drops the key
             observed least recently.
+        refresh: the longest a cached answer is reused, in seconds (0 disables the cache).
 
     Raises:
         ConfigurationError: a parameter is out of range.
@@ -68,6 +91,7 @@ class LatencyEstimator:
         min_samples: int = 20,
         max_samples: int = 1024,
         max_keys: int = 1024,
+        refresh: float = 1.0,
     ) -> None:
         check_number("window", window, positive=True)
         check_number("half_life", half_life, positive=True)
@@ -79,12 +103,14 @@ class LatencyEstimator:
             )
         if max_keys < 1:
             raise ConfigurationError(f"max_keys must be >= 1, got {max_keys}")
+        check_number("refresh", refresh, positive=False)
         self.window = window
         self.half_life = half_life
         self.min_samples = min_samples
         self.max_samples = max_samples
         self.max_keys = max_keys
-        self._series: OrderedDict[Hashable, deque[tuple[float, float]]] = OrderedDict()
+        self.refresh = refresh
+        self._series: OrderedDict[Hashable, _Series] = OrderedDict()
 
     def __repr__(self) -> str:
         return (
@@ -108,13 +134,14 @@ class LatencyEstimator:
             raise ConfigurationError(f"a latency must be a finite number >= 0, got {value!r}")
         series = self._series.get(key)
         if series is None:
-            series = deque(maxlen=self.max_samples)
+            series = _Series(self.max_samples)
             self._series[key] = series
             if len(self._series) > self.max_keys:
                 self._series.popitem(last=False)
         else:
             self._series.move_to_end(key)
-        series.append((now, value))
+        series.samples.append((now, value))
+        series.since_cache += 1
 
     def count(self, key: Hashable, now: float) -> int:
         """How many samples of ``key`` are inside the window at time ``now``."""
@@ -122,7 +149,7 @@ class LatencyEstimator:
         if series is None:
             return 0
         self._expire(series, now)
-        return len(series)
+        return len(series.samples)
 
     def quantile(self, key: Hashable, q: float, now: float) -> float | None:
         """The decay-weighted ``q`` quantile (0 < q <= 1) of ``key``'s samples in the window.
@@ -140,14 +167,33 @@ class LatencyEstimator:
         if series is None:
             return None
         self._expire(series, now)
-        if len(series) < self.min_samples:
+        samples = series.samples
+        if len(samples) < self.min_samples:
             return None
-        if len(series) == 1:
-            return series[0][1]
+        fresh = (
+            series.since_cache <= len(samples) // _REFRESH_FRACTION
+            and 0 <= now - series.cached_at < self.refresh
+        )
+        if not fresh:
+            series.cache.clear()
+            series.cached_at = now
+            series.since_cache = 0
+        cached = series.cache.get(q)
+        if cached is None:
+            cached = series.cache[q] = self._compute(samples, q)
+        return cached
+
+    def forget(self, key: Hashable) -> None:
+        """Drop every sample of ``key`` (nothing happens for an unknown key)."""
+        self._series.pop(key, None)
+
+    def _compute(self, samples: deque[tuple[float, float]], q: float) -> float:
+        if len(samples) == 1:
+            return samples[0][1]
         # Weights relative to the newest sample: scale-free, so no underflow for old clocks.
-        newest = series[-1][0]
+        newest = samples[-1][0]
         rate = math.log(2.0) / self.half_life
-        weighted = sorted((value, math.exp((t - newest) * rate)) for t, value in series)
+        weighted = sorted((value, math.exp((t - newest) * rate)) for t, value in samples)
         target = q * math.fsum(weight for _, weight in weighted)
         cumulative = 0.0
         for value, weight in weighted:
@@ -156,11 +202,9 @@ class LatencyEstimator:
                 return value
         return weighted[-1][0]  # rounding left the sum a hair short of the target
 
-    def forget(self, key: Hashable) -> None:
-        """Drop every sample of ``key`` (nothing happens for an unknown key)."""
-        self._series.pop(key, None)
-
-    def _expire(self, series: deque[tuple[float, float]], now: float) -> None:
-        oldest = now - self.window
-        while series and series[0][0] < oldest:
-            series.popleft()
+    def _expire(self, series: _Series, now: float) -> None:
+        samples, oldest = series.samples, now - self.window
+        if samples and samples[0][0] < oldest:
+            while samples and samples[0][0] < oldest:
+                samples.popleft()
+            series.cache.clear()

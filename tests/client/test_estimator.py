@@ -180,3 +180,41 @@ def test_prompt_bucket_is_a_coarse_log2_class(chars: int, bucket: int) -> None:
 def test_prompt_bucket_refuses_negative_sizes() -> None:
     with pytest.raises(ConfigurationError):
         prompt_bucket(-1)
+
+
+def big_estimator(refresh: float = 1.0) -> LatencyEstimator:
+    est = LatencyEstimator(min_samples=1, max_samples=4096, window=1e6, refresh=refresh)
+    fill(est, [1.0] * 1024)
+    return est
+
+
+def test_a_cached_answer_lags_by_at_most_refresh_seconds() -> None:
+    est = big_estimator()
+    assert est.quantile(KEY, 0.99, 0.0) == 1.0
+    fill(est, [100.0] * 20)  # 20 of 1044 is under 1/32 of the series: the cache holds
+    assert est.quantile(KEY, 0.99, 0.5) == 1.0
+    assert est.quantile(KEY, 0.99, 1.0) == 100.0  # a second later it is recomputed
+
+
+def test_enough_new_samples_refresh_the_cache_at_once() -> None:
+    est = big_estimator()
+    assert est.quantile(KEY, 0.99, 0.0) == 1.0
+    fill(est, [100.0] * 40)  # 40 > 1064 // 32
+    assert est.quantile(KEY, 0.99, 0.0) == 100.0
+
+
+def test_expired_samples_refresh_the_cache() -> None:
+    est = LatencyEstimator(window=10.0, min_samples=1, max_samples=4096, refresh=100.0)
+    fill(est, [100.0] * 1024, now=0.0)
+    fill(est, [1.0] * 1024, now=5.0)
+    assert est.quantile(KEY, 0.99, 5.0) == 100.0
+    assert est.quantile(KEY, 0.99, 10.5) == 1.0  # the slow half expired
+
+
+def test_refresh_zero_disables_the_cache() -> None:
+    est = big_estimator(refresh=0.0)
+    assert est.quantile(KEY, 0.99, 0.0) == 1.0
+    fill(est, [100.0] * 20)
+    assert est.quantile(KEY, 0.99, 0.0) == 100.0
+    with pytest.raises(ConfigurationError, match="refresh"):
+        LatencyEstimator(refresh=-1.0)
