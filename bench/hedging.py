@@ -526,7 +526,7 @@ async def main_async(args: argparse.Namespace) -> int:
                     results.append(RunResult(strategy, skipped=skipped))
                     continue
                 result = await run_strategy(base, strategy, call, workload, settings)
-                if strategy == "none":
+                if strategy == "none" and math.isfinite(result.quantile(0.95)):
                     fixed_delay = result.quantile(0.95)
                 results.append(result)
             print(results_table(results))
