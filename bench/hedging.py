@@ -23,7 +23,7 @@ Strategies, each on a fresh client after an unmeasured warm-up:
 
 ``fixed`` and ``adaptive`` need ``swiftclient.Hedge`` (issue 8's hedged call path); without it
 they are reported as skipped. A last scenario makes one replica fail (503 after 0.5 s)
-a quarter of the way into a run at 60% utilization: sequential fallback and the adaptive hedge
+a fifth of the way into a run at 60% utilization: sequential fallback and the adaptive hedge
 route around it once its circuit breaker opens.
 
 Goals (PASS/FAIL printed): with at most 5% extra requests, p99 TTFT >= 4x lower than no
@@ -62,10 +62,9 @@ STRATEGIES = ("none", "fixed", "adaptive", "all")
 REPLICAS = 4
 MODEL = "sim"
 TOKENS = 8
-FAIL_AT = 0.25
-"""Where in the failure scenario's run replica r3 starts failing."""
-TRANSITION = 2.0
-"""Seconds after the failure left out of "before" and "after" (the breaker has to see it)."""
+FAIL_AT = 0.2
+"""Where in the failure scenario's run replica r3 starts failing; the first half of the time
+left is the transition (the breakers must see enough failures), the second half "after"."""
 FAIL_DELAY_MEDIANS = 25.0
 """A failing replica answers 503 after this many medians (0.5 s at the default scale)."""
 HEDGE_BUDGET = 0.05
@@ -94,7 +93,7 @@ class Settings:
 
 
 FULL = Settings(
-    calls=1000, warmup=100, utilizations=(0.3, 0.6, 0.85), median=0.02, rate=170, failure_calls=1400
+    calls=1000, warmup=100, utilizations=(0.3, 0.6, 0.85), median=0.02, rate=170, failure_calls=1600
 )
 QUICK = Settings(calls=60, warmup=30, utilizations=(0.3,), median=0.01, rate=60, failure_calls=0)
 
@@ -550,8 +549,8 @@ async def failure_scenario(
     seed: int,
     goals: list[list[object]],
 ) -> None:
-    """60% utilization; replica r3 starts failing a quarter of the way in."""
-    print("## One replica fails (r3 answers 503 after a delay, from a quarter of the run on)\n")
+    """60% utilization; replica r3 starts failing a fifth of the way in."""
+    print("## One replica fails (r3 answers 503 after a delay, from a fifth of the run on)\n")
     if Hedge is None:
         print("skipped: needs swiftclient.Hedge, the fallback list and circuit breakers\n")
         return
@@ -560,6 +559,7 @@ async def failure_scenario(
     await _control(base, slots=workload.slots, seed=seed + 1, reset=True)
     first = workload.arrivals[scenario.warmup]
     fail_at = (workload.arrivals[-1] - first) * FAIL_AT
+    transition = (workload.arrivals[-1] - first - fail_at) / 2
 
     async def break_r3(origin: float) -> None:
         await anyio.sleep(max(0.0, origin + fail_at - anyio.current_time()))
@@ -577,7 +577,7 @@ async def failure_scenario(
             if began < fail_at:
                 phases["before"].append(ttft)
             else:
-                phases["transition" if began < fail_at + TRANSITION else "after"].append(ttft)
+                phases["transition" if began < fail_at + transition else "after"].append(ttft)
         p95 = {k: r.quantile(0.95, v) for k, v in phases.items()}
         p99 = {k: r.quantile(0.99, v) for k, v in phases.items()}
         rows.append(
@@ -593,7 +593,7 @@ async def failure_scenario(
             measured = f"{_ms(values['after'])} vs {_ms(values['before'])} ms"
             goal = f"{q} after <= 2x {q} before"
             goals.append(["60%, r3 failing", name, goal, measured, verdict(recovered)])
-    headers = ["policy", "before: p95 / p99 ms", f"first {TRANSITION:g} s", "after", "r3 breaker"]
+    headers = ["policy", "before: p95 / p99 ms", f"first {transition:.1f} s", "after", "r3 breaker"]
     print(markdown_table([*headers, "errors"], rows))
     print()
 
