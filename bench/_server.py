@@ -1,4 +1,4 @@
-"""Run ``python -m swiftclient.testing`` as a separate process for the load benchmark.
+"""Run benchmark servers (the fake provider, the simulated provider) as separate processes.
 
 A separate process keeps the server's CPU work off the client's GIL; on a small machine the
 two still share the cores. The process is terminated (then killed) however the block exits.

@@ -9,16 +9,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_client_overhead_quick_run_prints_its_tables() -> None:
+def quick_run(script: str) -> str:
+    """Run ``bench/<script> --quick`` and return what it printed."""
     out = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "client_overhead.py"), "--quick"],
+        [sys.executable, str(ROOT / "bench" / script), "--quick"],
         capture_output=True,
         text=True,
         timeout=240,
         check=True,
         cwd=ROOT,
     )
-    text = out.stdout
+    return out.stdout
+
+
+def test_client_overhead_quick_run_prints_its_tables() -> None:
+    text = quick_run("client_overhead.py")
     for peer in ("swiftclient", "openai", "raw httpx", "raw aiohttp"):
         assert peer in text
     assert "µs/chunk" in text and "vs aiohttp" in text
