@@ -6,6 +6,7 @@ Run from the repository root::
     .venv/bin/python bench/engine_cpu.py --quick    # smoke run, under a minute
     .venv/bin/python bench/engine_cpu.py --profile  # + cProfile of the engine workloads
     .venv/bin/python bench/engine_cpu.py --only contention   # workload 4 alone, 1-3 minutes
+    .venv/bin/python bench/engine_cpu.py --only quant        # workload 5 alone, 3-20 minutes
 
 Both peers run the embedded ``swift-50m`` model (random weights, Qwen3 architecture, about
 52M parameters) in float32 with the same number of torch threads, decode greedily and
@@ -37,6 +38,10 @@ Workloads and goals (PASS/FAIL printed beside each):
    machine to itself, in alternating rounds. Goal: >= 0.6x of the idle rate. The engine only:
    it measures how the engine's threads share a CPU (local_engine/cpu_threads.py); the
    OpenMP wait settings in force are printed above the table.
+5. bf16 and int8 (``--only quant``; its own table): the engine loaded in bfloat16 and with
+   int8 weights (bf16 activations). Batch-1 decode against the fp32 engine (goal for int8:
+   >= 2x) and workload 2(a) against transformers in fp32 (goal for bf16: >= 3x) and in bf16
+   (goal for bf16: >= 1.5x), with a ceiling line per quantized engine.
 
 Every round builds fresh random prompts (same lengths) and runs all peers on them back to
 back, who goes first rotating; a warm-up round precedes the timed ones. So the engine's prefix
@@ -67,7 +72,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 import transformers
 from _contention import busy_process
 from _util import markdown_table, ratio, verdict
@@ -78,6 +82,7 @@ from local_engine.attention import build_attention_metadata
 from local_engine.cpu_threads import SPIN_COUNT_ENV, WAIT_POLICY_ENV, openmp_setup
 from local_engine.default_model import ensure_default_model
 from local_engine.engine import Engine, EngineConfig, SamplingParams
+from local_engine.quant import linear
 from local_engine.runner import RunnerOutput
 from local_engine.scheduler import SchedulerOutput
 
@@ -88,7 +93,7 @@ PREFIX_GOAL = 5.0
 CONTENTION_GOAL = 0.6
 BUSY_LIMIT_S = 300.0
 """The competing process exits by itself after this long, whatever happens to the script."""
-WORKLOADS = ("decode", "batch", "prefix", "contention")
+WORKLOADS = ("decode", "batch", "prefix", "contention", "quant")
 
 
 @dataclass(frozen=True)
@@ -326,9 +331,9 @@ def matmul_seconds(model: Any, shapes: Sequence[Shape], reps: int) -> float:
     """
     cfg = model.config
     widest = max(shape.tokens for shape in shapes)
-    x_hidden = torch.randn(widest, cfg.hidden_size)
-    x_attn = torch.randn(widest, cfg.num_heads * cfg.head_dim)
-    x_mlp = torch.randn(widest, cfg.intermediate_size)
+    x_hidden = torch.randn(widest, cfg.hidden_size, dtype=model.dtype)
+    x_attn = torch.randn(widest, cfg.num_heads * cfg.head_dim, dtype=model.dtype)
+    x_mlp = torch.randn(widest, cfg.intermediate_size, dtype=model.dtype)
     best = float("inf")
     with torch.inference_mode():
         for _ in range(reps):
@@ -336,12 +341,12 @@ def matmul_seconds(model: Any, shapes: Sequence[Shape], reps: int) -> float:
             for shape in shapes:
                 tokens, samples = shape.tokens, shape.samples
                 for layer in model.layers:
-                    F.linear(x_hidden[:tokens], layer.qkv_weight, layer.qkv_bias)
-                    F.linear(x_attn[:tokens], layer.o_weight, layer.o_bias)
-                    F.linear(x_hidden[:tokens], layer.gate_up_weight)
-                    F.linear(x_mlp[:tokens], layer.down_weight)
+                    linear(x_hidden[:tokens], layer.qkv_weight, layer.qkv_bias)
+                    linear(x_attn[:tokens], layer.o_weight, layer.o_bias)
+                    linear(x_hidden[:tokens], layer.gate_up_weight)
+                    linear(x_mlp[:tokens], layer.down_weight)
                 if samples:
-                    F.linear(x_hidden[:samples], model.lm_head)
+                    linear(x_hidden[:samples], model.lm_head)
             best = min(best, time.perf_counter() - start)
     return best
 
@@ -373,8 +378,8 @@ def attention_seconds(model: Any, block_size: int, shapes: Sequence[Shape], reps
             [new for new, _ in shape.layout],
             block_size=block_size,
         )
-        q = torch.randn(shape.tokens, cfg.num_heads, cfg.head_dim)
-        kv = torch.randn(2, shape.tokens, cfg.num_kv_heads, cfg.head_dim)
+        q = torch.randn(shape.tokens, cfg.num_heads, cfg.head_dim, dtype=model.dtype)
+        kv = torch.randn(2, shape.tokens, cfg.num_kv_heads, cfg.head_dim, dtype=model.dtype)
         steps.append((meta, q, kv))
     attention = model.attention
     best = float("inf")
@@ -791,6 +796,190 @@ def profile_engine(setup: Setup, s: Settings) -> None:
             print("```")
 
 
+# ------------------------------------------------------------------ bf16 and int8 rows
+
+
+QUANT_DECODE_GOAL = 2.0
+"""Batch-1 decode of the int8 engine over the engine's own float32."""
+QUANT_BATCH_GOAL = 3.0
+"""32 concurrent requests, bf16 engine over transformers float32 ``generate()``."""
+SAME_DTYPE_GOAL = 1.5
+"""32 concurrent requests, bf16 engine over transformers bfloat16 ``generate()``."""
+
+
+@dataclass
+class QuantSetup:
+    """The engine in bfloat16 and with int8 weights, and transformers in bfloat16."""
+
+    bf16: EnginePeer
+    int8: EnginePeer
+    hf_bf16: TransformersPeer
+
+
+def build_quant(path: Path, setup: Setup, s: Settings) -> QuantSetup:
+    """Load the bf16 and int8 engines (KV cache sized as ``build`` does) and transformers
+    in bfloat16."""
+    longest = max(
+        s.decode_prompt + s.decode_new,
+        s.batch_requests * (s.batch_max_prompt + max(s.batch_new, s.batch_max_new)),
+    )
+    blocks = _blocks_for(longest)
+    bf16 = Engine.from_pretrained(path, EngineConfig(dtype="bfloat16", num_blocks=blocks, seed=0))
+    int8 = Engine.from_pretrained(
+        path, EngineConfig(quantization="int8", num_blocks=blocks, seed=0)
+    )
+    hf: Any = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+    hf.eval()
+    return QuantSetup(
+        EnginePeer(bf16), EnginePeer(int8), TransformersPeer(hf, setup.transformers.pad)
+    )
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def bench_quant_decode(setup: Setup, qs: QuantSetup, s: Settings) -> tuple[list[Row], str]:
+    """Batch-1 decode of the engine in bf16 and with int8 weights against the same engine in
+    float32 (workload 1's prompt shape), all three in every round; also returns how long
+    each one's greedy tokens stayed identical to float32's."""
+
+    def make(rnd: int) -> Prompts:
+        return [_random_ids(random.Random(500 + rnd), s.decode_prompt, setup.token_high)]
+
+    fp32, bf16, int8 = _rounds(
+        s.reps,
+        make,
+        [
+            lambda p: setup.engine.run(p, s.decode_new),
+            lambda p: qs.bf16.run(p, s.decode_new),
+            lambda p: qs.int8.run(p, s.decode_new),
+        ],
+    )
+    shape = f"{s.decode_prompt}-token prompt, {s.decode_new} new"
+    rows = [
+        _rate_row(
+            f"batch-1 decode tok/s ({shape}): bf16 engine vs fp32 engine",
+            bf16,
+            fp32,
+            "decode_rate",
+            None,
+        ),
+        _rate_row(
+            "batch-1 decode tok/s (same): int8 engine vs fp32 engine",
+            int8,
+            fp32,
+            "decode_rate",
+            QUANT_DECODE_GOAL,
+        ),
+    ]
+    agree = {
+        name: statistics.median(
+            _common_prefix(r.tokens[0], f.tokens[0]) for r, f in zip(runs, fp32, strict=True)
+        )
+        for name, runs in (("bf16", bf16), ("int8", int8))
+    }
+    note = (
+        f"batch-1 greedy tokens identical to the fp32 engine's for the first "
+        f"{agree['bf16']:g} (bf16) and {agree['int8']:g} (int8) of {s.decode_new} tokens "
+        "(median over rounds; random weights give flat logits, so rounding flips them early)"
+    )
+    return rows, note
+
+
+def bench_quant_batch(setup: Setup, qs: QuantSetup, s: Settings) -> tuple[list[Row], list[str]]:
+    """Workload 2(a) for the bf16 and int8 engines against transformers in float32 and in
+    bfloat16, all four in every round; also returns the bf16 and int8 ceiling notes."""
+    lengths = batch_lengths(s)
+
+    def make(rnd: int) -> Prompts:
+        rng = random.Random(600 + rnd)
+        return [_random_ids(rng, n, setup.token_high) for n in lengths]
+
+    bf16, int8, hf32, hf16 = _rounds(
+        s.batch_reps,
+        make,
+        [
+            lambda p: qs.bf16.run(p, s.batch_new),
+            lambda p: qs.int8.run(p, s.batch_new),
+            lambda p: setup.transformers.run(p, s.batch_new),
+            lambda p: qs.hf_bf16.run(p, s.batch_new),
+        ],
+    )
+    shape = f"{s.batch_requests} requests, {s.batch_new} new each"
+    rows = [
+        _rate_row(
+            f"total gen tok/s ({shape}): bf16 engine vs transformers fp32",
+            bf16,
+            hf32,
+            "end_to_end_rate",
+            QUANT_BATCH_GOAL,
+        ),
+        _rate_row(
+            "total gen tok/s (same): bf16 engine vs transformers bf16",
+            bf16,
+            hf16,
+            "end_to_end_rate",
+            SAME_DTYPE_GOAL,
+        ),
+        _rate_row(
+            "total gen tok/s (same): int8 engine vs transformers fp32",
+            int8,
+            hf32,
+            "end_to_end_rate",
+            None,
+        ),
+        _rate_row(
+            "total gen tok/s (same): int8 engine vs transformers bf16",
+            int8,
+            hf16,
+            "end_to_end_rate",
+            None,
+        ),
+    ]
+    notes = []
+    for label, peer in (("bf16", qs.bf16), ("int8", qs.int8)):
+        shapes = peer.step_shapes(make(s.batch_reps + 1), s.batch_new)
+        notes.append(
+            ceiling_note(
+                f"2a, {label} engine vs transformers bf16", hf16, peer.engine, shapes, s.batch_reps
+            )
+        )
+    return rows, notes
+
+
+def run_quant(path: Path, setup: Setup, s: Settings, threads: int, *, quick: bool) -> None:
+    """Workload 5: build the bf16 and int8 peers, run their rows, print their table."""
+    qs = build_quant(path, setup, s)
+    load_before = os.getloadavg()
+    wall = time.perf_counter()
+    decode_rows, decode_note = bench_quant_decode(setup, qs, s)
+    batch_rows, batch_notes = bench_quant_batch(setup, qs, s)
+    wall = time.perf_counter() - wall
+    load_after = os.getloadavg()
+    print(f"## local_engine in bf16 and int8, CPU ({'quick' if quick else 'full'} run)\n")
+    print(
+        f"- model: {MODEL_NAME} (random weights), torch {torch.__version__}, "
+        f"transformers {transformers.__version__}; int8: weight-only, per-channel scales, "
+        "bf16 activations"
+    )
+    print(
+        f"- torch threads: {threads}; machine: {os.cpu_count()} CPUs, SHARED (1-min load "
+        f"average {load_before[0]:.1f} before, {load_after[0]:.1f} after); same rounds and "
+        f"best-of rules as above; workloads took {wall:.0f} s\n"
+    )
+    headers = ["metric", "local_engine", "peer", "ratio", "median ratio", "goal", "result"]
+    print(markdown_table(headers, [r.cells() for r in decode_rows + batch_rows]))
+    print()
+    for line in [decode_note, *batch_notes]:
+        print(line)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the chosen workloads and print the markdown table; exit 0 even on FAIL."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
@@ -802,7 +991,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--only",
         action="append",
         choices=WORKLOADS,
-        help="run only this workload (repeatable; default: all)",
+        help="run only this workload (repeatable; default: all; quant: bf16 and int8)",
     )
     args = parser.parse_args(argv)
     chosen = set(args.only or WORKLOADS)
@@ -818,9 +1007,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     hf_logging: Any = transformers.logging
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    setup = build(
-        ensure_default_model(MODEL_NAME), s, with_transformers=bool(chosen - {"contention"})
-    )
+    path = ensure_default_model(MODEL_NAME)
+    setup = build(path, s, with_transformers=bool(chosen - {"contention"}))
+    if chosen == {"quant"}:
+        run_quant(path, setup, s, args.threads, quick=args.quick)
+        return 0
     load_before = os.getloadavg()
     wall = time.perf_counter()
     rows: list[Row] = []
@@ -892,6 +1083,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if args.profile:
         profile_engine(setup, s)
+    if "quant" in chosen:
+        print()
+        run_quant(path, setup, s, args.threads, quick=args.quick)
     return 0
 
 

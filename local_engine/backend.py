@@ -17,11 +17,12 @@ share cached prompt blocks (``prompt_cache_key`` is ignored).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import anyio
 import anyio.to_thread
@@ -56,6 +57,8 @@ class LocalBackend:
             threads (``num_threads``). The engine's threads sleep when idle rather than spin
             (``OMP_WAIT_POLICY=PASSIVE``, set when ``local_engine`` is first imported unless
             the environment sets a wait policy; see docs/local-engine.md).
+        quantization: ``"int8"`` for int8 weights (per-channel scales, quantized at load
+            time); overrides ``engine_config.quantization`` when given.
         default_max_tokens: the completion limit of requests that set none (capped by the
             room the model's context leaves).
         chat_template: a template source (or a named template) overriding the tokenizer's.
@@ -76,8 +79,13 @@ class LocalBackend:
         default_max_tokens: int = 1024,
         chat_template: str | None = None,
         tool_format: str | None = None,
+        quantization: Literal["int8"] | None = None,
     ) -> None:
         check_backend_name(name)
+        if quantization not in (None, "int8"):
+            raise errors.ConfigurationError(
+                f"unknown quantization {quantization!r}: expected None or 'int8'"
+            )
         if isinstance(default_max_tokens, bool) or not isinstance(default_max_tokens, int):
             raise errors.ConfigurationError("default_max_tokens must be an int")
         if default_max_tokens < 1:
@@ -85,6 +93,7 @@ class LocalBackend:
         self.name = name
         self._model = model
         self._engine_config = engine_config
+        self._quantization = quantization
         self._default_max_tokens = default_max_tokens
         self._chat_template = chat_template
         self._tool_format = tool_format
@@ -188,7 +197,7 @@ class LocalBackend:
 
     def _load_sync(self) -> tuple[Path, ChatService]:
         try:
-            from local_engine.engine import Engine
+            from local_engine.engine import Engine, EngineConfig
             from local_engine.service import ChatService
         except ImportError as exc:
             raise errors.ConfigurationError(
@@ -197,7 +206,12 @@ class LocalBackend:
             ) from exc
         path = self._resolve_model_dir()
         try:
-            engine = Engine.from_pretrained(path, self._engine_config)
+            config = self._engine_config
+            if self._quantization is not None:
+                config = dataclasses.replace(
+                    config or EngineConfig(), quantization=self._quantization
+                )
+            engine = Engine.from_pretrained(path, config)
         except OSError as exc:
             raise errors.ConfigurationError(f"cannot load the model in {path}: {exc}") from exc
         except (RuntimeError, MemoryError) as exc:

@@ -16,6 +16,7 @@ from local_engine.attention import get_attention_backend
 from local_engine.cpu_threads import log_openmp_setup, set_num_threads
 from local_engine.kv_cache import BlockPool
 from local_engine.model import DecoderModel
+from local_engine.quant import Quantization, check_quantization
 from local_engine.runner import ModelRunner
 from local_engine.sampler import Sampler, SamplingParams, TokenLogprob
 from local_engine.scheduler import Scheduler
@@ -40,8 +41,10 @@ class EngineConfig:
 
     ``num_blocks=None`` sizes the KV cache from ``kv_cache_memory`` bytes.
     ``max_model_len=None`` means the model's ``max_position_embeddings``, capped by what
-    the KV pool can hold. ``dtype``/``device`` apply when :meth:`Engine.from_pretrained`
-    loads the model. ``seed`` fixes the sampling noise of requests without their own seed.
+    the KV pool can hold. ``dtype``/``device``/``quantization`` apply when
+    :meth:`Engine.from_pretrained` loads the model (``quantization="int8"``: int8 weights
+    with per-channel scales, bfloat16 activations unless ``dtype`` says float16). ``seed``
+    fixes the sampling noise of requests without their own seed.
     ``num_threads`` sets torch's CPU threads (``torch.set_num_threads``, which is
     process-wide) when the engine is built; ``None`` keeps torch's count (``OMP_NUM_THREADS``,
     else the CPUs this process may use). How idle threads wait is set before torch loads,
@@ -61,6 +64,7 @@ class EngineConfig:
     device: str = "cpu"
     seed: int | None = None
     num_threads: int | None = None
+    quantization: Quantization | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -74,6 +78,7 @@ class EngineConfig:
         for name in ("num_blocks", "max_model_len", "num_threads"):
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
+        self.quantization = check_quantization(self.quantization)
 
 
 def _positive(name: str, value: object) -> None:
@@ -180,7 +185,9 @@ class Engine:
         from local_engine.loader import load_model
 
         config = config if config is not None else EngineConfig()
-        model = load_model(path, dtype=config.dtype, device=config.device)
+        model = load_model(
+            path, dtype=config.dtype, device=config.device, quantization=config.quantization
+        )
         root = Path(path)
         tokenizer = Tokenizer.from_dir(root) if (root / "tokenizer.json").exists() else None
         return cls(model, config, tokenizer)

@@ -4,7 +4,8 @@ Each HF tensor name maps onto a slice of one of the model's fused parameters (q/
 ``qkv_weight``, gate/up rows of ``gate_up_weight``, ...). All shard headers are checked
 before any tensor is read: a missing, unexpected or misshapen weight raises
 :class:`~swiftclient.errors.ConfigurationError` naming it. Tensors are copied one at a time
-into preallocated parameters, converting dtype on the way.
+into preallocated parameters, converting dtype on the way; with ``quantization="int8"`` the
+projection weights are quantized as they are read (see :mod:`local_engine.quant`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from swiftclient.errors import ConfigurationError
 
 from .config import ModelConfig, normalize_dtype_name
 from .model import DecoderLayer, DecoderModel
+from .quant import Int8Rows, Int8Weight, Quantization, check_quantization
 
 __all__ = ["load_model", "resolve_dtype"]
 
@@ -28,17 +30,24 @@ _INDEX_FILE = "model.safetensors.index.json"
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 # HF name -> (destination view inside a model parameter, shape the checkpoint must have)
-_Targets = dict[str, tuple[torch.Tensor, tuple[int, ...]]]
+_Targets = dict[str, tuple[torch.Tensor | Int8Rows, tuple[int, ...]]]
 
 
-def resolve_dtype(dtype: str | torch.dtype | None, config: ModelConfig) -> torch.dtype:
-    """The torch dtype to load as: ``dtype`` if given (``"auto"``/None: the config's own).
+def resolve_dtype(
+    dtype: str | torch.dtype | None,
+    config: ModelConfig,
+    quantization: Quantization | None = None,
+) -> torch.dtype:
+    """The torch dtype to load as: ``dtype`` if given (``"auto"``/None: the config's own,
+    except that quantized weights turn a float32 checkpoint's into bfloat16).
 
     Raises:
         ConfigurationError: an unsupported dtype.
     """
     if dtype is None or dtype == "auto":
         name = config.dtype
+        if quantization is not None and name == "float32":
+            name = "bfloat16"
     elif isinstance(dtype, torch.dtype):
         name = normalize_dtype_name(str(dtype))
     else:
@@ -51,22 +60,26 @@ def load_model(
     *,
     dtype: str | torch.dtype | None = None,
     device: str | torch.device = "cpu",
+    quantization: Quantization | None = None,
 ) -> DecoderModel:
     """Read ``config.json`` and the safetensors weights under ``path`` into a DecoderModel.
 
     Single-file (``model.safetensors``) and sharded (``model.safetensors.index.json``)
-    checkpoints are supported, with tied or untied embeddings.
+    checkpoints are supported, with tied or untied embeddings. ``quantization="int8"``
+    quantizes the projection weights (and an untied LM head) from the checkpoint's own
+    precision as they are read; activations then default to bfloat16.
 
     Raises:
         ConfigurationError: the directory, config or weights are missing, unsupported or
-            do not match the config.
+            do not match the config; an unknown ``quantization``, or int8 with float32.
     """
+    quantization = check_quantization(quantization)
     root = Path(path)
     config = ModelConfig.from_pretrained(root)
-    torch_dtype = resolve_dtype(dtype, config)
+    torch_dtype = resolve_dtype(dtype, config, quantization)
     config = dataclasses.replace(config, dtype=str(torch_dtype).removeprefix("torch."))
     files = _weight_files(root)
-    model = DecoderModel(config, dtype=torch_dtype, device=device)
+    model = DecoderModel(config, dtype=torch_dtype, device=device, quantization=quantization)
     targets = _targets(model)
     shapes_by_file = {file: _tensor_shapes(file) for file in files}
     _check_names(targets, shapes_by_file, config)
@@ -157,7 +170,10 @@ def _targets(model: DecoderModel) -> _Targets:
         "model.norm.weight": (model.norm, (hidden,)),
     }
     if not cfg.tie_word_embeddings:
-        targets["lm_head.weight"] = (model.lm_head, (cfg.vocab_size, hidden))
+        targets["lm_head.weight"] = (
+            _rows(model.lm_head, 0, cfg.vocab_size),
+            (cfg.vocab_size, hidden),
+        )
     for i, module in enumerate(model.layers):
         layer = cast(DecoderLayer, module)
         attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
@@ -168,21 +184,31 @@ def _targets(model: DecoderModel) -> _Targets:
         }
         for proj, (start, rows) in splits.items():
             targets[f"{attn}{proj}.weight"] = (
-                layer.qkv_weight[start : start + rows],
+                _rows(layer.qkv_weight, start, start + rows),
                 (rows, hidden),
             )
             if layer.qkv_bias is not None:
                 targets[f"{attn}{proj}.bias"] = (layer.qkv_bias[start : start + rows], (rows,))
-        targets[f"{attn}o_proj.weight"] = (layer.o_weight, (hidden, q_rows))
+        targets[f"{attn}o_proj.weight"] = (_rows(layer.o_weight, 0, hidden), (hidden, q_rows))
         if layer.o_bias is not None:
             targets[f"{attn}o_proj.bias"] = (layer.o_bias, (hidden,))
         if layer.qk_norm_weight is not None:
             # One per-head weight each, broadcast over that projection's heads.
             targets[f"{attn}q_norm.weight"] = (layer.qk_norm_weight[: cfg.num_heads], (hd,))
             targets[f"{attn}k_norm.weight"] = (layer.qk_norm_weight[cfg.num_heads :], (hd,))
-        targets[f"{mlp}gate_proj.weight"] = (layer.gate_up_weight[:inter], (inter, hidden))
-        targets[f"{mlp}up_proj.weight"] = (layer.gate_up_weight[inter:], (inter, hidden))
-        targets[f"{mlp}down_proj.weight"] = (layer.down_weight, (hidden, inter))
+        targets[f"{mlp}gate_proj.weight"] = (_rows(layer.gate_up_weight, 0, inter), (inter, hidden))
+        targets[f"{mlp}up_proj.weight"] = (
+            _rows(layer.gate_up_weight, inter, 2 * inter),
+            (inter, hidden),
+        )
+        targets[f"{mlp}down_proj.weight"] = (_rows(layer.down_weight, 0, hidden), (hidden, inter))
         targets[f"model.layers.{i}.input_layernorm.weight"] = (layer.input_norm, (hidden,))
         targets[f"model.layers.{i}.post_attention_layernorm.weight"] = (layer.post_norm, (hidden,))
     return targets
+
+
+def _rows(weight: torch.Tensor | Int8Weight, start: int, stop: int) -> torch.Tensor | Int8Rows:
+    """Rows ``start:stop`` of a dense or int8 weight, as a copy target."""
+    if isinstance(weight, Int8Weight):
+        return weight.rows(start, stop)
+    return weight[start:stop]

@@ -5,6 +5,9 @@ in float32 and cast to the model dtype, SwiGLU MLP). Weights are stored fused: q
 matrix and gate/up in another, so each layer runs three matmuls before its MLP down
 projection. Attention goes through an :class:`AttentionBackend` over a paged KV cache.
 Parameters are allocated uninitialized; :func:`local_engine.loader.load_model` fills them.
+With ``quantization="int8"`` the four projections of every layer and an untied LM head hold
+int8 weights with per-row scales (:mod:`local_engine.quant`); embeddings, norms and
+activations stay in the model dtype.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from swiftclient.errors import ConfigurationError
 
 from .attention import AttentionBackend, AttentionMetadata, get_attention_backend
 from .config import ModelConfig, RopeScaling
+from .quant import DequantScratch, Int8Weight, Quantization, check_quantization, linear
 
 __all__ = ["DecoderLayer", "DecoderModel", "rope_inverse_frequencies"]
 
@@ -28,14 +32,16 @@ def _param(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Paramete
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm over the last axis; ``weight`` broadcasts against ``x``."""
+    """RMSNorm over the last axis; ``weight`` broadcasts against ``x``.
+
+    Half-precision inputs are normalized in float32 and cast back before the weight is
+    applied, as transformers does.
+    """
     if x.dtype == torch.float32:
         if weight.dim() == 1:
             return F.rms_norm(x, (x.shape[-1],), weight, eps)
         return F.rms_norm(x, (x.shape[-1],), None, eps) * weight
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
 
 
 def rope_inverse_frequencies(
@@ -65,10 +71,22 @@ def rope_inverse_frequencies(
 class DecoderLayer(nn.Module):
     """Pre-norm attention + SwiGLU MLP block with fused projections."""
 
+    qkv_weight: torch.Tensor | Int8Weight
+    o_weight: torch.Tensor | Int8Weight
+    gate_up_weight: torch.Tensor | Int8Weight
+    down_weight: torch.Tensor | Int8Weight
+
     def __init__(
-        self, config: ModelConfig, index: int, *, dtype: torch.dtype, device: torch.device
+        self,
+        config: ModelConfig,
+        index: int,
+        *,
+        dtype: torch.dtype,
+        device: torch.device,
+        scratch: DequantScratch | None = None,
     ) -> None:
-        """Allocate one layer's (uninitialized) parameters."""
+        """Allocate one layer's (uninitialized) parameters; with ``scratch`` the four
+        projections are int8 weights that dequantize into it when they must."""
         super().__init__()
         hidden, hd = config.hidden_size, config.head_dim
         heads, kv_heads = config.num_heads, config.num_kv_heads
@@ -77,6 +95,11 @@ class DecoderLayer(nn.Module):
         def p(*shape: int) -> nn.Parameter:
             return _param(*shape, dtype=dtype, device=device)
 
+        def w(rows: int, cols: int) -> torch.Tensor | Int8Weight:
+            if scratch is None:
+                return p(rows, cols)
+            return Int8Weight(rows, cols, dtype=dtype, device=device, scratch=scratch)
+
         self.num_heads = heads
         self.num_kv_heads = kv_heads
         self.head_dim = hd
@@ -84,14 +107,14 @@ class DecoderLayer(nn.Module):
         self.scale = hd**-0.5
         self.sliding_window = config.sliding_windows[index]
         self.input_norm = p(hidden)
-        self.qkv_weight = p(qkv_rows, hidden)
+        self.qkv_weight = w(qkv_rows, hidden)
         self.qkv_bias = p(qkv_rows) if config.attention_bias else None
         self.qk_norm_weight = p(heads + kv_heads, hd) if config.qk_norm else None
-        self.o_weight = p(hidden, heads * hd)
+        self.o_weight = w(hidden, heads * hd)
         self.o_bias = p(hidden) if config.o_proj_bias else None
         self.post_norm = p(hidden)
-        self.gate_up_weight = p(2 * config.intermediate_size, hidden)
-        self.down_weight = p(hidden, config.intermediate_size)
+        self.gate_up_weight = w(2 * config.intermediate_size, hidden)
+        self.down_weight = w(hidden, config.intermediate_size)
 
     def forward(
         self,
@@ -106,7 +129,7 @@ class DecoderLayer(nn.Module):
         tokens = x.shape[0]
         heads, kv_heads, hd = self.num_heads, self.num_kv_heads, self.head_dim
         h = _rms_norm(x, self.input_norm, self.eps)
-        qkv = F.linear(h, self.qkv_weight, self.qkv_bias).view(tokens, heads + 2 * kv_heads, hd)
+        qkv = linear(h, self.qkv_weight, self.qkv_bias).view(tokens, heads + 2 * kv_heads, hd)
         qk = qkv[:, : heads + kv_heads]
         if self.qk_norm_weight is not None:
             qk = _rms_norm(qk, self.qk_norm_weight, self.eps)
@@ -121,10 +144,10 @@ class DecoderLayer(nn.Module):
             scale=self.scale,
             sliding_window=self.sliding_window,
         )
-        x = x + F.linear(out.reshape(tokens, heads * hd), self.o_weight, self.o_bias)
+        x = x + linear(out.reshape(tokens, heads * hd), self.o_weight, self.o_bias)
         h = _rms_norm(x, self.post_norm, self.eps)
-        gate, up = F.linear(h, self.gate_up_weight).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, self.down_weight)
+        gate, up = linear(h, self.gate_up_weight).chunk(2, dim=-1)
+        return x + linear(F.silu(gate) * up, self.down_weight)
 
 
 class DecoderModel(nn.Module):
@@ -140,22 +163,41 @@ class DecoderModel(nn.Module):
         dtype: torch.dtype | None = None,
         device: str | torch.device = "cpu",
         attention: AttentionBackend | None = None,
+        quantization: Quantization | None = None,
     ) -> None:
-        """Allocate an uninitialized model on ``device`` (dtype defaults to ``config.dtype``)."""
+        """Allocate an uninitialized model on ``device`` (dtype defaults to ``config.dtype``).
+
+        Raises:
+            ConfigurationError: an unknown ``quantization``, or ``"int8"`` with float32
+                activations (the int8 kernels take bfloat16 or float16).
+        """
         super().__init__()
         dtype = dtype if dtype is not None else getattr(torch, config.dtype)
         dev = torch.device(device)
+        self.quantization = check_quantization(quantization)
+        if self.quantization is not None and dtype not in (torch.bfloat16, torch.float16):
+            raise ConfigurationError(
+                f"{self.quantization} weights run with bfloat16 or float16 activations, not "
+                f"{str(dtype).removeprefix('torch.')}; use dtype='bfloat16' (or leave it unset)"
+            )
+        scratch = DequantScratch() if self.quantization is not None else None
         self.config = config
         self.attention: AttentionBackend = attention or get_attention_backend("auto")
         self.embed_tokens = _param(config.vocab_size, config.hidden_size, dtype=dtype, device=dev)
         layers = [
-            DecoderLayer(config, i, dtype=dtype, device=dev) for i in range(config.num_layers)
+            DecoderLayer(config, i, dtype=dtype, device=dev, scratch=scratch)
+            for i in range(config.num_layers)
         ]
         self.layers = nn.ModuleList(layers)
         self._layer_seq: tuple[DecoderLayer, ...] = tuple(layers)
         self.norm = _param(config.hidden_size, dtype=dtype, device=dev)
+        self.lm_head: torch.Tensor | Int8Weight
         if config.tie_word_embeddings:
-            self.lm_head = self.embed_tokens
+            self.lm_head = self.embed_tokens  # the lookup needs its rows dense: not quantized
+        elif scratch is not None:
+            self.lm_head = Int8Weight(
+                config.vocab_size, config.hidden_size, dtype=dtype, device=dev, scratch=scratch
+            )
         else:
             self.lm_head = _param(config.vocab_size, config.hidden_size, dtype=dtype, device=dev)
         inv_freq = rope_inverse_frequencies(config.head_dim, config.rope_theta, config.rope_scaling)
@@ -208,7 +250,7 @@ class DecoderModel(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Project hidden states ``[N, hidden]`` to float32 logits ``[N, vocab]``."""
         with torch.inference_mode():
-            return F.linear(hidden, self.lm_head).float()
+            return linear(hidden, self.lm_head).float()
 
     def make_kv_cache(self, num_blocks: int, block_size: int) -> list[torch.Tensor]:
         """Allocate a zeroed paged cache: per layer ``[2, num_blocks, block_size, kv, hd]``.

@@ -440,6 +440,7 @@ def _parser() -> argparse.ArgumentParser:
         "--root-path", default="", help="path prefix stripped by a reverse proxy (e.g. /api)"
     )
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's count)")
+    parser.add_argument("--quantization", choices=("int8",), help="int8: int8 weights")
     return parser
 
 
@@ -454,6 +455,7 @@ def _build(args: argparse.Namespace) -> LocalServer:
         dtype=args.dtype,
         device=args.device,
         num_threads=args.threads,
+        quantization=args.quantization,
     )
     backend = LocalBackend(
         args.model_dir or None,

@@ -26,12 +26,12 @@ def get_attention_backend(name: str = "auto") -> AttentionBackend:
     """Return a new attention backend.
 
     - ``"reference"``: the portable SDPA implementation, on any device and dtype.
-    - ``"cpu"``: the reference backend with float32 CPU decode rows run by the native paged
-      kernel, built now (see :mod:`local_engine.attention.native`).
+    - ``"cpu"``: the reference backend with float32 and bfloat16 CPU decode rows run by the
+      native paged kernel, built now (see :mod:`local_engine.attention.native`).
     - ``"auto"``: the ``"cpu"`` backend, building its kernel only when the first decode row
       it can take arrives, and running every row on the reference path where the kernel
-      cannot be built. Rows the kernel does not take (GPU tensors, half precision) run on
-      the reference path either way.
+      cannot be built. Rows the kernel does not take (GPU tensors, float16) run on the
+      reference path either way.
 
     Raises:
         ConfigurationError: ``name`` is not a known backend, or ``"cpu"`` was asked for and

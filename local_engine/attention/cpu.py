@@ -5,8 +5,9 @@ reference path spends most of it copying each sequence's key/value blocks into a
 buffer before SDPA reads them again. The kernel in ``csrc/paged_decode.c`` reads keys and
 values where they lie in the paged cache, once. Prefill (many query tokens per sequence) is
 matrix-shaped work that SDPA already does well, so it stays on the reference path, as do
-decode rows the kernel does not take (non-float32 or non-CPU tensors, more than
-``MAX_HEADS`` query heads) and every row when the kernel is unavailable.
+decode rows the kernel does not take (float16 or non-CPU tensors, more than ``MAX_HEADS``
+query heads) and every row when the kernel is unavailable. The kernel takes float32 and
+bfloat16 (converted as it loads, computed in float32).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ logger = logging.getLogger("local_engine")
 
 
 class CPUPagedAttention(ReferenceAttention):
-    """:class:`ReferenceAttention` with float32 CPU decode rows run by the native kernel."""
+    """:class:`ReferenceAttention` with float32 and bfloat16 CPU decode rows run by the native
+    kernel."""
 
     name = "cpu"
 
@@ -37,7 +39,7 @@ class CPUPagedAttention(ReferenceAttention):
         loader: Callable[[], PagedDecodeKernel | None] = load_paged_decode,
     ) -> None:
         """Use ``kernel``, or load one with ``loader`` when the first decode row it can take
-        arrives (so a GPU or half-precision model never builds it)."""
+        arrives (so a GPU or float16 model never builds it)."""
         super().__init__()
         self._kernel = kernel
         self._loader: Callable[[], PagedDecodeKernel | None] | None = (
@@ -86,6 +88,7 @@ class CPUPagedAttention(ReferenceAttention):
                 num_blocks=kv_cache.shape[1],
                 scale=scale,
                 threads=torch.get_num_threads(),
+                bf16=q.dtype == torch.bfloat16,
             )
         except KernelError as exc:  # e.g. scratch memory refused: this step takes SDPA
             if not self._failed:
@@ -95,14 +98,17 @@ class CPUPagedAttention(ReferenceAttention):
         return out
 
 
+_KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+
+
 def _kernel_takes(q: torch.Tensor, kv_cache: torch.Tensor, decode: _Decode) -> bool:
     rows, heads, dim = q.shape
     kv_heads = kv_cache.shape[3]
     return (
         q.device.type == "cpu"
         and kv_cache.device.type == "cpu"
-        and q.dtype == torch.float32
-        and kv_cache.dtype == torch.float32
+        and q.dtype in _KERNEL_DTYPES
+        and kv_cache.dtype == q.dtype
         and kv_cache.is_contiguous()
         and q.stride(2) == 1
         and dim == kv_cache.shape[4]

@@ -56,6 +56,7 @@ logger = logging.getLogger("local_engine")
 DISABLE_ENV = "SWIFTCLIENT_NATIVE_KERNELS"
 SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
 SYMBOL = "swift_paged_decode_f32"
+SYMBOL_BF16 = "swift_paged_decode_bf16"
 MAX_HEADS = 256
 """Query heads the kernel takes (``MAX_HEADS`` in the C source)."""
 
@@ -84,6 +85,7 @@ class PagedDecodeKernel:
 
     path: Path
     _fn: Callable[..., int]
+    _fn_bf16: Callable[..., int]
 
     def __call__(
         self,
@@ -103,16 +105,18 @@ class PagedDecodeKernel:
         num_blocks: int,
         scale: float,
         threads: int,
+        bf16: bool = False,
     ) -> None:
         """Run the kernel; ``shape`` is ``(rows, heads, kv_heads, dim)``.
 
-        Every block id a row uses is checked against ``num_blocks`` first.
+        Every block id a row uses is checked against ``num_blocks`` first. With ``bf16``
+        the query, cache and output are bfloat16 (computed in float32), else float32.
 
         Raises:
             KernelError: the kernel returned a non-zero status.
         """
         rows, heads, kv_heads, dim = shape
-        status = self._fn(
+        status = (self._fn_bf16 if bf16 else self._fn)(
             q,
             q_strides[0],
             q_strides[1],
@@ -288,10 +292,14 @@ def open_library(path: Path) -> PagedDecodeKernel:
     Raises:
         OSError: it cannot be loaded or lacks the kernel's symbol.
     """
-    try:
-        fn = getattr(ctypes.CDLL(str(path)), SYMBOL)
-    except AttributeError as exc:
-        raise OSError(f"{path} has no {SYMBOL}") from exc
-    fn.argtypes = _ARGTYPES
-    fn.restype = ctypes.c_int
-    return PagedDecodeKernel(path, fn)
+    library = ctypes.CDLL(str(path))
+    functions = []
+    for symbol in (SYMBOL, SYMBOL_BF16):
+        try:
+            fn = getattr(library, symbol)
+        except AttributeError as exc:
+            raise OSError(f"{path} has no {symbol}") from exc
+        fn.argtypes = _ARGTYPES
+        fn.restype = ctypes.c_int
+        functions.append(fn)
+    return PagedDecodeKernel(path, *functions)

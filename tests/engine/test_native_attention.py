@@ -121,9 +121,31 @@ def test_kernel_uses_every_thread_setting_alike(kernel: PagedDecodeKernel) -> No
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
+@pytest.mark.parametrize("window", [None, 5])
+def test_bf16_kernel_matches_float32_attention_on_the_same_values(
+    kernel: PagedDecodeKernel, window: int | None
+) -> None:
+    """bfloat16 rows: converted on load and computed in float32, so the result is the
+    float32 attention over the same (bf16-representable) values, rounded once."""
+    lens = [1, 4, 5, 37, 64, 11]
+    q, k, v, cache, meta = _decode_step(
+        lens, heads=8, kv_heads=2, dim=64, block=4, seed=7, dtype=torch.bfloat16
+    )
+    want = ReferenceAttention().forward(
+        q.float(), k.float(), v.float(), cache.float(), meta, scale=0.125, sliding_window=window
+    )
+    meta.derived.clear()
+    got = CPUPagedAttention(kernel).forward(
+        q, k, v, cache, meta, scale=0.125, sliding_window=window
+    )
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want.to(torch.bfloat16).float(), atol=1e-2, rtol=1e-2)
+    assert (got.float() - want).abs().max().item() <= want.abs().max().item() * 2**-8
+
+
 def test_rows_the_kernel_does_not_take_use_the_reference_path(kernel: PagedDecodeKernel) -> None:
     q, k, v, cache, meta = _decode_step(
-        [9, 30, 2], heads=4, kv_heads=2, dim=16, block=4, seed=2, dtype=torch.bfloat16
+        [9, 30, 2], heads=4, kv_heads=2, dim=16, block=4, seed=2, dtype=torch.float16
     )
     want = ReferenceAttention().forward(
         q, k, v, cache.clone(), meta, scale=0.25, sliding_window=None
@@ -248,6 +270,19 @@ def test_a_head_size_mismatch_never_reaches_the_kernel() -> None:
     with pytest.raises(RuntimeError):  # SDPA's own shape error, not an out-of-bounds read
         backend.forward(wide_q, k, v, cache, meta, scale=0.3, sliding_window=None)
     assert not calls
+
+
+@pytest.mark.parametrize(
+    ("dtype", "taken"), [(torch.float32, True), (torch.bfloat16, True), (torch.float16, False)]
+)
+def test_which_dtypes_reach_the_kernel(dtype: torch.dtype, taken: bool) -> None:
+    calls: list[dict[str, object]] = []
+    backend = CPUPagedAttention(cast(PagedDecodeKernel, lambda **kw: calls.append(kw)))
+    q, k, v, cache, meta = _decode_step(
+        [5, 9], heads=2, kv_heads=1, dim=8, block=4, seed=6, dtype=dtype
+    )
+    backend.forward(q, k, v, cache, meta, scale=0.3, sliding_window=None)
+    assert [c["bf16"] for c in calls] == ([dtype == torch.bfloat16] if taken else [])
 
 
 def test_a_broken_compiler_is_reported(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -2,7 +2,8 @@
  * Paged decode attention for CPU: one new query token per sequence, attending over its keys
  * and values where they lie in the paged KV cache, without gathering them first.
  *
- * Layout (all float32, row-major):
+ * Layout (row-major; float32 for swift_paged_decode_f32, bfloat16 for swift_paged_decode_bf16,
+ * which converts on load and computes in float32, rounding only the output):
  *   q      [rows, heads, dim]            strides q_row, q_head (elements); dim is contiguous
  *   k, v   [num_blocks, block_size, kv_heads, dim]   one layer's key and value halves
  *   tables [rows, table_stride] int64    block ids in [0, num_blocks); position p of row r
@@ -41,18 +42,43 @@
 #define MAX_HEADS 256
 #define MAX_THREADS 64
 
+typedef uint16_t bf16_t;
+
 typedef struct {
-    const float *q;
+    const void *q;
     int64_t q_row, q_head;
-    const float *k, *v;
+    const void *k, *v;
     const int64_t *tables;
     int64_t table_stride;
     const int64_t *lens;
-    float *out;
+    void *out;
     int64_t rows, heads, kv_heads, dim, block_size, window, max_len;
     float scale;
-    int nthreads, tid, status;
+    int nthreads, tid, status, bf16;
 } job_t;
+
+static inline float bf16_to_f32(bf16_t v) {
+    const uint32_t u = (uint32_t)v << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* Round to nearest even; NaN stays NaN. */
+static inline bf16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (bf16_t)(u >> 16);
+}
+
+#if defined(__AVX512F__)
+static inline __m512 load_bf16x16(const bf16_t *p) {
+    const __m256i raw = _mm256_loadu_si256((const __m256i *)p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+#endif
 
 static inline float dot(const float *a, const float *b, int64_t n) {
     int64_t d = 0;
@@ -83,6 +109,28 @@ static inline void axpy(float *y, float p, const float *x, int64_t n) {
     for (; d < n; d++) y[d] += p * x[d];
 }
 
+static inline float dot_bf16(const float *a, const bf16_t *b, int64_t n) {
+    int64_t d = 0;
+    float s = 0.f;
+#if defined(__AVX512F__)
+    __m512 acc = _mm512_setzero_ps();
+    for (; d + 16 <= n; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + d), load_bf16x16(b + d), acc);
+    s = _mm512_reduce_add_ps(acc);
+#endif
+    for (; d < n; d++) s += a[d] * bf16_to_f32(b[d]);
+    return s;
+}
+
+static inline void axpy_bf16(float *y, float p, const bf16_t *x, int64_t n) {
+    int64_t d = 0;
+#if defined(__AVX512F__)
+    const __m512 pv = _mm512_set1_ps(p);
+    for (; d + 16 <= n; d += 16)
+        _mm512_storeu_ps(y + d, _mm512_fmadd_ps(pv, load_bf16x16(x + d), _mm512_loadu_ps(y + d)));
+#endif
+    for (; d < n; d++) y[d] += p * bf16_to_f32(x[d]);
+}
+
 static void *run(void *arg) {
     job_t *j = (job_t *)arg;
     const int64_t kvh = j->kv_heads, group = j->heads / kvh, dim = j->dim, bs = j->block_size;
@@ -91,11 +139,16 @@ static void *run(void *arg) {
        every thread busy (each token's keys are then one contiguous read), else one. */
     const int64_t split = j->rows >= 2 * (int64_t)j->nthreads ? 1 : kvh;
     const int64_t span = kvh / split; /* KV heads per task */
+    const int bf16 = j->bf16;
+    const size_t elem = bf16 ? sizeof(bf16_t) : sizeof(float);
     float *scores = malloc(sizeof(float) * (size_t)(span * group * j->max_len));
     float *acc = malloc(sizeof(float) * (size_t)(span * group * dim));
-    if (scores == NULL || acc == NULL) {
+    /* bfloat16 queries are converted once per task into qf [heads, dim] */
+    float *qf = bf16 ? malloc(sizeof(float) * (size_t)(span * group * dim)) : NULL;
+    if (scores == NULL || acc == NULL || (bf16 && qf == NULL)) {
         free(scores);
         free(acc);
+        free(qf);
         j->status = 1;
         return NULL;
     }
@@ -107,17 +160,31 @@ static void *run(void *arg) {
         const int64_t first = (j->window > 0 && len > j->window) ? len - j->window : 0;
         const int64_t n = len - first;
         const int64_t *table = j->tables + row * j->table_stride;
-        const float *q = j->q + row * j->q_row + h0 * group * j->q_head;
+        const int64_t q_offset = row * j->q_row + h0 * group * j->q_head;
+        const float *q = (const float *)j->q + q_offset;
+        int64_t q_head = j->q_head;
+        if (bf16) {
+            const bf16_t *qb = (const bf16_t *)j->q + q_offset;
+            for (int64_t i = 0; i < heads; i++)
+                for (int64_t d = 0; d < dim; d++) qf[i * dim + d] = bf16_to_f32(qb[i * q_head + d]);
+            q = qf;
+            q_head = dim;
+        }
         float top[MAX_HEADS], total[MAX_HEADS];
         for (int64_t i = 0; i < heads; i++) top[i] = -INFINITY;
         /* scores = q . k over the visible positions, block by block */
         for (int64_t t = first; t < len;) {
             const int64_t offset = t % bs;
             const int64_t stop = (t - offset + bs < len) ? t - offset + bs : len;
-            const float *key = j->k + (table[t / bs] * bs + offset) * token_stride + h0 * dim;
-            for (; t < stop; t++, key += token_stride)
+            const int64_t at = (table[t / bs] * bs + offset) * token_stride + h0 * dim;
+            const char *key = (const char *)j->k + at * (int64_t)elem;
+            for (; t < stop; t++, key += token_stride * (int64_t)elem)
                 for (int64_t i = 0; i < heads; i++) {
-                    const float s = dot(q + i * j->q_head, key + (i / group) * dim, dim) * j->scale;
+                    const float *qi = q + i * q_head;
+                    const float s =
+                        (bf16 ? dot_bf16(qi, (const bf16_t *)key + (i / group) * dim, dim)
+                              : dot(qi, (const float *)key + (i / group) * dim, dim)) *
+                        j->scale;
                     scores[i * n + (t - first)] = s;
                     top[i] = s > top[i] ? s : top[i];
                 }
@@ -134,27 +201,38 @@ static void *run(void *arg) {
         for (int64_t t = first; t < len;) {
             const int64_t offset = t % bs;
             const int64_t stop = (t - offset + bs < len) ? t - offset + bs : len;
-            const float *value = j->v + (table[t / bs] * bs + offset) * token_stride + h0 * dim;
-            for (; t < stop; t++, value += token_stride)
-                for (int64_t i = 0; i < heads; i++)
-                    axpy(acc + i * dim, scores[i * n + (t - first)], value + (i / group) * dim, dim);
+            const int64_t at = (table[t / bs] * bs + offset) * token_stride + h0 * dim;
+            const char *value = (const char *)j->v + at * (int64_t)elem;
+            for (; t < stop; t++, value += token_stride * (int64_t)elem)
+                for (int64_t i = 0; i < heads; i++) {
+                    const float p = scores[i * n + (t - first)];
+                    if (bf16)
+                        axpy_bf16(acc + i * dim, p, (const bf16_t *)value + (i / group) * dim, dim);
+                    else
+                        axpy(acc + i * dim, p, (const float *)value + (i / group) * dim, dim);
+                }
         }
         for (int64_t i = 0; i < heads; i++) {
-            float *o = j->out + (row * j->heads + h0 * group + i) * dim;
+            const int64_t o = (row * j->heads + h0 * group + i) * dim;
             const float inv = 1.f / total[i];
-            for (int64_t d = 0; d < dim; d++) o[d] = acc[i * dim + d] * inv;
+            if (bf16)
+                for (int64_t d = 0; d < dim; d++)
+                    ((bf16_t *)j->out)[o + d] = f32_to_bf16(acc[i * dim + d] * inv);
+            else
+                for (int64_t d = 0; d < dim; d++) ((float *)j->out)[o + d] = acc[i * dim + d] * inv;
         }
     }
     free(scores);
     free(acc);
+    free(qf);
     return NULL;
 }
 
-int swift_paged_decode_f32(const float *q, int64_t q_row, int64_t q_head, const float *k,
-                           const float *v, const int64_t *tables, int64_t table_stride,
-                           const int64_t *lens, float *out, int64_t rows, int64_t heads,
-                           int64_t kv_heads, int64_t dim, int64_t block_size, int64_t window,
-                           int64_t max_len, int64_t num_blocks, float scale, int nthreads) {
+static int paged_decode(const void *q, int64_t q_row, int64_t q_head, const void *k,
+                        const void *v, const int64_t *tables, int64_t table_stride,
+                        const int64_t *lens, void *out, int64_t rows, int64_t heads,
+                        int64_t kv_heads, int64_t dim, int64_t block_size, int64_t window,
+                        int64_t max_len, int64_t num_blocks, float scale, int nthreads, int bf16) {
     if (rows < 1 || heads < 1 || kv_heads < 1 || dim < 1 || block_size < 1 || max_len < 1 ||
         heads % kv_heads != 0 || heads > MAX_HEADS)
         return 2;
@@ -170,7 +248,7 @@ int swift_paged_decode_f32(const float *q, int64_t q_row, int64_t q_head, const 
     if (nthreads > MAX_THREADS) nthreads = MAX_THREADS;
     if ((int64_t)nthreads > rows * kv_heads) nthreads = (int)(rows * kv_heads);
     const job_t base = {q, q_row, q_head, k, v, tables, table_stride, lens, out, rows, heads,
-                        kv_heads, dim, block_size, window, max_len, scale, nthreads, 0, 0};
+                        kv_heads, dim, block_size, window, max_len, scale, nthreads, 0, 0, bf16};
     int status = 0;
 #if defined(_OPENMP)
     /* Built against the OpenMP runtime torch already loaded: the work runs on torch's own
@@ -200,4 +278,22 @@ int swift_paged_decode_f32(const float *q, int64_t q_row, int64_t q_head, const 
     for (int i = 0; i < nthreads; i++) status |= jobs[i].status;
 #endif
     return status;
+}
+
+int swift_paged_decode_f32(const float *q, int64_t q_row, int64_t q_head, const float *k,
+                           const float *v, const int64_t *tables, int64_t table_stride,
+                           const int64_t *lens, float *out, int64_t rows, int64_t heads,
+                           int64_t kv_heads, int64_t dim, int64_t block_size, int64_t window,
+                           int64_t max_len, int64_t num_blocks, float scale, int nthreads) {
+    return paged_decode(q, q_row, q_head, k, v, tables, table_stride, lens, out, rows, heads,
+                        kv_heads, dim, block_size, window, max_len, num_blocks, scale, nthreads, 0);
+}
+
+int swift_paged_decode_bf16(const bf16_t *q, int64_t q_row, int64_t q_head, const bf16_t *k,
+                            const bf16_t *v, const int64_t *tables, int64_t table_stride,
+                            const int64_t *lens, bf16_t *out, int64_t rows, int64_t heads,
+                            int64_t kv_heads, int64_t dim, int64_t block_size, int64_t window,
+                            int64_t max_len, int64_t num_blocks, float scale, int nthreads) {
+    return paged_decode(q, q_row, q_head, k, v, tables, table_stride, lens, out, rows, heads,
+                        kv_heads, dim, block_size, window, max_len, num_blocks, scale, nthreads, 1);
 }
