@@ -3,6 +3,7 @@
 ``await AsyncClient(...).chat(messages, model=...)``; see the README for a tour.
 """
 
+from ._attempt import AttemptObserver, AttemptRun, Target
 from ._client import NOT_GIVEN, AsyncClient, NotGiven
 from ._deadline import Deadline, Timeout
 from ._retry import RetryPolicy
@@ -33,6 +34,7 @@ from .errors import (
     SwiftClientError,
     UnprocessableEntityError,
 )
+from .hedging import Hedge
 from .types import (
     AssistantMessage,
     Attempt,
@@ -58,6 +60,8 @@ __all__ = [
     "AssistantMessage",
     "AsyncClient",
     "Attempt",
+    "AttemptObserver",
+    "AttemptRun",
     "AuthenticationError",
     "Backend",
     "BadRequestError",
@@ -72,6 +76,7 @@ __all__ = [
     "EngineError",
     "FirstTokenTimeout",
     "HTTPBackend",
+    "Hedge",
     "InternalServerError",
     "Message",
     "NotFoundError",
@@ -85,6 +90,7 @@ __all__ = [
     "StreamStalled",
     "StructuredOutputError",
     "SwiftClientError",
+    "Target",
     "Timeout",
     "Timing",
     "Tool",

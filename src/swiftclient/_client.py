@@ -12,17 +12,20 @@ import anyio
 import pydantic
 
 from . import errors
+from ._attempt import AttemptObserver, Target
 from ._deadline import Deadline, Timeout
 from ._retry import RetryPolicy
-from ._stream import Call, ChatStream
+from ._stream import Call, CallPolicies, ChatStream
 from ._structured import structured_output, validation_summary
 from .backends.base import Backend, RequestOptions
+from .hedging import Hedge
 from .types import AssistantMessage, ChatCompletion, ChatRequest, Message
 
 __all__ = ["AsyncClient", "NOT_GIVEN", "NotGiven"]
 
 T = TypeVar("T")
 MessagesInput = str | Sequence[Message | AssistantMessage | Mapping[str, Any]]
+ModelInput = str | Sequence[str] | None
 
 
 class NotGiven:
@@ -76,6 +79,10 @@ class AsyncClient:
         retry: default :class:`RetryPolicy`.
         stream_chat: run ``chat()`` over streaming (TTFT and ITL measured, first-token and
             idle timeouts apply); ``False`` uses the backends' non-streamed path.
+        hedge: default :class:`Hedge` for calls with several targets (``model=[...]``);
+            ``None`` tries the targets one after another (sequential fallback).
+        observers: :class:`AttemptObserver` objects told of every attempt's start, first
+            token, commit and end.
 
     With no backend at all, the client configures itself from the environment (see
     :func:`swiftclient.providers.from_env`).
@@ -91,6 +98,8 @@ class AsyncClient:
         timeout: Timeout | float | None | NotGiven = NOT_GIVEN,
         retry: RetryPolicy | None = None,
         stream_chat: bool = True,
+        hedge: Hedge | None = None,
+        observers: Sequence[AttemptObserver] = (),
     ) -> None:
         named: dict[str, Backend] = dict(backends or {})
         if backend is not None:
@@ -116,6 +125,9 @@ class AsyncClient:
         self.timeout = Timeout() if isinstance(timeout, NotGiven) else Timeout.coerce(timeout)
         self.retry = retry or RetryPolicy()
         self.stream_chat = stream_chat
+        self.hedge = hedge
+        self._observers: tuple[AttemptObserver, ...] = tuple(observers)
+        self._policies: CallPolicies | None = None
         self._closed = False
         self._stack: AsyncExitStack | None = None
 
@@ -185,19 +197,40 @@ class AsyncClient:
             return self._backends[head], rest
         return self._backends[self._default], model
 
+    def targets(self, model: ModelInput) -> list[Target]:
+        """Resolve a model string, or a list of them, to targets (backend, model) in order.
+
+        Duplicates are kept once; the same model behind two backend names is two targets.
+        """
+        if model is None or isinstance(model, str):
+            return [Target(*self.resolve(model))]
+        if not model:
+            raise errors.ConfigurationError("model=[] names no target")
+        out: list[Target] = []
+        for item in model:
+            if not isinstance(item, str):
+                raise errors.ConfigurationError(
+                    f"model list entries must be strings, got {type(item).__name__}"
+                )
+            target = Target(*self.resolve(item))
+            if target not in out:
+                out.append(target)
+        return out
+
     def _call(
         self,
         messages: MessagesInput,
-        model: str | None,
+        model: ModelInput,
         timeout: Timeout | float | None | NotGiven,
         retry: RetryPolicy | None,
+        hedge: Hedge | None | NotGiven,
         params: dict[str, Any],
     ) -> Call:
         if self._closed:
             raise errors.ConfigurationError("this AsyncClient is closed")
-        backend, backend_model = self.resolve(model)
+        targets = self.targets(model)
         try:
-            request = ChatRequest(model=backend_model, messages=_messages(messages), **params)
+            request = ChatRequest(model=targets[0].model, messages=_messages(messages), **params)
         except pydantic.ValidationError as exc:
             raise errors.ConfigurationError(
                 f"invalid chat request: {validation_summary(exc)}"
@@ -205,8 +238,21 @@ class AsyncClient:
         limits = (
             self.timeout if isinstance(timeout, NotGiven) else Timeout.coerce(timeout, self.timeout)
         )
+        if isinstance(hedge, NotGiven):
+            hedge = self.hedge
+        elif hedge is not None and not isinstance(hedge, Hedge):
+            raise errors.ConfigurationError(f"hedge must be a Hedge or None, got {hedge!r}")
         options = RequestOptions(idempotency_key=f"swiftclient-{os.urandom(16).hex()}")
-        return Call(backend, request, Deadline(limits), retry or self.retry, options)
+        return Call(
+            targets,
+            request,
+            Deadline(limits),
+            retry or self.retry,
+            options,
+            hedge=hedge,
+            observers=self._observers,
+            policies=self._policies,
+        )
 
     # ------------------------------------------------------------------ calls
 
@@ -214,27 +260,32 @@ class AsyncClient:
         self,
         messages: MessagesInput,
         *,
-        model: str | None = None,
+        model: ModelInput = None,
         timeout: Timeout | float | None | NotGiven = NOT_GIVEN,
         retry: RetryPolicy | None = None,
+        hedge: Hedge | None | NotGiven = NOT_GIVEN,
         **params: Any,
     ) -> ChatStream:
         """Open a streamed chat: ``async with client.stream(messages, model=...) as s``.
 
         ``params`` are :class:`ChatRequest` fields (``temperature``, ``tools``, ``stop``, ...;
-        provider-specific ones go in ``extra_body``).
+        provider-specific ones go in ``extra_body``). ``model`` may be a list of targets:
+        with ``hedge`` (or the client's default) they are raced, the first to deliver a
+        content token wins and the others are cancelled; without, they are tried in order
+        until one works (docs/hedging.md).
         """
-        return ChatStream(self._call(messages, model, timeout, retry, params))
+        return ChatStream(self._call(messages, model, timeout, retry, hedge, params))
 
     @overload
     async def chat(
         self,
         messages: MessagesInput,
         *,
-        model: str | None = ...,
+        model: ModelInput = ...,
         response_model: None = ...,
         timeout: Timeout | float | None | NotGiven = ...,
         retry: RetryPolicy | None = ...,
+        hedge: Hedge | None | NotGiven = ...,
         stream: bool | None = ...,
         **params: Any,
     ) -> ChatCompletion: ...
@@ -244,10 +295,11 @@ class AsyncClient:
         self,
         messages: MessagesInput,
         *,
-        model: str | None = ...,
+        model: ModelInput = ...,
         response_model: type[T],
         timeout: Timeout | float | None | NotGiven = ...,
         retry: RetryPolicy | None = ...,
+        hedge: Hedge | None | NotGiven = ...,
         stream: bool | None = ...,
         **params: Any,
     ) -> T: ...
@@ -256,10 +308,11 @@ class AsyncClient:
         self,
         messages: MessagesInput,
         *,
-        model: str | None = None,
+        model: ModelInput = None,
         response_model: type[T] | None = None,
         timeout: Timeout | float | None | NotGiven = NOT_GIVEN,
         retry: RetryPolicy | None = None,
+        hedge: Hedge | None | NotGiven = NOT_GIVEN,
         stream: bool | None = None,
         **params: Any,
     ) -> ChatCompletion | T:
@@ -279,7 +332,7 @@ class AsyncClient:
                 raise errors.ConfigurationError("pass response_model or response_format, not both")
             structured = structured_output(response_model)
             params["response_format"] = structured.response_format
-        call = self._call(messages, model, timeout, retry, params)
+        call = self._call(messages, model, timeout, retry, hedge, params)
         use_stream = self.stream_chat if stream is None else stream
         if use_stream:
             async with ChatStream(call) as chat_stream:

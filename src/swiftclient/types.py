@@ -379,7 +379,9 @@ class Attempt(BaseModel):
     ttft: float | None = None
     status_code: int | None = None
     error: str | None = None
-    outcome: Literal["ok", "error", "cancelled", "pending"] = "pending"
+    outcome: Literal["ok", "error", "cancelled", "lost", "pending"] = "pending"
+    """``ok`` (committed and finished), ``error``, ``cancelled``, ``lost`` (another attempt
+    committed first; this one was cancelled or discarded) or ``pending``."""
 
 
 def _percentile(values: Sequence[float], q: int) -> float | None:
