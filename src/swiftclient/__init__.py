@@ -6,6 +6,7 @@
 from ._attempt import AttemptObserver, AttemptRun, Target
 from ._client import NOT_GIVEN, AsyncClient, NotGiven
 from ._deadline import Deadline, Timeout
+from ._policies import PolicyHub
 from ._retry import RetryPolicy
 from ._stream import ChatStream
 from .backends.base import Backend, RequestOptions
@@ -83,6 +84,7 @@ __all__ = [
     "NotGiven",
     "OverloadedError",
     "PermissionDeniedError",
+    "PolicyHub",
     "RateLimitError",
     "RequestOptions",
     "RetryPolicy",

@@ -14,6 +14,7 @@ import pydantic
 from . import errors
 from ._attempt import AttemptObserver, Target
 from ._deadline import Deadline, Timeout
+from ._policies import PolicyHub
 from ._retry import RetryPolicy
 from ._stream import Call, CallPolicies, ChatStream
 from ._structured import structured_output, validation_summary
@@ -83,6 +84,8 @@ class AsyncClient:
             ``None`` tries the targets one after another (sequential fallback).
         observers: :class:`AttemptObserver` objects told of every attempt's start, first
             token, commit and end.
+        policies: the shared hedging state (:class:`PolicyHub`: latency estimates, hedge
+            budget, retry throttle, circuit breakers); a fresh empty one by default.
 
     With no backend at all, the client configures itself from the environment (see
     :func:`swiftclient.providers.from_env`).
@@ -100,6 +103,7 @@ class AsyncClient:
         stream_chat: bool = True,
         hedge: Hedge | None = None,
         observers: Sequence[AttemptObserver] = (),
+        policies: PolicyHub | None = None,
     ) -> None:
         named: dict[str, Backend] = dict(backends or {})
         if backend is not None:
@@ -126,8 +130,10 @@ class AsyncClient:
         self.retry = retry or RetryPolicy()
         self.stream_chat = stream_chat
         self.hedge = hedge
-        self._observers: tuple[AttemptObserver, ...] = tuple(observers)
-        self._policies: CallPolicies | None = None
+        self.policies = policies or PolicyHub()
+        hooks: list[AttemptObserver] = [self.policies] if self.policies.observes else []
+        self._observers: tuple[AttemptObserver, ...] = (*hooks, *observers)
+        self._policies: CallPolicies = self.policies
         self._closed = False
         self._stack: AsyncExitStack | None = None
 
@@ -181,6 +187,11 @@ class AsyncClient:
             warm = getattr(backend, "warmup", None)
             if warm is not None:
                 await warm(connections)
+
+    def health(self) -> dict[str, str]:
+        """Circuit-breaker state per target seen so far: ``{"backend/model": "closed" |
+        "open" | "half_open"}`` (empty without breakers)."""
+        return self.policies.health()
 
     # ------------------------------------------------------------------ resolution
 

@@ -163,8 +163,12 @@ class Call:
         targets = self._plan()
         return await self._round([partial(self._open, t) for t in targets])
 
-    async def _open(self, target: Target) -> _Opened:
-        attempt = self.attempt(target)
+    def _open(self, target: Target) -> Awaitable[_Opened]:
+        """Start an attempt on ``target`` now (numbered now); the awaitable runs it."""
+        return self._opened(self.attempt(target))
+
+    @staticmethod
+    async def _opened(attempt: AttemptRun) -> _Opened:
         return attempt, await attempt.open()
 
     async def complete_round(self, _number: int) -> _Completed:
@@ -175,8 +179,12 @@ class Call:
         targets = self._plan()
         return await self._round([partial(self._complete, t) for t in targets])
 
-    async def _complete(self, target: Target) -> _Completed:
-        attempt = self.attempt(target)
+    def _complete(self, target: Target) -> Awaitable[_Completed]:
+        """Start a non-streamed attempt on ``target`` now; the awaitable runs it."""
+        return self._completed(self.attempt(target))
+
+    @staticmethod
+    async def _completed(attempt: AttemptRun) -> _Completed:
         return attempt, await attempt.complete()
 
     async def complete(self) -> ChatCompletion:

@@ -131,10 +131,10 @@ async def race(
     in_flight = 0
     wake = anyio.Event()
 
-    async def run(attempt: Callable[[], Awaitable[T]]) -> None:
+    async def run(attempt: Awaitable[T]) -> None:
         nonlocal in_flight
         try:
-            result = await attempt()
+            result = await attempt
         except Exception as exc:
             in_flight -= 1
             if is_fatal(exc):
@@ -174,7 +174,7 @@ async def race(
                     break
             in_flight += 1
             last_start = anyio.current_time()
-            tg.start_soon(run, attempt)
+            tg.start_soon(run, attempt())  # called here: attempts are numbered in start order
     if won:
         return won[0]
     if fatal:
