@@ -193,7 +193,7 @@ class AttemptRun:
             record.outcome = "ok"
         elif isinstance(exc, _cancelled()):
             winner = self._call.winner
-            record.outcome = "lost" if winner is not None and winner is not self else "cancelled"
+            record.outcome = "lost" if winner and winner != record.number else "cancelled"
         else:
             self.error = exc
             record.outcome = "error"
@@ -205,7 +205,7 @@ class AttemptRun:
 
     def commit(self) -> None:
         """The call takes this attempt's output."""
-        self._call.winner = self
+        self._call.winner = self.record.number
         for observer in self._call.observers:
             observer.on_commit(self)
 

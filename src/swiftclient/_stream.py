@@ -97,7 +97,9 @@ class Call:
         self.started = self.now()
         self.timing = Timing()
         self.numbered = 0
-        self.winner: AttemptRun | None = None
+        self.winner = 0
+        """The number of the committed attempt (0: none yet); a number, not the attempt, so
+        that a call and its attempts form no reference cycle."""
         self._round_targets = self.targets
 
     @property
@@ -193,7 +195,7 @@ class Call:
             attempt, completion = await run_with_retries(
                 self.policy, self.deadline, self.complete_round
             )
-            if self.winner is None:
+            if not self.winner:
                 attempt.commit()
             attempt.finish(None)
         except BaseException as exc:
@@ -264,7 +266,7 @@ class ChatStream:
             call.finish()
             call.failed(exc)
             raise
-        if call.winner is None:
+        if not call.winner:
             attempt.commit()
         self._attempt = attempt
         self._next = attempt.next
