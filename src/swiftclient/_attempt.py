@@ -309,12 +309,14 @@ class AttemptRun:
             if due <= now:
                 raise self._timeout_error(kind)
             with anyio.CancelScope(deadline=due) as scope:
-                self._iterator = await stack.enter_async_context(
+                iterator = await stack.enter_async_context(
                     self.target.backend.stream(self.request, self._deadline, self._call.options)
                 )
             if scope.cancelled_caught:
                 raise self._timeout_error(kind)
-            self.next_nowait = getattr(self._iterator, "next_nowait", None)
+            self._iterator = iterator
+            # How this attempt takes a chunk that already arrived, decided once.
+            self.next_nowait = getattr(iterator, "next_nowait", None)
             while True:
                 chunk = await self.next()
                 if chunk is None:

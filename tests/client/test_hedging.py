@@ -403,3 +403,20 @@ async def test_race_hedges_only_when_the_budget_allows() -> None:
 async def test_fallback_needs_a_target() -> None:
     with pytest.raises(ConfigurationError):
         await fallback([])
+
+
+async def test_cancelling_a_hedged_call_closes_every_attempt() -> None:
+    a, b = Gated("a"), Gated("b")  # neither ever answers
+    recorder = Recorder()
+    client = AsyncClient(backends={"a": a, "b": b}, observers=[recorder])
+
+    async def call() -> None:
+        await client.chat("hi", model=["a/m", "b/m"], hedge=Hedge(delay=0.0))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call)
+        await b.opened.wait()
+        tg.cancel_scope.cancel()
+    assert (a.open, a.closed, b.open, b.closed) == (1, 1, 1, 1)
+    ends = sorted(event for event in recorder.events if event[0] == "end")
+    assert ends == [("end", "a", "cancelled"), ("end", "b", "cancelled")]
