@@ -115,7 +115,14 @@ class AttemptRun:
         "target",
     )
 
-    def __init__(self, call: Call, target: Target, request: ChatRequest, number: int) -> None:
+    def __init__(
+        self,
+        call: Call,
+        target: Target,
+        request: ChatRequest,
+        number: int,
+        trigger: Literal["first", "hedge", "fallback", "retry"] = "first",
+    ) -> None:
         self._call = call
         self.target = target
         self.request = request
@@ -127,6 +134,7 @@ class AttemptRun:
             backend=target.backend.name,
             model=target.model,
             started=self.started_at - call.started,
+            trigger=trigger,
         )
         self.error: BaseException | None = None
         self.first_token_at: float | None = None

@@ -21,7 +21,7 @@ from ._attempt import AttemptObserver, AttemptRun, Target, deadline_exceeded, re
 from ._deadline import Deadline
 from ._retry import RetryPolicy, run_with_retries
 from .backends.base import RequestOptions
-from .hedging import Hedge, fallback, race
+from .hedging import Hedge, StartAttempt, Trigger, fallback, race
 from .types import ChatCompletion, ChatCompletionChunk, ChatRequest, Timing
 
 __all__ = ["Call", "CallPolicies", "ChatStream", "deadline_exceeded"]
@@ -107,10 +107,13 @@ class Call:
         """The first target's backend name (for messages)."""
         return self.targets[0].backend.name
 
-    def attempt(self, target: Target) -> AttemptRun:
+    def attempt(self, target: Target, trigger: Trigger = "first") -> AttemptRun:
         """Start recording a new attempt on ``target``."""
         self.numbered += 1
-        return AttemptRun(self, target, request_for(self.request, target), self.numbered)
+        request = request_for(self.request, target)
+        if trigger == "first" and self.numbered > 1:  # the first attempt of a later round
+            return AttemptRun(self, target, request, self.numbered, "retry")
+        return AttemptRun(self, target, request, self.numbered, trigger)
 
     def finish(self) -> None:
         """Stamp the call's total time."""
@@ -123,10 +126,10 @@ class Call:
 
     # ------------------------------------------------------------------ rounds
 
-    async def _round(self, attempts: Sequence[Callable[[], Awaitable[_T]]]) -> _T:
+    async def _round(self, attempts: Sequence[StartAttempt[_T]]) -> _T:
         """One pass over the targets: one attempt, a fallback chain, or a hedged race."""
         if len(attempts) == 1:
-            return await attempts[0]()
+            return await attempts[0]("first")
         hedge = self.hedge
         if hedge is None or hedge.max_attempts <= 1:
             return await fallback(attempts)
@@ -165,9 +168,9 @@ class Call:
         targets = self._plan()
         return await self._round([partial(self._open, t) for t in targets])
 
-    def _open(self, target: Target) -> Awaitable[_Opened]:
+    def _open(self, target: Target, trigger: Trigger) -> Awaitable[_Opened]:
         """Start an attempt on ``target`` now (numbered now); the awaitable runs it."""
-        return self._opened(self.attempt(target))
+        return self._opened(self.attempt(target, trigger))
 
     @staticmethod
     async def _opened(attempt: AttemptRun) -> _Opened:
@@ -181,9 +184,9 @@ class Call:
         targets = self._plan()
         return await self._round([partial(self._complete, t) for t in targets])
 
-    def _complete(self, target: Target) -> Awaitable[_Completed]:
+    def _complete(self, target: Target, trigger: Trigger) -> Awaitable[_Completed]:
         """Start a non-streamed attempt on ``target`` now; the awaitable runs it."""
-        return self._completed(self.attempt(target))
+        return self._completed(self.attempt(target, trigger))
 
     @staticmethod
     async def _completed(attempt: AttemptRun) -> _Completed:

@@ -16,15 +16,19 @@ from __future__ import annotations
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import anyio
 
 from . import errors
 
-__all__ = ["FATAL_STATUSES", "Hedge", "fallback", "is_fatal", "race"]
+__all__ = ["FATAL_STATUSES", "Hedge", "Trigger", "fallback", "is_fatal", "race"]
 
 T = TypeVar("T")
+Trigger = Literal["first", "hedge", "fallback"]
+"""Why an attempt started: first of its round, a hedge (the delay passed), or a fallback
+(an earlier attempt failed)."""
+StartAttempt = Callable[[Trigger], Awaitable[T]]
 
 FATAL_STATUSES = frozenset({400, 401, 403, 404, 422})
 """HTTP statuses that end a call: the request itself is wrong, so no other target helps."""
@@ -90,15 +94,16 @@ def is_fatal(exc: BaseException) -> bool:
     return not isinstance(exc, errors.APIError | errors.EngineError)
 
 
-async def fallback(attempts: Sequence[Callable[[], Awaitable[T]]]) -> T:
-    """Run ``attempts`` one after another until one succeeds.
+async def fallback(attempts: Sequence[StartAttempt[T]]) -> T:
+    """Run ``attempts`` one after another until one succeeds (each is called with its
+    :data:`Trigger`).
 
     The last attempt's error, or the first fatal one, is raised.
     """
     last = len(attempts) - 1
     for index, attempt in enumerate(attempts):
         try:
-            return await attempt()
+            return await attempt("fallback" if index else "first")
         except Exception as exc:
             if index == last or is_fatal(exc):
                 raise
@@ -106,7 +111,7 @@ async def fallback(attempts: Sequence[Callable[[], Awaitable[T]]]) -> T:
 
 
 async def race(
-    attempts: Sequence[Callable[[], Awaitable[T]]],
+    attempts: Sequence[StartAttempt[T]],
     *,
     delay: Callable[[int], float],
     may_hedge: Callable[[], bool],
@@ -116,6 +121,7 @@ async def race(
 ) -> T:
     """Staggered attempts in one task group; the first to succeed commits.
 
+    Each attempt is called with its :data:`Trigger` when it starts.
     ``delay(i)`` is how long after attempt ``i - 1`` started attempt ``i`` starts as a hedge;
     ``may_hedge()`` is asked just before a hedge (a budget may refuse it; then only a failure
     starts the next attempt). A non-fatal failure starts the next attempt at once; a fatal
@@ -158,12 +164,15 @@ async def race(
         scope = tg.cancel_scope
         last_start = -math.inf
         for index, attempt in enumerate(attempts):
+            trigger: Trigger = "first"
             if index:
+                trigger = "fallback"
                 hedge_at = last_start + delay(index)
                 seen = len(failures)
                 while not (won or fatal) and in_flight and len(failures) == seen:
                     if in_flight < max_in_flight and anyio.current_time() >= hedge_at:
                         if may_hedge():
+                            trigger = "hedge"
                             break
                         hedge_at = math.inf
                     wake = anyio.Event()
@@ -174,7 +183,8 @@ async def race(
                     break
             in_flight += 1
             last_start = anyio.current_time()
-            tg.start_soon(run, attempt())  # called here: attempts are numbered in start order
+            # Called here, not in the child task: attempts are numbered in start order.
+            tg.start_soon(run, attempt(trigger))
     if won:
         return won[0]
     if fatal:

@@ -83,6 +83,8 @@ async def test_a_hedge_to_the_second_target_wins_when_the_first_is_held(streamed
         )
         assert completion.text == "from b"
         assert outcomes(completion) == [("a", "lost"), ("b", "ok")]
+        assert completion.timing is not None
+        assert [a.trigger for a in completion.timing.attempts] == ["first", "hedge"]
         await released(client, fakes["a"])
         assert fakes["a"].cancelled == 1
         await released(client, fakes["b"])
@@ -121,6 +123,7 @@ async def test_a_non_fatal_failure_starts_the_next_target_at_once() -> None:
         assert completion.timing is not None
         first = completion.timing.attempts[0]
         assert (first.outcome, first.status_code, first.error) == ("error", 429, "RateLimitError")
+        assert [a.trigger for a in completion.timing.attempts] == ["first", "fallback"]
 
 
 @pytest.mark.parametrize("status", [400, 401, 403, 404, 422])
@@ -156,11 +159,13 @@ async def test_retries_go_round_the_targets_again() -> None:
         completion = await client.chat("hi", model=["a/m", "b/m"], hedge=hedge)
         assert completion.text == "from b"
         assert completion.timing is not None
-        assert [(a.number, a.backend, a.outcome) for a in completion.timing.attempts] == [
-            (1, "a", "error"),
-            (2, "b", "error"),
-            (3, "a", "error"),
-            (4, "b", "ok"),
+        assert [
+            (a.number, a.backend, a.outcome, a.trigger) for a in completion.timing.attempts
+        ] == [
+            (1, "a", "error", "first"),
+            (2, "b", "error", "fallback"),
+            (3, "a", "error", "retry"),
+            (4, "b", "ok", "fallback"),
         ]
 
 
@@ -356,12 +361,14 @@ async def test_observers_see_the_loser_end_before_the_winner() -> None:
 
 async def test_race_hedges_only_when_the_budget_allows() -> None:
     started: list[int] = []
+    triggers: list[str] = []
     release = anyio.Event()
     first_failed = anyio.Event()
 
     def attempt(index: int, fail: bool) -> object:
-        async def run() -> int:
+        async def run(trigger: str) -> int:
             started.append(index)
+            triggers.append(trigger)
             if fail:
                 first_failed.set()
                 raise InternalServerError("x", status_code=500)
@@ -397,6 +404,7 @@ async def test_race_hedges_only_when_the_budget_allows() -> None:
         )
     assert won == 2
     assert started == [1, 2]
+    assert triggers == ["first", "fallback"]
     assert refused
 
 
