@@ -16,7 +16,7 @@ from ._attempt import AttemptObserver, Target
 from ._deadline import Deadline, Timeout
 from ._policies import PolicyHub
 from ._retry import RetryPolicy
-from ._stream import Call, CallPolicies, ChatStream
+from ._stream import Call, ChatStream
 from ._structured import structured_output, validation_summary
 from .backends.base import Backend, RequestOptions
 from .hedging import Hedge
@@ -129,11 +129,12 @@ class AsyncClient:
         self.timeout = Timeout() if isinstance(timeout, NotGiven) else Timeout.coerce(timeout)
         self.retry = retry or RetryPolicy()
         self.stream_chat = stream_chat
+        if hedge is not None and not isinstance(hedge, Hedge):
+            raise errors.ConfigurationError(f"hedge must be a Hedge or None, got {hedge!r}")
         self.hedge = hedge
         self.policies = policies or PolicyHub()
         hooks: list[AttemptObserver] = [self.policies] if self.policies.observes else []
         self._observers: tuple[AttemptObserver, ...] = (*hooks, *observers)
-        self._policies: CallPolicies = self.policies
         self._closed = False
         self._stack: AsyncExitStack | None = None
 
@@ -262,7 +263,7 @@ class AsyncClient:
             options,
             hedge=hedge,
             observers=self._observers,
-            policies=self._policies,
+            policies=self.policies,
         )
 
     # ------------------------------------------------------------------ calls

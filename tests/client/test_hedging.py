@@ -220,6 +220,8 @@ async def test_model_lists_are_checked() -> None:
             await client.chat("hi", model=["a/m", 3])  # type: ignore[list-item]
         with pytest.raises(ConfigurationError, match="Hedge"):
             await client.chat("hi", model=["a/m"], hedge=0.1)  # type: ignore[arg-type]
+        with pytest.raises(ConfigurationError, match="Hedge"):
+            AsyncClient(backends=client.backends, hedge=0.1)  # type: ignore[arg-type]
         assert [t.name for t in client.targets(["a/m", "a/m", "a/n"])] == ["a/m", "a/n"]
 
 
