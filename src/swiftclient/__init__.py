@@ -4,7 +4,7 @@
 """
 
 from ._attempt import AttemptObserver, AttemptRun, Target
-from ._client import NOT_GIVEN, AsyncClient, NotGiven
+from ._client import NOT_GIVEN, AsyncClient, NotGiven, RouterLike
 from ._deadline import Deadline, Timeout
 from ._policies import PolicyHub
 from ._retry import RetryPolicy
@@ -88,6 +88,7 @@ __all__ = [
     "RateLimitError",
     "RequestOptions",
     "RetryPolicy",
+    "RouterLike",
     "StreamError",
     "StreamStalled",
     "StructuredOutputError",

@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from types import TracebackType
-from typing import Any, TypeVar, overload
+from typing import Any, Protocol, TypeVar, overload
 
 import anyio
 import pydantic
@@ -14,7 +14,7 @@ import pydantic
 from . import errors
 from ._attempt import AttemptObserver, Target
 from ._deadline import Deadline, Timeout
-from ._policies import PolicyHub
+from ._policies import PolicyHub, prompt_chars
 from ._retry import RetryPolicy
 from ._stream import Call, ChatStream
 from ._structured import structured_output, validation_summary
@@ -22,11 +22,21 @@ from .backends.base import Backend, RequestOptions
 from .hedging import Hedge
 from .types import AssistantMessage, ChatCompletion, ChatRequest, Message
 
-__all__ = ["AsyncClient", "NOT_GIVEN", "NotGiven"]
+__all__ = ["AsyncClient", "NOT_GIVEN", "NotGiven", "RouterLike"]
 
 T = TypeVar("T")
 MessagesInput = str | Sequence[Message | AssistantMessage | Mapping[str, Any]]
 ModelInput = str | Sequence[str] | None
+
+
+class RouterLike(Protocol):
+    """Expands aliases into target lists (``swiftclient.routing.Router`` is one)."""
+
+    def expand(
+        self, model: str | Sequence[str], *, prompt_chars: int, task: str | None
+    ) -> list[str]:
+        """The targets for ``model``: an alias's list chosen by its rules, else ``model``."""
+        ...
 
 
 class NotGiven:
@@ -84,6 +94,8 @@ class AsyncClient:
             ``None`` tries the targets one after another (sequential fallback).
         observers: :class:`AttemptObserver` objects told of every attempt's start, first
             token, commit and end.
+        router: expands model aliases (``"fast"``, ``"smart"``) into target lists, choosing
+            by the request's prompt size and ``task`` label (see :class:`RouterLike`).
         policies: the shared hedging state (:class:`PolicyHub`: latency estimates, hedge
             budget, retry throttle, circuit breakers); a fresh empty one by default.
 
@@ -104,6 +116,7 @@ class AsyncClient:
         hedge: Hedge | None = None,
         observers: Sequence[AttemptObserver] = (),
         policies: PolicyHub | None = None,
+        router: RouterLike | None = None,
     ) -> None:
         named: dict[str, Backend] = dict(backends or {})
         if backend is not None:
@@ -132,6 +145,7 @@ class AsyncClient:
         if hedge is not None and not isinstance(hedge, Hedge):
             raise errors.ConfigurationError(f"hedge must be a Hedge or None, got {hedge!r}")
         self.hedge = hedge
+        self.router = router
         self.policies = policies or PolicyHub()
         hooks: list[AttemptObserver] = [self.policies] if self.policies.observes else []
         self._observers: tuple[AttemptObserver, ...] = (*hooks, *observers)
@@ -236,13 +250,20 @@ class AsyncClient:
         timeout: Timeout | float | None | NotGiven,
         retry: RetryPolicy | None,
         hedge: Hedge | None | NotGiven,
+        task: str | None,
         params: dict[str, Any],
     ) -> Call:
         if self._closed:
             raise errors.ConfigurationError("this AsyncClient is closed")
+        validated = _messages(messages)
+        router = self.router
+        if router is not None:
+            wanted = self.model if model is None else model
+            if wanted is not None:
+                model = router.expand(wanted, prompt_chars=prompt_chars(validated), task=task)
         targets = self.targets(model)
         try:
-            request = ChatRequest(model=targets[0].model, messages=_messages(messages), **params)
+            request = ChatRequest(model=targets[0].model, messages=validated, **params)
         except pydantic.ValidationError as exc:
             raise errors.ConfigurationError(
                 f"invalid chat request: {validation_summary(exc)}"
@@ -276,17 +297,19 @@ class AsyncClient:
         timeout: Timeout | float | None | NotGiven = NOT_GIVEN,
         retry: RetryPolicy | None = None,
         hedge: Hedge | None | NotGiven = NOT_GIVEN,
+        task: str | None = None,
         **params: Any,
     ) -> ChatStream:
         """Open a streamed chat: ``async with client.stream(messages, model=...) as s``.
 
         ``params`` are :class:`ChatRequest` fields (``temperature``, ``tools``, ``stop``, ...;
-        provider-specific ones go in ``extra_body``). ``model`` may be a list of targets:
+        provider-specific ones go in ``extra_body``). ``task`` is a label for the client's
+        router only (never sent). ``model`` may be a list of targets:
         with ``hedge`` (or the client's default) they are raced, the first to deliver a
         content token wins and the others are cancelled; without, they are tried in order
         until one works (docs/hedging.md).
         """
-        return ChatStream(self._call(messages, model, timeout, retry, hedge, params))
+        return ChatStream(self._call(messages, model, timeout, retry, hedge, task, params))
 
     @overload
     async def chat(
@@ -298,6 +321,7 @@ class AsyncClient:
         timeout: Timeout | float | None | NotGiven = ...,
         retry: RetryPolicy | None = ...,
         hedge: Hedge | None | NotGiven = ...,
+        task: str | None = ...,
         stream: bool | None = ...,
         **params: Any,
     ) -> ChatCompletion: ...
@@ -312,6 +336,7 @@ class AsyncClient:
         timeout: Timeout | float | None | NotGiven = ...,
         retry: RetryPolicy | None = ...,
         hedge: Hedge | None | NotGiven = ...,
+        task: str | None = ...,
         stream: bool | None = ...,
         **params: Any,
     ) -> T: ...
@@ -325,6 +350,7 @@ class AsyncClient:
         timeout: Timeout | float | None | NotGiven = NOT_GIVEN,
         retry: RetryPolicy | None = None,
         hedge: Hedge | None | NotGiven = NOT_GIVEN,
+        task: str | None = None,
         stream: bool | None = None,
         **params: Any,
     ) -> ChatCompletion | T:
@@ -344,7 +370,7 @@ class AsyncClient:
                 raise errors.ConfigurationError("pass response_model or response_format, not both")
             structured = structured_output(response_model)
             params["response_format"] = structured.response_format
-        call = self._call(messages, model, timeout, retry, hedge, params)
+        call = self._call(messages, model, timeout, retry, hedge, task, params)
         use_stream = self.stream_chat if stream is None else stream
         if use_stream:
             async with ChatStream(call) as chat_stream:

@@ -20,7 +20,7 @@ from typing import Protocol
 
 from ._attempt import AttemptRun, Target
 from .hedging import Hedge, is_fatal
-from .types import ChatRequest
+from .types import ChatRequest, Message
 
 __all__ = ["Breaker", "HedgeGate", "LatencySource", "PolicyHub", "Throttle", "prompt_chars"]
 
@@ -85,10 +85,10 @@ class Breaker(Protocol):
         ...
 
 
-def prompt_chars(request: ChatRequest) -> int:
-    """Characters of text in the request's messages (the prompt-size signal)."""
+def prompt_chars(messages: Sequence[Message]) -> int:
+    """Characters of text in ``messages`` (the prompt-size signal)."""
     total = 0
-    for message in request.messages:
+    for message in messages:
         content = message.content
         if isinstance(content, str):
             total += len(content)
@@ -209,7 +209,7 @@ class PolicyHub:
         return breaker
 
     def _key(self, target: Target, request: ChatRequest) -> Hashable:
-        return (target.backend.name, target.model, self._bucket(prompt_chars(request)))
+        return (target.backend.name, target.model, self._bucket(prompt_chars(request.messages)))
 
 
 def _no_bucket(chars: int) -> int:

@@ -6,7 +6,7 @@ matters, a gated in-test backend; no test waits on the wall clock for its verdic
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import anyio
@@ -430,3 +430,45 @@ async def test_cancelling_a_hedged_call_closes_every_attempt() -> None:
     assert (a.open, a.closed, b.open, b.closed) == (1, 1, 1, 1)
     ends = sorted(event for event in recorder.events if event[0] == "end")
     assert ends == [("end", "a", "cancelled"), ("end", "b", "cancelled")]
+
+
+# --------------------------------------------------------------------------- routing
+
+
+class Aliases:
+    """A stand-in router: ``fast`` is both targets for short prompts, only b otherwise;
+    the task ``summarize`` always goes to b."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[object, int, str | None]] = []
+
+    def expand(
+        self, model: str | Sequence[str], *, prompt_chars: int, task: str | None
+    ) -> list[str]:
+        self.seen.append((model, prompt_chars, task))
+        if model != "fast":
+            return [model] if isinstance(model, str) else list(model)
+        if task == "summarize" or prompt_chars > 10:
+            return ["b/m"]
+        return ["a/m", "b/m"]
+
+
+async def test_a_router_expands_aliases_by_prompt_size_and_task() -> None:
+    router = Aliases()
+    async with providers("a", "b") as fakes, client_for(fakes, router=router) as client:
+        fakes["a"].script(Reply(status=503))
+        short = await client.chat("hi", model="fast")
+        assert outcomes(short) == [("a", "error"), ("b", "ok")]
+        long = await client.chat("x" * 11, model="fast")
+        assert outcomes(long) == [("b", "ok")]
+        labelled = await client.chat("hi", model="fast", task="summarize")
+        assert outcomes(labelled) == [("b", "ok")]
+        plain = await client.chat("hi", model="a/m")
+        assert outcomes(plain) == [("a", "ok")]
+        assert router.seen == [
+            ("fast", 2, None),
+            ("fast", 11, None),
+            ("fast", 2, "summarize"),
+            ("a/m", 2, None),
+        ]
+        assert all("task" not in request.body for request in fakes["b"].requests)

@@ -174,5 +174,5 @@ def test_prompt_chars_counts_text() -> None:
             ],
         }
     )
-    assert prompt_chars(request) == 5
+    assert prompt_chars(request.messages) == 5
     assert Target(HTTPBackend("http://x/v1", name="n"), "m").name == "n/m"
