@@ -142,7 +142,7 @@ class Call:
             previous = targets[index - 1]
             if policies is None:
                 return hedge.delay_for(None)
-            return policies.hedge_delay(hedge, previous, request_for(self.request, previous))
+            return policies.hedge_delay(hedge, previous, self.request)
 
         return await race(
             attempts,
