@@ -22,7 +22,7 @@ from . import errors
 from ._deadline import Deadline, ReadTimer, Timeout
 from ._retry import retry_after_seconds
 from .backends.base import Backend
-from .types import Attempt, ChatCompletion, ChatCompletionChunk, ChatRequest
+from .types import Attempt, ChatCompletion, ChatCompletionChunk, ChatRequest, Usage
 
 if TYPE_CHECKING:
     from ._stream import Call
@@ -113,6 +113,7 @@ class AttemptRun:
         "request",
         "started_at",
         "target",
+        "usage",
     )
 
     def __init__(
@@ -137,6 +138,8 @@ class AttemptRun:
             trigger=trigger,
         )
         self.error: BaseException | None = None
+        self.usage: Usage | None = None
+        """Token counts the attempt reported, when it got that far (set before ``on_end``)."""
         self.first_token_at: float | None = None
         self.next_nowait: Callable[[], ChatCompletionChunk | None] | None = None
         self._stack: AsyncExitStack | None = None
@@ -148,6 +151,11 @@ class AttemptRun:
             observer.on_start(self)
 
     # ------------------------------------------------------------------ observer view
+
+    @property
+    def call_id(self) -> str | None:
+        """The same for every attempt of one call (its idempotency key): group by it."""
+        return self._call.options.idempotency_key
 
     @property
     def number(self) -> int:

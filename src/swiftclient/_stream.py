@@ -200,6 +200,7 @@ class Call:
             )
             if not self.winner:
                 attempt.commit()
+            attempt.usage = completion.usage
             attempt.finish(None)
         except BaseException as exc:
             self.failed(exc)
@@ -219,7 +220,9 @@ def _commit(result: tuple[AttemptRun, object]) -> None:
 
 
 async def _discard(result: tuple[AttemptRun, object]) -> None:
-    attempt = result[0]
+    attempt, value = result
+    if isinstance(value, ChatCompletion):
+        attempt.usage = value.usage
     await attempt.discard()
 
 
@@ -294,6 +297,7 @@ class ChatStream:
         if attempt is None:
             return
         self._done = True
+        attempt.usage = self._accumulator.usage
         await attempt.close(exc)
         self._call.finish()
 
@@ -315,12 +319,14 @@ class ChatStream:
         except BaseException as exc:
             self._done = True
             if self._attempt is not None:
+                self._attempt.usage = self._accumulator.usage
                 self._attempt.finish(exc)
             self._call.failed(exc)
             raise
         if next_chunk is None:
             self._done = True
             if self._attempt is not None:
+                self._attempt.usage = self._accumulator.usage
                 self._attempt.finish(None)
             self._call.finish()
             raise StopAsyncIteration

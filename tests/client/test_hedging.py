@@ -472,3 +472,48 @@ async def test_a_router_expands_aliases_by_prompt_size_and_task() -> None:
             ("a/m", 2, None),
         ]
         assert all("task" not in request.body for request in fakes["b"].requests)
+
+
+class Ends:
+    """An observer keeping (call id, backend, outcome, usage) of every ended attempt."""
+
+    def __init__(self) -> None:
+        self.ended: list[tuple[str | None, str, str, int | None]] = []
+
+    def on_start(self, attempt: AttemptRun) -> None:
+        pass
+
+    def on_first_token(self, attempt: AttemptRun) -> None:
+        pass
+
+    def on_commit(self, attempt: AttemptRun) -> None:
+        pass
+
+    def on_end(self, attempt: AttemptRun) -> None:
+        usage = attempt.usage
+        tokens = usage.completion_tokens if usage is not None else None
+        self.ended.append((attempt.call_id, attempt.target.backend.name, attempt.outcome, tokens))
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+async def test_observers_can_group_attempts_by_call_and_see_the_winners_usage(
+    streamed: bool,
+) -> None:
+    ends = Ends()
+    async with providers("a", "b") as fakes, client_for(fakes, observers=[ends]) as client:
+        fakes["a"].script(HELD)
+        await client.chat(
+            "hi",
+            model=["a/m", "b/m"],
+            hedge=Hedge(delay=0.0),
+            stream=streamed,
+            stream_options={"include_usage": True} if streamed else None,
+        )
+        await client.chat("hi", model="b/m", stream=streamed)
+    first, second = ends.ended[:2], ends.ended[2:]
+    assert [(backend, outcome) for _, backend, outcome, _ in first] == [
+        ("a", "lost"),
+        ("b", "won"),
+    ]
+    assert first[1][3] == 2  # "from b": two tokens
+    assert first[0][0] == first[1][0] != second[0][0]
