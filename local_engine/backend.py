@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Literal
@@ -284,7 +284,13 @@ class LocalBackend:
         """
         async_engine, service = self._running()
         usage = request.stream_options is None or request.stream_options.include_usage is not False
-        async with service.stream(async_engine, request, include_usage=usage) as chunks:
+        async with AsyncExitStack() as stack:
+            try:
+                chunks = await stack.enter_async_context(
+                    service.stream(async_engine, request, include_usage=usage)
+                )
+            except errors.ConfigurationError as exc:
+                raise self._bad_request(exc) from exc
             yield chunks
 
     async def complete(
@@ -292,4 +298,11 @@ class LocalBackend:
     ) -> ChatCompletion:
         """Run a non-streamed completion."""
         async_engine, service = self._running()
-        return await service.complete(async_engine, request)
+        try:
+            return await service.complete(async_engine, request)
+        except errors.ConfigurationError as exc:
+            raise self._bad_request(exc) from exc
+
+    def _bad_request(self, exc: errors.ConfigurationError) -> errors.BadRequestError:
+        """A request the engine refuses is the same error as over HTTP: a 400."""
+        return errors.BadRequestError(str(exc), status_code=400, backend=self.name)

@@ -54,7 +54,13 @@ from swiftclient.asgi import (
     serve,
     sse_event,
 )
-from swiftclient.errors import ConfigurationError, EngineError, OverloadedError, redact
+from swiftclient.errors import (
+    BadRequestError,
+    ConfigurationError,
+    EngineError,
+    OverloadedError,
+    redact,
+)
 from swiftclient.types import ChatCompletion, ChatCompletionChunk, ChatRequest, StreamOptions
 
 from .backend import LocalBackend
@@ -140,7 +146,7 @@ def _engine_error(exc: Exception) -> RequestError:
     """Map a failure of the backend onto a status (bad input 400, overload 503, else 500)."""
     if isinstance(exc, OverloadedError):
         return RequestError(503, f"the server is overloaded: {exc}", "server_overloaded")
-    if isinstance(exc, ValueError):
+    if isinstance(exc, ValueError | BadRequestError):
         return RequestError(400, str(exc), "invalid_request")
     return RequestError(500, "the engine failed while serving the request", "engine_error")
 
@@ -313,7 +319,7 @@ class LocalServer:
         if not stream:
             try:
                 completion = await self.backend.complete(chat, deadline)
-            except (ValueError, EngineError) as exc:
+            except (ValueError, BadRequestError, EngineError) as exc:
                 await _send_error(writer, _engine_error(exc))
                 return
             await writer.send_json(200, _completion_json(completion))
@@ -323,7 +329,7 @@ class LocalServer:
                 await writer.start_stream(200, {"cache-control": "no-cache"})
                 async for chunk in chunks:
                     await writer.write(_chunk_bytes(chunk))
-        except (ValueError, EngineError) as exc:
+        except (ValueError, BadRequestError, EngineError) as exc:
             failure = _engine_error(exc)
             if not writer.started:
                 await _send_error(writer, failure)

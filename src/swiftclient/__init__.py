@@ -3,8 +3,10 @@
 ``await AsyncClient(...).chat(messages, model=...)``; see the README for a tour.
 """
 
-from ._client import NOT_GIVEN, AsyncClient, NotGiven
+from ._attempt import AttemptObserver, AttemptRun, Target
+from ._client import NOT_GIVEN, AsyncClient, NotGiven, RouterLike
 from ._deadline import Deadline, Timeout
+from ._policies import PolicyHub
 from ._retry import RetryPolicy
 from ._stream import ChatStream
 from .backends.base import Backend, RequestOptions
@@ -36,6 +38,7 @@ from .errors import (
     SwiftClientError,
     UnprocessableEntityError,
 )
+from .hedging import Hedge
 from .types import (
     AssistantMessage,
     Attempt,
@@ -61,6 +64,8 @@ __all__ = [
     "AssistantMessage",
     "AsyncClient",
     "Attempt",
+    "AttemptObserver",
+    "AttemptRun",
     "AuthenticationError",
     "Backend",
     "BadRequestError",
@@ -76,21 +81,25 @@ __all__ = [
     "EngineError",
     "FirstTokenTimeout",
     "HTTPBackend",
+    "Hedge",
     "InternalServerError",
     "Message",
     "NotFoundError",
     "NotGiven",
     "OverloadedError",
     "PermissionDeniedError",
+    "PolicyHub",
     "PoolTimeout",
     "RateLimitError",
     "RequestOptions",
     "ResponseTooLarge",
     "RetryPolicy",
+    "RouterLike",
     "StreamError",
     "StreamStalled",
     "StructuredOutputError",
     "SwiftClientError",
+    "Target",
     "Timeout",
     "Timing",
     "Tool",

@@ -6,23 +6,37 @@ import os
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from types import TracebackType
-from typing import Any, TypeVar, overload
+from typing import Any, Protocol, TypeVar, overload
 
 import anyio
 import pydantic
 
 from . import errors
+from ._attempt import AttemptObserver, Target
 from ._deadline import Deadline, Timeout
+from ._policies import PolicyHub, prompt_chars
 from ._retry import RetryPolicy
 from ._stream import Call, ChatStream
 from ._structured import structured_output, validation_summary
 from .backends.base import Backend, RequestOptions
+from .hedging import Hedge
 from .types import AssistantMessage, ChatCompletion, ChatRequest, Message
 
-__all__ = ["AsyncClient", "NOT_GIVEN", "NotGiven"]
+__all__ = ["AsyncClient", "NOT_GIVEN", "NotGiven", "RouterLike"]
 
 T = TypeVar("T")
 MessagesInput = str | Sequence[Message | AssistantMessage | Mapping[str, Any]]
+ModelInput = str | Sequence[str] | None
+
+
+class RouterLike(Protocol):
+    """Expands aliases into target lists (``swiftclient.routing.Router`` is one)."""
+
+    def expand(
+        self, model: str | Sequence[str], *, prompt_chars: int, task: str | None
+    ) -> list[str]:
+        """The targets for ``model``: an alias's list chosen by its rules, else ``model``."""
+        ...
 
 
 class NotGiven:
@@ -76,6 +90,14 @@ class AsyncClient:
         retry: default :class:`RetryPolicy`.
         stream_chat: run ``chat()`` over streaming (TTFT and ITL measured, first-token and
             idle timeouts apply); ``False`` uses the backends' non-streamed path.
+        hedge: default :class:`Hedge` for calls with several targets (``model=[...]``);
+            ``None`` tries the targets one after another (sequential fallback).
+        observers: :class:`AttemptObserver` objects told of every attempt's start, first
+            token, commit and end.
+        router: expands model aliases (``"fast"``, ``"smart"``) into target lists, choosing
+            by the request's prompt size and ``task`` label (see :class:`RouterLike`).
+        policies: the shared hedging state (:class:`PolicyHub`: latency estimates, hedge
+            budget, retry throttle, circuit breakers); a fresh empty one by default.
 
     With no backend at all, the client configures itself from the environment (see
     :func:`swiftclient.providers.from_env`).
@@ -91,6 +113,10 @@ class AsyncClient:
         timeout: Timeout | float | None | NotGiven = NOT_GIVEN,
         retry: RetryPolicy | None = None,
         stream_chat: bool = True,
+        hedge: Hedge | None = None,
+        observers: Sequence[AttemptObserver] = (),
+        policies: PolicyHub | None = None,
+        router: RouterLike | None = None,
     ) -> None:
         named: dict[str, Backend] = dict(backends or {})
         if backend is not None:
@@ -116,6 +142,13 @@ class AsyncClient:
         self.timeout = Timeout() if isinstance(timeout, NotGiven) else Timeout.coerce(timeout)
         self.retry = retry or RetryPolicy()
         self.stream_chat = stream_chat
+        if hedge is not None and not isinstance(hedge, Hedge):
+            raise errors.ConfigurationError(f"hedge must be a Hedge or None, got {hedge!r}")
+        self.hedge = hedge
+        self.router = router
+        self.policies = policies or PolicyHub()
+        hooks: list[AttemptObserver] = [self.policies] if self.policies.observes else []
+        self._observers: tuple[AttemptObserver, ...] = (*hooks, *observers)
         self._closed = False
         self._stack: AsyncExitStack | None = None
 
@@ -170,6 +203,11 @@ class AsyncClient:
             if warm is not None:
                 await warm(connections)
 
+    def health(self) -> dict[str, str]:
+        """Circuit-breaker state per target seen so far: ``{"backend/model": "closed" |
+        "open" | "half_open"}`` (empty without breakers)."""
+        return self.policies.health()
+
     # ------------------------------------------------------------------ resolution
 
     def resolve(self, model: str | None) -> tuple[Backend, str]:
@@ -185,19 +223,47 @@ class AsyncClient:
             return self._backends[head], rest
         return self._backends[self._default], model
 
+    def targets(self, model: ModelInput) -> list[Target]:
+        """Resolve a model string, or a list of them, to targets (backend, model) in order.
+
+        Duplicates are kept once; the same model behind two backend names is two targets.
+        """
+        if model is None or isinstance(model, str):
+            return [Target(*self.resolve(model))]
+        if not model:
+            raise errors.ConfigurationError("model=[] names no target")
+        out: list[Target] = []
+        for item in model:
+            if not isinstance(item, str):
+                raise errors.ConfigurationError(
+                    f"model list entries must be strings, got {type(item).__name__}"
+                )
+            target = Target(*self.resolve(item))
+            if target not in out:
+                out.append(target)
+        return out
+
     def _call(
         self,
         messages: MessagesInput,
-        model: str | None,
+        model: ModelInput,
         timeout: Timeout | float | None | NotGiven,
         retry: RetryPolicy | None,
+        hedge: Hedge | None | NotGiven,
+        task: str | None,
         params: dict[str, Any],
     ) -> Call:
         if self._closed:
             raise errors.ConfigurationError("this AsyncClient is closed")
-        backend, backend_model = self.resolve(model)
+        validated = _messages(messages)
+        router = self.router
+        if router is not None:
+            wanted = self.model if model is None else model
+            if wanted is not None:
+                model = router.expand(wanted, prompt_chars=prompt_chars(validated), task=task)
+        targets = self.targets(model)
         try:
-            request = ChatRequest(model=backend_model, messages=_messages(messages), **params)
+            request = ChatRequest(model=targets[0].model, messages=validated, **params)
         except pydantic.ValidationError as exc:
             raise errors.ConfigurationError(
                 f"invalid chat request: {validation_summary(exc)}"
@@ -205,8 +271,21 @@ class AsyncClient:
         limits = (
             self.timeout if isinstance(timeout, NotGiven) else Timeout.coerce(timeout, self.timeout)
         )
+        if isinstance(hedge, NotGiven):
+            hedge = self.hedge
+        elif hedge is not None and not isinstance(hedge, Hedge):
+            raise errors.ConfigurationError(f"hedge must be a Hedge or None, got {hedge!r}")
         options = RequestOptions(idempotency_key=f"swiftclient-{os.urandom(16).hex()}")
-        return Call(backend, request, Deadline(limits), retry or self.retry, options)
+        return Call(
+            targets,
+            request,
+            Deadline(limits),
+            retry or self.retry,
+            options,
+            hedge=hedge,
+            observers=self._observers,
+            policies=self.policies,
+        )
 
     # ------------------------------------------------------------------ calls
 
@@ -214,27 +293,35 @@ class AsyncClient:
         self,
         messages: MessagesInput,
         *,
-        model: str | None = None,
+        model: ModelInput = None,
         timeout: Timeout | float | None | NotGiven = NOT_GIVEN,
         retry: RetryPolicy | None = None,
+        hedge: Hedge | None | NotGiven = NOT_GIVEN,
+        task: str | None = None,
         **params: Any,
     ) -> ChatStream:
         """Open a streamed chat: ``async with client.stream(messages, model=...) as s``.
 
         ``params`` are :class:`ChatRequest` fields (``temperature``, ``tools``, ``stop``, ...;
-        provider-specific ones go in ``extra_body``).
+        provider-specific ones go in ``extra_body``). ``task`` is a label for the client's
+        router only (never sent). ``model`` may be a list of targets:
+        with ``hedge`` (or the client's default) they are raced, the first to deliver a
+        content token wins and the others are cancelled; without, they are tried in order
+        until one works (docs/hedging.md).
         """
-        return ChatStream(self._call(messages, model, timeout, retry, params))
+        return ChatStream(self._call(messages, model, timeout, retry, hedge, task, params))
 
     @overload
     async def chat(
         self,
         messages: MessagesInput,
         *,
-        model: str | None = ...,
+        model: ModelInput = ...,
         response_model: None = ...,
         timeout: Timeout | float | None | NotGiven = ...,
         retry: RetryPolicy | None = ...,
+        hedge: Hedge | None | NotGiven = ...,
+        task: str | None = ...,
         stream: bool | None = ...,
         **params: Any,
     ) -> ChatCompletion: ...
@@ -244,10 +331,12 @@ class AsyncClient:
         self,
         messages: MessagesInput,
         *,
-        model: str | None = ...,
+        model: ModelInput = ...,
         response_model: type[T],
         timeout: Timeout | float | None | NotGiven = ...,
         retry: RetryPolicy | None = ...,
+        hedge: Hedge | None | NotGiven = ...,
+        task: str | None = ...,
         stream: bool | None = ...,
         **params: Any,
     ) -> T: ...
@@ -256,10 +345,12 @@ class AsyncClient:
         self,
         messages: MessagesInput,
         *,
-        model: str | None = None,
+        model: ModelInput = None,
         response_model: type[T] | None = None,
         timeout: Timeout | float | None | NotGiven = NOT_GIVEN,
         retry: RetryPolicy | None = None,
+        hedge: Hedge | None | NotGiven = NOT_GIVEN,
+        task: str | None = None,
         stream: bool | None = None,
         **params: Any,
     ) -> ChatCompletion | T:
@@ -279,7 +370,7 @@ class AsyncClient:
                 raise errors.ConfigurationError("pass response_model or response_format, not both")
             structured = structured_output(response_model)
             params["response_format"] = structured.response_format
-        call = self._call(messages, model, timeout, retry, params)
+        call = self._call(messages, model, timeout, retry, hedge, task, params)
         use_stream = self.stream_chat if stream is None else stream
         if use_stream:
             async with ChatStream(call) as chat_stream:

@@ -1,129 +1,207 @@
-"""One call's execution: attempts under one deadline, retries before the first token, timing.
+"""One call: its targets, one deadline shared by every attempt, and the policies that decide
+when the next attempt starts and which one commits.
 
 :class:`ChatStream` is what ``client.stream(...)`` returns; ``client.chat(...)`` is the same
-stream plus accumulation, so both share every policy.
+stream plus accumulation, so both share every policy. Each attempt is an
+:class:`~swiftclient._attempt.AttemptRun`; retries (``_retry``) wrap rounds over the targets,
+and a round is one attempt (one target), a sequential fallback, or a hedged race
+(``hedging``).
 """
 
 from __future__ import annotations
 
-import asyncio
-import math
-from collections.abc import AsyncIterator, Callable
-from contextlib import AsyncExitStack
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from types import TracebackType
-from typing import Literal
-
-import anyio
+from typing import Protocol, TypeVar
 
 from . import errors
 from ._accumulate import Accumulator
-from ._deadline import Deadline, ReadTimer, Timeout
+from ._attempt import AttemptObserver, AttemptRun, Target, deadline_exceeded, request_for
+from ._deadline import Deadline
 from ._retry import RetryPolicy, run_with_retries
-from .backends.base import Backend, BufferedChunkIterator, RequestOptions
-from .types import Attempt, ChatCompletion, ChatCompletionChunk, ChatRequest, Timing
+from .backends.base import RequestOptions
+from .hedging import Hedge, StartAttempt, Trigger, fallback, race
+from .types import ChatCompletion, ChatCompletionChunk, ChatRequest, Timing
 
-__all__ = ["Call", "ChatStream", "deadline_exceeded"]
+__all__ = ["Call", "CallPolicies", "ChatStream", "deadline_exceeded"]
 
-_Limit = Literal["deadline", "idle", "first_token"]
-_CLOSE_GRACE = 5.0
-_current_task = asyncio.current_task
-
-
-def _read_timer() -> ReadTimer | None:
-    """A :class:`ReadTimer` on asyncio; None elsewhere (reads use cancel scopes there)."""
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        return None
-    return ReadTimer(loop)
+_T = TypeVar("_T", bound=tuple["AttemptRun", object])
+_Opened = tuple[AttemptRun, list[ChatCompletionChunk]]
+_Completed = tuple[AttemptRun, ChatCompletion]
 
 
-def deadline_exceeded(backend: str, timeout: Timeout) -> errors.DeadlineExceeded:
-    """The error for a call whose total deadline ran out (one wording on every path)."""
-    return errors.DeadlineExceeded(
-        f"{backend}: the call's total deadline of {timeout.total}s was exceeded", backend=backend
-    )
+class CallPolicies(Protocol):
+    """What a call asks of the client's shared policy state (estimates, budget, breakers)."""
+
+    def usable(self, targets: Sequence[Target]) -> list[Target]:
+        """The targets worth trying now, in order (open breakers skipped)."""
+        ...
+
+    def hedge_delay(self, hedge: Hedge, target: Target, request: ChatRequest) -> float:
+        """Seconds after an attempt on ``target`` starts before the next one hedges it."""
+        ...
+
+    def may_hedge(self) -> bool:
+        """Whether one more hedge fits the budget now (spends it when it does)."""
+        ...
+
+    def on_call(self) -> None:
+        """A call with several targets begins (it earns the budget its share)."""
+        ...
 
 
 class Call:
-    """Everything one call needs: where it goes, what it sends, its deadline and policy."""
+    """Everything one call needs: its targets, request, deadline, policies and record."""
 
     __slots__ = (
-        "_now",
-        "backend",
         "deadline",
+        "hedge",
+        "now",
+        "numbered",
+        "observers",
         "options",
+        "policies",
         "policy",
         "request",
+        "_round_targets",
         "started",
+        "targets",
         "timing",
+        "winner",
     )
 
     def __init__(
         self,
-        backend: Backend,
+        targets: Sequence[Target],
         request: ChatRequest,
         deadline: Deadline,
         policy: RetryPolicy,
         options: RequestOptions,
+        *,
+        hedge: Hedge | None = None,
+        observers: tuple[AttemptObserver, ...] = (),
+        policies: CallPolicies | None = None,
     ) -> None:
-        self.backend = backend
+        if not targets:
+            raise errors.ConfigurationError("a call needs at least one target")
+        self.targets = targets if isinstance(targets, list) else list(targets)
         self.request = request
         self.deadline = deadline
         self.policy = policy
         self.options = options
-        self._now = deadline.now
-        self.started = self._now()
+        self.hedge = hedge
+        self.observers = observers
+        self.policies = policies
+        self.now = deadline.now
+        self.started = self.now()
         self.timing = Timing()
+        self.numbered = 0
+        self.winner = 0
+        """The number of the committed attempt (0: none yet); a number, not the attempt, so
+        that a call and its attempts form no reference cycle."""
+        self._round_targets = self.targets
 
-    def new_attempt(self, number: int) -> Attempt:
-        """Record and return a new attempt."""
-        attempt = Attempt(
-            number=number,
-            backend=self.backend.name,
-            model=self.request.model,
-            started=self._now() - self.started,
-        )
-        self.timing.attempts.append(attempt)
-        return attempt
+    @property
+    def backend_name(self) -> str:
+        """The first target's backend name (for messages)."""
+        return self.targets[0].backend.name
 
-    def end_attempt(self, attempt: Attempt, exc: BaseException | None) -> None:
-        """Close an attempt's record with its outcome."""
-        attempt.duration = self._now() - self.started - attempt.started
-        if exc is None:
-            attempt.outcome = "ok"
-        elif isinstance(exc, anyio.get_cancelled_exc_class()):
-            attempt.outcome = "cancelled"
-        else:
-            attempt.outcome = "error"
-            attempt.error = type(exc).__name__
-            if isinstance(exc, errors.APIStatusError):
-                attempt.status_code = exc.status_code
+    def attempt(self, target: Target, trigger: Trigger = "first") -> AttemptRun:
+        """Start recording a new attempt on ``target``."""
+        self.numbered += 1
+        request = request_for(self.request, target)
+        if trigger == "first" and self.numbered > 1:  # the first attempt of a later round
+            return AttemptRun(self, target, request, self.numbered, "retry")
+        return AttemptRun(self, target, request, self.numbered, trigger)
 
     def finish(self) -> None:
         """Stamp the call's total time."""
-        self.timing.total = self._now() - self.started
+        self.timing.total = self.now() - self.started
 
     def failed(self, exc: BaseException) -> None:
         """The call is raising ``exc``: attach its attempts to an :class:`APIError`."""
         if isinstance(exc, errors.APIError):
             exc._record_attempts(self.timing.attempts)
 
+    # ------------------------------------------------------------------ rounds
+
+    async def _round(self, attempts: Sequence[StartAttempt[_T]]) -> _T:
+        """One pass over the targets: one attempt, a fallback chain, or a hedged race."""
+        if len(attempts) == 1:
+            return await attempts[0]("first")
+        hedge = self.hedge
+        if hedge is None or hedge.max_attempts <= 1:
+            return await fallback(attempts)
+        policies = self.policies
+        targets = self._round_targets
+        if policies is not None:
+            policies.on_call()
+
+        def delay(index: int) -> float:
+            previous = targets[index - 1]
+            if policies is None:
+                return hedge.delay_for(None)
+            return policies.hedge_delay(hedge, previous, self.request)
+
+        return await race(
+            attempts,
+            delay=delay,
+            may_hedge=policies.may_hedge if policies is not None else _always,
+            max_in_flight=hedge.max_attempts,
+            commit=_commit,
+            discard=_discard,
+        )
+
+    def _plan(self) -> list[Target]:
+        targets = self.targets
+        if len(targets) > 1 and self.policies is not None:
+            targets = self.policies.usable(targets) or targets
+        self._round_targets = targets
+        return targets
+
+    async def open_round(self, _number: int) -> _Opened:
+        """Open a stream on the first target to deliver a content token."""
+        if len(self.targets) == 1:
+            attempt = self.attempt(self.targets[0])
+            return attempt, await attempt.open()
+        targets = self._plan()
+        return await self._round([partial(self._open, t) for t in targets])
+
+    def _open(self, target: Target, trigger: Trigger) -> Awaitable[_Opened]:
+        """Start an attempt on ``target`` now (numbered now); the awaitable runs it."""
+        return self._opened(self.attempt(target, trigger))
+
+    @staticmethod
+    async def _opened(attempt: AttemptRun) -> _Opened:
+        return attempt, await attempt.open()
+
+    async def complete_round(self, _number: int) -> _Completed:
+        """Run a non-streamed completion on the first target to answer whole."""
+        if len(self.targets) == 1:
+            attempt = self.attempt(self.targets[0])
+            return attempt, await attempt.complete()
+        targets = self._plan()
+        return await self._round([partial(self._complete, t) for t in targets])
+
+    def _complete(self, target: Target, trigger: Trigger) -> Awaitable[_Completed]:
+        """Start a non-streamed attempt on ``target`` now; the awaitable runs it."""
+        return self._completed(self.attempt(target, trigger))
+
+    @staticmethod
+    async def _completed(attempt: AttemptRun) -> _Completed:
+        return attempt, await attempt.complete()
+
     async def complete(self) -> ChatCompletion:
         """Run a non-streamed completion with retries under the deadline."""
-
-        async def once(number: int) -> ChatCompletion:
-            attempt = self.new_attempt(number)
-            try:
-                result = await self._bounded_complete()
-            except BaseException as exc:
-                self.end_attempt(attempt, exc)
-                raise
-            self.end_attempt(attempt, None)
-            return result
-
         try:
-            completion = await run_with_retries(self.policy, self.deadline, once)
+            attempt, completion = await run_with_retries(
+                self.policy, self.deadline, self.complete_round
+            )
+            if not self.winner:
+                attempt.commit()
+            attempt.usage = completion.usage
+            attempt.finish(None)
         except BaseException as exc:
             self.failed(exc)
             raise
@@ -132,16 +210,20 @@ class Call:
         completion.timing = self.timing
         return completion
 
-    async def _bounded_complete(self) -> ChatCompletion:
-        """One ``backend.complete`` bounded by the deadline.
 
-        A cancel scope, not the stream's loop timer: a whole non-streamed call includes the
-        backend's shielded cleanup, which only a cancel scope respects.
-        """
-        deadline = self.deadline
-        with anyio.CancelScope(deadline=deadline.at):
-            return await self.backend.complete(self.request, deadline, self.options)
-        raise deadline_exceeded(self.backend.name, deadline.timeout)
+def _always() -> bool:
+    return True
+
+
+def _commit(result: tuple[AttemptRun, object]) -> None:
+    result[0].commit()
+
+
+async def _discard(result: tuple[AttemptRun, object]) -> None:
+    attempt, value = result
+    if isinstance(value, ChatCompletion):
+        attempt.usage = value.usage
+    await attempt.discard()
 
 
 class ChatStream:
@@ -154,20 +236,14 @@ class ChatStream:
 
     def __init__(self, call: Call) -> None:
         self._call = call
-        self._now = call.deadline.now
-        self._nowait: Callable[[], ChatCompletionChunk | None] | None = None
-        self._stack: AsyncExitStack | None = None
-        self._iterator: AsyncIterator[ChatCompletionChunk] | None = None
+        self._now = call.now
+        self._attempt: AttemptRun | None = None
+        self._next: Callable[[], Awaitable[ChatCompletionChunk | None]] | None = None
         self._buffered: list[ChatCompletionChunk] = []
-        self._attempt: Attempt | None = None
-        self._attempt_started = 0.0
-        self._chunk_seen = False
-        self._first_content_at: float | None = None
         self._last_content_at: float | None = None
         self._accumulator = Accumulator()
         self._done = False
         self._completion: ChatCompletion | None = None
-        self._timer: ReadTimer | None = None
 
     @property
     def timing(self) -> Timing:
@@ -176,150 +252,35 @@ class ChatStream:
 
     @property
     def request(self) -> ChatRequest:
-        """The request as sent (model without its backend prefix)."""
-        return self._call.request
-
-    # ------------------------------------------------------------------ bounded waits
-
-    def _bound(self, now: float) -> tuple[float, _Limit]:
-        """When the next wait must end (on the deadline's clock) and which limit that is."""
-        call = self._call
-        timeout = call.deadline.timeout
-        due, kind = call.deadline.at, "deadline"
-        idle = timeout.idle
-        if idle is not None and self._chunk_seen and now + idle < due:
-            due, kind = now + idle, "idle"
-        first = timeout.first_token
-        if first is not None and self._first_content_at is None:
-            at = self._attempt_started + first
-            if at < due:
-                due, kind = at, "first_token"
-        return due, kind  # type: ignore[return-value]
-
-    def _timeout_error(self, kind: _Limit) -> errors.APITimeoutError:
-        name = self._call.backend.name
-        timeout = self._call.deadline.timeout
-        if kind == "first_token":
-            return errors.FirstTokenTimeout(
-                f"{name}: no content token within {timeout.first_token}s", backend=name
-            )
-        if kind == "idle":
-            return errors.StreamStalled(
-                f"{name}: no chunk for {timeout.idle}s (stream stalled)", backend=name
-            )
-        return deadline_exceeded(name, timeout)
-
-    async def _next(
-        self, iterator: AsyncIterator[ChatCompletionChunk]
-    ) -> ChatCompletionChunk | None:
-        nowait = self._nowait
-        if nowait is not None:
-            # A chunk that already arrived needs no wait, so no time limit either.
-            ready = nowait()
-            if ready is not None:
-                return ready
-        return await self._wait(iterator)
-
-    async def _wait(
-        self, iterator: AsyncIterator[ChatCompletionChunk]
-    ) -> ChatCompletionChunk | None:
-        """The iterator's next chunk (None at its end), bounded by the limit that applies."""
-        now = self._now()
-        due, kind = self._bound(now)
-        if due <= now:
-            raise self._timeout_error(kind)
-        if due == math.inf:
-            try:
-                return await iterator.__anext__()
-            except StopAsyncIteration:
-                return None
-        timer = self._timer
-        if timer is None:
-            with anyio.CancelScope(deadline=due):
-                try:
-                    return await iterator.__anext__()
-                except StopAsyncIteration:
-                    return None
-            raise self._timeout_error(kind)
-        # asyncio: one lazily re-armed timer per stream instead of a cancel scope per read.
-        timer.start(_current_task(), due)  # type: ignore[arg-type]
-        try:
-            return await iterator.__anext__()
-        except StopAsyncIteration:
-            return None
-        except asyncio.CancelledError:
-            if not timer.expired():
-                raise
-        finally:
-            timer.stop()
-        raise self._timeout_error(kind)
-
-    # ------------------------------------------------------------------ attempts
-
-    async def _attempt_once(self, number: int) -> None:
-        call = self._call
-        attempt = call.new_attempt(number)
-        self._attempt_started = self._now()
-        self._chunk_seen = False
-        stack = AsyncExitStack()
-        try:
-            now = self._now()
-            due, kind = self._bound(now)
-            if due <= now:
-                raise self._timeout_error(kind)
-            with anyio.CancelScope(deadline=due) as scope:
-                iterator = await stack.enter_async_context(
-                    call.backend.stream(call.request, call.deadline, call.options)
-                )
-            if scope.cancelled_caught:
-                raise self._timeout_error(kind)
-            self._nowait = (
-                iterator.next_nowait if isinstance(iterator, BufferedChunkIterator) else None
-            )
-            buffered: list[ChatCompletionChunk] = []
-            while True:
-                chunk = await self._next(iterator)
-                if chunk is None:
-                    break
-                self._chunk_seen = True
-                buffered.append(chunk)
-                if chunk.has_content():
-                    now = self._now()
-                    attempt.ttft = now - self._attempt_started
-                    self._mark_content(now)
-                    break
-        except BaseException as exc:
-            with anyio.move_on_after(_CLOSE_GRACE, shield=True):
-                await stack.aclose()
-            call.end_attempt(attempt, exc)
-            raise
-        self._stack = stack
-        self._iterator = iterator
-        self._buffered = buffered
-        self._attempt = attempt
-        if chunk is None:
-            self._done = True
+        """The request as sent by the committed attempt (model without its backend prefix)."""
+        attempt = self._attempt
+        return attempt.request if attempt is not None else self._call.request
 
     def _mark_content(self, now: float) -> None:
         timing = self._call.timing
-        if self._first_content_at is None:
-            self._first_content_at = now
+        if self._last_content_at is None:
             timing.ttft = now - self._call.started
-        elif self._last_content_at is not None:
+        else:
             timing.itl.append(now - self._last_content_at)
         self._last_content_at = now
 
     async def __aenter__(self) -> ChatStream:
         call = self._call
-        self._timer = _read_timer()
         try:
-            await run_with_retries(call.policy, call.deadline, self._attempt_once)
+            attempt, buffered = await run_with_retries(call.policy, call.deadline, call.open_round)
         except BaseException as exc:
-            if self._timer is not None:
-                self._timer.close()
             call.finish()
             call.failed(exc)
             raise
+        if not call.winner:
+            attempt.commit()
+        self._attempt = attempt
+        self._next = attempt.next
+        self._buffered = buffered
+        if attempt.first_token_at is None:
+            self._done = True  # the stream ended without content
+        else:
+            self._mark_content(attempt.first_token_at)
         return self
 
     async def __aexit__(
@@ -332,16 +293,12 @@ class ChatStream:
 
     async def aclose(self, exc: BaseException | None = None) -> None:
         """Release the stream's connection or engine request (idempotent)."""
-        stack, self._stack = self._stack, None
-        if stack is None:
+        attempt, self._attempt = self._attempt, None
+        if attempt is None:
             return
         self._done = True
-        if self._timer is not None:
-            self._timer.close()
-        with anyio.move_on_after(_CLOSE_GRACE, shield=True):
-            await stack.aclose()
-        if self._attempt is not None and self._attempt.outcome == "pending":
-            self._call.end_attempt(self._attempt, exc)
+        attempt.usage = self._accumulator.usage
+        await attempt.close(exc)
         self._call.finish()
 
     # ------------------------------------------------------------------ iteration
@@ -354,23 +311,23 @@ class ChatStream:
             chunk = self._buffered.pop(0)
             self._accumulator.add(chunk)
             return chunk
-        if self._done or self._iterator is None:
+        read = self._next
+        if self._done or read is None:
             raise StopAsyncIteration
         try:
-            nowait = self._nowait
-            next_chunk = nowait() if nowait is not None else None
-            if next_chunk is None:
-                next_chunk = await self._wait(self._iterator)
+            next_chunk = await read()
         except BaseException as exc:
             self._done = True
-            if self._attempt is not None and self._attempt.outcome == "pending":
-                self._call.end_attempt(self._attempt, exc)
+            if self._attempt is not None:
+                self._attempt.usage = self._accumulator.usage
+                self._attempt.finish(exc)
             self._call.failed(exc)
             raise
         if next_chunk is None:
             self._done = True
-            if self._attempt is not None and self._attempt.outcome == "pending":
-                self._call.end_attempt(self._attempt, None)
+            if self._attempt is not None:
+                self._attempt.usage = self._accumulator.usage
+                self._attempt.finish(None)
             self._call.finish()
             raise StopAsyncIteration
         if self._accumulator.add(next_chunk):

@@ -379,7 +379,12 @@ class Attempt(BaseModel):
     ttft: float | None = None
     status_code: int | None = None
     error: str | None = None
-    outcome: Literal["ok", "error", "cancelled", "pending"] = "pending"
+    trigger: Literal["first", "hedge", "fallback", "retry"] = "first"
+    """Why it started: the call's first attempt, a hedge (the hedge delay passed), a
+    fallback (an earlier attempt failed) or a retry (the first of a later round)."""
+    outcome: Literal["ok", "error", "cancelled", "lost", "pending"] = "pending"
+    """``ok`` (committed and finished), ``error``, ``cancelled``, ``lost`` (another attempt
+    committed first; this one was cancelled or discarded) or ``pending``."""
 
 
 def _percentile(values: Sequence[float], q: int) -> float | None:

@@ -13,7 +13,7 @@ import pytest
 
 from local_engine import LocalBackend
 from swiftclient import AsyncClient, Deadline
-from swiftclient.errors import ConfigurationError, EngineError
+from swiftclient.errors import BadRequestError, ConfigurationError, EngineError
 from swiftclient.types import ChatRequest, Message, Tool
 
 from ..conformance.tiny_local import ReplyScriptEngine, TinyModel, load_tiny_model
@@ -252,24 +252,24 @@ async def test_a_three_turn_tool_loop_runs_on_the_local_engine(
 
 
 @pytest.mark.anyio
-async def test_bad_requests_raise_configuration_error(tiny: TinyModel) -> None:
+async def test_bad_requests_raise_bad_request_error_as_over_http(tiny: TinyModel) -> None:
     engine = tiny.engine(num_blocks=8)  # a 128-token context
     async with AsyncClient(LocalBackend.from_engine(engine), model=MODEL) as client:
-        with pytest.raises(ConfigurationError, match="max_model_len"):
+        with pytest.raises(BadRequestError, match="max_model_len"):
             await client.chat("word " * 200)
-        with pytest.raises(ConfigurationError, match="ask for at most"):
+        with pytest.raises(BadRequestError, match="ask for at most"):
             await client.chat("Hi", max_tokens=500)
-        with pytest.raises(ConfigurationError, match="n=3"):
+        with pytest.raises(BadRequestError, match="n=3"):
             await client.chat("Hi", n=3)
-        with pytest.raises(ConfigurationError, match="logit_bias"):
+        with pytest.raises(BadRequestError, match="logit_bias"):
             await client.chat("Hi", logit_bias={"5": 1.0})
-        with pytest.raises(ConfigurationError, match="unsupported extra_body"):
+        with pytest.raises(BadRequestError, match="unsupported extra_body"):
             await client.chat("Hi", extra_body={"repetition_penalty": 1.1})
-        with pytest.raises(ConfigurationError, match="ignore_eos"):
+        with pytest.raises(BadRequestError, match="ignore_eos"):
             await client.chat("Hi", extra_body={"ignore_eos": "yes"})
-        with pytest.raises(ConfigurationError, match="top_p"):
+        with pytest.raises(BadRequestError, match="top_p"):
             await client.chat("Hi", top_p=0.0)
-        with pytest.raises(ConfigurationError, match="top_logprobs"):
+        with pytest.raises(BadRequestError, match="top_logprobs"):
             await client.chat("Hi", top_logprobs=2)
         # Without a limit, a request gets what the context leaves.
         completion = await client.chat("Hi", **FIXED)

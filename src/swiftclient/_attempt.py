@@ -1,0 +1,390 @@
+"""One attempt of a call: exactly one backend stream (or one non-streamed request).
+
+An :class:`AttemptRun` opens its backend stream, waits for the first content token, hands
+out chunks and closes; how its reads are bounded (the asyncio :class:`ReadTimer` or a
+cancel scope) is chosen once, when it is created. Its outcome is recorded once, in
+:meth:`AttemptRun.finish`, which also tells every :class:`AttemptObserver` — breakers, the
+latency estimator, accounting and telemetry subscribe there without the call path knowing
+them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack
+from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol
+
+import anyio
+
+from . import errors
+from ._deadline import Deadline, ReadTimer, Timeout
+from ._retry import retry_after_seconds
+from .backends.base import Backend, BufferedChunkIterator
+from .types import Attempt, ChatCompletion, ChatCompletionChunk, ChatRequest, Usage
+
+if TYPE_CHECKING:
+    from ._stream import Call
+
+__all__ = [
+    "AttemptObserver",
+    "AttemptRun",
+    "Outcome",
+    "Target",
+    "deadline_exceeded",
+]
+
+Outcome = Literal["won", "lost", "cancelled", "failed", "pending"]
+_Limit = Literal["deadline", "idle", "first_token"]
+_CLOSE_GRACE = 5.0
+_current_task = asyncio.current_task
+_cancelled = anyio.get_cancelled_exc_class
+_OUTCOMES: dict[str, Outcome] = {
+    "ok": "won",
+    "error": "failed",
+    "cancelled": "cancelled",
+    "lost": "lost",
+    "pending": "pending",
+}
+
+
+class Target(NamedTuple):
+    """Where one attempt goes: a backend and the backend's own model name."""
+
+    backend: Backend
+    model: str
+
+    @property
+    def name(self) -> str:
+        """``"backend/model"``, the key breakers, estimates and prices use."""
+        return f"{self.backend.name}/{self.model}"
+
+
+class AttemptObserver(Protocol):
+    """Subscribes to attempt events. Handlers run inline on the call path: keep them cheap,
+    and never raise (an exception from a handler propagates into the call)."""
+
+    def on_start(self, attempt: AttemptRun) -> None:
+        """The attempt is about to open its backend stream (or send its request)."""
+
+    def on_first_token(self, attempt: AttemptRun) -> None:
+        """The attempt delivered its first content token (non-streamed: its whole reply)."""
+
+    def on_commit(self, attempt: AttemptRun) -> None:
+        """The call committed to this attempt; every other attempt is being cancelled."""
+
+    def on_end(self, attempt: AttemptRun) -> None:
+        """The attempt ended; ``attempt.outcome`` says how."""
+
+
+def deadline_exceeded(backend: str, timeout: Timeout) -> errors.DeadlineExceeded:
+    """The error for a call whose total deadline ran out (one wording on every path)."""
+    return errors.DeadlineExceeded(
+        f"{backend}: the call's total deadline of {timeout.total}s was exceeded", backend=backend
+    )
+
+
+def _read_timer() -> ReadTimer | None:
+    """A :class:`ReadTimer` on asyncio; None elsewhere (reads use cancel scopes there)."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+    return ReadTimer(loop)
+
+
+class AttemptRun:
+    """One attempt against one target. The record it keeps is ``record``
+    (:class:`~swiftclient.types.Attempt`, appended to the call's ``Timing.attempts``)."""
+
+    __slots__ = (
+        "_call",
+        "_chunk_seen",
+        "_deadline",
+        "_iterator",
+        "_now",
+        "_stack",
+        "_timer",
+        "error",
+        "first_token_at",
+        "next_nowait",
+        "record",
+        "request",
+        "started_at",
+        "target",
+        "usage",
+    )
+
+    def __init__(
+        self,
+        call: Call,
+        target: Target,
+        request: ChatRequest,
+        number: int,
+        trigger: Literal["first", "hedge", "fallback", "retry"] = "first",
+    ) -> None:
+        self._call = call
+        self.target = target
+        self.request = request
+        self._deadline: Deadline = call.deadline
+        self._now = call.now
+        self.started_at = self._now()
+        self.record = Attempt(
+            number=number,
+            backend=target.backend.name,
+            model=target.model,
+            started=self.started_at - call.started,
+            trigger=trigger,
+        )
+        self.error: BaseException | None = None
+        self.usage: Usage | None = None
+        """Token counts the attempt reported, when it got that far (set before ``on_end``)."""
+        self.first_token_at: float | None = None
+        self.next_nowait: Callable[[], ChatCompletionChunk | None] | None = None
+        self._stack: AsyncExitStack | None = None
+        self._iterator: AsyncIterator[ChatCompletionChunk] | None = None
+        self._timer: ReadTimer | None = None
+        self._chunk_seen = False
+        call.timing.attempts.append(self.record)
+        for observer in call.observers:
+            observer.on_start(self)
+
+    # ------------------------------------------------------------------ observer view
+
+    @property
+    def call_id(self) -> str | None:
+        """The same for every attempt of one call (its idempotency key): group by it."""
+        return self._call.options.idempotency_key
+
+    @property
+    def number(self) -> int:
+        """1-based position among the call's attempts."""
+        return self.record.number
+
+    @property
+    def started(self) -> float:
+        """Seconds from the call's start to this attempt's start."""
+        return self.record.started
+
+    @property
+    def ttft(self) -> float | None:
+        """Seconds from this attempt's start to its first content token (non-streamed: to
+        its whole reply)."""
+        at = self.first_token_at
+        return None if at is None else at - self.started_at
+
+    @property
+    def outcome(self) -> Outcome:
+        """``won``, ``lost`` (another attempt committed), ``cancelled``, ``failed`` or
+        ``pending``."""
+        return _OUTCOMES[self.record.outcome]
+
+    @property
+    def status_code(self) -> int | None:
+        """The HTTP status of a failed attempt, when it had one."""
+        return self.record.status_code
+
+    @property
+    def retry_after(self) -> float | None:
+        """Seconds the target asked to be left alone (``Retry-After``), when it did."""
+        if isinstance(self.error, errors.APIStatusError):
+            return retry_after_seconds(self.error.headers)
+        return None
+
+    # ------------------------------------------------------------------ outcome
+
+    def finish(self, exc: BaseException | None, *, lost: bool = False) -> None:
+        """Record how the attempt ended (once) and tell the observers.
+
+        ``lost``: it succeeded, but after another attempt had committed.
+        """
+        record = self.record
+        if record.outcome != "pending":
+            return
+        record.duration = self._now() - self.started_at
+        if lost:
+            record.outcome = "lost"
+        elif exc is None:
+            record.outcome = "ok"
+        elif isinstance(exc, _cancelled()):
+            winner = self._call.winner
+            record.outcome = "lost" if winner and winner != record.number else "cancelled"
+        else:
+            self.error = exc
+            record.outcome = "error"
+            record.error = type(exc).__name__
+            if isinstance(exc, errors.APIStatusError):
+                record.status_code = exc.status_code
+        for observer in self._call.observers:
+            observer.on_end(self)
+
+    def commit(self) -> None:
+        """The call takes this attempt's output."""
+        self._call.winner = self.record.number
+        for observer in self._call.observers:
+            observer.on_commit(self)
+
+    def _first_token(self, now: float, *, streamed: bool = True) -> None:
+        self.first_token_at = now
+        if streamed:  # a whole reply's time is the record's ``duration``
+            self.record.ttft = now - self.started_at
+        for observer in self._call.observers:
+            observer.on_first_token(self)
+
+    # ------------------------------------------------------------------ bounded waits
+
+    def _bound(self, now: float) -> tuple[float, _Limit]:
+        """When the next wait must end (on the deadline's clock) and which limit that is."""
+        deadline = self._deadline
+        timeout = deadline.timeout
+        due, kind = deadline.at, "deadline"
+        idle = timeout.idle
+        if idle is not None and self._chunk_seen and now + idle < due:
+            due, kind = now + idle, "idle"
+        first = timeout.first_token
+        if first is not None and self.first_token_at is None:
+            at = self.started_at + first
+            if at < due:
+                due, kind = at, "first_token"
+        return due, kind  # type: ignore[return-value]
+
+    def _timeout_error(self, kind: _Limit) -> errors.APITimeoutError:
+        name = self.target.backend.name
+        timeout = self._deadline.timeout
+        if kind == "first_token":
+            return errors.FirstTokenTimeout(
+                f"{name}: no content token within {timeout.first_token}s", backend=name
+            )
+        if kind == "idle":
+            return errors.StreamStalled(
+                f"{name}: no chunk for {timeout.idle}s (stream stalled)", backend=name
+            )
+        return deadline_exceeded(name, timeout)
+
+    async def next(self) -> ChatCompletionChunk | None:
+        """The next chunk (None at the end): a chunk already received is taken without
+        waiting, so without a time limit; otherwise the read waits, bounded."""
+        nowait = self.next_nowait
+        if nowait is not None:
+            ready = nowait()
+            if ready is not None:
+                return ready
+        return await self._wait()
+
+    async def _wait(self) -> ChatCompletionChunk | None:
+        """The iterator's next chunk (None at its end), bounded by the limit that applies."""
+        iterator = self._iterator
+        assert iterator is not None, "read before open()"
+        now = self._now()
+        due, kind = self._bound(now)
+        if due <= now:
+            raise self._timeout_error(kind)
+        if due == math.inf:
+            try:
+                return await iterator.__anext__()
+            except StopAsyncIteration:
+                return None
+        timer = self._timer
+        if timer is None:
+            with anyio.CancelScope(deadline=due):
+                try:
+                    return await iterator.__anext__()
+                except StopAsyncIteration:
+                    return None
+            raise self._timeout_error(kind)
+        # asyncio: one lazily re-armed timer per stream instead of a cancel scope per read.
+        timer.start(_current_task(), due)  # type: ignore[arg-type]
+        try:
+            return await iterator.__anext__()
+        except StopAsyncIteration:
+            return None
+        except asyncio.CancelledError:
+            if not timer.expired():
+                raise
+        finally:
+            timer.stop()
+        raise self._timeout_error(kind)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def open(self) -> list[ChatCompletionChunk]:
+        """Open the stream and read up to its first content token.
+
+        Returns the chunks read so far (the last one carries the first content, unless the
+        stream ended without any). On failure the stream is closed and the outcome recorded
+        before the error propagates.
+        """
+        stack = AsyncExitStack()
+        self._stack = stack
+        self._timer = _read_timer()
+        buffered: list[ChatCompletionChunk] = []
+        try:
+            now = self._now()
+            due, kind = self._bound(now)
+            if due <= now:
+                raise self._timeout_error(kind)
+            with anyio.CancelScope(deadline=due) as scope:
+                iterator = await stack.enter_async_context(
+                    self.target.backend.stream(self.request, self._deadline, self._call.options)
+                )
+            if scope.cancelled_caught:
+                raise self._timeout_error(kind)
+            self._iterator = iterator
+            # How this attempt takes a chunk that already arrived, decided once.
+            self.next_nowait = (
+                iterator.next_nowait if isinstance(iterator, BufferedChunkIterator) else None
+            )
+            while True:
+                chunk = await self.next()
+                if chunk is None:
+                    break
+                self._chunk_seen = True
+                buffered.append(chunk)
+                if chunk.has_content():
+                    self._first_token(self._now())
+                    break
+        except BaseException as exc:
+            await self.close(exc)
+            raise
+        return buffered
+
+    async def close(self, exc: BaseException | None = None, *, lost: bool = False) -> None:
+        """Release the stream (shielded, bounded) and record the outcome (idempotent)."""
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            if self._timer is not None:
+                self._timer.close()
+            with anyio.move_on_after(_CLOSE_GRACE, shield=True):
+                await stack.aclose()
+        self.finish(exc, lost=lost)
+
+    async def discard(self) -> None:
+        """Release an attempt that succeeded after another one committed."""
+        await self.close(lost=True)
+
+    async def complete(self) -> ChatCompletion:
+        """Run the attempt as one non-streamed request, bounded by the deadline.
+
+        A cancel scope, not the loop timer: a whole non-streamed call includes the
+        backend's shielded cleanup, which only a cancel scope respects.
+        """
+        deadline = self._deadline
+        try:
+            with anyio.CancelScope(deadline=deadline.at):
+                result = await self.target.backend.complete(
+                    self.request, deadline, self._call.options
+                )
+                self._first_token(self._now(), streamed=False)
+                return result
+            raise deadline_exceeded(self.target.backend.name, deadline.timeout)
+        except BaseException as exc:
+            self.finish(exc)
+            raise
+
+
+def request_for(request: ChatRequest, target: Target) -> ChatRequest:
+    """``request`` addressed to ``target``'s model (the same object when it already is)."""
+    if request.model == target.model:
+        return request
+    return request.model_copy(update={"model": target.model})

@@ -1,0 +1,216 @@
+"""The client's shared hedging state, wired to the call path through the attempt hook.
+
+:class:`PolicyHub` is both the :class:`~swiftclient._stream.CallPolicies` a call asks (which
+targets are usable, the hedge delay, whether a hedge fits the budget) and an
+:class:`~swiftclient._attempt.AttemptObserver` that feeds what attempts did back into the
+policy objects: time to first token into the latency estimator, successes and failures into
+each target's circuit breaker and the retry throttle, ``Retry-After`` into the breaker.
+
+The policy objects are duck-typed here (:class:`LatencySource`, :class:`HedgeGate`,
+:class:`Throttle`, :class:`Breaker`); the call path never imports them. Every one is
+optional: without an estimator an adaptive hedge waits ``Hedge.max_delay``, without a budget
+every hedge is allowed, without breakers every target is usable.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable, Sequence
+from typing import Protocol
+
+from ._attempt import AttemptRun, Target
+from .hedging import Hedge, is_fatal
+from .types import ChatRequest, Message
+
+__all__ = ["Breaker", "HedgeGate", "LatencySource", "PolicyHub", "Throttle", "prompt_chars"]
+
+
+class LatencySource(Protocol):
+    """Recent time to first token per key (backend, model, prompt-size bucket)."""
+
+    def observe(self, key: Hashable, value: float, now: float) -> None:
+        """Add one sample."""
+        ...
+
+    def quantile(self, key: Hashable, q: float, now: float) -> float | None:
+        """The ``q`` quantile, or None while too few samples exist."""
+        ...
+
+
+class HedgeGate(Protocol):
+    """The hedge budget: extra requests as a fraction of calls."""
+
+    def on_call(self, now: float) -> None:
+        """A call happened (it earns the budget its share)."""
+        ...
+
+    def try_spend(self, now: float) -> bool:
+        """Take one hedge from the budget; False when it is spent."""
+        ...
+
+
+class Throttle(Protocol):
+    """Switches hedging off while targets fail."""
+
+    def on_failure(self) -> None:
+        """An attempt failed."""
+        ...
+
+    def on_success(self) -> None:
+        """An attempt succeeded."""
+        ...
+
+    def allowed(self) -> bool:
+        """Whether hedges may be sent now."""
+        ...
+
+
+class Breaker(Protocol):
+    """One target's circuit breaker."""
+
+    def allow(self, now: float) -> bool:
+        """Whether the target may be tried now."""
+        ...
+
+    def record(self, ok: bool, now: float) -> None:
+        """The outcome of one attempt on the target."""
+        ...
+
+    def state(self, now: float) -> str:
+        """``closed``, ``open`` or ``half_open``."""
+        ...
+
+    def block_until(self, until: float) -> None:
+        """The target asked to be left alone until ``until`` (Retry-After)."""
+        ...
+
+
+def prompt_chars(messages: Sequence[Message]) -> int:
+    """Characters of text in ``messages`` (the prompt-size signal)."""
+    total = 0
+    for message in messages:
+        content = message.content
+        if isinstance(content, str):
+            total += len(content)
+        elif content is not None:
+            for part in content:
+                text = getattr(part, "text", None)
+                if isinstance(text, str):
+                    total += len(text)
+    return total
+
+
+class PolicyHub:
+    """Breakers, latency estimates, budget and throttle for one client; see the module."""
+
+    def __init__(
+        self,
+        *,
+        estimator: LatencySource | None = None,
+        bucket: Callable[[int], int] | None = None,
+        budget: HedgeGate | None = None,
+        throttle: Throttle | None = None,
+        breaker: Callable[[], Breaker] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._estimator = estimator
+        self._bucket = bucket or _no_bucket
+        self._budget = budget
+        self._throttle = throttle
+        self._new_breaker = breaker
+        self._breakers: dict[str, Breaker] = {}
+        self._clock = clock
+
+    @property
+    def observes(self) -> bool:
+        """Whether any policy object listens to attempt outcomes (else the hub stays off the
+        attempt hook, and the plain path pays nothing for it)."""
+        return any(p is not None for p in (self._estimator, self._throttle, self._new_breaker))
+
+    # ------------------------------------------------------------------ CallPolicies
+
+    def usable(self, targets: Sequence[Target]) -> list[Target]:
+        """The targets whose breaker lets a request through now, in order."""
+        if self._new_breaker is None:
+            return list(targets)
+        now = self._clock()
+        return [t for t in targets if self._breaker(t.name).allow(now)]
+
+    def hedge_delay(self, hedge: Hedge, target: Target, request: ChatRequest) -> float:
+        """The hedge's delay after an attempt on ``target`` started."""
+        estimate = None
+        if hedge.delay is None and self._estimator is not None:
+            estimate = self._estimator.quantile(
+                self._key(target, request), hedge.quantile, self._clock()
+            )
+        return hedge.delay_for(estimate)
+
+    def may_hedge(self) -> bool:
+        """True when the throttle is on and the budget has a hedge to spend (spends it)."""
+        if self._throttle is not None and not self._throttle.allowed():
+            return False
+        return self._budget is None or self._budget.try_spend(self._clock())
+
+    def on_call(self) -> None:
+        """A call with several targets began."""
+        if self._budget is not None:
+            self._budget.on_call(self._clock())
+
+    def health(self) -> dict[str, str]:
+        """Breaker state of every target seen so far, by ``"backend/model"``."""
+        now = self._clock()
+        return {name: breaker.state(now) for name, breaker in self._breakers.items()}
+
+    # ------------------------------------------------------------------ AttemptObserver
+
+    def on_start(self, attempt: AttemptRun) -> None:
+        """Nothing to do when an attempt starts."""
+
+    def on_first_token(self, attempt: AttemptRun) -> None:
+        """Feed the attempt's time to first token to the estimator."""
+        ttft = attempt.ttft
+        if self._estimator is not None and ttft is not None:
+            key = self._key(attempt.target, attempt.request)
+            self._estimator.observe(key, ttft, self._clock())
+
+    def on_commit(self, attempt: AttemptRun) -> None:
+        """Nothing to do on commit (the outcome comes with ``on_end``)."""
+
+    def on_end(self, attempt: AttemptRun) -> None:
+        """Record the outcome: success or a target's failure; errors of the request itself
+        (400, 401, ...) and cancelled or lost attempts say nothing about the target."""
+        outcome = attempt.outcome
+        if outcome == "won":
+            ok = True
+        elif outcome == "failed" and attempt.error is not None and not is_fatal(attempt.error):
+            ok = False
+        else:
+            return
+        now = self._clock()
+        if self._throttle is not None:
+            if ok:
+                self._throttle.on_success()
+            else:
+                self._throttle.on_failure()
+        if self._new_breaker is not None:
+            breaker = self._breaker(attempt.target.name)
+            breaker.record(ok, now)
+            retry_after = attempt.retry_after
+            if retry_after is not None:
+                breaker.block_until(now + retry_after)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _breaker(self, name: str) -> Breaker:
+        breaker = self._breakers.get(name)
+        if breaker is None:
+            assert self._new_breaker is not None
+            breaker = self._breakers[name] = self._new_breaker()
+        return breaker
+
+    def _key(self, target: Target, request: ChatRequest) -> Hashable:
+        return (target.backend.name, target.model, self._bucket(prompt_chars(request.messages)))
+
+
+def _no_bucket(chars: int) -> int:
+    return 0

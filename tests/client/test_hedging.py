@@ -1,0 +1,519 @@
+"""Several targets per call: hedged races, sequential fallback, fatal errors, one deadline.
+
+Over real sockets with :class:`FakeProvider` (one per target) and, where the order of events
+matters, a gated in-test backend; no test waits on the wall clock for its verdict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+
+import anyio
+import pytest
+
+from swiftclient import (
+    AsyncClient,
+    AttemptRun,
+    BadRequestError,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatRequest,
+    ConfigurationError,
+    Deadline,
+    DeadlineExceeded,
+    FirstTokenTimeout,
+    Hedge,
+    HTTPBackend,
+    InternalServerError,
+    RequestOptions,
+    RetryPolicy,
+    Timeout,
+)
+from swiftclient.hedging import fallback, is_fatal, race
+from swiftclient.testing import FakeProvider, Reply
+
+pytestmark = pytest.mark.anyio
+NO_RETRY = RetryPolicy.none()
+HELD = Reply(stall_after=0)  # headers sent, then nothing until the client leaves
+RELEASE_LIMIT = 30.0  # seconds; bounds waiting for cleanup, never a speed assertion
+
+
+@asynccontextmanager
+async def providers(*names: str) -> AsyncIterator[dict[str, FakeProvider]]:
+    """One FakeProvider per target name, each answering its own name as text by default."""
+    fakes: dict[str, FakeProvider] = {}
+    async with AsyncExitStack() as stack:
+        for name in names:
+            fakes[name] = await stack.enter_async_context(
+                FakeProvider(Reply(text=f"from {name}"), model=name)
+            )
+        yield fakes
+
+
+def client_for(fakes: dict[str, FakeProvider], **kwargs: object) -> AsyncClient:
+    backends = {name: HTTPBackend(fake.base_url, name=name) for name, fake in fakes.items()}
+    kwargs.setdefault("retry", NO_RETRY)
+    return AsyncClient(backends=backends, **kwargs)  # type: ignore[arg-type]
+
+
+def outcomes(completion: ChatCompletion) -> list[tuple[str, str]]:
+    assert completion.timing is not None
+    return [(a.backend, a.outcome) for a in completion.timing.attempts]
+
+
+async def released(client: AsyncClient, fake: FakeProvider) -> None:
+    """The fake finished answering and the client holds no connection to it."""
+    with anyio.fail_after(RELEASE_LIMIT):
+        await fake.wait_until_idle()
+    backend = client.backends[fake.model]
+    assert isinstance(backend, HTTPBackend)
+    assert backend.pool_stats()["in_use"] == 0
+
+
+# --------------------------------------------------------------------------- hedging
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+async def test_a_hedge_to_the_second_target_wins_when_the_first_is_held(streamed: bool) -> None:
+    async with providers("a", "b") as fakes, client_for(fakes) as client:
+        fakes["a"].script(HELD)
+        completion = await client.chat(
+            "hi", model=["a/m", "b/m"], hedge=Hedge(delay=0.05), stream=streamed
+        )
+        assert completion.text == "from b"
+        assert outcomes(completion) == [("a", "lost"), ("b", "ok")]
+        assert completion.timing is not None
+        assert [a.trigger for a in completion.timing.attempts] == ["first", "hedge"]
+        await released(client, fakes["a"])
+        assert fakes["a"].cancelled == 1
+        await released(client, fakes["b"])
+
+
+async def test_the_stream_of_a_hedged_call_carries_only_the_winners_chunks() -> None:
+    async with providers("a", "b") as fakes, client_for(fakes) as client:
+        fakes["a"].script(Reply(text="from a", ttft=60.0))
+        async with client.stream("hi", model=["a/m", "b/m"], hedge=Hedge(delay=0.0)) as stream:
+            pieces = [text async for text in stream.text()]
+            assert stream.request.model == "m"
+        assert "".join(pieces) == "from b"
+        assert [a.outcome for a in stream.timing.attempts] == ["lost", "ok"]
+        await released(client, fakes["a"])
+
+
+async def test_the_client_wide_hedge_applies_and_a_call_can_turn_it_off() -> None:
+    async with providers("a", "b") as fakes, client_for(fakes, hedge=Hedge(delay=0.0)) as client:
+        fakes["a"].script(HELD)
+        hedged = await client.chat("hi", model=["a/m", "b/m"])
+        assert outcomes(hedged) == [("a", "lost"), ("b", "ok")]
+        fakes["a"].script(Reply(text="from a"))
+        plain = await client.chat("hi", model=["a/m", "b/m"], hedge=None)
+        assert outcomes(plain) == [("a", "ok")]
+        assert len(fakes["b"].requests) == 1
+
+
+async def test_a_non_fatal_failure_starts_the_next_target_at_once() -> None:
+    # The hedge delay is far beyond the call's deadline: only the 429 can start target b.
+    async with providers("a", "b") as fakes, client_for(fakes) as client:
+        fakes["a"].script(Reply(status=429))
+        completion = await client.chat(
+            "hi", model=["a/m", "b/m"], hedge=Hedge(delay=3600.0), timeout=60.0
+        )
+        assert completion.text == "from b"
+        assert completion.timing is not None
+        first = completion.timing.attempts[0]
+        assert (first.outcome, first.status_code, first.error) == ("error", 429, "RateLimitError")
+        assert [a.trigger for a in completion.timing.attempts] == ["first", "fallback"]
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 422])
+async def test_a_fatal_answer_ends_a_hedged_call(status: int) -> None:
+    async with providers("a", "b") as fakes, client_for(fakes) as client:
+        fakes["a"].script(Reply(status=status))
+        fakes["b"].script(HELD)
+        with pytest.raises(Exception) as caught:
+            await client.chat("hi", model=["a/m", "b/m"], hedge=Hedge(delay=0.0))
+        assert getattr(caught.value, "status_code", None) == status
+        attempts = caught.value.attempts  # type: ignore[attr-defined]
+        assert [(a.backend, a.outcome) for a in attempts] == [("a", "error"), ("b", "cancelled")]
+        await released(client, fakes["b"])
+
+
+async def test_every_target_failing_raises_the_last_failure_with_every_attempt() -> None:
+    async with providers("a", "b") as fakes, client_for(fakes) as client:
+        fakes["a"].script(Reply(status=500))
+        fakes["b"].script(Reply(status=503))
+        with pytest.raises(InternalServerError) as caught:  # b starts once a has failed
+            await client.chat("hi", model=["a/m", "b/m"], hedge=Hedge(delay=3600.0))
+        assert caught.value.status_code == 503
+        assert [a.status_code for a in caught.value.attempts] == [500, 503]
+        assert "after 2 attempts" in str(caught.value)
+
+
+async def test_retries_go_round_the_targets_again() -> None:
+    retry = RetryPolicy(max_attempts=2, initial_backoff=0.0, max_backoff=0.0)
+    async with providers("a", "b") as fakes, client_for(fakes, retry=retry) as client:
+        fakes["a"].script(Reply(status=500), Reply(status=500))
+        fakes["b"].script(Reply(status=502))
+        hedge = Hedge(delay=3600.0)  # the order is fixed: b starts once a has failed
+        completion = await client.chat("hi", model=["a/m", "b/m"], hedge=hedge)
+        assert completion.text == "from b"
+        assert completion.timing is not None
+        assert [
+            (a.number, a.backend, a.outcome, a.trigger) for a in completion.timing.attempts
+        ] == [
+            (1, "a", "error", "first"),
+            (2, "b", "error", "fallback"),
+            (3, "a", "error", "retry"),
+            (4, "b", "ok", "fallback"),
+        ]
+
+
+# --------------------------------------------------------------------------- fallback
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+async def test_fallback_tries_targets_in_order_until_one_answers(streamed: bool) -> None:
+    async with providers("a", "b", "c") as fakes, client_for(fakes) as client:
+        fakes["a"].script(Reply(status=503))
+        fakes["b"].script(Reply(drop_after=0))
+        completion = await client.chat("hi", model=["a/m", "b/m", "c/m"], stream=streamed)
+        assert completion.text == "from c"
+        assert outcomes(completion) == [("a", "error"), ("b", "error"), ("c", "ok")]
+
+
+async def test_fallback_stops_at_a_fatal_error() -> None:
+    async with providers("a", "b") as fakes, client_for(fakes) as client:
+        fakes["a"].script(Reply(status=400))
+        with pytest.raises(BadRequestError):
+            await client.chat("hi", model=["a/m", "b/m"])
+        assert fakes["b"].requests == []
+
+
+async def test_a_first_token_timeout_falls_back_and_the_deadline_is_shared() -> None:
+    limits = Timeout(total=120.0, first_token=0.2)
+    async with providers("a", "b") as fakes, client_for(fakes, timeout=limits) as client:
+        fakes["a"].script(HELD)
+        completion = await client.chat("hi", model=["a/m", "b/m"])
+        assert completion.text == "from b"
+        assert completion.timing is not None
+        assert [a.error for a in completion.timing.attempts] == ["FirstTokenTimeout", None]
+        # every target held: the one total deadline ends the whole call
+        fakes["a"].script(HELD)
+        fakes["b"].script(HELD)
+        with pytest.raises(DeadlineExceeded) as caught:
+            await client.chat(
+                "hi", model=["a/m", "b/m"], hedge=Hedge(delay=0.0), timeout=Timeout(total=0.3)
+            )
+        # both attempts reach the deadline together: each one ends by it or is cancelled
+        ended = [a.outcome for a in caught.value.attempts]
+        assert len(ended) == 2 and set(ended) <= {"error", "cancelled"} and "error" in ended
+        await released(client, fakes["a"])
+        await released(client, fakes["b"])
+
+
+async def test_model_lists_are_checked() -> None:
+    async with providers("a") as fakes, client_for(fakes) as client:
+        with pytest.raises(ConfigurationError, match="no target"):
+            await client.chat("hi", model=[])
+        with pytest.raises(ConfigurationError, match="strings"):
+            await client.chat("hi", model=["a/m", 3])  # type: ignore[list-item]
+        with pytest.raises(ConfigurationError, match="Hedge"):
+            await client.chat("hi", model=["a/m"], hedge=0.1)  # type: ignore[arg-type]
+        with pytest.raises(ConfigurationError, match="Hedge"):
+            AsyncClient(backends=client.backends, hedge=0.1)  # type: ignore[arg-type]
+        assert [t.name for t in client.targets(["a/m", "a/m", "a/n"])] == ["a/m", "a/n"]
+
+
+def test_hedge_settings_are_checked() -> None:
+    with pytest.raises(ConfigurationError):
+        Hedge(delay=-1.0)
+    with pytest.raises(ConfigurationError):
+        Hedge(quantile=1.0)
+    with pytest.raises(ConfigurationError):
+        Hedge(min_delay=2.0, max_delay=1.0)
+    with pytest.raises(ConfigurationError):
+        Hedge(max_attempts=0)
+    adaptive = Hedge(min_delay=0.1, max_delay=2.0)
+    assert adaptive.delay_for(None) == 2.0
+    assert adaptive.delay_for(0.01) == 0.1
+    assert adaptive.delay_for(0.5) == 0.5
+    assert adaptive.delay_for(9.0) == 2.0
+    assert Hedge(delay=0.3).delay_for(9.0) == 0.3
+
+
+def test_fatal_errors() -> None:
+    assert is_fatal(BadRequestError("x", status_code=400))
+    assert not is_fatal(InternalServerError("x", status_code=500))
+    assert is_fatal(DeadlineExceeded("x"))
+    assert not is_fatal(FirstTokenTimeout("x"))
+    assert is_fatal(ConfigurationError("x"))
+    assert is_fatal(RuntimeError("a bug"))
+
+
+# --------------------------------------------------------------------------- gated backend
+
+
+def _chunk(text: str, model: str) -> ChatCompletionChunk:
+    return ChatCompletionChunk.model_validate(
+        {
+            "id": "c",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": model,
+            "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}],
+        }
+    )
+
+
+class Gated:
+    """A backend whose replies wait for ``gate``; counts streams opened and closed."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.gate = anyio.Event()
+        self.opened = anyio.Event()
+        self.open = 0
+        self.closed = 0
+
+    @asynccontextmanager
+    async def stream(
+        self, request: ChatRequest, deadline: Deadline, options: RequestOptions | None = None
+    ) -> AsyncIterator[AsyncIterator[ChatCompletionChunk]]:
+        self.open += 1
+        self.opened.set()
+        try:
+            yield self._chunks(request.model)
+        finally:
+            self.closed += 1
+
+    async def _chunks(self, model: str) -> AsyncIterator[ChatCompletionChunk]:
+        await self.gate.wait()
+        yield _chunk(f"{self.name} one", model)
+        yield _chunk(" two", model)
+
+    async def complete(
+        self, request: ChatRequest, deadline: Deadline, options: RequestOptions | None = None
+    ) -> ChatCompletion:
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        pass
+
+
+class Recorder:
+    """An AttemptObserver that writes down every event."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, str]] = []
+
+    def _add(self, event: str, attempt: AttemptRun) -> None:
+        self.events.append((event, attempt.target.backend.name, attempt.outcome))
+
+    def on_start(self, attempt: AttemptRun) -> None:
+        self._add("start", attempt)
+
+    def on_first_token(self, attempt: AttemptRun) -> None:
+        self._add("first_token", attempt)
+
+    def on_commit(self, attempt: AttemptRun) -> None:
+        self._add("commit", attempt)
+
+    def on_end(self, attempt: AttemptRun) -> None:
+        self._add("end", attempt)
+
+
+async def test_the_first_target_wins_when_it_answers_before_the_hedge_delay() -> None:
+    a, b = Gated("a"), Gated("b")
+    a.gate.set()
+    recorder = Recorder()
+    client = AsyncClient(backends={"a": a, "b": b}, observers=[recorder])
+    completion = await client.chat("hi", model=["a/m", "b/m"], hedge=Hedge(delay=3600.0))
+    assert completion.text == "a one two"
+    assert b.open == 0
+    assert recorder.events == [
+        ("start", "a", "pending"),
+        ("first_token", "a", "pending"),
+        ("commit", "a", "pending"),
+        ("end", "a", "won"),
+    ]
+
+
+async def test_observers_see_the_loser_end_before_the_winner() -> None:
+    a, b = Gated("a"), Gated("b")
+    b.gate.set()
+    recorder = Recorder()
+    client = AsyncClient(backends={"a": a, "b": b}, observers=[recorder])
+    async with client.stream("hi", model=["a/m", "b/m"], hedge=Hedge(delay=0.0)) as stream:
+        assert (a.open, a.closed) == (1, 1)  # the loser's stream is closed before we read
+        assert "".join([t async for t in stream.text()]) == "b one two"
+    assert recorder.events == [
+        ("start", "a", "pending"),
+        ("start", "b", "pending"),
+        ("first_token", "b", "pending"),
+        ("commit", "b", "pending"),
+        ("end", "a", "lost"),
+        ("end", "b", "won"),
+    ]
+    assert b.closed == 1
+
+
+# --------------------------------------------------------------------------- race() itself
+
+
+async def test_race_hedges_only_when_the_budget_allows() -> None:
+    started: list[int] = []
+    triggers: list[str] = []
+    release = anyio.Event()
+    first_failed = anyio.Event()
+
+    def attempt(index: int, fail: bool) -> object:
+        async def run(trigger: str) -> int:
+            started.append(index)
+            triggers.append(trigger)
+            if fail:
+                first_failed.set()
+                raise InternalServerError("x", status_code=500)
+            await release.wait()
+            return index
+
+        return run
+
+    async def release_after_refusal() -> None:
+        await first_failed.wait()
+        release.set()
+
+    refused: list[bool] = []
+
+    def may_hedge() -> bool:
+        refused.append(True)
+        return False
+
+    async def discard(result: int) -> None:
+        raise AssertionError("nothing to discard")
+
+    # Attempt 1 fails at once, so attempt 2 starts without asking the budget; attempt 3 is
+    # a hedge the budget refuses, so it never starts while attempt 2 is pending.
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(release_after_refusal)
+        won = await race(
+            [attempt(1, True), attempt(2, False), attempt(3, False)],  # type: ignore[list-item]
+            delay=lambda index: 0.0,
+            may_hedge=may_hedge,
+            max_in_flight=2,
+            commit=lambda result: None,
+            discard=discard,
+        )
+    assert won == 2
+    assert started == [1, 2]
+    assert triggers == ["first", "fallback"]
+    assert refused
+
+
+async def test_fallback_needs_a_target() -> None:
+    with pytest.raises(ConfigurationError):
+        await fallback([])
+
+
+async def test_cancelling_a_hedged_call_closes_every_attempt() -> None:
+    a, b = Gated("a"), Gated("b")  # neither ever answers
+    recorder = Recorder()
+    client = AsyncClient(backends={"a": a, "b": b}, observers=[recorder])
+
+    async def call() -> None:
+        await client.chat("hi", model=["a/m", "b/m"], hedge=Hedge(delay=0.0))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call)
+        await b.opened.wait()
+        tg.cancel_scope.cancel()
+    assert (a.open, a.closed, b.open, b.closed) == (1, 1, 1, 1)
+    ends = sorted(event for event in recorder.events if event[0] == "end")
+    assert ends == [("end", "a", "cancelled"), ("end", "b", "cancelled")]
+
+
+# --------------------------------------------------------------------------- routing
+
+
+class Aliases:
+    """A stand-in router: ``fast`` is both targets for short prompts, only b otherwise;
+    the task ``summarize`` always goes to b."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[object, int, str | None]] = []
+
+    def expand(
+        self, model: str | Sequence[str], *, prompt_chars: int, task: str | None
+    ) -> list[str]:
+        self.seen.append((model, prompt_chars, task))
+        if model != "fast":
+            return [model] if isinstance(model, str) else list(model)
+        if task == "summarize" or prompt_chars > 10:
+            return ["b/m"]
+        return ["a/m", "b/m"]
+
+
+async def test_a_router_expands_aliases_by_prompt_size_and_task() -> None:
+    router = Aliases()
+    async with providers("a", "b") as fakes, client_for(fakes, router=router) as client:
+        fakes["a"].script(Reply(status=503))
+        short = await client.chat("hi", model="fast")
+        assert outcomes(short) == [("a", "error"), ("b", "ok")]
+        long = await client.chat("x" * 11, model="fast")
+        assert outcomes(long) == [("b", "ok")]
+        labelled = await client.chat("hi", model="fast", task="summarize")
+        assert outcomes(labelled) == [("b", "ok")]
+        plain = await client.chat("hi", model="a/m")
+        assert outcomes(plain) == [("a", "ok")]
+        assert router.seen == [
+            ("fast", 2, None),
+            ("fast", 11, None),
+            ("fast", 2, "summarize"),
+            ("a/m", 2, None),
+        ]
+        assert all("task" not in request.body for request in fakes["b"].requests)
+
+
+class Ends:
+    """An observer keeping (call id, backend, outcome, usage) of every ended attempt."""
+
+    def __init__(self) -> None:
+        self.ended: list[tuple[str | None, str, str, int | None]] = []
+
+    def on_start(self, attempt: AttemptRun) -> None:
+        pass
+
+    def on_first_token(self, attempt: AttemptRun) -> None:
+        pass
+
+    def on_commit(self, attempt: AttemptRun) -> None:
+        pass
+
+    def on_end(self, attempt: AttemptRun) -> None:
+        usage = attempt.usage
+        tokens = usage.completion_tokens if usage is not None else None
+        self.ended.append((attempt.call_id, attempt.target.backend.name, attempt.outcome, tokens))
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+async def test_observers_can_group_attempts_by_call_and_see_the_winners_usage(
+    streamed: bool,
+) -> None:
+    ends = Ends()
+    async with providers("a", "b") as fakes, client_for(fakes, observers=[ends]) as client:
+        fakes["a"].script(HELD)
+        await client.chat(
+            "hi",
+            model=["a/m", "b/m"],
+            hedge=Hedge(delay=0.0),
+            stream=streamed,
+            stream_options={"include_usage": True} if streamed else None,
+        )
+        await client.chat("hi", model="b/m", stream=streamed)
+    first, second = ends.ended[:2], ends.ended[2:]
+    assert [(backend, outcome) for _, backend, outcome, _ in first] == [
+        ("a", "lost"),
+        ("b", "won"),
+    ]
+    assert first[1][3] == 2  # "from b": two tokens
+    assert first[0][0] == first[1][0] != second[0][0]
