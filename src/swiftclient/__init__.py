@@ -4,8 +4,11 @@
 """
 
 from ._attempt import AttemptObserver, AttemptRun, Target
+from ._breaker import CircuitBreaker
+from ._budget import HedgeBudget, RetryThrottle
 from ._client import NOT_GIVEN, AsyncClient, NotGiven, RouterLike
 from ._deadline import Deadline, Timeout
+from ._estimator import LatencyEstimator, prompt_bucket
 from ._policies import PolicyHub
 from ._retry import RetryPolicy
 from ._stream import ChatStream
@@ -73,6 +76,7 @@ __all__ = [
     "ChatCompletionChunk",
     "ChatRequest",
     "ChatStream",
+    "CircuitBreaker",
     "ConfigurationError",
     "ConflictError",
     "ConnectTimeout",
@@ -82,7 +86,9 @@ __all__ = [
     "FirstTokenTimeout",
     "HTTPBackend",
     "Hedge",
+    "HedgeBudget",
     "InternalServerError",
+    "LatencyEstimator",
     "Message",
     "NotFoundError",
     "NotGiven",
@@ -94,6 +100,7 @@ __all__ = [
     "RequestOptions",
     "ResponseTooLarge",
     "RetryPolicy",
+    "RetryThrottle",
     "RouterLike",
     "StreamError",
     "StreamStalled",
@@ -107,4 +114,5 @@ __all__ = [
     "UnprocessableEntityError",
     "Usage",
     "__version__",
+    "prompt_bucket",
 ]

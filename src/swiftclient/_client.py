@@ -97,7 +97,9 @@ class AsyncClient:
         router: expands model aliases (``"fast"``, ``"smart"``) into target lists, choosing
             by the request's prompt size and ``task`` label (see :class:`RouterLike`).
         policies: the shared hedging state (:class:`PolicyHub`: latency estimates, hedge
-            budget, retry throttle, circuit breakers); a fresh empty one by default.
+            budget, retry throttle, circuit breakers); by default
+            :meth:`PolicyHub.standard` with the budget of ``hedge``. The policy objects
+            learn from calls with several targets only.
 
     With no backend at all, the client configures itself from the environment (see
     :func:`swiftclient.providers.from_env`).
@@ -146,9 +148,12 @@ class AsyncClient:
             raise errors.ConfigurationError(f"hedge must be a Hedge or None, got {hedge!r}")
         self.hedge = hedge
         self.router = router
-        self.policies = policies or PolicyHub()
+        self.policies = policies if policies is not None else PolicyHub.standard(hedge)
         hooks: list[AttemptObserver] = [self.policies] if self.policies.observes else []
+        # The policy objects learn from calls with several targets only: a one-target call
+        # has no choice for them to make, and the plain path stays free of their cost.
         self._observers: tuple[AttemptObserver, ...] = (*hooks, *observers)
+        self._plain_observers: tuple[AttemptObserver, ...] = tuple(observers)
         self._closed = False
         self._stack: AsyncExitStack | None = None
 
@@ -283,7 +288,7 @@ class AsyncClient:
             retry or self.retry,
             options,
             hedge=hedge,
-            observers=self._observers,
+            observers=self._observers if len(targets) > 1 else self._plain_observers,
             policies=self.policies,
         )
 

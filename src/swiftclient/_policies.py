@@ -19,6 +19,9 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Protocol
 
 from ._attempt import AttemptRun, Target
+from ._breaker import CircuitBreaker
+from ._budget import HedgeBudget, RetryThrottle
+from ._estimator import LatencyEstimator, prompt_bucket
 from .hedging import Hedge, is_fatal
 from .types import ChatRequest, Message
 
@@ -120,6 +123,20 @@ class PolicyHub:
         self._new_breaker = breaker
         self._breakers: dict[str, Breaker] = {}
         self._clock = clock
+
+    @classmethod
+    def standard(cls, hedge: Hedge | None = None) -> PolicyHub:
+        """The client's default: a decaying TTFT estimator per (backend, model, prompt-size
+        bucket), a hedge budget and the gRPC-style throttle taken from ``hedge`` (the client's
+        default :class:`Hedge`, or ``Hedge()``), and a circuit breaker per target."""
+        settings = hedge if hedge is not None else Hedge()
+        return cls(
+            estimator=LatencyEstimator(min_samples=settings.min_samples),
+            bucket=prompt_bucket,
+            budget=HedgeBudget(ratio=settings.budget, floor_per_second=settings.budget_floor),
+            throttle=RetryThrottle(),
+            breaker=CircuitBreaker,
+        )
 
     @property
     def observes(self) -> bool:

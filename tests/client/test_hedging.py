@@ -517,3 +517,44 @@ async def test_observers_can_group_attempts_by_call_and_see_the_winners_usage(
     ]
     assert first[1][3] == 2  # "from b": two tokens
     assert first[0][0] == first[1][0] != second[0][0]
+
+
+# --------------------------------------------------------------------------- default policies
+
+
+async def test_the_default_breaker_opens_on_a_failing_target_and_calls_skip_it() -> None:
+    # CircuitBreaker's defaults: open at a 50% failure rate once 10 calls were seen.
+    async with providers("a", "b") as fakes, client_for(fakes) as client:
+        fakes["a"].script(*[Reply(status=503)] * 10)
+        for _ in range(10):
+            completion = await client.chat("hi", model=["a/m", "b/m"])
+            assert completion.text == "from b"
+        assert client.health()["a/m"] == "open"
+        assert client.health()["b/m"] == "closed"
+        seen_by_a = len(fakes["a"].requests)
+        completion = await client.chat("hi", model=["a/m", "b/m"])
+        assert outcomes(completion) == [("b", "ok")]
+        assert len(fakes["a"].requests) == seen_by_a
+
+
+async def test_one_target_calls_leave_the_policy_objects_alone() -> None:
+    async with providers("a") as fakes, client_for(fakes) as client:
+        fakes["a"].script(*[Reply(status=503)] * 10)
+        for _ in range(10):
+            with pytest.raises(InternalServerError):
+                await client.chat("hi", model="a/m")
+        assert client.health() == {}
+
+
+async def test_the_adaptive_delay_comes_from_observed_first_tokens() -> None:
+    # Before min_samples observations the adaptive hedge waits max_delay (an hour here, so
+    # the held target a would keep the call waiting); after them it hedges at the quantile.
+    hedge = Hedge(min_samples=3, max_delay=3600.0, min_delay=0.0)
+    async with providers("a", "b") as fakes, client_for(fakes, hedge=hedge) as client:
+        for _ in range(3):
+            completion = await client.chat("hi", model=["a/m", "b/m"])
+            assert outcomes(completion) == [("a", "ok")]
+        fakes["a"].script(HELD)
+        completion = await client.chat("hi", model=["a/m", "b/m"], timeout=120.0)
+        assert outcomes(completion) == [("a", "lost"), ("b", "ok")]
+        await released(client, fakes["a"])
