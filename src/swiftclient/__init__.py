@@ -7,6 +7,7 @@ from ._attempt import AttemptObserver, AttemptRun, Target
 from ._breaker import CircuitBreaker
 from ._budget import HedgeBudget, RetryThrottle
 from ._client import NOT_GIVEN, AsyncClient, NotGiven, RouterLike
+from ._cost import CallCost, HedgeStats, Price, Pricing
 from ._deadline import Deadline, Timeout
 from ._estimator import LatencyEstimator, prompt_bucket
 from ._policies import PolicyHub
@@ -72,6 +73,7 @@ __all__ = [
     "AuthenticationError",
     "Backend",
     "BadRequestError",
+    "CallCost",
     "ChatCompletion",
     "ChatCompletionChunk",
     "ChatRequest",
@@ -87,6 +89,7 @@ __all__ = [
     "HTTPBackend",
     "Hedge",
     "HedgeBudget",
+    "HedgeStats",
     "InternalServerError",
     "LatencyEstimator",
     "Message",
@@ -96,6 +99,8 @@ __all__ = [
     "PermissionDeniedError",
     "PolicyHub",
     "PoolTimeout",
+    "Price",
+    "Pricing",
     "RateLimitError",
     "RequestOptions",
     "ResponseTooLarge",

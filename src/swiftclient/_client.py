@@ -12,7 +12,9 @@ import anyio
 import pydantic
 
 from . import errors
+from ._accounting import Accounting
 from ._attempt import AttemptObserver, Target
+from ._cost import HedgeStats, Pricing
 from ._deadline import Deadline, Timeout
 from ._policies import PolicyHub, prompt_chars
 from ._retry import RetryPolicy
@@ -100,6 +102,9 @@ class AsyncClient:
             budget, retry throttle, circuit breakers); by default
             :meth:`PolicyHub.standard` with the budget of ``hedge``. The policy objects
             learn from calls with several targets only.
+        pricing: prices per target (:class:`Pricing`) for each call's cost
+            (``Timing.cost``) and the totals of :meth:`stats`; ``None`` keeps the counts
+            and leaves costs ``None``.
 
     With no backend at all, the client configures itself from the environment (see
     :func:`swiftclient.providers.from_env`).
@@ -119,6 +124,7 @@ class AsyncClient:
         observers: Sequence[AttemptObserver] = (),
         policies: PolicyHub | None = None,
         router: RouterLike | None = None,
+        pricing: Pricing | None = None,
     ) -> None:
         named: dict[str, Backend] = dict(backends or {})
         if backend is not None:
@@ -149,11 +155,13 @@ class AsyncClient:
         self.hedge = hedge
         self.router = router
         self.policies = policies if policies is not None else PolicyHub.standard(hedge)
+        self._accounting = Accounting(pricing)
         hooks: list[AttemptObserver] = [self.policies] if self.policies.observes else []
         # The policy objects learn from calls with several targets only: a one-target call
         # has no choice for them to make, and the plain path stays free of their cost.
-        self._observers: tuple[AttemptObserver, ...] = (*hooks, *observers)
-        self._plain_observers: tuple[AttemptObserver, ...] = tuple(observers)
+        # Accounting sees every call (retries on one target waste requests too).
+        self._observers: tuple[AttemptObserver, ...] = (*hooks, self._accounting, *observers)
+        self._plain_observers: tuple[AttemptObserver, ...] = (self._accounting, *observers)
         self._closed = False
         self._stack: AsyncExitStack | None = None
 
@@ -212,6 +220,17 @@ class AsyncClient:
         """Circuit-breaker state per target seen so far: ``{"backend/model": "closed" |
         "open" | "half_open"}`` (empty without breakers)."""
         return self.policies.health()
+
+    @property
+    def pricing(self) -> Pricing | None:
+        """The prices calls are costed with (``None``: counts only)."""
+        return self._accounting.pricing
+
+    def stats(self, *, reset: bool = False) -> HedgeStats:
+        """Totals over the calls finished so far: calls, attempts, hedges sent and won,
+        wasted requests and tokens, cost and wasted cost (a copy; ``.snapshot()`` makes it a
+        dict). ``reset`` starts the totals from zero again after reading them."""
+        return self._accounting.snapshot(reset=reset)
 
     # ------------------------------------------------------------------ resolution
 
@@ -290,6 +309,7 @@ class AsyncClient:
             hedge=hedge,
             observers=self._observers if len(targets) > 1 else self._plain_observers,
             policies=self.policies,
+            ledger=self._accounting,
         )
 
     # ------------------------------------------------------------------ calls

@@ -18,13 +18,14 @@ from typing import Protocol, TypeVar
 from . import errors
 from ._accumulate import Accumulator
 from ._attempt import AttemptObserver, AttemptRun, Target, deadline_exceeded, request_for
+from ._cost import CallCost
 from ._deadline import Deadline
 from ._retry import RetryPolicy, run_with_retries
 from .backends.base import RequestOptions
 from .hedging import Hedge, StartAttempt, Trigger, fallback, race
 from .types import ChatCompletion, ChatCompletionChunk, ChatRequest, Timing
 
-__all__ = ["Call", "CallPolicies", "ChatStream", "deadline_exceeded"]
+__all__ = ["Call", "CallLedger", "CallPolicies", "ChatStream", "deadline_exceeded"]
 
 _T = TypeVar("_T", bound=tuple["AttemptRun", object])
 _Opened = tuple[AttemptRun, list[ChatCompletionChunk]]
@@ -51,12 +52,21 @@ class CallPolicies(Protocol):
         ...
 
 
+class CallLedger(Protocol):
+    """Settles a finished call's cost (the client's accounting)."""
+
+    def settle(self, call: Call) -> CallCost:
+        """The cost of ``call``, which just finished (called once per call)."""
+        ...
+
+
 class Call:
     """Everything one call needs: its targets, request, deadline, policies and record."""
 
     __slots__ = (
         "deadline",
         "hedge",
+        "ledger",
         "now",
         "numbered",
         "observers",
@@ -82,6 +92,7 @@ class Call:
         hedge: Hedge | None = None,
         observers: tuple[AttemptObserver, ...] = (),
         policies: CallPolicies | None = None,
+        ledger: CallLedger | None = None,
     ) -> None:
         if not targets:
             raise errors.ConfigurationError("a call needs at least one target")
@@ -93,6 +104,7 @@ class Call:
         self.hedge = hedge
         self.observers = observers
         self.policies = policies
+        self.ledger = ledger
         self.now = deadline.now
         self.started = self.now()
         self.timing = Timing()
@@ -116,8 +128,12 @@ class Call:
         return AttemptRun(self, target, request, self.numbered, trigger)
 
     def finish(self) -> None:
-        """Stamp the call's total time."""
+        """Stamp the call's total time and, the first time, settle its cost."""
         self.timing.total = self.now() - self.started
+        ledger = self.ledger
+        if ledger is not None:
+            self.ledger = None
+            self.timing.cost = ledger.settle(self)
 
     def failed(self, exc: BaseException) -> None:
         """The call is raising ``exc``: attach its attempts to an :class:`APIError`."""

@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ._cost import CallCost
+
 __all__ = [
     "AssistantMessage",
     "Attempt",
@@ -399,7 +401,8 @@ class Timing(BaseModel):
     """What the SDK measured for one call.
 
     ``ttft`` is the time from the call's start to its first content token, ``itl`` the
-    gaps between content chunks, ``total`` the whole call, ``attempts`` every try made.
+    gaps between content chunks, ``total`` the whole call, ``attempts`` every try made,
+    ``cost`` what they cost (set when the call finishes; see docs/hedging.md).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -407,6 +410,8 @@ class Timing(BaseModel):
     itl: list[float] = Field(default_factory=list)
     total: float | None = None
     attempts: list[Attempt] = Field(default_factory=list)
+    cost: CallCost | None = None
+    """The call's :class:`CallCost`: winner, hedges, waste and price including waste."""
 
     @property
     def itl_p50(self) -> float | None:

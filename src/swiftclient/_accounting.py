@@ -1,0 +1,143 @@
+"""Accounting on the attempt hook: each call's attempts become one :class:`CallCost`.
+
+:class:`Accounting` is an :class:`~swiftclient._attempt.AttemptObserver`. When an attempt
+ends it notes what accounting needs (target, outcome, trigger, whether the request left the
+client, the usage it reported) under the call's id; when the call finishes,
+:meth:`Accounting.settle` takes the call's notes out, prices them with
+:meth:`CallCost.from_attempts` and adds the result to the running :class:`HedgeStats`. State
+lives only between an attempt's end and its call's end, so it cannot grow with traffic.
+
+How an attempt's end is read:
+
+- the attempt the call committed to is the winner whatever its own end (a stream the caller
+  left early or that broke after it committed was still answered, and is billed);
+- a request the client gave up on after sending it (first-token, idle or deadline timeout)
+  counts as cancelled, so billed: the server may have run its prefill;
+- a request that never left the client (no pooled connection, connect timeout) was not sent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, NamedTuple
+
+from . import errors
+from ._cost import AttemptRecord, CallCost, HedgeStats, Outcome, Pricing
+from ._policies import prompt_chars
+
+if TYPE_CHECKING:
+    from ._attempt import AttemptRun
+    from ._stream import Call
+
+__all__ = ["Accounting"]
+
+_NOT_SENT = (errors.PoolTimeout, errors.ConnectTimeout)
+
+
+class _Ended(NamedTuple):
+    """One ended attempt, as accounting keeps it until its call finishes."""
+
+    number: int
+    target: str
+    outcome: Outcome
+    hedge: bool
+    sent: bool
+    input_tokens: int | None
+    output_tokens: int
+
+
+class Accounting:
+    """Per-call cost and client-wide totals, fed by the attempt hook (see the module).
+
+    Args:
+        pricing: prices per target; ``None`` keeps every count and leaves costs ``None``.
+    """
+
+    __slots__ = ("_open", "pricing", "stats")
+
+    def __init__(self, pricing: Pricing | None = None) -> None:
+        if pricing is not None and not isinstance(pricing, Pricing):
+            raise errors.ConfigurationError(f"pricing must be a Pricing or None, got {pricing!r}")
+        self.pricing = pricing
+        self.stats = HedgeStats()
+        self._open: dict[str | None, list[_Ended]] = {}
+
+    @property
+    def open_calls(self) -> int:
+        """Calls with an ended attempt whose call has not finished yet."""
+        return len(self._open)
+
+    def snapshot(self, *, reset: bool = False) -> HedgeStats:
+        """A copy of the totals so far; ``reset`` starts counting from zero again."""
+        copy = replace(self.stats)
+        if reset:
+            self.stats.reset()
+        return copy
+
+    # ------------------------------------------------------------------ AttemptObserver
+
+    def on_start(self, attempt: AttemptRun) -> None:
+        """Nothing to note until the attempt ends."""
+
+    def on_first_token(self, attempt: AttemptRun) -> None:
+        """Nothing to note until the attempt ends."""
+
+    def on_commit(self, attempt: AttemptRun) -> None:
+        """Nothing to note: the call knows its winner when it settles."""
+
+    def on_end(self, attempt: AttemptRun) -> None:
+        """Note the ended attempt under its call's id."""
+        outcome = attempt.outcome
+        error = attempt.error
+        sent = True
+        if outcome == "failed" and error is not None:
+            if isinstance(error, _NOT_SENT):
+                sent = False
+            elif isinstance(error, errors.APITimeoutError):
+                outcome = "cancelled"  # abandoned after it was sent: billed
+        usage = attempt.usage
+        ended = _Ended(
+            attempt.number,
+            attempt.target.name,
+            outcome,
+            attempt.record.trigger == "hedge",
+            sent,
+            None if usage is None else usage.prompt_tokens,
+            0 if usage is None else usage.completion_tokens,
+        )
+        key = attempt.call_id
+        notes = self._open.get(key)
+        if notes is None:
+            self._open[key] = [ended]
+        else:
+            notes.append(ended)
+
+    # ------------------------------------------------------------------ call end
+
+    def settle(self, call: Call) -> CallCost:
+        """The finished ``call``'s cost, added to the totals; its notes are dropped."""
+        notes = self._open.pop(call.options.idempotency_key, None) or []
+        notes.sort()  # by attempt number: the order the attempts started
+        winner = call.winner
+        records = [
+            AttemptRecord(
+                target=note.target,
+                outcome="won" if note.number == winner else _lost(note.outcome),
+                hedge=note.hedge,
+                sent=note.sent,
+                input_tokens=note.input_tokens,
+                output_tokens=note.output_tokens,
+            )
+            for note in notes
+        ]
+        chars = 0
+        if self.pricing is not None and any(r.input_tokens is None for r in records):
+            chars = prompt_chars(call.request.messages)
+        cost = CallCost.from_attempts(records, pricing=self.pricing, prompt_chars=chars)
+        self.stats.add(cost)
+        return cost
+
+
+def _lost(outcome: Outcome) -> Outcome:
+    """An attempt that ended ``won`` but is not the committed one lost the race."""
+    return "lost" if outcome == "won" else outcome
