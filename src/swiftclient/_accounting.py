@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 __all__ = ["Accounting"]
 
 _NOT_SENT = (errors.PoolTimeout, errors.ConnectTimeout)
+_MAX_OPEN_CALLS = 10_000
+"""Calls noted and not settled at once, at most: a stream never closed is forgotten, oldest
+first, rather than kept for ever."""
 
 
 class _Ended(NamedTuple):
@@ -51,13 +54,22 @@ class Accounting:
 
     Args:
         pricing: prices per target; ``None`` keeps every count and leaves costs ``None``.
+        max_open_calls: calls with notes awaiting their settlement, at most; past it the
+            oldest is dropped (only a stream its caller never closes stays open).
     """
 
-    __slots__ = ("_open", "pricing", "stats")
+    __slots__ = ("_max_open", "_open", "pricing", "stats")
 
-    def __init__(self, pricing: Pricing | None = None) -> None:
+    def __init__(
+        self, pricing: Pricing | None = None, *, max_open_calls: int = _MAX_OPEN_CALLS
+    ) -> None:
         if pricing is not None and not isinstance(pricing, Pricing):
             raise errors.ConfigurationError(f"pricing must be a Pricing or None, got {pricing!r}")
+        if isinstance(max_open_calls, bool) or not isinstance(max_open_calls, int):
+            raise errors.ConfigurationError(f"max_open_calls must be an int: {max_open_calls!r}")
+        if max_open_calls < 1:
+            raise errors.ConfigurationError(f"max_open_calls must be >= 1: {max_open_calls}")
+        self._max_open = max_open_calls
         self.pricing = pricing
         self.stats = HedgeStats()
         self._open: dict[str | None, list[_Ended]] = {}
@@ -106,11 +118,14 @@ class Accounting:
             0 if usage is None else usage.completion_tokens,
         )
         key = attempt.call_id
-        notes = self._open.get(key)
-        if notes is None:
-            self._open[key] = [ended]
-        else:
+        open_calls = self._open
+        notes = open_calls.get(key)
+        if notes is not None:
             notes.append(ended)
+            return
+        if len(open_calls) >= self._max_open:
+            del open_calls[next(iter(open_calls))]
+        open_calls[key] = [ended]
 
     # ------------------------------------------------------------------ call end
 

@@ -6,6 +6,9 @@ Over real sockets with :class:`FakeProvider` (one per target); hedges race a hel
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import Any
+
 import anyio
 import pytest
 
@@ -25,6 +28,7 @@ from swiftclient import (
     Timeout,
     Timing,
 )
+from swiftclient._accounting import Accounting
 from swiftclient.testing import Reply
 
 from .test_hedging import HELD, client_for, providers
@@ -311,3 +315,47 @@ async def test_a_cancelled_call_bills_its_attempts_and_leaves_no_state(streamed:
         assert stats.wasted_input_tokens == 2 * estimate
         assert stats.cost == pytest.approx(2 * estimate * 0.001)
         assert stats.wasted_cost == pytest.approx(stats.cost)
+
+
+# --------------------------------------------------------------------------- bounded state
+
+
+def ended(call_id: str) -> Any:
+    """An ended attempt as the hook shows it (only what accounting reads)."""
+    record = SimpleNamespace(trigger="first")
+    target = SimpleNamespace(name="a/m")
+    return SimpleNamespace(
+        number=1,
+        target=target,
+        outcome="lost",
+        error=None,
+        usage=None,
+        record=record,
+        call_id=call_id,
+    )
+
+
+def finished(call_id: str) -> Any:
+    """A finished call as the ledger sees it."""
+    request = SimpleNamespace(messages=[])
+    return SimpleNamespace(
+        options=SimpleNamespace(idempotency_key=call_id), winner=0, request=request
+    )
+
+
+def test_calls_never_settled_are_forgotten_oldest_first() -> None:
+    accounting = Accounting(max_open_calls=2)
+    for call_id in ("one", "two", "three"):
+        accounting.on_end(ended(call_id))
+    accounting.on_end(ended("three"))  # a second attempt of an open call takes no room
+    assert accounting.open_calls == 2
+    assert accounting.settle(finished("one")).attempts == 0  # dropped
+    assert accounting.settle(finished("three")).attempts == 2
+    assert accounting.settle(finished("two")).attempts == 1
+    assert accounting.open_calls == 0
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, True])
+def test_a_bad_bound_on_open_calls_is_refused(value: Any) -> None:
+    with pytest.raises(ConfigurationError, match="max_open_calls"):
+        Accounting(max_open_calls=value)
