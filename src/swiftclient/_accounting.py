@@ -19,10 +19,10 @@ How an attempt's end is read:
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from . import errors
-from ._cost import AttemptRecord, CallCost, HedgeStats, Outcome, Pricing
+from ._cost import AttemptRecord, CallCost, HedgeStats, Pricing
 from ._policies import prompt_chars
 
 if TYPE_CHECKING:
@@ -35,18 +35,6 @@ _NOT_SENT = (errors.PoolTimeout, errors.ConnectTimeout)
 _MAX_OPEN_CALLS = 10_000
 """Calls noted and not settled at once, at most: a stream never closed is forgotten, oldest
 first, rather than kept for ever."""
-
-
-class _Ended(NamedTuple):
-    """One ended attempt, as accounting keeps it until its call finishes."""
-
-    number: int
-    target: str
-    outcome: Outcome
-    hedge: bool
-    sent: bool
-    input_tokens: int | None
-    output_tokens: int
 
 
 class Accounting:
@@ -72,7 +60,7 @@ class Accounting:
         self._max_open = max_open_calls
         self.pricing = pricing
         self.stats = HedgeStats()
-        self._open: dict[str | None, list[_Ended]] = {}
+        self._open: dict[str | None, list[tuple[int, AttemptRecord]]] = {}
 
     @property
     def open_calls(self) -> int:
@@ -108,14 +96,16 @@ class Accounting:
             elif isinstance(error, errors.APITimeoutError):
                 outcome = "cancelled"  # abandoned after it was sent: billed
         usage = attempt.usage
-        ended = _Ended(
+        ended = (
             attempt.number,
-            attempt.target.name,
-            outcome,
-            attempt.record.trigger == "hedge",
-            sent,
-            None if usage is None else usage.prompt_tokens,
-            0 if usage is None else usage.completion_tokens,
+            AttemptRecord(
+                attempt.target.name,
+                outcome,
+                attempt.record.trigger == "hedge",
+                sent,
+                None if usage is None else usage.prompt_tokens,
+                0 if usage is None else usage.completion_tokens,
+            ),
         )
         key = attempt.call_id
         open_calls = self._open
@@ -132,19 +122,10 @@ class Accounting:
     def settle(self, call: Call) -> CallCost:
         """The finished ``call``'s cost, added to the totals; its notes are dropped."""
         notes = self._open.pop(call.options.idempotency_key, None) or []
-        notes.sort()  # by attempt number: the order the attempts started
+        if len(notes) > 1:
+            notes.sort(key=_number)  # the order the attempts started
         winner = call.winner
-        records = [
-            AttemptRecord(
-                target=note.target,
-                outcome="won" if note.number == winner else _lost(note.outcome),
-                hedge=note.hedge,
-                sent=note.sent,
-                input_tokens=note.input_tokens,
-                output_tokens=note.output_tokens,
-            )
-            for note in notes
-        ]
+        records = [_as_committed(record, number == winner) for number, record in notes]
         chars = 0
         if self.pricing is not None and any(r.input_tokens is None for r in records):
             chars = prompt_chars(call.request.messages)
@@ -153,6 +134,13 @@ class Accounting:
         return cost
 
 
-def _lost(outcome: Outcome) -> Outcome:
-    """An attempt that ended ``won`` but is not the committed one lost the race."""
-    return "lost" if outcome == "won" else outcome
+def _number(note: tuple[int, AttemptRecord]) -> int:
+    return note[0]
+
+
+def _as_committed(record: AttemptRecord, committed: bool) -> AttemptRecord:
+    """``record`` with the call's verdict: the committed attempt won whatever its own end;
+    any other that ended ``won`` lost the race."""
+    if committed:
+        return record if record.outcome == "won" else replace(record, outcome="won")
+    return replace(record, outcome="lost") if record.outcome == "won" else record
