@@ -50,7 +50,7 @@ def no_state_left(client: AsyncClient) -> bool:
 
 
 async def hedged(client: AsyncClient, streamed: bool) -> ChatCompletion:
-    """A call whose first target is held: the hedge to b wins, a streamed nothing."""
+    """A call over a then b, the hedge to b sent at once (the test holds one of them)."""
     return await client.chat(PROMPT, model=["a/m", "b/m"], hedge=Hedge(delay=0.0), stream=streamed)
 
 
@@ -83,6 +83,19 @@ async def test_a_flat_price_makes_a_hedge_a_whole_extra_request(streamed: bool) 
         assert cost.cost == pytest.approx(0.03)  # b's answer plus a's cancelled request
         assert cost.wasted_cost == pytest.approx(0.01)
         assert no_state_left(client)
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+async def test_a_hedge_that_loses_to_the_first_attempt_is_wasted(streamed: bool) -> None:
+    # The hedge b is held, so a wins; b ends (cancelled) before a does.
+    async with providers("a", "b") as fakes, client_for(fakes, pricing=PER_REQUEST) as client:
+        fakes["b"].script(HELD)
+        completion = await hedged(client, streamed)
+        assert completion.text == "from a"
+        cost = cost_of(completion)
+        assert (cost.winner, cost.attempts, cost.hedges_sent, cost.hedges_won) == (0, 2, 1, 0)
+        assert cost.cost == pytest.approx(0.03)
+        assert cost.wasted_cost == pytest.approx(0.02)
 
 
 async def test_a_fallback_after_a_503_wastes_a_request_billed_nothing() -> None:
