@@ -103,8 +103,9 @@ class AsyncClient:
             :meth:`PolicyHub.standard` with the budget of ``hedge``. The policy objects
             learn from calls with several targets only.
         pricing: prices per target (:class:`Pricing`) for each call's cost
-            (``Timing.cost``) and the totals of :meth:`stats`; ``None`` keeps the counts
-            and leaves costs ``None``.
+            (``Timing.cost``) and the totals of :meth:`stats`. With ``None`` only calls with
+            several targets are accounted (their counts kept, costs ``None``); with prices,
+            every call.
 
     With no backend at all, the client configures itself from the environment (see
     :func:`swiftclient.providers.from_env`).
@@ -159,9 +160,15 @@ class AsyncClient:
         hooks: list[AttemptObserver] = [self.policies] if self.policies.observes else []
         # The policy objects learn from calls with several targets only: a one-target call
         # has no choice for them to make, and the plain path stays free of their cost.
-        # Accounting sees every call (retries on one target waste requests too).
+        # Accounting sees every call with several targets, and every call once prices are
+        # set; an unpriced one-target call has nothing to account but its own request, and
+        # the plain path stays free of the bookkeeping (measured: about 10% of its CPU).
+        accounts_plain = pricing is not None
         self._observers: tuple[AttemptObserver, ...] = (*hooks, self._accounting, *observers)
-        self._plain_observers: tuple[AttemptObserver, ...] = (self._accounting, *observers)
+        self._plain_observers: tuple[AttemptObserver, ...] = (
+            (self._accounting, *observers) if accounts_plain else tuple(observers)
+        )
+        self._plain_ledger = self._accounting if accounts_plain else None
         self._closed = False
         self._stack: AsyncExitStack | None = None
 
@@ -227,7 +234,8 @@ class AsyncClient:
         return self._accounting.pricing
 
     def stats(self, *, reset: bool = False) -> HedgeStats:
-        """Totals over the calls finished so far: calls, attempts, hedges sent and won,
+        """Totals over the accounted calls finished so far (every call when the client has
+        ``pricing``, else the calls with several targets): calls, attempts, hedges sent and won,
         wasted requests and tokens, cost and wasted cost (a copy; ``.snapshot()`` makes it a
         dict). ``reset`` starts the totals from zero again after reading them."""
         return self._accounting.snapshot(reset=reset)
@@ -300,6 +308,7 @@ class AsyncClient:
         elif hedge is not None and not isinstance(hedge, Hedge):
             raise errors.ConfigurationError(f"hedge must be a Hedge or None, got {hedge!r}")
         options = RequestOptions(idempotency_key=f"swiftclient-{os.urandom(16).hex()}")
+        several = len(targets) > 1
         return Call(
             targets,
             request,
@@ -307,9 +316,9 @@ class AsyncClient:
             retry or self.retry,
             options,
             hedge=hedge,
-            observers=self._observers if len(targets) > 1 else self._plain_observers,
+            observers=self._observers if several else self._plain_observers,
             policies=self.policies,
-            ledger=self._accounting,
+            ledger=self._accounting if several else self._plain_ledger,
         )
 
     # ------------------------------------------------------------------ calls

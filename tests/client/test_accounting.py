@@ -373,3 +373,18 @@ def test_calls_never_settled_are_forgotten_oldest_first() -> None:
 def test_a_bad_bound_on_open_calls_is_refused(value: Any) -> None:
     with pytest.raises(ConfigurationError, match="max_open_calls"):
         Accounting(max_open_calls=value)
+
+
+async def test_unpriced_one_target_calls_are_not_accounted_priced_ones_are() -> None:
+    async with providers("a", "b") as fakes, client_for(fakes) as client:
+        plain = await client.chat("hi", model="a/m")
+        assert plain.timing is not None and plain.timing.cost is None
+        assert client.stats().calls == 0
+        several = await client.chat("hi", model=["a/m", "b/m"])
+        assert several.timing is not None and several.timing.cost is not None
+        assert client.stats().calls == 1
+    async with providers("a") as fakes, client_for(fakes, pricing=PER_REQUEST) as client:
+        priced = await client.chat("hi", model="a/m")
+        assert priced.timing is not None and priced.timing.cost is not None
+        assert priced.timing.cost.cost == pytest.approx(0.01)
+        assert client.stats().calls == 1
