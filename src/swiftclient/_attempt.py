@@ -50,15 +50,24 @@ _OUTCOMES: dict[str, Outcome] = {
 
 
 class Target(NamedTuple):
-    """Where one attempt goes: a backend and the backend's own model name."""
+    """Where one attempt goes: a backend, the backend's own model name, and the name the
+    client registered the backend under (``AsyncClient(backends={"r0": ...})``; None: the
+    backend's own ``name``)."""
 
     backend: Backend
     model: str
+    alias: str | None = None
+
+    @property
+    def backend_name(self) -> str:
+        """The backend's name as the client knows it: the first part of :attr:`name`."""
+        alias = self.alias
+        return self.backend.name if alias is None else alias
 
     @property
     def name(self) -> str:
         """``"backend/model"``, the key breakers, estimates and prices use."""
-        return f"{self.backend.name}/{self.model}"
+        return f"{self.backend_name}/{self.model}"
 
 
 class AttemptObserver(Protocol):
@@ -132,7 +141,7 @@ class AttemptRun:
         self.started_at = self._now()
         self.record = Attempt(
             number=number,
-            backend=target.backend.name,
+            backend=target.backend_name,
             model=target.model,
             started=self.started_at - call.started,
             trigger=trigger,
@@ -250,7 +259,7 @@ class AttemptRun:
         return due, kind  # type: ignore[return-value]
 
     def _timeout_error(self, kind: _Limit) -> errors.APITimeoutError:
-        name = self.target.backend.name
+        name = self.target.backend_name
         timeout = self._deadline.timeout
         if kind == "first_token":
             return errors.FirstTokenTimeout(
@@ -377,7 +386,7 @@ class AttemptRun:
                 )
                 self._first_token(self._now(), streamed=False)
                 return result
-            raise deadline_exceeded(self.target.backend.name, deadline.timeout)
+            raise deadline_exceeded(self.target.backend_name, deadline.timeout)
         except BaseException as exc:
             self.finish(exc)
             raise

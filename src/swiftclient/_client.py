@@ -244,6 +244,11 @@ class AsyncClient:
 
     def resolve(self, model: str | None) -> tuple[Backend, str]:
         """Split a model string into (backend, the backend's model name)."""
+        target = self._target(model)
+        return target.backend, target.model
+
+    def _target(self, model: str | None) -> Target:
+        """The target a model string names, labelled with the backend's registered name."""
         if model is None:
             model = self.model
         if not model:
@@ -252,8 +257,8 @@ class AsyncClient:
             )
         head, sep, rest = model.partition("/")
         if sep and head in self._backends and rest:
-            return self._backends[head], rest
-        return self._backends[self._default], model
+            return Target(self._backends[head], rest, head)
+        return Target(self._backends[self._default], model, self._default)
 
     def targets(self, model: ModelInput) -> list[Target]:
         """Resolve a model string, or a list of them, to targets (backend, model) in order.
@@ -261,7 +266,7 @@ class AsyncClient:
         Duplicates are kept once; the same model behind two backend names is two targets.
         """
         if model is None or isinstance(model, str):
-            return [Target(*self.resolve(model))]
+            return [self._target(model)]
         if not model:
             raise errors.ConfigurationError("model=[] names no target")
         out: list[Target] = []
@@ -270,7 +275,7 @@ class AsyncClient:
                 raise errors.ConfigurationError(
                     f"model list entries must be strings, got {type(item).__name__}"
                 )
-            target = Target(*self.resolve(item))
+            target = self._target(item)
             if target not in out:
                 out.append(target)
         return out

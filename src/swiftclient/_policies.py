@@ -226,7 +226,7 @@ class PolicyHub:
         return breaker
 
     def _key(self, target: Target, request: ChatRequest) -> Hashable:
-        return (target.backend.name, target.model, self._bucket(prompt_chars(request.messages)))
+        return (target.backend_name, target.model, self._bucket(prompt_chars(request.messages)))
 
 
 def _no_bucket(chars: int) -> int:

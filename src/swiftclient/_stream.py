@@ -117,7 +117,7 @@ class Call:
     @property
     def backend_name(self) -> str:
         """The first target's backend name (for messages)."""
-        return self.targets[0].backend.name
+        return self.targets[0].backend_name
 
     def attempt(self, target: Target, trigger: Trigger = "first") -> AttemptRun:
         """Start recording a new attempt on ``target``."""

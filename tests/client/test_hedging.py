@@ -558,3 +558,16 @@ async def test_the_adaptive_delay_comes_from_observed_first_tokens() -> None:
         completion = await client.chat("hi", model=["a/m", "b/m"], timeout=120.0)
         assert outcomes(completion) == [("a", "lost"), ("b", "ok")]
         await released(client, fakes["a"])
+
+
+async def test_backends_are_known_by_the_names_the_client_registered_them_under() -> None:
+    # Two HTTPBackends that keep their default name ("http") are two targets, each labelled,
+    # broken and priced by its key in backends={...}.
+    async with providers("a", "b") as fakes:
+        backends = {name: HTTPBackend(fake.base_url) for name, fake in fakes.items()}
+        async with AsyncClient(backends=backends, retry=NO_RETRY) as client:
+            fakes["a"].script(*[Reply(status=503)] * 10)
+            for _ in range(10):
+                completion = await client.chat("hi", model=["a/m", "b/m"])
+                assert outcomes(completion) == [("a", "error"), ("b", "ok")]
+            assert client.health() == {"a/m": "open", "b/m": "closed"}
