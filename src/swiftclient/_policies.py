@@ -153,12 +153,15 @@ class PolicyHub:
         now = self._clock()
         return [t for t in targets if self._breaker(t.name).allow(now)]
 
-    def hedge_delay(self, hedge: Hedge, target: Target, request: ChatRequest) -> float:
-        """The hedge's delay after an attempt on ``target`` started."""
+    def hedge_delay(
+        self, hedge: Hedge, target: Target, request: ChatRequest, *, streamed: bool = True
+    ) -> float:
+        """The hedge's delay after an attempt on ``target`` started: estimates of first
+        tokens for streamed attempts, of whole replies for non-streamed ones."""
         estimate = None
         if hedge.delay is None and self._estimator is not None:
             estimate = self._estimator.quantile(
-                self._key(target, request), hedge.quantile, self._clock()
+                self._key(target, request, streamed), hedge.quantile, self._clock()
             )
         return hedge.delay_for(estimate)
 
@@ -187,7 +190,9 @@ class PolicyHub:
         """Feed the attempt's time to first token to the estimator."""
         ttft = attempt.ttft
         if self._estimator is not None and ttft is not None:
-            key = self._key(attempt.target, attempt.request)
+            # A non-streamed attempt's "first token" is its whole reply (no record.ttft).
+            streamed = attempt.record.ttft is not None
+            key = self._key(attempt.target, attempt.request, streamed)
             self._estimator.observe(key, ttft, self._clock())
 
     def on_commit(self, attempt: AttemptRun) -> None:
@@ -225,8 +230,9 @@ class PolicyHub:
             breaker = self._breakers[name] = self._new_breaker()
         return breaker
 
-    def _key(self, target: Target, request: ChatRequest) -> Hashable:
-        return (target.backend_name, target.model, self._bucket(prompt_chars(request.messages)))
+    def _key(self, target: Target, request: ChatRequest, streamed: bool) -> Hashable:
+        bucket = self._bucket(prompt_chars(request.messages))
+        return (target.backend_name, target.model, bucket, streamed)
 
 
 def _no_bucket(chars: int) -> int:

@@ -39,8 +39,11 @@ class CallPolicies(Protocol):
         """The targets worth trying now, in order (open breakers skipped)."""
         ...
 
-    def hedge_delay(self, hedge: Hedge, target: Target, request: ChatRequest) -> float:
-        """Seconds after an attempt on ``target`` starts before the next one hedges it."""
+    def hedge_delay(
+        self, hedge: Hedge, target: Target, request: ChatRequest, *, streamed: bool = True
+    ) -> float:
+        """Seconds after an attempt on ``target`` starts before the next one hedges it
+        (``streamed``: the attempt waits for a first token, else for a whole reply)."""
         ...
 
     def may_hedge(self) -> bool:
@@ -142,7 +145,7 @@ class Call:
 
     # ------------------------------------------------------------------ rounds
 
-    async def _round(self, attempts: Sequence[StartAttempt[_T]]) -> _T:
+    async def _round(self, attempts: Sequence[StartAttempt[_T]], *, streamed: bool) -> _T:
         """One pass over the targets: one attempt, a fallback chain, or a hedged race."""
         if len(attempts) == 1:
             return await attempts[0]("first")
@@ -151,14 +154,14 @@ class Call:
             return await fallback(attempts)
         policies = self.policies
         targets = self._round_targets
-        if policies is not None:
+        if policies is not None and not self.numbered:  # the call's first round only
             policies.on_call()
 
         def delay(index: int) -> float:
             previous = targets[index - 1]
             if policies is None:
                 return hedge.delay_for(None)
-            return policies.hedge_delay(hedge, previous, self.request)
+            return policies.hedge_delay(hedge, previous, self.request, streamed=streamed)
 
         return await race(
             attempts,
@@ -182,7 +185,7 @@ class Call:
             attempt = self.attempt(self.targets[0])
             return attempt, await attempt.open()
         targets = self._plan()
-        return await self._round([partial(self._open, t) for t in targets])
+        return await self._round([partial(self._open, t) for t in targets], streamed=True)
 
     def _open(self, target: Target, trigger: Trigger) -> Awaitable[_Opened]:
         """Start an attempt on ``target`` now (numbered now); the awaitable runs it."""
@@ -198,7 +201,7 @@ class Call:
             attempt = self.attempt(self.targets[0])
             return attempt, await attempt.complete()
         targets = self._plan()
-        return await self._round([partial(self._complete, t) for t in targets])
+        return await self._round([partial(self._complete, t) for t in targets], streamed=False)
 
     def _complete(self, target: Target, trigger: Trigger) -> Awaitable[_Completed]:
         """Start a non-streamed attempt on ``target`` now; the awaitable runs it."""
@@ -254,6 +257,7 @@ class ChatStream:
         self._call = call
         self._now = call.now
         self._attempt: AttemptRun | None = None
+        self._request: ChatRequest | None = None
         self._next: Callable[[], Awaitable[ChatCompletionChunk | None]] | None = None
         self._buffered: list[ChatCompletionChunk] = []
         self._last_content_at: float | None = None
@@ -269,8 +273,8 @@ class ChatStream:
     @property
     def request(self) -> ChatRequest:
         """The request as sent by the committed attempt (model without its backend prefix)."""
-        attempt = self._attempt
-        return attempt.request if attempt is not None else self._call.request
+        request = self._request
+        return request if request is not None else self._call.request
 
     def _mark_content(self, now: float) -> None:
         timing = self._call.timing
@@ -291,6 +295,7 @@ class ChatStream:
         if not call.winner:
             attempt.commit()
         self._attempt = attempt
+        self._request = attempt.request
         self._next = attempt.next
         self._buffered = buffered
         if attempt.first_token_at is None:

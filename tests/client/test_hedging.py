@@ -571,3 +571,13 @@ async def test_backends_are_known_by_the_names_the_client_registered_them_under(
                 completion = await client.chat("hi", model=["a/m", "b/m"])
                 assert outcomes(completion) == [("a", "error"), ("b", "ok")]
             assert client.health() == {"a/m": "open", "b/m": "closed"}
+
+
+async def test_a_stream_names_the_winners_request_after_it_closes() -> None:
+    async with providers("a", "b") as fakes, client_for(fakes) as client:
+        fakes["a"].script(HELD)
+        async with client.stream("hi", model=["a/m1", "b/m2"], hedge=Hedge(delay=0.0)) as stream:
+            assert stream.request.model == "m2"
+            await stream.final()
+        assert stream.request.model == "m2"
+        await released(client, fakes["a"])

@@ -21,7 +21,7 @@ from swiftclient._policies import prompt_chars
 from swiftclient.testing import Reply
 from swiftclient.types import ChatRequest
 
-from .test_hedging import Gated, providers
+from .test_hedging import HELD, Gated, providers
 
 pytestmark = pytest.mark.anyio
 
@@ -110,8 +110,8 @@ async def test_the_adaptive_delay_asks_the_estimator_and_the_estimator_learns() 
     client, a, b = gated_client(hub, a_answers=False)
     completion = await client.chat("x" * 25, model=["a/m", "b/m"], hedge=Hedge(quantile=0.9))
     assert completion.text == "b one two"
-    assert estimates.asked == [(("a", "m", 2), 0.9)]
-    assert [key for key, _ in estimates.seen] == [("b", "m", 2)]
+    assert estimates.asked == [(("a", "m", 2, True), 0.9)]
+    assert [key for key, _ in estimates.seen] == [("b", "m", 2, True)]
     assert (a.open, a.closed) == (1, 1)
 
 
@@ -176,3 +176,35 @@ def test_prompt_chars_counts_text() -> None:
     )
     assert prompt_chars(request.messages) == 5
     assert Target(HTTPBackend("http://x/v1", name="n"), "m").name == "n/m"
+
+
+async def test_non_streamed_calls_keep_their_own_estimates() -> None:
+    # A non-streamed attempt's time is its whole reply: it must not feed first-token delays.
+    estimates = Estimates(answer=0.0)
+    hub = PolicyHub(estimator=estimates, bucket=lambda chars: chars // 10)
+    async with providers("a", "b") as fakes:
+        backends = {name: HTTPBackend(fake.base_url, name=name) for name, fake in fakes.items()}
+        async with AsyncClient(backends=backends, policies=hub) as client:
+            fakes["a"].script(HELD)
+            completion = await client.chat(
+                "x" * 25, model=["a/m", "b/m"], hedge=Hedge(quantile=0.9), stream=False
+            )
+    assert completion.text == "from b"
+    assert estimates.asked == [(("a", "m", 2, False), 0.9)]
+    assert [key for key, _ in estimates.seen] == [("b", "m", 2, False)]
+
+
+async def test_the_budget_hears_a_call_once_however_many_rounds_it_takes() -> None:
+    budget = Budget(True)
+    async with providers("a", "b") as fakes:
+        backends = {name: HTTPBackend(fake.base_url, name=name) for name, fake in fakes.items()}
+        retry = RetryPolicy(max_attempts=3, initial_backoff=0.0, max_backoff=0.0)
+        async with AsyncClient(
+            backends=backends, retry=retry, policies=PolicyHub(budget=budget)
+        ) as client:
+            fakes["a"].script(Reply(status=503), Reply(status=503))
+            fakes["b"].script(Reply(status=503), Reply(status=503))
+            completion = await client.chat("hi", model=["a/m", "b/m"], hedge=Hedge(delay=3600))
+            assert completion.timing is not None
+            assert len(completion.timing.attempts) == 5
+    assert budget.calls == 1
