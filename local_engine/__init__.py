@@ -7,9 +7,12 @@ only; swiftclient reaches it through entry points (``swiftclient.backends`` /
 ``swiftclient.servers``, name ``local``), never by import.
 """
 
-from local_engine.backend import LocalBackend
 from local_engine.cpu_threads import apply_openmp_defaults
 
+# First, before any other engine module is imported: the OpenMP runtime reads its wait policy
+# once, when torch loads it.
 apply_openmp_defaults()
+
+from local_engine.backend import LocalBackend  # noqa: E402
 
 __all__ = ["LocalBackend"]
