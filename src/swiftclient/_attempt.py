@@ -375,21 +375,46 @@ class AttemptRun:
     async def complete(self) -> ChatCompletion:
         """Run the attempt as one non-streamed request, bounded by the deadline.
 
-        A cancel scope, not the loop timer: a whole non-streamed call includes the
-        backend's shielded cleanup, which only a cancel scope respects.
+        A cancel scope, which respects the backend's shielded cleanup; a backend whose
+        ``complete`` has none (``complete_cancels_cleanly``, as the aiohttp-backed
+        :class:`~swiftclient.HTTPBackend`) is bounded by one loop timer on asyncio instead,
+        a few microseconds less per call.
         """
         deadline = self._deadline
+        backend = self.target.backend
         try:
+            if getattr(backend, "complete_cancels_cleanly", False):
+                timer = _read_timer()
+                if timer is not None:
+                    return await self._complete_timed(backend, timer)
             with anyio.CancelScope(deadline=deadline.at):
-                result = await self.target.backend.complete(
-                    self.request, deadline, self._call.options
-                )
+                result = await backend.complete(self.request, deadline, self._call.options)
                 self._first_token(self._now(), streamed=False)
                 return result
             raise deadline_exceeded(self.target.backend_name, deadline.timeout)
         except BaseException as exc:
             self.finish(exc)
             raise
+
+    async def _complete_timed(self, backend: Backend, timer: ReadTimer) -> ChatCompletion:
+        """:meth:`complete` bounded by one loop timer instead of a cancel scope: for backends
+        whose ``complete`` awaits no shielded cleanup (``complete_cancels_cleanly``), where a
+        plain task cancellation at any await leaves nothing behind."""
+        deadline = self._deadline
+        task = asyncio.current_task()
+        assert task is not None
+        timer.start(task, deadline.at)
+        try:
+            result = await backend.complete(self.request, deadline, self._call.options)
+        except asyncio.CancelledError:
+            if timer.expired():
+                raise deadline_exceeded(self.target.backend_name, deadline.timeout) from None
+            raise
+        finally:
+            timer.stop()
+            timer.close()
+        self._first_token(self._now(), streamed=False)
+        return result
 
 
 def request_for(request: ChatRequest, target: Target) -> ChatRequest:

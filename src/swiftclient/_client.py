@@ -78,6 +78,34 @@ def _messages(messages: MessagesInput) -> list[Message]:
     return out
 
 
+def _request(model: str, messages: MessagesInput, params: dict[str, Any]) -> ChatRequest:
+    """The request, validated in one pass (messages included); bad input raises
+    :class:`~swiftclient.ConfigurationError` naming the message or field at fault."""
+    try:
+        return ChatRequest.model_validate({"model": model, "messages": messages, **params})
+    except pydantic.ValidationError as exc:
+        found = exc.errors(include_url=False, include_input=False)
+        loc = found[0]["loc"] if found else ()
+        if len(loc) >= 2 and loc[0] == "messages" and isinstance(loc[1], int):
+            raise errors.ConfigurationError(
+                f"invalid message messages[{loc[1]}]: {_summary(found, loc[:2])}"
+            ) from exc
+        raise errors.ConfigurationError(f"invalid chat request: {validation_summary(exc)}") from exc
+
+
+def _summary(found: list[Any], prefix: tuple[Any, ...]) -> str:
+    """``where: what`` for the errors under ``prefix`` (one message), the prefix cut off."""
+    parts = []
+    for error in found:
+        loc = tuple(error["loc"])
+        if loc[: len(prefix)] != prefix:
+            continue
+        where = ".".join(str(part) for part in loc[len(prefix) :])
+        message = error["msg"].removeprefix("Value error, ")
+        parts.append(f"{where}: {message}" if where else message)
+    return "; ".join(parts)
+
+
 class AsyncClient:
     """The client agents call: ``await client.chat(messages=..., model=...)``.
 
@@ -292,19 +320,19 @@ class AsyncClient:
     ) -> Call:
         if self._closed:
             raise errors.ConfigurationError("this AsyncClient is closed")
-        validated = _messages(messages)
         router = self.router
         if router is not None:
+            checked = _messages(messages)
+            validated: MessagesInput = checked
             wanted = self.model if model is None else model
             if wanted is not None:
-                model = router.expand(wanted, prompt_chars=prompt_chars(validated), task=task)
+                model = router.expand(wanted, prompt_chars=prompt_chars(checked), task=task)
+        elif isinstance(messages, str):
+            validated = [Message(role="user", content=messages)]
+        else:
+            validated = messages  # validated with the request, in one pass
         targets = self.targets(model)
-        try:
-            request = ChatRequest(model=targets[0].model, messages=validated, **params)
-        except pydantic.ValidationError as exc:
-            raise errors.ConfigurationError(
-                f"invalid chat request: {validation_summary(exc)}"
-            ) from exc
+        request = _request(targets[0].model, validated, params)
         limits = (
             self.timeout if isinstance(timeout, NotGiven) else Timeout.coerce(timeout, self.timeout)
         )

@@ -168,6 +168,45 @@ async def test_usage_and_cached_tokens_come_through() -> None:
         assert fake.requests[0].body["stream_options"] == {"include_usage": True}
 
 
+def _cancelling() -> int:
+    """The current asyncio task's pending cancel requests (0 on trio, which has none)."""
+    try:
+        import asyncio
+
+        task = asyncio.current_task()
+    except RuntimeError:
+        return 0
+    return 0 if task is None else task.cancelling()
+
+
+async def test_the_deadline_bounds_a_non_streamed_call_on_a_warm_connection() -> None:
+    # On asyncio the aiohttp transport releases connections without waiting, so the call
+    # path bounds a non-streamed call with a loop timer instead of a cancel scope.
+    async with FakeProvider() as fake:
+        fake.script(Reply(text="warm"), Reply(stall_after=0), Reply(text="after"))
+        client, backend = client_for(fake, timeout=Timeout(total=0.5))
+        async with client:
+            assert (await client.chat("hi", stream=False)).text == "warm"
+            with pytest.raises(DeadlineExceeded, match="total deadline of 0.5s"):
+                await client.chat("hi", stream=False)
+            assert _cancelling() == 0  # the timer withdrew its own cancel request
+            assert backend.pool_stats()["in_use"] == 0
+            assert (await client.chat("hi", stream=False)).text == "after"
+
+
+async def test_an_outer_cancel_of_a_non_streamed_call_propagates_and_frees_the_slot() -> None:
+    async with FakeProvider() as fake:
+        fake.script(Reply(text="warm"), Reply(stall_after=0), Reply(text="after"))
+        client, backend = client_for(fake, timeout=Timeout(total=30))
+        async with client:
+            await client.chat("hi", stream=False)
+            with anyio.move_on_after(0.3) as scope:
+                await client.chat("hi", stream=False)
+            assert scope.cancelled_caught  # not turned into a deadline error
+            assert backend.pool_stats()["in_use"] == 0
+            assert (await client.chat("hi", stream=False)).text == "after"
+
+
 async def test_non_streamed_call_is_bounded_by_the_deadline() -> None:
     async with FakeProvider() as fake:
         fake.script(Reply(stall_after=0), Reply(text="after"))

@@ -188,6 +188,7 @@ class HTTPBackend:
         self._url = f"{self.base_url}/chat/completions"
         self._transport: Transport | None = None
         self._slots: anyio.Semaphore | None = None
+        self._release_nowait = False
         if transport is None and not http2:
             # Pay aiohttp's import here, not inside the first call's measured time.
             from . import _aiohttp  # noqa: F401
@@ -214,6 +215,7 @@ class HTTPBackend:
         return self.base_url.startswith("https://") or (self._proxy or "").startswith("https://")
 
     def _make_transport(self) -> Transport:
+        self._release_nowait = False
         if self._given_transport is not None:
             return HttpxTransport(self._given_transport)
         socket_options = keepalive_options() if self._tcp_keepalive else None
@@ -230,6 +232,7 @@ class HTTPBackend:
                     sock.setsockopt(level, option, value)
                 return sock
 
+            self._release_nowait = True
             return AiohttpTransport(
                 keepalive_expiry=self._keepalive_expiry,
                 socket_factory=factory if socket_options else None,
@@ -258,6 +261,15 @@ class HTTPBackend:
                 socket_options=socket_options,
             )
         )
+
+    @property
+    def complete_cancels_cleanly(self) -> bool:
+        """True when :meth:`complete` awaits no shielded cleanup, so the call path may bound
+        it with a plain loop timer: the aiohttp transport releases connections without
+        waiting (httpx's must be awaited, shielded)."""
+        if self._transport is None:  # not opened yet: it will be aiohttp's on asyncio
+            return self._given_transport is None and not self._http2 and _on_asyncio()
+        return self._release_nowait
 
     def _open(self) -> Transport:
         """The backend's transport and connection slots, made on first use in this loop."""
