@@ -133,7 +133,11 @@ class PolicyHub:
         return cls(
             estimator=LatencyEstimator(min_samples=settings.min_samples),
             bucket=prompt_bucket,
-            budget=HedgeBudget(ratio=settings.budget, floor_per_second=settings.budget_floor),
+            budget=HedgeBudget(
+                ratio=settings.budget,
+                floor_per_second=settings.budget_floor,
+                burst=settings.budget_burst,
+            ),
             throttle=RetryThrottle(),
             breaker=CircuitBreaker,
         )

@@ -44,7 +44,8 @@ class Hedge:
       ``min_samples`` observations exist. ``0.0`` starts every target at once.
     - ``max_attempts``: attempts in flight at once, the first included.
     - ``budget``: extra requests as a fraction of calls, with ``budget_floor`` hedges per
-      second always allowed.
+      second always allowed and at most ``budget_burst`` hedges banked (over any stretch of
+      calls, hedges <= ``budget`` x calls + ``budget_floor`` x seconds + ``budget_burst``).
     """
 
     delay: float | None = None
@@ -55,6 +56,7 @@ class Hedge:
     min_samples: int = 20
     budget: float = 0.05
     budget_floor: float = 1.0
+    budget_burst: float = 10.0
 
     def __post_init__(self) -> None:
         if self.delay is not None and not self.delay >= 0:
@@ -69,6 +71,11 @@ class Hedge:
             raise errors.ConfigurationError("Hedge.min_samples must be at least 1")
         if self.budget < 0 or self.budget_floor < 0:
             raise errors.ConfigurationError("Hedge.budget and budget_floor must not be negative")
+        if not self.budget_burst >= 1.0:
+            raise errors.ConfigurationError(
+                f"Hedge.budget_burst must be >= 1 (one hedge costs one token), got "
+                f"{self.budget_burst}"
+            )
 
     def delay_for(self, estimate: float | None) -> float:
         """The hedge delay, given the estimated quantile (None: not enough samples yet)."""

@@ -147,3 +147,19 @@ def test_pushback_is_capped() -> None:
     assert pushback(30.0, now=0.0, max_delay=5.0) == 5.0
     with pytest.raises(ConfigurationError):
         pushback(1.0, now=0.0, max_delay=-1.0)
+
+
+def test_the_standard_hub_takes_its_budget_from_the_clients_hedge() -> None:
+    from swiftclient import Hedge, PolicyHub
+
+    hub = PolicyHub.standard(Hedge(budget=0.0, budget_floor=0.0, budget_burst=2.0))
+    allowed = [hub.may_hedge() for _ in range(5)]
+    assert allowed == [True, True, False, False, False]  # the burst, and nothing refills
+
+
+@pytest.mark.parametrize("burst", [0.5, 0.0, math.nan])
+def test_a_hedge_budget_burst_below_one_token_is_refused(burst: float) -> None:
+    from swiftclient import Hedge
+
+    with pytest.raises(ConfigurationError, match="budget_burst"):
+        Hedge(budget_burst=burst)
