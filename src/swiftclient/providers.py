@@ -67,6 +67,7 @@ PRESETS: dict[str, Preset] = {
 
 def preset(
     name: str,
+    /,
     *,
     api_key: str | None = None,
     base_url: str | None = None,
@@ -74,7 +75,9 @@ def preset(
     **kwargs: Any,
 ) -> Backend:
     """Build the backend for a named provider (``oxlo``, ``openai``, ``deepseek``, ``vllm``,
-    ``sglang``, or ``local``). Keys come from the argument or the preset's variable."""
+    ``sglang``, or ``local``). Keys come from the argument or the preset's variable; other
+    keyword arguments (``name=`` included: the backend's name in model strings) go to the
+    backend."""
     env = os.environ if environ is None else environ
     if name == "local":
         local_backend = _local_entry_point(BACKENDS_GROUP)

@@ -271,6 +271,13 @@ def test_env_configuration_and_presets() -> None:
         from_env({})
 
 
+def test_a_preset_can_be_renamed() -> None:
+    # Two keys for one provider need two names: preset("oxlo", name="oxlo-eu").
+    renamed = preset("oxlo", name="oxlo-eu", api_key="oxlo-key-123456789")
+    assert isinstance(renamed, HTTPBackend) and renamed.name == "oxlo-eu"
+    assert renamed.base_url == "https://api.oxlo.ai/v1"
+
+
 async def test_streams_from_a_transport_that_returns_a_read_body() -> None:
     import httpx
 
