@@ -70,6 +70,11 @@ class LocalBackend:
     aborts its engine request and frees its KV blocks at once.
     """
 
+    in_process = True
+    """The model runs in this process: telemetry marks its call spans ``INTERNAL``."""
+    provider_name = "swiftclient.local_engine"
+    """``gen_ai.provider.name`` on telemetry for calls to this backend."""
+
     def __init__(
         self,
         model: str | Path | None = None,
