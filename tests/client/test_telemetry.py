@@ -8,15 +8,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.metrics.export import HistogramDataPoint
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
 from swiftclient import (
@@ -32,6 +28,7 @@ from swiftclient import (
 from swiftclient.telemetry import CAPTURE_CONTENT_ENV, DURATION_BUCKETS, TOKEN_BUCKETS
 from swiftclient.testing import FakeProvider, Reply
 
+from ..otel import Otel, attrs, points, recording
 from .mock import Script, chunk, sse
 
 pytestmark = pytest.mark.anyio
@@ -39,61 +36,9 @@ KEY = "sk-telemetry-secret-0123456789"
 FAST_RETRY = RetryPolicy(max_attempts=3, initial_backoff=0.0, max_backoff=0.0)
 
 
-@dataclass
-class Otel:
-    """An SDK tracer and meter provider recording in memory."""
-
-    spans: InMemorySpanExporter
-    reader: InMemoryMetricReader
-    tracer_provider: TracerProvider
-    meter_provider: MeterProvider
-
-    def telemetry(self, **kwargs: Any) -> Telemetry:
-        return Telemetry(
-            tracer_provider=self.tracer_provider, meter_provider=self.meter_provider, **kwargs
-        )
-
-    def finished(self) -> list[ReadableSpan]:
-        return list(self.spans.get_finished_spans())
-
-    def call_span(self) -> ReadableSpan:
-        (span,) = [s for s in self.finished() if s.name.startswith("chat ")]
-        return span
-
-    def attempt_spans(self) -> list[ReadableSpan]:
-        spans = [s for s in self.finished() if s.name.startswith("attempt ")]
-        return sorted(spans, key=lambda s: s.attributes["swiftclient.attempt"])  # type: ignore[arg-type,index,return-value]
-
-    def metrics(self) -> dict[str, Any]:
-        data = self.reader.get_metrics_data()
-        out: dict[str, Any] = {}
-        if data is None:
-            return out
-        for resource in data.resource_metrics:
-            for scope in resource.scope_metrics:
-                for metric in scope.metrics:
-                    out[metric.name] = metric
-        return out
-
-
 @pytest.fixture
 def otel() -> Iterator[Otel]:
-    spans = InMemorySpanExporter()
-    tracer_provider = TracerProvider()
-    tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
-    reader = InMemoryMetricReader()
-    meter_provider = MeterProvider(metric_readers=[reader])
-    yield Otel(spans, reader, tracer_provider, meter_provider)
-    tracer_provider.shutdown()
-    meter_provider.shutdown()
-
-
-def _attrs(span: ReadableSpan) -> dict[str, Any]:
-    return dict(span.attributes or {})
-
-
-def _points(metric: Any) -> list[Any]:
-    return list(metric.data.data_points)
+    yield from recording()
 
 
 def _usage_stream(words: list[str], cached: int = 0) -> list[bytes]:
@@ -133,32 +78,32 @@ async def test_a_plain_call_is_one_client_span_with_the_conventions_attributes(
     span = otel.call_span()
     assert span.name == "chat gpt-test"
     assert span.kind is SpanKind.CLIENT
-    attrs = _attrs(span)
-    assert attrs["gen_ai.operation.name"] == "chat"
-    assert attrs["gen_ai.provider.name"] == "openai"
-    assert attrs["gen_ai.request.model"] == "gpt-test"
-    assert attrs["gen_ai.request.max_tokens"] == 50
-    assert attrs["gen_ai.request.temperature"] == 0.5
-    assert attrs["gen_ai.request.top_p"] == 0.9
-    assert attrs["gen_ai.request.stop_sequences"] == ("END",)
-    assert attrs["gen_ai.request.seed"] == 7
-    assert attrs["gen_ai.response.id"] == "c"
-    assert attrs["gen_ai.response.model"] == "m"
-    assert attrs["gen_ai.response.finish_reasons"] == ("stop",)
-    assert attrs["gen_ai.usage.input_tokens"] == 7
-    assert attrs["gen_ai.usage.output_tokens"] == 2
-    assert attrs["gen_ai.usage.cache_read.input_tokens"] == 3
-    assert attrs["server.address"] == "llm.example.com"
-    assert attrs["server.port"] == 8443
-    assert "error.type" not in attrs
+    got = attrs(span)
+    assert got["gen_ai.operation.name"] == "chat"
+    assert got["gen_ai.provider.name"] == "openai"
+    assert got["gen_ai.request.model"] == "gpt-test"
+    assert got["gen_ai.request.max_tokens"] == 50
+    assert got["gen_ai.request.temperature"] == 0.5
+    assert got["gen_ai.request.top_p"] == 0.9
+    assert got["gen_ai.request.stop_sequences"] == ("END",)
+    assert got["gen_ai.request.seed"] == 7
+    assert got["gen_ai.response.id"] == "c"
+    assert got["gen_ai.response.model"] == "m"
+    assert got["gen_ai.response.finish_reasons"] == ("stop",)
+    assert got["gen_ai.usage.input_tokens"] == 7
+    assert got["gen_ai.usage.output_tokens"] == 2
+    assert got["gen_ai.usage.cache_read.input_tokens"] == 3
+    assert got["server.address"] == "llm.example.com"
+    assert got["server.port"] == 8443
+    assert "error.type" not in got
     assert span.status.status_code is StatusCode.UNSET
     # One attempt, a child of the call span.
     (attempt,) = otel.attempt_spans()
     assert attempt.parent is not None
     assert attempt.parent.span_id == span.context.span_id
     assert attempt.context.trace_id == span.context.trace_id
-    assert _attrs(attempt)["swiftclient.outcome"] == "won"
-    assert _attrs(attempt)["swiftclient.trigger"] == "first"
+    assert attrs(attempt)["swiftclient.outcome"] == "won"
+    assert attrs(attempt)["swiftclient.trigger"] == "first"
     assert [e.name for e in attempt.events] == ["swiftclient.first_token"]
 
 
@@ -188,13 +133,13 @@ async def test_a_stream_records_time_to_first_chunk_and_the_chunk_metrics(otel: 
         async with client.stream("hi") as stream:
             texts = [c.text async for c in stream if c.text]
     assert texts == ["a", "b", "c", "d"]
-    attrs = _attrs(otel.call_span())
-    assert attrs["gen_ai.response.time_to_first_chunk"] >= 0.0
-    assert attrs["gen_ai.usage.output_tokens"] == 4
+    got = attrs(otel.call_span())
+    assert got["gen_ai.response.time_to_first_chunk"] >= 0.0
+    assert got["gen_ai.usage.output_tokens"] == 4
     metrics = otel.metrics()
-    (ttfc,) = _points(metrics["gen_ai.client.operation.time_to_first_chunk"])
+    (ttfc,) = points(metrics["gen_ai.client.operation.time_to_first_chunk"])
     assert ttfc.count == 1
-    (tpoc,) = _points(metrics["gen_ai.client.operation.time_per_output_chunk"])
+    (tpoc,) = points(metrics["gen_ai.client.operation.time_per_output_chunk"])
     assert tpoc.count == 3  # every content chunk after the first
 
 
@@ -207,15 +152,15 @@ async def test_a_retried_call_has_one_span_per_attempt_and_counts_the_retry(otel
     first, second = otel.attempt_spans()
     for attempt in (first, second):
         assert attempt.parent is not None and attempt.parent.span_id == call.context.span_id
-    assert _attrs(first)["swiftclient.outcome"] == "failed"
-    assert _attrs(first)["error.type"] == "500"
+    assert attrs(first)["swiftclient.outcome"] == "failed"
+    assert attrs(first)["error.type"] == "500"
     assert first.status.status_code is StatusCode.ERROR
-    assert _attrs(second)["swiftclient.trigger"] == "retry"
-    assert _attrs(second)["swiftclient.outcome"] == "won"
-    assert _attrs(call)["swiftclient.attempts"] == 2
+    assert attrs(second)["swiftclient.trigger"] == "retry"
+    assert attrs(second)["swiftclient.outcome"] == "won"
+    assert attrs(call)["swiftclient.attempts"] == 2
     assert call.status.status_code is StatusCode.UNSET
     assert [e.name for e in call.events] == ["swiftclient.retry"]
-    (retries,) = _points(otel.metrics()["swiftclient.client.retries"])
+    (retries,) = points(otel.metrics()["swiftclient.client.retries"])
     assert retries.value == 1
     # Each attempt carried its own span's context.
     sent = [r.headers["traceparent"].split("-")[2] for r in script.requests]
@@ -228,9 +173,9 @@ async def test_a_failed_call_sets_error_type_on_the_span_and_the_duration(otel: 
         with pytest.raises(BadRequestError):
             await client.chat("hi")
     span = otel.call_span()
-    assert _attrs(span)["error.type"] == "400"
+    assert attrs(span)["error.type"] == "400"
     assert span.status.status_code is StatusCode.ERROR
-    (point,) = _points(otel.metrics()["gen_ai.client.operation.duration"])
+    (point,) = points(otel.metrics()["gen_ai.client.operation.duration"])
     assert point.attributes["error.type"] == "400"
 
 
@@ -250,18 +195,18 @@ async def test_a_hedged_call_records_both_attempts_and_the_hedge(otel: Otel) -> 
     assert completion.text == "from b"
     call = otel.call_span()
     assert call.name == "chat m"
-    assert _attrs(call)["swiftclient.targets"] == ("a/m", "b/m")
-    assert _attrs(call)["swiftclient.target"] == "b/m"
+    assert attrs(call)["swiftclient.targets"] == ("a/m", "b/m")
+    assert attrs(call)["swiftclient.target"] == "b/m"
     assert [e.name for e in call.events] == ["swiftclient.hedge"]
     first, second = otel.attempt_spans()
     assert first.name == "attempt a/m"
-    assert _attrs(first)["swiftclient.outcome"] in ("lost", "cancelled")
+    assert attrs(first)["swiftclient.outcome"] in ("lost", "cancelled")
     assert second.name == "attempt b/m"
-    assert _attrs(second)["swiftclient.trigger"] == "hedge"
-    assert _attrs(second)["swiftclient.outcome"] == "won"
+    assert attrs(second)["swiftclient.trigger"] == "hedge"
+    assert attrs(second)["swiftclient.outcome"] == "won"
     metrics = otel.metrics()
-    assert _points(metrics["swiftclient.client.hedges"])[0].value == 1
-    assert _points(metrics["swiftclient.client.hedges_won"])[0].value == 1
+    assert points(metrics["swiftclient.client.hedges"])[0].value == 1
+    assert points(metrics["swiftclient.client.hedges_won"])[0].value == 1
 
 
 async def test_circuit_breaker_transitions_are_counted_and_traced(otel: Otel) -> None:
@@ -279,7 +224,7 @@ async def test_circuit_breaker_transitions_are_counted_and_traced(otel: Otel) ->
         otel.spans.clear()
         await client.chat("hi", model=["a/m", "b/m"])  # a's breaker is open now
     assert client.health()["a/m"] == "open"
-    (point,) = _points(otel.metrics()["swiftclient.client.circuit_breaker.transitions"])
+    (point,) = points(otel.metrics()["swiftclient.client.circuit_breaker.transitions"])
     assert point.value == 1
     assert dict(point.attributes) == {
         "swiftclient.target": "a/m",
@@ -299,7 +244,7 @@ async def test_metric_names_units_and_bucket_boundaries(otel: Otel) -> None:
     metrics = otel.metrics()
     duration = metrics["gen_ai.client.operation.duration"]
     assert duration.unit == "s"
-    (point,) = _points(duration)
+    (point,) = points(duration)
     assert isinstance(point, HistogramDataPoint)
     assert tuple(point.explicit_bounds) == DURATION_BUCKETS
     assert point.attributes["gen_ai.operation.name"] == "chat"
@@ -309,15 +254,15 @@ async def test_metric_names_units_and_bucket_boundaries(otel: Otel) -> None:
     assert point.attributes["server.address"] == "llm.example.com"
     tokens = metrics["gen_ai.client.token.usage"]
     assert tokens.unit == "{token}"
-    by_type = {p.attributes["gen_ai.token.type"]: p for p in _points(tokens)}
+    by_type = {p.attributes["gen_ai.token.type"]: p for p in points(tokens)}
     assert by_type["input"].sum == 7 and by_type["output"].sum == 2
     assert tuple(by_type["input"].explicit_bounds) == TOKEN_BUCKETS
     for name in (
         "gen_ai.client.operation.time_to_first_chunk",
         "gen_ai.client.operation.time_per_output_chunk",
     ):
-        assert tuple(_points(metrics[name])[0].explicit_bounds) == DURATION_BUCKETS
-    assert _points(metrics["swiftclient.client.cached_tokens"])[0].value == 5
+        assert tuple(points(metrics[name])[0].explicit_bounds) == DURATION_BUCKETS
+    assert points(metrics["swiftclient.client.cached_tokens"])[0].value == 5
 
 
 async def test_a_non_streamed_call_records_no_chunk_metrics(otel: Otel) -> None:
@@ -338,10 +283,10 @@ async def test_a_non_streamed_call_records_no_chunk_metrics(otel: Otel) -> None:
     assert "gen_ai.client.operation.duration" in metrics
     assert "gen_ai.client.operation.time_to_first_chunk" not in metrics
     assert "gen_ai.client.operation.time_per_output_chunk" not in metrics
-    attrs = _attrs(otel.call_span())
-    assert attrs["server.port"] == 80
-    assert attrs["gen_ai.usage.output_tokens"] == 1
-    assert "gen_ai.response.time_to_first_chunk" not in attrs
+    got = attrs(otel.call_span())
+    assert got["server.port"] == 80
+    assert got["gen_ai.usage.output_tokens"] == 1
+    assert "gen_ai.response.time_to_first_chunk" not in got
 
 
 # --------------------------------------------------------------------------- privacy
@@ -369,20 +314,20 @@ async def test_message_contents_are_recorded_only_on_opt_in(
     async with _client(script, otel) as client:
         await client.chat(messages)
     assert "secret plan" not in _all_values(otel.finished())
-    assert "gen_ai.input.messages" not in _attrs(otel.call_span())
+    assert "gen_ai.input.messages" not in attrs(otel.call_span())
 
     otel.spans.clear()
     monkeypatch.setenv(CAPTURE_CONTENT_ENV, "true")
     async with _client(script, otel) as client:  # the flag is read when Telemetry is made
         await client.chat(messages)
-    attrs = _attrs(otel.call_span())
-    assert json.loads(attrs["gen_ai.system_instructions"]) == [
+    got = attrs(otel.call_span())
+    assert json.loads(got["gen_ai.system_instructions"]) == [
         {"type": "text", "content": "be brief"}
     ]
-    assert json.loads(attrs["gen_ai.input.messages"]) == [
+    assert json.loads(got["gen_ai.input.messages"]) == [
         {"role": "user", "parts": [{"type": "text", "content": "the secret plan"}]}
     ]
-    assert json.loads(attrs["gen_ai.output.messages"]) == [
+    assert json.loads(got["gen_ai.output.messages"]) == [
         {
             "role": "assistant",
             "parts": [{"type": "text", "content": "again"}],
