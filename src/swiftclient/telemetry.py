@@ -147,7 +147,7 @@ def _api_only(provider: object) -> bool:
 class _TargetInfo:
     """What never changes for one target: span name, kind, static attributes."""
 
-    __slots__ = ("attributes", "kind", "name", "server")
+    __slots__ = ("attributes", "core", "kind", "name", "server")
 
     def __init__(self, target: Target, provider: str) -> None:
         backend = target.backend
@@ -168,6 +168,9 @@ class _TargetInfo:
                 self.server["server.address"] = parts.hostname
                 if port is not None:
                     self.server["server.port"] = port
+        self.core = dict(attributes)
+        """The required attributes only: per-chunk samples carry these (with an SDK each
+        attribute costs time on every sample)."""
         attributes.update(self.server)
         self.attributes = attributes
 
@@ -462,8 +465,9 @@ class CallTrace:
         if timing.ttft is not None:
             instruments.ttfc.record(timing.ttft, attributes)
             record = instruments.tpoc.record
+            core = self._info.core
             for gap in timing.itl:
-                record(gap, attributes)
+                record(gap, core)
 
     # ------------------------------------------------------------------ AttemptObserver
 
