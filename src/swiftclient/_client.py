@@ -108,8 +108,9 @@ class AsyncClient:
             several targets are accounted (their counts kept, costs ``None``); with prices,
             every call.
         telemetry: OpenTelemetry spans and metrics for every call (:class:`Telemetry`); by
-            default ``Telemetry()`` on the global providers, which records nothing until the
-            application installs an OpenTelemetry SDK. ``None`` turns it off.
+            default the shared ``Telemetry.default()`` on the global providers, which records
+            nothing until the application installs an OpenTelemetry SDK. ``None`` turns it
+            off.
 
     With no backend at all, the client configures itself from the environment (see
     :func:`swiftclient.providers.from_env`).
@@ -175,7 +176,7 @@ class AsyncClient:
         )
         self._plain_ledger = self._accounting if accounts_plain else None
         if isinstance(telemetry, NotGiven):
-            telemetry = Telemetry()
+            telemetry = Telemetry.default()
         elif telemetry is not None and not isinstance(telemetry, Telemetry):
             raise errors.ConfigurationError(
                 f"telemetry must be a Telemetry or None, got {telemetry!r}"

@@ -79,6 +79,10 @@ class CallObserver(AttemptObserver, Protocol):
         """Targets left out of a round because their circuit breaker is open."""
         ...
 
+    def hedge_refused(self) -> None:
+        """A hedge was due but the budget or the throttle refused it."""
+        ...
+
     def end(self, call: Call, exc: BaseException | None) -> None:
         """The call finished (called once), with the error it raised, if any."""
         ...
@@ -113,6 +117,7 @@ class Call:
         "targets",
         "timing",
         "trace",
+        "tracer",
         "winner",
     )
 
@@ -153,11 +158,17 @@ class Call:
         self.reply: object = None
         """The reply so far (a completion, or the stream's accumulator), for telemetry."""
         self.trace: CallObserver | None = None
+        self.tracer = tracer
+
+    def begin(self) -> None:
+        """The call starts running: its telemetry (if any) starts following it, in the
+        caller's current trace context."""
+        tracer, self.tracer = self.tracer, None
         if tracer is not None:
             trace = tracer.start(self)
             if trace is not None:
                 self.trace = trace
-                self.observers = (*observers, trace)
+                self.observers = (*self.observers, trace)
 
     @property
     def backend_name(self) -> str:
@@ -212,10 +223,21 @@ class Call:
                 return hedge.delay_for(None)
             return policies.hedge_delay(hedge, previous, self.request, streamed=streamed)
 
+        may_hedge = policies.may_hedge if policies is not None else _always
+        trace = self.trace
+        if trace is not None:
+            allowed = may_hedge
+
+            def may_hedge() -> bool:
+                if allowed():
+                    return True
+                trace.hedge_refused()
+                return False
+
         return await race(
             attempts,
             delay=delay,
-            may_hedge=policies.may_hedge if policies is not None else _always,
+            may_hedge=may_hedge,
             max_in_flight=hedge.max_attempts,
             commit=_commit,
             discard=_discard,
@@ -265,6 +287,7 @@ class Call:
 
     async def complete(self) -> ChatCompletion:
         """Run a non-streamed completion with retries under the deadline."""
+        self.begin()
         try:
             attempt, completion = await run_with_retries(
                 self.policy, self.deadline, self.complete_round
@@ -340,6 +363,7 @@ class ChatStream:
 
     async def __aenter__(self) -> ChatStream:
         call = self._call
+        call.begin()
         try:
             attempt, buffered = await run_with_retries(call.policy, call.deadline, call.open_round)
         except BaseException as exc:

@@ -147,10 +147,11 @@ def _api_only(provider: object) -> bool:
 class _TargetInfo:
     """What never changes for one target: span name, kind, static attributes."""
 
-    __slots__ = ("attributes", "core", "kind", "name", "server")
+    __slots__ = ("attributes", "backend", "core", "kind", "name", "server")
 
     def __init__(self, target: Target, provider: str) -> None:
         backend = target.backend
+        self.backend = backend  # kept alive, so its id keys the cache safely
         in_process = bool(getattr(backend, "in_process", False))
         self.kind = SpanKind.INTERNAL if in_process else SpanKind.CLIENT
         self.name = f"{_OPERATION} {target.model}"
@@ -244,7 +245,8 @@ class Telemetry:
         meter_provider: where metrics go; ``None``: the global provider.
         capture_content: record message contents (``gen_ai.input.messages``,
             ``gen_ai.output.messages``, ``gen_ai.system_instructions``) on call spans;
-            ``None`` reads ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``.
+            ``None`` reads ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` whenever a
+            recording span could carry them.
         provider_names: ``gen_ai.provider.name`` per backend name, overriding what is
             derived from each backend (:func:`provider_name`).
     """
@@ -259,9 +261,7 @@ class Telemetry:
     ) -> None:
         from . import __version__
 
-        self.capture_content = (
-            capture_content_from_env() if capture_content is None else bool(capture_content)
-        )
+        self._capture_content = None if capture_content is None else bool(capture_content)
         self._provider_names = dict(provider_names or {})
         self.tracer = trace.get_tracer(
             "swiftclient", __version__, tracer_provider, schema_url=SEMCONV_SCHEMA_URL
@@ -277,8 +277,27 @@ class Telemetry:
         self._recheck_at = -math.inf
         self._targets: dict[tuple[int, str, str | None], _TargetInfo] = {}
 
+    _default: Telemetry | None = None
+
+    @classmethod
+    def default(cls) -> Telemetry:
+        """The shared instance clients use unless given one: the global providers, content
+        capture from the environment. (Every ``Telemetry`` asks the API for a meter and
+        instruments, which the API keeps for ever while no SDK is installed: clients made
+        by the thousand share this one instead.)"""
+        if cls._default is None:
+            cls._default = cls()
+        return cls._default
+
+    @property
+    def capture_content(self) -> bool:
+        """Whether message contents are recorded: the flag given, else
+        ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` now."""
+        flag = self._capture_content
+        return capture_content_from_env() if flag is None else flag
+
     def __repr__(self) -> str:
-        return f"Telemetry(capture_content={self.capture_content})"
+        return f"Telemetry(capture_content={self._capture_content})"
 
     # ------------------------------------------------------------------ per call
 
@@ -400,6 +419,11 @@ class CallTrace:
                 attributes["gen_ai.system_instructions"] = json.dumps(system)
             attributes["gen_ai.input.messages"] = json.dumps(messages)
         span.set_attributes(attributes)
+
+    def hedge_refused(self) -> None:
+        """An event: a hedge was due, but the hedge budget or the retry throttle said no."""
+        if self.recording:
+            self.span.add_event("swiftclient.hedge.refused")
 
     def skipped(self, targets: Sequence[Target]) -> None:
         """Targets left out of a round because their circuit breaker is open."""

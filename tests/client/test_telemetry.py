@@ -24,6 +24,7 @@ from swiftclient import (
     PolicyHub,
     RetryPolicy,
     Telemetry,
+    Timeout,
 )
 from swiftclient.telemetry import CAPTURE_CONTENT_ENV, DURATION_BUCKETS, TOKEN_BUCKETS
 from swiftclient.testing import FakeProvider, Reply
@@ -209,6 +210,41 @@ async def test_a_hedged_call_records_both_attempts_and_the_hedge(otel: Otel) -> 
     assert points(metrics["swiftclient.client.hedges_won"])[0].value == 1
 
 
+class _SpentBudget:
+    """A hedge budget with nothing left."""
+
+    def on_call(self, now: float) -> None:
+        pass
+
+    def try_spend(self, now: float) -> bool:
+        return False
+
+
+async def test_a_hedge_the_budget_refuses_is_an_event(otel: Otel) -> None:
+    async with (
+        FakeProvider(Reply(stall_after=0), model="a") as slow,
+        FakeProvider(Reply(text="from b"), model="b") as fast,
+    ):
+        backends = {
+            "a": HTTPBackend(slow.base_url, name="a"),
+            "b": HTTPBackend(fast.base_url, name="b"),
+        }
+        async with AsyncClient(
+            backends=backends,
+            retry=RetryPolicy.none(),
+            hedge=Hedge(delay=0.05),
+            policies=PolicyHub(budget=_SpentBudget()),
+            timeout=Timeout(total=60.0, first_token=1.0),  # a gives up, then b answers
+            telemetry=otel.telemetry(),
+        ) as client:
+            completion = await client.chat("hi", model=["a/m", "b/m"])
+    assert completion.text == "from b"
+    events = [e.name for e in otel.call_span().events]
+    assert events == ["swiftclient.hedge.refused", "swiftclient.fallback"]
+    first, _ = otel.attempt_spans()
+    assert attrs(first)["error.type"] == "FirstTokenTimeout"
+
+
 async def test_circuit_breaker_transitions_are_counted_and_traced(otel: Otel) -> None:
     script = Script().add(status=500)
     hub = PolicyHub(breaker=lambda: CircuitBreaker(min_calls=1, failure_rate=1.0))
@@ -318,7 +354,7 @@ async def test_message_contents_are_recorded_only_on_opt_in(
 
     otel.spans.clear()
     monkeypatch.setenv(CAPTURE_CONTENT_ENV, "true")
-    async with _client(script, otel) as client:  # the flag is read when Telemetry is made
+    async with _client(script, otel) as client:  # the variable is read as calls record
         await client.chat(messages)
     got = attrs(otel.call_span())
     assert json.loads(got["gen_ai.system_instructions"]) == [
@@ -368,9 +404,10 @@ async def test_without_an_sdk_a_call_has_no_trace_and_sends_no_traceparent() -> 
     backend = HTTPBackend("http://h.invalid/v1", transport=script.transport())
     async with AsyncClient(backend, model="m") as client:
         assert isinstance(client.telemetry, Telemetry)
+        assert client.telemetry is Telemetry.default()
         stream = client.stream("hi")
-        assert stream._call.trace is None
         async with stream:
+            assert stream._call.trace is None  # no observer joined the call
             await stream.final()
     assert "traceparent" not in script.requests[0].headers
 
