@@ -256,7 +256,7 @@ def run_telemetry_part(settings: Settings) -> str:
         [
             [
                 f"no-SDK telemetry per call (measured alone) <= {TELEMETRY_CALL_GOAL_US:g} µs",
-                f"{added:.2f} µs ({hooked * 1e6:.2f} vs {bare * 1e6:.2f} µs to build a call)",
+                f"{added:.2f} µs ({hooked * 1e6:.2f} vs {bare * 1e6:.2f} µs to start a call)",
                 verdict(added <= TELEMETRY_CALL_GOAL_US),
             ],
             [
@@ -276,8 +276,8 @@ def run_telemetry_part(settings: Settings) -> str:
         "## Telemetry: CPU per request and per chunk (in-process mock transport, asyncio)\n\n"
         f"{rounds} round(s) of {settings.requests} requests and {settings.streams} streams of "
         f"{STREAM_CHUNKS} chunks per configuration, the order rotating each round; "
-        "best and median of the rounds. The per-call line times building a one-target call "
-        "with and without the default Telemetry() (no SDK), best of five.\n\n"
+        "best and median of the rounds. The per-call line times building and beginning a "
+        "one-target call with and without the default Telemetry() (no SDK), best of five.\n\n"
         + table
         + "\n\n"
         + goals

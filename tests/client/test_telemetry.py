@@ -247,7 +247,7 @@ async def test_a_hedge_the_budget_refuses_is_an_event(otel: Otel) -> None:
 
 async def test_circuit_breaker_transitions_are_counted_and_traced(otel: Otel) -> None:
     script = Script().add(status=500)
-    hub = PolicyHub(breaker=lambda: CircuitBreaker(min_calls=1, failure_rate=1.0))
+    hub = PolicyHub(breaker=lambda: CircuitBreaker(min_calls=1, failure_rate=1.0, cooldown=600.0))
     spare = Script()
     backends = {
         "a": HTTPBackend("http://a.invalid/v1", transport=script.transport(), name="a"),
