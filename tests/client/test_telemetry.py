@@ -11,9 +11,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from opentelemetry import trace
 from opentelemetry.sdk.metrics.export import HistogramDataPoint
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.trace import SpanKind, StatusCode
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, StatusCode, TraceFlags
 
 from swiftclient import (
     AsyncClient,
@@ -410,6 +411,22 @@ async def test_without_an_sdk_a_call_has_no_trace_and_sends_no_traceparent() -> 
             assert stream._call.trace is None  # no observer joined the call
             await stream.final()
     assert "traceparent" not in script.requests[0].headers
+
+
+async def test_without_an_sdk_an_incoming_trace_context_is_passed_on() -> None:
+    remote = SpanContext(
+        trace_id=0x0AF7651916CD43DD8448EB211C80319C,
+        span_id=0xB7AD6B7169203331,
+        is_remote=True,
+        trace_flags=TraceFlags(TraceFlags.SAMPLED),
+    )
+    script = Script().add(parts=_usage_stream(["ok"]))
+    backend = HTTPBackend("http://h.invalid/v1", transport=script.transport())
+    async with AsyncClient(backend, model="m") as client:
+        with trace.use_span(NonRecordingSpan(remote)):  # as a server framework would
+            await client.chat("hi")
+    header = script.requests[0].headers["traceparent"]
+    assert header == "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
 async def test_telemetry_none_turns_it_off_and_bad_values_are_refused(otel: Otel) -> None:
