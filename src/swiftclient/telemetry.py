@@ -441,7 +441,10 @@ class CallTrace:
         span = self.span
         error = None if exc is None else error_type(exc)
         if self.recording:
-            attributes: dict[str, Any] = {"swiftclient.attempts": len(timing.attempts)}
+            attributes: dict[str, Any] = {
+                "swiftclient.attempts": len(timing.attempts),
+                "gen_ai.request.stream": not isinstance(call.reply, ChatCompletion),
+            }
             if reply is not None:
                 if reply.id:
                     attributes["gen_ai.response.id"] = reply.id

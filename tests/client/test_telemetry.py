@@ -138,6 +138,7 @@ async def test_a_stream_records_time_to_first_chunk_and_the_chunk_metrics(otel: 
     got = attrs(otel.call_span())
     assert got["gen_ai.response.time_to_first_chunk"] >= 0.0
     assert got["gen_ai.usage.output_tokens"] == 4
+    assert got["gen_ai.request.stream"] is True
     metrics = otel.metrics()
     (ttfc,) = points(metrics["gen_ai.client.operation.time_to_first_chunk"])
     assert ttfc.count == 1
@@ -322,6 +323,7 @@ async def test_a_non_streamed_call_records_no_chunk_metrics(otel: Otel) -> None:
     assert "gen_ai.client.operation.time_per_output_chunk" not in metrics
     got = attrs(otel.call_span())
     assert got["server.port"] == 80
+    assert got["gen_ai.request.stream"] is False
     assert got["gen_ai.usage.output_tokens"] == 1
     assert "gen_ai.response.time_to_first_chunk" not in got
 
