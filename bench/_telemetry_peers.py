@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, Sp
 
 from swiftclient import AsyncClient, HTTPBackend, Telemetry
 
-__all__ = ["CONFIGS", "NoOpExporter", "start_cost", "telemetry_peers"]
+__all__ = ["CONFIGS", "NoOpExporter", "start_cost", "telemetry_calls", "telemetry_peers"]
 
 CONFIGS = ("telemetry off", "no SDK", "SDK, no-op exporter")
 
@@ -93,3 +93,24 @@ async def start_cost(iterations: int) -> tuple[float, float]:
     without = best(None)
     with_ = best(telemetry)
     return with_, without
+
+
+async def telemetry_calls(peer: SwiftPeer) -> int:
+    """Python function calls made into ``swiftclient/telemetry.py`` during one ``peer.run()``
+    (a deterministic count, unlike CPU time: it shows whether anything runs per chunk)."""
+    import sys
+    from types import FrameType
+
+    count = 0
+
+    def profile(frame: FrameType, event: str, arg: object) -> None:
+        nonlocal count
+        if event == "call" and frame.f_code.co_filename.endswith("swiftclient/telemetry.py"):
+            count += 1
+
+    sys.setprofile(profile)
+    try:
+        await peer.run()
+    finally:
+        sys.setprofile(None)
+    return count

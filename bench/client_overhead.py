@@ -51,7 +51,7 @@ from _cpu_peers import Mode, Peer, SwiftPeer, make_peers
 from _load_peers import LoadResult, Opener, measure, open_aiohttp, open_swiftclient
 from _server import fake_provider_process
 from _socket_peers import make_socket_peers
-from _telemetry_peers import CONFIGS, start_cost, telemetry_peers
+from _telemetry_peers import CONFIGS, start_cost, telemetry_calls, telemetry_peers
 from _util import cpu_seconds_per_call, markdown_table, ratio, verdict
 
 REQUEST_GOAL_VS_RAW = 1.3
@@ -187,10 +187,13 @@ def run_cpu_part(settings: Settings) -> str:
 # --------------------------------------------------------------------------- part 1c: telemetry
 
 
-async def _telemetry_costs(mode: Mode, iterations: int, rounds: int) -> dict[str, list[float]]:
+async def _telemetry_costs(
+    mode: Mode, iterations: int, rounds: int, calls: dict[str, int]
+) -> dict[str, list[float]]:
     """CPU seconds per call of each telemetry configuration, one sample per round, the
-    configurations' order rotating each round."""
-    peers: list[Peer] = list(telemetry_peers(mode))
+    configurations' order rotating each round; ``calls`` gets each configuration's count of
+    calls into telemetry.py during one run."""
+    peers = telemetry_peers(mode)
     samples: dict[str, list[float]] = {peer.name: [] for peer in peers}
     try:
         expected = 1 if mode == "request" else STREAM_CHUNKS
@@ -198,6 +201,7 @@ async def _telemetry_costs(mode: Mode, iterations: int, rounds: int) -> dict[str
             got = await peer.run()
             if got != expected:
                 raise RuntimeError(f"{peer.name} parsed {got} chunks, expected {expected}")
+            calls[peer.name] = await telemetry_calls(peer)
         warmup = max(2, iterations // 10)
         for index in range(rounds):
             shift = index % len(peers)
@@ -213,9 +217,12 @@ def run_telemetry_part(settings: Settings) -> str:
     """Measure part 1c on asyncio and return its markdown."""
     rounds = max(3, settings.rounds * 2)
 
+    request_calls: dict[str, int] = {}
+    stream_calls: dict[str, int] = {}
+
     async def both() -> tuple[dict[str, list[float]], dict[str, list[float]], tuple[float, float]]:
-        request = await _telemetry_costs("request", settings.requests, rounds)
-        stream = await _telemetry_costs("stream", settings.streams, rounds)
+        request = await _telemetry_costs("request", settings.requests, rounds, request_calls)
+        stream = await _telemetry_costs("stream", settings.streams, rounds, stream_calls)
         return request, stream, await start_cost(max(1000, settings.requests * 10))
 
     request, stream, (hooked, bare) = asyncio.run(both())
@@ -233,6 +240,7 @@ def run_telemetry_part(settings: Settings) -> str:
             f"{best_chunk[name] * 1e6:.2f}",
             f"{med_chunk[name] * 1e6:.2f}",
             f"{(best_chunk[name] - best_chunk[off]) * 1e6:+.2f}",
+            f"{request_calls[name]} / {stream_calls[name]}",
         ]
         for name in CONFIGS
     ]
@@ -245,6 +253,7 @@ def run_telemetry_part(settings: Settings) -> str:
             "µs/chunk best",
             "median",
             "vs off",
+            "telemetry.py calls: request / stream",
         ],
         rows,
     )
@@ -260,9 +269,11 @@ def run_telemetry_part(settings: Settings) -> str:
                 verdict(added <= TELEMETRY_CALL_GOAL_US),
             ],
             [
-                "telemetry without an SDK, per chunk: no code runs per chunk",
-                f"{chunk_delta:+.2f} µs/chunk end to end (noise)",
-                "-",
+                "telemetry without an SDK, per chunk: nothing",
+                f"{stream_calls[no_sdk]} calls into telemetry.py per {STREAM_CHUNKS}-chunk "
+                f"stream, {request_calls[no_sdk]} per request; {chunk_delta:+.2f} µs/chunk "
+                "end to end (noise)",
+                verdict(stream_calls[no_sdk] == request_calls[no_sdk]),
             ],
             [
                 "SDK + no-op exporter, per request / per chunk (no goal)",
@@ -277,10 +288,10 @@ def run_telemetry_part(settings: Settings) -> str:
         f"{rounds} round(s) of {settings.requests} requests and {settings.streams} streams of "
         f"{STREAM_CHUNKS} chunks per configuration, the order rotating each round; "
         "best and median of the rounds. The per-call line times building and beginning a "
-        "one-target call with and without the default Telemetry() (no SDK), best of five.\n\n"
-        + table
-        + "\n\n"
-        + goals
+        "one-target call with and without the default Telemetry() (no SDK), best of five. "
+        "The last column counts Python calls into swiftclient/telemetry.py during one "
+        "request and one stream (sys.setprofile): a count that does not grow with the "
+        "stream's chunks means no telemetry work per chunk.\n\n" + table + "\n\n" + goals
     )
 
 
