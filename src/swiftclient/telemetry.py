@@ -34,6 +34,7 @@ import json
 import math
 import os
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
@@ -147,11 +148,10 @@ def _api_only(provider: object) -> bool:
 class _TargetInfo:
     """What never changes for one target: span name, kind, static attributes."""
 
-    __slots__ = ("attributes", "backend", "core", "kind", "name", "server")
+    __slots__ = ("attributes", "core", "kind", "name", "server")
 
     def __init__(self, target: Target, provider: str) -> None:
         backend = target.backend
-        self.backend = backend  # kept alive, so its id keys the cache safely
         in_process = bool(getattr(backend, "in_process", False))
         self.kind = SpanKind.INTERNAL if in_process else SpanKind.CLIENT
         self.name = f"{_OPERATION} {target.model}"
@@ -275,7 +275,8 @@ class Telemetry:
         self._tracing = tracer_provider is not None and not _api_only(tracer_provider)
         self._metering = meter_provider is not None and not _api_only(meter_provider)
         self._recheck_at = -math.inf
-        self._targets: dict[tuple[int, str, str | None], _TargetInfo] = {}
+        self._targets: weakref.WeakKeyDictionary[Backend, dict[tuple[str, str | None], _TargetInfo]]
+        self._targets = weakref.WeakKeyDictionary()
 
     _default: Telemetry | None = None
 
@@ -320,14 +321,22 @@ class Telemetry:
         return self._metering
 
     def _info(self, target: Target) -> _TargetInfo:
-        key = (id(target.backend), target.model, target.alias)
-        info = self._targets.get(key)
+        """The target's static span data, built once per (backend, model, name)."""
+        backend = target.backend
+        try:
+            infos = self._targets.get(backend)
+            if infos is None:
+                infos = self._targets[backend] = {}
+        except TypeError:  # a backend that is not hashable or weak-referenceable
+            infos = {}
+        key = (target.model, target.alias)
+        info = infos.get(key)
         if info is None:
             name = self._provider_names.get(target.backend_name)
-            info = _TargetInfo(target, name or provider_name(target.backend))
-            if len(self._targets) >= 1024:  # model strings come from callers: stay bounded
-                self._targets.clear()
-            self._targets[key] = info
+            info = _TargetInfo(target, name or provider_name(backend))
+            if len(infos) >= 256:  # model strings come from callers: stay bounded
+                infos.clear()
+            infos[key] = info
         return info
 
     def start(self, call: Call) -> CallTrace | None:

@@ -32,6 +32,7 @@ from swiftclient.testing import FakeProvider, Reply
 
 from ..otel import Otel, attrs, points, recording
 from .mock import Script, chunk, sse
+from .test_hedging import Gated
 
 pytestmark = pytest.mark.anyio
 KEY = "sk-telemetry-secret-0123456789"
@@ -453,3 +454,19 @@ def test_provider_names_come_from_the_host_or_the_client() -> None:
     assert named("https://api.mistral.ai/v1") == "mistral_ai"
     assert named("https://my-resource.openai.azure.com/openai") == "azure.ai.openai"
     assert named("http://127.0.0.1:8000/v1") == "openai"
+
+
+class _Unhashable(Gated):
+    __hash__ = None  # type: ignore[assignment]
+
+
+async def test_a_backend_that_cannot_be_hashed_is_traced_all_the_same(otel: Otel) -> None:
+    backend = _Unhashable("u")
+    backend.gate.set()
+    async with AsyncClient(backend, model="m", telemetry=otel.telemetry()) as client:
+        completion = await client.chat("hi")
+        await client.chat("hi again")
+    assert completion.text == "u one two"
+    spans = [s for s in otel.finished() if s.name == "chat m"]
+    assert len(spans) == 2
+    assert attrs(spans[0])["gen_ai.provider.name"] == "openai"
