@@ -10,6 +10,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import anyio
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.metrics.export import HistogramDataPoint
@@ -470,3 +471,23 @@ async def test_a_backend_that_cannot_be_hashed_is_traced_all_the_same(otel: Otel
     spans = [s for s in otel.finished() if s.name == "chat m"]
     assert len(spans) == 2
     assert attrs(spans[0])["gen_ai.provider.name"] == "openai"
+
+
+async def test_a_cancelled_call_ends_its_spans_as_cancelled(otel: Otel) -> None:
+    backend = Gated("g")  # never opens its gate: the call waits for a first token
+    async with AsyncClient(backend, model="m", telemetry=otel.telemetry()) as client:
+        async with anyio.create_task_group() as tg:
+
+            async def call() -> None:
+                await client.chat("hi")
+
+            tg.start_soon(call)
+            with anyio.fail_after(30):
+                await backend.opened.wait()
+            tg.cancel_scope.cancel()
+    span = otel.call_span()
+    assert attrs(span)["error.type"] == "cancelled"
+    (attempt,) = otel.attempt_spans()
+    assert attrs(attempt)["swiftclient.outcome"] == "cancelled"
+    assert "error.type" not in attrs(attempt)
+    assert backend.closed == 1
