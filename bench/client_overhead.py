@@ -5,6 +5,7 @@ Run from the repository root::
     .venv/bin/python bench/client_overhead.py            # full run, about 1-2 minutes
     .venv/bin/python bench/client_overhead.py --quick    # smoke run, well under 30 s
     .venv/bin/python bench/client_overhead.py --profile  # + cProfile of swiftclient's stream
+    .venv/bin/python bench/client_overhead.py --telemetry  # only the telemetry rows (1c)
 
 Part 1 (CPU): process CPU time per non-streamed request and per streamed chunk, every client
 parsing the same canned bytes from an in-process mock transport (no sockets, no server).
@@ -12,6 +13,10 @@ Part 1b (CPU over real sockets): the same per-request and per-chunk CPU with eve
 talking to ``python -m swiftclient.testing`` in another process over loopback TCP (raw
 aiohttp, raw httpx, openai, swiftclient); only the client process's CPU is counted, rounds
 alternate the clients, best and median are printed.
+Part 1c (telemetry): CPU per request and per chunk of swiftclient with telemetry off, with
+the default ``Telemetry()`` and no OpenTelemetry SDK configured, and with an SDK recording
+into a no-op exporter (same mock transport as part 1); plus the per-call cost of the no-SDK
+telemetry hook measured alone. ``--telemetry`` runs only this part.
 Part 2 (load): wall time and errors of 1, 64 and 512 concurrent streams of 100 chunks against
 ``python -m swiftclient.testing`` running as a separate process.
 
@@ -19,6 +24,8 @@ Goals (PASS/FAIL printed beside each):
 - per-request CPU <= 1.3x raw httpx, and openai >= 5x swiftclient's;
 - per-chunk CPU <= 2x raw httpx;
 - over real sockets: per-request CPU <= 1.3x raw aiohttp, per-chunk CPU <= 1.5x raw aiohttp;
+- telemetry without an SDK: at most 3 µs per call (measured alone) and nothing per chunk;
+  with the SDK and a no-op exporter: reported;
 - 512 concurrent streams: zero errors, wall time <= 1.2x raw aiohttp's on the default
   (asyncio, aiohttp-backed) transport; trio's httpx transport must finish with zero errors.
 """
@@ -44,6 +51,7 @@ from _cpu_peers import Mode, Peer, SwiftPeer, make_peers
 from _load_peers import LoadResult, Opener, measure, open_aiohttp, open_swiftclient
 from _server import fake_provider_process
 from _socket_peers import make_socket_peers
+from _telemetry_peers import CONFIGS, start_cost, telemetry_calls, telemetry_peers
 from _util import cpu_seconds_per_call, markdown_table, ratio, verdict
 
 REQUEST_GOAL_VS_RAW = 1.3
@@ -52,6 +60,7 @@ CHUNK_GOAL_VS_RAW = 2.0
 LOAD_GOAL_VS_AIOHTTP = 1.2
 SOCKET_REQUEST_GOAL = 1.3
 SOCKET_CHUNK_GOAL = 1.5
+TELEMETRY_CALL_GOAL_US = 3.0
 MAX_CONNECTIONS = 512
 
 
@@ -172,6 +181,117 @@ def run_cpu_part(settings: Settings) -> str:
         f"Best of {settings.rounds} round(s): {settings.requests} requests and "
         f"{settings.streams} streams of {STREAM_CHUNKS} chunks per round; the same canned "
         "bytes for every client.\n\n" + _cpu_table(request, stream)
+    )
+
+
+# --------------------------------------------------------------------------- part 1c: telemetry
+
+
+async def _telemetry_costs(
+    mode: Mode, iterations: int, rounds: int, calls: dict[str, int]
+) -> dict[str, list[float]]:
+    """CPU seconds per call of each telemetry configuration, one sample per round, the
+    configurations' order rotating each round; ``calls`` gets each configuration's count of
+    calls into telemetry.py during one run."""
+    peers = telemetry_peers(mode)
+    samples: dict[str, list[float]] = {peer.name: [] for peer in peers}
+    try:
+        expected = 1 if mode == "request" else STREAM_CHUNKS
+        for peer in peers:
+            got = await peer.run()
+            if got != expected:
+                raise RuntimeError(f"{peer.name} parsed {got} chunks, expected {expected}")
+            calls[peer.name] = await telemetry_calls(peer)
+        warmup = max(2, iterations // 10)
+        for index in range(rounds):
+            shift = index % len(peers)
+            for peer in peers[shift:] + peers[:shift]:
+                samples[peer.name].append(await cpu_seconds_per_call(peer.run, iterations, warmup))
+    finally:
+        for peer in peers:
+            await peer.aclose()
+    return samples
+
+
+def run_telemetry_part(settings: Settings) -> str:
+    """Measure part 1c on asyncio and return its markdown."""
+    rounds = max(3, settings.rounds * 2)
+
+    request_calls: dict[str, int] = {}
+    stream_calls: dict[str, int] = {}
+
+    async def both() -> tuple[dict[str, list[float]], dict[str, list[float]], tuple[float, float]]:
+        request = await _telemetry_costs("request", settings.requests, rounds, request_calls)
+        stream = await _telemetry_costs("stream", settings.streams, rounds, stream_calls)
+        return request, stream, await start_cost(max(1000, settings.requests * 10))
+
+    request, stream, (hooked, bare) = asyncio.run(both())
+    off = CONFIGS[0]
+    best_req = {name: min(v) for name, v in request.items()}
+    med_req = {name: statistics.median(v) for name, v in request.items()}
+    best_chunk = {name: min(v) / STREAM_CHUNKS for name, v in stream.items()}
+    med_chunk = {name: statistics.median(v) / STREAM_CHUNKS for name, v in stream.items()}
+    rows = [
+        [
+            name,
+            f"{best_req[name] * 1e6:.1f}",
+            f"{med_req[name] * 1e6:.1f}",
+            f"{(best_req[name] - best_req[off]) * 1e6:+.1f}",
+            f"{best_chunk[name] * 1e6:.2f}",
+            f"{med_chunk[name] * 1e6:.2f}",
+            f"{(best_chunk[name] - best_chunk[off]) * 1e6:+.2f}",
+            f"{request_calls[name]} / {stream_calls[name]}",
+        ]
+        for name in CONFIGS
+    ]
+    table = markdown_table(
+        [
+            "swiftclient",
+            "µs/request best",
+            "median",
+            "vs off",
+            "µs/chunk best",
+            "median",
+            "vs off",
+            "telemetry.py calls: request / stream",
+        ],
+        rows,
+    )
+    added = (hooked - bare) * 1e6
+    no_sdk = CONFIGS[1]
+    chunk_delta = (best_chunk[no_sdk] - best_chunk[off]) * 1e6
+    goals = markdown_table(
+        ["goal", "measured", "verdict"],
+        [
+            [
+                f"no-SDK telemetry per call (measured alone) <= {TELEMETRY_CALL_GOAL_US:g} µs",
+                f"{added:.2f} µs ({hooked * 1e6:.2f} vs {bare * 1e6:.2f} µs to start a call)",
+                verdict(added <= TELEMETRY_CALL_GOAL_US),
+            ],
+            [
+                "telemetry without an SDK, per chunk: nothing",
+                f"{stream_calls[no_sdk]} calls into telemetry.py per {STREAM_CHUNKS}-chunk "
+                f"stream, {request_calls[no_sdk]} per request; {chunk_delta:+.2f} µs/chunk "
+                "end to end (noise)",
+                verdict(stream_calls[no_sdk] == request_calls[no_sdk]),
+            ],
+            [
+                "SDK + no-op exporter, per request / per chunk (no goal)",
+                f"{(best_req[CONFIGS[2]] - best_req[off]) * 1e6:+.1f} µs / "
+                f"{(best_chunk[CONFIGS[2]] - best_chunk[off]) * 1e6:+.2f} µs",
+                "-",
+            ],
+        ],
+    )
+    return (
+        "## Telemetry: CPU per request and per chunk (in-process mock transport, asyncio)\n\n"
+        f"{rounds} round(s) of {settings.requests} requests and {settings.streams} streams of "
+        f"{STREAM_CHUNKS} chunks per configuration, the order rotating each round; "
+        "best and median of the rounds. The per-call line times building and beginning a "
+        "one-target call with and without the default Telemetry() (no SDK), best of five. "
+        "The last column counts Python calls into swiftclient/telemetry.py during one "
+        "request and one stream (sys.setprofile): a count that does not grow with the "
+        "stream's chunks means no telemetry work per chunk.\n\n" + table + "\n\n" + goals
     )
 
 
@@ -425,6 +545,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--profile", action="store_true", help="also print a cProfile of the stream path"
     )
+    parser.add_argument("--telemetry", action="store_true", help="run only the telemetry part (1c)")
     args = parser.parse_args(argv)
     settings = QUICK if args.quick else FULL
     started = time.perf_counter()
@@ -434,7 +555,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{os.cpu_count()} CPUs.\n",
         flush=True,
     )
+    if args.telemetry:
+        print(run_telemetry_part(settings) + "\n", flush=True)
+        print(f"Total time: {time.perf_counter() - started:.1f} s")
+        return 0
     print(run_cpu_part(settings) + "\n", flush=True)
+    print(run_telemetry_part(settings) + "\n", flush=True)
     print(run_socket_part(settings) + "\n", flush=True)
     print(run_load_part(settings) + "\n", flush=True)
     if args.profile:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from types import TracebackType
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
 import anyio
 import anyio.to_thread
@@ -32,6 +32,9 @@ from anyio.abc import TaskGroup
 from local_engine.engine import Engine, RequestOutput
 from local_engine.sampler import SamplingParams
 from swiftclient.errors import EngineError
+
+if TYPE_CHECKING:
+    from local_engine.metrics import StepObserver
 
 __all__ = ["AsyncEngine"]
 
@@ -98,9 +101,11 @@ class _Outputs:
 class AsyncEngine:
     """Serve an :class:`Engine` to many concurrent tasks (asyncio or trio)."""
 
-    def __init__(self, engine: Engine) -> None:
-        """Wrap ``engine``; nothing runs until ``async with``."""
+    def __init__(self, engine: Engine, stats: StepObserver | None = None) -> None:
+        """Wrap ``engine``; nothing runs until ``async with``. ``stats`` hears of every
+        request added and released and of every step (engine metrics)."""
         self.engine = engine
+        self.stats = stats
         self._mailboxes: dict[str, _Mailbox] = {}
         self._pending_aborts: set[str] = set()
         self._task_group: TaskGroup | None = None
@@ -190,12 +195,17 @@ class AsyncEngine:
                 prompt_ids, params, request_id=request_id, cache_salt=cache_salt
             )
             self._mailboxes[rid] = mailbox
+        stats = self.stats
+        if stats is not None:
+            stats.on_add(rid, anyio.current_time())
         self._wakeup.set()
         try:
             yield _Outputs(mailbox)
         finally:
             if self._mailboxes.pop(rid, None) is not None:
                 self._request_abort(rid)
+            if stats is not None:
+                stats.on_release(rid)
 
     async def generate(
         self,
@@ -286,6 +296,7 @@ class AsyncEngine:
                 self._apply_aborts()
                 busy = engine.has_unfinished()
                 if busy:
+                    started = anyio.current_time()
                     try:
                         outputs = await anyio.to_thread.run_sync(engine.step)
                     except Exception as exc:
@@ -298,6 +309,9 @@ class AsyncEngine:
                 await self._wakeup.wait()
                 self._wakeup = anyio.Event()
                 continue
+            if self.stats is not None:
+                now = anyio.current_time()
+                self.stats.on_step(outputs, now - started, now)
             for out in outputs:
                 mailbox = self._mailboxes.get(out.request_id)
                 if mailbox is not None:

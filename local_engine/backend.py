@@ -32,8 +32,11 @@ from swiftclient.backends import check_backend_name
 from swiftclient.types import ChatCompletion, ChatCompletionChunk, ChatRequest
 
 if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
+
     from local_engine.async_engine import AsyncEngine
     from local_engine.engine import Engine, EngineConfig
+    from local_engine.metrics import EngineStats
     from local_engine.service import ChatService
 
 __all__ = ["LocalBackend"]
@@ -70,6 +73,11 @@ class LocalBackend:
     aborts its engine request and frees its KV blocks at once.
     """
 
+    in_process = True
+    """The model runs in this process: telemetry marks its call spans ``INTERNAL``."""
+    provider_name = "swiftclient.local_engine"
+    """``gen_ai.provider.name`` on telemetry for calls to this backend."""
+
     def __init__(
         self,
         model: str | Path | None = None,
@@ -102,6 +110,10 @@ class LocalBackend:
         self._service: ChatService | None = None
         self._async_engine: AsyncEngine | None = None
         self._load_lock: anyio.Lock | None = None
+        self.meter_provider: MeterProvider | None = None
+        """Where the engine's OpenTelemetry metrics go (None: the global provider); read
+        when :attr:`stats` is first used."""
+        self._stats: EngineStats | None = None
 
     @classmethod
     def from_engine(
@@ -138,6 +150,16 @@ class LocalBackend:
         return f"LocalBackend(name={self.name!r}, model={self._model!r})"
 
     # ------------------------------------------------------------------ state
+
+    @property
+    def stats(self) -> EngineStats:
+        """The engine's metrics (:class:`~local_engine.metrics.EngineStats`), made on first
+        use; one per backend, kept across entries."""
+        if self._stats is None:
+            from local_engine.metrics import EngineStats
+
+            self._stats = EngineStats(meter_provider=self.meter_provider)
+        return self._stats
 
     @property
     def loaded(self) -> bool:
@@ -244,7 +266,10 @@ class LocalBackend:
         if self._async_engine is not None:
             raise errors.ConfigurationError(f"LocalBackend {self.name!r} is already running")
         await self.warmup()
-        async_engine = AsyncEngine(self._loaded_service().engine)
+        engine = self._loaded_service().engine
+        stats = self.stats
+        stats.engine = engine
+        async_engine = AsyncEngine(engine, stats)
         await async_engine.__aenter__()
         self._async_engine = async_engine
         return self

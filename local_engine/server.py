@@ -2,7 +2,8 @@
 
 Endpoints: ``POST /v1/chat/completions`` (streamed as server-sent events or not; usage with
 ``prompt_tokens_details.cached_tokens``; ``stream_options.include_usage`` honoured),
-``GET /v1/models`` and ``GET /health``. Requests are mapped exactly as
+``GET /v1/models``, ``GET /health`` and ``GET /metrics`` (the engine's metrics in
+Prometheus text format, see :mod:`local_engine.metrics`). Requests are mapped exactly as
 :class:`~local_engine.backend.LocalBackend` maps them (the server runs one), and
 ``extra_body`` fields such as ``top_k``, ``min_p``, ``ignore_eos`` or ``cache_salt`` arrive as
 top-level JSON fields, as OpenAI clients send them.
@@ -34,7 +35,7 @@ import sys
 import time
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -65,6 +66,11 @@ from swiftclient.types import ChatCompletion, ChatCompletionChunk, ChatRequest, 
 
 from .backend import LocalBackend
 from .service import EXTRA_BODY_KEYS
+from .tracing import ServerTracer
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import Span, TracerProvider
 
 __all__ = ["LocalServer", "RequestError", "main", "parse_chat_body"]
 
@@ -177,6 +183,10 @@ class LocalServer:
             connection is dropped (and its engine request aborted).
         root_path: the path prefix a reverse proxy strips (``/api``, say).
         loop: ``auto`` (uvloop when installed), ``asyncio`` or ``uvloop``.
+        tracer_provider: where request spans go (``None``: the global provider); a request
+            carrying a ``traceparent`` joins the caller's trace.
+        meter_provider: where the engine's OpenTelemetry metrics go (``None``: the global
+            provider); ``GET /metrics`` serves them in Prometheus text format either way.
     """
 
     def __init__(
@@ -195,6 +205,8 @@ class LocalServer:
         write_timeout: float = 60.0,
         root_path: str = "",
         loop: str = "auto",
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
     ) -> None:
         if max_tokens_limit is not None and max_tokens_limit < 1:
             raise ConfigurationError(f"max_tokens_limit must be positive, got {max_tokens_limit}")
@@ -203,6 +215,9 @@ class LocalServer:
         self._max_tokens_limit = max_tokens_limit
         self._model_name = model_name
         self._created = int(time.time())
+        if meter_provider is not None:
+            backend.meter_provider = meter_provider
+        self._tracer = ServerTracer(tracer_provider)
         self.settings = ServerSettings(
             host=host,
             port=port,
@@ -217,9 +232,10 @@ class LocalServer:
                 "/v1/chat/completions": ("POST", self._chat),
                 "/v1/models": ("GET", self._models),
                 "/health": ("GET", self._health),
+                "/metrics": ("GET", self._metrics),
             },
             api_key=self._api_key,
-            public=frozenset({"/health"}),
+            public=frozenset({"/health", "/metrics"}),
         )
         self.app = App(router, max_body_bytes=max_body_bytes, write_timeout=write_timeout)
         """The ASGI application (it needs the backend entered to answer chat requests)."""
@@ -296,6 +312,12 @@ class LocalServer:
         else:
             await writer.send_json(503, {"status": "stopped"})
 
+    async def _metrics(self, request: Request, writer: ResponseWriter) -> None:
+        from .metrics import PROMETHEUS_CONTENT_TYPE
+
+        body = self.backend.stats.render()
+        await writer.send(200, body, {"content-type": PROMETHEUS_CONTENT_TYPE})
+
     async def _models(self, request: Request, writer: ResponseWriter) -> None:
         model = {
             "id": self.model_name,
@@ -306,6 +328,16 @@ class LocalServer:
         await writer.send_json(200, {"object": "list", "data": [model]})
 
     async def _chat(self, request: Request, writer: ResponseWriter) -> None:
+        span = self._tracer.start(request.headers)
+        reply: dict[str, Any] = {}
+        try:
+            await self._answer(request, writer, span, reply)
+        finally:
+            self._tracer.end(span, status=writer.status or 499, **reply)
+
+    async def _answer(
+        self, request: Request, writer: ResponseWriter, span: Span, reply: dict[str, Any]
+    ) -> None:
         writer.headers["x-request-id"] = f"req_{secrets.token_hex(12)}"
         try:
             if len(request.body) > _THREAD_PARSE_BYTES:
@@ -316,12 +348,22 @@ class LocalServer:
             await _send_error(writer, error)
             return
         deadline = Deadline(_UNLIMITED)
+        recording = span.is_recording()
+        if recording:
+            self._tracer.request(span, chat, self.model_name)
         if not stream:
             try:
                 completion = await self.backend.complete(chat, deadline)
             except (ValueError, BadRequestError, EngineError) as exc:
                 await _send_error(writer, _engine_error(exc))
                 return
+            if recording:
+                reply.update(
+                    response_id=completion.id,
+                    model=completion.model,
+                    usage=completion.usage,
+                    finish_reason=completion.finish_reason,
+                )
             await writer.send_json(200, _completion_json(completion))
             return
         try:
@@ -329,6 +371,8 @@ class LocalServer:
                 await writer.start_stream(200, {"cache-control": "no-cache"})
                 async for chunk in chunks:
                     await writer.write(_chunk_bytes(chunk))
+                    if recording:
+                        _note(reply, chunk)
         except (ValueError, BadRequestError, EngineError) as exc:
             failure = _engine_error(exc)
             if not writer.started:
@@ -370,6 +414,18 @@ class LocalServer:
             usage = options is not None and options.include_usage is True
             chat = chat.model_copy(update={"stream_options": StreamOptions(include_usage=usage)})
         return chat, stream
+
+
+def _note(reply: dict[str, Any], chunk: ChatCompletionChunk) -> None:
+    """Keep what the server span reports of a streamed reply."""
+    if "response_id" not in reply:
+        reply["response_id"] = chunk.id
+        reply["model"] = chunk.model
+    if chunk.usage is not None:
+        reply["usage"] = chunk.usage
+    for choice in chunk.choices:
+        if choice.finish_reason is not None:
+            reply["finish_reason"] = choice.finish_reason
 
 
 async def _send_error(writer: ResponseWriter, error: RequestError) -> None:

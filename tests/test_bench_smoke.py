@@ -27,6 +27,8 @@ def test_client_overhead_quick_run_prints_its_tables() -> None:
     for peer in ("swiftclient", "openai", "raw httpx", "raw aiohttp"):
         assert peer in text
     assert "µs/chunk" in text and "vs aiohttp" in text
+    for config in ("telemetry off", "no SDK", "SDK, no-op exporter"):
+        assert config in text
 
 
 def test_server_overhead_quick_run_compares_two_trees() -> None:

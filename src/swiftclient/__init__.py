@@ -43,6 +43,7 @@ from .errors import (
     UnprocessableEntityError,
 )
 from .hedging import Hedge
+from .telemetry import Telemetry
 from .types import (
     AssistantMessage,
     Attempt,
@@ -112,6 +113,7 @@ __all__ = [
     "StructuredOutputError",
     "SwiftClientError",
     "Target",
+    "Telemetry",
     "Timeout",
     "Timing",
     "Tool",

@@ -132,6 +132,20 @@ class Accumulator:
         return content
 
     @property
+    def id(self) -> str:
+        """The completion id the stream reported ("" before any)."""
+        return self._id
+
+    @property
+    def model(self) -> str:
+        """The model the stream reported ("" before any)."""
+        return self._model
+
+    def finish_reasons(self) -> list[str]:
+        """The finish reasons seen so far, by choice index."""
+        return [p.finish_reason for _, p in sorted(self._choices.items()) if p.finish_reason]
+
+    @property
     def text(self) -> str:
         """Text of choice 0 so far."""
         parts = self._choices.get(0)

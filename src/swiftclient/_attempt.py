@@ -21,7 +21,7 @@ import anyio
 from . import errors
 from ._deadline import Deadline, ReadTimer, Timeout
 from ._retry import retry_after_seconds
-from .backends.base import Backend, BufferedChunkIterator
+from .backends.base import Backend, BufferedChunkIterator, RequestOptions
 from .types import Attempt, ChatCompletion, ChatCompletionChunk, ChatRequest, Usage
 
 if TYPE_CHECKING:
@@ -118,6 +118,7 @@ class AttemptRun:
         "error",
         "first_token_at",
         "next_nowait",
+        "options",
         "record",
         "request",
         "started_at",
@@ -155,6 +156,9 @@ class AttemptRun:
         self._iterator: AsyncIterator[ChatCompletionChunk] | None = None
         self._timer: ReadTimer | None = None
         self._chunk_seen = False
+        self.options: RequestOptions = call.options
+        """What the attempt sends besides the request; an observer may replace it in
+        ``on_start`` (telemetry adds its trace-context headers)."""
         call.timing.attempts.append(self.record)
         for observer in call.observers:
             observer.on_start(self)
@@ -165,6 +169,11 @@ class AttemptRun:
     def call_id(self) -> str | None:
         """The same for every attempt of one call (its idempotency key): group by it."""
         return self._call.options.idempotency_key
+
+    @property
+    def call_trace(self) -> object:
+        """The call's telemetry observer (None without one)."""
+        return self._call.trace
 
     @property
     def number(self) -> int:
@@ -335,7 +344,7 @@ class AttemptRun:
                 raise self._timeout_error(kind)
             with anyio.CancelScope(deadline=due) as scope:
                 iterator = await stack.enter_async_context(
-                    self.target.backend.stream(self.request, self._deadline, self._call.options)
+                    self.target.backend.stream(self.request, self._deadline, self.options)
                 )
             if scope.cancelled_caught:
                 raise self._timeout_error(kind)
@@ -388,7 +397,7 @@ class AttemptRun:
                 if timer is not None:
                     return await self._complete_timed(backend, timer)
             with anyio.CancelScope(deadline=deadline.at):
-                result = await backend.complete(self.request, deadline, self._call.options)
+                result = await backend.complete(self.request, deadline, self.options)
                 self._first_token(self._now(), streamed=False)
                 return result
             raise deadline_exceeded(self.target.backend_name, deadline.timeout)
@@ -405,7 +414,7 @@ class AttemptRun:
         assert task is not None
         timer.start(task, deadline.at)
         try:
-            result = await backend.complete(self.request, deadline, self._call.options)
+            result = await backend.complete(self.request, deadline, self.options)
         except asyncio.CancelledError:
             if timer.expired():
                 raise deadline_exceeded(self.target.backend_name, deadline.timeout) from None

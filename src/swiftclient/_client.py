@@ -22,6 +22,7 @@ from ._stream import Call, ChatStream
 from ._structured import structured_output, validation_summary
 from .backends.base import Backend, RequestOptions
 from .hedging import Hedge
+from .telemetry import Telemetry
 from .types import AssistantMessage, ChatCompletion, ChatRequest, Message
 
 __all__ = ["AsyncClient", "NOT_GIVEN", "NotGiven", "RouterLike"]
@@ -134,6 +135,10 @@ class AsyncClient:
             (``Timing.cost``) and the totals of :meth:`stats`. With ``None`` only calls with
             several targets are accounted (their counts kept, costs ``None``); with prices,
             every call.
+        telemetry: OpenTelemetry spans and metrics for every call (:class:`Telemetry`); by
+            default the shared ``Telemetry.default()`` on the global providers, which records
+            nothing until the application installs an OpenTelemetry SDK. ``None`` turns it
+            off.
 
     With no backend at all, the client configures itself from the environment (see
     :func:`swiftclient.providers.from_env`).
@@ -154,6 +159,7 @@ class AsyncClient:
         policies: PolicyHub | None = None,
         router: RouterLike | None = None,
         pricing: Pricing | None = None,
+        telemetry: Telemetry | None | NotGiven = NOT_GIVEN,
     ) -> None:
         named: dict[str, Backend] = dict(backends or {})
         if backend is not None:
@@ -197,6 +203,15 @@ class AsyncClient:
             (self._accounting, *observers) if accounts_plain else tuple(observers)
         )
         self._plain_ledger = self._accounting if accounts_plain else None
+        if isinstance(telemetry, NotGiven):
+            telemetry = Telemetry.default()
+        elif telemetry is not None and not isinstance(telemetry, Telemetry):
+            raise errors.ConfigurationError(
+                f"telemetry must be a Telemetry or None, got {telemetry!r}"
+            )
+        self.telemetry = telemetry
+        if telemetry is not None:
+            self.policies.on_breaker_change(telemetry.breaker_changed)
         self._closed = False
         self._stack: AsyncExitStack | None = None
 
@@ -352,6 +367,7 @@ class AsyncClient:
             observers=self._observers if several else self._plain_observers,
             policies=self.policies,
             ledger=self._accounting if several else self._plain_ledger,
+            tracer=self.telemetry,
         )
 
     # ------------------------------------------------------------------ calls

@@ -123,6 +123,7 @@ class PolicyHub:
         self._new_breaker = breaker
         self._breakers: dict[str, Breaker] = {}
         self._clock = clock
+        self._breaker_listeners: list[Callable[[AttemptRun, str, str], None]] = []
 
     @classmethod
     def standard(cls, hedge: Hedge | None = None) -> PolicyHub:
@@ -147,6 +148,12 @@ class PolicyHub:
         """Whether any policy object listens to attempt outcomes (else the hub stays off the
         attempt hook, and the plain path pays nothing for it)."""
         return any(p is not None for p in (self._estimator, self._throttle, self._new_breaker))
+
+    def on_breaker_change(self, listener: Callable[[AttemptRun, str, str], None]) -> None:
+        """Call ``listener(attempt, old_state, new_state)`` whenever the outcome of an attempt
+        changes its target's breaker state (telemetry counts and traces these)."""
+        if listener not in self._breaker_listeners:
+            self._breaker_listeners.append(listener)
 
     # ------------------------------------------------------------------ CallPolicies
 
@@ -220,10 +227,17 @@ class PolicyHub:
                 self._throttle.on_failure()
         if self._new_breaker is not None:
             breaker = self._breaker(attempt.target.name)
+            listeners = self._breaker_listeners
+            before = breaker.state(now) if listeners else ""
             breaker.record(ok, now)
             retry_after = attempt.retry_after
             if retry_after is not None:
                 breaker.block_until(now + retry_after)
+            if listeners:
+                after = breaker.state(now)
+                if after != before:
+                    for listener in listeners:
+                        listener(attempt, before, after)
 
     # ------------------------------------------------------------------ helpers
 

@@ -25,7 +25,15 @@ from .backends.base import RequestOptions
 from .hedging import Hedge, StartAttempt, Trigger, fallback, race
 from .types import ChatCompletion, ChatCompletionChunk, ChatRequest, Timing
 
-__all__ = ["Call", "CallLedger", "CallPolicies", "ChatStream", "deadline_exceeded"]
+__all__ = [
+    "Call",
+    "CallLedger",
+    "CallObserver",
+    "CallPolicies",
+    "CallTracer",
+    "ChatStream",
+    "deadline_exceeded",
+]
 
 _T = TypeVar("_T", bound=tuple["AttemptRun", object])
 _Opened = tuple[AttemptRun, list[ChatCompletionChunk]]
@@ -63,11 +71,37 @@ class CallLedger(Protocol):
         ...
 
 
+class CallObserver(AttemptObserver, Protocol):
+    """Follows one call from start to end (telemetry): its attempts through the attempt
+    hook, plus the call's own decisions and its end."""
+
+    def skipped(self, targets: Sequence[Target]) -> None:
+        """Targets left out of a round because their circuit breaker is open."""
+        ...
+
+    def hedge_refused(self) -> None:
+        """A hedge was due but the budget or the throttle refused it."""
+        ...
+
+    def end(self, call: Call, exc: BaseException | None) -> None:
+        """The call finished (called once), with the error it raised, if any."""
+        ...
+
+
+class CallTracer(Protocol):
+    """Starts a :class:`CallObserver` for each call (the client's telemetry)."""
+
+    def start(self, call: Call) -> CallObserver | None:
+        """The call begins; None: nothing to follow."""
+        ...
+
+
 class Call:
     """Everything one call needs: its targets, request, deadline, policies and record."""
 
     __slots__ = (
         "deadline",
+        "error",
         "hedge",
         "ledger",
         "now",
@@ -76,11 +110,14 @@ class Call:
         "options",
         "policies",
         "policy",
+        "reply",
         "request",
         "_round_targets",
         "started",
         "targets",
         "timing",
+        "trace",
+        "tracer",
         "winner",
     )
 
@@ -96,6 +133,7 @@ class Call:
         observers: tuple[AttemptObserver, ...] = (),
         policies: CallPolicies | None = None,
         ledger: CallLedger | None = None,
+        tracer: CallTracer | None = None,
     ) -> None:
         if not targets:
             raise errors.ConfigurationError("a call needs at least one target")
@@ -116,6 +154,21 @@ class Call:
         """The number of the committed attempt (0: none yet); a number, not the attempt, so
         that a call and its attempts form no reference cycle."""
         self._round_targets = self.targets
+        self.error: BaseException | None = None
+        self.reply: object = None
+        """The reply so far (a completion, or the stream's accumulator), for telemetry."""
+        self.trace: CallObserver | None = None
+        self.tracer = tracer
+
+    def begin(self) -> None:
+        """The call starts running: its telemetry (if any) starts following it, in the
+        caller's current trace context."""
+        tracer, self.tracer = self.tracer, None
+        if tracer is not None:
+            trace = tracer.start(self)
+            if trace is not None:
+                self.trace = trace
+                self.observers = (*self.observers, trace)
 
     @property
     def backend_name(self) -> str:
@@ -130,16 +183,23 @@ class Call:
             return AttemptRun(self, target, request, self.numbered, "retry")
         return AttemptRun(self, target, request, self.numbered, trigger)
 
-    def finish(self) -> None:
-        """Stamp the call's total time and, the first time, settle its cost."""
+    def finish(self, exc: BaseException | None = None) -> None:
+        """Stamp the call's total time and, the first time, settle its cost and end its
+        trace (with ``exc``, or the error :meth:`failed` saw)."""
         self.timing.total = self.now() - self.started
         ledger = self.ledger
         if ledger is not None:
             self.ledger = None
             self.timing.cost = ledger.settle(self)
+        trace = self.trace
+        if trace is not None:
+            self.trace = None
+            trace.end(self, exc if exc is not None else self.error)
 
     def failed(self, exc: BaseException) -> None:
         """The call is raising ``exc``: attach its attempts to an :class:`APIError`."""
+        if self.error is None:
+            self.error = exc
         if isinstance(exc, errors.APIError):
             exc._record_attempts(self.timing.attempts)
 
@@ -163,10 +223,21 @@ class Call:
                 return hedge.delay_for(None)
             return policies.hedge_delay(hedge, previous, self.request, streamed=streamed)
 
+        may_hedge = policies.may_hedge if policies is not None else _always
+        trace = self.trace
+        if trace is not None:
+            allowed = may_hedge
+
+            def may_hedge() -> bool:
+                if allowed():
+                    return True
+                trace.hedge_refused()
+                return False
+
         return await race(
             attempts,
             delay=delay,
-            may_hedge=policies.may_hedge if policies is not None else _always,
+            may_hedge=may_hedge,
             max_in_flight=hedge.max_attempts,
             commit=_commit,
             discard=_discard,
@@ -175,7 +246,10 @@ class Call:
     def _plan(self) -> list[Target]:
         targets = self.targets
         if len(targets) > 1 and self.policies is not None:
-            targets = self.policies.usable(targets) or targets
+            usable = self.policies.usable(targets)
+            if self.trace is not None and len(usable) < len(targets):
+                self.trace.skipped([t for t in targets if t not in usable])
+            targets = usable or targets
         self._round_targets = targets
         return targets
 
@@ -213,6 +287,7 @@ class Call:
 
     async def complete(self) -> ChatCompletion:
         """Run a non-streamed completion with retries under the deadline."""
+        self.begin()
         try:
             attempt, completion = await run_with_retries(
                 self.policy, self.deadline, self.complete_round
@@ -223,9 +298,10 @@ class Call:
             attempt.finish(None)
         except BaseException as exc:
             self.failed(exc)
+            self.finish(exc)
             raise
-        finally:
-            self.finish()
+        self.reply = completion
+        self.finish()
         completion.timing = self.timing
         return completion
 
@@ -262,6 +338,7 @@ class ChatStream:
         self._buffered: list[ChatCompletionChunk] = []
         self._last_content_at: float | None = None
         self._accumulator = Accumulator()
+        call.reply = self._accumulator
         self._done = False
         self._completion: ChatCompletion | None = None
 
@@ -286,11 +363,12 @@ class ChatStream:
 
     async def __aenter__(self) -> ChatStream:
         call = self._call
+        call.begin()
         try:
             attempt, buffered = await run_with_retries(call.policy, call.deadline, call.open_round)
         except BaseException as exc:
-            call.finish()
             call.failed(exc)
+            call.finish(exc)
             raise
         if not call.winner:
             attempt.commit()
@@ -320,7 +398,7 @@ class ChatStream:
         self._done = True
         attempt.usage = self._accumulator.usage
         await attempt.close(exc)
-        self._call.finish()
+        self._call.finish(exc)
 
     # ------------------------------------------------------------------ iteration
 
