@@ -86,7 +86,9 @@ async def test_a_hedge_to_the_second_target_wins_when_the_first_is_held(streamed
         assert completion.timing is not None
         assert [a.trigger for a in completion.timing.attempts] == ["first", "hedge"]
         await released(client, fakes["a"])
-        assert fakes["a"].cancelled == 1
+        # On a loaded machine the hedge can win before the fake even read a's request; every
+        # request it did read was cancelled, never answered.
+        assert fakes["a"].cancelled == len(fakes["a"].requests)
         await released(client, fakes["b"])
 
 
