@@ -8,7 +8,7 @@ never imports: it is found through the ``swiftclient.backends`` entry point name
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, cast
@@ -22,7 +22,8 @@ __all__ = ["BACKENDS_GROUP", "PRESETS", "SERVERS_GROUP", "Preset", "from_env", "
 BACKENDS_GROUP = "swiftclient.backends"
 """Entry point group of backend classes (``local``: the bundled engine's ``LocalBackend``)."""
 SERVERS_GROUP = "swiftclient.servers"
-"""Entry point group of server commands, ``main(argv) -> exit status`` (``local``)."""
+"""Entry point group of server commands, ``main(argv, *, prog_name, debug) -> exit status``
+(``local``: ``swiftclient serve``)."""
 _LOCAL_EXTRA = "pip install 'swiftclient-llm[local]'"
 
 
@@ -42,9 +43,10 @@ def _local_entry_point(group: str) -> Any:
     )
 
 
-def local_server() -> Callable[[Sequence[str]], int]:
-    """The bundled engine's server command (``swiftclient serve``)."""
-    return cast(Callable[[Sequence[str]], int], _local_entry_point(SERVERS_GROUP))
+def local_server() -> Callable[..., int]:
+    """The bundled engine's server command (``swiftclient serve``): ``main(argv, *,
+    prog_name, debug) -> exit status``."""
+    return cast(Callable[..., int], _local_entry_point(SERVERS_GROUP))
 
 
 @dataclass(frozen=True, slots=True)
