@@ -49,16 +49,16 @@ Examples:
 @click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
 def models(as_json: bool, **kwargs: Any) -> int:
     """List the models the backend offers (its /models endpoint)."""
-    options = options_from(kwargs)
-    if options.model is None:
-        options = type(options)(options.backend, options.base_url, options.api_key, "-")
-    target = build_target(options)
-    lister = getattr(target.backend, "list_models", None)
+    backend = build_target(options_from(kwargs), need_model=False).backend
+    lister = getattr(backend, "list_models", None)
     if lister is None:
-        raise CLIError(f"the {target.backend.name} backend cannot list its models", EXIT_USAGE)
+        raise CLIError(f"the {backend.name} backend cannot list its models", EXIT_USAGE)
 
     async def fetch() -> list[str]:
-        names: list[str] = await lister()
+        try:
+            names: list[str] = await lister()
+        finally:
+            await backend.aclose()
         return names
 
     names = anyio.run(fetch)

@@ -108,8 +108,9 @@ async def _one_shot(
 
 
 def _read_line() -> str | None:
-    sys.stderr.write("> ")
-    sys.stderr.flush()
+    if sys.stdin.isatty():
+        sys.stderr.write("> ")
+        sys.stderr.flush()
     line = sys.stdin.readline()
     return None if line == "" else line.rstrip("\n")
 

@@ -115,8 +115,11 @@ class Target:
     model: str
 
 
-def build_target(options: TargetOptions, *, name: str | None = None) -> Target:
-    """Build the backend and pick the model, or raise a :class:`CLIError` naming the flags."""
+def build_target(
+    options: TargetOptions, *, name: str | None = None, need_model: bool = True
+) -> Target:
+    """Build the backend and pick the model, or raise a :class:`CLIError` naming the flags
+    (with ``need_model=False`` a missing model is left as ``""``)."""
     from ..backends.http import HTTPBackend
     from ..providers import from_env, preset
 
@@ -144,8 +147,8 @@ def build_target(options: TargetOptions, *, name: str | None = None) -> Target:
                 backend = HTTPBackend(backend.base_url, _env_key(), name=name)
     except ConfigurationError as exc:
         raise CLIError(str(exc), EXIT_USAGE) from exc
-    model = options.model or env.get("SWIFTCLIENT_MODEL")
-    if not model:
+    model = options.model or env.get("SWIFTCLIENT_MODEL") or ""
+    if not model and need_model:
         raise CLIError(
             "no model given: pass --model NAME or set SWIFTCLIENT_MODEL "
             "(`swiftclient models` lists what the backend offers)",
@@ -215,7 +218,7 @@ def console(*, stderr: bool = False) -> Console:
     """A rich console: colour only on a terminal, never with ``NO_COLOR`` set."""
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+    return Console(stderr=stderr, highlight=False, markup=False, soft_wrap=True)
 
 
 def _one_line(text: str) -> str:
@@ -249,7 +252,7 @@ def run_command(
         result = command.main(args=args, prog_name=prog_name, standalone_mode=False)
     except click.UsageError as exc:
         where = exc.ctx.command_path if exc.ctx is not None else prog_name
-        return fail(f"{exc.format_message()} (see `{where} --help`)", EXIT_USAGE)
+        return fail(f"{exc.format_message().rstrip('.')} (see `{where} --help`)", EXIT_USAGE)
     except CLIError as exc:
         return fail(exc.format_message(), exc.status)
     except click.ClickException as exc:

@@ -102,6 +102,7 @@ def _ms(value: float | None) -> str:
 def render(out: Console, summaries: Sequence[Summary], title: str) -> None:
     """Print one table per level (a row per variant), then ratios when two variants ran."""
     from rich.table import Table
+    from rich.text import Text
 
     levels: dict[str, list[Summary]] = {}
     for summary in summaries:
@@ -112,7 +113,7 @@ def render(out: Console, summaries: Sequence[Summary], title: str) -> None:
             title=f"{title} · {label} · {first.requests} requests in {first.duration:.2f}s",
             title_justify="left",
         )
-        table.add_column("" if len(rows) > 1 else "metric", justify="left")
+        table.add_column("" if len(rows) > 1 else "metric", justify="left", style="cyan")
         table.add_column("p50 ms", justify="right")
         table.add_column("p90 ms", justify="right")
         table.add_column("p99 ms", justify="right")
@@ -140,10 +141,11 @@ def render(out: Console, summaries: Sequence[Summary], title: str) -> None:
                     f"({share:.0%} with TTFT ≤ {summary.slo_ttft * 1000:g} ms)"
                 )
             errors = ", ".join(f"{name} ×{count}" for name, count in summary.errors.items())
-            line += f" · errors: {errors or 'none'}"
-            out.print(line)
+            text = Text(line + " · errors: ")
+            text.append(errors or "none", style="red" if errors else "green")
+            out.print(text)
         if len(rows) == 2:
-            out.print(_ratios(rows[0], rows[1]))
+            out.print(Text(_ratios(rows[0], rows[1]), style="bold"))
         out.print()
 
 
