@@ -145,7 +145,7 @@ async def _open_variant(
     if timeout is not None:
         kwargs["timeout"] = timeout
     if spec.hedge is None:
-        target = build_target(spec.target, name=f"bench-{name.lower()}")
+        target = build_target(spec.target)
         client = AsyncClient(target.backend, model=target.model, **kwargs)
         model: str | list[str] = target.model
         hedge = None
@@ -154,14 +154,14 @@ async def _open_variant(
             raise CLIError(
                 "--hedge needs an HTTP target (one engine cannot race itself)", EXIT_USAGE
             )
-        first = build_target(spec.target, name=f"bench-{name.lower()}")
-        second = build_target(spec.target, name=f"bench-{name.lower()}-hedge")
+        # Two backends to the same place, registered under two names: the race's targets.
+        first, second = build_target(spec.target), build_target(spec.target)
         client = AsyncClient(
-            backends={first.backend.name: first.backend, second.backend.name: second.backend},
-            default_backend=first.backend.name,
+            backends={"first": first.backend, "second": second.backend},
+            default_backend="first",
             **kwargs,
         )
-        model = [f"{first.backend.name}/{first.model}", f"{second.backend.name}/{second.model}"]
+        model = [f"first/{first.model}", f"second/{second.model}"]
         hedge = Hedge(delay=spec.hedge)
     await stack.enter_async_context(client)
     return Variant(name, spec.describe(), client, model, hedge)

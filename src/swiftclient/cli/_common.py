@@ -115,9 +115,7 @@ class Target:
     model: str
 
 
-def build_target(
-    options: TargetOptions, *, name: str | None = None, need_model: bool = True
-) -> Target:
+def build_target(options: TargetOptions, *, need_model: bool = True) -> Target:
     """Build the backend and pick the model, or raise a :class:`CLIError` naming the flags
     (with ``need_model=False`` a missing model is left as ``""``)."""
     from ..backends.http import HTTPBackend
@@ -126,25 +124,21 @@ def build_target(
     provider = options.provider
     env = os.environ
     try:
-        named: dict[str, Any] = {"name": name} if name else {}
         if provider == LOCAL:
-            return Target(preset(LOCAL, model=options.model, **named), LOCAL_MODEL)
+            return Target(preset(LOCAL, model=options.model), LOCAL_MODEL)
         if provider:
             backend = preset(
                 provider,
                 api_key=options.api_key or env.get("SWIFTCLIENT_API_KEY"),
                 base_url=options.base_url or env.get("SWIFTCLIENT_BASE_URL"),
-                **named,
             )
         elif options.base_url:
-            backend = HTTPBackend(options.base_url, options.api_key, name=name or "cli")
+            backend = HTTPBackend(options.base_url, options.api_key, name="cli")
         else:
             try:
                 backend = from_env()
             except ConfigurationError:
                 raise CLIError(_NOT_CONFIGURED, EXIT_USAGE) from None
-            if name and isinstance(backend, HTTPBackend):
-                backend = HTTPBackend(backend.base_url, _env_key(), name=name)
     except ConfigurationError as exc:
         raise CLIError(str(exc), EXIT_USAGE) from exc
     model = options.model or env.get("SWIFTCLIENT_MODEL") or ""
@@ -155,11 +149,6 @@ def build_target(
             EXIT_USAGE,
         )
     return Target(backend, model)
-
-
-def _env_key() -> str | None:
-    env = os.environ
-    return env.get("SWIFTCLIENT_API_KEY") or env.get("OPENAI_API_KEY")
 
 
 def target_options(func: F) -> F:
