@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
 import pytest
 
@@ -48,3 +49,22 @@ def run(
         env=clean_environ(env),
         timeout=LIMIT,
     )
+
+
+@contextmanager
+def spawn(*args: str, stdin: int = subprocess.DEVNULL) -> Iterator[subprocess.Popen[str]]:
+    """Start ``swiftclient ARGS`` with piped output; killed on the way out if still running."""
+    process = subprocess.Popen(
+        command(*args),
+        stdin=stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=clean_environ(),
+    )
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()

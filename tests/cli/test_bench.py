@@ -20,7 +20,7 @@ from swiftclient.cli._report import percentile
 from swiftclient.cli._workload import load_jsonl, load_sharegpt, synthetic
 from swiftclient.testing import FakeProvider, Reply
 
-from .helpers import LIMIT, clean_environ, clear_provider_env, command, run
+from .helpers import LIMIT, clean_environ, clear_provider_env, run, spawn
 
 TTFT = 0.2
 _COLOUR = re.compile(r"\x1b\[[0-9;]*(3[0-8]|9[0-7])m")  # a foreground colour (not bold, italic)
@@ -219,25 +219,14 @@ def test_workloads_check_their_input(tmp_path: Path) -> None:
 def test_bench_says_what_it_measures_before_the_first_reply() -> None:
     """The old bench printed nothing until every request had finished."""
     with FakeProvider(Reply(tokens=2, ttft=60.0)).run_in_thread() as fake:
-        process = subprocess.Popen(
-            command("bench", "--base-url", fake.base_url, "-m", "m", "-c", "4", "-n", "8"),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=clean_environ(),
-        )
-        try:
+        argv = ("bench", "--base-url", fake.base_url, "-m", "m", "-c", "4", "-n", "8")
+        with spawn(*argv) as process:
             assert process.stderr is not None
             header = process.stderr.readline()
             target = process.stderr.readline()
             assert not fake.requests or fake.in_flight  # nothing has come back yet
             process.send_signal(signal.SIGINT)
             _, err = process.communicate(timeout=LIMIT)
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.communicate()
     assert header.startswith("swiftclient bench: synthetic 128 in / 128 out · levels c=4")
     assert "8 requests per level" in header
     assert target.strip() == f"target: {fake.base_url} · model m"

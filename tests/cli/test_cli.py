@@ -19,7 +19,7 @@ import pytest
 from swiftclient.cli import cli, main
 from swiftclient.testing import FakeProvider, Reply
 
-from .helpers import LIMIT, clean_environ, clear_provider_env, command, run
+from .helpers import LIMIT, clear_provider_env, run, spawn
 
 
 def err_lines(text: str) -> list[str]:
@@ -250,22 +250,10 @@ def _first_output(process: subprocess.Popen[str]) -> str:
 
 def test_ctrl_c_during_a_stream_exits_130_with_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     with FakeProvider(Reply(tokens=20, stall_after=1)).run_in_thread() as fake:
-        process = subprocess.Popen(
-            command("chat", "--base-url", fake.base_url, "-m", "m", "hi"),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=clean_environ(),
-        )
-        try:
+        with spawn("chat", "--base-url", fake.base_url, "-m", "m", "hi") as process:
             assert _first_output(process) == "t"  # the reply is streaming: "tok0"
             process.send_signal(signal.SIGINT)
             _, err = process.communicate(timeout=LIMIT)
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.communicate()
     assert process.returncode == 130
     assert "Traceback" not in err
     assert err_lines(err) == ["swiftclient: interrupted"]
@@ -274,25 +262,14 @@ def test_ctrl_c_during_a_stream_exits_130_with_one_line(monkeypatch: pytest.Monk
 def test_ctrl_c_in_a_conversation_stops_the_reply_not_the_program() -> None:
     with FakeProvider(Reply(text="after the stop")).run_in_thread() as fake:
         fake.script(Reply(tokens=20, stall_after=1))
-        process = subprocess.Popen(
-            command("chat", "--base-url", fake.base_url, "-m", "m", "-i"),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=clean_environ(),
-        )
-        try:
+        argv = ("chat", "--base-url", fake.base_url, "-m", "m", "-i")
+        with spawn(*argv, stdin=subprocess.PIPE) as process:
             assert process.stdin is not None
             process.stdin.write("first\n")
             process.stdin.flush()
             assert _first_output(process) == "t"
             process.send_signal(signal.SIGINT)
             out, err = process.communicate("second\n", timeout=LIMIT)
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.communicate()
         last = fake.requests[-1].body
     assert process.returncode == 0, err
     assert "[reply stopped]" in err and "Traceback" not in err
