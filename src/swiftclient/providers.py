@@ -94,8 +94,9 @@ def preset(
     return HTTPBackend(base_url or spec.base_url, key, name=kwargs.pop("name", name), **kwargs)
 
 
-def from_env(environ: Mapping[str, str] | None = None) -> Backend:
-    """Configure one backend from the environment.
+def from_env(environ: Mapping[str, str] | None = None, **kwargs: Any) -> Backend:
+    """Configure one backend from the environment; ``kwargs`` go to the backend
+    (``HTTPBackend`` options such as ``max_connections``, or ``LocalBackend``'s).
 
     Order: ``SWIFTCLIENT_PROVIDER`` (a preset name or ``local``; ``SWIFTCLIENT_API_KEY``
     and ``SWIFTCLIENT_BASE_URL`` override the preset's key and URL); then
@@ -110,16 +111,17 @@ def from_env(environ: Mapping[str, str] | None = None) -> Backend:
             api_key=env.get("SWIFTCLIENT_API_KEY"),
             base_url=env.get("SWIFTCLIENT_BASE_URL"),
             environ=env,
+            **kwargs,
         )
     base_url = env.get("SWIFTCLIENT_BASE_URL")
     if base_url:
-        return HTTPBackend(base_url, env.get("SWIFTCLIENT_API_KEY"), name="default")
+        return HTTPBackend(base_url, env.get("SWIFTCLIENT_API_KEY"), name="default", **kwargs)
     base_url = env.get("OPENAI_BASE_URL")
     key = env.get("OPENAI_API_KEY")
     if base_url:
-        return HTTPBackend(base_url, key, name="default")
+        return HTTPBackend(base_url, key, name="default", **kwargs)
     if key:
-        return HTTPBackend(PRESETS["openai"].base_url, key, name="openai")
+        return HTTPBackend(PRESETS["openai"].base_url, key, name="openai", **kwargs)
     raise ConfigurationError(
         "no backend configured: pass backend=... to AsyncClient, or set SWIFTCLIENT_PROVIDER "
         "(oxlo, openai, deepseek, vllm, sglang, local), SWIFTCLIENT_BASE_URL, or OPENAI_API_KEY"

@@ -282,3 +282,17 @@ def test_bench_against_the_local_engine(tmp_path: Path, monkeypatch: pytest.Monk
         # ITL is per streamed chunk; the engine may put several tokens in one chunk
         assert sample["output_tokens"] == 4 and 1 <= len(sample["itl"]) <= 3
         assert sample["prompt_tokens"] >= 8
+
+
+def test_no_request_waits_for_a_pooled_connection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client's default pool holds 100 connections; at concurrency 110 the ten requests
+    past it would wait a whole reply (1 s) before starting, and report it as TTFT."""
+    clear_provider_env(monkeypatch)
+    with FakeProvider(Reply(tokens=1, ttft=1.0)).run_in_thread() as fake:
+        argv = ["--base-url", fake.base_url, "-m", "m", "-c", "110", "-n", "110", "--warmup", "0"]
+        data = bench_json(tmp_path, *argv)
+        assert fake.connections_opened >= 110
+    ttfts = [s["ttft"] for s in data["samples"]]
+    assert len(ttfts) == 110 and max(ttfts) < 1.9

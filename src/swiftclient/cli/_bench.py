@@ -89,6 +89,14 @@ def _levels(concurrency: str | None, rate: str | None) -> list[Level]:
     return [Level(concurrency=c) for c in counts]
 
 
+def _connections(levels: Sequence[Level]) -> int:
+    """A pool that never makes a request wait for a connection: the largest concurrency
+    (at a rate, room for 1,024 requests in flight)."""
+    if any(level.rate is not None for level in levels):
+        return 1024
+    return max(100, *(level.concurrency or 1 for level in levels))
+
+
 def _workload(
     dataset: Path | None, dataset_format: str | None, input_tokens: int, output_tokens: int | None
 ) -> Workload:
@@ -139,13 +147,14 @@ def _variant_b(spec: str, a: VariantSpec) -> VariantSpec:
 
 
 async def _open_variant(
-    stack: AsyncExitStack, name: str, spec: VariantSpec, timeout: float | None
+    stack: AsyncExitStack, name: str, spec: VariantSpec, timeout: float | None, connections: int
 ) -> Variant:
+    http = {"max_connections": connections}
     kwargs: dict[str, Any] = {}
     if timeout is not None:
         kwargs["timeout"] = timeout
     if spec.hedge is None:
-        target = build_target(spec.target)
+        target = build_target(spec.target, http=http)
         client = AsyncClient(target.backend, model=target.model, **kwargs)
         model: str | list[str] = target.model
         hedge = None
@@ -155,7 +164,7 @@ async def _open_variant(
                 "--hedge needs an HTTP target (one engine cannot race itself)", EXIT_USAGE
             )
         # Two backends to the same place, registered under two names: the race's targets.
-        first, second = build_target(spec.target), build_target(spec.target)
+        first, second = build_target(spec.target, http=http), build_target(spec.target, http=http)
         client = AsyncClient(
             backends={"first": first.backend, "second": second.backend},
             default_backend="first",
@@ -298,6 +307,12 @@ class _Progress:
 @click.option("--temperature", type=float, help="Sampling temperature sent with every request.")
 @click.option("--timeout", **DURATION, help="Per-request time limit (default: the client's).")
 @click.option(
+    "--max-connections",
+    type=click.IntRange(min=1),
+    help="Connection pool size per variant (default: the largest concurrency, at least 100; "
+    "1024 at a rate), so no request waits for a connection unless you ask for it.",
+)
+@click.option(
     "--hedge",
     metavar="DELAY",
     help="Hedge: a second request to the same target after DELAY (e.g. 150ms).",
@@ -371,6 +386,7 @@ def bench(**kwargs: Any) -> int:
         params=params,
         timeout=kwargs["timeout"],
         slo_ttft=kwargs["slo_ttft"],
+        connections=kwargs["max_connections"] or _connections(levels),
         json_path=kwargs["json_path"],
         plot_path=kwargs["plot_path"],
         seed=kwargs["seed"],
@@ -389,6 +405,7 @@ class _Settings:
     params: dict[str, Any]
     timeout: float | None
     slo_ttft: float | None
+    connections: int
     json_path: Path | None
     plot_path: Path | None
     seed: int
@@ -443,7 +460,7 @@ async def _bench(settings: _Settings) -> int:
         if any(spec.target.is_local for spec in settings.specs):
             err.print("loading the local model...")
         variants = [
-            await _open_variant(stack, name, spec, settings.timeout)
+            await _open_variant(stack, name, spec, settings.timeout, settings.connections)
             for name, spec in zip("AB", settings.specs, strict=False)
         ]
         err.print(_header(settings, variants))

@@ -115,9 +115,16 @@ class Target:
     model: str
 
 
-def build_target(options: TargetOptions, *, need_model: bool = True) -> Target:
+def build_target(
+    options: TargetOptions,
+    *,
+    need_model: bool = True,
+    http: dict[str, Any] | None = None,
+) -> Target:
     """Build the backend and pick the model, or raise a :class:`CLIError` naming the flags
-    (with ``need_model=False`` a missing model is left as ``""``)."""
+    (with ``need_model=False`` a missing model is left as ``""``). ``http`` holds
+    :class:`~swiftclient.HTTPBackend` options for an HTTP target."""
+    http = http or {}
     from ..backends.http import HTTPBackend
     from ..providers import from_env, preset
 
@@ -131,12 +138,13 @@ def build_target(options: TargetOptions, *, need_model: bool = True) -> Target:
                 provider,
                 api_key=options.api_key or env.get("SWIFTCLIENT_API_KEY"),
                 base_url=options.base_url or env.get("SWIFTCLIENT_BASE_URL"),
+                **http,
             )
         elif options.base_url:
-            backend = HTTPBackend(options.base_url, options.api_key, name="cli")
+            backend = HTTPBackend(options.base_url, options.api_key, name="cli", **http)
         else:
             try:
-                backend = from_env()
+                backend = from_env(**http)
             except ConfigurationError:
                 raise CLIError(_NOT_CONFIGURED, EXIT_USAGE) from None
     except ConfigurationError as exc:
