@@ -296,3 +296,22 @@ def test_no_request_waits_for_a_pooled_connection(
         assert fake.connections_opened >= 110
     ttfts = [s["ttft"] for s in data["samples"]]
     assert len(ttfts) == 110 and max(ttfts) < 1.9
+
+
+def test_workers_start_spread_over_the_ramp_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clear_provider_env(monkeypatch)
+    with FakeProvider(Reply(tokens=1, ttft=0.6)).run_in_thread() as fake:
+        target = ["--base-url", fake.base_url, "-m", "m", "-c", "4", "-n", "4", "--warmup", "4"]
+        spread = bench_json(tmp_path, *target, "--ramp-up", "400ms")
+        together = bench_json(tmp_path, *target, "--ramp-up", "0")
+
+    def first_wave(data: dict[str, Any]) -> list[float]:
+        return sorted(s["start"] for s in data["samples"] if s["warmup"])
+
+    starts = first_wave(spread)
+    # four workers, 100 ms apart; each first request takes 0.6 s, so none is a second one
+    assert starts[-1] - starts[0] >= 0.29
+    assert all(b - a >= 0.09 for a, b in zip(starts, starts[1:], strict=False))
+    assert first_wave(together)[-1] - first_wave(together)[0] < 0.29

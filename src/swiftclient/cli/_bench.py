@@ -89,6 +89,17 @@ def _levels(concurrency: str | None, rate: str | None) -> list[Level]:
     return [Level(concurrency=c) for c in counts]
 
 
+RAMP_PER_WORKER = 0.002
+"""Default spacing of worker starts (seconds): 64 workers start over 128 ms."""
+
+
+def _ramp_up(level: Level, given: float | None) -> float:
+    """The spread of the level's worker starts: as given, else 2 ms per worker (at most 2 s)."""
+    if given is not None:
+        return given
+    return min(2.0, RAMP_PER_WORKER * (level.concurrency or 1))
+
+
 def _connections(levels: Sequence[Level]) -> int:
     """A pool that never makes a request wait for a connection: the largest concurrency
     (at a rate, room for 1,024 requests in flight)."""
@@ -199,7 +210,7 @@ class _Progress:
         self.done += 1
         if sample.error is not None:
             self.errors += 1
-        elif sample.ttft is not None:
+        elif sample.ttft is not None and not sample.warmup:
             self.ttfts.append(sample.ttft)
 
     def _status(self) -> tuple[str, str]:
@@ -307,6 +318,12 @@ class _Progress:
 @click.option("--temperature", type=float, help="Sampling temperature sent with every request.")
 @click.option("--timeout", **DURATION, help="Per-request time limit (default: the client's).")
 @click.option(
+    "--ramp-up",
+    **DURATION,
+    help="Spread the workers' first requests over this long, so that identical requests do "
+    "not arrive in bursts (default: 2 ms per worker, at most 2s; 0 starts all at once).",
+)
+@click.option(
     "--max-connections",
     type=click.IntRange(min=1),
     help="Connection pool size per variant (default: the largest concurrency, at least 100; "
@@ -386,6 +403,7 @@ def bench(**kwargs: Any) -> int:
         params=params,
         timeout=kwargs["timeout"],
         slo_ttft=kwargs["slo_ttft"],
+        ramp_up=kwargs["ramp_up"],
         connections=kwargs["max_connections"] or _connections(levels),
         json_path=kwargs["json_path"],
         plot_path=kwargs["plot_path"],
@@ -405,6 +423,7 @@ class _Settings:
     params: dict[str, Any]
     timeout: float | None
     slo_ttft: float | None
+    ramp_up: float | None
     connections: int
     json_path: Path | None
     plot_path: Path | None
@@ -483,6 +502,7 @@ async def _bench(settings: _Settings) -> int:
                     clock_zero=clock_zero,
                     on_sample=progress.on_sample,
                     seed=settings.seed,
+                    ramp_up=_ramp_up(level, settings.ramp_up),
                 )
                 tg.cancel_scope.cancel()
             samples.extend(level_samples)

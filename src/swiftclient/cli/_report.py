@@ -242,7 +242,8 @@ def plot(path: Path, summaries: Sequence[Summary], samples: Sequence[Sample], ti
                 ys = [(i + 1) / len(ordered) for i in range(len(ordered))]
                 ax.step(ordered, ys, where="post", label=label)
     for ax, name in ((ax_ttft, "TTFT"), (ax_itl, "inter-token latency")):
-        ax.set_xlabel(f"{name} (ms)")
+        ax.set_xscale("log")
+        ax.set_xlabel(f"{name} (ms, log scale)")
         ax.set_ylabel("fraction of requests" if ax is ax_ttft else "fraction of gaps")
         ax.set_title(f"{name} distribution")
         ax.grid(alpha=0.3)
@@ -273,8 +274,10 @@ def plot(path: Path, summaries: Sequence[Summary], samples: Sequence[Sample], ti
         ax.set_title(f"{name} against load")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-        if len({s.load for s in summaries}) > 2:
+        loads = sorted({s.load for s in summaries})
+        if len(loads) > 2:
             ax.set_xscale("log", base=2)
+        ax.set_xticks(loads, [f"{load:g}" for load in loads])
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     try:

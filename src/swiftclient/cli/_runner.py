@@ -134,10 +134,15 @@ async def run_level(
     clock_zero: float,
     on_sample: Callable[[Sample], None],
     seed: int = 0,
+    ramp_up: float = 0.0,
 ) -> list[Sample]:
     """Run one level: ``warmup`` requests per variant, then ``requests`` per variant, or
     as many as start within ``duration`` seconds. Requests that are in flight when the
-    duration ends are waited for and counted."""
+    duration ends are waited for and counted.
+
+    Workers start evenly spread over ``ramp_up`` seconds: started together, identical
+    requests stay in lockstep and every wave arrives as one burst, which the client and
+    the server both queue (the figures would then measure the burst, not the server)."""
     per_round = len(variants)
     warm_total = warmup * per_round
     total = None if requests is None else warm_total + requests * per_round
@@ -171,14 +176,16 @@ async def run_level(
 
     async with anyio.create_task_group() as tg:
         if level.rate is None:
+            workers = level.concurrency or 1
 
-            async def worker() -> None:
+            async def worker(number: int) -> None:
+                if ramp_up:
+                    await anyio.sleep(ramp_up * number / workers)
                 while (sample := take()) is not None:
-                    sample.start = anyio.current_time() - clock_zero
                     await send(sample)
 
-            for _ in range(level.concurrency or 1):
-                tg.start_soon(worker)
+            for number in range(workers):
+                tg.start_soon(worker, number)
         else:
             rng = random.Random(seed)
             next_at = anyio.current_time()
