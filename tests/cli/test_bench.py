@@ -139,6 +139,10 @@ def test_compare_interleaves_two_targets_and_prints_ratios(
             *("--compare", f"--base-url {slow.base_url}"),
         )
         assert len(fast.requests) == len(slow.requests) == 8
+        # like for like: each round's two requests carry the same prompt
+        pairs = zip(fast.requests, slow.requests, strict=True)
+        assert all(a.body["messages"] == b.body["messages"] for a, b in pairs)
+        assert fast.requests[0].body["messages"] != fast.requests[1].body["messages"]
     assert [s["variant"] for s in data["samples"]] == ["A", "B"] * 8
     (ratio,) = data["comparisons"]
     assert ratio["of"] == ["B", "A"] and 2.0 <= ratio["ttft_p50"] <= 4.5
@@ -203,7 +207,7 @@ def test_datasets_jsonl_and_sharegpt(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 def test_workloads_check_their_input(tmp_path: Path) -> None:
     workload = synthetic(16, 8, count=4)
-    prompts = [workload.next().messages[0].content for _ in range(5)]
+    prompts = [workload.at(n).messages[0].content for n in range(5)]
     assert len(set(prompts[:4])) == 4 and prompts[4] == prompts[0]
     assert all(len(str(p).split()) == 16 for p in prompts)
     bad = tmp_path / "bad.jsonl"

@@ -135,7 +135,8 @@ def _variant_b(spec: str, a: VariantSpec) -> VariantSpec:
         ctx = command.make_context("--compare", shlex.split(spec))
     except (click.UsageError, ValueError) as exc:
         message = exc.format_message() if isinstance(exc, click.UsageError) else str(exc)
-        raise CLIError(f"--compare {spec!r}: {message}", EXIT_USAGE) from None
+        # The options are not echoed: they may hold an API key.
+        raise CLIError(f"--compare: {message}", EXIT_USAGE) from None
     given = {
         name: value
         for name, value in ctx.params.items()

@@ -168,7 +168,8 @@ async def run_level(
         return sample
 
     async def send(sample: Sample) -> None:
-        request = workload.next()
+        # Both variants of a round get the same prompt, so a comparison compares like for like.
+        request = workload.at(sample.index // per_round)
         await _one(variants[sample.index % per_round], request, params, sample)
         if sample.prompt_tokens == 0:
             sample.prompt_tokens = request.prompt_tokens

@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pydantic
 
@@ -39,22 +38,18 @@ class BenchRequest:
 
 @dataclass(slots=True)
 class Workload:
-    """Requests handed out round-robin: ``workload.next()`` never runs dry."""
+    """Requests by number, wrapping around at the end: ``workload.at(n)`` never runs dry."""
 
     name: str
     requests: Sequence[BenchRequest]
-    extra: dict[str, Any] = field(default_factory=dict)
-    _position: int = 0
 
     def __post_init__(self) -> None:
         if not self.requests:
             raise CLIError(f"the workload {self.name} holds no request", EXIT_USAGE)
 
-    def next(self) -> BenchRequest:
-        """The next request, wrapping around at the end."""
-        request = self.requests[self._position % len(self.requests)]
-        self._position += 1
-        return request
+    def at(self, number: int) -> BenchRequest:
+        """Request ``number``, counting round the workload again past its end."""
+        return self.requests[number % len(self.requests)]
 
 
 def _words(text: str) -> int:
