@@ -276,3 +276,13 @@ def test_ctrl_c_in_a_conversation_stops_the_reply_not_the_program() -> None:
     assert out.endswith("after the stop\n")
     # the stopped turn left no trace in the history
     assert last["messages"] == [{"role": "user", "content": "second"}]
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
+    with FakeProvider(Reply(tokens=200)).run_in_thread() as fake:
+        with spawn("chat", "--base-url", fake.base_url, "-m", "m", "hi") as process:
+            assert process.stdout is not None and process.stderr is not None
+            process.stdout.close()  # as `| head -0` would
+            err = process.stderr.read()
+            assert process.wait(timeout=LIMIT) == 1  # click's convention for a broken pipe
+    assert err == ""
