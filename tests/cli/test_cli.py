@@ -284,5 +284,6 @@ def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
             assert process.stdout is not None and process.stderr is not None
             process.stdout.close()  # as `| head -0` would
             err = process.stderr.read()
+            process.stderr.close()
             assert process.wait(timeout=LIMIT) == 1  # click's convention for a broken pipe
     assert err == ""
