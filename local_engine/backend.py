@@ -246,6 +246,16 @@ class LocalBackend:
         )
         return path, service
 
+    async def list_models(self) -> list[str]:
+        """The model this backend serves, by its directory's name (requests may name it
+        or anything else: the backend serves one model)."""
+        if self._model_dir is not None:
+            return [self._model_dir.name]
+        if self._service is not None and self._model is None:
+            return [self.name]
+        path = await anyio.to_thread.run_sync(self._resolve_model_dir)
+        return [path.name]
+
     async def warmup(self, connections: int = 1) -> None:
         """Load the model now (in a worker thread) rather than on entry.
 

@@ -29,9 +29,7 @@ embedded default model) or ``swiftclient serve`` with the same options; ``--help
 from __future__ import annotations
 
 import argparse
-import os
 import secrets
-import sys
 import time
 from collections.abc import Sequence
 from types import TracebackType
@@ -40,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 import anyio.to_thread
+import click
 import pydantic
 
 from swiftclient import Deadline, Timeout
@@ -55,6 +54,7 @@ from swiftclient.asgi import (
     serve,
     sse_event,
 )
+from swiftclient.cli import run_command
 from swiftclient.errors import (
     BadRequestError,
     ConfigurationError,
@@ -72,7 +72,7 @@ if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import Span, TracerProvider
 
-__all__ = ["LocalServer", "RequestError", "main", "parse_chat_body"]
+__all__ = ["LocalServer", "RequestError", "command", "main", "parse_chat_body"]
 
 _REQUEST_FIELDS = frozenset(ChatRequest.model_fields) - {"extra_body"}
 _IGNORED_FIELDS = frozenset({"store"})
@@ -444,66 +444,128 @@ async def _send_error(writer: ResponseWriter, error: RequestError) -> None:
 # ---------------------------------------------------------------------- command line
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m local_engine.server",
-        description="Serve a local model over an OpenAI-compatible chat-completions API.",
-    )
-    parser.add_argument(
-        "model_dir", nargs="?", default="", help="HF model directory (default: embedded model)"
-    )
-    parser.add_argument("--host", default="127.0.0.1", help="interface to bind (127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="port (0 picks a free one)")
-    parser.add_argument(
-        "--api-key",
-        default=os.environ.get("SWIFTCLIENT_SERVER_API_KEY"),
-        help="require this bearer key (default: $SWIFTCLIENT_SERVER_API_KEY; none: open)",
-    )
-    parser.add_argument("--model-name", help="the model id to report (default: directory name)")
-    parser.add_argument("--max-tokens-limit", type=int, default=4096)
-    parser.add_argument("--default-max-tokens", type=int, default=1024)
-    parser.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024)
-    parser.add_argument("--max-model-len", type=int)
-    parser.add_argument("--max-num-seqs", type=int, default=64)
-    parser.add_argument("--max-waiting", type=int, default=1024)
-    parser.add_argument("--kv-cache-mib", type=int, default=256, help="KV cache size in MiB")
-    parser.add_argument("--dtype", help="float32, bfloat16 or float16 (default: the model's)")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument(
-        "--loop",
-        choices=("auto", "asyncio", "uvloop"),
-        default="auto",
-        help="event loop: auto uses uvloop when installed (uvicorn's choice)",
-    )
-    parser.add_argument(
-        "--limit-concurrency",
-        type=int,
-        help="answer 503 past this many open connections or running requests (default: none)",
-    )
-    parser.add_argument(
-        "--timeout-keep-alive",
-        type=float,
-        default=5.0,
-        help="seconds an idle kept-alive connection stays open (5)",
-    )
-    parser.add_argument(
-        "--timeout-request-head",
-        type=float,
-        default=10.0,
-        help="seconds a client has to send a complete request head (10)",
-    )
-    parser.add_argument(
-        "--timeout-write",
-        type=float,
-        default=60.0,
-        help="seconds a stream waits for a client that stopped reading, then drops it (60)",
-    )
-    parser.add_argument(
-        "--root-path", default="", help="path prefix stripped by a reverse proxy (e.g. /api)"
-    )
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's count)")
-    parser.add_argument("--quantization", choices=("int8",), help="int8: int8 weights")
-    return parser
+_EXAMPLES = """\b
+Examples:
+  {prog}                                  (the embedded default model on :8000)
+  {prog} ./Qwen3-0.6B --port 8080 --kv-cache-mib 1024 --dtype bfloat16
+  {prog} --max-num-seqs 32 --api-key "$KEY" --limit-concurrency 256
+"""
+
+
+class _ServeCommand(click.Command):
+    """The server's options; the examples name whatever program runs them."""
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """Examples under the name the command runs as (``swiftclient serve`` or ``python -m
+        local_engine.server``)."""
+        formatter.write_paragraph()
+        formatter.write_text(_EXAMPLES.format(prog=ctx.command_path))
+
+
+@click.command(cls=_ServeCommand, context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("model_dir", required=False, default="")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind.")
+@click.option(
+    "--port", type=int, default=8000, show_default=True, help="Port (0 picks a free one)."
+)
+@click.option(
+    "--api-key",
+    envvar="SWIFTCLIENT_SERVER_API_KEY",
+    help="Require this bearer key (default: $SWIFTCLIENT_SERVER_API_KEY; none: open).",
+)
+@click.option("--model-name", help="The model id to report (default: the directory's name).")
+@click.option(
+    "--max-tokens-limit",
+    type=int,
+    default=4096,
+    show_default=True,
+    help="Largest max_tokens a request may ask for.",
+)
+@click.option(
+    "--default-max-tokens",
+    type=int,
+    default=1024,
+    show_default=True,
+    help="max_tokens of requests that set none.",
+)
+@click.option(
+    "--max-body-bytes",
+    type=int,
+    default=8 * 1024 * 1024,
+    show_default=True,
+    help="Largest request body.",
+)
+@click.option("--max-model-len", type=int, help="Context length (default: the model's).")
+@click.option(
+    "--max-num-seqs",
+    type=int,
+    default=64,
+    show_default=True,
+    help="Requests decoded together at most.",
+)
+@click.option(
+    "--max-waiting", type=int, default=1024, show_default=True, help="Queued requests before 503."
+)
+@click.option(
+    "--kv-cache-mib", type=int, default=256, show_default=True, help="KV cache size in MiB."
+)
+@click.option("--dtype", help="float32, bfloat16 or float16 (default: the model's).")
+@click.option(
+    "--device", default="cpu", show_default=True, help="torch device (cpu, cuda, cuda:1...)."
+)
+@click.option(
+    "--loop",
+    type=click.Choice(["auto", "asyncio", "uvloop"]),
+    default="auto",
+    show_default=True,
+    help="Event loop: auto uses uvloop when installed (uvicorn's choice).",
+)
+@click.option(
+    "--limit-concurrency",
+    type=int,
+    help="Answer 503 past this many open connections or running requests (default: none).",
+)
+@click.option(
+    "--timeout-keep-alive",
+    type=float,
+    default=5.0,
+    show_default=True,
+    help="Seconds an idle kept-alive connection stays open.",
+)
+@click.option(
+    "--timeout-request-head",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="Seconds a client has to send a complete request head.",
+)
+@click.option(
+    "--timeout-write",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Seconds a stream waits for a client that stopped reading, then drops it.",
+)
+@click.option(
+    "--root-path", default="", help="Path prefix stripped by a reverse proxy (e.g. /api)."
+)
+@click.option("--threads", type=int, help="torch CPU threads (default: torch's count).")
+@click.option("--quantization", type=click.Choice(["int8"]), help="int8: int8 weights.")
+def command(**options: Any) -> int:
+    """Serve a local model over an OpenAI-compatible chat-completions API.
+
+    MODEL_DIR is a Hugging Face model directory, or the name of an embedded model; with
+    none, the embedded default model. Runs until SIGINT or SIGTERM.
+    """
+    args = argparse.Namespace(**options)
+    try:
+        _build(args).run()
+    except OSError as exc:
+        raise click.ClickException(f"cannot serve on {args.host}:{args.port}: {exc}") from exc
+    except KeyboardInterrupt:
+        pass
+    print("stopped", flush=True)
+    return 0
 
 
 def _build(args: argparse.Namespace) -> LocalServer:
@@ -541,21 +603,19 @@ def _build(args: argparse.Namespace) -> LocalServer:
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the server until SIGINT or SIGTERM; returns the exit status."""
-    args = _parser().parse_args(argv)
-    try:
-        _build(args).run()
-    except ConfigurationError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"error: cannot serve on {args.host}:{args.port}: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        pass
-    print("stopped", flush=True)
-    return 0
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    prog_name: str = "python -m local_engine.server",
+    debug: bool | None = None,
+) -> int:
+    """Run the server until SIGINT or SIGTERM; returns the exit status.
+
+    This is ``swiftclient serve`` (found through the ``swiftclient.servers`` entry point)
+    and ``python -m local_engine.server``: one command, one set of options; errors are one
+    line, as everywhere in the command line.
+    """
+    return run_command(command, argv, prog_name, debug=debug)
 
 
 if __name__ == "__main__":

@@ -43,3 +43,8 @@ def test_server_overhead_quick_run_compares_two_trees() -> None:
     )
     for row in ("| fake ", "| local ", "before", "after", "CPU µs/token"):
         assert row in out.stdout
+
+
+def test_cli_accuracy_quick_run_prints_the_error_table() -> None:
+    text = quick_run("cli_accuracy.py")
+    assert "| c=1 " in text and "| c=8 " in text and "TTFT p50 error ms" in text

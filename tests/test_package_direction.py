@@ -17,6 +17,7 @@ import pytest
 
 import swiftclient
 from swiftclient import cli, providers
+from swiftclient.cli._common import TargetOptions, build_target
 from swiftclient.errors import ConfigurationError
 from swiftclient.providers import from_env, local_server, preset
 
@@ -190,7 +191,8 @@ def test_the_local_provider_and_serve_command_use_the_entry_points() -> None:
     backend = preset("local", model="/no/such/dir", default_max_tokens=7, environ={})
     assert type(backend) is LocalBackend and backend.name == "local"
     assert type(from_env({"SWIFTCLIENT_PROVIDER": "local"})) is LocalBackend
-    assert type(cli._backend(cli._parser().parse_args(["chat", "--local"]))) is LocalBackend
+    target = build_target(TargetOptions(backend="local"))
+    assert type(target.backend) is LocalBackend and target.model == "default"
     assert local_server() is main
 
 

@@ -8,7 +8,7 @@ never imports: it is found through the ``swiftclient.backends`` entry point name
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, cast
@@ -22,7 +22,8 @@ __all__ = ["BACKENDS_GROUP", "PRESETS", "SERVERS_GROUP", "Preset", "from_env", "
 BACKENDS_GROUP = "swiftclient.backends"
 """Entry point group of backend classes (``local``: the bundled engine's ``LocalBackend``)."""
 SERVERS_GROUP = "swiftclient.servers"
-"""Entry point group of server commands, ``main(argv) -> exit status`` (``local``)."""
+"""Entry point group of server commands, ``main(argv, *, prog_name, debug) -> exit status``
+(``local``: ``swiftclient serve``)."""
 _LOCAL_EXTRA = "pip install 'swiftclient-llm[local]'"
 
 
@@ -42,9 +43,10 @@ def _local_entry_point(group: str) -> Any:
     )
 
 
-def local_server() -> Callable[[Sequence[str]], int]:
-    """The bundled engine's server command (``swiftclient serve``)."""
-    return cast(Callable[[Sequence[str]], int], _local_entry_point(SERVERS_GROUP))
+def local_server() -> Callable[..., int]:
+    """The bundled engine's server command (``swiftclient serve``): ``main(argv, *,
+    prog_name, debug) -> exit status``."""
+    return cast(Callable[..., int], _local_entry_point(SERVERS_GROUP))
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,8 +97,9 @@ def preset(
     return HTTPBackend(base_url or spec.base_url, key, name=kwargs.pop("name", name), **kwargs)
 
 
-def from_env(environ: Mapping[str, str] | None = None) -> Backend:
-    """Configure one backend from the environment.
+def from_env(environ: Mapping[str, str] | None = None, **kwargs: Any) -> Backend:
+    """Configure one backend from the environment; ``kwargs`` go to the backend
+    (``HTTPBackend`` options such as ``max_connections``, or ``LocalBackend``'s).
 
     Order: ``SWIFTCLIENT_PROVIDER`` (a preset name or ``local``; ``SWIFTCLIENT_API_KEY``
     and ``SWIFTCLIENT_BASE_URL`` override the preset's key and URL); then
@@ -111,16 +114,17 @@ def from_env(environ: Mapping[str, str] | None = None) -> Backend:
             api_key=env.get("SWIFTCLIENT_API_KEY"),
             base_url=env.get("SWIFTCLIENT_BASE_URL"),
             environ=env,
+            **kwargs,
         )
     base_url = env.get("SWIFTCLIENT_BASE_URL")
     if base_url:
-        return HTTPBackend(base_url, env.get("SWIFTCLIENT_API_KEY"), name="default")
+        return HTTPBackend(base_url, env.get("SWIFTCLIENT_API_KEY"), name="default", **kwargs)
     base_url = env.get("OPENAI_BASE_URL")
     key = env.get("OPENAI_API_KEY")
     if base_url:
-        return HTTPBackend(base_url, key, name="default")
+        return HTTPBackend(base_url, key, name="default", **kwargs)
     if key:
-        return HTTPBackend(PRESETS["openai"].base_url, key, name="openai")
+        return HTTPBackend(PRESETS["openai"].base_url, key, name="openai", **kwargs)
     raise ConfigurationError(
         "no backend configured: pass backend=... to AsyncClient, or set SWIFTCLIENT_PROVIDER "
         "(oxlo, openai, deepseek, vllm, sglang, local), SWIFTCLIENT_BASE_URL, or OPENAI_API_KEY"

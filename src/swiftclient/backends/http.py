@@ -333,6 +333,39 @@ class HTTPBackend:
             for _ in range(max(1, min(connections, self._max_connections))):
                 tg.start_soon(one)
 
+    async def list_models(self, timeout: float = 30.0) -> list[str]:
+        """The model ids ``GET {base_url}/models`` lists, in the server's order.
+
+        An error status raises the matching :class:`~swiftclient.APIStatusError`; a body
+        that is not an OpenAI model list raises :class:`~swiftclient.APIResponseValidationError`.
+        """
+        self._open()
+        slots = self._slots
+        assert slots is not None
+        with anyio.move_on_after(timeout) as scope:
+            await slots.acquire()
+            response = await self._exchange(
+                "GET", f"{self.base_url}/models", self._headers, b"", timeout, slots
+            )
+            try:
+                if response.status >= 400:
+                    raise await self._status_error(response)
+                body = await self._read_body(response, self.max_body_bytes)
+            finally:
+                await response.aclose()
+        if scope.cancelled_caught:
+            raise errors.APITimeoutError(
+                f"{self.name}: GET /models got no answer within {timeout}s", backend=self.name
+            )
+        try:
+            listed = pydantic_core.from_json(body)
+            return [str(item["id"]) for item in listed["data"]]
+        except (ValueError, KeyError, TypeError):
+            raise errors.APIResponseValidationError(
+                f"{self.name}: GET /models did not answer an OpenAI model list",
+                backend=self.name,
+            ) from None
+
     async def aclose(self) -> None:
         """Close every pooled connection."""
         transport, self._transport = self._transport, None

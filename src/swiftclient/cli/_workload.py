@@ -1,0 +1,135 @@
+"""Prompt distributions for ``swiftclient bench``: synthetic, JSONL requests, ShareGPT."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pydantic
+
+from ..types import Message
+from ._common import EXIT_USAGE, CLIError
+
+__all__ = ["BenchRequest", "Workload", "load_jsonl", "load_sharegpt", "synthetic"]
+
+# Common short English words: each is one token in the tokenizers of the usual model
+# families, so a prompt of N of them is close to N tokens.
+_WORDS = (
+    "the of and to in is for on that with as it was at by be this from are or have an not "
+    "but all they we can which one more when will there time so some what about out up if "
+    "into no them only other new like then now over also could after first use two how our "
+    "work way even because any these day most us year people good just well very back down "
+    "long make made part place right same set small still such take three through under"
+).split()
+
+
+@dataclass(frozen=True, slots=True)
+class BenchRequest:
+    """One request of a workload: its messages, output limit and approximate prompt size."""
+
+    messages: tuple[Message, ...]
+    max_tokens: int | None
+    prompt_tokens: int
+    """The prompt's size in tokens, approximated by words when no tokenizer is at hand."""
+
+
+@dataclass(slots=True)
+class Workload:
+    """Requests by number, wrapping around at the end: ``workload.at(n)`` never runs dry."""
+
+    name: str
+    requests: Sequence[BenchRequest]
+
+    def __post_init__(self) -> None:
+        if not self.requests:
+            raise CLIError(f"the workload {self.name} holds no request", EXIT_USAGE)
+
+    def at(self, number: int) -> BenchRequest:
+        """Request ``number``, counting round the workload again past its end."""
+        return self.requests[number % len(self.requests)]
+
+
+def _words(text: str) -> int:
+    return max(1, len(text.split()))
+
+
+def synthetic(
+    input_tokens: int, output_tokens: int, *, count: int = 256, seed: int = 0
+) -> Workload:
+    """``count`` distinct prompts of about ``input_tokens`` tokens, each asking for
+    ``output_tokens``. Each starts with its own number, so no two share a cached prefix."""
+    if input_tokens < 1 or output_tokens < 1:
+        raise CLIError("--input-tokens and --output-tokens must be at least 1", EXIT_USAGE)
+    rng = random.Random(seed)
+    requests = []
+    for i in range(count):
+        words = [f"{i}"] + [rng.choice(_WORDS) for _ in range(input_tokens - 1)]
+        message = Message(role="user", content=" ".join(words))
+        requests.append(BenchRequest((message,), output_tokens, input_tokens))
+    return Workload(f"synthetic {input_tokens} in / {output_tokens} out", requests)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CLIError(f"cannot read {path}: {exc}", EXIT_USAGE) from exc
+
+
+def load_jsonl(path: Path, *, output_tokens: int | None = None) -> Workload:
+    """One chat request per line: ``{"messages": [...], "max_tokens": N}`` (an OpenAI
+    request body; ``max_completion_tokens`` also counts, other fields are ignored)."""
+    requests = []
+    for number, line in enumerate(_read(path).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            body = json.loads(line)
+            if not isinstance(body, dict):
+                raise ValueError("not a JSON object")
+            messages = tuple(Message.model_validate(m) for m in body["messages"])
+            if not messages:
+                raise ValueError("messages is empty")
+        except (ValueError, KeyError, TypeError, pydantic.ValidationError) as exc:
+            detail = exc.errors()[0]["msg"] if isinstance(exc, pydantic.ValidationError) else exc
+            raise CLIError(f"{path}:{number}: not a chat request: {detail}", EXIT_USAGE) from None
+        limit = body.get("max_completion_tokens") or body.get("max_tokens")
+        size = sum(_words(m.content) for m in messages if isinstance(m.content, str))
+        requests.append(
+            BenchRequest(
+                messages, output_tokens or (limit if isinstance(limit, int) else None), size
+            )
+        )
+    return Workload(f"{path.name} ({len(requests)} requests)", requests)
+
+
+def load_sharegpt(path: Path, *, output_tokens: int | None = None) -> Workload:
+    """A ShareGPT-style JSON list of ``{"conversations": [{"from": "human", "value": ...},
+    {"from": "gpt", "value": ...}, ...]}``: the first human turn is the prompt and the reply
+    after it sets the output length (in words, unless ``output_tokens`` is given)."""
+    try:
+        data = json.loads(_read(path))
+    except ValueError as exc:
+        raise CLIError(f"{path}: not JSON: {exc}", EXIT_USAGE) from None
+    if not isinstance(data, list):
+        raise CLIError(f"{path}: expected a JSON list of conversations", EXIT_USAGE)
+    requests = []
+    for item in data:
+        turns = item.get("conversations") if isinstance(item, dict) else None
+        if not isinstance(turns, list) or len(turns) < 2:
+            continue
+        first, second = turns[0], turns[1]
+        if not (isinstance(first, dict) and isinstance(second, dict)):
+            continue
+        prompt, reply = first.get("value"), second.get("value")
+        if first.get("from") not in ("human", "user") or not isinstance(prompt, str):
+            continue
+        if not prompt.strip() or not isinstance(reply, str):
+            continue
+        limit = output_tokens or _words(reply)
+        message = Message(role="user", content=prompt)
+        requests.append(BenchRequest((message,), limit, _words(prompt)))
+    return Workload(f"{path.name} ({len(requests)} conversations)", requests)

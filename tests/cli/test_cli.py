@@ -1,0 +1,289 @@
+"""The command line as a new user meets it: chat, models, serve, help, errors, Ctrl-C.
+
+Each test named after a bug found by trying the old command line as a new user would
+(issue 11) failed on it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import signal
+import subprocess
+from importlib.metadata import version
+from typing import Any
+
+import click
+import pytest
+
+from swiftclient.cli import cli, main
+from swiftclient.testing import FakeProvider, Reply
+
+from .helpers import LIMIT, clear_provider_env, run, spawn
+
+
+def err_lines(text: str) -> list[str]:
+    """The non-empty lines of what a command wrote to stderr."""
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"swiftclient, version {version('swiftclient-llm')}"
+
+
+def test_every_option_has_help_and_every_command_an_example(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from local_engine.server import command as serve_command
+
+    assert set(cli.commands) == {"chat", "bench", "serve", "models"}
+    for name, cmd in cli.commands.items():
+        real = serve_command if name == "serve" else cmd
+        for param in real.params:
+            if isinstance(param, click.Option) and not param.hidden:
+                assert param.help, f"{name} {param.opts} has no help text"
+        assert main([name, "--help"]) == 0
+        text = capsys.readouterr().out
+        assert text.startswith(f"Usage: swiftclient {name} "), text[:80]
+        examples = text.split("Examples:", 1)[1]
+        assert f"swiftclient {name} " in examples
+    assert main(["--help"]) == 0
+    top = capsys.readouterr().out
+    for name in cli.commands:
+        assert f"  {name} " in top
+
+
+def test_serve_takes_every_engine_flag_and_passes_them_on(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import local_engine.server as server
+
+    assert main(["serve", "--help"]) == 0
+    help_text = capsys.readouterr().out
+    assert "python -m local_engine" not in help_text  # the engine's own usage line
+    flags = {opt for p in server.command.params for opt in p.opts if opt.startswith("--")}
+    assert {"--kv-cache-mib", "--dtype", "--max-num-seqs", "--quantization"} <= flags
+    for flag in flags:
+        assert flag in help_text
+    built: list[Any] = []
+
+    class Server:
+        def run(self) -> None:
+            pass
+
+    def build(args: Any) -> Server:
+        built.append(args)
+        return Server()
+
+    monkeypatch.setattr(server, "_build", build)
+    argv = ["serve", "some-dir", "--kv-cache-mib", "16", "--max-num-seqs", "3", "--dtype"]
+    assert main([*argv, "bfloat16", "--port", "0"]) == 0
+    (args,) = built
+    assert (args.model_dir, args.kv_cache_mib, args.max_num_seqs) == ("some-dir", 16, 3)
+    assert (args.dtype, args.port) == ("bfloat16", 0)
+    # python -m local_engine.server is the same command under its own name
+    assert server.main(["--kv-cache-mib", "8"]) == 0
+    assert built[-1].kv_cache_mib == 8
+
+
+def test_usage_errors_are_one_line_with_status_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--no-such-flag"]) == 2
+    (line,) = err_lines(capsys.readouterr().err)
+    assert line.startswith("swiftclient serve: error: No such option")
+    assert line.endswith("--no-such-flag' (see `swiftclient serve --help`)")
+    assert main(["bench", "-c", "0"]) == 2
+    lines = err_lines(capsys.readouterr().err)
+    assert len(lines) == 1 and "--concurrency" in lines[0]
+
+
+def test_unconfigured_error_names_the_flags_not_the_python_api(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clear_provider_env(monkeypatch)
+    for cmd in ("chat", "bench", "models"):
+        assert main([cmd, "hello"] if cmd == "chat" else [cmd]) == 2
+        (line,) = err_lines(capsys.readouterr().err)
+        assert line.startswith("swiftclient: error: no backend configured")
+        assert "--base-url" in line and "--backend" in line and "--local" in line
+        assert "AsyncClient" not in line and "backend=" not in line
+
+
+def test_a_missing_model_says_which_flag_to_pass(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clear_provider_env(monkeypatch)
+    assert main(["chat", "--base-url", "http://127.0.0.1:9/v1", "hi"]) == 2
+    (line,) = err_lines(capsys.readouterr().err)
+    assert "--model" in line and "swiftclient models" in line
+
+
+@pytest.mark.parametrize(
+    ("argv", "env"),
+    [
+        (["chat", "--local", "hello"], {}),
+        (["chat", "--provider", "local", "hello"], {}),
+        (["chat", "--backend", "local", "hello"], {}),
+        (["chat", "hello"], {"SWIFTCLIENT_PROVIDER": "local"}),
+    ],
+    ids=["--local", "--provider", "--backend", "SWIFTCLIENT_PROVIDER"],
+)
+def test_the_local_engine_needs_no_model_and_reads_the_prompt_as_a_prompt(
+    argv: list[str],
+    env: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clear_provider_env(monkeypatch)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert main([*argv, "--max-tokens", "3", "--json"]) == 0
+    captured = capsys.readouterr()
+    body = json.loads(captured.out)
+    assert body["model"] == "default"
+    assert body["usage"]["prompt_tokens"] > 1 and body["usage"]["completion_tokens"] >= 1
+    assert body["timing"]["ttft"] > 0
+    assert err_lines(captured.err)[-1].startswith("[ttft ")
+
+
+def test_chat_streams_with_a_system_prompt_and_ends_with_a_timing_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clear_provider_env(monkeypatch)
+    with FakeProvider(Reply(text="one two three four")).run_in_thread() as fake:
+        argv = ["chat", "--base-url", fake.base_url, "-m", "m", "--system", "be brief", "hi"]
+        assert main(argv) == 0
+        body = fake.requests[-1].body
+    captured = capsys.readouterr()
+    assert captured.out == "one two three four\n"
+    assert body["messages"] == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hi"},
+    ]
+    assert body["stream"] is True and body["model"] == "m"
+    (line,) = err_lines(captured.err)
+    assert line.startswith("[ttft ") and "itl p50" in line and "tok/s" in line
+    assert "4 tokens in" in line
+
+
+def test_piped_stdin_is_the_prompt(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clear_provider_env(monkeypatch)
+    monkeypatch.setattr("sys.stdin", io.StringIO("What is in this file?\nline two\n"))
+    with FakeProvider().run_in_thread() as fake:
+        assert main(["chat", "--base-url", fake.base_url, "-m", "m"]) == 0
+        messages = fake.requests[-1].body["messages"]
+    assert messages == [{"role": "user", "content": "What is in this file?\nline two"}]
+    monkeypatch.setattr("sys.stdin", io.StringIO("  \n"))
+    assert main(["chat", "--base-url", "http://127.0.0.1:9/v1", "-m", "m"]) == 2
+    assert "no prompt" in capsys.readouterr().err
+
+
+def test_json_prints_the_completion_and_its_timing(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clear_provider_env(monkeypatch)
+    with FakeProvider(Reply(text="a b c", ttft=0.05)).run_in_thread() as fake:
+        assert main(["chat", "--base-url", fake.base_url, "-m", "m", "--json", "hi"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert body["choices"][0]["message"]["content"] == "a b c"
+    assert body["usage"]["completion_tokens"] == 3
+    assert body["timing"]["ttft"] >= 0.05 and len(body["timing"]["itl"]) == 2
+
+
+def test_api_errors_are_one_line_unless_debug(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clear_provider_env(monkeypatch)
+    reply = Reply(status=404, error_message="The model does not exist.")
+    with FakeProvider(reply).run_in_thread() as fake:
+        assert main(["chat", "--base-url", fake.base_url, "-m", "nope", "hi"]) == 1
+        (line,) = err_lines(capsys.readouterr().err)
+        assert line.startswith("swiftclient: error: NotFoundError: ")
+        assert "The model does not exist." in line
+        assert main(["--debug", "chat", "--base-url", fake.base_url, "-m", "nope", "hi"]) == 1
+        err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err
+    assert err_lines(err)[-1] == line
+
+
+def test_models_lists_what_the_backend_offers(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clear_provider_env(monkeypatch)
+    with FakeProvider(model="fake-model-x").run_in_thread() as fake:
+        assert main(["models", "--base-url", fake.base_url]) == 0
+        assert capsys.readouterr().out == "fake-model-x\n"
+        monkeypatch.setenv("SWIFTCLIENT_BASE_URL", fake.base_url)
+        assert main(["models", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out) == ["fake-model-x"]
+    assert main(["models", "--local"]) == 0
+    assert capsys.readouterr().out.strip()
+
+
+def test_interactive_chat_keeps_history(monkeypatch: pytest.MonkeyPatch) -> None:
+    clear_provider_env(monkeypatch)
+    with FakeProvider(Reply(text="first answer")).run_in_thread() as fake:
+        fake.script(Reply(text="first answer"), Reply(text="second answer"))
+        done = run(
+            "chat", "--base-url", fake.base_url, "-m", "m", "-i", "--system", "sys",
+            input="hello\n\nand again\n",
+        )  # fmt: skip
+        bodies = [r.body for r in fake.requests]
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "first answer\nsecond answer\n"
+    assert [len(b["messages"]) for b in bodies] == [2, 4]
+    assert bodies[1]["messages"] == [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": "first answer"},
+        {"role": "user", "content": "and again"},
+    ]
+    assert sum(line.startswith("[ttft ") for line in done.stderr.splitlines()) == 2
+
+
+def _first_output(process: subprocess.Popen[str]) -> str:
+    assert process.stdout is not None
+    return process.stdout.read(1)
+
+
+def test_ctrl_c_during_a_stream_exits_130_with_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    with FakeProvider(Reply(tokens=20, stall_after=1)).run_in_thread() as fake:
+        with spawn("chat", "--base-url", fake.base_url, "-m", "m", "hi") as process:
+            assert _first_output(process) == "t"  # the reply is streaming: "tok0"
+            process.send_signal(signal.SIGINT)
+            _, err = process.communicate(timeout=LIMIT)
+    assert process.returncode == 130
+    assert "Traceback" not in err
+    assert err_lines(err) == ["swiftclient: interrupted"]
+
+
+def test_ctrl_c_in_a_conversation_stops_the_reply_not_the_program() -> None:
+    with FakeProvider(Reply(text="after the stop")).run_in_thread() as fake:
+        fake.script(Reply(tokens=20, stall_after=1))
+        argv = ("chat", "--base-url", fake.base_url, "-m", "m", "-i")
+        with spawn(*argv, stdin=subprocess.PIPE) as process:
+            assert process.stdin is not None
+            process.stdin.write("first\n")
+            process.stdin.flush()
+            assert _first_output(process) == "t"
+            process.send_signal(signal.SIGINT)
+            out, err = process.communicate("second\n", timeout=LIMIT)
+        last = fake.requests[-1].body
+    assert process.returncode == 0, err
+    assert "[reply stopped]" in err and "Traceback" not in err
+    assert out.endswith("after the stop\n")
+    # the stopped turn left no trace in the history
+    assert last["messages"] == [{"role": "user", "content": "second"}]
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
+    with FakeProvider(Reply(tokens=200)).run_in_thread() as fake:
+        with spawn("chat", "--base-url", fake.base_url, "-m", "m", "hi") as process:
+            assert process.stdout is not None and process.stderr is not None
+            process.stdout.close()  # as `| head -0` would
+            err = process.stderr.read()
+            process.stderr.close()
+            assert process.wait(timeout=LIMIT) == 1  # click's convention for a broken pipe
+    assert err == ""
