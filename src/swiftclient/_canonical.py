@@ -1,0 +1,309 @@
+"""Canonical request bytes and the prompt prefix they start with.
+
+Provider prompt caches hit only on a byte-identical prefix, so equal requests must serialize
+to identical bytes in every process, whatever order the caller's dicts were built in. The
+canonical form differs from the request as given in these ways only (the documented
+reorderings):
+
+- ``tools`` are sorted by function name (a stable sort: equal names keep their order);
+- every JSON-schema node (tool ``parameters``, ``response_format.json_schema.schema`` and
+  their subschemas) has its keywords in one fixed order (:data:`SCHEMA_KEYWORD_ORDER` first,
+  the rest alphabetically); the names in ``$defs`` / ``definitions`` /
+  ``patternProperties`` / ``dependentSchemas`` are sorted; set-like arrays (``required``,
+  ``dependentRequired`` values, a list-valued ``type``) are sorted;
+- ``extra_body``, ``metadata`` and ``logit_bias`` keys are sorted (top level);
+- the separators are compact (``,`` and ``:``).
+
+Never reordered: messages and their content, ``enum``, ``prefixItems``, ``anyOf`` /
+``oneOf`` / ``allOf`` lists, data values (``const``, ``default``, ``examples``) and the order
+of the names in ``properties``, which structured outputs and strict tool calls generate in
+(so it carries meaning, as ``enum`` order does).
+
+Work is skipped when there is nothing to reorder: a request without tools, schemas and
+``extra_body`` encodes exactly as its plain dump. Canonical tools and schemas are cached by
+their plain JSON bytes, so an application that sends the same tools call after call pays the
+reordering once.
+
+:func:`prompt_prefix` gives the canonical bytes of the prompt as segments (the tools block,
+then each message) and a fingerprint of the static prefix (tools plus the leading static
+messages), which prompt cache keys and replica affinity are derived from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pydantic_core
+
+from .types import ChatRequest, Message, Tool
+
+__all__ = [
+    "SCHEMA_KEYWORD_ORDER",
+    "PromptPrefix",
+    "canonical_schema",
+    "encode",
+    "prompt_prefix",
+]
+
+SCHEMA_KEYWORD_ORDER: tuple[str, ...] = (
+    "$schema",
+    "$id",
+    "$ref",
+    "title",
+    "type",
+    "description",
+    "format",
+    "enum",
+    "const",
+    "default",
+    "properties",
+    "required",
+    "additionalProperties",
+    "items",
+    "prefixItems",
+    "minItems",
+    "maxItems",
+    "minimum",
+    "maximum",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "anyOf",
+    "oneOf",
+    "allOf",
+    "not",
+    "$defs",
+    "definitions",
+)
+"""The keywords a canonical schema node starts with, in this order; other keys follow in
+alphabetical order."""
+
+_RANK = {key: rank for rank, key in enumerate(SCHEMA_KEYWORD_ORDER)}
+_LAST = len(SCHEMA_KEYWORD_ORDER)
+# Keywords whose value is one subschema, a map of names to subschemas (names sorted), a map
+# of names to subschemas kept in order (``properties``), or a list of subschemas (kept).
+_ONE = frozenset(
+    {
+        "additionalProperties",
+        "items",
+        "not",
+        "if",
+        "then",
+        "else",
+        "contains",
+        "propertyNames",
+        "unevaluatedItems",
+        "unevaluatedProperties",
+        "additionalItems",
+    }
+)
+_SORTED_MAPS = frozenset({"$defs", "definitions", "patternProperties", "dependentSchemas"})
+_LISTS = frozenset({"anyOf", "oneOf", "allOf", "prefixItems"})
+_STATIC_ROLES = frozenset({"system", "developer"})
+_CACHE_SIZE = 512
+
+
+def _key_rank(key: str) -> tuple[int, str]:
+    return (_RANK.get(key, _LAST), key)
+
+
+def _sorted_names(names: list[Any]) -> list[Any]:
+    """``names`` sorted when they are all strings (a set of names), else as given."""
+    if all(isinstance(name, str) for name in names):
+        return sorted(names)
+    return names
+
+
+def canonical_schema(schema: Any) -> Any:
+    """``schema`` (a JSON-schema node, or a boolean schema) in canonical form (see the
+    module); a new object, the argument is left alone."""
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key in sorted(schema, key=_key_rank):
+        value = schema[key]
+        if key == "properties" and isinstance(value, dict):
+            value = {name: canonical_schema(sub) for name, sub in value.items()}
+        elif key in _SORTED_MAPS and isinstance(value, dict):
+            value = {name: canonical_schema(value[name]) for name in sorted(value)}
+        elif key in _ONE:
+            value = (
+                [canonical_schema(sub) for sub in value]
+                if isinstance(value, list)  # draft-4 tuple items: ordered
+                else canonical_schema(value)
+            )
+        elif key in _LISTS and isinstance(value, list):
+            value = [canonical_schema(sub) for sub in value]
+        elif key == "required" and isinstance(value, list):
+            value = _sorted_names(value)
+        elif key == "type" and isinstance(value, list):
+            value = _sorted_names(value)
+        elif key == "dependentRequired" and isinstance(value, dict):
+            value = {
+                name: _sorted_names(names) if isinstance(names, list) else names
+                for name, names in sorted(value.items())
+            }
+        out[key] = value
+    return out
+
+
+class _Memo:
+    """A small bounded map from plain JSON bytes to their canonical form (oldest out)."""
+
+    __slots__ = ("_items", "_make")
+
+    def __init__(self, make: Callable[[bytes, Any], Any]) -> None:
+        self._items: dict[bytes, Any] = {}
+        self._make = make
+
+    def get(self, raw: bytes, value: Any) -> Any:
+        items = self._items
+        found = items.get(raw)
+        if found is None:
+            found = self._make(raw, value)
+            if len(items) >= _CACHE_SIZE:
+                del items[next(iter(items))]
+            items[raw] = found
+        return found
+
+
+def _make_tool(_raw: bytes, dumped: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+    function = dumped.get("function")
+    if isinstance(function, dict) and "parameters" in function:
+        function = {**function, "parameters": canonical_schema(function["parameters"])}
+        dumped = {**dumped, "function": function}
+    return dumped, pydantic_core.to_json(dumped)
+
+
+def _make_format(_raw: bytes, dumped: dict[str, Any]) -> dict[str, Any]:
+    schema_format = dumped.get("json_schema")
+    if isinstance(schema_format, dict) and "schema" in schema_format:
+        schema_format = {**schema_format, "schema": canonical_schema(schema_format["schema"])}
+        return {**dumped, "json_schema": schema_format}
+    return dumped
+
+
+_tools_memo = _Memo(_make_tool)
+_format_memo = _Memo(_make_format)
+
+
+def _tool_name(tool: Tool) -> str:
+    return tool.function.name
+
+
+def _canonical_tools(tools: list[Tool]) -> list[tuple[dict[str, Any], bytes]]:
+    """The request's tools, sorted by name, each as (canonical dict, canonical bytes)."""
+    ordered = sorted(tools, key=_tool_name) if len(tools) > 1 else tools
+    memo = _tools_memo
+    out = []
+    for tool in ordered:
+        dumped = tool.model_dump(mode="json", exclude_none=True, by_alias=True)
+        out.append(memo.get(pydantic_core.to_json(dumped), dumped))
+    return out
+
+
+def _sorted_map(value: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: value[key] for key in sorted(value)}
+
+
+_EXCLUDE = {"extra_body", "stream", "stream_options"}
+
+
+def body(
+    request: ChatRequest, *, stream: bool, include_usage: bool = True, exact: bool = False
+) -> dict[str, Any]:
+    """The JSON-ready body for ``request``: canonical (see the module) unless ``exact``,
+    which keeps the caller's orders (fields still in the contract's order, ``None`` left
+    out, ``extra_body`` merged last)."""
+    data = request.model_dump(mode="json", exclude_none=True, by_alias=True, exclude=_EXCLUDE)
+    data["stream"] = stream
+    if stream:
+        options = request.stream_options
+        usage = (
+            include_usage
+            if options is None or options.include_usage is None
+            else options.include_usage
+        )
+        if usage:
+            data["stream_options"] = {"include_usage": True}
+    extra = request.extra_body
+    if not exact:
+        if request.tools:
+            data["tools"] = [tool for tool, _ in _canonical_tools(request.tools)]
+        response_format = data.get("response_format")
+        if response_format is not None and "json_schema" in response_format:
+            raw = pydantic_core.to_json(response_format)
+            data["response_format"] = _format_memo.get(raw, response_format)
+        for key in ("metadata", "logit_bias"):
+            if key in data and len(data[key]) > 1:
+                data[key] = _sorted_map(data[key])
+        if extra and len(extra) > 1:
+            extra = _sorted_map(extra)
+    if extra:
+        data.update(extra)
+    return data
+
+
+def encode(
+    request: ChatRequest, *, stream: bool, include_usage: bool = True, exact: bool = False
+) -> bytes:
+    """The request's body bytes (compact JSON; canonical unless ``exact``)."""
+    return pydantic_core.to_json(
+        body(request, stream=stream, include_usage=include_usage, exact=exact)
+    )
+
+
+# --------------------------------------------------------------------------- the prefix
+
+
+@dataclass(frozen=True, slots=True)
+class PromptPrefix:
+    """The canonical prompt of a request, as segments, and its static prefix's fingerprint.
+
+    Attributes:
+        fingerprint: hex digest of the canonical cacheable (static) prefix: the tools
+            (canonical, sorted) and the leading static messages (``system`` / ``developer``
+            messages before the first other one). Identical across processes and dict
+            orderings; the model name and sampling parameters are not part of it.
+        segments: the canonical bytes of the prompt in the order it is sent: the tools
+            block (``b""`` when there are no tools), then message 0, message 1, ...;
+            byte-identical for equal requests.
+        static: how many messages the static prefix holds (segments ``1 .. static``).
+    """
+
+    fingerprint: str
+    segments: tuple[bytes, ...]
+    static: int = 0
+
+
+def _static_count(messages: list[Message]) -> int:
+    count = 0
+    for message in messages:
+        if message.role not in _STATIC_ROLES:
+            break
+        count += 1
+    return count
+
+
+def _message_bytes(message: Message) -> bytes:
+    return pydantic_core.to_json(message.model_dump(mode="json", exclude_none=True, by_alias=True))
+
+
+def prompt_prefix(request: ChatRequest) -> PromptPrefix:
+    """The canonical prompt segments of ``request`` and its static prefix's fingerprint."""
+    tools = request.tools
+    if tools:
+        tools_block = b"[" + b",".join(raw for _, raw in _canonical_tools(tools)) + b"]"
+    else:
+        tools_block = b""
+    messages = request.messages
+    segments = (tools_block, *(_message_bytes(message) for message in messages))
+    static = _static_count(messages)
+    digest = hashlib.blake2b(digest_size=16)
+    for segment in segments[: static + 1]:
+        digest.update(len(segment).to_bytes(8, "little"))
+        digest.update(segment)
+    return PromptPrefix(digest.hexdigest(), segments, static)
