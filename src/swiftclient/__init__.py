@@ -15,6 +15,7 @@ from ._retry import RetryPolicy
 from ._stream import ChatStream
 from .backends.base import Backend, RequestOptions
 from .backends.http import HTTPBackend
+from .backends.replicas import ReplicaBackend, ReplicaStats
 from .errors import (
     APIConnectionError,
     APIError,
@@ -102,6 +103,8 @@ __all__ = [
     "Price",
     "Pricing",
     "RateLimitError",
+    "ReplicaBackend",
+    "ReplicaStats",
     "RequestOptions",
     "ResponseTooLarge",
     "RetryPolicy",

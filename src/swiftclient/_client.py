@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import Any, Protocol, TypeVar, overload
 
@@ -20,7 +20,7 @@ from ._policies import PolicyHub, prompt_chars
 from ._retry import RetryPolicy
 from ._stream import Call, ChatStream
 from ._structured import structured_output, validation_summary
-from .backends.base import Backend, RequestOptions
+from .backends.base import Backend, RequestOptions, enter_backends
 from .hedging import Hedge
 from .types import AssistantMessage, ChatCompletion, ChatRequest, Message
 
@@ -185,12 +185,7 @@ class AsyncClient:
     async def __aenter__(self) -> AsyncClient:
         """Enter every backend that is itself an async context manager (the local engine
         runs its driver inside this block)."""
-        stack = AsyncExitStack()
-        async with stack:
-            for backend in self._backends.values():
-                if isinstance(backend, AbstractAsyncContextManager):
-                    await stack.enter_async_context(backend)
-            self._stack = stack.pop_all()
+        self._stack = await enter_backends(self._backends.values())
         return self
 
     async def __aexit__(

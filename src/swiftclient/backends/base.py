@@ -6,8 +6,8 @@ execution policies in the client compose around it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -23,6 +23,7 @@ __all__ = [
     "Transport",
     "TransportResponse",
     "check_backend_name",
+    "enter_backends",
 ]
 
 
@@ -31,6 +32,18 @@ def check_backend_name(name: str) -> str:
     if not name or "/" in name:
         raise ConfigurationError(f"backend name must be non-empty without '/': {name!r}")
     return name
+
+
+async def enter_backends(backends: Iterable[object]) -> AsyncExitStack:
+    """Enter every backend that is an async context manager (a local engine runs its driver
+    inside one); returns the stack that exits them, last first. When one fails to enter,
+    those already entered are exited before the error propagates."""
+    async with AsyncExitStack() as stack:
+        for backend in backends:
+            if isinstance(backend, AbstractAsyncContextManager):
+                await stack.enter_async_context(backend)
+        entered = stack.pop_all()
+    return entered
 
 
 @dataclass(frozen=True, slots=True)
