@@ -4,6 +4,7 @@
 """
 
 from ._attempt import AttemptObserver, AttemptRun, Target
+from ._batch import BatchProgress, BatchResult
 from ._breaker import CircuitBreaker
 from ._budget import HedgeBudget, RetryThrottle
 from ._client import NOT_GIVEN, AsyncClient, NotGiven, RouterLike
@@ -74,6 +75,8 @@ __all__ = [
     "AuthenticationError",
     "Backend",
     "BadRequestError",
+    "BatchProgress",
+    "BatchResult",
     "CallCost",
     "ChatCompletion",
     "ChatCompletionChunk",

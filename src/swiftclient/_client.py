@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from types import TracebackType
 from typing import Any, Protocol, TypeVar, overload
 
 import anyio
 import pydantic
 
-from . import errors
+from . import _batch, errors
 from ._accounting import Accounting
 from ._attempt import AttemptObserver, Target
+from ._batch import BatchProgress, BatchRequest, BatchResult
 from ._cost import HedgeStats, Pricing
 from ._deadline import Deadline, Timeout
 from ._policies import PolicyHub, prompt_chars
@@ -414,3 +415,57 @@ class AsyncClient:
         if structured is None:
             return completion
         return structured.parse(completion)
+
+    # ------------------------------------------------------------------ batches
+
+    def batch_iter(
+        self,
+        requests: Iterable[BatchRequest],
+        *,
+        concurrency: int = 8,
+        on_progress: Callable[[BatchProgress], object] | None = None,
+        min_shared_bytes: int = 1024,
+        **defaults: Any,
+    ) -> AbstractAsyncContextManager[AsyncIterator[BatchResult]]:
+        """Run many chats grouped by shared prompt prefix; results as they finish:
+        ``async with client.batch_iter(requests) as results: async for r in results``.
+
+        Each entry is a :class:`ChatRequest` or a mapping of :meth:`stream` arguments
+        (``messages`` required); ``defaults`` (``model``, ``timeout``, request fields) apply
+        to every mapping entry that does not set them. At most ``concurrency`` calls run at
+        once. Entries whose canonical prompts share at least ``min_shared_bytes`` bytes form
+        a group: its first entry is sent first and the rest once its first token arrives
+        (the shared prefix is then cached on the server); groups go depth-first. Every
+        result is a :class:`BatchResult` carrying its input ``index`` and the completion or
+        the error. ``on_progress`` (a function or coroutine function) hears of each finished
+        entry. Leaving the block early cancels what is still running.
+        """
+        return _batch.batch_iter(
+            self,
+            requests,
+            concurrency=concurrency,
+            on_progress=on_progress,
+            min_shared_bytes=min_shared_bytes,
+            defaults=defaults,
+        )
+
+    async def batch(
+        self,
+        requests: Iterable[BatchRequest],
+        *,
+        concurrency: int = 8,
+        on_progress: Callable[[BatchProgress], object] | None = None,
+        min_shared_bytes: int = 1024,
+        **defaults: Any,
+    ) -> list[BatchResult]:
+        """Run many chats grouped by shared prompt prefix (see :meth:`batch_iter`) and return
+        one :class:`BatchResult` per entry, in input order; a failed entry holds its error
+        and never stops the others."""
+        return await _batch.run_batch(
+            self,
+            requests,
+            concurrency=concurrency,
+            on_progress=on_progress,
+            min_shared_bytes=min_shared_bytes,
+            defaults=defaults,
+        )
