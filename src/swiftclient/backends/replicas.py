@@ -59,19 +59,24 @@ class ReplicaStats:
     diverted: int
 
 
+def _url_id(url: str) -> str:
+    """A base URL as a replica id: without its query string, which may carry a key."""
+    return url.split("?", 1)[0].rstrip("/")
+
+
 def _replica_id(backend: Backend) -> str:
     base_url = getattr(backend, "base_url", None)
-    return base_url if isinstance(base_url, str) and base_url else backend.name
+    return _url_id(base_url) if isinstance(base_url, str) and base_url else backend.name
 
 
 class ReplicaBackend:
     """One model on several replicas, routed by prompt-prefix affinity.
 
     Args:
-        replicas: the replicas, as backends (identified by their ``base_url``, else their
-            name) or as a mapping ``{replica id: backend}``. Ids must be unique and stable:
-            they are hashed, so every client process that lists the same ids routes the
-            same prefix to the same replica, whatever the list order.
+        replicas: the replicas, as backends (identified by their ``base_url`` without its
+            query string, else their name) or as a mapping ``{replica id: backend}``. Ids
+            must be unique and stable: they are hashed, so every client process that lists
+            the same ids routes the same prefix to the same replica, whatever the order.
         name: this backend's name (the ``name/`` prefix of model strings).
         balance_abs_threshold: in-flight requests the preferred replica may carry beyond the
             least loaded one before a request is diverted (with the relative threshold).
@@ -153,7 +158,7 @@ class ReplicaBackend:
         if isinstance(base_urls, str):
             raise ConfigurationError("base_urls must be a list of URLs, not one string")
         replicas = {
-            url.rstrip("/"): HTTPBackend(url, api_key, name=f"{name}-{index}", **http_options)
+            _url_id(url): HTTPBackend(url, api_key, name=f"{name}-{index}", **http_options)
             for index, url in enumerate(base_urls)
         }
         if len(replicas) != len(base_urls):
