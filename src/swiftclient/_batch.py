@@ -15,6 +15,7 @@ Each request runs as its own ``client.stream(...)`` call, with every policy of t
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import inspect
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
@@ -329,11 +330,16 @@ async def batch_iter(
             scheduler.release(index)
         counts[0] += 1
         counts[1] += 0 if result.ok else 1
-        send.send_nowait(result)  # the buffer holds every result: never blocks
+        with contextlib.suppress(anyio.BrokenResourceError):  # the caller stopped reading
+            send.send_nowait(result)  # the buffer holds every result: never blocks
         if on_progress is not None:
-            outcome = on_progress(BatchProgress(counts[0], counts[1], total, result))
-            if inspect.isawaitable(outcome):
-                await outcome
+            try:
+                outcome = on_progress(BatchProgress(counts[0], counts[1], total, result))
+                if inspect.isawaitable(outcome):
+                    await outcome
+            except Exception as exc:  # the callback's own failure ends the batch
+                failures.append(exc)
+                group.cancel_scope.cancel()
 
     async def worker() -> None:
         while (index := await scheduler.next()) is not None:
@@ -345,11 +351,19 @@ async def batch_iter(
                 for _ in range(min(concurrency, total)):
                     workers.start_soon(worker)
 
+    # Errors reach the caller as they are, not wrapped in an exception group: the caller's
+    # own (raised in its block) and the progress callback's are held until the group ends.
+    failures: list[Exception] = []
     async with anyio.create_task_group() as group:
         group.start_soon(drive)
-        async with receive:
-            yield receive
+        try:
+            async with receive:
+                yield receive
+        except Exception as exc:
+            failures.append(exc)
         group.cancel_scope.cancel()  # the caller left early: stop what is still running
+    if failures:
+        raise failures[0]
 
 
 async def run_batch(

@@ -273,3 +273,23 @@ async def test_defaults_apply_to_mapping_entries() -> None:
             max_tokens=3,
         )
     assert [result.unwrap().text for result in results] == ["re: hi", "re: there"]
+
+
+async def test_errors_of_the_callers_block_and_of_the_callback_arrive_unwrapped() -> None:
+    backend = Scripted()
+    held = anyio.Event()
+    backend.gates["slow"] = held  # never set: cancelled when the batch ends
+    requests = [{"messages": _msgs("fast", system="s0")}, {"messages": _msgs("slow", system="s1")}]
+    async with _client(backend) as client:
+        with anyio.fail_after(LIMIT), pytest.raises(KeyError, match="mine"):
+            async with client.batch_iter(requests) as results:
+                async for _ in results:
+                    raise KeyError("mine")
+        assert backend.open_now == 0
+
+        def progress(state: BatchProgress) -> None:
+            raise LookupError("callback failed")
+
+        with anyio.fail_after(LIMIT), pytest.raises(LookupError, match="callback failed"):
+            await client.batch(requests, on_progress=progress)
+        assert backend.open_now == 0
