@@ -14,6 +14,7 @@ import pydantic
 from . import errors
 from ._accounting import Accounting
 from ._attempt import AttemptObserver, Target
+from ._canonical import CallEncoding
 from ._cost import HedgeStats, Pricing
 from ._deadline import Deadline, Timeout
 from ._policies import PolicyHub, prompt_chars
@@ -312,7 +313,9 @@ class AsyncClient:
             hedge = self.hedge
         elif hedge is not None and not isinstance(hedge, Hedge):
             raise errors.ConfigurationError(f"hedge must be a Hedge or None, got {hedge!r}")
-        options = RequestOptions(idempotency_key=f"swiftclient-{os.urandom(16).hex()}")
+        options = RequestOptions(
+            idempotency_key=f"swiftclient-{os.urandom(16).hex()}", encoding=CallEncoding()
+        )
         several = len(targets) > 1
         return Call(
             targets,
