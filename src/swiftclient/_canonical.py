@@ -42,7 +42,10 @@ from .types import ChatRequest, Message, Tool
 
 __all__ = [
     "SCHEMA_KEYWORD_ORDER",
+    "CallEncoding",
     "PromptPrefix",
+    "body",
+    "cache_key",
     "canonical_schema",
     "encode",
     "prompt_prefix",
@@ -213,11 +216,17 @@ _EXCLUDE = {"extra_body", "stream", "stream_options"}
 
 
 def body(
-    request: ChatRequest, *, stream: bool, include_usage: bool = True, exact: bool = False
+    request: ChatRequest,
+    *,
+    stream: bool,
+    include_usage: bool = True,
+    exact: bool = False,
+    prompt_cache_key: str | None = None,
 ) -> dict[str, Any]:
     """The JSON-ready body for ``request``: canonical (see the module) unless ``exact``,
     which keeps the caller's orders (fields still in the contract's order, ``None`` left
-    out, ``extra_body`` merged last)."""
+    out, ``extra_body`` merged last). ``prompt_cache_key`` is sent when the request names
+    none itself."""
     data = request.model_dump(mode="json", exclude_none=True, by_alias=True, exclude=_EXCLUDE)
     data["stream"] = stream
     if stream:
@@ -229,6 +238,8 @@ def body(
         )
         if usage:
             data["stream_options"] = {"include_usage": True}
+    if prompt_cache_key is not None and request.prompt_cache_key is None:
+        data["prompt_cache_key"] = prompt_cache_key
     extra = request.extra_body
     if not exact:
         if request.tools:
@@ -248,12 +259,33 @@ def body(
 
 
 def encode(
-    request: ChatRequest, *, stream: bool, include_usage: bool = True, exact: bool = False
+    request: ChatRequest,
+    *,
+    stream: bool,
+    include_usage: bool = True,
+    exact: bool = False,
+    derive_cache_key: bool = False,
 ) -> bytes:
-    """The request's body bytes (compact JSON; canonical unless ``exact``)."""
-    return pydantic_core.to_json(
-        body(request, stream=stream, include_usage=include_usage, exact=exact)
+    """The request's body bytes (compact JSON; canonical unless ``exact``).
+
+    ``derive_cache_key``: send :func:`cache_key` as ``prompt_cache_key`` when the request
+    names none (for providers that take one)."""
+    prefix = prompt_prefix(request) if derive_cache_key else None
+    return _encode(request, stream, include_usage, exact, prefix)
+
+
+def _encode(
+    request: ChatRequest,
+    stream: bool,
+    include_usage: bool,
+    exact: bool,
+    prefix: PromptPrefix | None,
+) -> bytes:
+    key = None if prefix is None else cache_key(prefix)
+    data = body(
+        request, stream=stream, include_usage=include_usage, exact=exact, prompt_cache_key=key
     )
+    return pydantic_core.to_json(data)
 
 
 # --------------------------------------------------------------------------- the prefix
@@ -307,3 +339,68 @@ def prompt_prefix(request: ChatRequest) -> PromptPrefix:
         digest.update(len(segment).to_bytes(8, "little"))
         digest.update(segment)
     return PromptPrefix(digest.hexdigest(), segments, static)
+
+
+def cache_key(prefix: PromptPrefix) -> str | None:
+    """The ``prompt_cache_key`` derived from a prompt's static prefix: requests that share
+    their tools and leading static messages share it. None when the prompt has no static
+    prefix (one key for every unrelated request would crowd them onto one cache machine)."""
+    if not prefix.static and not prefix.segments[0]:
+        return None
+    return f"swc-{prefix.fingerprint}"
+
+
+class CallEncoding:
+    """One call's request bytes and prompt prefix, built once and reused by its attempts.
+
+    Bodies are kept per (model, stream, usage, exact, cache key) — attempts on other models
+    or backends of the same call get their own — and the prompt prefix (model-free) once.
+    A request whose messages or tools are not the very lists the call started with (a
+    different request) is encoded afresh, never served from this memo.
+    """
+
+    __slots__ = ("_bodies", "_messages", "_prefix", "_tools")
+
+    def __init__(self) -> None:
+        self._bodies: dict[tuple[str, bool, bool, bool, bool], bytes] = {}
+        self._messages: list[Message] | None = None
+        self._tools: list[Tool] | None = None
+        self._prefix: PromptPrefix | None = None
+
+    def _ours(self, request: ChatRequest) -> bool:
+        messages = self._messages
+        if messages is None:
+            self._messages = request.messages
+            self._tools = request.tools
+            return True
+        return messages is request.messages and self._tools is request.tools
+
+    def prefix(self, request: ChatRequest) -> PromptPrefix:
+        """:func:`prompt_prefix` of ``request``, computed once per call."""
+        if not self._ours(request):
+            return prompt_prefix(request)
+        prefix = self._prefix
+        if prefix is None:
+            prefix = self._prefix = prompt_prefix(request)
+        return prefix
+
+    def encode(
+        self,
+        request: ChatRequest,
+        *,
+        stream: bool,
+        include_usage: bool = True,
+        exact: bool = False,
+        derive_cache_key: bool = False,
+    ) -> bytes:
+        """:func:`encode` of ``request``, computed once per call and body variant."""
+        if not self._ours(request):
+            prefix = prompt_prefix(request) if derive_cache_key else None
+            return _encode(request, stream, include_usage, exact, prefix)
+        key = (request.model, stream, include_usage, exact, derive_cache_key)
+        found = self._bodies.get(key)
+        if found is None:
+            prefix = self.prefix(request) if derive_cache_key else None
+            found = _encode(request, stream, include_usage, exact, prefix)
+            self._bodies[key] = found
+        return found

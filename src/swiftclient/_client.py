@@ -15,6 +15,7 @@ from . import _batch, errors
 from ._accounting import Accounting
 from ._attempt import AttemptObserver, Target
 from ._batch import BatchProgress, BatchRequest, BatchResult
+from ._canonical import CallEncoding
 from ._cost import HedgeStats, Pricing
 from ._deadline import Deadline, Timeout
 from ._policies import PolicyHub, prompt_chars
@@ -308,7 +309,9 @@ class AsyncClient:
             hedge = self.hedge
         elif hedge is not None and not isinstance(hedge, Hedge):
             raise errors.ConfigurationError(f"hedge must be a Hedge or None, got {hedge!r}")
-        options = RequestOptions(idempotency_key=f"swiftclient-{os.urandom(16).hex()}")
+        options = RequestOptions(
+            idempotency_key=f"swiftclient-{os.urandom(16).hex()}", encoding=CallEncoding()
+        )
         several = len(targets) > 1
         return Call(
             targets,

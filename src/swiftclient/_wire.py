@@ -8,23 +8,7 @@ what provider prompt caches key on. ``exact=True`` keeps the caller's own orders
 
 from __future__ import annotations
 
-from typing import Any
-
-from ._canonical import body, encode
-from .types import ChatRequest
+from ._canonical import body as request_body
+from ._canonical import encode as encode_request
 
 __all__ = ["encode_request", "request_body"]
-
-
-def request_body(
-    request: ChatRequest, *, stream: bool, include_usage: bool = True, exact: bool = False
-) -> dict[str, Any]:
-    """Return the JSON-ready body for ``request``."""
-    return body(request, stream=stream, include_usage=include_usage, exact=exact)
-
-
-def encode_request(
-    request: ChatRequest, *, stream: bool, include_usage: bool = True, exact: bool = False
-) -> bytes:
-    """Return the JSON bytes for ``request`` (canonical unless ``exact``)."""
-    return encode(request, stream=stream, include_usage=include_usage, exact=exact)

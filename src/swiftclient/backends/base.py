@@ -11,6 +11,7 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from .._canonical import CallEncoding
 from .._deadline import Deadline
 from ..errors import ConfigurationError
 from ..types import ChatCompletion, ChatCompletionChunk, ChatRequest
@@ -51,11 +52,14 @@ class RequestOptions:
     """Per-call settings the policy layer hands each attempt.
 
     ``idempotency_key`` is the same for every attempt of one call; ``headers`` are extra
-    transport headers (backends that have no headers ignore them).
+    transport headers (backends that have no headers ignore them). ``encoding`` holds the
+    call's request bytes and prompt prefix, built once and reused by every attempt (backends
+    that send no bytes ignore it).
     """
 
     idempotency_key: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
+    encoding: CallEncoding | None = None
 
 
 @runtime_checkable
