@@ -377,3 +377,13 @@ async def test_from_urls_routes_each_prefix_to_one_server() -> None:
             assert len(got) == 2
         assert len(one.requests) + len(two.requests) == 8
         assert _in_flight(backend) == [0, 0]
+
+
+async def test_a_custom_key_decides_the_route() -> None:
+    replicas = _replicas(3)
+    backend = ReplicaBackend(replicas, key=lambda request: "one tenant")
+    expected = backend.ids[backend.order("one tenant")[0]]
+    async with AsyncClient(backend=backend, model="m", retry=NO_RETRY) as client:
+        for system in ("alpha", "beta", "gamma", "delta"):
+            assert (await client.chat(_system(system))).text == expected
+    assert backend.stats()[expected].sent == 4

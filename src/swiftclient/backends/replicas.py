@@ -131,7 +131,7 @@ class ReplicaBackend:
         self.balance_abs_threshold = balance_abs_threshold
         self.balance_rel_threshold = float(balance_rel_threshold)
         self.cooldown = float(cooldown)
-        self._key = key or prefix_fingerprint
+        self._custom_key = key
         self._salts = tuple(replica_id.encode() + b"\x00" for replica_id in ids)
         count = len(ids)
         self._in_flight = [0] * count
@@ -188,10 +188,18 @@ class ReplicaBackend:
 
     def preferred(self, request: ChatRequest) -> str:
         """The id of the replica ``request``'s prefix prefers (load and cooldowns aside)."""
-        return self.ids[self.order(self._key(request))[0]]
+        return self.ids[self.order(self._routing_key(request, None))[0]]
 
-    def _choose(self, request: ChatRequest) -> int:
-        order = self.order(self._key(request))
+    def _routing_key(self, request: ChatRequest, options: RequestOptions | None) -> str:
+        if self._custom_key is not None:
+            return self._custom_key(request)
+        encoding = options.encoding if options is not None else None
+        if encoding is not None:  # the call's prefix, computed once for all its attempts
+            return encoding.prefix(request).fingerprint
+        return prefix_fingerprint(request)
+
+    def _choose(self, request: ChatRequest, options: RequestOptions | None = None) -> int:
+        order = self.order(self._routing_key(request, options))
         now = time.monotonic()
         up = [index for index in order if self._down_until[index] <= now] or order
         preferred = up[0]
@@ -203,8 +211,8 @@ class ReplicaBackend:
             return least
         return preferred
 
-    def _enter(self, request: ChatRequest) -> int:
-        index = self._choose(request)
+    def _enter(self, request: ChatRequest, options: RequestOptions | None) -> int:
+        index = self._choose(request, options)
         self._in_flight[index] += 1
         self._sent[index] += 1
         return index
@@ -226,7 +234,7 @@ class ReplicaBackend:
     async def _stream(
         self, request: ChatRequest, deadline: Deadline, options: RequestOptions | None
     ) -> AsyncIterator[AsyncIterator[ChatCompletionChunk]]:
-        index = self._enter(request)
+        index = self._enter(request, options)
         try:
             async with self.replicas[index].stream(request, deadline, options) as chunks:
                 yield chunks
@@ -247,7 +255,7 @@ class ReplicaBackend:
         self, request: ChatRequest, deadline: Deadline, options: RequestOptions | None = None
     ) -> ChatCompletion:
         """Run a non-streamed completion on the replica the request's prefix prefers."""
-        index = self._enter(request)
+        index = self._enter(request, options)
         try:
             return await self.replicas[index].complete(request, deadline, options)
         except BaseException as exc:
