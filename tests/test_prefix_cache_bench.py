@@ -21,10 +21,11 @@ def test_prefix_cache_quick_run_measures_every_arm() -> None:
         cwd=ROOT,
     )
     rows = [line for line in out.stdout.splitlines() if line.startswith("| c ")]
-    arms = [row.split("|")[2].strip() for row in rows]
+    arms = [row.split("|")[3].strip() for row in rows]
     assert arms == ["naive", "swiftclient, random routing", "swiftclient"]
     for row in rows:
         cells = [cell.strip() for cell in row.strip("|").split("|")]
-        assert cells[2] == "8" and cells[-1] == "0", row  # 8 requests, no errors
-        assert int(cells[3]) > 0  # the servers reported prompt tokens
+        assert cells[1] == "2" and cells[3] == "8", row  # 2 replicas, 8 requests
+        assert cells[-1] == "0", row  # no errors
+        assert int(cells[4]) > 0  # the servers reported prompt tokens
     assert "mean TTFT naive / swiftclient" in out.stdout

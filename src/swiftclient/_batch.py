@@ -244,8 +244,13 @@ def _prefix_key(entry: _Entry, default_model: str | None) -> bytes | None:
         request = ChatRequest.model_validate({"model": model, "messages": messages, **fields})
     except (pydantic.ValidationError, TypeError, ValueError):
         return None
-    parts = [model.encode()]
-    parts.extend(prompt_prefix(request).segments)
+    prefix = prompt_prefix(request)
+    tools, messages = prefix.segments[0], prefix.segments[1:]
+    # In the order chat templates render a prompt (vLLM, SGLang and our engine alike): the
+    # leading static messages, then the tools (rendered into the system turn), then the rest.
+    # Requests with different system prompts share no prefix there even when their tools
+    # are equal, so they are not held back for each other.
+    parts = [model.encode(), *messages[: prefix.static], tools, *messages[prefix.static :]]
     # Each part ends in a byte canonical JSON never holds raw, so a boundary stays one.
     return b"\x00".join(parts) + b"\x00"
 

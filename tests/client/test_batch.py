@@ -293,3 +293,37 @@ async def test_errors_of_the_callers_block_and_of_the_callback_arrive_unwrapped(
         with anyio.fail_after(LIMIT), pytest.raises(LookupError, match="callback failed"):
             await client.batch(requests, on_progress=progress)
         assert backend.open_now == 0
+
+
+async def test_equal_tools_under_different_system_prompts_form_no_group() -> None:
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": f"tool_{i}",
+                "description": "A tool with a long description. " * 20,
+                "parameters": {"type": "object", "properties": {"x": {"type": "string"}}},
+            },
+        }
+        for i in range(4)
+    ]
+    backend = Scripted()
+    backend.gates["a0"] = anyio.Event()  # would hold a follower of a0's group
+    requests = [
+        {"messages": _msgs("a0", system="agent A"), "tools": tools},
+        {"messages": _msgs("b0", system="agent B"), "tools": tools},
+        {"messages": _msgs("a1", system="agent A"), "tools": tools},
+    ]
+    async with _client(backend) as client:
+        async with anyio.create_task_group() as tg:
+            results: list[BatchResult] = []
+
+            async def run() -> None:
+                results.extend(await client.batch(requests))
+
+            tg.start_soon(run)
+            # b0 goes at once (another system prompt); a1 waits for a0's first token.
+            await backend.wait_for(lambda: sorted(backend.opened) == ["a0", "b0"])
+            assert "a1" not in backend.opened
+            backend.gates["a0"].set()
+    assert [result.ok for result in results] == [True, True, True]
