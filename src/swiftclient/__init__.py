@@ -6,6 +6,7 @@
 from ._attempt import AttemptObserver, AttemptRun, Target
 from ._breaker import CircuitBreaker
 from ._budget import HedgeBudget, RetryThrottle
+from ._canonical import PromptPrefix
 from ._client import NOT_GIVEN, AsyncClient, NotGiven, RouterLike
 from ._cost import CallCost, HedgeStats, Price, Pricing
 from ._deadline import Deadline, Timeout
@@ -15,6 +16,7 @@ from ._retry import RetryPolicy
 from ._stream import ChatStream
 from .backends.base import Backend, RequestOptions
 from .backends.http import HTTPBackend
+from .conversation import Conversation, PrefixBrokenWarning
 from .errors import (
     APIConnectionError,
     APIError,
@@ -43,6 +45,7 @@ from .errors import (
     UnprocessableEntityError,
 )
 from .hedging import Hedge
+from .prompt_cache import CacheUsage, PrefixBreak, VolatilePrefixWarning
 from .types import (
     AssistantMessage,
     Attempt,
@@ -73,6 +76,7 @@ __all__ = [
     "AuthenticationError",
     "Backend",
     "BadRequestError",
+    "CacheUsage",
     "CallCost",
     "ChatCompletion",
     "ChatCompletionChunk",
@@ -82,6 +86,7 @@ __all__ = [
     "ConfigurationError",
     "ConflictError",
     "ConnectTimeout",
+    "Conversation",
     "Deadline",
     "DeadlineExceeded",
     "EngineError",
@@ -99,8 +104,11 @@ __all__ = [
     "PermissionDeniedError",
     "PolicyHub",
     "PoolTimeout",
+    "PrefixBreak",
+    "PrefixBrokenWarning",
     "Price",
     "Pricing",
+    "PromptPrefix",
     "RateLimitError",
     "RequestOptions",
     "ResponseTooLarge",
@@ -118,6 +126,7 @@ __all__ = [
     "ToolCall",
     "UnprocessableEntityError",
     "Usage",
+    "VolatilePrefixWarning",
     "__version__",
     "prompt_bucket",
 ]

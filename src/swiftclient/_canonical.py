@@ -48,6 +48,7 @@ __all__ = [
     "cache_key",
     "canonical_schema",
     "encode",
+    "leading_static",
     "prompt_prefix",
 ]
 
@@ -311,7 +312,9 @@ class PromptPrefix:
     static: int = 0
 
 
-def _static_count(messages: list[Message]) -> int:
+def leading_static(messages: list[Message]) -> int:
+    """How many leading messages are system / developer messages (the static prefix when
+    no layout marks say otherwise)."""
     count = 0
     for message in messages:
         if message.role not in _STATIC_ROLES:
@@ -324,8 +327,12 @@ def _message_bytes(message: Message) -> bytes:
     return pydantic_core.to_json(message.model_dump(mode="json", exclude_none=True, by_alias=True))
 
 
-def prompt_prefix(request: ChatRequest) -> PromptPrefix:
-    """The canonical prompt segments of ``request`` and its static prefix's fingerprint."""
+def prompt_prefix(request: ChatRequest, static: int | None = None) -> PromptPrefix:
+    """The canonical prompt segments of ``request`` and its static prefix's fingerprint.
+
+    ``static``: how many leading messages are static (the layout marks said so; see
+    :func:`swiftclient.prompt_cache.arrange`); by default the leading system / developer
+    messages."""
     tools = request.tools
     if tools:
         tools_block = b"[" + b",".join(raw for _, raw in _canonical_tools(tools)) + b"]"
@@ -333,7 +340,10 @@ def prompt_prefix(request: ChatRequest) -> PromptPrefix:
         tools_block = b""
     messages = request.messages
     segments = (tools_block, *(_message_bytes(message) for message in messages))
-    static = _static_count(messages)
+    if static is None:
+        static = leading_static(messages)
+    else:
+        static = min(static, len(messages))
     digest = hashlib.blake2b(digest_size=16)
     for segment in segments[: static + 1]:
         digest.update(len(segment).to_bytes(8, "little"))
@@ -353,15 +363,19 @@ def cache_key(prefix: PromptPrefix) -> str | None:
 class CallEncoding:
     """One call's request bytes and prompt prefix, built once and reused by its attempts.
 
+    ``static`` is how many leading messages the call's layout marks made static (None: the
+    leading system / developer messages).
+
     Bodies are kept per (model, stream, usage, exact, cache key) — attempts on other models
     or backends of the same call get their own — and the prompt prefix (model-free) once.
     A request whose messages or tools are not the very lists the call started with (a
     different request) is encoded afresh, never served from this memo.
     """
 
-    __slots__ = ("_bodies", "_messages", "_prefix", "_tools")
+    __slots__ = ("_bodies", "_messages", "_prefix", "_static", "_tools")
 
-    def __init__(self) -> None:
+    def __init__(self, static: int | None = None) -> None:
+        self._static = static
         self._bodies: dict[tuple[str, bool, bool, bool, bool], bytes] = {}
         self._messages: list[Message] | None = None
         self._tools: list[Tool] | None = None
@@ -376,12 +390,13 @@ class CallEncoding:
         return messages is request.messages and self._tools is request.tools
 
     def prefix(self, request: ChatRequest) -> PromptPrefix:
-        """:func:`prompt_prefix` of ``request``, computed once per call."""
+        """:func:`prompt_prefix` of ``request`` (with the call's layout), computed once per
+        call."""
         if not self._ours(request):
-            return prompt_prefix(request)
+            return prompt_prefix(request, self._static)
         prefix = self._prefix
         if prefix is None:
-            prefix = self._prefix = prompt_prefix(request)
+            prefix = self._prefix = prompt_prefix(request, self._static)
         return prefix
 
     def encode(
