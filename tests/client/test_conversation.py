@@ -25,12 +25,12 @@ def _client(script: Script) -> AsyncClient:
     return AsyncClient(backend, model="m")
 
 
-def _tool_call_reply() -> list[bytes]:
+def _tool_call_reply(name: str = "weather") -> list[bytes]:
     call = {
         "index": 0,
         "id": "call_1",
         "type": "function",
-        "function": {"name": "weather", "arguments": '{"city":"Paris"}'},
+        "function": {"name": name, "arguments": '{"city":"Paris"}'},
     }
     return [
         chunk(role="assistant"),
@@ -137,3 +137,28 @@ def test_bad_input_is_rejected() -> None:
     with pytest.raises(ValueError):
         conversation.append({"role": "robot", "content": "x"})
     assert repr(conversation) == "Conversation(messages=0, static=0)"
+
+
+async def test_the_agent_example_runs_on_a_conversation(capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "examples" / "agent_tools.py"
+    spec = importlib.util.spec_from_file_location("agent_tools_example", path)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    parts = [
+        chunk(role="assistant"),
+        chunk("It is sunny."),
+        chunk(finish="stop"),
+        b"data: [DONE]\n\n",
+    ]
+    script = Script().add(parts=_tool_call_reply("get_weather")).add(parts=parts)
+    async with _client(script) as client:
+        answer = await example.run_agent(client, "Weather in Paris?")
+    assert answer == "It is sunny."
+    assert 'tool get_weather({"city":"Paris"})' in capsys.readouterr().out
+    bodies = [json.loads(request.content) for request in script.requests]
+    assert bodies[1]["messages"][: len(bodies[0]["messages"])] == bodies[0]["messages"]
+    assert bodies[1]["messages"][-1]["role"] == "tool"
