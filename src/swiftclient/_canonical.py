@@ -172,7 +172,7 @@ class _Memo:
         if found is None:
             found = self._make(value())
             if len(items) >= _CACHE_SIZE:
-                del items[next(iter(items))]
+                items.pop(next(iter(items), raw), None)  # the oldest out
             items[raw] = found
         return found
 

@@ -145,7 +145,7 @@ _VOLATILE: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
         "a counter",
         re.compile(
-            r"\b(?:turn|request|call|attempt|iteration|step|run)\s*(?:#|no\.?|number)?\s*:?\s*\d+\b",
+            r"\b(?:turn|request|iteration|attempt)\s*(?:#|no\.?|number)?\s*:?\s*\d+\b",
             re.IGNORECASE,
         ),
     ),
@@ -195,7 +195,8 @@ class PrefixLint:
                     f"messages[{index}] ({message.role}) at character {match.start()}. It "
                     "changes from call to call, so the provider's prompt cache misses from "
                     "there on. Move it out of the static prefix: send it in a message marked "
-                    "swiftclient.prompt_cache.turn(...) (sent last), or leave it out.",
+                    "swiftclient.prompt_cache.turn(...) (sent last), or leave it out. (If it "
+                    "is the same in every call, it does no harm.)",
                     VolatilePrefixWarning,
                     stacklevel=4,
                 )

@@ -127,7 +127,13 @@ def test_a_stable_prefix_does_not_warn() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         PrefixLint().check(
-            [Message(role="system", content="You answer in 3 sentences. Version 2 of the rules.")],
+            [
+                Message(
+                    role="system",
+                    content="You answer in 3 sentences. Version 2 of the rules. Step 1: read. "
+                    "Step 2: call 2 tools at most. Chapter 12:3 of the manual.",
+                )
+            ],
             1,
         )
 
