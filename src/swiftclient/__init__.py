@@ -7,6 +7,7 @@ from ._attempt import AttemptObserver, AttemptRun, Target
 from ._batch import BatchProgress, BatchResult
 from ._breaker import CircuitBreaker
 from ._budget import HedgeBudget, RetryThrottle
+from ._canonical import PromptPrefix
 from ._client import NOT_GIVEN, AsyncClient, NotGiven, RouterLike
 from ._cost import CallCost, HedgeStats, Price, Pricing
 from ._deadline import Deadline, Timeout
@@ -17,6 +18,7 @@ from ._stream import ChatStream
 from .backends.base import Backend, RequestOptions
 from .backends.http import HTTPBackend
 from .backends.replicas import ReplicaBackend, ReplicaStats
+from .conversation import Conversation, PrefixBrokenWarning
 from .errors import (
     APIConnectionError,
     APIError,
@@ -45,6 +47,7 @@ from .errors import (
     UnprocessableEntityError,
 )
 from .hedging import Hedge
+from .prompt_cache import CacheUsage, PrefixBreak, VolatilePrefixWarning
 from .types import (
     AssistantMessage,
     Attempt,
@@ -77,6 +80,7 @@ __all__ = [
     "BadRequestError",
     "BatchProgress",
     "BatchResult",
+    "CacheUsage",
     "CallCost",
     "ChatCompletion",
     "ChatCompletionChunk",
@@ -86,6 +90,7 @@ __all__ = [
     "ConfigurationError",
     "ConflictError",
     "ConnectTimeout",
+    "Conversation",
     "Deadline",
     "DeadlineExceeded",
     "EngineError",
@@ -103,8 +108,11 @@ __all__ = [
     "PermissionDeniedError",
     "PolicyHub",
     "PoolTimeout",
+    "PrefixBreak",
+    "PrefixBrokenWarning",
     "Price",
     "Pricing",
+    "PromptPrefix",
     "RateLimitError",
     "ReplicaBackend",
     "ReplicaStats",
@@ -124,6 +132,7 @@ __all__ = [
     "ToolCall",
     "UnprocessableEntityError",
     "Usage",
+    "VolatilePrefixWarning",
     "__version__",
     "prompt_bucket",
 ]

@@ -28,7 +28,7 @@ import pydantic
 
 from ._canonical import prompt_prefix
 from .errors import ConfigurationError
-from .types import ChatCompletion, ChatRequest, Message
+from .types import ChatCompletion, ChatRequest
 
 if TYPE_CHECKING:
     from ._client import AsyncClient
@@ -231,26 +231,29 @@ def _entry(item: BatchRequest, defaults: Mapping[str, Any], index: int) -> _Entr
 
 
 def _prefix_key(entry: _Entry, default_model: str | None) -> bytes | None:
-    """The entry's canonical prompt bytes (model first), or None when it is not a valid
-    request (it then fails on its own when sent, with the client's error)."""
-    messages = entry.messages
-    if isinstance(messages, str):
-        messages = [Message(role="user", content=messages)]
+    """The entry's canonical prompt bytes (model first, in layout order), or None when it is
+    not a valid request (it then fails on its own when sent, with the client's error)."""
+    from ._client import request_messages  # the client imports this module
+
     fields = {k: v for k, v in entry.kwargs.items() if k not in _CALL_ONLY}
     model = fields.pop("model", None) or default_model
     if not isinstance(model, str):
         return None
     try:
+        messages, static, tools = request_messages(entry.messages)
+        if tools and "tools" not in fields:
+            fields["tools"] = tools
         request = ChatRequest.model_validate({"model": model, "messages": messages, **fields})
     except (pydantic.ValidationError, TypeError, ValueError):
         return None
-    prefix = prompt_prefix(request)
-    tools, messages = prefix.segments[0], prefix.segments[1:]
+    prefix = prompt_prefix(request, static)
+    tools_block, segments = prefix.segments[0], prefix.segments[1:]
     # In the order chat templates render a prompt (vLLM, SGLang and our engine alike): the
     # leading static messages, then the tools (rendered into the system turn), then the rest.
     # Requests with different system prompts share no prefix there even when their tools
     # are equal, so they are not held back for each other.
-    parts = [model.encode(), *messages[: prefix.static], tools, *messages[prefix.static :]]
+    head, rest = segments[: prefix.static], segments[prefix.static :]
+    parts = [model.encode(), *head, tools_block, *rest]
     # Each part ends in a byte canonical JSON never holds raw, so a boundary stays one.
     return b"\x00".join(parts) + b"\x00"
 

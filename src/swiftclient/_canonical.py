@@ -34,6 +34,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import pydantic_core
@@ -48,6 +49,7 @@ __all__ = [
     "cache_key",
     "canonical_schema",
     "encode",
+    "leading_static",
     "prompt_prefix",
 ]
 
@@ -158,22 +160,24 @@ class _Memo:
 
     __slots__ = ("_items", "_make")
 
-    def __init__(self, make: Callable[[bytes, Any], Any]) -> None:
+    def __init__(self, make: Callable[[Any], Any]) -> None:
         self._items: dict[bytes, Any] = {}
         self._make = make
 
-    def get(self, raw: bytes, value: Any) -> Any:
+    def get(self, raw: bytes, value: Callable[[], Any]) -> Any:
+        """The canonical form of the value whose plain bytes are ``raw``; ``value()`` gives
+        the plain value on a miss."""
         items = self._items
         found = items.get(raw)
         if found is None:
-            found = self._make(raw, value)
+            found = self._make(value())
             if len(items) >= _CACHE_SIZE:
-                del items[next(iter(items))]
+                items.pop(next(iter(items), raw), None)  # the oldest out
             items[raw] = found
         return found
 
 
-def _make_tool(_raw: bytes, dumped: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+def _make_tool(dumped: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
     function = dumped.get("function")
     if isinstance(function, dict) and "parameters" in function:
         function = {**function, "parameters": canonical_schema(function["parameters"])}
@@ -181,7 +185,7 @@ def _make_tool(_raw: bytes, dumped: dict[str, Any]) -> tuple[dict[str, Any], byt
     return dumped, pydantic_core.to_json(dumped)
 
 
-def _make_format(_raw: bytes, dumped: dict[str, Any]) -> dict[str, Any]:
+def _make_format(dumped: dict[str, Any]) -> dict[str, Any]:
     schema_format = dumped.get("json_schema")
     if isinstance(schema_format, dict) and "schema" in schema_format:
         schema_format = {**schema_format, "schema": canonical_schema(schema_format["schema"])}
@@ -191,6 +195,7 @@ def _make_format(_raw: bytes, dumped: dict[str, Any]) -> dict[str, Any]:
 
 _tools_memo = _Memo(_make_tool)
 _format_memo = _Memo(_make_format)
+_tool_json = Tool.__pydantic_serializer__.to_json
 
 
 def _tool_name(tool: Tool) -> str:
@@ -198,13 +203,16 @@ def _tool_name(tool: Tool) -> str:
 
 
 def _canonical_tools(tools: list[Tool]) -> list[tuple[dict[str, Any], bytes]]:
-    """The request's tools, sorted by name, each as (canonical dict, canonical bytes)."""
+    """The request's tools, sorted by name, each as (canonical dict, canonical bytes).
+    A tool's plain bytes (one serialization in pydantic-core) find its canonical form."""
     ordered = sorted(tools, key=_tool_name) if len(tools) > 1 else tools
     memo = _tools_memo
     out = []
     for tool in ordered:
-        dumped = tool.model_dump(mode="json", exclude_none=True, by_alias=True)
-        out.append(memo.get(pydantic_core.to_json(dumped), dumped))
+        raw = _tool_json(tool, exclude_none=True, by_alias=True)
+        out.append(
+            memo.get(raw, partial(tool.model_dump, mode="json", exclude_none=True, by_alias=True))
+        )
     return out
 
 
@@ -213,6 +221,7 @@ def _sorted_map(value: Mapping[str, Any]) -> dict[str, Any]:
 
 
 _EXCLUDE = {"extra_body", "stream", "stream_options"}
+_EXCLUDE_TOOLS = {*_EXCLUDE, "tools"}  # canonical tools come from their own memo
 
 
 def body(
@@ -226,8 +235,34 @@ def body(
     """The JSON-ready body for ``request``: canonical (see the module) unless ``exact``,
     which keeps the caller's orders (fields still in the contract's order, ``None`` left
     out, ``extra_body`` merged last). ``prompt_cache_key`` is sent when the request names
-    none itself."""
-    data = request.model_dump(mode="json", exclude_none=True, by_alias=True, exclude=_EXCLUDE)
+    none itself. The dict may share parts with a memo: read it, do not change it."""
+    data, tools = _body(request, stream, include_usage, exact, prompt_cache_key)
+    if tools:
+        data["tools"] = [tool for tool, _ in tools]
+    return data
+
+
+_CanonicalTools = list[tuple[dict[str, Any], bytes]]
+
+
+def _body(
+    request: ChatRequest,
+    stream: bool,
+    include_usage: bool,
+    exact: bool,
+    prompt_cache_key: str | None,
+    canonical_tools: _CanonicalTools | None = None,
+) -> tuple[dict[str, Any], _CanonicalTools | None]:
+    """The body without its canonical tools, and those tools (None: none, or sent as
+    given in ``data``)."""
+    extra = request.extra_body
+    tools = None if exact or (extra and "tools" in extra) else request.tools
+    data = request.model_dump(
+        mode="json",
+        exclude_none=True,
+        by_alias=True,
+        exclude=_EXCLUDE_TOOLS if tools else _EXCLUDE,
+    )
     data["stream"] = stream
     if stream:
         options = request.stream_options
@@ -240,14 +275,11 @@ def body(
             data["stream_options"] = {"include_usage": True}
     if prompt_cache_key is not None and request.prompt_cache_key is None:
         data["prompt_cache_key"] = prompt_cache_key
-    extra = request.extra_body
     if not exact:
-        if request.tools:
-            data["tools"] = [tool for tool, _ in _canonical_tools(request.tools)]
         response_format = data.get("response_format")
         if response_format is not None and "json_schema" in response_format:
             raw = pydantic_core.to_json(response_format)
-            data["response_format"] = _format_memo.get(raw, response_format)
+            data["response_format"] = _format_memo.get(raw, partial(dict, response_format))
         for key in ("metadata", "logit_bias"):
             if key in data and len(data[key]) > 1:
                 data[key] = _sorted_map(data[key])
@@ -255,7 +287,9 @@ def body(
             extra = _sorted_map(extra)
     if extra:
         data.update(extra)
-    return data
+    if not tools:
+        return data, None
+    return data, canonical_tools if canonical_tools is not None else _canonical_tools(tools)
 
 
 def encode(
@@ -280,12 +314,15 @@ def _encode(
     include_usage: bool,
     exact: bool,
     prefix: PromptPrefix | None,
+    canonical_tools: _CanonicalTools | None = None,
 ) -> bytes:
     key = None if prefix is None else cache_key(prefix)
-    data = body(
-        request, stream=stream, include_usage=include_usage, exact=exact, prompt_cache_key=key
-    )
-    return pydantic_core.to_json(data)
+    data, tools = _body(request, stream, include_usage, exact, key, canonical_tools)
+    raw = pydantic_core.to_json(data)
+    if not tools:
+        return raw
+    # The canonical tools' bytes come from their memo: spliced in last, not serialized again.
+    return b"".join((raw[:-1], b',"tools":[', b",".join(t for _, t in tools), b"]}"))
 
 
 # --------------------------------------------------------------------------- the prefix
@@ -311,7 +348,9 @@ class PromptPrefix:
     static: int = 0
 
 
-def _static_count(messages: list[Message]) -> int:
+def leading_static(messages: list[Message]) -> int:
+    """How many leading messages are system / developer messages (the static prefix when
+    no layout marks say otherwise)."""
     count = 0
     for message in messages:
         if message.role not in _STATIC_ROLES:
@@ -324,16 +363,29 @@ def _message_bytes(message: Message) -> bytes:
     return pydantic_core.to_json(message.model_dump(mode="json", exclude_none=True, by_alias=True))
 
 
-def prompt_prefix(request: ChatRequest) -> PromptPrefix:
-    """The canonical prompt segments of ``request`` and its static prefix's fingerprint."""
+def prompt_prefix(
+    request: ChatRequest,
+    static: int | None = None,
+    *,
+    _tools: _CanonicalTools | None = None,
+) -> PromptPrefix:
+    """The canonical prompt segments of ``request`` and its static prefix's fingerprint.
+
+    ``static``: how many leading messages are static (the layout marks said so; see
+    :func:`swiftclient.prompt_cache.arrange`); by default the leading system / developer
+    messages."""
     tools = request.tools
     if tools:
-        tools_block = b"[" + b",".join(raw for _, raw in _canonical_tools(tools)) + b"]"
+        canonical = _tools if _tools is not None else _canonical_tools(tools)
+        tools_block = b"[" + b",".join(raw for _, raw in canonical) + b"]"
     else:
         tools_block = b""
     messages = request.messages
     segments = (tools_block, *(_message_bytes(message) for message in messages))
-    static = _static_count(messages)
+    if static is None:
+        static = leading_static(messages)
+    else:
+        static = min(static, len(messages))
     digest = hashlib.blake2b(digest_size=16)
     for segment in segments[: static + 1]:
         digest.update(len(segment).to_bytes(8, "little"))
@@ -353,15 +405,20 @@ def cache_key(prefix: PromptPrefix) -> str | None:
 class CallEncoding:
     """One call's request bytes and prompt prefix, built once and reused by its attempts.
 
+    ``static`` is how many leading messages the call's layout marks made static (None: the
+    leading system / developer messages).
+
     Bodies are kept per (model, stream, usage, exact, cache key) — attempts on other models
     or backends of the same call get their own — and the prompt prefix (model-free) once.
     A request whose messages or tools are not the very lists the call started with (a
     different request) is encoded afresh, never served from this memo.
     """
 
-    __slots__ = ("_bodies", "_messages", "_prefix", "_tools")
+    __slots__ = ("_bodies", "_canonical_tools", "_messages", "_prefix", "_static", "_tools")
 
-    def __init__(self) -> None:
+    def __init__(self, static: int | None = None) -> None:
+        self._static = static
+        self._canonical_tools: _CanonicalTools | None = None
         self._bodies: dict[tuple[str, bool, bool, bool, bool], bytes] = {}
         self._messages: list[Message] | None = None
         self._tools: list[Tool] | None = None
@@ -376,13 +433,22 @@ class CallEncoding:
         return messages is request.messages and self._tools is request.tools
 
     def prefix(self, request: ChatRequest) -> PromptPrefix:
-        """:func:`prompt_prefix` of ``request``, computed once per call."""
+        """:func:`prompt_prefix` of ``request`` (with the call's layout), computed once per
+        call."""
         if not self._ours(request):
-            return prompt_prefix(request)
+            return prompt_prefix(request, self._static)
         prefix = self._prefix
         if prefix is None:
-            prefix = self._prefix = prompt_prefix(request)
+            tools = self._tools_of(request)
+            prefix = self._prefix = prompt_prefix(request, self._static, _tools=tools)
         return prefix
+
+    def _tools_of(self, request: ChatRequest) -> _CanonicalTools | None:
+        """The call's canonical tools, made once (the request is the call's own)."""
+        found = self._canonical_tools
+        if found is None and request.tools:
+            found = self._canonical_tools = _canonical_tools(request.tools)
+        return found
 
     def encode(
         self,
@@ -401,6 +467,7 @@ class CallEncoding:
         found = self._bodies.get(key)
         if found is None:
             prefix = self.prefix(request) if derive_cache_key else None
-            found = _encode(request, stream, include_usage, exact, prefix)
+            tools = None if exact else self._tools_of(request)
+            found = _encode(request, stream, include_usage, exact, prefix, tools)
             self._bodies[key] = found
         return found

@@ -15,7 +15,7 @@ from . import _batch, errors
 from ._accounting import Accounting
 from ._attempt import AttemptObserver, Target
 from ._batch import BatchProgress, BatchRequest, BatchResult
-from ._canonical import CallEncoding
+from ._canonical import CallEncoding, leading_static
 from ._cost import HedgeStats, Pricing
 from ._deadline import Deadline, Timeout
 from ._policies import PolicyHub, prompt_chars
@@ -23,13 +23,17 @@ from ._retry import RetryPolicy
 from ._stream import Call, ChatStream
 from ._structured import structured_output, validation_summary
 from .backends.base import Backend, RequestOptions, enter_backends
+from .conversation import Conversation
 from .hedging import Hedge
+from .prompt_cache import CacheAccounting, CacheUsage, Marked, PrefixLint, arrange
 from .types import AssistantMessage, ChatCompletion, ChatRequest, Message
 
 __all__ = ["AsyncClient", "NOT_GIVEN", "NotGiven", "RouterLike"]
 
 T = TypeVar("T")
-MessagesInput = str | Sequence[Message | AssistantMessage | Mapping[str, Any]]
+MessagesInput = (
+    str | Conversation | Sequence[Message | AssistantMessage | Mapping[str, Any] | Marked]
+)
 ModelInput = str | Sequence[str] | None
 
 
@@ -63,21 +67,36 @@ class NotGiven:
 NOT_GIVEN = NotGiven()
 
 
-def _messages(messages: MessagesInput) -> list[Message]:
+def _messages(messages: MessagesInput) -> tuple[list[Message], int | None]:
+    """The validated messages in layout order, and how many lead as static when layout marks
+    (:mod:`swiftclient.prompt_cache`) said so (None: no marks)."""
     if isinstance(messages, str):
-        return [Message(role="user", content=messages)]
+        return [Message(role="user", content=messages)], None
+    if isinstance(messages, Conversation):
+        return messages.request_messages(), messages.static
     out: list[Message] = []
     for index, message in enumerate(messages):
         if isinstance(message, Message):
             out.append(message)
             continue
+        if isinstance(message, Marked):
+            ordered, static = arrange(messages)
+            return _messages(ordered)[0], static
         try:
             out.append(Message.model_validate(message))
         except pydantic.ValidationError as exc:
             raise errors.ConfigurationError(
                 f"invalid message messages[{index}]: {validation_summary(exc)}"
             ) from exc
-    return out
+    return out, None
+
+
+def request_messages(messages: MessagesInput) -> tuple[list[Message], int | None, list[Any]]:
+    """What a call sends for ``messages``: the validated messages in layout order, how many
+    lead as static (None: no marks), and a :class:`Conversation`'s tools (else empty)."""
+    validated, static = _messages(messages)
+    tools = list(messages.tools) if isinstance(messages, Conversation) and messages.tools else []
+    return validated, static, tools
 
 
 class AsyncClient:
@@ -166,9 +185,19 @@ class AsyncClient:
         # set; an unpriced one-target call has nothing to account but its own request, and
         # the plain path stays free of the bookkeeping (measured: about 10% of its CPU).
         accounts_plain = pricing is not None
-        self._observers: tuple[AttemptObserver, ...] = (*hooks, self._accounting, *observers)
+        # Prompt-cache counts (cache_stats) are kept for every call: one cheap handler.
+        self._cache = CacheAccounting()
+        self._lint = PrefixLint()
+        self._observers: tuple[AttemptObserver, ...] = (
+            *hooks,
+            self._accounting,
+            self._cache,
+            *observers,
+        )
         self._plain_observers: tuple[AttemptObserver, ...] = (
-            (self._accounting, *observers) if accounts_plain else tuple(observers)
+            (self._accounting, self._cache, *observers)
+            if accounts_plain
+            else (self._cache, *observers)
         )
         self._plain_ledger = self._accounting if accounts_plain else None
         self._closed = False
@@ -237,6 +266,12 @@ class AsyncClient:
         dict). ``reset`` starts the totals from zero again after reading them."""
         return self._accounting.snapshot(reset=reset)
 
+    def cache_stats(self, *, reset: bool = False) -> dict[str, CacheUsage]:
+        """Prompt-cache counts per backend name: replies with usage, their prompt tokens,
+        the prompt tokens served from the provider's cache, and ``hit_ratio`` (a copy).
+        ``reset`` starts the counts from zero again after reading them."""
+        return self._cache.snapshot(reset=reset)
+
     # ------------------------------------------------------------------ resolution
 
     def resolve(self, model: str | None) -> tuple[Backend, str]:
@@ -289,7 +324,10 @@ class AsyncClient:
     ) -> Call:
         if self._closed:
             raise errors.ConfigurationError("this AsyncClient is closed")
-        validated = _messages(messages)
+        validated, static = _messages(messages)
+        if isinstance(messages, Conversation) and messages.tools and "tools" not in params:
+            params["tools"] = messages.tools
+        self._lint.check(validated, leading_static(validated) if static is None else static)
         router = self.router
         if router is not None:
             wanted = self.model if model is None else model
@@ -310,7 +348,8 @@ class AsyncClient:
         elif hedge is not None and not isinstance(hedge, Hedge):
             raise errors.ConfigurationError(f"hedge must be a Hedge or None, got {hedge!r}")
         options = RequestOptions(
-            idempotency_key=f"swiftclient-{os.urandom(16).hex()}", encoding=CallEncoding()
+            idempotency_key=f"swiftclient-{os.urandom(16).hex()}",
+            encoding=CallEncoding(static),
         )
         several = len(targets) > 1
         return Call(

@@ -327,3 +327,34 @@ async def test_equal_tools_under_different_system_prompts_form_no_group() -> Non
             assert "a1" not in backend.opened
             backend.gates["a0"].set()
     assert [result.ok for result in results] == [True, True, True]
+
+
+async def test_layout_marks_are_applied_before_grouping() -> None:
+    from swiftclient.prompt_cache import static, turn
+
+    backend = Scripted()
+    backend.gates["q0"] = anyio.Event()
+
+    def marked(question: str, note: str) -> list[Any]:
+        # The per-call note is written first but marked as turn content: it moves after the
+        # shared static system prompt, so the two requests share that prefix.
+        return [
+            turn({"role": "user", "content": note}),
+            static({"role": "system", "content": SHARED}),
+            turn({"role": "user", "content": question}),
+        ]
+
+    requests = [{"messages": marked("q0", "note A")}, {"messages": marked("q1", "note B")}]
+    async with _client(backend) as client:
+        async with anyio.create_task_group() as tg:
+            results: list[BatchResult] = []
+
+            async def run() -> None:
+                results.extend(await client.batch(requests))
+
+            tg.start_soon(run)
+            await backend.wait_for(lambda: backend.opened == ["q0"])
+            await anyio.sleep(0.05)  # room for a wrong early start to show (not a timing check)
+            assert backend.opened == ["q0"]  # q1 waits: its static prefix is q0's
+            backend.gates["q0"].set()
+    assert [result.unwrap().text for result in results] == ["re: q0", "re: q1"]

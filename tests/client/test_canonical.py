@@ -123,6 +123,28 @@ def test_prompt_prefix_segments_and_fingerprint() -> None:
     assert len(one.fingerprint) == 32 and int(one.fingerprint, 16) >= 0
 
 
+def test_segments_are_the_bytes_the_body_sends() -> None:
+    content = [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "u"}}]
+    messages = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": content, "name": "ann"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c", "content": "1"},
+    ]
+    tools = [_tool("b", {"type": "object"}), _tool("a")]
+    request = _request(messages=messages, tools=tools, extra_body={"top_k": 2})
+    raw = encode(request, stream=True)
+    prefix = prompt_prefix(request)
+    assert b'"messages":[' + b",".join(prefix.segments[1:]) + b"]" in raw
+    assert b'"tools":' + prefix.segments[0] in raw
+
+
 def test_fingerprint_is_the_same_in_another_process() -> None:
     import subprocess
     import sys
@@ -295,3 +317,11 @@ def test_identical_bytes_across_dict_orderings(fields: dict[str, Any], rng: rand
     assert encode(a, stream=True) == encode(b, stream=True)
     pa, pb = prompt_prefix(a), prompt_prefix(b)
     assert pa == pb
+
+
+def test_the_tools_memo_stays_bounded() -> None:
+    from swiftclient import _canonical
+
+    for index in range(_canonical._CACHE_SIZE + 50):
+        encode(_request(tools=[_tool(f"t{index}", {"type": "object"})]), stream=False)
+    assert len(_canonical._tools_memo._items) == _canonical._CACHE_SIZE

@@ -31,13 +31,13 @@ def _client(script: Script, **backend: Any) -> AsyncClient:
 
 async def test_retries_send_the_bytes_built_once(monkeypatch: pytest.MonkeyPatch) -> None:
     built: list[bool] = []
-    real = _canonical.body
+    real = _canonical._body
 
-    def counting(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    def counting(*args: Any, **kwargs: Any) -> Any:
         built.append(True)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(_canonical, "body", counting)
+    monkeypatch.setattr(_canonical, "_body", counting)
     script = Script().add(503).add(503)
     async with _client(script) as client:
         completion = await client.chat([SYSTEM, {"role": "user", "content": "hi"}], tools=TOOLS)
