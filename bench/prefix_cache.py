@@ -24,8 +24,9 @@ Workloads (``--quick`` shrinks each):
   20 tools whose list order and schema keyword order (and ``required`` order) vary per call,
   and a timestamp at the end of the system prompt.
 - ``b``: retrieval. 16 questions over the same 8 documents, which the application lists in a
-  different order each time; sent at once. The swiftclient arms list them by document id
-  (the stable order docs/prompt-caching.md asks for).
+  different order each time; sent at once. The swiftclient arms list them by document id:
+  static content must be the same bytes every call, and the order of a list is the
+  application's to fix (the SDK never reorders message content).
 - ``c``: 64 requests sharing a 2,000-token prefix, sent at once.
 
 Measured: the engine's cached-token ratio (``usage.prompt_tokens_details.cached_tokens`` over
