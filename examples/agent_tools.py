@@ -1,8 +1,12 @@
 """A multi-turn tool-calling agent loop.
 
 The model asks for tools, the loop runs them and sends the results back, until the model
-answers in text. With no provider configured it runs against swiftclient's loopback fake
-provider, scripted to behave like a tool-using model, so the example runs anywhere.
+answers in text. The turns live in a :class:`~swiftclient.Conversation`: append-only, so
+every request resends the previous one's prompt byte for byte and the provider can serve it
+from its prompt cache (``conversation.last_break`` says where a turn broke that, and
+``client.cache_stats()`` how much was cached). With no provider configured it runs against
+swiftclient's loopback fake provider, scripted to behave like a tool-using model, so the
+example runs anywhere.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import Any
 
 import anyio
 
-from swiftclient import AssistantMessage, AsyncClient, HTTPBackend
+from swiftclient import AsyncClient, Conversation, HTTPBackend
 from swiftclient.testing import FakeProvider, Reply
 
 TOOLS = [
@@ -41,21 +45,24 @@ def get_weather(city: str) -> dict[str, Any]:
 REGISTRY: dict[str, Callable[..., Any]] = {"get_weather": get_weather}
 
 
+SYSTEM = "You are a concise assistant. Use the tools for facts you do not know."
+
+
 async def run_agent(client: AsyncClient, question: str, max_turns: int = 5) -> str:
     """Loop until the model answers without calling a tool."""
-    messages: list[AssistantMessage | dict[str, Any]] = [{"role": "user", "content": question}]
+    conversation = Conversation(SYSTEM, tools=TOOLS)
+    conversation.user(question)
     for _ in range(max_turns):
-        completion = await client.chat(messages, tools=TOOLS)
+        completion = await conversation.send(client)  # the reply is appended
+        if conversation.last_break is not None:
+            print(f"prompt cache: {conversation.last_break}")
         calls = completion.tool_calls
         if not calls:
             return completion.text
-        messages.append(completion.choices[0].message)
         for call in calls:
             result = REGISTRY[call.function.name](**json.loads(call.function.arguments))
             print(f"tool {call.function.name}({call.function.arguments}) -> {result}")
-            messages.append(
-                {"role": "tool", "tool_call_id": call.id, "content": json.dumps(result)}
-            )
+            conversation.tool_result(call.id, result)
     raise RuntimeError("the agent did not finish within max_turns")
 
 

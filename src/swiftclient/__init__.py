@@ -4,8 +4,10 @@
 """
 
 from ._attempt import AttemptObserver, AttemptRun, Target
+from ._batch import BatchProgress, BatchResult
 from ._breaker import CircuitBreaker
 from ._budget import HedgeBudget, RetryThrottle
+from ._canonical import PromptPrefix
 from ._client import NOT_GIVEN, AsyncClient, NotGiven, RouterLike
 from ._cost import CallCost, HedgeStats, Price, Pricing
 from ._deadline import Deadline, Timeout
@@ -15,6 +17,8 @@ from ._retry import RetryPolicy
 from ._stream import ChatStream
 from .backends.base import Backend, RequestOptions
 from .backends.http import HTTPBackend
+from .backends.replicas import ReplicaBackend, ReplicaStats
+from .conversation import Conversation, PrefixBrokenWarning
 from .errors import (
     APIConnectionError,
     APIError,
@@ -43,6 +47,7 @@ from .errors import (
     UnprocessableEntityError,
 )
 from .hedging import Hedge
+from .prompt_cache import CacheUsage, PrefixBreak, VolatilePrefixWarning
 from .telemetry import Telemetry
 from .types import (
     AssistantMessage,
@@ -74,6 +79,9 @@ __all__ = [
     "AuthenticationError",
     "Backend",
     "BadRequestError",
+    "BatchProgress",
+    "BatchResult",
+    "CacheUsage",
     "CallCost",
     "ChatCompletion",
     "ChatCompletionChunk",
@@ -83,6 +91,7 @@ __all__ = [
     "ConfigurationError",
     "ConflictError",
     "ConnectTimeout",
+    "Conversation",
     "Deadline",
     "DeadlineExceeded",
     "EngineError",
@@ -100,9 +109,14 @@ __all__ = [
     "PermissionDeniedError",
     "PolicyHub",
     "PoolTimeout",
+    "PrefixBreak",
+    "PrefixBrokenWarning",
     "Price",
     "Pricing",
+    "PromptPrefix",
     "RateLimitError",
+    "ReplicaBackend",
+    "ReplicaStats",
     "RequestOptions",
     "ResponseTooLarge",
     "RetryPolicy",
@@ -120,6 +134,7 @@ __all__ = [
     "ToolCall",
     "UnprocessableEntityError",
     "Usage",
+    "VolatilePrefixWarning",
     "__version__",
     "prompt_bucket",
 ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from types import TracebackType
 from typing import Any, Protocol, TypeVar, overload
@@ -11,24 +11,30 @@ from typing import Any, Protocol, TypeVar, overload
 import anyio
 import pydantic
 
-from . import errors
+from . import _batch, errors
 from ._accounting import Accounting
 from ._attempt import AttemptObserver, Target
+from ._batch import BatchProgress, BatchRequest, BatchResult
+from ._canonical import CallEncoding, leading_static
 from ._cost import HedgeStats, Pricing
 from ._deadline import Deadline, Timeout
 from ._policies import PolicyHub, prompt_chars
 from ._retry import RetryPolicy
 from ._stream import Call, ChatStream
 from ._structured import structured_output, validation_summary
-from .backends.base import Backend, RequestOptions
+from .backends.base import Backend, RequestOptions, enter_backends
+from .conversation import Conversation
 from .hedging import Hedge
+from .prompt_cache import CacheAccounting, CacheUsage, Marked, PrefixLint, arrange
 from .telemetry import Telemetry
 from .types import AssistantMessage, ChatCompletion, ChatRequest, Message
 
 __all__ = ["AsyncClient", "NOT_GIVEN", "NotGiven", "RouterLike"]
 
 T = TypeVar("T")
-MessagesInput = str | Sequence[Message | AssistantMessage | Mapping[str, Any]]
+MessagesInput = (
+    str | Conversation | Sequence[Message | AssistantMessage | Mapping[str, Any] | Marked]
+)
 ModelInput = str | Sequence[str] | None
 
 
@@ -62,21 +68,44 @@ class NotGiven:
 NOT_GIVEN = NotGiven()
 
 
-def _messages(messages: MessagesInput) -> list[Message]:
+def _messages(messages: MessagesInput) -> tuple[list[Message], int | None]:
+    """The validated messages in layout order, and how many lead as static when layout marks
+    (:mod:`swiftclient.prompt_cache`) said so (None: no marks)."""
     if isinstance(messages, str):
-        return [Message(role="user", content=messages)]
+        return [Message(role="user", content=messages)], None
+    if isinstance(messages, Conversation):
+        return messages.request_messages(), messages.static
     out: list[Message] = []
     for index, message in enumerate(messages):
         if isinstance(message, Message):
             out.append(message)
             continue
+        if isinstance(message, Marked):
+            ordered, static = arrange(messages)
+            return _messages(ordered)[0], static
         try:
             out.append(Message.model_validate(message))
         except pydantic.ValidationError as exc:
             raise errors.ConfigurationError(
                 f"invalid message messages[{index}]: {validation_summary(exc)}"
             ) from exc
-    return out
+    return out, None
+
+
+def _has_marks(messages: list[Any]) -> bool:
+    """Whether any message carries a layout mark (then the messages are arranged first)."""
+    for message in messages:
+        if isinstance(message, Marked):
+            return True
+    return False
+
+
+def request_messages(messages: MessagesInput) -> tuple[list[Message], int | None, list[Any]]:
+    """What a call sends for ``messages``: the validated messages in layout order, how many
+    lead as static (None: no marks), and a :class:`Conversation`'s tools (else empty)."""
+    validated, static = _messages(messages)
+    tools = list(messages.tools) if isinstance(messages, Conversation) and messages.tools else []
+    return validated, static, tools
 
 
 def _request(model: str, messages: MessagesInput, params: dict[str, Any]) -> ChatRequest:
@@ -198,9 +227,19 @@ class AsyncClient:
         # set; an unpriced one-target call has nothing to account but its own request, and
         # the plain path stays free of the bookkeeping (measured: about 10% of its CPU).
         accounts_plain = pricing is not None
-        self._observers: tuple[AttemptObserver, ...] = (*hooks, self._accounting, *observers)
+        # Prompt-cache counts (cache_stats) are kept for every call: one cheap handler.
+        self._cache = CacheAccounting()
+        self._lint = PrefixLint()
+        self._observers: tuple[AttemptObserver, ...] = (
+            *hooks,
+            self._accounting,
+            self._cache,
+            *observers,
+        )
         self._plain_observers: tuple[AttemptObserver, ...] = (
-            (self._accounting, *observers) if accounts_plain else tuple(observers)
+            (self._accounting, self._cache, *observers)
+            if accounts_plain
+            else (self._cache, *observers)
         )
         self._plain_ledger = self._accounting if accounts_plain else None
         if isinstance(telemetry, NotGiven):
@@ -228,12 +267,7 @@ class AsyncClient:
     async def __aenter__(self) -> AsyncClient:
         """Enter every backend that is itself an async context manager (the local engine
         runs its driver inside this block)."""
-        stack = AsyncExitStack()
-        async with stack:
-            for backend in self._backends.values():
-                if isinstance(backend, AbstractAsyncContextManager):
-                    await stack.enter_async_context(backend)
-            self._stack = stack.pop_all()
+        self._stack = await enter_backends(self._backends.values())
         return self
 
     async def __aexit__(
@@ -282,6 +316,12 @@ class AsyncClient:
         wasted requests and tokens, cost and wasted cost (a copy; ``.snapshot()`` makes it a
         dict). ``reset`` starts the totals from zero again after reading them."""
         return self._accounting.snapshot(reset=reset)
+
+    def cache_stats(self, *, reset: bool = False) -> dict[str, CacheUsage]:
+        """Prompt-cache counts per backend name: replies with usage, their prompt tokens,
+        the prompt tokens served from the provider's cache, and ``hit_ratio`` (a copy).
+        ``reset`` starts the counts from zero again after reading them."""
+        return self._cache.snapshot(reset=reset)
 
     # ------------------------------------------------------------------ resolution
 
@@ -336,18 +376,22 @@ class AsyncClient:
         if self._closed:
             raise errors.ConfigurationError("this AsyncClient is closed")
         router = self.router
-        if router is not None:
-            checked = _messages(messages)
-            validated: MessagesInput = checked
-            wanted = self.model if model is None else model
-            if wanted is not None:
-                model = router.expand(wanted, prompt_chars=prompt_chars(checked), task=task)
-        elif isinstance(messages, str):
-            validated = [Message(role="user", content=messages)]
+        static: int | None = None
+        if router is None and isinstance(messages, list) and not _has_marks(messages):
+            validated: MessagesInput = messages  # validated with the request, in one pass
         else:
-            validated = messages  # validated with the request, in one pass
+            checked, static = _messages(messages)
+            validated = checked
+            if isinstance(messages, Conversation) and messages.tools and "tools" not in params:
+                params["tools"] = messages.tools
+            if router is not None:
+                wanted = self.model if model is None else model
+                if wanted is not None:
+                    model = router.expand(wanted, prompt_chars=prompt_chars(checked), task=task)
         targets = self.targets(model)
         request = _request(targets[0].model, validated, params)
+        sent = request.messages
+        self._lint.check(sent, leading_static(sent) if static is None else static)
         limits = (
             self.timeout if isinstance(timeout, NotGiven) else Timeout.coerce(timeout, self.timeout)
         )
@@ -355,7 +399,10 @@ class AsyncClient:
             hedge = self.hedge
         elif hedge is not None and not isinstance(hedge, Hedge):
             raise errors.ConfigurationError(f"hedge must be a Hedge or None, got {hedge!r}")
-        options = RequestOptions(idempotency_key=f"swiftclient-{os.urandom(16).hex()}")
+        options = RequestOptions(
+            idempotency_key=f"swiftclient-{os.urandom(16).hex()}",
+            encoding=CallEncoding(static),
+        )
         several = len(targets) > 1
         return Call(
             targets,
@@ -463,3 +510,57 @@ class AsyncClient:
         if structured is None:
             return completion
         return structured.parse(completion)
+
+    # ------------------------------------------------------------------ batches
+
+    def batch_iter(
+        self,
+        requests: Iterable[BatchRequest],
+        *,
+        concurrency: int = 8,
+        on_progress: Callable[[BatchProgress], object] | None = None,
+        min_shared_bytes: int = 1024,
+        **defaults: Any,
+    ) -> AbstractAsyncContextManager[AsyncIterator[BatchResult]]:
+        """Run many chats grouped by shared prompt prefix; results as they finish:
+        ``async with client.batch_iter(requests) as results: async for r in results``.
+
+        Each entry is a :class:`ChatRequest` or a mapping of :meth:`stream` arguments
+        (``messages`` required); ``defaults`` (``model``, ``timeout``, request fields) apply
+        to every mapping entry that does not set them. At most ``concurrency`` calls run at
+        once. Entries whose canonical prompts share at least ``min_shared_bytes`` bytes form
+        a group: its first entry is sent first and the rest once its first token arrives
+        (the shared prefix is then cached on the server); groups go depth-first. Every
+        result is a :class:`BatchResult` carrying its input ``index`` and the completion or
+        the error. ``on_progress`` (a function or coroutine function) hears of each finished
+        entry. Leaving the block early cancels what is still running.
+        """
+        return _batch.batch_iter(
+            self,
+            requests,
+            concurrency=concurrency,
+            on_progress=on_progress,
+            min_shared_bytes=min_shared_bytes,
+            defaults=defaults,
+        )
+
+    async def batch(
+        self,
+        requests: Iterable[BatchRequest],
+        *,
+        concurrency: int = 8,
+        on_progress: Callable[[BatchProgress], object] | None = None,
+        min_shared_bytes: int = 1024,
+        **defaults: Any,
+    ) -> list[BatchResult]:
+        """Run many chats grouped by shared prompt prefix (see :meth:`batch_iter`) and return
+        one :class:`BatchResult` per entry, in input order; a failed entry holds its error
+        and never stops the others."""
+        return await _batch.run_batch(
+            self,
+            requests,
+            concurrency=concurrency,
+            on_progress=on_progress,
+            min_shared_bytes=min_shared_bytes,
+            defaults=defaults,
+        )

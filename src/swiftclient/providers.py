@@ -51,16 +51,18 @@ def local_server() -> Callable[..., int]:
 
 @dataclass(frozen=True, slots=True)
 class Preset:
-    """Where a provider lives and which environment variable holds its key."""
+    """Where a provider lives, which environment variable holds its key, and whether it
+    takes ``prompt_cache_key`` (then derived from each prompt's static prefix)."""
 
     base_url: str
     key_env: str | None
     key_required: bool = True
+    prompt_cache_key: bool = False
 
 
 PRESETS: dict[str, Preset] = {
     "oxlo": Preset("https://api.oxlo.ai/v1", "OXLO_API_KEY"),
-    "openai": Preset("https://api.openai.com/v1", "OPENAI_API_KEY"),
+    "openai": Preset("https://api.openai.com/v1", "OPENAI_API_KEY", prompt_cache_key=True),
     "deepseek": Preset("https://api.deepseek.com/v1", "DEEPSEEK_API_KEY"),
     "vllm": Preset("http://127.0.0.1:8000/v1", "VLLM_API_KEY", key_required=False),
     "sglang": Preset("http://127.0.0.1:30000/v1", "SGLANG_API_KEY", key_required=False),
@@ -94,6 +96,7 @@ def preset(
         raise ConfigurationError(
             f"provider {name!r} needs an API key: pass api_key= or set {spec.key_env}"
         )
+    kwargs.setdefault("prompt_cache_key", spec.prompt_cache_key)
     return HTTPBackend(base_url or spec.base_url, key, name=kwargs.pop("name", name), **kwargs)
 
 
@@ -124,7 +127,9 @@ def from_env(environ: Mapping[str, str] | None = None, **kwargs: Any) -> Backend
     if base_url:
         return HTTPBackend(base_url, key, name="default", **kwargs)
     if key:
-        return HTTPBackend(PRESETS["openai"].base_url, key, name="openai", **kwargs)
+        openai = PRESETS["openai"]
+        kwargs.setdefault("prompt_cache_key", openai.prompt_cache_key)
+        return HTTPBackend(openai.base_url, key, name="openai", **kwargs)
     raise ConfigurationError(
         "no backend configured: pass backend=... to AsyncClient, or set SWIFTCLIENT_PROVIDER "
         "(oxlo, openai, deepseek, vllm, sglang, local), SWIFTCLIENT_BASE_URL, or OPENAI_API_KEY"

@@ -54,6 +54,8 @@ Role = Literal["system", "developer", "user", "assistant", "tool"]
 # What else an assistant message may carry instead of content or tool calls (a refusal, a
 # legacy function call, a reference to earlier audio output).
 _ASSISTANT_BODIES = ("refusal", "function_call", "audio")
+# Where providers report cached prompt tokens outside prompt_tokens_details.
+_CACHE_HIT_FIELDS = ("prompt_cache_hit_tokens", "cache_read_input_tokens")
 
 
 # --------------------------------------------------------------------------- request parts
@@ -315,11 +317,41 @@ class Usage(BaseModel):
     prompt_tokens_details: PromptTokensDetails | None = None
     completion_tokens_details: CompletionTokensDetails | None = None
 
+    @model_validator(mode="after")
+    def _normalize_cache_fields(self) -> Usage:
+        # One field for cached prompt tokens: DeepSeek's ``prompt_cache_hit_tokens`` and the
+        # Anthropic-style ``cache_read_input_tokens`` land in prompt_tokens_details.
+        extra = self.__pydantic_extra__
+        if not extra:
+            return self
+        details = self.prompt_tokens_details
+        if details is not None and details.cached_tokens is not None:
+            return self
+        for key in _CACHE_HIT_FIELDS:
+            hit = extra.get(key)
+            if isinstance(hit, int) and not isinstance(hit, bool):
+                if details is None:
+                    self.prompt_tokens_details = PromptTokensDetails(cached_tokens=hit)
+                else:
+                    details.cached_tokens = hit
+                break
+        return self
+
     @property
     def cached_tokens(self) -> int:
-        """Prompt tokens served from a cache (0 when the provider does not say)."""
+        """Prompt tokens served from a prompt cache (0 when the provider does not say), from
+        ``prompt_tokens_details.cached_tokens`` (OpenAI, vLLM, SGLang), DeepSeek's
+        ``prompt_cache_hit_tokens`` or an Anthropic-style ``cache_read_input_tokens``."""
         details = self.prompt_tokens_details
         return (details.cached_tokens or 0) if details else 0
+
+    @property
+    def cache_write_tokens(self) -> int:
+        """Prompt tokens written to a prompt cache, where the provider bills them apart
+        (Anthropic-style ``cache_creation_input_tokens``); else 0."""
+        extra = self.__pydantic_extra__ or {}
+        written = extra.get("cache_creation_input_tokens")
+        return written if isinstance(written, int) and not isinstance(written, bool) else 0
 
 
 class AssistantMessage(BaseModel):

@@ -32,6 +32,7 @@ from swiftclient import (
     StructuredOutputError,
     Timeout,
 )
+from swiftclient._canonical import canonical_schema
 from swiftclient._structured import structured_output
 from swiftclient._wire import encode_request
 from swiftclient.testing import FakeProvider, Reply
@@ -368,7 +369,8 @@ async def test_response_model_takes_models_typeddicts_dataclasses_and_lists(
     assert result == expected
     sent = json.loads(script.requests[0].content)["response_format"]
     assert sent["type"] == "json_schema" and sent["json_schema"]["name"] == name
-    assert sent["json_schema"]["schema"] == pydantic.TypeAdapter(response_model).json_schema()
+    schema = pydantic.TypeAdapter(response_model).json_schema()
+    assert sent["json_schema"]["schema"] == canonical_schema(schema)  # `required` sorted
 
 
 def _plain_completion(text: str) -> dict[str, Any]:

@@ -2,5 +2,13 @@
 
 from .base import Backend, RequestOptions, check_backend_name
 from .http import HTTPBackend
+from .replicas import ReplicaBackend, ReplicaStats
 
-__all__ = ["Backend", "HTTPBackend", "RequestOptions", "check_backend_name"]
+__all__ = [
+    "Backend",
+    "HTTPBackend",
+    "ReplicaBackend",
+    "ReplicaStats",
+    "RequestOptions",
+    "check_backend_name",
+]

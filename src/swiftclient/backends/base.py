@@ -6,11 +6,12 @@ execution policies in the client compose around it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from .._canonical import CallEncoding
 from .._deadline import Deadline
 from ..errors import ConfigurationError
 from ..types import ChatCompletion, ChatCompletionChunk, ChatRequest
@@ -23,6 +24,7 @@ __all__ = [
     "Transport",
     "TransportResponse",
     "check_backend_name",
+    "enter_backends",
 ]
 
 
@@ -33,16 +35,31 @@ def check_backend_name(name: str) -> str:
     return name
 
 
+async def enter_backends(backends: Iterable[object]) -> AsyncExitStack:
+    """Enter every backend that is an async context manager (a local engine runs its driver
+    inside one); returns the stack that exits them, last first. When one fails to enter,
+    those already entered are exited before the error propagates."""
+    async with AsyncExitStack() as stack:
+        for backend in backends:
+            if isinstance(backend, AbstractAsyncContextManager):
+                await stack.enter_async_context(backend)
+        entered = stack.pop_all()
+    return entered
+
+
 @dataclass(frozen=True, slots=True)
 class RequestOptions:
     """Per-call settings the policy layer hands each attempt.
 
     ``idempotency_key`` is the same for every attempt of one call; ``headers`` are extra
-    transport headers (backends that have no headers ignore them).
+    transport headers (backends that have no headers ignore them). ``encoding`` holds the
+    call's request bytes and prompt prefix, built once and reused by every attempt (backends
+    that send no bytes ignore it).
     """
 
     idempotency_key: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
+    encoding: CallEncoding | None = None
 
 
 @runtime_checkable

@@ -122,6 +122,12 @@ class HTTPBackend:
         max_body_bytes: the largest non-streamed response body read; past it the call
             raises :class:`~swiftclient.ResponseTooLarge`.
         max_event_bytes: the largest single SSE line or event of a stream, likewise.
+        canonical: send canonical request bytes (tools sorted, schema keys in one order,
+            ``required`` sorted; docs/prompt-caching.md), so equal requests hit the
+            provider's prompt cache; False sends the request's own orders.
+        prompt_cache_key: send a ``prompt_cache_key`` derived from the prompt's static
+            prefix (tools and leading system messages) when a request names none; for
+            providers that take the field (the ``openai`` preset turns it on).
     """
 
     def __init__(
@@ -143,6 +149,8 @@ class HTTPBackend:
         trust_env: bool = True,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+        canonical: bool = True,
+        prompt_cache_key: bool = False,
     ) -> None:
         if not base_url or "://" not in base_url:
             raise errors.ConfigurationError("base_url must be an absolute http(s) URL")
@@ -186,6 +194,8 @@ class HTTPBackend:
         self.max_body_bytes = max_body_bytes
         self.max_event_bytes = max_event_bytes
         self._url = f"{self.base_url}/chat/completions"
+        self._exact = not canonical
+        self._cache_key = prompt_cache_key
         self._transport: Transport | None = None
         self._slots: anyio.Semaphore | None = None
         self._release_nowait = False
@@ -402,12 +412,21 @@ class HTTPBackend:
         if self._transport is None:
             self._open()
         headers = self._stream_headers if stream else self._headers
-        if options is not None and (options.idempotency_key or options.headers):
-            headers = dict(headers)
-            if options.idempotency_key:
-                headers["idempotency-key"] = options.idempotency_key
-            headers.update(options.headers)
-        body = encode_request(request, stream=stream, include_usage=self._stream_usage)
+        encoding = None
+        if options is not None:
+            encoding = options.encoding
+            if options.idempotency_key or options.headers:
+                headers = dict(headers)
+                if options.idempotency_key:
+                    headers["idempotency-key"] = options.idempotency_key
+                headers.update(options.headers)
+        body = (encoding.encode if encoding is not None else encode_request)(
+            request,
+            stream=stream,
+            include_usage=self._stream_usage,
+            exact=self._exact,
+            derive_cache_key=self._cache_key,
+        )
         slots = self._slots
         assert slots is not None
         try:

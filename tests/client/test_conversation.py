@@ -1,0 +1,164 @@
+"""Conversation: append-only turns, a byte-stable sent prefix, warnings with the diagnosis
+when an edit (or a change in place) breaks it, and ``client.chat(conversation)``."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+
+from swiftclient import AsyncClient, Conversation, HTTPBackend, PrefixBrokenWarning
+from swiftclient.types import Message
+
+from .mock import Script, chunk
+
+pytestmark = pytest.mark.anyio
+TOOLS = [
+    {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}},
+    {"type": "function", "function": {"name": "clock"}},
+]
+
+
+def _client(script: Script) -> AsyncClient:
+    backend = HTTPBackend("http://mock/v1", "k", name="mock", transport=script.transport())
+    return AsyncClient(backend, model="m")
+
+
+def _tool_call_reply(name: str = "weather") -> list[bytes]:
+    call = {
+        "index": 0,
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": name, "arguments": '{"city":"Paris"}'},
+    }
+    return [
+        chunk(role="assistant"),
+        chunk(tool_calls=[call]),
+        chunk(finish="tool_calls"),
+        b"data: [DONE]\n\n",
+    ]
+
+
+async def test_turns_extend_the_sent_prefix_byte_for_byte() -> None:
+    script = Script().add(parts=_tool_call_reply())
+    conversation = Conversation("You are terse.", tools=TOOLS)
+    conversation.user("Weather in Paris?")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        async with _client(script) as client:
+            first = await conversation.send(client)
+            assert first.choices[0].message.tool_calls is not None
+            conversation.tool_result("call_1", {"temp": 21, "sky": "clear"})
+            await conversation.send(client)
+            conversation.user("Thanks")
+            await client.chat(conversation)  # plugs into client.chat too
+    assert conversation.last_break is None and conversation.sent == 6
+    bodies = [json.loads(request.content) for request in script.requests]
+    assert [t["function"]["name"] for t in bodies[0]["tools"]] == ["clock", "weather"]
+    raw = [request.content for request in script.requests]
+    for earlier, later in zip(bodies, bodies[1:], strict=False):
+        sent = [json.dumps(m, sort_keys=True) for m in earlier["messages"]]
+        assert [json.dumps(m, sort_keys=True) for m in later["messages"][: len(sent)]] == sent
+    # the messages' bytes themselves are identical on the wire, not only equal when parsed
+    first_messages = raw[0][
+        raw[0].index(b'"messages":[') : raw[0].index(b"]", raw[0].index(b'"messages":['))
+    ]
+    assert raw[2].startswith(raw[0][: raw[0].index(b'"messages":[')])
+    assert first_messages in raw[2]
+    assert bodies[1]["messages"][3] == {
+        "role": "tool",
+        "tool_call_id": "call_1",
+        "content": '{"sky":"clear","temp":21}',
+    }
+    assert conversation[2].tool_calls is not None  # the reply in its request form
+
+
+async def test_an_edit_of_a_sent_message_warns_with_the_diagnosis() -> None:
+    script = Script()
+    conversation = Conversation("You are terse.")
+    conversation.user("hi")
+    async with _client(script) as client:
+        await conversation.send(client)
+        conversation.edit(3, {"role": "user", "content": "new turn"}) if len(
+            conversation
+        ) > 3 else None
+        with pytest.warns(PrefixBrokenWarning, match=r"messages\[0\]\.content") as caught:
+            conversation.edit(0, {"role": "system", "content": "You are verbose."})
+        assert len(caught) == 1
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # announced once: sending does not warn again
+            await conversation.send(client)
+    found = conversation.last_break
+    assert found is not None and found.message_index == 0 and found.field == "content"
+    assert found.offset == len(b'{"role":"system","content":"You are ')
+
+
+async def test_appending_and_editing_unsent_messages_is_silent() -> None:
+    conversation = Conversation(static=[{"role": "user", "content": "docs"}])
+    conversation.user("q")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        conversation.edit(1, {"role": "user", "content": "q2"})
+        conversation.truncate(1)
+    assert [m.content for m in conversation] == ["docs"] and conversation.static == 1
+
+
+async def test_a_change_in_place_is_found_when_sending() -> None:
+    script = Script()
+    mine = Message(role="user", content="hi")
+    conversation = Conversation("s")
+    conversation.append(mine)
+    mine.content = "changed outside"  # the conversation holds its own copy
+    async with _client(script) as client:
+        await conversation.send(client)
+        conversation[1].content = "changed inside"
+        conversation.user("next")
+        with pytest.warns(PrefixBrokenWarning, match=r"messages\[1\]\.content"):
+            await conversation.send(client)
+    first = json.loads(script.requests[0].content)
+    assert first["messages"][1]["content"] == "hi"
+
+
+async def test_truncating_sent_messages_warns() -> None:
+    script = Script()
+    conversation = Conversation("s")
+    conversation.user("a")
+    async with _client(script) as client:
+        await conversation.send(client)
+    with pytest.warns(PrefixBrokenWarning, match="removed"):
+        conversation.truncate(1)
+
+
+def test_bad_input_is_rejected() -> None:
+    conversation = Conversation()
+    with pytest.raises(ValueError):
+        conversation.truncate(-1)
+    with pytest.raises(ValueError):
+        conversation.append({"role": "robot", "content": "x"})
+    assert repr(conversation) == "Conversation(messages=0, static=0)"
+
+
+async def test_the_agent_example_runs_on_a_conversation(capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "examples" / "agent_tools.py"
+    spec = importlib.util.spec_from_file_location("agent_tools_example", path)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    parts = [
+        chunk(role="assistant"),
+        chunk("It is sunny."),
+        chunk(finish="stop"),
+        b"data: [DONE]\n\n",
+    ]
+    script = Script().add(parts=_tool_call_reply("get_weather")).add(parts=parts)
+    async with _client(script) as client:
+        answer = await example.run_agent(client, "Weather in Paris?")
+    assert answer == "It is sunny."
+    assert 'tool get_weather({"city":"Paris"})' in capsys.readouterr().out
+    bodies = [json.loads(request.content) for request in script.requests]
+    assert bodies[1]["messages"][: len(bodies[0]["messages"])] == bodies[0]["messages"]
+    assert bodies[1]["messages"][-1]["role"] == "tool"
