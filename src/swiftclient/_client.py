@@ -323,7 +323,10 @@ class AsyncClient:
         validated, static = _messages(messages)
         if isinstance(messages, Conversation) and messages.tools and "tools" not in params:
             params["tools"] = messages.tools
-        self._lint.check(validated, leading_static(validated) if static is None else static)
+        if static is None:
+            static = leading_static(validated)
+        if static:
+            self._lint.check(validated, static)
         router = self.router
         if router is not None:
             wanted = self.model if model is None else model

@@ -21,7 +21,8 @@ content never changes and which changes every call. This module lets the caller 
   Anthropic-style fields).
 - **Diagnosis.** :func:`diagnose` compares two consecutive prompts and says where the later
   one stops extending the earlier: the segment (tools or message index), the field, and the
-  first differing byte.
+  first differing byte. :func:`prompt_prefix` gives a prompt's canonical segments and its
+  static prefix's fingerprint.
 """
 
 from __future__ import annotations
@@ -47,8 +48,10 @@ __all__ = [
     "PrefixBreak",
     "PrefixLint",
     "VolatilePrefixWarning",
+    "PromptPrefix",
     "arrange",
     "diagnose",
+    "prompt_prefix",
     "session",
     "static",
     "turn",
