@@ -339,6 +339,8 @@ class AsyncClient:
             raise errors.ConfigurationError(
                 f"invalid chat request: {validation_summary(exc)}"
             ) from exc
+        if request.tools:
+            self._lint.check_tools(request.tools)
         limits = (
             self.timeout if isinstance(timeout, NotGiven) else Timeout.coerce(timeout, self.timeout)
         )
