@@ -391,7 +391,12 @@ class AsyncClient:
         targets = self.targets(model)
         request = _request(targets[0].model, validated, params)
         sent = request.messages
-        self._lint.check(sent, leading_static(sent) if static is None else static)
+        if static is None:
+            static = leading_static(sent)
+        if static:
+            self._lint.check(sent, static)
+        if request.tools:
+            self._lint.check_tools(request.tools)
         limits = (
             self.timeout if isinstance(timeout, NotGiven) else Timeout.coerce(timeout, self.timeout)
         )

@@ -21,7 +21,8 @@ content never changes and which changes every call. This module lets the caller 
   Anthropic-style fields).
 - **Diagnosis.** :func:`diagnose` compares two consecutive prompts and says where the later
   one stops extending the earlier: the segment (tools or message index), the field, and the
-  first differing byte.
+  first differing byte. :func:`prompt_prefix` gives a prompt's canonical segments and its
+  static prefix's fingerprint.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from ._canonical import PromptPrefix, prompt_prefix
-from .types import ChatRequest, Message
+from .types import ChatRequest, Message, Tool
 
 if TYPE_CHECKING:
     from ._attempt import AttemptRun
@@ -47,8 +48,10 @@ __all__ = [
     "PrefixBreak",
     "PrefixLint",
     "VolatilePrefixWarning",
+    "PromptPrefix",
     "arrange",
     "diagnose",
+    "prompt_prefix",
     "session",
     "static",
     "turn",
@@ -161,15 +164,15 @@ _MAX_CLEAN = 256
 
 
 class PrefixLint:
-    """Warns once per place (message and kind of content) when a prompt's static prefix holds
-    volatile content. Texts found clean are remembered (a bounded set), so a static prefix
-    sent call after call is scanned once."""
+    """Warns once per place (message or tool, and kind of content) when a prompt's static
+    prefix holds volatile content. Texts found clean are remembered (a bounded set), so a
+    static prefix sent call after call is scanned once."""
 
     __slots__ = ("_clean", "_warned")
 
     def __init__(self) -> None:
         self._clean: dict[str, None] = {}
-        self._warned: set[tuple[int, str]] = set()
+        self._warned: set[tuple[str, str]] = set()
 
     def check(self, messages: Sequence[Message], static: int) -> None:
         """Scan the first ``static`` messages; warn (:class:`VolatilePrefixWarning`) once for
@@ -178,32 +181,42 @@ class PrefixLint:
         for index in range(min(static, len(messages))):
             message = messages[index]
             text = message.text()
-            if not text or text in clean:
+            if text and text not in clean:
+                self._scan(text, f"messages[{index}] ({message.role})")
+
+    def check_tools(self, tools: Sequence[Tool]) -> None:
+        """Scan the tools' descriptions (part of every prompt's static prefix)."""
+        clean = self._clean
+        for tool in tools:
+            text = tool.function.description
+            if text and text not in clean:
+                self._scan(text, f"the description of tool {tool.function.name!r}")
+
+    def _scan(self, text: str, where: str) -> None:
+        found = False
+        for kind, pattern in _VOLATILE:
+            match = pattern.search(text)
+            if match is None:
                 continue
-            found = False
-            for kind, pattern in _VOLATILE:
-                match = pattern.search(text)
-                if match is None:
-                    continue
-                found = True
-                place = (index, kind)
-                if place in self._warned:
-                    continue
-                self._warned.add(place)
-                warnings.warn(
-                    f"volatile content in the cacheable prefix: {kind} {match.group(0)!r} in "
-                    f"messages[{index}] ({message.role}) at character {match.start()}. It "
-                    "changes from call to call, so the provider's prompt cache misses from "
-                    "there on. Move it out of the static prefix: send it in a message marked "
-                    "swiftclient.prompt_cache.turn(...) (sent last), or leave it out. (If it "
-                    "is the same in every call, it does no harm.)",
-                    VolatilePrefixWarning,
-                    stacklevel=4,
-                )
-            if not found:
-                if len(clean) >= _MAX_CLEAN:
-                    del clean[next(iter(clean))]
-                clean[text] = None
+            found = True
+            place = (where, kind)
+            if place in self._warned:
+                continue
+            self._warned.add(place)
+            warnings.warn(
+                f"volatile content in the cacheable prefix: {kind} {match.group(0)!r} in "
+                f"{where} at character {match.start()}. It changes from call to call, so the "
+                "provider's prompt cache misses from there on. Move it out of the static "
+                "prefix: send it in a message marked swiftclient.prompt_cache.turn(...) (sent "
+                "last), or leave it out. (If it is the same in every call, it does no harm.)",
+                VolatilePrefixWarning,
+                stacklevel=5,
+            )
+        if not found:
+            clean = self._clean
+            if len(clean) >= _MAX_CLEAN:
+                clean.pop(next(iter(clean), text), None)  # the oldest out
+            clean[text] = None
 
 
 # --------------------------------------------------------------------------- accounting

@@ -120,6 +120,21 @@ def test_the_lint_knows_each_kind(text: str, kind: str) -> None:
         PrefixLint().check([Message(role="system", content=text)], 1)
 
 
+@pytest.mark.anyio
+async def test_a_tool_description_with_volatile_content_warns_once() -> None:
+    tool = {
+        "type": "function",
+        "function": {"name": "search", "description": "Index built at 2026-12-01 02:03:04."},
+    }
+    script = Script()
+    async with _client(script) as client:
+        with pytest.warns(VolatilePrefixWarning, match="the description of tool 'search'"):
+            await client.chat("hi", tools=[tool])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            await client.chat("hi", tools=[tool])
+
+
 def test_a_stable_prefix_does_not_warn() -> None:
     from swiftclient.prompt_cache import PrefixLint
     from swiftclient.types import Message

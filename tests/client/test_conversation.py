@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import json
 import warnings
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from swiftclient import AsyncClient, Conversation, HTTPBackend, PrefixBrokenWarning
-from swiftclient.types import Message
+from swiftclient.prompt_cache import diagnose
+from swiftclient.types import AssistantMessage, Message
 
 from .mock import Script, chunk
 
@@ -162,3 +166,43 @@ async def test_the_agent_example_runs_on_a_conversation(capsys: pytest.CaptureFi
     bodies = [json.loads(request.content) for request in script.requests]
     assert bodies[1]["messages"][: len(bodies[0]["messages"])] == bodies[0]["messages"]
     assert bodies[1]["messages"][-1]["role"] == "tool"
+
+
+_KEYS = st.text(alphabet="abcxyz", min_size=1, max_size=4)
+_RESULTS = st.dictionaries(_KEYS, st.integers() | st.text(max_size=5), max_size=5)
+_STEPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("user"), st.text(max_size=10)),
+        st.tuples(st.just("tool"), _RESULTS),
+        st.tuples(st.just("reply"), st.text(min_size=1, max_size=10)),
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(_STEPS, st.randoms(use_true_random=False))
+def test_every_turn_extends_the_last_sent_prompt(steps: list[Any], rng: Any) -> None:
+    ours, theirs = Conversation("sys", tools=TOOLS), Conversation("sys", tools=TOOLS[::-1])
+    previous = None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for kind, value in steps:
+            for conversation in (ours, theirs):
+                if kind == "user":
+                    conversation.user(value)
+                elif kind == "tool":
+                    keys = list(value)
+                    rng.shuffle(keys)  # the caller's dict order does not reach the bytes
+                    conversation.tool_result("c", {key: value[key] for key in keys})
+                else:
+                    reply = AssistantMessage(content=value, reasoning_content="hidden")
+                    conversation.append(reply)
+                conversation.request_messages()
+                assert conversation.last_break is None
+            current = ours._prefix()
+            assert current == theirs._prefix()
+            if previous is not None:
+                assert diagnose(previous, current) is None
+            previous = current
