@@ -142,7 +142,9 @@ class Engine:
         if model.device.type == "cpu":
             log_openmp_setup()
         if config.attention_backend != "auto":
-            model.set_attention_backend(get_attention_backend(config.attention_backend))
+            model.set_attention_backend(
+                get_attention_backend(config.attention_backend, device=model.device)
+            )
         bs = config.block_size
         num_blocks = config.num_blocks
         if num_blocks is None:

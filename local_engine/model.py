@@ -182,7 +182,7 @@ class DecoderModel(nn.Module):
             )
         scratch = DequantScratch() if self.quantization is not None else None
         self.config = config
-        self.attention: AttentionBackend = attention or get_attention_backend("auto")
+        self.attention: AttentionBackend = attention or get_attention_backend("auto", device=dev)
         self.embed_tokens = _param(config.vocab_size, config.hidden_size, dtype=dtype, device=dev)
         layers = [
             DecoderLayer(config, i, dtype=dtype, device=dev, scratch=scratch)
