@@ -446,7 +446,11 @@ def _parser() -> argparse.ArgumentParser:
         "--root-path", default="", help="path prefix stripped by a reverse proxy (e.g. /api)"
     )
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's count)")
-    parser.add_argument("--quantization", choices=("int8",), help="int8: int8 weights")
+    parser.add_argument(
+        "--quantization",
+        choices=("int8", "fp8"),
+        help="int8: int8 weights; fp8: fp8 weights (CUDA GPUs with compute capability 8.9+)",
+    )
     return parser
 
 
