@@ -41,3 +41,23 @@ def test_server_overhead_quick_run_compares_two_trees() -> None:
     )
     for row in ("| fake ", "| local ", "before", "after", "CPU µs/token"):
         assert row in out.stdout
+
+
+def test_gpu_check_smoke_runs_on_cpu() -> None:
+    """bench/gpu.py --smoke: every part runs on a tiny model on CPU, and float32 greedy
+    decoding agrees with transformers."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "gpu.py"), "--smoke"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=True,
+        cwd=ROOT,
+    ).stdout
+    for heading in ("0. Correctness", "W1: batch-1 decode", "W2: 6 sequences", "W3: shared"):
+        assert heading in out
+    greedy = out.split("float32 greedy")[1].split("\n\n")[1]
+    assert greedy.count("| PASS") == 2 and "FAIL" not in greedy
+    for row in ("local_engine vs transformers, both bf16", "transformers eager", "miss / hit"):
+        assert row in out
+    assert "fp8 weights: not measured here" in out
