@@ -47,6 +47,19 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return weight * F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
 
 
+def _residual_linear(
+    residual: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor | Int8Weight | Fp8Weight,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``residual + linear(x, weight, bias)``; for a dense weight without bias the add rides
+    in the matmul (``addmm``'s beta term), saving a pass over the hidden states."""
+    if bias is None and isinstance(weight, torch.Tensor) and x.dim() == 2:
+        return torch.addmm(residual, x, weight.t())
+    return residual + linear(x, weight, bias)
+
+
 def rope_inverse_frequencies(
     head_dim: int, theta: float, scaling: RopeScaling | None
 ) -> torch.Tensor:
@@ -141,7 +154,8 @@ class DecoderLayer(nn.Module):
         if self.qk_norm_weight is not None:
             qk = _rms_norm(qk, self.qk_norm_weight, self.eps)
         half = hd // 2
-        qk = qk * cos + torch.cat((qk[..., half:], qk[..., :half]), dim=-1) * sin
+        rotated = torch.cat((qk[..., half:], qk[..., :half]), dim=-1).mul_(sin)
+        qk = torch.addcmul(rotated, qk, cos)  # qk * cos + rotate_half(qk) * sin
         out = attention.forward(
             qk[:, :heads],
             qk[:, heads:],
@@ -151,10 +165,10 @@ class DecoderLayer(nn.Module):
             scale=self.scale,
             sliding_window=self.sliding_window,
         )
-        x = x + linear(out.reshape(tokens, heads * hd), self.o_weight, self.o_bias)
+        x = _residual_linear(x, out.reshape(tokens, heads * hd), self.o_weight, self.o_bias)
         h = _rms_norm(x, self.post_norm, self.eps)
         gate, up = linear(h, self.gate_up_weight).chunk(2, dim=-1)
-        return x + linear(F.silu(gate) * up, self.down_weight)
+        return _residual_linear(x, F.silu(gate, inplace=True).mul_(up), self.down_weight)
 
 
 class DecoderModel(nn.Module):
