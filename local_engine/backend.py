@@ -61,7 +61,8 @@ class LocalBackend:
             (``OMP_WAIT_POLICY=PASSIVE``, set when ``local_engine`` is first imported unless
             the environment sets a wait policy; see docs/local-engine.md).
         quantization: ``"int8"`` for int8 weights (per-channel scales, quantized at load
-            time); overrides ``engine_config.quantization`` when given.
+            time), ``"fp8"`` for fp8 weights (CUDA GPUs with compute capability 8.9+);
+            overrides ``engine_config.quantization`` when given.
         default_max_tokens: the completion limit of requests that set none (capped by the
             room the model's context leaves).
         chat_template: a template source (or a named template) overriding the tokenizer's.
@@ -87,12 +88,12 @@ class LocalBackend:
         default_max_tokens: int = 1024,
         chat_template: str | None = None,
         tool_format: str | None = None,
-        quantization: Literal["int8"] | None = None,
+        quantization: Literal["int8", "fp8"] | None = None,
     ) -> None:
         check_backend_name(name)
-        if quantization not in (None, "int8"):
+        if quantization not in (None, "int8", "fp8"):
             raise errors.ConfigurationError(
-                f"unknown quantization {quantization!r}: expected None or 'int8'"
+                f"unknown quantization {quantization!r}: expected None, 'int8' or 'fp8'"
             )
         if isinstance(default_max_tokens, bool) or not isinstance(default_max_tokens, int):
             raise errors.ConfigurationError("default_max_tokens must be an int")

@@ -21,6 +21,7 @@ from local_engine.runner import ModelRunner
 from local_engine.sampler import Sampler, SamplingParams, TokenLogprob
 from local_engine.scheduler import Scheduler
 from local_engine.sequence import Sequence
+from local_engine.step_buffers import plan_step_buffers
 from local_engine.stop import StopChecker
 from local_engine.tokenizer import Tokenizer
 from swiftclient.errors import ConfigurationError, EngineError, OverloadedError
@@ -49,6 +50,10 @@ class EngineConfig:
     process-wide) when the engine is built; ``None`` keeps torch's count (``OMP_NUM_THREADS``,
     else the CPUs this process may use). How idle threads wait is set before torch loads,
     from the environment: see :mod:`local_engine.cpu_threads`.
+    ``static_buffers`` keeps step inputs in persistent (pinned, on CUDA) buffers and
+    ``cuda_graphs`` replays decode steps from CUDA graphs; ``None`` means on for a CUDA
+    model (graphs with the Triton attention backend), off elsewhere
+    (:func:`local_engine.step_buffers.plan_step_buffers`).
     """
 
     block_size: int = 16
@@ -65,6 +70,8 @@ class EngineConfig:
     seed: int | None = None
     num_threads: int | None = None
     quantization: Quantization | None = None
+    static_buffers: bool | None = None
+    cuda_graphs: bool | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -79,6 +86,9 @@ class EngineConfig:
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
         self.quantization = check_quantization(self.quantization)
+        for name in ("static_buffers", "cuda_graphs"):
+            if getattr(self, name) not in (None, True, False):
+                raise ConfigurationError(f"{name} must be None or a bool")
 
 
 def _positive(name: str, value: object) -> None:
@@ -142,7 +152,9 @@ class Engine:
         if model.device.type == "cpu":
             log_openmp_setup()
         if config.attention_backend != "auto":
-            model.set_attention_backend(get_attention_backend(config.attention_backend))
+            model.set_attention_backend(
+                get_attention_backend(config.attention_backend, device=model.device)
+            )
         bs = config.block_size
         num_blocks = config.num_blocks
         if num_blocks is None:
@@ -170,8 +182,22 @@ class Engine:
             )
         except ValueError as exc:
             raise ConfigurationError(str(exc)) from exc
+        buffers, cuda_graphs = plan_step_buffers(
+            model,
+            static_buffers=config.static_buffers,
+            cuda_graphs=config.cuda_graphs,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            block_size=bs,
+        )
         self.runner = ModelRunner(
-            model, num_blocks=num_blocks, block_size=bs, sampler=Sampler(seed=config.seed)
+            model,
+            num_blocks=num_blocks,
+            block_size=bs,
+            sampler=Sampler(seed=config.seed),
+            buffers=buffers,
+            cuda_graphs=cuda_graphs,
         )
         eos = set(model.config.eos_token_ids)
         if tokenizer is not None:

@@ -21,6 +21,7 @@ from safetensors import SafetensorError, safe_open
 from swiftclient.errors import ConfigurationError
 
 from .config import ModelConfig, normalize_dtype_name
+from .fp8 import Fp8Rows, Fp8Weight
 from .model import DecoderLayer, DecoderModel
 from .quant import Int8Rows, Int8Weight, Quantization, check_quantization
 
@@ -30,7 +31,7 @@ _INDEX_FILE = "model.safetensors.index.json"
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 # HF name -> (destination view inside a model parameter, shape the checkpoint must have)
-_Targets = dict[str, tuple[torch.Tensor | Int8Rows, tuple[int, ...]]]
+_Targets = dict[str, tuple[torch.Tensor | Int8Rows | Fp8Rows, tuple[int, ...]]]
 
 
 def resolve_dtype(
@@ -207,8 +208,10 @@ def _targets(model: DecoderModel) -> _Targets:
     return targets
 
 
-def _rows(weight: torch.Tensor | Int8Weight, start: int, stop: int) -> torch.Tensor | Int8Rows:
-    """Rows ``start:stop`` of a dense or int8 weight, as a copy target."""
-    if isinstance(weight, Int8Weight):
+def _rows(
+    weight: torch.Tensor | Int8Weight | Fp8Weight, start: int, stop: int
+) -> torch.Tensor | Int8Rows | Fp8Rows:
+    """Rows ``start:stop`` of a dense, int8 or fp8 weight, as a copy target."""
+    if isinstance(weight, Int8Weight | Fp8Weight):
         return weight.rows(start, stop)
     return weight[start:stop]

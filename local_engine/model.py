@@ -7,7 +7,9 @@ projection. Attention goes through an :class:`AttentionBackend` over a paged KV 
 Parameters are allocated uninitialized; :func:`local_engine.loader.load_model` fills them.
 With ``quantization="int8"`` the four projections of every layer and an untied LM head hold
 int8 weights with per-row scales (:mod:`local_engine.quant`); embeddings, norms and
-activations stay in the model dtype.
+activations stay in the model dtype. With ``quantization="fp8"`` (CUDA GPUs with fp8 tensor
+cores only) the four projections hold fp8 weights with per-row scales (:mod:`local_engine.fp8`)
+and the LM head stays bfloat16.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from swiftclient.errors import ConfigurationError
 
 from .attention import AttentionBackend, AttentionMetadata, get_attention_backend
 from .config import ModelConfig, RopeScaling
+from .fp8 import Fp8Weight, check_fp8_device
 from .quant import DequantScratch, Int8Weight, Quantization, check_quantization, linear
 
 __all__ = ["DecoderLayer", "DecoderModel", "rope_inverse_frequencies"]
@@ -42,6 +45,19 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
             return F.rms_norm(x, (x.shape[-1],), weight, eps)
         return F.rms_norm(x, (x.shape[-1],), None, eps) * weight
     return weight * F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
+
+
+def _residual_linear(
+    residual: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor | Int8Weight | Fp8Weight,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``residual + linear(x, weight, bias)``; for a dense weight without bias the add rides
+    in the matmul (``addmm``'s beta term), saving a pass over the hidden states."""
+    if bias is None and isinstance(weight, torch.Tensor) and x.dim() == 2:
+        return torch.addmm(residual, x, weight.t())
+    return residual + linear(x, weight, bias)
 
 
 def rope_inverse_frequencies(
@@ -71,10 +87,10 @@ def rope_inverse_frequencies(
 class DecoderLayer(nn.Module):
     """Pre-norm attention + SwiGLU MLP block with fused projections."""
 
-    qkv_weight: torch.Tensor | Int8Weight
-    o_weight: torch.Tensor | Int8Weight
-    gate_up_weight: torch.Tensor | Int8Weight
-    down_weight: torch.Tensor | Int8Weight
+    qkv_weight: torch.Tensor | Int8Weight | Fp8Weight
+    o_weight: torch.Tensor | Int8Weight | Fp8Weight
+    gate_up_weight: torch.Tensor | Int8Weight | Fp8Weight
+    down_weight: torch.Tensor | Int8Weight | Fp8Weight
 
     def __init__(
         self,
@@ -84,9 +100,11 @@ class DecoderLayer(nn.Module):
         dtype: torch.dtype,
         device: torch.device,
         scratch: DequantScratch | None = None,
+        fp8: bool = False,
     ) -> None:
         """Allocate one layer's (uninitialized) parameters; with ``scratch`` the four
-        projections are int8 weights that dequantize into it when they must."""
+        projections are int8 weights that dequantize into it when they must, with ``fp8``
+        they are fp8 weights (:mod:`local_engine.fp8`)."""
         super().__init__()
         hidden, hd = config.hidden_size, config.head_dim
         heads, kv_heads = config.num_heads, config.num_kv_heads
@@ -95,7 +113,9 @@ class DecoderLayer(nn.Module):
         def p(*shape: int) -> nn.Parameter:
             return _param(*shape, dtype=dtype, device=device)
 
-        def w(rows: int, cols: int) -> torch.Tensor | Int8Weight:
+        def w(rows: int, cols: int) -> torch.Tensor | Int8Weight | Fp8Weight:
+            if fp8:
+                return Fp8Weight(rows, cols, device=device)
             if scratch is None:
                 return p(rows, cols)
             return Int8Weight(rows, cols, dtype=dtype, device=device, scratch=scratch)
@@ -134,7 +154,8 @@ class DecoderLayer(nn.Module):
         if self.qk_norm_weight is not None:
             qk = _rms_norm(qk, self.qk_norm_weight, self.eps)
         half = hd // 2
-        qk = qk * cos + torch.cat((qk[..., half:], qk[..., :half]), dim=-1) * sin
+        rotated = torch.cat((qk[..., half:], qk[..., :half]), dim=-1).mul_(sin)
+        qk = torch.addcmul(rotated, qk, cos)  # qk * cos + rotate_half(qk) * sin
         out = attention.forward(
             qk[:, :heads],
             qk[:, heads:],
@@ -144,10 +165,10 @@ class DecoderLayer(nn.Module):
             scale=self.scale,
             sliding_window=self.sliding_window,
         )
-        x = x + linear(out.reshape(tokens, heads * hd), self.o_weight, self.o_bias)
+        x = _residual_linear(x, out.reshape(tokens, heads * hd), self.o_weight, self.o_bias)
         h = _rms_norm(x, self.post_norm, self.eps)
         gate, up = linear(h, self.gate_up_weight).chunk(2, dim=-1)
-        return x + linear(F.silu(gate) * up, self.down_weight)
+        return _residual_linear(x, F.silu(gate, inplace=True).mul_(up), self.down_weight)
 
 
 class DecoderModel(nn.Module):
@@ -168,7 +189,8 @@ class DecoderModel(nn.Module):
         """Allocate an uninitialized model on ``device`` (dtype defaults to ``config.dtype``).
 
         Raises:
-            ConfigurationError: an unknown ``quantization``, or ``"int8"`` with float32
+            ConfigurationError: an unknown ``quantization``, ``"fp8"`` without a capable GPU,
+                or ``"int8"`` with float32
                 activations (the int8 kernels take bfloat16 or float16).
         """
         super().__init__()
@@ -180,12 +202,17 @@ class DecoderModel(nn.Module):
                 f"{self.quantization} weights run with bfloat16 or float16 activations, not "
                 f"{str(dtype).removeprefix('torch.')}; use dtype='bfloat16' (or leave it unset)"
             )
-        scratch = DequantScratch() if self.quantization is not None else None
+        fp8 = self.quantization == "fp8"
+        if fp8:
+            check_fp8_device(dev)
+            if dtype != torch.bfloat16:
+                raise ConfigurationError("fp8 weights run with bfloat16 activations")
+        scratch = DequantScratch() if self.quantization == "int8" else None
         self.config = config
-        self.attention: AttentionBackend = attention or get_attention_backend("auto")
+        self.attention: AttentionBackend = attention or get_attention_backend("auto", device=dev)
         self.embed_tokens = _param(config.vocab_size, config.hidden_size, dtype=dtype, device=dev)
         layers = [
-            DecoderLayer(config, i, dtype=dtype, device=dev, scratch=scratch)
+            DecoderLayer(config, i, dtype=dtype, device=dev, scratch=scratch, fp8=fp8)
             for i in range(config.num_layers)
         ]
         self.layers = nn.ModuleList(layers)

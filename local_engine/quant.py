@@ -24,6 +24,9 @@ from torch import nn
 
 from swiftclient.errors import ConfigurationError
 
+from .fp8 import Fp8Weight
+from .weight_rows import QuantizedRows
+
 __all__ = [
     "DEQUANT_ROWS",
     "QUANTIZATION_METHODS",
@@ -36,7 +39,7 @@ __all__ = [
     "quantize_rows",
 ]
 
-Quantization = Literal["int8"]
+Quantization = Literal["int8", "fp8"]
 """The weight quantization methods; ``None`` means weights in the model dtype."""
 
 QUANTIZATION_METHODS: tuple[str, ...] = get_args(Quantization)
@@ -57,6 +60,8 @@ def check_quantization(value: object) -> Quantization | None:
         return None
     if value == "int8":
         return "int8"
+    if value == "fp8":  # GPU only: see local_engine.fp8
+        return "fp8"
     raise ConfigurationError(
         f"unknown quantization {value!r}: expected None or one of {', '.join(QUANTIZATION_METHODS)}"
     )
@@ -158,35 +163,19 @@ class Int8Weight(nn.Module):
         return F.linear(x, weight, bias)
 
 
-class Int8Rows:
+class Int8Rows(QuantizedRows):
     """A row range of an :class:`Int8Weight`, as the loader's copy target: ``copy_(src)``
     quantizes ``src`` (any float dtype) into those rows."""
 
-    def __init__(self, weight: Int8Weight, start: int, stop: int) -> None:
-        """Target rows ``start:stop`` of ``weight``."""
-        self.weight = weight
-        self.start = start
-        self.stop = stop
-
-    def copy_(self, src: torch.Tensor) -> None:
-        """Quantize ``src [stop - start, in_features]`` into the rows.
-
-        Raises:
-            ConfigurationError: ``src`` has another shape.
-        """
-        expected = (self.stop - self.start, self.weight.shape[1])
-        if tuple(src.shape) != expected:
-            raise ConfigurationError(f"expected a {expected} weight, got {tuple(src.shape)}")
-        codes, scales = quantize_rows(src, self.weight.dtype)
-        with torch.no_grad():
-            self.weight.qweight[self.start : self.stop].copy_(codes)
-            self.weight.scales[self.start : self.stop].copy_(scales)
+    def quantize(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Codes and per-row scales for ``src``."""
+        return quantize_rows(src, self.weight.scales.dtype)
 
 
 def linear(
-    x: torch.Tensor, weight: torch.Tensor | Int8Weight, bias: torch.Tensor | None = None
+    x: torch.Tensor, weight: torch.Tensor | Int8Weight | Fp8Weight, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """``F.linear`` for a dense or an int8 weight."""
-    if isinstance(weight, Int8Weight):
+    """``F.linear`` for a dense, an int8 or an fp8 weight."""
+    if isinstance(weight, Int8Weight | Fp8Weight):
         return weight.linear(x, bias)
     return F.linear(x, weight, bias)

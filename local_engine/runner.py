@@ -4,10 +4,16 @@ Host work per step is proportional to the batch (its new tokens and block tables
 to the model: each input becomes one host list and one host-to-device copy, and only the
 last position of each sequence that samples reaches the LM head. Tensors live on the
 model's device, so the same code runs on CPU and GPU.
+
+With :class:`~local_engine.step_buffers.StepBuffers` the inputs go into persistent buffers
+(pinned host memory copied without blocking on CUDA) instead of fresh tensors, and with
+CUDA graphs on, decode steps replay a graph captured for their batch-size bucket; the step's
+one host sync is reading the sampled tokens.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass
 
@@ -18,6 +24,7 @@ from local_engine.model import DecoderModel
 from local_engine.sampler import Sampler, SamplerOutput
 from local_engine.scheduler import ScheduledSequence, SchedulerOutput
 from local_engine.sequence import Sequence
+from local_engine.step_buffers import DecodeGraphs, StepBuffers, StepTensors, graph_buckets
 
 __all__ = ["ModelRunner", "RunnerOutput", "StepInputs"]
 
@@ -31,6 +38,7 @@ class StepInputs:
     meta: AttentionMetadata
     sample_indices: torch.Tensor
     sample_seqs: list[Sequence]
+    graph_bucket: int | None = None  # replay the decode graph of this batch size
 
 
 @dataclass(slots=True)
@@ -51,16 +59,30 @@ class ModelRunner:
         num_blocks: int,
         block_size: int,
         sampler: Sampler | None = None,
+        buffers: StepBuffers | None = None,
+        cuda_graphs: bool = False,
     ) -> None:
-        """Allocate ``num_blocks`` KV blocks of ``block_size`` tokens on the model's device."""
+        """Allocate ``num_blocks`` KV blocks of ``block_size`` tokens on the model's device.
+
+        With ``buffers`` the step inputs live in them; ``cuda_graphs`` (which needs
+        ``buffers``, a CUDA model and a graph-safe attention backend) replays decode steps
+        from CUDA graphs.
+        """
         self.model = model
         self.block_size = block_size
         self.device = model.device
         self.kv_caches = model.make_kv_cache(num_blocks, block_size)
         self.sampler = sampler if sampler is not None else Sampler()
+        self.buffers = buffers
+        self.graphs: DecodeGraphs | None = None
+        if cuda_graphs and buffers is not None:
+            buckets = graph_buckets(buffers.max_seqs)
+            self.graphs = DecodeGraphs(model, self.kv_caches, buffers, buckets)
 
     def prepare(self, scheduled: SequenceABC[ScheduledSequence]) -> StepInputs:
         """Lay out the step's new tokens, positions and attention metadata."""
+        if self.buffers is not None:
+            return self._prepare_buffered(self.buffers, scheduled)
         input_ids: list[int] = []
         positions: list[int] = []
         context_lens: list[int] = []
@@ -90,13 +112,70 @@ class ModelRunner:
             sample_seqs=sample_seqs,
         )
 
+    def _prepare_buffered(
+        self, buffers: StepBuffers, scheduled: SequenceABC[ScheduledSequence]
+    ) -> StepInputs:
+        """:meth:`prepare` into persistent buffers; decode steps (one token per sequence)
+        are laid out without a per-token loop and padded to a graph bucket when graphs
+        are on."""
+        seqs = [item.seq for item in scheduled]
+        samples = [i for i, item in enumerate(scheduled) if item.samples]
+        tables = [seq.block_table.block_ids for seq in seqs]
+        if all(item.num_new_tokens == 1 for item in scheduled):
+            positions = [item.start for item in scheduled]
+            bucket = self.graphs.bucket_for(len(seqs)) if self.graphs is not None else None
+            step = buffers.load(
+                input_ids=[seq.token_ids[p] for seq, p in zip(seqs, positions, strict=True)],
+                positions=positions,
+                tables=tables,
+                context_lens=[p + 1 for p in positions],
+                query_lens=[1] * len(seqs),
+                sample_indices=samples,
+                pad_to=bucket,
+            )
+        else:
+            bucket = None
+            input_ids: list[int] = []
+            positions = []
+            for item in scheduled:
+                end = item.start + item.num_new_tokens
+                input_ids.extend(item.seq.token_ids[item.start : end])
+                positions.extend(range(item.start, end))
+            query_lens = [item.num_new_tokens for item in scheduled]
+            starts = list(itertools.accumulate(query_lens))
+            step = buffers.load(
+                input_ids=input_ids,
+                positions=positions,
+                tables=tables,
+                context_lens=[item.start + item.num_new_tokens for item in scheduled],
+                query_lens=query_lens,
+                sample_indices=[starts[i] - 1 for i in samples],
+            )
+        return StepInputs(
+            input_ids=step.input_ids,
+            positions=step.positions,
+            meta=step.meta,
+            sample_indices=step.sample_indices,
+            sample_seqs=[seqs[i] for i in samples],
+            graph_bucket=bucket,
+        )
+
     @torch.inference_mode()
     def execute(self, batch: SchedulerOutput) -> RunnerOutput:
         """Run the model on ``batch`` and sample for every sequence that reaches its end."""
         if batch.is_empty:
             return RunnerOutput([], SamplerOutput([], []))
         inputs = self.prepare(batch.scheduled)
-        hidden = self.model.forward(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        if self.graphs is not None and inputs.graph_bucket is not None:
+            rows = len(batch.scheduled)
+            step = StepTensors(
+                inputs.input_ids, inputs.positions, inputs.meta, inputs.sample_indices
+            )
+            hidden = self.graphs.run(inputs.graph_bucket, rows, step)
+        else:
+            hidden = self.model.forward(
+                inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta
+            )
         if not inputs.sample_seqs:
             return RunnerOutput([], SamplerOutput([], []))
         logits = self.model.compute_logits(hidden.index_select(0, inputs.sample_indices))

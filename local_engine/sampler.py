@@ -86,7 +86,7 @@ class Sampler:
         device = logits.device
         temps = [p.temperature if p.temperature > 0 else 1.0 for p in params]
         if any(t != 1.0 for t in temps):
-            logits.div_(torch.tensor(temps, dtype=logits.dtype, device=device).unsqueeze(1))
+            logits.div_(_device_tensor(temps, logits.dtype, device).unsqueeze(1))
         logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
         tokens = logits.argmax(dim=-1)
         sampled_rows = [i for i, p in enumerate(params) if not p.greedy]
@@ -120,7 +120,7 @@ class Sampler:
         if len(rows) == len(seqs):
             return choice
         out = greedy_tokens.clone()
-        out[torch.tensor(rows, device=device)] = choice
+        out[_device_tensor(rows, torch.int64, device)] = choice
         return out
 
     def _apply_penalties(self, logits: torch.Tensor, seqs: SequenceABC[Sequence]) -> None:
@@ -130,9 +130,9 @@ class Sampler:
         counts = torch.stack([self._token_counts(seqs[i], logits) for i in rows])
         freq = [seqs[i].params.frequency_penalty for i in rows]
         pres = [seqs[i].params.presence_penalty for i in rows]
-        coef = torch.tensor([freq, pres], dtype=logits.dtype, device=logits.device).unsqueeze(2)
+        coef = _device_tensor([freq, pres], logits.dtype, logits.device).unsqueeze(2)
         penalty = counts * coef[0] + (counts > 0).to(logits.dtype) * coef[1]
-        row_index = torch.tensor(rows, device=logits.device)
+        row_index = _device_tensor(rows, torch.int64, logits.device)
         logits.index_add_(0, row_index, penalty, alpha=-1.0)
 
     def _token_counts(self, seq: Sequence, logits: torch.Tensor) -> torch.Tensor:
@@ -144,7 +144,7 @@ class Sampler:
             self._counts[seq.request_id] = entry
         new = seq.token_ids[seq.num_prompt_tokens + entry.seen :]
         if new:
-            index = torch.tensor(new, dtype=torch.int64, device=logits.device)
+            index = _device_tensor(new, torch.int64, logits.device)
             entry.counts.index_add_(0, index, torch.ones_like(index, dtype=logits.dtype))
             entry.seen += len(new)
         return entry.counts
@@ -184,19 +184,30 @@ def _truncate(logits: torch.Tensor, params: list[SamplingParams]) -> None:
         remove = torch.zeros_like(sorted_logits, dtype=torch.bool)
         if use_k:
             ks = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
-            remove |= rank >= torch.tensor(ks, device=device).unsqueeze(1)
+            remove |= rank >= _device_tensor(ks, torch.int64, device).unsqueeze(1)
             sorted_logits.masked_fill_(remove, -math.inf)
         if use_p:
             probs = torch.softmax(sorted_logits, dim=-1)
             mass_before = probs.cumsum(dim=-1) - probs
-            ps = torch.tensor([p.top_p for p in params], dtype=probs.dtype, device=device)
+            ps = _device_tensor([p.top_p for p in params], probs.dtype, device)
             cut = (mass_before >= ps.unsqueeze(1)) & (ps < 1.0).unsqueeze(1)
             remove |= cut
         mask = torch.zeros_like(remove).scatter_(1, order, remove)
         logits.masked_fill_(mask, -math.inf)
     if any(p.min_p > 0 for p in params):
         log_min_p = [math.log(p.min_p) if p.min_p > 0 else -math.inf for p in params]
-        floor = logits.max(dim=-1, keepdim=True).values + torch.tensor(
-            log_min_p, dtype=logits.dtype, device=device
+        floor = logits.max(dim=-1, keepdim=True).values + _device_tensor(
+            log_min_p, logits.dtype, device
         ).unsqueeze(1)
         logits.masked_fill_(logits < floor, -math.inf)
+
+
+def _device_tensor(
+    values: SequenceABC[object], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """``torch.tensor(values)`` on ``device``. On CUDA it is staged in pinned memory and
+    copied without blocking: a plain copy from pageable memory waits for every kernel queued
+    before it, which would add host syncs to the step's one (reading the sampled tokens)."""
+    if device.type != "cuda":
+        return torch.tensor(values, dtype=dtype, device=device)
+    return torch.tensor(values, dtype=dtype).pin_memory().to(device, non_blocking=True)

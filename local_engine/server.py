@@ -550,7 +550,11 @@ class _ServeCommand(click.Command):
     "--root-path", default="", help="Path prefix stripped by a reverse proxy (e.g. /api)."
 )
 @click.option("--threads", type=int, help="torch CPU threads (default: torch's count).")
-@click.option("--quantization", type=click.Choice(["int8"]), help="int8: int8 weights.")
+@click.option(
+    "--quantization",
+    type=click.Choice(["int8", "fp8"]),
+    help="int8: int8 weights; fp8: fp8 weights (CUDA GPUs with compute capability 8.9+).",
+)
 def command(**options: Any) -> int:
     """Serve a local model over an OpenAI-compatible chat-completions API.
 

@@ -48,3 +48,23 @@ def test_server_overhead_quick_run_compares_two_trees() -> None:
 def test_cli_accuracy_quick_run_prints_the_error_table() -> None:
     text = quick_run("cli_accuracy.py")
     assert "| c=1 " in text and "| c=8 " in text and "TTFT p50 error ms" in text
+
+
+def test_gpu_check_smoke_runs_on_cpu() -> None:
+    """bench/gpu.py --smoke: every part runs on a tiny model on CPU, and float32 greedy
+    decoding agrees with transformers."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "gpu.py"), "--smoke"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=True,
+        cwd=ROOT,
+    ).stdout
+    for heading in ("0. Correctness", "W1: batch-1 decode", "W2: 6 sequences", "W3: shared"):
+        assert heading in out
+    greedy = out.split("float32 greedy")[1].split("\n\n")[1]
+    assert greedy.count("| PASS") == 2 and "FAIL" not in greedy
+    for row in ("local_engine vs transformers, both bf16", "transformers eager", "miss / hit"):
+        assert row in out
+    assert "fp8 weights: not measured here" in out

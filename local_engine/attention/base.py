@@ -16,7 +16,7 @@ import torch
 
 from swiftclient.errors import ConfigurationError
 
-__all__ = ["AttentionBackend", "AttentionMetadata", "build_attention_metadata"]
+__all__ = ["AttentionBackend", "AttentionMetadata", "build_attention_metadata", "slot_mapping"]
 
 
 @dataclass
@@ -71,6 +71,27 @@ class AttentionBackend(Protocol):
         ...
 
 
+def slot_mapping(
+    block_tables: Sequence[Sequence[int]],
+    context_lens: Sequence[int],
+    query_lens: Sequence[int],
+    *,
+    block_size: int,
+) -> list[int]:
+    """The cache slot (``block * block_size + offset``) of every new token, in step order;
+    the caller has checked that each table covers its context."""
+    slots: list[int] = []
+    for table, ctx, qlen in zip(block_tables, context_lens, query_lens, strict=True):
+        pos = ctx - qlen
+        while pos < ctx:  # one range per block touched
+            offset = pos % block_size
+            take = min(block_size - offset, ctx - pos)
+            base = table[pos // block_size] * block_size + offset
+            slots.extend(range(base, base + take))
+            pos += take
+    return slots
+
+
 def build_attention_metadata(
     block_tables: Sequence[Sequence[int]],
     context_lens: Sequence[int],
@@ -91,21 +112,14 @@ def build_attention_metadata(
         )
     if block_size <= 0:
         raise ConfigurationError(f"block_size must be positive, got {block_size}")
-    slots: list[int] = []
     starts = [0]
     for table, ctx, qlen in zip(block_tables, context_lens, query_lens, strict=True):
         if not 0 < qlen <= ctx:
             raise ConfigurationError(f"query_len {qlen} must be in 1..context_len ({ctx})")
         if len(table) * block_size < ctx:
             raise ConfigurationError(f"{len(table)} blocks cannot hold {ctx} tokens")
-        pos = ctx - qlen
-        while pos < ctx:  # one range per block touched
-            offset = pos % block_size
-            take = min(block_size - offset, ctx - pos)
-            base = table[pos // block_size] * block_size + offset
-            slots.extend(range(base, base + take))
-            pos += take
         starts.append(starts[-1] + qlen)
+    slots = slot_mapping(block_tables, context_lens, query_lens, block_size=block_size)
     width = max(len(t) for t in block_tables)
     padded = [list(t) + [0] * (width - len(t)) for t in block_tables]
     return AttentionMetadata(

@@ -1,0 +1,47 @@
+"""The loader's copy target for a row range of a quantized weight (int8 or fp8)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from swiftclient.errors import ConfigurationError
+
+__all__ = ["QuantizedRows"]
+
+
+class _Codes(Protocol):
+    """A quantized weight: codes ``[N, K]`` and one scale per row."""
+
+    qweight: torch.Tensor
+    scales: torch.Tensor
+
+
+class QuantizedRows:
+    """Rows ``start:stop`` of a quantized weight: ``copy_(src)`` quantizes ``src`` (any float
+    dtype) into them with :meth:`quantize`, which each format defines."""
+
+    def __init__(self, weight: _Codes, start: int, stop: int) -> None:
+        """Target rows ``start:stop`` of ``weight``."""
+        self.weight = weight
+        self.start = start
+        self.stop = stop
+
+    def quantize(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Codes and per-row scales for ``src``."""
+        raise NotImplementedError
+
+    def copy_(self, src: torch.Tensor) -> None:
+        """Quantize ``src [stop - start, in_features]`` into the rows.
+
+        Raises:
+            ConfigurationError: ``src`` has another shape.
+        """
+        expected = (self.stop - self.start, self.weight.qweight.shape[1])
+        if tuple(src.shape) != expected:
+            raise ConfigurationError(f"expected a {expected} weight, got {tuple(src.shape)}")
+        codes, scales = self.quantize(src)
+        with torch.no_grad():
+            self.weight.qweight[self.start : self.stop].copy_(codes)
+            self.weight.scales[self.start : self.stop].copy_(scales)
