@@ -22,6 +22,7 @@ from local_engine.sampler import Sampler, SamplingParams, TokenLogprob
 from local_engine.scheduler import Scheduler
 from local_engine.sequence import Sequence
 from local_engine.stop import StopChecker
+from local_engine.structured import StructuredOutput
 from local_engine.tokenizer import Tokenizer
 from swiftclient.errors import ConfigurationError, EngineError, OverloadedError
 
@@ -170,13 +171,23 @@ class Engine:
             )
         except ValueError as exc:
             raise ConfigurationError(str(exc)) from exc
-        self.runner = ModelRunner(
-            model, num_blocks=num_blocks, block_size=bs, sampler=Sampler(seed=config.seed)
-        )
         eos = set(model.config.eos_token_ids)
         if tokenizer is not None:
             eos.update(tokenizer.eos_token_ids)
         self.eos_token_ids = frozenset(eos)
+        # Grammar-constrained decoding (SamplingParams.grammar) needs the tokenizer.
+        self.structured = (
+            StructuredOutput(tokenizer, model.config.vocab_size, self.eos_token_ids)
+            if tokenizer is not None
+            else None
+        )
+        self.runner = ModelRunner(
+            model,
+            num_blocks=num_blocks,
+            block_size=bs,
+            sampler=Sampler(seed=config.seed),
+            structured=self.structured,
+        )
         self._requests: dict[str, _Request] = {}
 
     @classmethod
@@ -227,7 +238,9 @@ class Engine:
 
         Raises:
             ValueError: empty or out-of-vocabulary prompt, prompt + ``max_tokens`` over
-                ``max_model_len``, stop strings without a tokenizer, a duplicate id.
+                ``max_model_len``, stop strings or a grammar without a tokenizer, a
+                duplicate id; :class:`~local_engine.grammar.GrammarError` (a ValueError)
+                for a grammar that cannot be compiled.
             OverloadedError: ``max_waiting`` requests are already queued.
         """
         if not isinstance(params, SamplingParams):
@@ -258,6 +271,10 @@ class Engine:
                 f"{self.scheduler.num_waiting} requests are already waiting "
                 f"(max_waiting={self.config.max_waiting})"
             )
+        if params.grammar is not None:
+            if self.structured is None:
+                raise ValueError("a grammar needs an engine with a tokenizer")
+            self.structured.add(request_id, params.grammar)
         seq = Sequence(request_id, prompt, params, cache_salt=cache_salt)
         self.scheduler.add(seq)
         self._requests[request_id] = _Request(seq, stop)
@@ -269,6 +286,8 @@ class Engine:
         if req is not None:
             self.scheduler.finish(req.seq)
             self.runner.sampler.release(request_id)
+            if self.structured is not None:
+                self.structured.release(request_id)
 
     def abort_all(self) -> None:
         """Abort every live request."""
@@ -292,6 +311,9 @@ class Engine:
             req = self._requests[seq.request_id]
             seq.append_token(token)
             text, reason = req.stop.push(token)
+            if reason is None and self._grammar_done(seq, token):
+                text += req.stop.finish()
+                reason = "stop"
             if reason is not None:
                 self.abort(seq.request_id)
             outputs.append(
@@ -308,6 +330,12 @@ class Engine:
                 )
             )
         return outputs
+
+    def _grammar_done(self, seq: Sequence, token: int) -> bool:
+        """Advance a constrained request's grammar; True once the reply is complete."""
+        if seq.params.grammar is None or self.structured is None:
+            return False
+        return self.structured.accept(seq.request_id, token)
 
     def generate(
         self,

@@ -18,6 +18,7 @@ from local_engine.model import DecoderModel
 from local_engine.sampler import Sampler, SamplerOutput
 from local_engine.scheduler import ScheduledSequence, SchedulerOutput
 from local_engine.sequence import Sequence
+from local_engine.structured import StructuredOutput
 
 __all__ = ["ModelRunner", "RunnerOutput", "StepInputs"]
 
@@ -51,13 +52,18 @@ class ModelRunner:
         num_blocks: int,
         block_size: int,
         sampler: Sampler | None = None,
+        structured: StructuredOutput | None = None,
     ) -> None:
-        """Allocate ``num_blocks`` KV blocks of ``block_size`` tokens on the model's device."""
+        """Allocate ``num_blocks`` KV blocks of ``block_size`` tokens on the model's device.
+
+        ``structured`` supplies the token masks of grammar-constrained requests.
+        """
         self.model = model
         self.block_size = block_size
         self.device = model.device
         self.kv_caches = model.make_kv_cache(num_blocks, block_size)
         self.sampler = sampler if sampler is not None else Sampler()
+        self.structured = structured
 
     def prepare(self, scheduled: SequenceABC[ScheduledSequence]) -> StepInputs:
         """Lay out the step's new tokens, positions and attention metadata."""
@@ -96,8 +102,17 @@ class ModelRunner:
         if batch.is_empty:
             return RunnerOutput([], SamplerOutput([], []))
         inputs = self.prepare(batch.scheduled)
-        hidden = self.model.forward(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
-        if not inputs.sample_seqs:
-            return RunnerOutput([], SamplerOutput([], []))
-        logits = self.model.compute_logits(hidden.index_select(0, inputs.sample_indices))
-        return RunnerOutput(inputs.sample_seqs, self.sampler.sample(logits, inputs.sample_seqs))
+        seqs = inputs.sample_seqs
+        # Grammar masks are computed in a worker thread while the model runs.
+        allowed = self.structured.begin(seqs) if self.structured is not None else None
+        try:
+            hidden = self.model.forward(
+                inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta
+            )
+            if not seqs:
+                return RunnerOutput([], SamplerOutput([], []))
+            logits = self.model.compute_logits(hidden.index_select(0, inputs.sample_indices))
+            return RunnerOutput(seqs, self.sampler.sample(logits, seqs, allowed=allowed))
+        finally:
+            if allowed is not None:
+                allowed.wait()  # never leave the worker writing into a mask nobody reads
