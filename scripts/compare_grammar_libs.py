@@ -1,13 +1,18 @@
 """Measure llguidance and xgrammar on this machine: schema compile time and mask time per token.
 
 The measurement behind the local engine's choice of grammar library (docs/architecture.md,
-"Grammar-constrained decoding"). Both libraries get the embedded default model's tokenizer,
-the same JSON schemas and the same token sequences (a valid answer, tokenized by our
-tokenizer); every timing is the best of several rounds, so on a busy machine the numbers are
-the least disturbed ones.
+"Grammar-constrained decoding"). Both libraries get the same tokenizer (the embedded default
+model's, or with ``--vocab N`` a byte-level BPE of about N tokens trained here on the Python
+standard library's sources, for a vocabulary the size of a real model's), the same JSON
+schema and the same token sequence (a valid answer, tokenized by that tokenizer). Measured:
+building the library's tokenizer state, compiling the schema (up to the first mask), and the
+mask time per decode step at batch 1 and at batch 32 (32 matchers in one call, one thread,
+as the engine runs it), each including advancing the matchers by the step's token. Every
+timing is the best of several rounds, so on a busy machine the numbers are the least
+disturbed ones.
 
     .venv/bin/pip install xgrammar llguidance   # xgrammar is not a project dependency
-    .venv/bin/python scripts/compare_grammar_libs.py [--rounds 5]
+    .venv/bin/python scripts/compare_grammar_libs.py [--rounds 5] [--vocab 32000]
 """
 
 from __future__ import annotations
@@ -80,7 +85,7 @@ def measure_llguidance(tok: Tokenizer, vocab: int, eos: list[int], ids: list[int
     compile_s = best(compile_once, rounds)
     grammar = llguidance.LLMatcher.grammar_from_json_schema(TYPICAL, overrides=opts)
 
-    executor = llguidance.LLExecutor()
+    executor = llguidance.LLExecutor(num_threads=1)
 
     def steps(batch: int) -> float:
         matchers = [llguidance.LLMatcher(lltok, grammar) for _ in range(batch)]
@@ -125,7 +130,7 @@ def measure_xgrammar(tok: Tokenizer, vocab: int, eos: list[int], ids: list[int],
         json.dumps(TYPICAL), any_whitespace=False, separators=(", ", ": ")
     )
 
-    batcher = xgr.BatchGrammarMatcher()
+    batcher = xgr.BatchGrammarMatcher(max_threads=1)
 
     def steps(batch: int) -> float:
         matchers = [xgr.GrammarMatcher(compiled) for _ in range(batch)]
@@ -144,36 +149,67 @@ def measure_xgrammar(tok: Tokenizer, vocab: int, eos: list[int], ids: list[int],
     return tokenizer_s, compile_s, {b: min(steps(b) for _ in range(rounds)) for b in (1, BATCH)}
 
 
+def trained_tokenizer(vocab_size: int) -> Tokenizer:
+    """A byte-level BPE of about ``vocab_size`` tokens over the standard library's sources,
+    with the default model's special tokens (deterministic for one Python version)."""
+    import sysconfig
+    from pathlib import Path
+
+    from tokenizers import AddedToken, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer as HFTokenizer
+
+    files = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
+    backend = HFTokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train([str(f) for f in files], trainer)
+    backend.add_special_tokens([AddedToken("<|im_end|>", special=True)])
+    return Tokenizer(backend, special_tokens={"eos_token": "<|im_end|>"})
+
+
 def main() -> None:
     """Print one table row per library."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--vocab", type=int, default=None, help="train a BPE of this size")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    path = ensure_default_model()
-    tok = Tokenizer.from_dir(path)
-    config = ModelConfig.from_pretrained(path)
-    vocab = config.vocab_size
-    eos = sorted(set(config.eos_token_ids) | set(tok.eos_token_ids))
+    if args.vocab is None:
+        path = ensure_default_model()
+        tok = Tokenizer.from_dir(path)
+        config = ModelConfig.from_pretrained(path)
+        vocab = config.vocab_size
+        eos = sorted(set(config.eos_token_ids) | set(tok.eos_token_ids))
+        name = "swift-tiny"
+    else:
+        tok = trained_tokenizer(args.vocab)
+        vocab = -(-tok.vocab_size // 64) * 64
+        eos = list(tok.eos_token_ids)
+        name = "BPE trained on the stdlib"
     text = json.dumps(ANSWER, ensure_ascii=False)
     ids = tok.encode(text) + [eos[0]]
-    print(f"tokenizer: swift-tiny, vocab {vocab}; answer: {len(ids)} tokens; batch {BATCH}")
+    print(f"tokenizer: {name}, vocab {vocab}; answer: {len(ids)} tokens; batch {BATCH}")
     print(
         f"{'library':<12} {'version':<8} {'tokenizer ms':>12} {'compile ms':>10} "
-        f"{'mask us/token b1':>16} {f'mask us/token b{BATCH}':>17}"
+        f"{'mask us/step b1':>15} {f'mask us/step b{BATCH}':>16}"
     )
-    for name, fn in (("llguidance", measure_llguidance), ("xgrammar", measure_xgrammar)):
+    for lib, fn in (("llguidance", measure_llguidance), ("xgrammar", measure_xgrammar)):
         from importlib.metadata import version
 
         try:
             tokenizer_s, compile_s, per_batch = fn(tok, vocab, eos, ids, args.rounds)
         except ImportError as exc:
-            print(f"{name:<12} not installed ({exc})")
+            print(f"{lib:<12} not installed ({exc})")
             continue
         row = [per_batch[b] / len(ids) * 1e6 for b in (1, BATCH)]
         print(
-            f"{name:<12} {version(name):<8} {tokenizer_s * 1e3:>12.1f} {compile_s * 1e3:>10.2f} "
-            f"{row[0]:>16.1f} {row[1]:>17.1f}"
+            f"{lib:<12} {version(lib):<8} {tokenizer_s * 1e3:>12.1f} {compile_s * 1e3:>10.2f} "
+            f"{row[0]:>15.1f} {row[1]:>16.1f}"
         )
 
 
