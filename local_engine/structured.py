@@ -193,8 +193,8 @@ class StructuredOutput:
         return bool(matcher.is_stopped())
 
     def close(self) -> None:
-        """Stop the mask worker thread (a later step starts a new one) and drop all matchers."""
-        self._matchers.clear()
+        """Stop the mask worker thread, e.g. when the engine is put away; requests keep their
+        matchers, and a later step starts a new worker."""
         worker, self._worker = self._worker, None
         if worker is not None:
             worker.shutdown(wait=True)

@@ -8,6 +8,7 @@ grammar, not the model.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
@@ -483,3 +484,25 @@ async def test_server_answers_an_uncompilable_schema_with_400(tiny: TinyModel) -
         content = good.json()["choices"][0]["message"]["content"]
         jsonschema.validate(json.loads(content), ok)
         await served.settle()
+
+
+def _mask_workers() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("swift-grammar-masks")}
+
+
+def test_close_stops_the_worker_and_a_later_step_starts_another(tiny: TinyModel) -> None:
+    engine = tiny.engine()
+    structured = engine.structured
+    assert structured is not None
+    params = SamplingParams(max_tokens=4, temperature=0.0, grammar=json_object_grammar())
+    engine.add_request(_prompt(tiny), params)
+    before = _mask_workers()
+    first = engine.step()[0].new_text
+    started = _mask_workers() - before
+    assert len(started) == 1  # this engine's worker (other engines keep theirs)
+    structured.close()
+    assert not started & _mask_workers()
+    assert structured.num_active == 1
+    rest = [out.new_text for _ in range(3) for out in engine.step()]
+    assert not engine.has_unfinished()
+    assert (first + "".join(rest)).startswith("{")
