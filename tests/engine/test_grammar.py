@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import jsonschema
@@ -20,6 +20,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import BaseModel, ConfigDict
 
 from local_engine.async_engine import AsyncEngine
 from local_engine.engine import Engine, EngineConfig
@@ -506,3 +507,33 @@ def test_close_stops_the_worker_and_a_later_step_starts_another(tiny: TinyModel)
     rest = [out.new_text for _ in range(3) for out in engine.step()]
     assert not engine.has_unfinished()
     assert (first + "".join(rest)).startswith("{")
+
+
+# ---------------------------------------------------------------------- through the client
+
+
+class Verdict(BaseModel):
+    """A reply shape whose JSON is at most a few dozen bytes."""
+
+    model_config = ConfigDict(extra="forbid")
+    ok: bool
+    level: Literal["low", "high"]
+
+
+@pytest.mark.anyio
+async def test_client_response_model_on_the_local_engine_always_validates(
+    tiny: TinyModel,
+) -> None:
+    from local_engine import LocalBackend
+    from swiftclient import AsyncClient
+    from swiftclient.errors import BadRequestError
+
+    async with AsyncClient(LocalBackend.from_engine(tiny.engine()), model="tiny") as client:
+        for seed, stream in ((1, True), (2, False), (3, True)):
+            verdict = await client.chat(
+                "Rate it.", response_model=Verdict, seed=seed, max_tokens=60, stream=stream
+            )
+            assert isinstance(verdict, Verdict)
+        bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}}
+        with pytest.raises(BadRequestError, match="cannot be compiled"):
+            await client.chat("Rate it.", response_format=bad)
