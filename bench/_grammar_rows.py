@@ -3,7 +3,8 @@
 The same engine decodes the same prompts twice per round, unconstrained and under a JSON
 schema grammar (an array of at least 1,000 objects with strings, an enum, a bounded integer,
 a string array and a nested object, so no reply can finish early and every token is masked);
-who goes first alternates. Both peers generate exactly ``new_tokens`` tokens per request
+who goes first alternates (the engine has no prefix cache, so neither reuses the other's
+prompts). Both peers generate exactly ``new_tokens`` tokens per request
 (``ignore_eos``), so the difference is the masking's cost: computing the masks (in the
 engine's worker thread, during the forward pass), waiting for any part that did not overlap,
 applying them to the logits and advancing the matchers. Reported at batch 1 and 32, as

@@ -1104,7 +1104,18 @@ def run_grammar(setup: Setup, s: Settings, threads: int, *, quick: bool) -> None
     """Workload 6: constrained against unconstrained decode on the engine; its own table."""
     print(f"## local_engine: grammar-constrained decoding, CPU ({'quick' if quick else 'full'})\n")
     print(f"- model: {MODEL_NAME} (random weights), fp32, torch threads: {threads}")
-    engine = setup.engine.engine
+    shared = setup.engine.engine
+    # No prefix cache: both peers decode the same prompts, and the second would reuse them.
+    engine = Engine(
+        shared.model,
+        EngineConfig(
+            dtype="float32",
+            num_blocks=_blocks_for(32 * (s.decode_prompt + s.decode_new)),
+            enable_prefix_caching=False,
+            seed=0,
+        ),
+        shared.tokenizer,
+    )
     print(
         grammar_report(
             engine,
