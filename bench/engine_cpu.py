@@ -7,6 +7,7 @@ Run from the repository root::
     .venv/bin/python bench/engine_cpu.py --profile  # + cProfile of the engine workloads
     .venv/bin/python bench/engine_cpu.py --only contention   # workload 4 alone, 1-3 minutes
     .venv/bin/python bench/engine_cpu.py --only quant        # workload 5 alone, 3-20 minutes
+    .venv/bin/python bench/engine_cpu.py --only grammar      # workload 6 alone, 1-5 minutes
 
 Both peers run the embedded ``swift-50m`` model (random weights, Qwen3 architecture, about
 52M parameters) in float32 with the same number of torch threads, decode greedily and
@@ -42,6 +43,9 @@ Workloads and goals (PASS/FAIL printed beside each):
    int8 weights (bf16 activations). Batch-1 decode against the fp32 engine (goal for int8:
    >= 2x) and workload 2(a) against transformers in fp32 (goal for bf16: >= 3x) and in bf16
    (goal for bf16: >= 1.5x), with a ceiling line per quantized engine.
+6. Grammar-constrained decoding (``--only grammar``; its own table): batch-1 and batch-32
+   greedy decode under a JSON schema grammar against the same engine unconstrained, and the
+   wall time the masks add per step and per token (bench/_grammar_rows.py). Info only.
 
 Every round builds fresh random prompts (same lengths) and runs all peers on them back to
 back, who goes first rotating; a warm-up round precedes the timed ones. So the engine's prefix
@@ -74,6 +78,7 @@ from typing import Any
 import torch
 import transformers
 from _contention import busy_process
+from _grammar_rows import grammar_report
 from _util import markdown_table, ratio, verdict
 from transformers import AutoModelForCausalLM
 from transformers.generation.streamers import BaseStreamer
@@ -93,7 +98,7 @@ PREFIX_GOAL = 5.0
 CONTENTION_GOAL = 0.6
 BUSY_LIMIT_S = 300.0
 """The competing process exits by itself after this long, whatever happens to the script."""
-WORKLOADS = ("decode", "batch", "prefix", "contention", "quant")
+WORKLOADS = ("decode", "batch", "prefix", "contention", "quant", "grammar")
 
 
 @dataclass(frozen=True)
@@ -1008,9 +1013,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     path = ensure_default_model(MODEL_NAME)
-    setup = build(path, s, with_transformers=bool(chosen - {"contention"}))
+    setup = build(path, s, with_transformers=bool(chosen - {"contention", "grammar"}))
     if chosen == {"quant"}:
         run_quant(path, setup, s, args.threads, quick=args.quick)
+        return 0
+    if chosen == {"grammar"}:
+        run_grammar(setup, s, args.threads, quick=args.quick)
         return 0
     load_before = os.getloadavg()
     wall = time.perf_counter()
@@ -1086,7 +1094,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "quant" in chosen:
         print()
         run_quant(path, setup, s, args.threads, quick=args.quick)
+    if "grammar" in chosen:
+        print()
+        run_grammar(setup, s, args.threads, quick=args.quick)
     return 0
+
+
+def run_grammar(setup: Setup, s: Settings, threads: int, *, quick: bool) -> None:
+    """Workload 6: constrained against unconstrained decode on the engine; its own table."""
+    print(f"## local_engine: grammar-constrained decoding, CPU ({'quick' if quick else 'full'})\n")
+    print(f"- model: {MODEL_NAME} (random weights), fp32, torch threads: {threads}")
+    shared = setup.engine.engine
+    # No prefix cache: both peers decode the same prompts, and the second would reuse them.
+    engine = Engine(
+        shared.model,
+        EngineConfig(
+            dtype="float32",
+            num_blocks=_blocks_for(32 * (s.decode_prompt + s.decode_new)),
+            enable_prefix_caching=False,
+            seed=0,
+        ),
+        shared.tokenizer,
+    )
+    print(
+        grammar_report(
+            engine,
+            setup.token_high,
+            reps=s.reps,
+            new_tokens=s.decode_new,
+            prompt_tokens=s.decode_prompt,
+        )
+    )
 
 
 if __name__ == "__main__":

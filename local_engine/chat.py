@@ -6,9 +6,9 @@ text and token counts into :class:`~swiftclient.types.ChatCompletion` and
 :class:`~swiftclient.types.ChatCompletionChunk` objects, parsing tool calls on the way. Nothing
 here imports the engine: plain strings and ints in, swiftclient types out.
 
-``response_format`` (``json_object`` / ``json_schema``) is honoured by a system instruction
-asking for JSON only; the local engine does not do constrained decoding yet, so the reply is
-not guaranteed to parse.
+``response_format`` (``json_object`` / ``json_schema``) adds a system instruction asking for
+JSON only; the engine also decodes such replies under a grammar (:mod:`local_engine.grammar`,
+applied by :class:`~local_engine.service.ChatService`), so they always parse.
 """
 
 from __future__ import annotations
@@ -197,7 +197,8 @@ class ChatFormatter:
         """Render and encode a request.
 
         Tools follow ``tool_choice`` ("none" hides them, a named choice shows only that one;
-        "required" is not enforced). ``extra_body["chat_template_kwargs"]`` is passed to the
+        "required" and a named choice are enforced by a grammar in the chat service).
+        ``extra_body["chat_template_kwargs"]`` is passed to the
         template (e.g. ``{"enable_thinking": False}``). A rendered prompt of more than
         ``max_bytes`` UTF-8 bytes, or one that is not valid Unicode (a lone surrogate), is a
         ConfigurationError raised before tokenizing.

@@ -23,6 +23,7 @@ from local_engine.scheduler import Scheduler
 from local_engine.sequence import Sequence
 from local_engine.step_buffers import plan_step_buffers
 from local_engine.stop import StopChecker
+from local_engine.structured import StructuredOutput
 from local_engine.tokenizer import Tokenizer
 from swiftclient.errors import ConfigurationError, EngineError, OverloadedError
 
@@ -191,6 +192,16 @@ class Engine:
             max_model_len=self.max_model_len,
             block_size=bs,
         )
+        eos = set(model.config.eos_token_ids)
+        if tokenizer is not None:
+            eos.update(tokenizer.eos_token_ids)
+        self.eos_token_ids = frozenset(eos)
+        # Grammar-constrained decoding (SamplingParams.grammar) needs the tokenizer.
+        self.structured = (
+            StructuredOutput(tokenizer, model.config.vocab_size, self.eos_token_ids)
+            if tokenizer is not None
+            else None
+        )
         self.runner = ModelRunner(
             model,
             num_blocks=num_blocks,
@@ -198,11 +209,8 @@ class Engine:
             sampler=Sampler(seed=config.seed),
             buffers=buffers,
             cuda_graphs=cuda_graphs,
+            structured=self.structured,
         )
-        eos = set(model.config.eos_token_ids)
-        if tokenizer is not None:
-            eos.update(tokenizer.eos_token_ids)
-        self.eos_token_ids = frozenset(eos)
         self._requests: dict[str, _Request] = {}
 
     @classmethod
@@ -253,7 +261,9 @@ class Engine:
 
         Raises:
             ValueError: empty or out-of-vocabulary prompt, prompt + ``max_tokens`` over
-                ``max_model_len``, stop strings without a tokenizer, a duplicate id.
+                ``max_model_len``, stop strings or a grammar without a tokenizer, a
+                duplicate id; :class:`~local_engine.grammar.GrammarError` (a ValueError)
+                for a grammar that cannot be compiled.
             OverloadedError: ``max_waiting`` requests are already queued.
         """
         if not isinstance(params, SamplingParams):
@@ -284,6 +294,10 @@ class Engine:
                 f"{self.scheduler.num_waiting} requests are already waiting "
                 f"(max_waiting={self.config.max_waiting})"
             )
+        if params.grammar is not None:
+            if self.structured is None:
+                raise ValueError("a grammar needs an engine with a tokenizer")
+            self.structured.add(request_id, params.grammar)
         seq = Sequence(request_id, prompt, params, cache_salt=cache_salt)
         self.scheduler.add(seq)
         self._requests[request_id] = _Request(seq, stop)
@@ -295,6 +309,8 @@ class Engine:
         if req is not None:
             self.scheduler.finish(req.seq)
             self.runner.sampler.release(request_id)
+            if self.structured is not None:
+                self.structured.release(request_id)
 
     def abort_all(self) -> None:
         """Abort every live request."""
@@ -318,6 +334,9 @@ class Engine:
             req = self._requests[seq.request_id]
             seq.append_token(token)
             text, reason = req.stop.push(token)
+            if reason is None and self._grammar_done(seq, token):
+                text += req.stop.finish()
+                reason = "stop"
             if reason is not None:
                 self.abort(seq.request_id)
             outputs.append(
@@ -334,6 +353,12 @@ class Engine:
                 )
             )
         return outputs
+
+    def _grammar_done(self, seq: Sequence, token: int) -> bool:
+        """Advance a constrained request's grammar; True once the reply is complete."""
+        if seq.params.grammar is None or self.structured is None:
+            return False
+        return self.structured.accept(seq.request_id, token)
 
     def generate(
         self,

@@ -25,6 +25,7 @@ from local_engine.sampler import Sampler, SamplerOutput
 from local_engine.scheduler import ScheduledSequence, SchedulerOutput
 from local_engine.sequence import Sequence
 from local_engine.step_buffers import DecodeGraphs, StepBuffers, StepTensors, graph_buckets
+from local_engine.structured import StructuredOutput
 
 __all__ = ["ModelRunner", "RunnerOutput", "StepInputs"]
 
@@ -61,12 +62,14 @@ class ModelRunner:
         sampler: Sampler | None = None,
         buffers: StepBuffers | None = None,
         cuda_graphs: bool = False,
+        structured: StructuredOutput | None = None,
     ) -> None:
         """Allocate ``num_blocks`` KV blocks of ``block_size`` tokens on the model's device.
 
         With ``buffers`` the step inputs live in them; ``cuda_graphs`` (which needs
         ``buffers``, a CUDA model and a graph-safe attention backend) replays decode steps
-        from CUDA graphs.
+        from CUDA graphs. ``structured`` supplies the token masks of grammar-constrained
+        requests.
         """
         self.model = model
         self.block_size = block_size
@@ -78,6 +81,7 @@ class ModelRunner:
         if cuda_graphs and buffers is not None:
             buckets = graph_buckets(buffers.max_seqs)
             self.graphs = DecodeGraphs(model, self.kv_caches, buffers, buckets)
+        self.structured = structured
 
     def prepare(self, scheduled: SequenceABC[ScheduledSequence]) -> StepInputs:
         """Lay out the step's new tokens, positions and attention metadata."""
@@ -166,17 +170,24 @@ class ModelRunner:
         if batch.is_empty:
             return RunnerOutput([], SamplerOutput([], []))
         inputs = self.prepare(batch.scheduled)
-        if self.graphs is not None and inputs.graph_bucket is not None:
-            rows = len(batch.scheduled)
-            step = StepTensors(
-                inputs.input_ids, inputs.positions, inputs.meta, inputs.sample_indices
-            )
-            hidden = self.graphs.run(inputs.graph_bucket, rows, step)
-        else:
-            hidden = self.model.forward(
-                inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta
-            )
-        if not inputs.sample_seqs:
-            return RunnerOutput([], SamplerOutput([], []))
-        logits = self.model.compute_logits(hidden.index_select(0, inputs.sample_indices))
-        return RunnerOutput(inputs.sample_seqs, self.sampler.sample(logits, inputs.sample_seqs))
+        seqs = inputs.sample_seqs
+        # Grammar masks are computed in a worker thread while the model runs.
+        allowed = self.structured.begin(seqs) if self.structured is not None else None
+        try:
+            if self.graphs is not None and inputs.graph_bucket is not None:
+                rows = len(batch.scheduled)
+                step = StepTensors(
+                    inputs.input_ids, inputs.positions, inputs.meta, inputs.sample_indices
+                )
+                hidden = self.graphs.run(inputs.graph_bucket, rows, step)
+            else:
+                hidden = self.model.forward(
+                    inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta
+                )
+            if not seqs:
+                return RunnerOutput([], SamplerOutput([], []))
+            logits = self.model.compute_logits(hidden.index_select(0, inputs.sample_indices))
+            return RunnerOutput(seqs, self.sampler.sample(logits, seqs, allowed=allowed))
+        finally:
+            if allowed is not None:
+                allowed.wait()  # never leave the worker writing into a mask nobody reads

@@ -22,6 +22,7 @@ import torch
 
 from local_engine.sampling_params import SamplingParams, TokenLogprob
 from local_engine.sequence import Sequence
+from local_engine.structured import TokenMask
 
 __all__ = ["Sampler", "SamplerOutput", "SamplingParams", "TokenLogprob"]
 
@@ -74,10 +75,22 @@ class Sampler:
         return gen
 
     @torch.inference_mode()
-    def sample(self, logits: torch.Tensor, seqs: SequenceABC[Sequence]) -> SamplerOutput:
-        """Pick one token per row of ``logits`` (``[N, V]`` float32; modified in place)."""
+    def sample(
+        self,
+        logits: torch.Tensor,
+        seqs: SequenceABC[Sequence],
+        *,
+        allowed: TokenMask | None = None,
+    ) -> SamplerOutput:
+        """Pick one token per row of ``logits`` (``[N, V]`` float32; modified in place).
+
+        ``allowed`` (grammar-constrained rows) is applied before anything else, so every
+        path, greedy included, picks only allowed tokens.
+        """
         if logits.dim() != 2 or logits.shape[0] != len(seqs):
             raise ValueError(f"logits shape {tuple(logits.shape)} does not match {len(seqs)} rows")
+        if allowed is not None:
+            allowed.apply(logits)
         params = [s.params for s in seqs]
         want_logprobs = any(p.logprobs for p in params)
         if all(p.greedy and not p.has_penalties for p in params) and not want_logprobs:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from local_engine.grammar import Grammar
+
 __all__ = ["MAX_TOP_LOGPROBS", "SamplingParams", "TokenLogprob"]
 
 MAX_TOP_LOGPROBS = 20
@@ -26,7 +28,9 @@ class SamplingParams:
     ``stop`` strings need an engine with a tokenizer; the returned text is cut just
     before the earliest stop string. ``stop_token_ids`` (and the model's EOS ids
     unless ``ignore_eos``) end generation; such a token is reported in the token ids
-    but contributes no text.
+    but contributes no text. ``grammar`` (needs an engine with a tokenizer) restricts every
+    token to those the grammar allows, and ends the reply once it is complete (see
+    :mod:`local_engine.grammar`).
     """
 
     max_tokens: int = 256
@@ -42,6 +46,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     logprobs: bool = False
     top_logprobs: int = 0
+    grammar: Grammar | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -67,6 +72,8 @@ class SamplingParams:
         _check_int("top_logprobs", self.top_logprobs, low=0, high=MAX_TOP_LOGPROBS)
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs=True")
+        if self.grammar is not None and not isinstance(self.grammar, Grammar):
+            raise ValueError(f"grammar must be a Grammar, got {type(self.grammar).__name__}")
 
     @property
     def greedy(self) -> bool:

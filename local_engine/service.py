@@ -9,6 +9,10 @@ Mapping:
 - the prompt is the chat template rendered by :class:`~local_engine.chat.ChatFormatter`
   (tools, ``tool_choice``, the ``response_format`` instruction,
   ``extra_body["chat_template_kwargs"]``);
+- ``response_format`` (``json_object``, ``json_schema``) and a forced ``tool_choice``
+  (``"required"`` or a named tool) become a grammar the reply is decoded under
+  (:mod:`local_engine.grammar`); one that cannot be compiled is a
+  :class:`~local_engine.grammar.GrammarError` (a ConfigurationError: 400 from the server);
 - ``temperature``, ``top_p``, ``max_completion_tokens`` (else ``max_tokens``), ``stop``,
   ``seed``, ``presence_penalty``, ``frequency_penalty``, ``logprobs`` and ``top_logprobs``
   map one to one (OpenAI's defaults where unset). With no token limit a request may generate
@@ -40,6 +44,7 @@ from swiftclient.types import ChatCompletion, ChatCompletionChunk, ChatRequest
 
 from .chat import ChatFormatter, ChatPrompt, CompletionStream, build_completion
 from .engine import Engine, RequestOutput
+from .grammar import Grammar, request_grammar
 from .sampling_params import SamplingParams, TokenLogprob
 from .tokenizer import Tokenizer
 
@@ -140,7 +145,11 @@ class ChatService:
     # ------------------------------------------------------------------ request mapping
 
     def _params(
-        self, request: ChatRequest, extra: dict[str, Any], prompt_tokens: int
+        self,
+        request: ChatRequest,
+        extra: dict[str, Any],
+        prompt_tokens: int,
+        grammar: Grammar | None = None,
     ) -> SamplingParams:
         limit = self.max_model_len
         room = limit - prompt_tokens
@@ -173,6 +182,7 @@ class ChatService:
                 frequency_penalty=request.frequency_penalty or 0.0,
                 logprobs=bool(request.logprobs),
                 top_logprobs=request.top_logprobs or 0,
+                grammar=grammar,
             )
         except ValueError as exc:
             raise ConfigurationError(f"invalid sampling parameters: {exc}") from exc
@@ -202,9 +212,21 @@ class ChatService:
             prompt = self.formatter.prepare(request, max_bytes=limit)
         except RecursionError as exc:
             raise ConfigurationError("the request nests too deeply to render") from exc
-        params = self._params(request, extra, len(prompt.token_ids))
+        grammar = self._grammar(request, prompt)
+        params = self._params(request, extra, len(prompt.token_ids), grammar)
         salt = extra.get("cache_salt") or request.user or None
         return PreparedRequest(prompt, params, salt)
+
+    def _grammar(self, request: ChatRequest, prompt: ChatPrompt) -> Grammar | None:
+        """The reply's grammar, compiled (and cached) for the engine's tokenizer here, in the
+        worker thread, so the engine only copies it."""
+        grammar = request_grammar(
+            request, prompt.tool_format, added_tokens=self.tokenizer.added_tokens
+        )
+        structured = self.engine.structured
+        if grammar is not None and structured is not None:
+            structured.compile(grammar)
+        return grammar
 
     # ------------------------------------------------------------------ responses
 

@@ -1,0 +1,227 @@
+"""The grammars a reply must follow: JSON mode, JSON schemas and forced tool calls (no torch).
+
+A :class:`Grammar` is llguidance's serialized grammar text; :mod:`local_engine.structured`
+turns it into per-request matchers and token masks. This module builds grammars from the
+OpenAI request fields:
+
+- ``response_format={"type": "json_object"}``: any JSON object;
+- ``response_format={"type": "json_schema", ...}``: a value valid under the schema;
+- ``tool_choice="required"`` or a named tool, when the chat template's tool-call format is
+  known: one or more tool calls in that format (``"hermes"``:
+  ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``, calls separated by a
+  newline; ``"llama3"``: ``{"name": ..., "parameters": {...}}``, calls separated by ``; ``),
+  whose name is one of the offered tools and whose arguments follow that tool's parameter
+  schema. ``parallel_tool_calls=False`` allows exactly one call.
+
+JSON is generated without free whitespace, with ``", "`` and ``": "`` separators (what
+``json.dumps`` and the chat templates write), so a reply cannot pad itself with blanks.
+llguidance is imported only when a grammar is built; without it a request that needs one is
+a :class:`~swiftclient.errors.ConfigurationError` naming the ``local`` extra.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from swiftclient.errors import ConfigurationError
+from swiftclient.types import ChatRequest, ResponseFormat, Tool, ToolChoice
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+__all__ = [
+    "Grammar",
+    "GrammarError",
+    "GrammarKind",
+    "json_object_grammar",
+    "json_schema_grammar",
+    "request_grammar",
+    "response_format_grammar",
+    "tool_call_grammar",
+]
+
+GrammarKind = Literal["json_object", "json_schema", "tool_call"]
+
+_JSON_OPTIONS: dict[str, Any] = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+}
+
+
+class GrammarError(ConfigurationError):
+    """A schema or tool definition that cannot be compiled into a grammar.
+
+    A :class:`~swiftclient.errors.ConfigurationError` (so also a ``ValueError``): the local
+    server answers it with a 400.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class Grammar:
+    """A grammar in llguidance's serialized form, and what it was built for.
+
+    Equal grammars have equal ``text``; compiled matchers are cached by it.
+    """
+
+    text: str
+    kind: GrammarKind
+
+    def __repr__(self) -> str:
+        return f"Grammar(kind={self.kind!r}, {len(self.text)} chars)"
+
+
+def llguidance_module() -> ModuleType:
+    """Import llguidance, or raise a ConfigurationError that says how to install it."""
+    try:
+        import llguidance
+    except ImportError as exc:
+        raise ConfigurationError(
+            "constrained decoding (JSON mode, json_schema, forced tool calls) in the local "
+            "engine needs llguidance: pip install 'swiftclient-llm[local]'"
+        ) from exc
+    return llguidance
+
+
+def _schema_grammar(schema: Mapping[str, Any] | bool, what: str) -> str:
+    llg = llguidance_module()
+    try:
+        return str(llg.LLMatcher.grammar_from_json_schema(_plain(schema), overrides=_JSON_OPTIONS))
+    except (ValueError, TypeError) as exc:
+        raise GrammarError(f"{what} cannot be compiled into a grammar: {exc}") from exc
+
+
+def _plain(schema: Mapping[str, Any] | bool) -> Any:
+    """The schema as plain JSON data (a ``Mapping`` that is not a dict is copied)."""
+    if isinstance(schema, bool):
+        return schema
+    if not isinstance(schema, Mapping):
+        raise GrammarError(f"a JSON schema must be an object, got {type(schema).__name__}")
+    return dict(schema)
+
+
+def json_object_grammar() -> Grammar:
+    """Any JSON object (``response_format={"type": "json_object"}``)."""
+    return Grammar(_schema_grammar({"type": "object"}, "the JSON object schema"), "json_object")
+
+
+def json_schema_grammar(schema: Mapping[str, Any] | bool) -> Grammar:
+    """A JSON value valid under ``schema``; GrammarError when it cannot be compiled.
+
+    Whether every keyword is supported shows when the grammar is compiled for a tokenizer
+    (:meth:`local_engine.structured.StructuredOutput.compile`), which also raises GrammarError.
+    """
+    return Grammar(_schema_grammar(schema, "the response_format JSON schema"), "json_schema")
+
+
+def response_format_grammar(response_format: ResponseFormat | None) -> Grammar | None:
+    """The grammar for a ``response_format``, or None for plain text."""
+    if response_format is None or response_format.type == "text":
+        return None
+    spec = response_format.json_schema
+    if response_format.type == "json_object" or spec is None or spec.schema_ is None:
+        return json_object_grammar()
+    return json_schema_grammar(spec.schema_)
+
+
+def _call_schema(tool: Tool, arguments_key: str, defs: dict[str, Any]) -> dict[str, Any]:
+    """One tool's call object; its ``$defs`` move to ``defs`` (the combined schema's root,
+    where its ``#/$defs/...`` references point once it is nested)."""
+    fn = tool.function
+    params: dict[str, Any] = fn.parameters if fn.parameters is not None else {"type": "object"}
+    for key in ("$defs", "definitions"):
+        found = params.get(key)
+        if not isinstance(found, dict):
+            continue
+        params = {k: v for k, v in params.items() if k != key}
+        for name, definition in found.items():
+            if defs.setdefault(key, {}).setdefault(name, definition) != definition:
+                raise GrammarError(
+                    f"tools define {key}/{name} differently; "
+                    "forced tool calls need one meaning per definition name"
+                )
+    return {
+        "type": "object",
+        "properties": {"name": {"const": fn.name}, arguments_key: params},
+        "required": ["name", arguments_key],
+        "additionalProperties": False,
+    }
+
+
+def _literal(text: str, added_tokens: Mapping[str, int]) -> str:
+    """A Lark item for ``text``: the token itself when the tokenizer has it as an added token
+    (a tokenizer never spells an added token out byte by byte), else the quoted string."""
+    token_id = added_tokens.get(text)
+    return f"<[{token_id}]>" if token_id is not None else json.dumps(text)
+
+
+def tool_call_grammar(
+    tools: Sequence[Tool],
+    *,
+    tool_format: str,
+    parallel: bool = True,
+    added_tokens: Mapping[str, int] | None = None,
+) -> Grammar:
+    """Tool calls to one of ``tools`` in ``tool_format`` ("hermes" or "llama3").
+
+    ``added_tokens`` (the tokenizer's added tokens, text to id) says which markers, such as
+    ``<tool_call>``, are single tokens. GrammarError when a tool's parameter schema cannot be
+    compiled, or when there are no tools; ConfigurationError for a format that has no grammar
+    ("none").
+    """
+    added = added_tokens or {}
+    if not tools:
+        raise GrammarError("a forced tool call needs at least one tool")
+    if tool_format not in ("hermes", "llama3"):
+        raise ConfigurationError(f"tool calls in the {tool_format!r} format cannot be forced")
+    key = "arguments" if tool_format == "hermes" else "parameters"
+    defs: dict[str, Any] = {}
+    schemas = [_call_schema(tool, key, defs) for tool in tools]
+    schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+    schema = {**schema, **defs}
+    # Check the schema on its own first, so an error names the tool schema, not the Lark text.
+    _schema_grammar(schema, "the tools' parameter schema")
+    # Inside Lark the JSON options travel in the schema itself.
+    body = json.dumps({**schema, "x-guidance": _JSON_OPTIONS}, ensure_ascii=False)
+    if tool_format == "hermes":
+        call = (
+            f'{_literal("<tool_call>", added)} "\\n" %json {body} '
+            f'"\\n" {_literal("</tool_call>", added)}'
+        )
+        sep = '"\\n"'
+    else:
+        call = f"%json {body}"
+        sep = '"; "'
+    start = "start: call" if not parallel else f"start: call ({sep} call)*"
+    lark = f"{start}\ncall: {call}\n"
+    return Grammar(str(llguidance_module().LLMatcher.grammar_from_lark(lark)), "tool_call")
+
+
+def _forced_tools(tools: list[Tool] | None, choice: str | ToolChoice | None) -> list[Tool] | None:
+    if not tools:
+        return None
+    if isinstance(choice, ToolChoice):
+        return [t for t in tools if t.function.name == choice.function.name] or None
+    return list(tools) if choice == "required" else None
+
+
+def request_grammar(
+    request: ChatRequest, tool_format: str, *, added_tokens: Mapping[str, int] | None = None
+) -> Grammar | None:
+    """The grammar a chat request's reply must follow, or None when it is free text.
+
+    A forced tool call (``tool_choice="required"`` or a named tool) wins over
+    ``response_format``; with the ``"none"`` tool format it is not enforced.
+    """
+    forced = _forced_tools(request.tools, request.tool_choice)
+    if forced is not None and tool_format in ("hermes", "llama3"):
+        return tool_call_grammar(
+            forced,
+            tool_format=tool_format,
+            parallel=request.parallel_tool_calls is not False,
+            added_tokens=added_tokens,
+        )
+    return response_format_grammar(request.response_format)

@@ -1,0 +1,539 @@
+"""Grammar-constrained decoding: JSON mode, JSON schemas and forced tool calls.
+
+The models have RANDOM weights (the embedded tiny default model, and a still smaller one
+with its tokenizer for the many-schema test), so whatever parses here parses because of the
+grammar, not the model.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, Literal
+
+import anyio
+import jsonschema
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel, ConfigDict
+
+from local_engine.async_engine import AsyncEngine
+from local_engine.engine import Engine, EngineConfig
+from local_engine.grammar import (
+    Grammar,
+    GrammarError,
+    json_object_grammar,
+    json_schema_grammar,
+    request_grammar,
+    tool_call_grammar,
+)
+from local_engine.loader import load_model
+from local_engine.sampler import Sampler, SamplingParams
+from local_engine.sequence import Sequence
+from local_engine.service import ChatService
+from local_engine.structured import TokenMask
+from swiftclient.types import ChatRequest, Tool
+
+from ..conformance.tiny_local import TinyModel, load_tiny_model
+from .tiny import make_tiny_model
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """These tests check output, not speed: one torch thread keeps their many small steps
+    from waiting on a busy machine's scheduler for a second OpenMP thread at every op."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
+    return load_tiny_model(tmp_path_factory.mktemp("grammar-cache"))
+
+
+@pytest.fixture(scope="module")
+def engine(tiny: TinyModel) -> Engine:
+    """One engine for the module (tests leave it idle); its compiled grammars are cached."""
+    return tiny.engine(num_blocks=512)
+
+
+@pytest.fixture(scope="module")
+def micro(tiny: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> Engine:
+    """A 2-layer, 64-wide random model with the default model's tokenizer: cheap steps."""
+    path = tmp_path_factory.mktemp("micro")
+    vocab = tiny.model.config.vocab_size
+    model = load_model(make_tiny_model(path, "qwen3", vocab_size=vocab, eos_token_id=None))
+    return Engine(model, EngineConfig(num_blocks=1024, seed=0), tiny.tokenizer)
+
+
+def _prompt(tiny: TinyModel, text: str = "Answer in JSON.") -> list[int]:
+    return tiny.tokenizer.encode(text)
+
+
+# ---------------------------------------------------------------------- random schemas
+#
+# Every schema bounds the length of its values (strings, arrays, integers, enums), so its
+# longest JSON text is known; a token carries at least one byte, so a reply decoded under
+# the grammar is complete within that many tokens plus the end token, whatever the model.
+
+_KEYS = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_ÄЖ中", min_size=1, max_size=6)
+_JSON_SCALARS = st.one_of(
+    st.integers(-1000, 1000),
+    st.text(max_size=5),
+    st.booleans(),
+    st.none(),
+    st.sampled_from([0.5, -2.25, 1e3]),
+)
+
+
+@st.composite
+def _integer(draw: st.DrawFn) -> dict[str, Any]:
+    low = draw(st.integers(-10_000, 10_000))
+    return {"type": "integer", "minimum": low, "maximum": low + draw(st.integers(0, 500))}
+
+
+@st.composite
+def _string(draw: st.DrawFn) -> dict[str, Any]:
+    high = draw(st.integers(0, 6))
+    return {"type": "string", "minLength": draw(st.integers(0, high)), "maxLength": high}
+
+
+_LEAVES = st.one_of(
+    st.just({"type": "boolean"}),
+    st.just({"type": "null"}),
+    _integer(),
+    _string(),
+    st.lists(_JSON_SCALARS, min_size=1, max_size=4, unique_by=json.dumps).map(
+        lambda values: {"enum": values}
+    ),
+    _JSON_SCALARS.map(lambda value: {"const": value}),
+)
+
+
+@st.composite
+def _object(draw: st.DrawFn, children: st.SearchStrategy[dict[str, Any]]) -> dict[str, Any]:
+    props = draw(st.dictionaries(_KEYS, children, max_size=3))
+    required = [k for k in props if draw(st.booleans())]
+    return {
+        "type": "object",
+        "properties": props,
+        "required": required,
+        "additionalProperties": False,
+    }
+
+
+@st.composite
+def _array(draw: st.DrawFn, children: st.SearchStrategy[dict[str, Any]]) -> dict[str, Any]:
+    high = draw(st.integers(0, 3))
+    return {
+        "type": "array",
+        "items": draw(children),
+        "minItems": draw(st.integers(0, high)),
+        "maxItems": high,
+    }
+
+
+_TREES = st.recursive(
+    _LEAVES,
+    lambda children: st.one_of(
+        _object(children),
+        _array(children),
+        st.lists(children, min_size=2, max_size=3).map(lambda options: {"anyOf": options}),
+    ),
+    max_leaves=6,
+)
+
+
+def max_bytes(schema: dict[str, Any]) -> int:
+    """An upper bound on the UTF-8 length of any compact JSON text valid under ``schema``."""
+    if "const" in schema:
+        return len(json.dumps(schema["const"]).encode()) * 2
+    if "enum" in schema:
+        return max(len(json.dumps(v).encode()) * 2 for v in schema["enum"])
+    if "anyOf" in schema:
+        return max(max_bytes(s) for s in schema["anyOf"])
+    kind = schema["type"]
+    if kind in ("boolean", "null"):
+        return 5
+    if kind == "integer":
+        return max(len(str(schema["minimum"])), len(str(schema["maximum"])))
+    if kind == "string":
+        return 2 + 12 * schema["maxLength"]  # at worst an escaped surrogate pair per char
+    if kind == "array":
+        return 2 + schema["maxItems"] * (max_bytes(schema["items"]) + 2)
+    return 2 + sum(
+        len(json.dumps(key).encode()) * 2 + 4 + max_bytes(sub)
+        for key, sub in schema["properties"].items()
+    )
+
+
+MAX_REPLY_BYTES = 160
+SCHEMAS = _TREES.filter(lambda schema: max_bytes(schema) <= MAX_REPLY_BYTES)
+"""Schemas whose replies need at most ``MAX_REPLY_BYTES`` tokens (keeps the test short)."""
+BATCH = 20
+
+
+@settings(
+    max_examples=10,  # x BATCH schemas per batch = 200 schemas
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(schemas=st.lists(SCHEMAS, min_size=BATCH, max_size=BATCH), seed=st.integers(0, 2**16))
+def test_random_schemas_every_reply_parses_and_validates(
+    micro: Engine, tiny: TinyModel, schemas: list[dict[str, Any]], seed: int
+) -> None:
+    engine = micro
+    prompt = _prompt(tiny)
+    params = [
+        SamplingParams(
+            max_tokens=max_bytes(schema) + 1,
+            temperature=0.0 if i % 4 == 0 else 1.0,
+            seed=seed + i,
+            grammar=json_schema_grammar(schema),
+        )
+        for i, schema in enumerate(schemas)
+    ]
+    plain = SamplingParams(max_tokens=8, temperature=1.0, seed=seed, ignore_eos=True)
+    results = engine.generate([prompt] * (len(schemas) + 1), [*params, plain])
+    for schema, result in zip(schemas, results, strict=False):
+        assert result.finish_reason == "stop", (schema, result.text)
+        jsonschema.validate(json.loads(result.text), schema)
+    assert len(results[-1].token_ids) == 8  # the unconstrained request shared the batch
+    assert engine.structured is not None and engine.structured.num_active == 0
+
+
+# ---------------------------------------------------------------------- one engine step
+
+
+def test_greedy_fast_path_applies_the_mask() -> None:
+    """An all-greedy batch takes the sampler's argmax shortcut; the mask still applies."""
+    logits = torch.zeros(2, 70)
+    logits[:, 3] = 10.0  # the unconstrained favourite
+    bitmask = torch.zeros(1, 3, dtype=torch.int32)
+    bitmask[0, 1] = 1 << (40 - 32)  # only token 40 allowed in row 0
+    done: Future[None] = Future()
+    done.set_result(None)
+    seqs = [Sequence(f"r{i}", [1], SamplingParams(temperature=0.0)) for i in range(2)]
+    out = Sampler(seed=0).sample(logits, seqs, allowed=TokenMask([0], bitmask, done))
+    assert out.token_ids == [40, 3]
+
+
+def test_constrained_and_plain_requests_share_a_batch(engine: Engine, tiny: TinyModel) -> None:
+    """The plain request's greedy tokens are the same as when it runs alone."""
+    prompt = _prompt(tiny, "Tell me something.")
+    plain = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    alone = engine.generate([prompt], plain)[0].token_ids
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    strict = SamplingParams(max_tokens=20, temperature=0.0, grammar=json_schema_grammar(schema))
+    mixed = engine.generate([prompt, prompt, prompt], [strict, plain, strict])
+    assert mixed[1].token_ids == alone
+    for result in (mixed[0], mixed[2]):
+        if result.finish_reason == "stop":
+            jsonschema.validate(json.loads(result.text), schema)
+        else:  # an integer may go on for ever; what there is must be its beginning
+            assert result.text.startswith('{"n": ')
+
+
+def test_json_object_mode_gives_an_object(engine: Engine, tiny: TinyModel) -> None:
+    params = SamplingParams(max_tokens=30, temperature=0.0, grammar=json_object_grammar())
+    result = engine.generate([_prompt(tiny)], params)[0]
+    assert result.text.startswith("{")
+    # A reply cut by max_tokens is the beginning of an object; a complete one parses.
+    if result.finish_reason == "stop":
+        assert isinstance(json.loads(result.text), dict)
+    else:
+        assert result.finish_reason == "length" and len(result.token_ids) == 30
+
+
+# ---------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [{"type": "strin"}, {"$ref": "#/$defs/missing"}, {"type": "object", "minProperties": "x"}],
+)
+def test_a_schema_that_cannot_compile_is_a_typed_error(
+    engine: Engine, tiny: TinyModel, schema: dict[str, Any]
+) -> None:
+    with pytest.raises(GrammarError, match="cannot be compiled"):
+        grammar = json_schema_grammar(schema)
+        engine.add_request(_prompt(tiny), SamplingParams(grammar=grammar))
+    assert not engine.has_unfinished()
+    assert engine.structured is not None and engine.structured.num_active == 0
+
+
+def test_a_grammar_without_a_tokenizer_is_refused(tiny: TinyModel) -> None:
+    engine = Engine(tiny.model, tiny.engine().config, tokenizer=None)
+    with pytest.raises(ValueError, match="needs an engine with a tokenizer"):
+        engine.add_request([1, 2], SamplingParams(grammar=json_object_grammar()))
+
+
+def test_sampling_params_check_the_grammar_type() -> None:
+    with pytest.raises(ValueError, match="grammar must be a Grammar"):
+        SamplingParams(grammar='{"type": "object"}')  # type: ignore[arg-type]
+
+
+def test_chat_service_refuses_an_uncompilable_schema(tiny: TinyModel) -> None:
+    service = ChatService(tiny.engine())
+    request = ChatRequest.model_validate(
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "hi"}],
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "strin"}},
+            },
+        }
+    )
+    with pytest.raises(GrammarError, match="response_format JSON schema cannot be compiled"):
+        service.prepare(request)
+
+
+# ---------------------------------------------------------------------- cancellation
+
+
+@pytest.mark.anyio
+async def test_cancelling_a_constrained_stream_frees_its_grammar_state(tiny: TinyModel) -> None:
+    engine = tiny.engine()
+    schema = {"type": "array", "items": {"type": "integer"}, "minItems": 1000}
+    params = SamplingParams(max_tokens=500, grammar=json_schema_grammar(schema))
+    structured = engine.structured
+    assert structured is not None
+    async with AsyncEngine(engine) as runner:
+        async with runner.stream(_prompt(tiny), params) as outputs:
+            async for _ in outputs:
+                assert structured.num_active == 1
+                break
+        with anyio.fail_after(30):
+            await runner.wait_idle()
+    assert structured.num_active == 0
+    assert engine.num_free_blocks() == engine.num_blocks
+
+
+def test_abort_frees_the_grammar_state(engine: Engine, tiny: TinyModel) -> None:
+    structured = engine.structured
+    assert structured is not None
+    rid = engine.add_request(_prompt(tiny), SamplingParams(grammar=json_object_grammar()))
+    engine.step()
+    assert structured.num_active == 1
+    engine.abort(rid)
+    assert structured.num_active == 0
+
+
+# ---------------------------------------------------------------------- tool calls
+
+WEATHER = Tool.model_validate(
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "maxLength": 8},
+                    "unit": {"enum": ["c", "f"]},
+                },
+                "required": ["city", "unit"],
+                "additionalProperties": False,
+            },
+        },
+    }
+)
+CONVERT = Tool.model_validate(
+    {
+        "type": "function",
+        "function": {
+            "name": "convert",
+            "parameters": {
+                "type": "object",
+                "properties": {"value": {"$ref": "#/$defs/Amount"}},
+                "required": ["value"],
+                "additionalProperties": False,
+                "$defs": {"Amount": {"type": "integer", "minimum": 0, "maximum": 999}},
+            },
+        },
+    }
+)
+
+
+def _chat(tool_choice: Any, **fields: Any) -> ChatRequest:
+    return ChatRequest.model_validate(
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "Weather in Paris?"}],
+            "tools": [WEATHER.model_dump(), CONVERT.model_dump(by_alias=True)],
+            "tool_choice": tool_choice,
+            "max_tokens": 200,  # more than the bytes of the longest call the grammar allows
+            **fields,
+        }
+    )
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("tool_choice", "names"),
+    [
+        ("required", {"get_weather", "convert"}),
+        ({"type": "function", "function": {"name": "convert"}}, {"convert"}),
+    ],
+)
+async def test_forced_tool_calls_always_parse(
+    tiny: TinyModel, tool_choice: Any, names: set[str]
+) -> None:
+    service = ChatService(tiny.engine())
+    tools = {"get_weather": WEATHER, "convert": CONVERT}
+    async with AsyncEngine(service.engine) as runner:
+        for seed in range(4):
+            request = _chat(tool_choice, seed=seed, parallel_tool_calls=False)
+            completion = await service.complete(runner, request)
+            choice = completion.choices[0]
+            assert choice.finish_reason == "tool_calls", choice.message
+            calls = choice.message.tool_calls or []
+            assert len(calls) == 1 and choice.message.content is None
+            call = calls[0]
+            assert call.function.name in names
+            schema = tools[call.function.name].function.parameters
+            jsonschema.validate(json.loads(call.function.arguments), schema or {})
+
+
+def test_tool_call_grammar_uses_the_tokenizers_marker_tokens(tiny: TinyModel) -> None:
+    added = tiny.tokenizer.added_tokens
+    grammar = tool_call_grammar([WEATHER], tool_format="hermes", added_tokens=added)
+    assert f"<[{added['<tool_call>']}]>" in grammar.text
+    spelled = tool_call_grammar([WEATHER], tool_format="hermes")
+    assert "<[" not in spelled.text and "\\u003ctool_call\\u003e" not in spelled.text
+
+
+def test_tool_definitions_that_clash_are_a_grammar_error() -> None:
+    other = CONVERT.model_copy(deep=True)
+    assert other.function.parameters is not None
+    other.function.parameters["$defs"] = {"Amount": {"type": "string"}}
+    other.function.name = "convert2"
+    with pytest.raises(GrammarError, match="differently"):
+        tool_call_grammar([CONVERT, other], tool_format="hermes")
+
+
+def test_which_requests_get_a_grammar() -> None:
+    plain = ChatRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    )
+    assert request_grammar(plain, "hermes") is None
+    auto = _chat("auto")
+    assert request_grammar(auto, "hermes") is None
+    assert request_grammar(_chat("required"), "none") is None  # no format to force
+    forced = request_grammar(_chat("required", response_format={"type": "json_object"}), "hermes")
+    assert isinstance(forced, Grammar) and forced.kind == "tool_call"
+    json_mode = request_grammar(_chat("auto", response_format={"type": "json_object"}), "hermes")
+    assert json_mode is not None and json_mode.kind == "json_object"
+
+
+def test_llama3_tool_calls_parse(engine: Engine, tiny: TinyModel) -> None:
+    from local_engine.tool_calls import parse_tool_calls
+
+    grammar = tool_call_grammar([WEATHER], tool_format="llama3", parallel=False)
+    params = SamplingParams(max_tokens=200, temperature=1.0, seed=1, grammar=grammar)
+    text = engine.generate([_prompt(tiny)], params)[0].text
+    parsed = parse_tool_calls(text, "llama3")
+    assert [c.function.name for c in parsed.tool_calls] == ["get_weather"]
+
+
+def test_compile_is_cached_by_grammar_text(engine: Engine, tmp_path: Path) -> None:
+    structured = engine.structured
+    assert structured is not None
+    first = structured.compile(json_schema_grammar({"type": "boolean"}))
+    assert structured.compile(json_schema_grammar({"type": "boolean"})) is first
+
+
+# ---------------------------------------------------------------------- the server
+
+
+def _json_schema_body(schema: Any) -> dict[str, Any]:
+    return {
+        "model": "tiny-test",
+        "messages": [{"role": "user", "content": "Is it raining?"}],
+        "max_tokens": 30,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
+    }
+
+
+@pytest.mark.anyio
+async def test_server_answers_an_uncompilable_schema_with_400(tiny: TinyModel) -> None:
+    from .test_server import serve
+
+    ok = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }  # at most 13 bytes, so 30 tokens always finish it
+    async with serve(tiny.engine()) as served:
+        bad = await served.http.post("/v1/chat/completions", json=_json_schema_body({"type": 7}))
+        assert bad.status_code == 400
+        error = bad.json()["error"]
+        assert error["type"] == "invalid_request_error"
+        assert "response_format JSON schema cannot be compiled" in error["message"]
+        good = await served.http.post("/v1/chat/completions", json=_json_schema_body(ok))
+        assert good.status_code == 200
+        content = good.json()["choices"][0]["message"]["content"]
+        jsonschema.validate(json.loads(content), ok)
+        await served.settle()
+
+
+def _mask_workers() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("swift-grammar-masks")}
+
+
+def test_close_stops_the_worker_and_a_later_step_starts_another(tiny: TinyModel) -> None:
+    engine = tiny.engine()
+    structured = engine.structured
+    assert structured is not None
+    params = SamplingParams(max_tokens=4, temperature=0.0, grammar=json_object_grammar())
+    engine.add_request(_prompt(tiny), params)
+    before = _mask_workers()
+    first = engine.step()[0].new_text
+    started = _mask_workers() - before
+    assert len(started) == 1  # this engine's worker (other engines keep theirs)
+    structured.close()
+    assert not started & _mask_workers()
+    assert structured.num_active == 1
+    rest = [out.new_text for _ in range(3) for out in engine.step()]
+    assert not engine.has_unfinished()
+    assert (first + "".join(rest)).startswith("{")
+
+
+# ---------------------------------------------------------------------- through the client
+
+
+class Verdict(BaseModel):
+    """A reply shape whose JSON is at most a few dozen bytes."""
+
+    model_config = ConfigDict(extra="forbid")
+    ok: bool
+    level: Literal["low", "high"]
+
+
+@pytest.mark.anyio
+async def test_client_response_model_on_the_local_engine_always_validates(
+    tiny: TinyModel,
+) -> None:
+    from local_engine import LocalBackend
+    from swiftclient import AsyncClient
+    from swiftclient.errors import BadRequestError
+
+    async with AsyncClient(LocalBackend.from_engine(tiny.engine()), model="tiny") as client:
+        for seed, stream in ((1, True), (2, False), (3, True)):
+            verdict = await client.chat(
+                "Rate it.", response_model=Verdict, seed=seed, max_tokens=60, stream=stream
+            )
+            assert isinstance(verdict, Verdict)
+        bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}}
+        with pytest.raises(BadRequestError, match="cannot be compiled"):
+            await client.chat("Rate it.", response_format=bad)
