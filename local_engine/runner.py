@@ -4,12 +4,19 @@ Host work per step is proportional to the batch (its new tokens and block tables
 to the model: each input becomes one host list and one host-to-device copy, and only the
 last position of each sequence that samples reaches the LM head. Tensors live on the
 model's device, so the same code runs on CPU and GPU.
+
+A sequence with draft tokens (speculative decoding) feeds its last token and its drafts,
+and every one of those positions reaches the LM head; the rows go to :attr:`ModelRunner.verify`
+instead of the sampler. Its positions are laid out as single-token attention rows over the
+same block table, each seeing the cache up to its own position (the step writes every key and
+value before any row attends), so they take the decode attention path with plain decodes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Sequence as SequenceABC
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -31,14 +38,23 @@ class StepInputs:
     meta: AttentionMetadata
     sample_indices: torch.Tensor
     sample_seqs: list[Sequence]
+    spec_items: list[ScheduledSequence] = field(default_factory=list)
+    """Items with drafts; their rows follow the sampled rows in ``sample_indices``."""
 
 
 @dataclass(slots=True)
 class RunnerOutput:
-    """Sequences that sampled a token this step, aligned with the sampler's output."""
+    """Sequences that sampled a token this step, aligned with the sampler's output; then
+    the items that verified drafts, with the tokens each emitted (accepted drafts + one)."""
 
     seqs: list[Sequence]
     sampled: SamplerOutput
+    spec_items: list[ScheduledSequence] = field(default_factory=list)
+    spec_tokens: list[list[int]] = field(default_factory=list)
+
+
+Verifier = Callable[[torch.Tensor, list[ScheduledSequence]], list[list[int]]]
+"""Target rows of the items with drafts (``k + 1`` rows each, in order) -> emitted tokens."""
 
 
 class ModelRunner:
@@ -58,6 +74,8 @@ class ModelRunner:
         self.device = model.device
         self.kv_caches = model.make_kv_cache(num_blocks, block_size)
         self.sampler = sampler if sampler is not None else Sampler()
+        self.verify: Verifier | None = None
+        """Set by an engine that speculates; needed once a step schedules draft tokens."""
 
     def prepare(self, scheduled: SequenceABC[ScheduledSequence]) -> StepInputs:
         """Lay out the step's new tokens, positions and attention metadata."""
@@ -68,8 +86,20 @@ class ModelRunner:
         tables: list[list[int]] = []
         sample_indices: list[int] = []
         sample_seqs: list[Sequence] = []
+        spec_items: list[ScheduledSequence] = []
+        spec_indices: list[int] = []
         for item in scheduled:
             seq, start, end = item.seq, item.start, item.start + item.num_new_tokens
+            if item.num_spec_tokens:
+                spec_items.append(item)
+                spec_indices.extend(range(len(input_ids), len(input_ids) + item.num_new_tokens))
+                input_ids.extend(seq.token_ids[start:])
+                input_ids.extend(seq.spec_token_ids[: item.num_spec_tokens])
+                positions.extend(range(start, end))
+                context_lens.extend(range(start + 1, end + 1))
+                query_lens.extend([1] * item.num_new_tokens)
+                tables.extend([seq.block_table.block_ids] * item.num_new_tokens)
+                continue
             input_ids.extend(seq.token_ids[start:end])
             positions.extend(range(start, end))
             context_lens.append(end)
@@ -78,6 +108,7 @@ class ModelRunner:
             if item.samples:
                 sample_indices.append(len(input_ids) - 1)
                 sample_seqs.append(seq)
+        sample_indices.extend(spec_indices)
         dev = self.device
         meta = build_attention_metadata(
             tables, context_lens, query_lens, block_size=self.block_size, device=dev
@@ -88,6 +119,7 @@ class ModelRunner:
             meta=meta,
             sample_indices=torch.tensor(sample_indices, dtype=torch.int64, device=dev),
             sample_seqs=sample_seqs,
+            spec_items=spec_items,
         )
 
     @torch.inference_mode()
@@ -97,7 +129,18 @@ class ModelRunner:
             return RunnerOutput([], SamplerOutput([], []))
         inputs = self.prepare(batch.scheduled)
         hidden = self.model.forward(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
-        if not inputs.sample_seqs:
+        if not inputs.sample_seqs and not inputs.spec_items:
             return RunnerOutput([], SamplerOutput([], []))
         logits = self.model.compute_logits(hidden.index_select(0, inputs.sample_indices))
-        return RunnerOutput(inputs.sample_seqs, self.sampler.sample(logits, inputs.sample_seqs))
+        if not inputs.spec_items:
+            return RunnerOutput(inputs.sample_seqs, self.sampler.sample(logits, inputs.sample_seqs))
+        if self.verify is None:
+            raise RuntimeError("a step scheduled draft tokens but the runner has no verifier")
+        plain = len(inputs.sample_seqs)
+        sampled = (
+            self.sampler.sample(logits[:plain], inputs.sample_seqs)
+            if plain
+            else SamplerOutput([], [])
+        )
+        emitted = self.verify(logits[plain:], inputs.spec_items)
+        return RunnerOutput(inputs.sample_seqs, sampled, inputs.spec_items, emitted)
