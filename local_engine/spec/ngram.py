@@ -36,12 +36,20 @@ class NgramIndex:
         self._next_end = max(self._next_end, len(tokens))
 
     def propose(self, tokens: list[int], k: int) -> list[int]:
-        """Up to ``k`` tokens that followed the longest indexed match of the list's tail."""
+        """``k`` tokens that followed the longest indexed match of the list's tail.
+
+        A match that ends less than ``k`` tokens before the tail is a repeating pattern
+        (the tail repeats what came ``period`` tokens earlier), so the proposal carries the
+        pattern on past the end of the list.
+        """
         size = len(tokens)
         for n in range(min(self.hi, size), self.lo - 1, -1):
             end = self._ends[n - self.lo].get(tuple(tokens[size - n :]))
             if end is not None:
-                return tokens[end : end + k]
+                if end + k <= size:
+                    return tokens[end : end + k]
+                period = size - end
+                return [tokens[end + j % period] for j in range(k)]
         return []
 
 

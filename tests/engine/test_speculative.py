@@ -88,6 +88,13 @@ def test_ngram_index_finds_the_latest_earlier_occurrence() -> None:
     assert index.propose([*seq, 7], 3) == [5, 1, 2]
 
 
+def test_ngram_index_carries_a_repeating_pattern_on() -> None:
+    index = NgramIndex(2, 3)
+    seq = [4, 8, 1, 2, 1, 2, 1]
+    index.update(seq)
+    assert index.propose(seq, 5) == [2, 1, 2, 1, 2]  # (2, 1) last continued with 2, period 2
+
+
 def test_greedy_ngram_matches_plain_in_shared_steps(model: DecoderModel) -> None:
     prompts = repetitive_prompts()
     # Every third request has a penalty: it never speculates, yet shares every step.
