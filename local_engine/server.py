@@ -34,7 +34,7 @@ import sys
 import time
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -65,6 +65,9 @@ from swiftclient.types import ChatCompletion, ChatCompletionChunk, ChatRequest, 
 
 from .backend import LocalBackend
 from .service import EXTRA_BODY_KEYS
+
+if TYPE_CHECKING:
+    from .engine import EngineConfig
 
 __all__ = ["LocalServer", "RequestError", "main", "parse_chat_body"]
 
@@ -447,13 +450,32 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's count)")
     parser.add_argument("--quantization", choices=("int8",), help="int8: int8 weights")
+    parser.add_argument(
+        "--speculative",
+        choices=("ngram", "draft"),
+        help="speculative decoding: ngram (prompt lookup) or draft (needs --draft-model)",
+    )
+    parser.add_argument("--draft-model", help="directory of the draft model (--speculative draft)")
+    parser.add_argument(
+        "--num-speculative-tokens", type=int, default=4, help="draft tokens per step (4)"
+    )
     return parser
 
 
-def _build(args: argparse.Namespace) -> LocalServer:
-    from .engine import EngineConfig
+def _engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The engine settings the command line asks for (ConfigurationError when they clash)."""
+    from .engine import EngineConfig, SpeculativeConfig
 
-    config = EngineConfig(
+    speculative = None
+    if args.speculative is not None:
+        speculative = SpeculativeConfig(
+            method=args.speculative,
+            draft_model=args.draft_model,
+            num_speculative_tokens=args.num_speculative_tokens,
+        )
+    elif args.draft_model is not None:
+        raise ConfigurationError("--draft-model needs --speculative draft")
+    return EngineConfig(
         kv_cache_memory=args.kv_cache_mib * 2**20,
         max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len,
@@ -462,7 +484,12 @@ def _build(args: argparse.Namespace) -> LocalServer:
         device=args.device,
         num_threads=args.threads,
         quantization=args.quantization,
+        speculative=speculative,
     )
+
+
+def _build(args: argparse.Namespace) -> LocalServer:
+    config = _engine_config(args)
     backend = LocalBackend(
         args.model_dir or None,
         engine_config=config,

@@ -56,6 +56,8 @@ class DraftProposer:
         for i, (seq, k) in enumerate(zip(seqs, num_tokens, strict=True)):
             state = self._reserve(seq, k)
             if state is not None:
+                # Feed at least the last token: its logits give the first draft.
+                state.computed = min(state.computed, seq.num_tokens - 1)
                 state.base = seq.num_tokens
                 live.append(i)
         feeds = [seqs[i].token_ids[self._states[seqs[i].request_id].computed :] for i in live]

@@ -91,7 +91,7 @@ class Speculator:
         self.sampler = sampler
         self.stats = SpecStats()
         self._states: dict[str, _RequestState] = {}
-        self._drafts: dict[str, Draft] = {}
+        self._drafts: dict[str, tuple[Sequence, Draft]] = {}  # this step's proposals
 
     def request_stats(self, request_id: str) -> SpecStats | None:
         """The counters of a live request (None when it never speculated)."""
@@ -100,7 +100,7 @@ class Speculator:
 
     def propose(self, running: Iterable[Sequence]) -> None:
         """Set ``spec_token_ids`` on every running sequence (empty where it does not speculate)."""
-        self._drafts.clear()
+        self._drafts.clear()  # drafts the scheduler had no room for were never verified
         asking: list[Sequence] = []
         counts: list[int] = []
         k_max = self.config.num_speculative_tokens
@@ -121,14 +121,14 @@ class Speculator:
         for seq, draft in zip(asking, self.proposer.propose(asking, counts), strict=True):
             if draft.tokens:
                 seq.spec_token_ids = list(draft.tokens)
-                self._drafts[seq.request_id] = draft
+                self._drafts[seq.request_id] = (seq, draft)
 
     def verify(self, logits: torch.Tensor, items: list[ScheduledSequence]) -> list[list[int]]:
         """Emitted tokens of each verified item (see :func:`verify_drafts`)."""
         seqs = [item.seq for item in items]
         drafts = []
         for item in items:
-            draft = self._drafts[item.seq.request_id]
+            draft = self._drafts[item.seq.request_id][1]
             k = item.num_spec_tokens
             if k < len(draft.tokens):  # the scheduler trimmed it to the step's budget
                 probs = draft.probs[:k] if draft.probs is not None else None
@@ -138,6 +138,7 @@ class Speculator:
 
     def verified(self, seq: Sequence, proposed: int, accepted: int) -> None:
         """Count one verification of ``seq`` and decide whether it keeps speculating."""
+        del self._drafts[seq.request_id]
         self.stats.add(proposed, accepted)
         state = self._state(seq.request_id)
         state.stats.add(proposed, accepted)

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+from local_engine import LocalBackend
 from local_engine.engine import Engine, EngineConfig, GenerationResult
 from local_engine.loader import load_model
 from local_engine.model import DecoderModel
@@ -18,8 +19,10 @@ from local_engine.runner import RunnerOutput
 from local_engine.sampler import SamplingParams
 from local_engine.scheduler import SchedulerOutput
 from local_engine.spec import NgramIndex, SpeculativeConfig
+from swiftclient import AsyncClient
 from swiftclient.errors import ConfigurationError
 
+from ..conformance.tiny_local import TinyModel, load_tiny_model
 from .tiny import make_tiny_model
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
@@ -193,6 +196,19 @@ def test_drafts_fit_the_step_budget_and_never_preempt(model: DecoderModel) -> No
     assert engine.num_free_blocks() == 40
 
 
+def test_draft_cache_rolls_back_drafts_the_step_had_no_room_for(model: DecoderModel) -> None:
+    """With a draft model equal to the target every draft is right, unless the draft's own
+    cache kept tokens it proposed but the scheduler trimmed or dropped."""
+    rng = random.Random(7)  # short prompts, so several requests decode at once
+    prompts = [[rng.randrange(3, 256) for _ in range(2)] * 2 for _ in range(8)]
+    plain = engine_for(model).generate(prompts, GREEDY)
+    engine = engine_for(model, DRAFT, model, max_num_seqs=6, max_num_batched_tokens=10)
+    assert tokens(engine.generate(prompts, GREEDY)) == tokens(plain)
+    stats = engine.spec_stats
+    assert stats is not None and stats.num_draft_tokens > 0
+    assert stats.acceptance_rate == 1.0
+
+
 def test_speculation_backs_off_when_drafts_miss(model: DecoderModel, other: DecoderModel) -> None:
     prompt = repetitive_prompts(1, seed=6)[0]
     params = SamplingParams(temperature=0.0, max_tokens=120, ignore_eos=True)
@@ -321,3 +337,47 @@ def test_config_is_checked(model: DecoderModel, other: DecoderModel, tmp_path: P
         engine_for(model, DRAFT, small)
     with pytest.raises(ConfigurationError, match="SpeculativeConfig"):
         EngineConfig(speculative="ngram")  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
+    return load_tiny_model(tmp_path_factory.mktemp("swiftclient-cache"))
+
+
+@pytest.mark.anyio
+async def test_served_completions_report_accepted_drafts(tiny: TinyModel) -> None:
+    """Through the client and the local backend: same text as without speculation, and
+    usage carries the request's accepted and rejected draft tokens."""
+    prompt = "Copy this: the quick brown fox jumps over the lazy dog. " * 3
+    fixed: dict[str, Any] = {"temperature": 0.0, "max_tokens": 32}
+    fixed["extra_body"] = {"ignore_eos": True}
+    async with AsyncClient(LocalBackend.from_engine(tiny.engine()), model="tiny") as client:
+        plain = await client.chat(prompt, **fixed)
+    assert plain.usage is not None and plain.usage.completion_tokens_details is None
+    engine = tiny.engine(speculative=SpeculativeConfig(ngram_min=1))
+    async with AsyncClient(LocalBackend.from_engine(engine), model="tiny") as client:
+        for stream in (True, False):
+            completion = await client.chat(prompt, stream=stream, **fixed)
+            assert completion.text == plain.text
+            usage = completion.usage
+            assert usage is not None and usage.completion_tokens_details is not None
+            accepted = usage.completion_tokens_details.accepted_prediction_tokens
+            rejected = usage.completion_tokens_details.rejected_prediction_tokens
+            assert accepted is not None and rejected is not None
+            assert accepted > 0 and rejected >= 0
+    assert engine.spec_stats is not None and engine.spec_stats.num_accepted_tokens >= accepted
+
+
+def test_command_line_turns_speculation_on() -> None:
+    from local_engine.server import _engine_config, _parser
+
+    args = _parser().parse_args(["--speculative", "ngram", "--num-speculative-tokens", "6"])
+    spec = _engine_config(args).speculative
+    assert spec is not None and spec.method == "ngram" and spec.num_speculative_tokens == 6
+    args = _parser().parse_args(["--speculative", "draft", "--draft-model", "/models/small"])
+    spec = _engine_config(args).speculative
+    assert spec is not None and spec.method == "draft" and spec.draft_model == "/models/small"
+    assert _engine_config(_parser().parse_args([])).speculative is None
+    for bad in (["--speculative", "draft"], ["--draft-model", "/m"]):
+        with pytest.raises(ConfigurationError, match="draft"):
+            _engine_config(_parser().parse_args(bad))
