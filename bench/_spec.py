@@ -13,9 +13,10 @@ The model is the trained embedded default model when this checkout has it
 - non-grounded: ``chat`` (greetings, canned facts) and ``tool_call`` tasks, where little of
   the answer is in the prompt and drafts mostly miss. Goal: >= 0.95x (speculation backs off).
 
-Without the trained model (or with ``--spec-model`` naming another directory) the prompts are
-random token ids: a random-weight model's output only repeats itself, so the rows then show
-the mechanism, not the goal. The decode rate is every generated token after each request's
+``--spec-model DIR`` measures another model on the same task prompts. Without the trained
+model and its generators the prompts are random token ids (a phrase written three times for
+copy/edit): a random-weight model's output only repeats itself, so the rows then show the
+mechanism, not the goal. The decode rate is every generated token after each request's
 first, over the time after its first token arrived, summed over the round's requests (which
 run one at a time).
 """
@@ -163,6 +164,9 @@ def run_spec(model_arg: str | None, *, quick: bool, reps: int, threads: int, k: 
         path = trained
     else:
         path = default_model.ensure_default_model()
+    use_tasks = (ROOT / "scripts" / "default_model_data.py").exists() and (
+        trained is not None or model_arg is not None
+    )
     plain = Engine.from_pretrained(path, EngineConfig(dtype="float32", num_blocks=512, seed=0))
     spec_config = SpeculativeConfig(num_speculative_tokens=k)
     spec = Engine(
@@ -171,12 +175,12 @@ def run_spec(model_arg: str | None, *, quick: bool, reps: int, threads: int, k: 
         plain.tokenizer,
     )
     count = 4 if quick else 12
-    ignore_eos = trained is None
+    ignore_eos = not use_tasks
 
     def make_for(kind: str) -> Callable[[int], list[list[int]]]:
         def make(rnd: int) -> list[list[int]]:
             seed = 600 + 10 * rnd + (kind == "copy")
-            if trained is not None:
+            if use_tasks:
                 tasks = COPY_TASKS if kind == "copy" else OTHER_TASKS
                 return task_prompts(plain, tasks, count, seed)
             return random_prompts(plain, count, seed, repeat=kind == "copy")
@@ -228,11 +232,12 @@ def run_spec(model_arg: str | None, *, quick: bool, reps: int, threads: int, k: 
         )
     wall = time.perf_counter() - wall
     load_after = os.getloadavg()
-    model_note = (
-        "the trained embedded default model"
-        if trained is not None
-        else f"{path.name} ({'random weights: mechanism only' if model_arg is None else 'given'})"
-    )
+    if trained is not None:
+        model_note = "the trained embedded default model, on its task prompts"
+    elif model_arg is not None:
+        model_note = f"{path} on {'task prompts' if use_tasks else 'random prompts'}"
+    else:
+        model_note = f"{path.name} (random weights, random prompts: mechanism only)"
     print(f"## local_engine speculative decoding, CPU fp32 ({'quick' if quick else 'full'} run)\n")
     print(
         f"- model: {model_note}; n-gram proposer, up to {k} draft tokens, back-off on; "

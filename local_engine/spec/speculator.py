@@ -32,6 +32,8 @@ __all__ = ["Proposer", "SpecStats", "Speculator"]
 
 _SMOOTHING = 0.5
 """Weight of the newest verification in a request's moving average of accepted drafts."""
+_FIRST_AVERAGE = 1.0
+"""A new request's average: a first verification that accepts nothing pauses it."""
 
 
 class Proposer(Protocol):
@@ -160,7 +162,7 @@ class Speculator:
     def _state(self, request_id: str) -> _RequestState:
         state = self._states.get(request_id)
         if state is None:
-            state = _RequestState(SpecStats(), float(self.config.num_speculative_tokens))
+            state = _RequestState(SpecStats(), _FIRST_AVERAGE)
             self._states[request_id] = state
         return state
 
