@@ -137,7 +137,9 @@ class Scheduler:
         """Pick this step's work (see the module docstring for the policy)."""
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
-        # 1. decodes, oldest first; may preempt from the newest end.
+        # 1. decodes, oldest first; may preempt from the newest end. Drafts only take budget
+        # that the decodes after them do not need.
+        decodes_left = sum(1 for s in self.running if s.num_tokens - s.num_computed_tokens == 1)
         for seq in list(self.running):
             if budget == 0:
                 break
@@ -145,9 +147,11 @@ class Scheduler:
                 continue  # preempted earlier in this loop
             if seq.num_tokens - seq.num_computed_tokens != 1:
                 continue
+            decodes_left -= 1
             spec = seq.spec_token_ids
-            if len(spec) >= budget:
-                del spec[budget - 1 :]
+            room = max(budget - 1 - decodes_left, 0)
+            if len(spec) > room:
+                del spec[room:]
             while not self.pool.append_slots(seq.block_table, seq.num_tokens + len(spec)):
                 if spec:
                     spec.clear()

@@ -7,14 +7,17 @@ drafts into the step; the runner scores them and hands the target rows to
 :meth:`Speculator.verify`; the engine reports what was kept with :meth:`Speculator.verified`.
 
 Back-off: each request keeps an exponential moving average of the drafts accepted per
-verification. Below ``min_accepted`` it pauses speculation for a number of steps that
-doubles with every consecutive pause (up to ``max_backoff_steps``), then probes again; a
-probe that does well resets the pause length. A step without drafts costs nothing extra,
-so a workload the proposer cannot predict runs close to plain decoding.
+verification and proposes at most one draft more than that (so the draft length grows to
+``num_speculative_tokens`` while drafts are kept and shrinks when they are not: each draft
+row adds to the target step's cost). Below ``min_accepted`` it pauses speculation for a
+number of steps that doubles with every consecutive pause (up to ``max_backoff_steps``),
+then probes again; a probe that does well resets the pause length. A step without drafts
+costs nothing extra, so a workload the proposer cannot predict runs close to plain decoding.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
@@ -114,7 +117,10 @@ class Speculator:
             if state.pause:
                 state.pause -= 1
                 continue
-            k = min(k_max, seq.max_total_tokens - seq.num_tokens - 1)
+            # One more draft than the request's recent verifications kept: every draft row
+            # costs the target step a little, so a request that misses proposes few.
+            wanted = min(k_max, math.ceil(state.average) + 1)
+            k = min(wanted, seq.max_total_tokens - seq.num_tokens - 1)
             if k > 0:
                 asking.append(seq)
                 counts.append(k)

@@ -13,11 +13,13 @@ import torch
 
 from local_engine import LocalBackend
 from local_engine.engine import Engine, EngineConfig, GenerationResult
+from local_engine.kv_cache import BlockPool
 from local_engine.loader import load_model
 from local_engine.model import DecoderModel
 from local_engine.runner import RunnerOutput
 from local_engine.sampler import SamplingParams
-from local_engine.scheduler import SchedulerOutput
+from local_engine.scheduler import Scheduler, SchedulerOutput
+from local_engine.sequence import Sequence as Sequence_
 from local_engine.spec import NgramIndex, SpeculativeConfig
 from swiftclient import AsyncClient
 from swiftclient.errors import ConfigurationError
@@ -381,3 +383,46 @@ def test_command_line_turns_speculation_on() -> None:
     for bad in (["--speculative", "draft"], ["--draft-model", "/m"]):
         with pytest.raises(ConfigurationError, match="draft"):
             _engine_config(_parser().parse_args(bad))
+
+
+def _running_pair(
+    pool: BlockPool, max_num_batched_tokens: int
+) -> tuple[Scheduler, Sequence_, Sequence_]:
+    """Two running sequences of 8 tokens (7 computed) in 2 blocks each of a 4-block pool."""
+    sched = Scheduler(pool, max_num_seqs=2, max_num_batched_tokens=max_num_batched_tokens)
+    pair = []
+    for i in range(2):
+        seq = Sequence_(f"r{i}", list(range(10 * i + 3, 10 * i + 10)), SamplingParams(max_tokens=8))
+        sched.add(seq)
+        pair.append(seq)
+    out = sched.schedule()
+    for item in out.scheduled:
+        item.seq.append_token(5)
+    sched.update(out)
+    return sched, pair[0], pair[1]
+
+
+def test_scheduler_drops_drafts_rather_than_preempt() -> None:
+    pool = BlockPool(4, 4)
+    sched, a, b = _running_pair(pool, 64)
+    assert pool.num_free_blocks == 0
+    a.spec_token_ids = [1, 2]  # 10 tokens need a third block: there is none
+    out = sched.schedule()
+    assert [(i.seq, i.num_new_tokens, i.num_spec_tokens) for i in out.scheduled] == [
+        (a, 1, 0),
+        (b, 1, 0),
+    ]
+    assert not out.preempted and a.spec_token_ids == []
+
+
+def test_scheduler_drafts_leave_budget_for_every_decode() -> None:
+    pool = BlockPool(8, 4)
+    sched, a, b = _running_pair(pool, 64)
+    sched.max_num_batched_tokens = 4
+    a.spec_token_ids = [1, 2, 3, 4]
+    out = sched.schedule()
+    # Four tokens of budget: b's decode keeps one, a takes its token and two drafts.
+    assert [(i.seq, i.num_new_tokens, i.num_spec_tokens) for i in out.scheduled] == [
+        (a, 3, 2),
+        (b, 1, 0),
+    ]
