@@ -27,8 +27,9 @@ class SpeculativeConfig:
     verifies them all in one forward pass. A request whose recent verifications accepted
     fewer than ``min_accepted`` tokens on average (an exponential moving average) pauses
     speculation for a number of steps that doubles on every pause, up to
-    ``max_backoff_steps``, then probes again: a workload the proposer cannot predict runs
-    almost as plain decoding.
+    ``max_backoff_steps``, then probes again with one draft: a workload the proposer cannot
+    predict runs almost as plain decoding. The draft length is one more than the same
+    average, so it grows while drafts are kept.
     """
 
     method: SpeculativeMethod = "ngram"
@@ -36,7 +37,7 @@ class SpeculativeConfig:
     draft_model: str | Path | None = None
     ngram_min: int = 2
     ngram_max: int = 4
-    min_accepted: float = 0.6
+    min_accepted: float = 0.5
     max_backoff_steps: int = 64
 
     def __post_init__(self) -> None:

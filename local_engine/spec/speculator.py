@@ -9,9 +9,10 @@ drafts into the step; the runner scores them and hands the target rows to
 Back-off: each request keeps an exponential moving average of the drafts accepted per
 verification and proposes at most one draft more than that (so the draft length grows to
 ``num_speculative_tokens`` while drafts are kept and shrinks when they are not: each draft
-row adds to the target step's cost). Below ``min_accepted`` it pauses speculation for a
-number of steps that doubles with every consecutive pause (up to ``max_backoff_steps``),
-then probes again; a probe that does well resets the pause length. A step without drafts
+row adds to the target step's cost). Below ``min_accepted`` it pauses speculation for 2, 4,
+8, ... steps (doubling with every consecutive pause, up to ``max_backoff_steps``), then
+probes again with one draft; a probe that is kept resets the pause length. A new request
+starts with such a probe. A step without drafts
 costs nothing extra, so a workload the proposer cannot predict runs close to plain decoding.
 """
 
@@ -35,8 +36,9 @@ __all__ = ["Proposer", "SpecStats", "Speculator"]
 
 _SMOOTHING = 0.5
 """Weight of the newest verification in a request's moving average of accepted drafts."""
-_FIRST_AVERAGE = 1.0
-"""A new request's average: a first verification that accepts nothing pauses it."""
+_PROBE_AVERAGE = 0.0
+"""The average a new request, or one back from a pause, starts from: its first verification
+is a one-draft probe that decides whether it goes on speculating."""
 
 
 class Proposer(Protocol):
@@ -83,7 +85,7 @@ class _RequestState:
     stats: SpecStats
     average: float  # moving average of accepted drafts per verification
     pause: int = 0  # steps left without speculation
-    backoff: int = 1  # length of the next pause
+    backoff: int = 2  # length of the next pause
 
 
 class Speculator:
@@ -154,9 +156,9 @@ class Speculator:
         if state.average < self.config.min_accepted:
             state.pause = state.backoff
             state.backoff = min(2 * state.backoff, self.config.max_backoff_steps)
-            state.average = self.config.min_accepted  # the probe after the pause decides
+            state.average = _PROBE_AVERAGE
         else:
-            state.backoff = 1
+            state.backoff = 2
         self.proposer.verified(seq, accepted)
 
     def release(self, request_id: str) -> None:
@@ -168,7 +170,7 @@ class Speculator:
     def _state(self, request_id: str) -> _RequestState:
         state = self._states.get(request_id)
         if state is None:
-            state = _RequestState(SpecStats(), _FIRST_AVERAGE)
+            state = _RequestState(SpecStats(), _PROBE_AVERAGE)
             self._states[request_id] = state
         return state
 
