@@ -18,10 +18,10 @@ import torch
 from local_engine.attention import build_attention_metadata
 from local_engine.kv_cache import BlockPool, BlockTable
 from local_engine.model import DecoderModel
-from local_engine.sampler import Sampler, _truncate
+from local_engine.sampler import Sampler
 from local_engine.sequence import Sequence
 
-from .verify import Draft
+from .verify import Draft, sampling_probs
 
 __all__ = ["DraftProposer"]
 
@@ -147,12 +147,7 @@ class DraftProposer:
         rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
         if not rows:
             return tokens, dists
-        sub = logits[rows]
-        params = [seqs[i].params for i in rows]
-        temps = torch.tensor([p.temperature for p in params], dtype=sub.dtype, device=sub.device)
-        sub.div_(temps.unsqueeze(1))
-        _truncate(sub, params)
-        probs = torch.softmax(sub, dim=-1)
+        probs = sampling_probs(logits[rows], [seqs[i].params for i in rows])
         for j, i in enumerate(rows):
             gen = self.sampler.generator_for(seqs[i], probs.device)
             noise = torch.empty_like(probs[j]).exponential_(generator=gen)

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 import torch
 
-from local_engine.sampler import Sampler, _truncate
+from local_engine.sampler import Sampler, SamplingParams, _truncate
 from local_engine.sequence import Sequence
 
-__all__ = ["Draft", "verify_drafts"]
+__all__ = ["Draft", "sampling_probs", "verify_drafts"]
 
 
 @dataclass(slots=True)
@@ -75,6 +75,15 @@ def verify_drafts(
     return out
 
 
+def sampling_probs(logits: torch.Tensor, params: SequenceABC[SamplingParams]) -> torch.Tensor:
+    """The distribution plain sampling draws each row from: temperature, then top-k / top-p /
+    min-p truncation, then softmax (``logits`` of sampled requests, modified in place)."""
+    temps = torch.tensor([p.temperature for p in params], dtype=logits.dtype, device=logits.device)
+    logits.div_(temps.unsqueeze(1))
+    _truncate(logits, list(params))
+    return torch.softmax(logits, dim=-1)
+
+
 def _accept_greedy(targets: list[int], draft: list[int]) -> list[int]:
     for j, token in enumerate(draft):
         if token != targets[j]:
@@ -95,10 +104,7 @@ def _sample(
     rows = [r for i in sampled for r in range(starts[i], starts[i + 1])]
     sub = logits if len(rows) == logits.shape[0] else logits[rows]
     params = [seqs[i].params for i in sampled for _ in range(starts[i], starts[i + 1])]
-    temps = torch.tensor([p.temperature for p in params], dtype=sub.dtype, device=device)
-    sub.div_(temps.unsqueeze(1))
-    _truncate(sub, params)
-    probs = torch.softmax(sub, dim=-1)
+    probs = sampling_probs(sub, params)
     finals: list[torch.Tensor] = []
     offset = 0
     for i in sampled:
