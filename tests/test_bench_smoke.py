@@ -41,3 +41,18 @@ def test_server_overhead_quick_run_compares_two_trees() -> None:
     )
     for row in ("| fake ", "| local ", "before", "after", "CPU µs/token"):
         assert row in out.stdout
+
+
+def test_engine_cpu_spec_quick_run_prints_both_workloads() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "engine_cpu.py"), "--only", "spec", "--quick"]
+        + ["--reps", "1", "--threads", "1"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=True,
+        cwd=ROOT,
+    )
+    for row in ("| copy/edit: batch-1 decode", "| non-grounded: batch-1 decode"):
+        assert row in out.stdout
+    assert out.stdout.count("outputs identical: yes") == 2
