@@ -13,7 +13,8 @@ The model is the trained embedded default model when this checkout has it
 - non-grounded: ``chat`` tasks (greetings, canned facts), where the answer is not in the
   prompt and drafts mostly miss. Goal: >= 0.95x (speculation backs off).
 
-``--spec-model DIR`` measures another model on the same task prompts. Without the trained
+``--spec-model DIR`` measures another model on the same task prompts; ``--spec-model random``
+measures the random-weight ``swift-tiny-random`` on random prompts. Without the trained
 model and its generators the prompts are random token ids (a phrase written three times for
 copy/edit): a random-weight model's output only repeats itself, so the rows then show the
 mechanism, not the goal. The decode rate is every generated token after each request's
@@ -158,7 +159,10 @@ def rounds(
 def run_spec(model_arg: str | None, *, quick: bool, reps: int, threads: int, k: int) -> None:
     """Build the peers, run both workloads, print the table."""
     trained = trained_model_dir() if model_arg is None else None
-    if model_arg is not None:
+    if model_arg == "random":
+        model_arg = None
+        path = default_model.ensure_default_model()
+    elif model_arg is not None:
         path = Path(model_arg)
     elif trained is not None:
         path = trained

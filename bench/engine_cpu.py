@@ -1000,7 +1000,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="run only this workload (repeatable; default: all; quant: bf16 and int8)",
     )
     parser.add_argument(
-        "--spec-model", help="model directory for workload 6 (default: the trained default)"
+        "--spec-model",
+        help="model directory for workload 6, or 'random' (default: the trained default model)",
     )
     parser.add_argument(
         "--spec-tokens", type=int, default=4, help="draft tokens per step in workload 6 (4)"
