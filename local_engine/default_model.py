@@ -2,9 +2,10 @@
 
 ``swift-tiny`` (:data:`DEFAULT_MODEL_NAME`) is the model the local engine loads when no model
 is named. It is trained (by ``scripts/train_default_model.py``, on synthetic data) and its
-files ship inside this package in ``local_engine/models/swift-tiny``: about 3M parameters
-that call three built-in tools, answer in JSON, copy and lightly edit short texts and make
-small talk (see docs/local-engine.md for what it can do and its measured accuracy).
+files ship inside this package in ``local_engine/models/swift-tiny``: about 1.1M parameters
+trained to call three built-in tools, answer in JSON, copy and lightly edit short texts and
+make small talk; it has learned the formats better than the content (docs/local-engine.md
+has its measured accuracy).
 
 The models in :data:`DEFAULT_MODELS` (``swift-tiny-random``, ``swift-50m``) have RANDOM
 WEIGHTS. They were never trained and write gibberish; they exist to exercise the local

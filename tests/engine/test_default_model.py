@@ -25,7 +25,9 @@ from local_engine.default_model import (
     RANDOM_MODEL_NAME,
     count_parameters,
     default_cache_root,
+    embedded_model_dir,
     ensure_default_model,
+    find_default_model,
 )
 from local_engine.loader import load_model
 from local_engine.tokenizer import Tokenizer
@@ -116,8 +118,12 @@ def test_stale_cache_is_rebuilt(model_dir: Path, tmp_path: Path) -> None:
 
 
 def test_unknown_model_name(tmp_path: Path) -> None:
-    with pytest.raises(ConfigurationError, match="unknown default model"):
+    with pytest.raises(ConfigurationError, match="unknown random-weight model"):
         ensure_default_model("swift-huge", cache_dir=tmp_path)
+    with pytest.raises(ConfigurationError, match="unknown model name 'swift-huge'"):
+        find_default_model("swift-huge")
+    assert find_default_model() == embedded_model_dir()
+    assert find_default_model("swift-tiny") == embedded_model_dir()
 
 
 def test_sizes_and_honest_labels(model_dir: Path) -> None:
