@@ -8,6 +8,7 @@ Run from the repository root::
     .venv/bin/python bench/engine_cpu.py --only contention   # workload 4 alone, 1-3 minutes
     .venv/bin/python bench/engine_cpu.py --only quant        # workload 5 alone, 3-20 minutes
     .venv/bin/python bench/engine_cpu.py --only grammar      # workload 6 alone, 1-5 minutes
+    .venv/bin/python bench/engine_cpu.py --only spec         # workload 7 alone, 2-6 minutes
 
 Both peers run the embedded ``swift-50m`` model (random weights, Qwen3 architecture, about
 52M parameters) in float32 with the same number of torch threads, decode greedily and
@@ -46,6 +47,10 @@ Workloads and goals (PASS/FAIL printed beside each):
 6. Grammar-constrained decoding (``--only grammar``; its own table): batch-1 and batch-32
    greedy decode under a JSON schema grammar against the same engine unconstrained, and the
    wall time the masks add per step and per token (bench/_grammar_rows.py). Info only.
+7. Speculative decoding (``--only spec``; its own table, bench/_spec.py): batch-1 decode with
+   n-gram speculation against the same engine without it, on the trained default model's
+   copy/edit tasks (goal: >= 1.8x, identical greedy output) and non-grounded tasks (goal:
+   >= 0.95x).
 
 Every round builds fresh random prompts (same lengths) and runs all peers on them back to
 back, who goes first rotating; a warm-up round precedes the timed ones. So the engine's prefix
@@ -79,6 +84,7 @@ import torch
 import transformers
 from _contention import busy_process
 from _grammar_rows import grammar_report
+from _spec import run_spec
 from _util import markdown_table, ratio, verdict
 from transformers import AutoModelForCausalLM
 from transformers.generation.streamers import BaseStreamer
@@ -98,7 +104,7 @@ PREFIX_GOAL = 5.0
 CONTENTION_GOAL = 0.6
 BUSY_LIMIT_S = 300.0
 """The competing process exits by itself after this long, whatever happens to the script."""
-WORKLOADS = ("decode", "batch", "prefix", "contention", "quant", "grammar")
+WORKLOADS = ("decode", "batch", "prefix", "contention", "quant", "grammar", "spec")
 
 
 @dataclass(frozen=True)
@@ -998,6 +1004,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=WORKLOADS,
         help="run only this workload (repeatable; default: all; quant: bf16 and int8)",
     )
+    parser.add_argument(
+        "--spec-model",
+        help="model directory for workload 6, or 'random' (default: the trained default model)",
+    )
+    parser.add_argument(
+        "--spec-tokens", type=int, default=4, help="draft tokens per step in workload 7 (4)"
+    )
     args = parser.parse_args(argv)
     chosen = set(args.only or WORKLOADS)
     s = QUICK if args.quick else FULL
@@ -1012,6 +1025,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     hf_logging: Any = transformers.logging
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+    if "spec" in chosen:
+        run_spec(
+            args.spec_model, quick=args.quick, reps=s.reps, threads=args.threads, k=args.spec_tokens
+        )
+        chosen.discard("spec")
+        if not chosen:
+            return 0
+        print()
     path = ensure_default_model(MODEL_NAME)
     setup = build(path, s, with_transformers=bool(chosen - {"contention", "grammar"}))
     if chosen == {"quant"}:

@@ -77,13 +77,13 @@ def child(quick: bool, reps: int | None, threads: int, model: str) -> None:
     import engine_cpu  # imports local_engine before torch
     import torch
 
-    from local_engine.default_model import ensure_default_model
+    from local_engine.default_model import find_default_model
 
     settings = engine_cpu.QUICK if quick else engine_cpu.FULL
     if reps is not None:
         settings = engine_cpu.Settings(**{**settings.__dict__, "reps": reps})
     torch.set_num_threads(threads)
-    setup = engine_cpu.build(ensure_default_model(model), settings, with_transformers=False)
+    setup = engine_cpu.build(find_default_model(model), settings, with_transformers=False)
     busy, idle = engine_cpu.contention_runs(setup, settings)
     print(
         json.dumps(

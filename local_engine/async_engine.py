@@ -62,6 +62,8 @@ class _Mailbox:
             prev.finish_reason = out.finish_reason
             prev.num_cached_tokens = out.num_cached_tokens
             prev.num_generated_tokens = out.num_generated_tokens
+            if out.spec is not None:
+                prev.spec = out.spec
         self._event.set()
 
     def fail(self, error: BaseException) -> None:

@@ -52,9 +52,10 @@ class LocalBackend:
 
     Args:
         model: a Hugging Face model directory (``config.json``, safetensors weights,
-            ``tokenizer.json``), the name of an embedded default model (``"swift-tiny"``,
-            ``"swift-50m"``), or ``None`` for the embedded default model. Embedded models have
-            random weights: they exercise the pipeline offline and write gibberish.
+            ``tokenizer.json``), ``None`` or ``"swift-tiny"`` for the trained embedded
+            default model (shipped in the package; see docs/local-engine.md for what it can
+            do), or ``"swift-tiny-random"`` / ``"swift-50m"`` for generated random-weight
+            models that exercise the pipeline and write gibberish.
         name: the backend's name in model strings and errors.
         engine_config: KV cache size, batching limits, ``max_model_len``, dtype, device, CPU
             threads (``num_threads``). The engine's threads sleep when idle rather than spin
@@ -203,19 +204,23 @@ class LocalBackend:
     # ------------------------------------------------------------------ loading
 
     def _resolve_model_dir(self) -> Path:
-        from local_engine.default_model import DEFAULT_MODELS, ensure_default_model
+        from local_engine.default_model import (
+            DEFAULT_MODEL_NAME,
+            DEFAULT_MODELS,
+            find_default_model,
+        )
 
         model = self._model
         if model is None:
-            return ensure_default_model()
+            return find_default_model()
         path = Path(model).expanduser()
         if path.is_dir():
             return path
-        if isinstance(model, str) and model in DEFAULT_MODELS:
-            return ensure_default_model(model)
+        if isinstance(model, str) and (model == DEFAULT_MODEL_NAME or model in DEFAULT_MODELS):
+            return find_default_model(model)
+        names = ", ".join([DEFAULT_MODEL_NAME, *sorted(DEFAULT_MODELS)])
         raise errors.ConfigurationError(
-            f"model {str(model)!r} is neither a model directory nor an embedded default model "
-            f"({', '.join(sorted(DEFAULT_MODELS))})"
+            f"model {str(model)!r} is neither a model directory nor an embedded model ({names})"
         )
 
     def _load_sync(self) -> tuple[Path, ChatService]:

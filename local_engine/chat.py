@@ -29,6 +29,7 @@ from swiftclient.types import (
     Choice,
     ChoiceDelta,
     ChunkChoice,
+    CompletionTokensDetails,
     FunctionCallDelta,
     Message,
     PromptTokensDetails,
@@ -67,13 +68,28 @@ def new_completion_id() -> str:
     return f"chatcmpl-{secrets.token_hex(12)}"
 
 
-def make_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> Usage:
-    """Usage with totals and ``prompt_tokens_details.cached_tokens``."""
+def make_usage(
+    prompt_tokens: int,
+    completion_tokens: int,
+    cached_tokens: int = 0,
+    predictions: tuple[int, int] | None = None,
+) -> Usage:
+    """Usage with totals and ``prompt_tokens_details.cached_tokens``.
+
+    ``predictions`` is ``(accepted, rejected)`` draft tokens of speculative decoding, reported
+    as ``completion_tokens_details.accepted_prediction_tokens`` / ``rejected_prediction_tokens``.
+    """
+    details = None
+    if predictions is not None:
+        details = CompletionTokensDetails(
+            accepted_prediction_tokens=predictions[0], rejected_prediction_tokens=predictions[1]
+        )
     return Usage(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         total_tokens=prompt_tokens + completion_tokens,
         prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
+        completion_tokens_details=details,
     )
 
 
@@ -247,6 +263,7 @@ def build_completion(
     tool_format: ToolCallFormat = "none",
     completion_id: str | None = None,
     created: int | None = None,
+    predictions: tuple[int, int] | None = None,
 ) -> ChatCompletion:
     """A complete response for generated ``text``, with tool calls parsed out of it.
 
@@ -260,7 +277,7 @@ def build_completion(
         created=int(time.time()) if created is None else created,
         model=model,
         choices=[Choice(message=message, finish_reason=_final_reason(finish_reason, parsed))],
-        usage=make_usage(prompt_tokens, completion_tokens, cached_tokens),
+        usage=make_usage(prompt_tokens, completion_tokens, cached_tokens, predictions),
     )
 
 
@@ -310,6 +327,7 @@ class CompletionStream:
         completion_tokens: int,
         cached_tokens: int = 0,
         include_usage: bool = False,
+        predictions: tuple[int, int] | None = None,
     ) -> list[ChatCompletionChunk]:
         """The closing chunks: held content, tool calls, finish reason, then usage if asked."""
         parsed = self._tools.finish()
@@ -337,7 +355,7 @@ class CompletionStream:
                     created=self.created,
                     model=self.model,
                     choices=[],
-                    usage=make_usage(prompt_tokens, completion_tokens, cached_tokens),
+                    usage=make_usage(prompt_tokens, completion_tokens, cached_tokens, predictions),
                 )
             )
         return chunks

@@ -1,15 +1,24 @@
-"""The embedded default model: generated locally, so the local engine runs with no download.
+"""The embedded default models: a trained one shipped in the package, and generated ones.
 
-The models here have RANDOM WEIGHTS. They were never trained and write gibberish; they exist
-to exercise the whole local pipeline offline (tokenizer, chat template, scheduler, KV cache,
-sampler, streaming) in examples, tests and benchmarks, not to answer anything.
+``swift-tiny`` (:data:`DEFAULT_MODEL_NAME`) is the model the local engine loads when no model
+is named. It is trained (by ``scripts/train_default_model.py``, on synthetic data) and its
+files ship inside this package in ``local_engine/models/swift-tiny``: about 1.1M parameters
+trained to call three built-in tools, answer in JSON, copy and lightly edit short texts and
+make small talk; it has learned the formats better than the content (docs/local-engine.md
+has its measured accuracy).
 
-Each model is a Hugging Face directory in the Qwen3 architecture, built deterministically on
-first use: a byte-level BPE tokenizer trained on a small built-in corpus, a ChatML chat
-template with tool calls in the Hermes style, and weights drawn from a fixed seed
-(normal with std 0.02, norm weights 1). It is written to a temporary directory and renamed
-into place, so concurrent first uses are safe. The cache root is ``$SWIFTCLIENT_CACHE_DIR``
-or ``~/.cache/swiftclient``; a model lives in ``<root>/models/<name>``.
+The models in :data:`DEFAULT_MODELS` (``swift-tiny-random``, ``swift-50m``) have RANDOM
+WEIGHTS. They were never trained and write gibberish; they exist to exercise the local
+pipeline (tokenizer, chat template, scheduler, KV cache, sampler, streaming) at a chosen size
+in tests and benchmarks, not to answer anything.
+
+Each random model is a Hugging Face directory in the Qwen3 architecture, built
+deterministically on first use: a byte-level BPE tokenizer trained on a small built-in
+corpus, a ChatML chat template with tool calls in the Hermes style, and weights drawn from a
+fixed seed (normal with std 0.02, norm weights 1). It is written to a temporary directory and
+renamed into place, so concurrent first uses are safe. The cache root is
+``$SWIFTCLIENT_CACHE_DIR`` or ``~/.cache/swiftclient``; a model lives in
+``<root>/models/<name>``.
 """
 
 from __future__ import annotations
@@ -32,17 +41,26 @@ from .templates import CHATML_TOOLS_TEMPLATE
 __all__ = [
     "DEFAULT_MODEL_NAME",
     "DEFAULT_MODELS",
+    "RANDOM_MODEL_NAME",
     "DefaultModelSpec",
     "count_parameters",
     "default_cache_root",
+    "embedded_model_dir",
     "ensure_default_model",
+    "find_default_model",
+    "model_config",
+    "tokenizer_config",
     "write_default_model",
 ]
 
 #: Bump when the generated files change, so stale caches are rebuilt.
 FORMAT_VERSION = 1
 MARKER_FILE = "swiftclient_model.json"
+#: The trained model shipped in the package; the local engine's default.
 DEFAULT_MODEL_NAME = "swift-tiny"
+#: The small random-weight model that :func:`ensure_default_model` generates by default.
+RANDOM_MODEL_NAME = "swift-tiny-random"
+_EMBEDDED_ROOT = Path(__file__).resolve().parent / "models"
 
 _SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 # Added as plain (non-special) tokens, as Qwen does, so decoding with skip_special_tokens keeps
@@ -68,9 +86,10 @@ class DefaultModelSpec:
     summary: str = ""
 
 
+#: The generated random-weight models, by name.
 DEFAULT_MODELS: dict[str, DefaultModelSpec] = {
-    "swift-tiny": DefaultModelSpec(
-        name="swift-tiny",
+    "swift-tiny-random": DefaultModelSpec(
+        name="swift-tiny-random",
         hidden_size=256,
         intermediate_size=768,
         num_layers=8,
@@ -106,8 +125,32 @@ def _spec(name: str) -> DefaultModelSpec:
         return DEFAULT_MODELS[name]
     except KeyError:
         raise ConfigurationError(
-            f"unknown default model {name!r}; choose one of {sorted(DEFAULT_MODELS)}"
+            f"unknown random-weight model {name!r}; choose one of {sorted(DEFAULT_MODELS)}"
         ) from None
+
+
+def embedded_model_dir(name: str = DEFAULT_MODEL_NAME) -> Path:
+    """The directory of the trained model shipped in the package.
+
+    Raises:
+        ConfigurationError: an unknown name, or an installation that lacks the model files.
+    """
+    if name != DEFAULT_MODEL_NAME:
+        raise ConfigurationError(
+            f"unknown embedded model {name!r}; the package ships {DEFAULT_MODEL_NAME!r}"
+        )
+    path = _EMBEDDED_ROOT / name
+    missing = [
+        f
+        for f in ("config.json", "model.safetensors", "tokenizer.json")
+        if not (path / f).is_file()
+    ]
+    if missing:
+        raise ConfigurationError(
+            f"the embedded model {name!r} is incomplete in {path} (missing {missing}); "
+            "reinstall swiftclient-llm or run scripts/train_default_model.py"
+        )
+    return path
 
 
 def _marker(spec: DefaultModelSpec) -> dict[str, Any]:
@@ -126,10 +169,25 @@ def _is_current(directory: Path, spec: DefaultModelSpec) -> bool:
         return False
 
 
+def find_default_model(name: str = DEFAULT_MODEL_NAME) -> Path:
+    """The directory of a model known by name: the embedded ``swift-tiny``, or a
+    random-weight model from :data:`DEFAULT_MODELS` (generated on first use).
+
+    Raises:
+        ConfigurationError: an unknown name.
+    """
+    if name == DEFAULT_MODEL_NAME:
+        return embedded_model_dir()
+    if name not in DEFAULT_MODELS:
+        known = ", ".join([DEFAULT_MODEL_NAME, *sorted(DEFAULT_MODELS)])
+        raise ConfigurationError(f"unknown model name {name!r}; choose one of {known}")
+    return ensure_default_model(name)
+
+
 def ensure_default_model(
-    name: str = DEFAULT_MODEL_NAME, *, cache_dir: str | Path | None = None
+    name: str = RANDOM_MODEL_NAME, *, cache_dir: str | Path | None = None
 ) -> Path:
-    """Return the directory of a default model, generating it on first use.
+    """Return the directory of a random-weight model, generating it on first use.
 
     ``cache_dir`` is the cache root (default :func:`default_cache_root`); the model lives in
     ``<cache_dir>/models/<name>``. Safe when several processes call it at once.
@@ -166,15 +224,15 @@ def _install(scratch: Path, target: Path, spec: DefaultModelSpec) -> None:
 
 
 def write_default_model(name: str, directory: str | Path) -> None:
-    """Write every file of a default model into an existing, empty ``directory``."""
+    """Write every file of a random-weight model into an existing, empty ``directory``."""
     spec = _spec(name)
     root = Path(directory)
     tokenizer = _train_tokenizer()
     ids = {token: tokenizer.token_to_id(token) for token in _SPECIAL_TOKENS + _TOOL_TOKENS}
     vocab_size = _round_up(tokenizer.get_vocab_size(with_added_tokens=True), 64)
     tokenizer.save(str(root / "tokenizer.json"))
-    _write_json(root / "tokenizer_config.json", _tokenizer_config(ids))
-    _write_json(root / "config.json", _model_config(spec, vocab_size, ids))
+    _write_json(root / "tokenizer_config.json", tokenizer_config(ids))
+    _write_json(root / "config.json", model_config(spec, vocab_size, ids))
     _write_json(
         root / "generation_config.json",
         {
@@ -221,7 +279,8 @@ def _train_tokenizer() -> Any:
     return tokenizer
 
 
-def _tokenizer_config(ids: dict[str, int]) -> dict[str, Any]:
+def tokenizer_config(ids: dict[str, int]) -> dict[str, Any]:
+    """``tokenizer_config.json`` for a ChatML tokenizer with the given special-token ids."""
     added = {
         str(token_id): {
             "content": token,
@@ -250,7 +309,8 @@ def _tokenizer_config(ids: dict[str, int]) -> dict[str, Any]:
     }
 
 
-def _model_config(spec: DefaultModelSpec, vocab_size: int, ids: dict[str, int]) -> dict[str, Any]:
+def model_config(spec: DefaultModelSpec, vocab_size: int, ids: dict[str, int]) -> dict[str, Any]:
+    """``config.json`` (Qwen3 architecture) for ``spec`` with this vocabulary."""
     rope_theta = 1_000_000.0
     return {
         "architectures": ["Qwen3ForCausalLM"],
@@ -309,7 +369,7 @@ def _weight_shapes(spec: DefaultModelSpec, vocab_size: int) -> list[tuple[str, t
 
 
 def count_parameters(name: str) -> int:
-    """The number of parameters of a default model (without generating it)."""
+    """The number of parameters of a random-weight model (without generating it)."""
     spec = _spec(name)
     sizes = [_product(shape) for _, shape in _weight_shapes(spec, _vocab_size_estimate())]
     return sum(sizes)

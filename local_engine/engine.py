@@ -9,7 +9,7 @@ from __future__ import annotations
 import operator
 import uuid
 from collections.abc import Sequence as SequenceABC
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from local_engine.attention import get_attention_backend
@@ -20,7 +20,8 @@ from local_engine.quant import Quantization, check_quantization
 from local_engine.runner import ModelRunner
 from local_engine.sampler import Sampler, SamplingParams, TokenLogprob
 from local_engine.scheduler import Scheduler
-from local_engine.sequence import Sequence
+from local_engine.sequence import Sequence, SequenceStatus
+from local_engine.spec import SpecStats, SpeculativeConfig, Speculator, make_proposer
 from local_engine.step_buffers import plan_step_buffers
 from local_engine.stop import StopChecker
 from local_engine.structured import StructuredOutput
@@ -33,6 +34,8 @@ __all__ = [
     "GenerationResult",
     "RequestOutput",
     "SamplingParams",
+    "SpecStats",
+    "SpeculativeConfig",
     "TokenLogprob",
 ]
 
@@ -55,6 +58,7 @@ class EngineConfig:
     ``cuda_graphs`` replays decode steps from CUDA graphs; ``None`` means on for a CUDA
     model (graphs with the Triton attention backend), off elsewhere
     (:func:`local_engine.step_buffers.plan_step_buffers`).
+    ``speculative`` turns on speculative decoding (:class:`SpeculativeConfig`).
     """
 
     block_size: int = 16
@@ -73,6 +77,7 @@ class EngineConfig:
     quantization: Quantization | None = None
     static_buffers: bool | None = None
     cuda_graphs: bool | None = None
+    speculative: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -90,6 +95,10 @@ class EngineConfig:
         for name in ("static_buffers", "cuda_graphs"):
             if getattr(self, name) not in (None, True, False):
                 raise ConfigurationError(f"{name} must be None or a bool")
+        if self.speculative is not None and not isinstance(self.speculative, SpeculativeConfig):
+            raise ConfigurationError(
+                f"speculative must be a SpeculativeConfig, got {type(self.speculative).__name__}"
+            )
 
 
 def _positive(name: str, value: object) -> None:
@@ -103,6 +112,8 @@ class RequestOutput:
 
     ``num_cached_tokens`` counts prompt tokens served from the prefix cache.
     ``logprobs`` covers ``new_token_ids`` when the request asked for them, else None.
+    With speculative decoding one step may bring several tokens; ``spec`` counts the
+    request's draft tokens so far and how many were accepted (None when it never had any).
     """
 
     request_id: str
@@ -114,6 +125,7 @@ class RequestOutput:
     num_cached_tokens: int
     num_generated_tokens: int
     logprobs: list[TokenLogprob] | None = None
+    spec: SpecStats | None = None
 
 
 @dataclass
@@ -127,6 +139,7 @@ class GenerationResult:
     finish_reason: str | None = None
     num_cached_tokens: int = 0
     logprobs: list[TokenLogprob] | None = None
+    spec: SpecStats | None = None
 
 
 @dataclass(slots=True)
@@ -143,8 +156,14 @@ class Engine:
         model: DecoderModel,
         config: EngineConfig | None = None,
         tokenizer: Tokenizer | None = None,
+        *,
+        draft_model: DecoderModel | None = None,
     ) -> None:
-        """Size the KV cache, build scheduler and runner. ConfigurationError on bad sizes."""
+        """Size the KV cache, build scheduler and runner. ConfigurationError on bad sizes.
+
+        ``draft_model`` is the proposer of ``config.speculative.method == "draft"`` (given
+        here, or loaded from ``draft_model`` by :meth:`from_pretrained`).
+        """
         self.config = config = config if config is not None else EngineConfig()
         self.model = model
         self.tokenizer = tokenizer
@@ -212,6 +231,19 @@ class Engine:
             structured=self.structured,
         )
         self._requests: dict[str, _Request] = {}
+        self.speculator: Speculator | None = None
+        if config.speculative is not None:
+            sampler = self.runner.sampler
+            proposer = make_proposer(
+                config.speculative,
+                model,
+                draft_model,
+                num_blocks=num_blocks,
+                block_size=bs,
+                sampler=sampler,
+            )
+            self.speculator = Speculator(config.speculative, proposer, sampler)
+            self.runner.verify = self.speculator.verify
 
     @classmethod
     def from_pretrained(cls, path: str | Path, config: EngineConfig | None = None) -> Engine:
@@ -224,12 +256,21 @@ class Engine:
         )
         root = Path(path)
         tokenizer = Tokenizer.from_dir(root) if (root / "tokenizer.json").exists() else None
-        return cls(model, config, tokenizer)
+        spec = config.speculative
+        draft = None
+        if spec is not None and spec.draft_model is not None:
+            draft = load_model(spec.draft_model, dtype=config.dtype, device=config.device)
+        return cls(model, config, tokenizer, draft_model=draft)
 
     @property
     def num_blocks(self) -> int:
         """KV blocks in the pool."""
         return self.pool.num_blocks
+
+    @property
+    def spec_stats(self) -> SpecStats | None:
+        """Speculative decoding counters over the engine's life (None without it)."""
+        return self.speculator.stats if self.speculator is not None else None
 
     @property
     def num_waiting(self) -> int:
@@ -311,6 +352,8 @@ class Engine:
             self.runner.sampler.release(request_id)
             if self.structured is not None:
                 self.structured.release(request_id)
+            if self.speculator is not None:
+                self.speculator.release(request_id)
 
     def abort_all(self) -> None:
         """Abort every live request."""
@@ -318,41 +361,69 @@ class Engine:
             self.abort(request_id)
 
     def step(self) -> list[RequestOutput]:
-        """Run one batch; return an output for every request that got a token."""
+        """Run one batch; return an output for every request that got tokens."""
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running)
         batch = self.scheduler.schedule()
         if batch.is_empty:
             if self._requests:
                 raise EngineError("the scheduler found no work for unfinished requests")
             return []
         result = self.runner.execute(batch)
-        self.scheduler.update(batch)
-        outputs: list[RequestOutput] = []
         sampled = result.sampled
+        emitted: list[tuple[Sequence, list[int], TokenLogprob | None]] = []
         for seq, token, logprob in zip(
             result.seqs, sampled.token_ids, sampled.logprobs, strict=True
         ):
-            req = self._requests[seq.request_id]
             seq.append_token(token)
+            emitted.append((seq, [token], logprob))
+        for item, tokens in zip(result.spec_items, result.spec_tokens, strict=True):
+            item.num_accepted = len(tokens) - 1
+            item.seq.token_ids.extend(tokens)
+            emitted.append((item.seq, tokens, None))
+        self.scheduler.update(batch)
+        if self.speculator is not None:
+            for item in result.spec_items:
+                if item.seq.status is SequenceStatus.RUNNING:
+                    self.speculator.verified(item.seq, item.num_spec_tokens, item.num_accepted)
+        return [self._output(seq, tokens, logprob) for seq, tokens, logprob in emitted]
+
+    def _output(
+        self, seq: Sequence, tokens: list[int], logprob: TokenLogprob | None
+    ) -> RequestOutput:
+        """Run ``tokens`` (already appended to ``seq``) through its stop checks, stopping
+        and trimming at the first that ends it, and describe them."""
+        req = self._requests[seq.request_id]
+        texts: list[str] = []
+        reason: str | None = None
+        for n, token in enumerate(tokens, start=1):
             text, reason = req.stop.push(token)
             if reason is None and self._grammar_done(seq, token):
                 text += req.stop.finish()
                 reason = "stop"
+            texts.append(text)
             if reason is not None:
-                self.abort(seq.request_id)
-            outputs.append(
-                RequestOutput(
-                    request_id=seq.request_id,
-                    new_token_ids=[token],
-                    new_text=text,
-                    finished=reason is not None,
-                    finish_reason=reason,
-                    num_prompt_tokens=seq.num_prompt_tokens,
-                    num_cached_tokens=seq.num_cached_tokens or 0,
-                    num_generated_tokens=seq.num_generated_tokens,
-                    logprobs=[logprob] if logprob is not None else None,
-                )
-            )
-        return outputs
+                if n < len(tokens):
+                    del seq.token_ids[len(seq.token_ids) - len(tokens) + n :]
+                    tokens = tokens[:n]
+                break
+        spec = self.speculator.request_stats(seq.request_id) if self.speculator else None
+        if spec is not None:
+            spec = replace(spec)  # a snapshot: later steps keep counting
+        if reason is not None:
+            self.abort(seq.request_id)
+        return RequestOutput(
+            request_id=seq.request_id,
+            new_token_ids=tokens,
+            new_text="".join(texts),
+            finished=reason is not None,
+            finish_reason=reason,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_cached_tokens=seq.num_cached_tokens or 0,
+            num_generated_tokens=seq.num_generated_tokens,
+            logprobs=[logprob] if logprob is not None else None,
+            spec=spec,
+        )
 
     def _grammar_done(self, seq: Sequence, token: int) -> bool:
         """Advance a constrained request's grammar; True once the reply is complete."""
@@ -395,6 +466,7 @@ class Engine:
                     res.token_ids.extend(out.new_token_ids)
                     texts[out.request_id].append(out.new_text)
                     res.num_cached_tokens = out.num_cached_tokens
+                    res.spec = out.spec
                     if res.logprobs is not None and out.logprobs is not None:
                         res.logprobs.extend(out.logprobs)
                     if out.finished:

@@ -167,6 +167,27 @@ class BlockPool:
         table.block_ids.extend(self._take() for _ in range(extra))
         return True
 
+    def truncate(self, table: BlockTable, num_tokens: int) -> None:
+        """Release ``table``'s blocks past those holding ``num_tokens`` tokens (tail first).
+
+        Speculative decoding grows a table for its draft tokens before they are verified;
+        the blocks only rejected drafts reached come back here. A released block loses
+        nothing the prefix cache needs: its hash, if any, stays published as in :meth:`free`.
+        """
+        keep = self.blocks_for(num_tokens)
+        while len(table.block_ids) > keep:
+            block = table.block_ids.pop()
+            self._release(block)
+        table.num_registered = min(table.num_registered, keep)
+
+    def _release(self, block: int) -> None:
+        self._ref_counts[block] -= 1
+        if self._ref_counts[block] == 0:
+            if self._block_hash[block] is None:
+                self._free.append(block)
+            else:
+                self._evictable[block] = None
+
     def commit(self, table: BlockTable, token_ids: Sequence[int], num_computed: int) -> None:
         """Publish the hashes of blocks that became full now that ``num_computed`` tokens
         of ``token_ids`` have their KV in the cache.
@@ -195,12 +216,7 @@ class BlockPool:
         before its beginning (the beginning is the part other requests share).
         """
         for block in reversed(table.block_ids):
-            self._ref_counts[block] -= 1
-            if self._ref_counts[block] == 0:
-                if self._block_hash[block] is None:
-                    self._free.append(block)
-                else:
-                    self._evictable[block] = None
+            self._release(block)
         table.block_ids = []
         table.num_registered = 0
 

@@ -9,13 +9,20 @@ With :class:`~local_engine.step_buffers.StepBuffers` the inputs go into persiste
 (pinned host memory copied without blocking on CUDA) instead of fresh tensors, and with
 CUDA graphs on, decode steps replay a graph captured for their batch-size bucket; the step's
 one host sync is reading the sampled tokens.
+
+A sequence with draft tokens (speculative decoding) feeds its last token and its drafts,
+and every one of those positions reaches the LM head; the rows go to :attr:`ModelRunner.verify`
+instead of the sampler. Its positions are laid out as single-token attention rows over the
+same block table, each seeing the cache up to its own position (the step writes every key and
+value before any row attends), so they take the decode attention path with plain decodes.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from collections.abc import Sequence as SequenceABC
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -40,14 +47,23 @@ class StepInputs:
     sample_indices: torch.Tensor
     sample_seqs: list[Sequence]
     graph_bucket: int | None = None  # replay the decode graph of this batch size
+    spec_items: list[ScheduledSequence] = field(default_factory=list)
+    """Items with drafts; their rows follow the sampled rows in ``sample_indices``."""
 
 
 @dataclass(slots=True)
 class RunnerOutput:
-    """Sequences that sampled a token this step, aligned with the sampler's output."""
+    """Sequences that sampled a token this step, aligned with the sampler's output; then
+    the items that verified drafts, with the tokens each emitted (accepted drafts + one)."""
 
     seqs: list[Sequence]
     sampled: SamplerOutput
+    spec_items: list[ScheduledSequence] = field(default_factory=list)
+    spec_tokens: list[list[int]] = field(default_factory=list)
+
+
+Verifier = Callable[[torch.Tensor, list[ScheduledSequence]], list[list[int]]]
+"""Target rows of the items with drafts (``k + 1`` rows each, in order) -> emitted tokens."""
 
 
 class ModelRunner:
@@ -82,10 +98,14 @@ class ModelRunner:
             buckets = graph_buckets(buffers.max_seqs)
             self.graphs = DecodeGraphs(model, self.kv_caches, buffers, buckets)
         self.structured = structured
+        self.verify: Verifier | None = None
+        """Set by an engine that speculates; needed once a step schedules draft tokens."""
 
     def prepare(self, scheduled: SequenceABC[ScheduledSequence]) -> StepInputs:
-        """Lay out the step's new tokens, positions and attention metadata."""
-        if self.buffers is not None:
+        """Lay out the step's new tokens, positions and attention metadata. A step with
+        draft tokens takes the plain layout (the persistent buffers and graphs cover steps
+        without speculation)."""
+        if self.buffers is not None and not any(item.num_spec_tokens for item in scheduled):
             return self._prepare_buffered(self.buffers, scheduled)
         input_ids: list[int] = []
         positions: list[int] = []
@@ -94,8 +114,20 @@ class ModelRunner:
         tables: list[list[int]] = []
         sample_indices: list[int] = []
         sample_seqs: list[Sequence] = []
+        spec_items: list[ScheduledSequence] = []
+        spec_indices: list[int] = []
         for item in scheduled:
             seq, start, end = item.seq, item.start, item.start + item.num_new_tokens
+            if item.num_spec_tokens:
+                spec_items.append(item)
+                spec_indices.extend(range(len(input_ids), len(input_ids) + item.num_new_tokens))
+                input_ids.extend(seq.token_ids[start:])
+                input_ids.extend(seq.spec_token_ids[: item.num_spec_tokens])
+                positions.extend(range(start, end))
+                context_lens.extend(range(start + 1, end + 1))
+                query_lens.extend([1] * item.num_new_tokens)
+                tables.extend([seq.block_table.block_ids] * item.num_new_tokens)
+                continue
             input_ids.extend(seq.token_ids[start:end])
             positions.extend(range(start, end))
             context_lens.append(end)
@@ -104,6 +136,7 @@ class ModelRunner:
             if item.samples:
                 sample_indices.append(len(input_ids) - 1)
                 sample_seqs.append(seq)
+        sample_indices.extend(spec_indices)
         dev = self.device
         meta = build_attention_metadata(
             tables, context_lens, query_lens, block_size=self.block_size, device=dev
@@ -114,6 +147,7 @@ class ModelRunner:
             meta=meta,
             sample_indices=torch.tensor(sample_indices, dtype=torch.int64, device=dev),
             sample_seqs=sample_seqs,
+            spec_items=spec_items,
         )
 
     def _prepare_buffered(
@@ -174,7 +208,11 @@ class ModelRunner:
         # Grammar masks are computed in a worker thread while the model runs.
         allowed = self.structured.begin(seqs) if self.structured is not None else None
         try:
-            if self.graphs is not None and inputs.graph_bucket is not None:
+            if (
+                self.graphs is not None
+                and inputs.graph_bucket is not None
+                and not inputs.spec_items
+            ):
                 rows = len(batch.scheduled)
                 step = StepTensors(
                     inputs.input_ids, inputs.positions, inputs.meta, inputs.sample_indices
@@ -184,10 +222,21 @@ class ModelRunner:
                 hidden = self.model.forward(
                     inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta
                 )
-            if not seqs:
+            if not seqs and not inputs.spec_items:
                 return RunnerOutput([], SamplerOutput([], []))
             logits = self.model.compute_logits(hidden.index_select(0, inputs.sample_indices))
-            return RunnerOutput(seqs, self.sampler.sample(logits, seqs, allowed=allowed))
+            if not inputs.spec_items:
+                return RunnerOutput(seqs, self.sampler.sample(logits, seqs, allowed=allowed))
+            if self.verify is None:
+                raise RuntimeError("a step scheduled draft tokens but the runner has no verifier")
+            plain = len(seqs)
+            sampled = (
+                self.sampler.sample(logits[:plain], seqs, allowed=allowed)
+                if plain
+                else SamplerOutput([], [])
+            )
+            emitted = self.verify(logits[plain:], inputs.spec_items)
+            return RunnerOutput(seqs, sampled, inputs.spec_items, emitted)
         finally:
             if allowed is not None:
                 allowed.wait()  # never leave the worker writing into a mask nobody reads

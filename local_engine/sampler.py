@@ -74,6 +74,12 @@ class Sampler:
             self._generators[seq.request_id] = gen
         return gen
 
+    def generator_for(self, seq: Sequence, device: torch.device) -> torch.Generator:
+        """The noise source of ``seq``: its own generator when seeded, else the shared one."""
+        if seq.params.seed is not None:
+            return self._seeded_generator(device, seq)
+        return self._shared_generator(device)
+
     @torch.inference_mode()
     def sample(
         self,

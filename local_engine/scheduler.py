@@ -2,7 +2,9 @@
 
 Each step the scheduler picks, in this order and within ``max_num_batched_tokens``:
 
-1. one token for every running sequence that is decoding, growing its block table
+1. one token for every running sequence that is decoding (plus its draft tokens, when
+   speculative decoding proposed some and the budget and pool have room for them: drafts
+   are trimmed or dropped first, never a reason to preempt), growing its block table
    when a block fills; if the pool runs dry it preempts the most recently admitted
    running sequence (possibly the one asking) by recompute: its blocks are freed and
    it returns to the front of the waiting queue with its generated tokens kept, to be
@@ -33,13 +35,17 @@ class ScheduledSequence:
     """``num_new_tokens`` tokens of ``seq`` to compute, starting at position ``start``.
 
     ``samples`` is True when the chunk reaches the end of the sequence (prompt complete
-    or a decode), so the step samples a token for it.
+    or a decode), so the step samples a token for it. ``num_spec_tokens`` of the new tokens
+    are draft tokens (the last ones) for the model to verify; the engine sets
+    ``num_accepted`` to how many of them it kept before :meth:`Scheduler.update`.
     """
 
     seq: Sequence
     start: int
     num_new_tokens: int
     samples: bool = False
+    num_spec_tokens: int = 0
+    num_accepted: int = 0
 
     @classmethod
     def of(cls, seq: Sequence, num_new_tokens: int) -> ScheduledSequence:
@@ -131,7 +137,9 @@ class Scheduler:
         """Pick this step's work (see the module docstring for the policy)."""
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
-        # 1. decodes, oldest first; may preempt from the newest end.
+        # 1. decodes, oldest first; may preempt from the newest end. Drafts only take budget
+        # that the decodes after them do not need.
+        decodes_left = sum(1 for s in self.running if s.num_tokens - s.num_computed_tokens == 1)
         for seq in list(self.running):
             if budget == 0:
                 break
@@ -139,15 +147,26 @@ class Scheduler:
                 continue  # preempted earlier in this loop
             if seq.num_tokens - seq.num_computed_tokens != 1:
                 continue
-            while not self.pool.append_slots(seq.block_table, seq.num_tokens):
+            decodes_left -= 1
+            spec = seq.spec_token_ids
+            room = max(budget - 1 - decodes_left, 0)
+            if len(spec) > room:
+                del spec[room:]
+            while not self.pool.append_slots(seq.block_table, seq.num_tokens + len(spec)):
+                if spec:
+                    spec.clear()
+                    continue
                 victim = self.running[-1]
                 self._preempt(victim)
                 out.preempted.append(victim)
                 if victim is seq:
                     break
             if seq.status is SequenceStatus.RUNNING:
-                out.scheduled.append(ScheduledSequence.of(seq, 1))
-                budget -= 1
+                n = 1 + len(spec)
+                out.scheduled.append(
+                    ScheduledSequence(seq, seq.num_computed_tokens, n, True, len(spec))
+                )
+                budget -= n
         # 2. running prefills, next chunk each (their blocks were allocated at admission).
         for seq in self.running:
             remaining = seq.num_tokens - seq.num_computed_tokens
@@ -182,13 +201,18 @@ class Scheduler:
     def update(self, out: SchedulerOutput) -> None:
         """Mark the scheduled tokens computed and publish newly full blocks' hashes.
 
-        Call after the model ran the step and before appending sampled tokens.
+        Call after the model ran the step and after appending the tokens it produced (the
+        accepted drafts among them). Rejected draft tokens do not count as computed, and
+        the blocks only they reached go back to the pool.
         """
         for item in out.scheduled:
             seq = item.seq
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # aborted while the step ran
-            seq.num_computed_tokens = item.start + item.num_new_tokens
+            rejected = item.num_spec_tokens - item.num_accepted
+            seq.num_computed_tokens = item.start + item.num_new_tokens - rejected
+            if rejected:
+                self.pool.truncate(seq.block_table, seq.num_computed_tokens + 1)
             self.pool.commit(seq.block_table, seq.token_ids, seq.num_computed_tokens)
 
     def finish(self, seq: Sequence) -> None:
@@ -205,6 +229,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
+        seq.spec_token_ids.clear()
         self.pool.free(seq.block_table)
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1

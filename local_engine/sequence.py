@@ -26,7 +26,9 @@ class Sequence:
     counts the leading tokens whose KV is in the cache; the scheduler feeds the model
     the tokens after that. After preemption the blocks are gone and
     ``num_computed_tokens`` drops to 0: the whole of ``token_ids`` is recomputed, the
-    generated tokens acting as part of the prompt.
+    generated tokens acting as part of the prompt. ``spec_token_ids`` holds the draft tokens
+    proposed for the next step by speculative decoding (empty otherwise); they join
+    ``token_ids`` only once the model has verified them.
     """
 
     __slots__ = (
@@ -37,6 +39,7 @@ class Sequence:
         "num_prompt_tokens",
         "params",
         "request_id",
+        "spec_token_ids",
         "status",
         "token_ids",
     )
@@ -61,6 +64,7 @@ class Sequence:
         self.num_cached_tokens: int | None = None  # prefix-cache hits at first admission
         self.num_preemptions = 0
         self.status = SequenceStatus.WAITING
+        self.spec_token_ids: list[int] = []
 
     def __repr__(self) -> str:
         return (

@@ -72,6 +72,8 @@ if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import Span, TracerProvider
 
+    from .engine import EngineConfig
+
 __all__ = ["LocalServer", "RequestError", "command", "main", "parse_chat_body"]
 
 _REQUEST_FIELDS = frozenset(ChatRequest.model_fields) - {"extra_body"}
@@ -555,6 +557,19 @@ class _ServeCommand(click.Command):
     type=click.Choice(["int8", "fp8"]),
     help="int8: int8 weights; fp8: fp8 weights (CUDA GPUs with compute capability 8.9+).",
 )
+@click.option(
+    "--speculative",
+    type=click.Choice(["ngram", "draft"]),
+    help="Speculative decoding: ngram (prompt lookup) or draft (needs --draft-model).",
+)
+@click.option("--draft-model", help="Directory of the draft model (--speculative draft).")
+@click.option(
+    "--num-speculative-tokens",
+    type=int,
+    default=4,
+    show_default=True,
+    help="Draft tokens per step at most.",
+)
 def command(**options: Any) -> int:
     """Serve a local model over an OpenAI-compatible chat-completions API.
 
@@ -572,10 +587,20 @@ def command(**options: Any) -> int:
     return 0
 
 
-def _build(args: argparse.Namespace) -> LocalServer:
-    from .engine import EngineConfig
+def _engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The engine settings the command line asks for (ConfigurationError when they clash)."""
+    from .engine import EngineConfig, SpeculativeConfig
 
-    config = EngineConfig(
+    speculative = None
+    if args.speculative is not None:
+        speculative = SpeculativeConfig(
+            method=args.speculative,
+            draft_model=args.draft_model,
+            num_speculative_tokens=args.num_speculative_tokens,
+        )
+    elif args.draft_model is not None:
+        raise ConfigurationError("--draft-model needs --speculative draft")
+    return EngineConfig(
         kv_cache_memory=args.kv_cache_mib * 2**20,
         max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len,
@@ -584,7 +609,12 @@ def _build(args: argparse.Namespace) -> LocalServer:
         device=args.device,
         num_threads=args.threads,
         quantization=args.quantization,
+        speculative=speculative,
     )
+
+
+def _build(args: argparse.Namespace) -> LocalServer:
+    config = _engine_config(args)
     backend = LocalBackend(
         args.model_dir or None,
         engine_config=config,

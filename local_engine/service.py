@@ -263,6 +263,7 @@ class ChatService:
                         completion_tokens=out.num_generated_tokens,
                         cached_tokens=out.num_cached_tokens,
                         tool_format=prepared.prompt.tool_format,
+                        predictions=_predictions(out),
                     )
                     if logprobs is not None:
                         completion.choices[0].logprobs = {"content": logprobs}
@@ -364,6 +365,7 @@ class _ChunkIterator:
             completion_tokens=out.num_generated_tokens,
             cached_tokens=out.num_cached_tokens,
             include_usage=self._usage,
+            predictions=_predictions(out),
         )
         self._attach_logprobs(closing[0])
         self._pending.extend(closing)
@@ -372,3 +374,11 @@ class _ChunkIterator:
         if self._held_logprobs and chunk.choices:
             chunk.choices[0].logprobs = {"content": self._held_logprobs}
             self._held_logprobs = []
+
+
+def _predictions(out: RequestOutput) -> tuple[int, int] | None:
+    """``(accepted, rejected)`` draft tokens of a request that speculated, else None."""
+    spec = out.spec
+    if spec is None:
+        return None
+    return spec.num_accepted_tokens, spec.num_draft_tokens - spec.num_accepted_tokens

@@ -68,3 +68,18 @@ def test_gpu_check_smoke_runs_on_cpu() -> None:
     for row in ("local_engine vs transformers, both bf16", "transformers eager", "miss / hit"):
         assert row in out
     assert "fp8 weights: not measured here" in out
+
+
+def test_engine_cpu_spec_quick_run_prints_both_workloads() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "engine_cpu.py"), "--only", "spec", "--quick"]
+        + ["--reps", "1", "--threads", "1"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=True,
+        cwd=ROOT,
+    )
+    for row in ("| copy/edit: batch-1 decode", "| non-grounded: batch-1 decode"):
+        assert row in out.stdout
+    assert out.stdout.count("outputs identical: yes") == 2

@@ -305,6 +305,8 @@ class CompletionTokensDetails(BaseModel):
 
     model_config = _RESPONSE
     reasoning_tokens: int | None = None
+    accepted_prediction_tokens: int | None = None
+    rejected_prediction_tokens: int | None = None
 
 
 class Usage(BaseModel):

@@ -12,6 +12,7 @@ import anyio
 import pytest
 
 from local_engine import LocalBackend
+from local_engine.default_model import embedded_model_dir
 from swiftclient import AsyncClient, Deadline
 from swiftclient.errors import BadRequestError, ConfigurationError, EngineError
 from swiftclient.types import ChatRequest, Message, Tool
@@ -74,11 +75,12 @@ async def test_calls_outside_async_with_raise_configuration_error(tiny: TinyMode
 
 
 @pytest.mark.anyio
-async def test_default_model_is_found_in_the_cache_dir(cache_env: Path) -> None:
+async def test_the_default_model_is_the_embedded_trained_one(cache_env: Path) -> None:
     backend = LocalBackend()
     assert not backend.loaded
     await backend.warmup()
-    assert backend.loaded and not backend.running and backend.model_dir == cache_env
+    assert backend.loaded and not backend.running
+    assert backend.model_dir == embedded_model_dir() != cache_env
     async with AsyncClient(backend, model="default") as client:
         assert backend.running
         completion = await client.chat("Hello", max_tokens=3, **FIXED)
@@ -87,11 +89,14 @@ async def test_default_model_is_found_in_the_cache_dir(cache_env: Path) -> None:
 
 
 @pytest.mark.anyio
-async def test_model_may_be_a_directory_or_a_default_model_name(cache_env: Path) -> None:
-    for model in (cache_env, str(cache_env), "swift-tiny"):
+async def test_model_may_be_a_directory_or_an_embedded_model_name(cache_env: Path) -> None:
+    for model in (cache_env, str(cache_env), "swift-tiny-random"):
         backend = LocalBackend(model)
         await backend.warmup()
         assert backend.model_dir == cache_env
+    backend = LocalBackend("swift-tiny")
+    await backend.warmup()
+    assert backend.model_dir == embedded_model_dir()
     with pytest.raises(ConfigurationError, match="neither a model directory"):
         async with LocalBackend(cache_env / "missing"):
             pass

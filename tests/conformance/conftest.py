@@ -20,7 +20,7 @@ import anyio
 import pytest
 
 from local_engine import LocalBackend
-from local_engine.default_model import DEFAULT_MODEL_NAME, ensure_default_model
+from local_engine.default_model import RANDOM_MODEL_NAME, ensure_default_model
 from local_engine.server import LocalServer
 from swiftclient import AsyncClient
 from swiftclient.backends.base import Backend
@@ -44,7 +44,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinyModel]:
     cache_root = tmp_path_factory.mktemp("swiftclient-cache")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SWIFTCLIENT_CACHE_DIR", str(cache_root))
-        assert ensure_default_model() == cache_root / "models" / DEFAULT_MODEL_NAME
+        assert ensure_default_model() == cache_root / "models" / RANDOM_MODEL_NAME
         yield load_tiny_model(cache_root)
 
 

@@ -19,13 +19,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from local_engine.chat import ChatFormatter
 from local_engine.default_model import (
-    DEFAULT_MODEL_NAME,
     DEFAULT_MODELS,
     FORMAT_VERSION,
     MARKER_FILE,
+    RANDOM_MODEL_NAME,
     count_parameters,
     default_cache_root,
+    embedded_model_dir,
     ensure_default_model,
+    find_default_model,
 )
 from local_engine.loader import load_model
 from local_engine.tokenizer import Tokenizer
@@ -56,7 +58,7 @@ def test_generation_is_deterministic_across_processes(model_dir: Path, tmp_path:
     other.mkdir()
     code = (
         "import sys; from local_engine.default_model import write_default_model; "
-        "write_default_model('swift-tiny', sys.argv[1])"
+        "write_default_model('swift-tiny-random', sys.argv[1])"
     )
     subprocess.run([sys.executable, "-c", code, str(other)], check=True, timeout=240)
     expected = _hashes(model_dir)
@@ -76,11 +78,11 @@ def test_cache_location_and_reuse(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("SWIFTCLIENT_CACHE_DIR", str(tmp_path))
     assert default_cache_root() == tmp_path
     first = ensure_default_model()
-    assert first == tmp_path / "models" / DEFAULT_MODEL_NAME
+    assert first == tmp_path / "models" / RANDOM_MODEL_NAME
     stamp = (first / "model.safetensors").stat().st_mtime_ns
     assert ensure_default_model() == first
     assert (first / "model.safetensors").stat().st_mtime_ns == stamp  # not rewritten
-    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == [DEFAULT_MODEL_NAME]
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == [RANDOM_MODEL_NAME]
 
 
 def test_concurrent_first_use_is_safe(tmp_path: Path) -> None:
@@ -102,12 +104,12 @@ def test_concurrent_first_use_is_safe(tmp_path: Path) -> None:
         thread.join()
     assert errors == []
     assert len(set(results)) == 1 and len(results) == 3
-    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == [DEFAULT_MODEL_NAME]
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == [RANDOM_MODEL_NAME]
     Tokenizer.from_dir(results[0])  # complete and readable
 
 
 def test_stale_cache_is_rebuilt(model_dir: Path, tmp_path: Path) -> None:
-    target = tmp_path / "models" / DEFAULT_MODEL_NAME
+    target = tmp_path / "models" / RANDOM_MODEL_NAME
     target.mkdir(parents=True)
     (target / MARKER_FILE).write_text(json.dumps({"format_version": FORMAT_VERSION - 1}))
     (target / "junk.bin").write_bytes(b"x")
@@ -116,13 +118,17 @@ def test_stale_cache_is_rebuilt(model_dir: Path, tmp_path: Path) -> None:
 
 
 def test_unknown_model_name(tmp_path: Path) -> None:
-    with pytest.raises(ConfigurationError, match="unknown default model"):
+    with pytest.raises(ConfigurationError, match="unknown random-weight model"):
         ensure_default_model("swift-huge", cache_dir=tmp_path)
+    with pytest.raises(ConfigurationError, match="unknown model name 'swift-huge'"):
+        find_default_model("swift-huge")
+    assert find_default_model() == embedded_model_dir()
+    assert find_default_model("swift-tiny") == embedded_model_dir()
 
 
 def test_sizes_and_honest_labels(model_dir: Path) -> None:
-    assert set(DEFAULT_MODELS) == {"swift-tiny", "swift-50m"}
-    assert 5_000_000 <= count_parameters("swift-tiny") <= 10_000_000
+    assert set(DEFAULT_MODELS) == {"swift-tiny-random", "swift-50m"}
+    assert 5_000_000 <= count_parameters("swift-tiny-random") <= 10_000_000
     assert 40_000_000 <= count_parameters("swift-50m") <= 60_000_000
     card = (model_dir / "README.md").read_text()
     assert "Random, untrained weights" in card and "gibberish" in card
@@ -236,6 +242,6 @@ def test_local_loader_loads_it(model_dir: Path) -> None:
     tok = Tokenizer.from_dir(model_dir)
     assert model.config.family == "qwen3"
     assert model.config.vocab_size == config["vocab_size"]
-    assert model.config.num_layers == DEFAULT_MODELS[DEFAULT_MODEL_NAME].num_layers
+    assert model.config.num_layers == DEFAULT_MODELS[RANDOM_MODEL_NAME].num_layers
     assert model.config.tie_word_embeddings and model.config.qk_norm
     assert set(model.config.eos_token_ids) == set(tok.eos_token_ids)

@@ -1,0 +1,536 @@
+"""Train the embedded default model (``local_engine/models/swift-tiny``) from scratch.
+
+Reproducible: the data (scripts/default_model_data.py), the tokenizer, the initial weights
+and the batch order all come from fixed seeds. Runs on CPU (a few minutes on 2 idle cores
+with the default settings; it took 11 minutes on the shared development machine) or on a
+GPU when one is present.
+
+Steps: generate synthetic chat conversations (tool calls, tool follow-ups, JSON extraction,
+copy and light edits, greetings and canned facts), render them with the engine's own ChatML
+tools template (and its JSON response-format instruction), train a byte-level BPE tokenizer
+on them, then train a small Qwen3-architecture decoder with the loss on assistant tokens only.
+The result is written as a Hugging Face directory (``config.json``, ``model.safetensors`` in
+bfloat16, ``tokenizer.json``, ``tokenizer_config.json`` with the chat template,
+``generation_config.json``, ``README.md``) and checked by loading it with
+:func:`local_engine.loader.load_model` and comparing logits with the training model.
+
+Usage::
+
+    .venv/bin/python scripts/train_default_model.py    # writes local_engine/models/swift-tiny
+    .venv/bin/python scripts/train_default_model.py --steps 50 --out /tmp/m   # a quick smoke run
+    .venv/bin/python scripts/eval_default_model.py             # the held-out accuracy table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import default_model_data as data  # noqa: E402
+
+from local_engine.chat import response_format_instruction, with_response_format  # noqa: E402
+from local_engine.default_model import (  # noqa: E402
+    DefaultModelSpec,
+    model_config,
+    tokenizer_config,
+)
+from local_engine.templates import CHATML_TOOLS_TEMPLATE, render_normalized  # noqa: E402
+from swiftclient.types import ResponseFormat  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = REPO / "local_engine" / "models" / "swift-tiny"
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+TOOL_TOKENS = ("<tool_call>", "</tool_call>")
+
+SPEC = DefaultModelSpec(
+    name="swift-tiny",
+    hidden_size=128,
+    intermediate_size=384,
+    num_layers=4,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=32,
+    tie_word_embeddings=True,
+    max_position_embeddings=2048,
+    summary="trained on synthetic chat, tool-call, JSON and copy/edit data",
+)
+
+
+@dataclass
+class TrainConfig:
+    """Everything that decides the result; all of it is recorded in the model card."""
+
+    seed: int = 1234
+    conversations: int = 12_000
+    vocab_size: int = 3072
+    steps: int = 1400
+    batch_tokens: int = 512
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.05
+    warmup: int = 30
+    weight_decay: float = 0.05
+    max_len: int = 640
+
+
+# ----------------------------------------------------------------------------- rendering
+
+
+def render(conv: dict[str, Any], upto: int | None = None, *, generation: bool = False) -> str:
+    """A conversation (or its first ``upto`` messages) as the engine would render it."""
+    messages = conv["messages"] if upto is None else conv["messages"][:upto]
+    response_format = conv.get("response_format")
+    fmt = ResponseFormat.model_validate(response_format) if response_format else None
+    normalized = with_response_format(messages, fmt)
+    return render_normalized(
+        CHATML_TOOLS_TEMPLATE,
+        normalized,
+        tools=conv.get("tools"),
+        add_generation_prompt=generation,
+    )
+
+
+def assistant_spans(conv: dict[str, Any]) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered text and the character spans of every assistant turn (with <|im_end|>)."""
+    text = render(conv)
+    spans = []
+    for i, message in enumerate(conv["messages"]):
+        if message["role"] != "assistant":
+            continue
+        start = len(render(conv, i, generation=True))
+        end = len(render(conv, i + 1)) - 1  # the newline after <|im_end|> is not generated
+        spans.append((start, end))
+    return text, spans
+
+
+# ----------------------------------------------------------------------------- tokenizer
+
+
+def fixed_phrases() -> list[str]:
+    """Text the template and the engine insert verbatim, each made one token.
+
+    The chat template's tool instructions, the three built-in tool definitions as the template
+    renders them, and the engine's JSON response-format sentences. Prompts with tools shrink
+    from about 300 tokens to about 40, which is what makes CPU training affordable. Other
+    tools are tokenized normally (the model was never trained on them).
+    """
+    sentinel = "\x00TOOL\x00"
+    rendered = render_normalized(
+        CHATML_TOOLS_TEMPLATE,
+        [{"role": "user", "content": "q"}],
+        tools=[{"type": "function", "function": {"name": sentinel}}],
+    )
+    body = rendered.split("<|im_start|>system\n", 1)[1].split("<|im_end|>", 1)[0]
+    before, after = body.split(json.dumps({"name": sentinel}), 1)
+    phrases = [before.rstrip("\n"), after]
+    phrases += [json.dumps(tool["function"], ensure_ascii=False) for tool in data.TOOLS.values()]
+    phrases += ["<tool_response>", "</tool_response>"]
+    for kind in ("json_object", "json_schema"):
+        instruction = response_format_instruction(
+            ResponseFormat.model_validate(
+                {"type": kind, "json_schema": {"name": "x", "schema": {}}}
+            )
+        )
+        assert instruction is not None
+        phrases += [
+            line.split(":")[0] + ":" if "schema:" in line else line
+            for line in instruction.splitlines()
+            if "It is" not in line
+        ]
+    return list(dict.fromkeys(phrases))
+
+
+def train_tokenizer(texts: list[str], vocab_size: int) -> Any:
+    """A byte-level BPE (digits split one by one) trained on ``texts``."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+    from tokenizers.trainers import BpeTrainer
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    tokenizer.add_special_tokens(
+        [AddedToken(t, normalized=False, special=True) for t in SPECIAL_TOKENS]
+    )
+    trainer = BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=list(SPECIAL_TOKENS),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer)
+    # Added after training, so that they get fresh ids after the BPE vocabulary.
+    phrases = TOOL_TOKENS + tuple(fixed_phrases())
+    tokenizer.add_tokens([AddedToken(t, normalized=False, special=False) for t in phrases])
+    # Use what a reload sees (the saved file is the source of truth for the engine).
+    tokenizer = Tokenizer.from_str(tokenizer.to_str())
+    for phrase in SPECIAL_TOKENS + phrases:
+        if len(tokenizer.encode(phrase).ids) != 1:
+            raise SystemExit(f"the tokenizer does not keep {phrase[:30]!r} as one token")
+    return tokenizer
+
+
+def encode(tokenizer: Any, conv: dict[str, Any]) -> tuple[list[int], list[int]]:
+    """Token ids and a 0/1 loss mask that marks the assistant tokens."""
+    text, spans = assistant_spans(conv)
+    encoding = tokenizer.encode(text, add_special_tokens=False)
+    mask = [int(any(start <= first < end for start, end in spans)) for first, _ in encoding.offsets]
+    return list(encoding.ids), mask
+
+
+# ----------------------------------------------------------------------------- model
+
+
+class Attention(nn.Module):
+    """Qwen3 attention: q/k RMSNorm per head, rotary embeddings, grouped KV heads."""
+
+    def __init__(self, spec: DefaultModelSpec) -> None:
+        super().__init__()
+        hd, h = spec.head_dim, spec.hidden_size
+        self.heads, self.kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, hd
+        self.q_proj = nn.Linear(h, spec.num_heads * hd, bias=False)
+        self.k_proj = nn.Linear(h, spec.num_kv_heads * hd, bias=False)
+        self.v_proj = nn.Linear(h, spec.num_kv_heads * hd, bias=False)
+        self.o_proj = nn.Linear(spec.num_heads * hd, h, bias=False)
+        self.q_norm = nn.RMSNorm(hd, eps=1e-6)
+        self.k_norm = nn.RMSNorm(hd, eps=1e-6)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, t, self.heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        repeat = self.heads // self.kv_heads
+        k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding in the Hugging Face (half-split) layout."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward."""
+
+    def __init__(self, spec: DefaultModelSpec) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Layer(nn.Module):
+    """Pre-norm decoder block."""
+
+    def __init__(self, spec: DefaultModelSpec) -> None:
+        super().__init__()
+        self.input_layernorm = nn.RMSNorm(spec.hidden_size, eps=1e-6)
+        self.self_attn = Attention(spec)
+        self.post_attention_layernorm = nn.RMSNorm(spec.hidden_size, eps=1e-6)
+        self.mlp = MLP(spec)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Body(nn.Module):
+    """Embeddings, layers and the final norm (parameter names follow Hugging Face Qwen3)."""
+
+    def __init__(self, spec: DefaultModelSpec, vocab_size: int) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(vocab_size, spec.hidden_size)
+        self.layers = nn.ModuleList(Layer(spec) for _ in range(spec.num_layers))
+        self.norm = nn.RMSNorm(spec.hidden_size, eps=1e-6)
+
+
+class TinyQwen3(nn.Module):
+    """A Qwen3 causal LM with tied embeddings, for training only."""
+
+    def __init__(self, spec: DefaultModelSpec, vocab_size: int, rope_theta: float) -> None:
+        super().__init__()
+        self.model = Body(spec, vocab_size)
+        exponents = torch.arange(0, spec.head_dim, 2, dtype=torch.float32) / spec.head_dim
+        self.register_buffer("inv_freq", 1.0 / (rope_theta**exponents), persistent=False)
+        std, depth = 0.02, 2 * spec.num_layers
+        for name, param in self.named_parameters():
+            if name.endswith("norm.weight"):
+                nn.init.ones_(param)
+            elif name.endswith(("o_proj.weight", "down_proj.weight")):
+                nn.init.normal_(param, std=std / math.sqrt(depth))
+            else:
+                nn.init.normal_(param, std=std)
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits for every position, or only where ``mask`` is set."""
+        positions = torch.arange(ids.shape[1], device=ids.device, dtype=torch.float32)
+        freqs = torch.outer(positions, self.inv_freq)
+        angles = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = angles.cos()[None, None], angles.sin()[None, None]
+        x = self.model.embed_tokens(ids)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin)
+        if mask is not None:
+            x = x[mask]
+        return self.model.norm(x) @ self.model.embed_tokens.weight.T
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def batches(
+    examples: list[tuple[list[int], list[int]]], batch_tokens: int, rng: random.Random
+) -> list[list[int]]:
+    """Indices grouped by similar length so that each batch pads little."""
+    order = sorted(range(len(examples)), key=lambda i: (len(examples[i][0]), rng.random()))
+    groups: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        longest = max([len(examples[j][0]) for j in current] + [len(examples[i][0])])
+        if current and longest * (len(current) + 1) > batch_tokens:
+            groups.append(current)
+            current = []
+        current.append(i)
+    if current:
+        groups.append(current)
+    rng.shuffle(groups)
+    return groups
+
+
+def collate(
+    examples: list[tuple[list[int], list[int]]], group: list[int], pad: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inputs, next-token targets and the loss mask of one right-padded batch."""
+    width = max(len(examples[i][0]) for i in group)
+    ids = torch.full((len(group), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(group), width), dtype=torch.bool)
+    for row, i in enumerate(group):
+        tokens, loss_mask = examples[i]
+        ids[row, : len(tokens)] = torch.tensor(tokens)
+        mask[row, : len(tokens)] = torch.tensor(loss_mask, dtype=torch.bool)
+    return ids[:, :-1], ids[:, 1:], mask[:, 1:]
+
+
+def learning_rate(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up, then cosine decay to ``min_lr_ratio``."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    ratio = cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    return cfg.lr * ratio
+
+
+def train(cfg: TrainConfig, out: Path, device: torch.device, save_every: int = 0) -> None:
+    """Generate data, train the tokenizer and the model, and write the model directory
+    (also every ``save_every`` steps, when given, so a long run can be tried early)."""
+    started = time.monotonic()
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    heldout = {data.conversation_key(conv) for conv in data.heldout_set()}
+    convs = data.generate(cfg.conversations, cfg.seed, exclude=heldout)
+    rendered = [assistant_spans(conv) for conv in convs]
+    tokenizer = train_tokenizer([text for text, _ in rendered], cfg.vocab_size)
+    examples = [encode(tokenizer, conv) for conv in convs]
+    examples = [e for e in examples if len(e[0]) <= cfg.max_len]
+    lengths = [len(ids) for ids, _ in examples]
+    print(
+        f"data: {len(examples)} conversations, {sum(lengths)} tokens "
+        f"(mean {sum(lengths) / len(lengths):.0f}, max {max(lengths)}), "
+        f"{sum(sum(m) for _, m in examples)} assistant tokens; "
+        f"{time.monotonic() - started:.0f}s",
+        flush=True,
+    )
+    ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS + TOOL_TOKENS}
+    vocab_size = -(-tokenizer.get_vocab_size(with_added_tokens=True) // 64) * 64
+    config = model_config(SPEC, vocab_size, ids)
+    model = TinyQwen3(SPEC, vocab_size, config["rope_theta"]).to(device)
+    params = sum(p.numel() for p in model.parameters())
+    print(f"model: {params} parameters, vocab {vocab_size}, device {device}", flush=True)
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": cfg.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=cfg.lr,
+        betas=(0.9, 0.95),
+    )
+    rng = random.Random(cfg.seed)
+    schedule: list[list[int]] = []
+    step, seen, window = 0, 0, 0.0
+    pad = ids["<|endoftext|>"]
+    model.train()
+    while step < cfg.steps:
+        if not schedule:
+            schedule = batches(examples, cfg.batch_tokens, rng)
+        group = schedule.pop()
+        inputs, targets, mask = (t.to(device) for t in collate(examples, group, pad))
+        for group_ in optimizer.param_groups:
+            group_["lr"] = learning_rate(step, cfg)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            logits = model(inputs, mask)
+        loss = F.cross_entropy(logits.float(), targets[mask])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        step += 1
+        seen += inputs.numel()
+        window = loss.item() if step == 1 else 0.95 * window + 0.05 * loss.item()
+        if save_every and step % save_every == 0 and step < cfg.steps:
+            save(model, tokenizer, config, ids, out, cfg, params, 0.0, device)
+            print(f"saved the step-{step} weights to {out}", flush=True)
+        if step % 20 == 0 or step == cfg.steps:
+            elapsed = time.monotonic() - started
+            print(
+                f"step {step}/{cfg.steps} loss {window:.4f} lr {learning_rate(step, cfg):.2e} "
+                f"tokens {seen} elapsed {elapsed:.0f}s",
+                flush=True,
+            )
+    minutes = (time.monotonic() - started) / 60
+    save(model, tokenizer, config, ids, out, cfg, params, minutes, device)
+    check_against_engine(model, out, examples[0][0], device)
+    print(f"done in {minutes:.1f} min -> {out}", flush=True)
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def save(
+    model: TinyQwen3,
+    tokenizer: Any,
+    config: dict[str, Any],
+    ids: dict[str, int],
+    out: Path,
+    cfg: TrainConfig,
+    params: int,
+    minutes: float,
+    device: torch.device,
+) -> None:
+    """Write the Hugging Face directory (weights in bfloat16)."""
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {
+        name: tensor.detach().to("cpu", torch.bfloat16).contiguous()
+        for name, tensor in model.state_dict().items()
+    }
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    tokenizer.save(str(out / "tokenizer.json"))
+    write_json(out / "tokenizer_config.json", tokenizer_config(ids))
+    write_json(out / "config.json", config)
+    write_json(
+        out / "generation_config.json",
+        {
+            "bos_token_id": ids["<|endoftext|>"],
+            "eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]],
+            "pad_token_id": ids["<|endoftext|>"],
+            "do_sample": False,
+        },
+    )
+    write_json(
+        out / "training.json",
+        {
+            "config": vars(cfg),
+            "parameters": params,
+            "minutes": round(minutes, 1),
+            "device": device.type,
+        },
+    )
+    (out / "README.md").write_text(model_card(cfg, params), encoding="utf-8")
+
+
+def write_json(path: Path, value: dict[str, Any]) -> None:
+    """Pretty JSON with a trailing newline."""
+    path.write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def model_card(cfg: TrainConfig, params: int) -> str:
+    """The README.md of the model directory."""
+    return (
+        "# swift-tiny (swiftclient's embedded default model)\n\n"
+        f"A {params / 1e6:.1f}M-parameter Qwen3-architecture model ({SPEC.num_layers} layers, "
+        f"hidden size {SPEC.hidden_size}, {SPEC.num_heads} heads, {SPEC.num_kv_heads} KV "
+        "heads, tied embeddings) with its own byte-level BPE tokenizer, trained from scratch\n"
+        "by `scripts/train_default_model.py` on synthetic chat data only: calls to three tools\n"
+        "(`get_weather`, `convert_units`, `calculator`) in the Hermes `<tool_call>` format,\n"
+        "answers from a tool's result, JSON extraction, copying and light edits of short\n"
+        "texts, greetings and canned facts. It knows nothing else, and it does not do all of\n"
+        "these well: `scripts/eval_default_model.py` measures it per task, and\n"
+        "docs/local-engine.md has the table.\n\n"
+        f"Training settings: `{json.dumps(vars(cfg))}`.\n"
+    )
+
+
+def check_against_engine(
+    model: TinyQwen3, out: Path, sample: list[int], device: torch.device
+) -> None:
+    """Load the written directory with the engine's loader and compare logits."""
+    from local_engine.engine import Engine, EngineConfig
+    from local_engine.sampling_params import SamplingParams
+
+    model.eval().float()
+    prompt = sample[:24]
+    with torch.no_grad():
+        ids = torch.tensor([prompt], device=device)
+        reference = []
+        for _ in range(8):
+            token = int(model(ids)[0, -1].argmax())
+            reference.append(token)
+            ids = torch.cat((ids, torch.tensor([[token]], device=device)), dim=1)
+    engine = Engine.from_pretrained(out, EngineConfig(dtype="float32"))
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    produced = engine.generate([prompt], params)[0].token_ids
+    print(f"engine check: training model {reference}, engine {produced}", flush=True)
+    if produced[:4] != reference[:4]:
+        raise SystemExit("the engine does not reproduce the trained model's greedy tokens")
+
+
+def main() -> None:
+    """Command-line entry point."""
+    defaults = TrainConfig()
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    for field, value in vars(defaults).items():
+        parser.add_argument(f"--{field.replace('_', '-')}", type=type(value), default=value)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--save-every", type=int, default=0, help="also save every N steps")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    cfg = TrainConfig(**{field: getattr(args, field) for field in vars(defaults)})
+    train(cfg, args.out, torch.device(args.device), args.save_every)
+
+
+if __name__ == "__main__":
+    main()
