@@ -371,18 +371,24 @@ async def test_served_completions_report_accepted_drafts(tiny: TinyModel) -> Non
 
 
 def test_command_line_turns_speculation_on() -> None:
-    from local_engine.server import _engine_config, _parser
+    import argparse
 
-    args = _parser().parse_args(["--speculative", "ngram", "--num-speculative-tokens", "6"])
-    spec = _engine_config(args).speculative
-    assert spec is not None and spec.method == "ngram" and spec.num_speculative_tokens == 6
-    args = _parser().parse_args(["--speculative", "draft", "--draft-model", "/models/small"])
-    spec = _engine_config(args).speculative
-    assert spec is not None and spec.method == "draft" and spec.draft_model == "/models/small"
-    assert _engine_config(_parser().parse_args([])).speculative is None
+    from local_engine.server import _engine_config, command
+
+    def parse(*argv: str) -> argparse.Namespace:
+        ctx = command.make_context("serve", list(argv))
+        return argparse.Namespace(**ctx.params)
+
+    spec = _engine_config(parse("--speculative", "ngram", "--num-speculative-tokens", "6"))
+    assert spec.speculative is not None
+    assert spec.speculative.method == "ngram" and spec.speculative.num_speculative_tokens == 6
+    spec = _engine_config(parse("--speculative", "draft", "--draft-model", "/models/small"))
+    assert spec.speculative is not None
+    assert spec.speculative.method == "draft" and spec.speculative.draft_model == "/models/small"
+    assert _engine_config(parse()).speculative is None
     for bad in (["--speculative", "draft"], ["--draft-model", "/m"]):
         with pytest.raises(ConfigurationError, match="draft"):
-            _engine_config(_parser().parse_args(bad))
+            _engine_config(parse(*bad))
 
 
 def _running_pair(
