@@ -2,7 +2,7 @@
 
 Reproducible: the data (scripts/default_model_data.py), the tokenizer, the initial weights
 and the batch order all come from fixed seeds. Runs on CPU (a few minutes on 2 idle cores
-with the default settings; it took 11 minutes on the shared development machine) or on a
+with the default settings; it took 5 minutes on the shared development machine) or on a
 GPU when one is present.
 
 Steps: generate synthetic chat conversations (tool calls, tool follow-ups, JSON extraction,
@@ -75,9 +75,9 @@ class TrainConfig:
     """Everything that decides the result; all of it is recorded in the model card."""
 
     seed: int = 1234
-    conversations: int = 12_000
+    conversations: int = 30_000
     vocab_size: int = 3072
-    steps: int = 1400
+    steps: int = 5000
     batch_tokens: int = 512
     lr: float = 3e-3
     min_lr_ratio: float = 0.05
