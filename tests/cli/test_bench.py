@@ -283,8 +283,10 @@ def test_bench_against_the_local_engine(tmp_path: Path, monkeypatch: pytest.Monk
     assert summary["ok"] == 4 and summary["errors"] == {}
     assert summary["goodput_per_s"] == pytest.approx(summary["requests_per_s"])
     for sample in data["samples"]:
-        # ITL is per streamed chunk; the engine may put several tokens in one chunk
-        assert sample["output_tokens"] == 4 and 1 <= len(sample["itl"]) <= 3
+        # ITL is per streamed chunk; the engine may put several tokens in one chunk (on a
+        # fast machine all four can arrive in one, leaving no gap to measure)
+        assert sample["output_tokens"] == 4 and len(sample["itl"]) <= 3
+        assert all(gap >= 0 for gap in sample["itl"])
         assert sample["prompt_tokens"] >= 8
 
 
