@@ -8,7 +8,8 @@ Run from the repository root::
     .venv/bin/python bench/prefix_cache.py --workloads c --replicas 2
 
 Each arm gets fresh servers (``python -m local_engine.server``, the embedded random-weight
-``swift-tiny`` model, one torch thread each, block size 16), so every arm starts cold. The
+``swift-tiny-random`` model (4,096 positions; the trained ``swift-tiny`` holds 2,048, too few
+for workload (c)), one torch thread each, block size 16), so every arm starts cold. The
 same generated requests go to every arm:
 
 - ``naive``: the requests as the application built them, plain OpenAI-style JSON over httpx,
@@ -450,10 +451,15 @@ async def run_swiftclient(
 # ---------------------------------------------------------------------- servers
 
 
+ENGINE_MODEL = "swift-tiny-random"
+"""The embedded random-weight model the servers run (the prefix cache does not care what
+the weights say)."""
+
+
 @asynccontextmanager
 async def replicas(count: int, threads: int, kv_mib: int) -> AsyncIterator[list[str]]:
     """``count`` fresh local engine servers, started in parallel; yields their base URLs."""
-    argv = ["-m", "local_engine.server", "", "--port", "0", "--model-name", MODEL]
+    argv = ["-m", "local_engine.server", ENGINE_MODEL, "--port", "0", "--model-name", MODEL]
     argv += ["--threads", str(threads), "--kv-cache-mib", str(kv_mib)]
     argv += ["--max-num-seqs", "64", "--max-tokens-limit", "64"]
     with ExitStack() as stack:
@@ -496,7 +502,7 @@ async def measure(args: argparse.Namespace) -> None:
     workloads = _workloads(args.workloads.split(","), args.quick, rng)
     formatter = ChatFormatter(Tokenizer.from_dir(ensure_default_model()))
     print(
-        f"# prefix cache across replicas: local engine servers (swift-tiny, {args.threads} "
+        f"# prefix cache across replicas: local engine servers ({ENGINE_MODEL}, {args.threads} "
         f"thread each), Python {platform.python_version()}, {os.cpu_count()} CPUs, "
         f"load {os.getloadavg()[0]:.2f}"
     )
