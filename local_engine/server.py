@@ -506,6 +506,13 @@ class _ServeCommand(click.Command):
     help="Requests decoded together at most.",
 )
 @click.option(
+    "--max-num-batched-tokens",
+    type=int,
+    default=2048,
+    show_default=True,
+    help="Tokens one engine step computes at most (prefill chunks and decodes together).",
+)
+@click.option(
     "--max-waiting", type=int, default=1024, show_default=True, help="Queued requests before 503."
 )
 @click.option(
@@ -603,6 +610,7 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         kv_cache_memory=args.kv_cache_mib * 2**20,
         max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
         max_waiting=args.max_waiting,
         dtype=args.dtype,

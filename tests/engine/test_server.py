@@ -617,3 +617,16 @@ def test_swiftclient_serve_takes_the_same_options(capsys: pytest.CaptureFixture[
     assert "local_engine" not in usage
     for flag in ("--limit-concurrency", "--timeout-keep-alive", "--root-path", "--api-key"):
         assert flag in usage
+
+
+def test_the_step_budget_reaches_the_engine() -> None:
+    import argparse
+
+    from local_engine.server import _engine_config, command
+
+    def parse(*argv: str) -> argparse.Namespace:
+        return argparse.Namespace(**command.make_context("serve", list(argv)).params)
+
+    assert _engine_config(parse()).max_num_batched_tokens == 2048
+    config = _engine_config(parse("--max-num-batched-tokens", "32768"))
+    assert config.max_num_batched_tokens == 32768
