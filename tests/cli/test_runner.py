@@ -38,7 +38,8 @@ async def test_run_level_sends_warm_up_then_measured_requests(level: Level) -> N
     assert [s.warmup for s in samples] == [True] * 2 + [False] * 8
     for sample in samples:
         assert sample.ok and sample.output_tokens == 3 and len(sample.itl) == 2
-        assert sample.ttft is not None and sample.ttft >= 0.01
+        # never below the script, give or take the event loop's timer granularity
+        assert sample.ttft is not None and sample.ttft >= 0.01 - 0.001
 
 
 async def test_a_duration_stops_new_requests_and_waits_for_those_in_flight() -> None:
