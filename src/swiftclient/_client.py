@@ -114,26 +114,12 @@ def _request(model: str, messages: MessagesInput, params: dict[str, Any]) -> Cha
     try:
         return ChatRequest.model_validate({"model": model, "messages": messages, **params})
     except pydantic.ValidationError as exc:
-        found = exc.errors(include_url=False, include_input=False)
-        loc = found[0]["loc"] if found else ()
+        loc = exc.errors(include_url=False, include_input=False)[0]["loc"]
         if len(loc) >= 2 and loc[0] == "messages" and isinstance(loc[1], int):
             raise errors.ConfigurationError(
-                f"invalid message messages[{loc[1]}]: {_summary(found, loc[:2])}"
+                f"invalid message messages[{loc[1]}]: {validation_summary(exc, loc[:2])}"
             ) from exc
         raise errors.ConfigurationError(f"invalid chat request: {validation_summary(exc)}") from exc
-
-
-def _summary(found: list[Any], prefix: tuple[Any, ...]) -> str:
-    """``where: what`` for the errors under ``prefix`` (one message), the prefix cut off."""
-    parts = []
-    for error in found:
-        loc = tuple(error["loc"])
-        if loc[: len(prefix)] != prefix:
-            continue
-        where = ".".join(str(part) for part in loc[len(prefix) :])
-        message = error["msg"].removeprefix("Value error, ")
-        parts.append(f"{where}: {message}" if where else message)
-    return "; ".join(parts)
 
 
 class AsyncClient:

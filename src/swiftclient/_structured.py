@@ -30,12 +30,17 @@ _FENCED = re.compile(r"\A\s*```[\w+.-]*[ \t]*\r?\n(.*?)\s*```\s*\Z", re.DOTALL)
 _ACCEPTED = "a pydantic model, TypedDict or dataclass, or a list or dict of them"
 
 
-def validation_summary(exc: pydantic.ValidationError) -> str:
-    """``where: what`` for each error (the first few), without the input values."""
-    found = exc.errors(include_url=False, include_input=False)
+def validation_summary(exc: pydantic.ValidationError, prefix: tuple[Any, ...] = ()) -> str:
+    """``where: what`` for each error (the first few), without the input values; with
+    ``prefix``, only the errors under that location, the prefix cut off."""
+    found = [
+        error
+        for error in exc.errors(include_url=False, include_input=False)
+        if tuple(error["loc"][: len(prefix)]) == prefix
+    ]
     parts = []
     for error in found[:_SUMMARY_LIMIT]:
-        where = ".".join(str(part) for part in error["loc"])
+        where = ".".join(str(part) for part in error["loc"][len(prefix) :])
         message = error["msg"].removeprefix("Value error, ")
         parts.append(f"{where}: {message}" if where else message)
     if len(found) > _SUMMARY_LIMIT:
