@@ -94,7 +94,10 @@ class Settings:
     """The size of one run."""
 
     calls: int
-    """Measured calls per (utilization, strategy)."""
+    """Measured calls per (utilization, strategy) in one round."""
+    rounds: int
+    """Rounds per utilization: each round runs every strategy once, in turn, on its own
+    calls (so the strategies alternate, and each row pools ``rounds x calls`` calls)."""
     warmup: int
     """Unmeasured calls before them, on the same client (fills the latency estimate)."""
     utilizations: tuple[float, ...]
@@ -107,9 +110,17 @@ class Settings:
 
 
 FULL = Settings(
-    calls=1000, warmup=100, utilizations=(0.3, 0.6, 0.85), median=0.02, rate=170, failure_calls=1600
+    calls=1000,
+    rounds=2,
+    warmup=60,
+    utilizations=(0.3, 0.6, 0.85),
+    median=0.02,
+    rate=170,
+    failure_calls=1600,
 )
-QUICK = Settings(calls=60, warmup=30, utilizations=(0.3,), median=0.01, rate=60, failure_calls=0)
+QUICK = Settings(
+    calls=60, rounds=1, warmup=30, utilizations=(0.3,), median=0.01, rate=60, failure_calls=0
+)
 
 
 def adaptive_policy() -> Any:
@@ -148,7 +159,7 @@ def plan(settings: Settings, utilization: float, mean_service: float, seed: int)
     slots = max(1, round(settings.rate * mean_service / (utilization * REPLICAS)))
     rate = utilization * REPLICAS * slots / mean_service
     rng = random.Random(f"{seed}:{utilization}")
-    total = settings.warmup + settings.calls
+    total = settings.warmup + settings.rounds * settings.calls
     arrivals, now = [], 0.0
     for _ in range(total):
         now += rng.expovariate(rate)
@@ -187,6 +198,19 @@ class RunResult:
     @property
     def calls(self) -> int:
         return len(self.ttfts)
+
+    def add(self, other: RunResult) -> None:
+        """Pool another round of the same strategy into this result."""
+        self.ttfts += other.ttfts
+        self.started += other.started
+        self.errors.update(other.errors)
+        self.requests += other.requests
+        self.wasted_tokens += other.wasted_tokens
+        self.billed_tokens += other.billed_tokens
+        self.health = other.health or self.health
+        self.wall += other.wall
+        self.client_cpu += other.client_cpu
+        self.server_cpu += other.server_cpu
 
     def quantile(self, q: float, subset: Sequence[float] | None = None) -> float:
         """The q-quantile TTFT (failed calls count as infinitely slow)."""
@@ -365,14 +389,17 @@ async def run_strategy(
     workload: Workload,
     settings: Settings,
     at: Callable[[float], Coroutine[Any, Any, None]] | None = None,
+    round_: int = 0,
 ) -> RunResult:
-    """Warm a fresh client up, then measure ``settings.calls`` calls against fresh counters."""
+    """Warm a fresh client up, then measure round ``round_``'s ``settings.calls`` calls
+    against fresh counters."""
     result = RunResult(strategy)
     await _control(base, failing=[], reset=True)
     async with _client(base) as client:
         await _drive(client, call, workload, range(settings.warmup), None)
         await _control(base, reset=True)
-        measured = range(settings.warmup, settings.warmup + settings.calls)
+        first = settings.warmup + round_ * settings.calls
+        measured = range(first, first + settings.calls)
         server_cpu = (await _stats(base))["cpu"]
         wall, cpu = time.perf_counter(), time.process_time()
         await _drive(client, call, workload, measured, result, at)
@@ -515,8 +542,9 @@ async def main_async(args: argparse.Namespace) -> int:
         f"server: {REPLICAS} replicas, TTFT median {settings.median * 1000:.0f} ms "
         f"(lognormal sigma {model.sigma}, {model.tail_prob:.1%} Pareto tail from "
         f"{model.tail_min:g}x, alpha {model.tail_alpha}, cap {model.tail_cap:g}x), "
-        f"mean slot time {service * 1000:.1f} ms; {settings.calls} measured calls per row "
-        f"after {settings.warmup} warm-up calls\n"
+        f"mean slot time {service * 1000:.1f} ms; {settings.rounds} rounds of "
+        f"{settings.calls} measured calls per row (the strategies take turns; each round on "
+        f"a fresh client after {settings.warmup} warm-up calls)\n"
     )
     goals: list[list[object]] = []
     with hedge_server_process(
@@ -529,17 +557,24 @@ async def main_async(args: argparse.Namespace) -> int:
                 f"## {utilization:.0%} utilization: {workload.slots} slots per replica, "
                 f"{workload.rate:.0f} calls/s\n"
             )
-            results: list[RunResult] = []
+            pooled: dict[str, RunResult] = {}
             fixed_delay = model.median * 2.5
-            for strategy in strategies:
-                call, skipped = strategy_call(strategy, timeout, fixed_delay)
-                if call is None:
-                    results.append(RunResult(strategy, skipped=skipped))
-                    continue
-                result = await run_strategy(base, strategy, call, workload, settings)
-                if strategy == "none" and math.isfinite(result.quantile(0.95)):
-                    fixed_delay = result.quantile(ADAPTIVE_QUANTILE)
-                results.append(result)
+            for round_ in range(settings.rounds):
+                for strategy in strategies:
+                    call, skipped = strategy_call(strategy, timeout, fixed_delay)
+                    if call is None:
+                        pooled[strategy] = RunResult(strategy, skipped=skipped)
+                        continue
+                    result = await run_strategy(
+                        base, strategy, call, workload, settings, round_=round_
+                    )
+                    if strategy == "none" and not round_ and math.isfinite(result.quantile(0.95)):
+                        fixed_delay = result.quantile(ADAPTIVE_QUANTILE)
+                    if strategy in pooled:
+                        pooled[strategy].add(result)
+                    else:
+                        pooled[strategy] = result
+            results = [pooled[strategy] for strategy in strategies]
             print(results_table(results))
             print()
             goals.extend(goal_rows(utilization, results))
@@ -563,7 +598,7 @@ async def failure_scenario(
 ) -> None:
     """60% utilization; replica r3 starts failing a fifth of the way in."""
     print("## One replica fails (r3 answers 503 after a delay, from a fifth of the run on)\n")
-    scenario = Settings(**{**settings.__dict__, "calls": settings.failure_calls})
+    scenario = Settings(**{**settings.__dict__, "calls": settings.failure_calls, "rounds": 1})
     workload = plan(scenario, 0.6, service, seed + 1)
     await _control(base, slots=workload.slots, seed=seed + 1, reset=True)
     first = workload.arrivals[scenario.warmup]

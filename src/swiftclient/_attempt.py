@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol
 import anyio
 
 from . import errors
-from ._deadline import Deadline, ReadTimer, Timeout
+from ._deadline import Deadline, ReadTimer, Timeout, deadline_watch
 from ._retry import retry_after_seconds
 from .backends.base import Backend, BufferedChunkIterator, RequestOptions
 from .types import Attempt, ChatCompletion, ChatCompletionChunk, ChatRequest, Usage
@@ -94,13 +94,34 @@ def deadline_exceeded(backend: str, timeout: Timeout) -> errors.DeadlineExceeded
     )
 
 
-def _read_timer() -> ReadTimer | None:
-    """A :class:`ReadTimer` on asyncio; None elsewhere (reads use cancel scopes there)."""
+_BUFFERED: dict[type, bool] = {}
+"""Iterator types checked against :class:`BufferedChunkIterator` (a runtime protocol
+check walks the protocol's attributes: once per type, not once per stream)."""
+
+
+def _nowait_of(
+    iterator: AsyncIterator[ChatCompletionChunk],
+) -> Callable[[], ChatCompletionChunk | None] | None:
+    """The iterator's ``next_nowait``, when its type offers the fast-read protocol."""
+    kind = type(iterator)
+    buffered = _BUFFERED.get(kind)
+    if buffered is None:
+        buffered = _BUFFERED[kind] = isinstance(iterator, BufferedChunkIterator)
+    return iterator.next_nowait if buffered else None  # type: ignore[attr-defined]
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    """The running asyncio loop; None elsewhere (trio: waits use cancel scopes there)."""
     try:
-        loop = asyncio.get_running_loop()
+        return asyncio.get_running_loop()
     except RuntimeError:
         return None
-    return ReadTimer(loop)
+
+
+def _read_timer() -> ReadTimer | None:
+    """A :class:`ReadTimer` on asyncio; None elsewhere (reads use cancel scopes there)."""
+    loop = _running_loop()
+    return None if loop is None else ReadTimer(loop)
 
 
 class AttemptRun:
@@ -212,15 +233,18 @@ class AttemptRun:
 
     # ------------------------------------------------------------------ outcome
 
-    def finish(self, exc: BaseException | None, *, lost: bool = False) -> None:
+    def finish(
+        self, exc: BaseException | None, *, lost: bool = False, now: float | None = None
+    ) -> None:
         """Record how the attempt ended (once) and tell the observers.
 
-        ``lost``: it succeeded, but after another attempt had committed.
+        ``lost``: it succeeded, but after another attempt had committed. ``now``: when it
+        ended, if the caller has just read the clock.
         """
         record = self.record
         if record.outcome != "pending":
             return
-        record.duration = self._now() - self.started_at
+        record.duration = (self._now() if now is None else now) - self.started_at
         if lost:
             record.outcome = "lost"
         elif exc is None:
@@ -350,9 +374,7 @@ class AttemptRun:
                 raise self._timeout_error(kind)
             self._iterator = iterator
             # How this attempt takes a chunk that already arrived, decided once.
-            self.next_nowait = (
-                iterator.next_nowait if isinstance(iterator, BufferedChunkIterator) else None
-            )
+            self.next_nowait = _nowait_of(iterator)
             while True:
                 chunk = await self.next()
                 if chunk is None:
@@ -387,15 +409,31 @@ class AttemptRun:
         A cancel scope, which respects the backend's shielded cleanup; a backend whose
         ``complete`` has none (``complete_cancels_cleanly``, as the aiohttp-backed
         :class:`~swiftclient.HTTPBackend`) is bounded by one loop timer on asyncio instead,
-        a few microseconds less per call.
+        a few microseconds less per call: a plain task cancellation at any of its awaits
+        leaves nothing behind.
         """
         deadline = self._deadline
         backend = self.target.backend
         try:
             if getattr(backend, "complete_cancels_cleanly", False):
-                timer = _read_timer()
-                if timer is not None:
-                    return await self._complete_timed(backend, timer)
+                loop = _running_loop()
+                if loop is not None:
+                    watch = deadline_watch(loop)
+                    task = _current_task(loop)
+                    assert task is not None
+                    watched = watch.add(task, deadline.at)
+                    try:
+                        result = await backend.complete(self.request, deadline, self.options)
+                    except asyncio.CancelledError:
+                        if watched.expired():
+                            raise deadline_exceeded(
+                                self.target.backend_name, deadline.timeout
+                            ) from None
+                        raise
+                    finally:
+                        watch.discard(watched)
+                    self._first_token(self._now(), streamed=False)
+                    return result
             with anyio.CancelScope(deadline=deadline.at):
                 result = await backend.complete(self.request, deadline, self.options)
                 self._first_token(self._now(), streamed=False)
@@ -404,26 +442,6 @@ class AttemptRun:
         except BaseException as exc:
             self.finish(exc)
             raise
-
-    async def _complete_timed(self, backend: Backend, timer: ReadTimer) -> ChatCompletion:
-        """:meth:`complete` bounded by one loop timer instead of a cancel scope: for backends
-        whose ``complete`` awaits no shielded cleanup (``complete_cancels_cleanly``), where a
-        plain task cancellation at any await leaves nothing behind."""
-        deadline = self._deadline
-        task = asyncio.current_task()
-        assert task is not None
-        timer.start(task, deadline.at)
-        try:
-            result = await backend.complete(self.request, deadline, self.options)
-        except asyncio.CancelledError:
-            if timer.expired():
-                raise deadline_exceeded(self.target.backend_name, deadline.timeout) from None
-            raise
-        finally:
-            timer.stop()
-            timer.close()
-        self._first_token(self._now(), streamed=False)
-        return result
 
 
 def request_for(request: ChatRequest, target: Target) -> ChatRequest:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +18,7 @@ import anyio
 
 from .errors import ConfigurationError
 
-__all__ = ["Deadline", "ReadTimer", "Timeout"]
+__all__ = ["Deadline", "DeadlineWatch", "ReadTimer", "Timeout", "deadline_watch"]
 
 
 def _clock() -> Callable[[], float]:
@@ -79,14 +80,16 @@ class Deadline:
     Create it inside the running event loop, once per call; every attempt shares it.
     """
 
-    __slots__ = ("_at", "now", "timeout")
+    __slots__ = ("_at", "now", "started", "timeout")
 
     def __init__(self, timeout: Timeout | None = None) -> None:
         self.timeout = timeout or Timeout()
         self.now: Callable[[], float] = _clock()
         """The event loop's clock (resolved once; reading it is on every hot path)."""
+        self.started = self.now()
+        """When the deadline was created (the call's start), on :attr:`now`'s clock."""
         total = self.timeout.total
-        self._at = math.inf if total is None else self.now() + total
+        self._at = math.inf if total is None else self.started + total
 
     @classmethod
     def after(cls, seconds: float | None) -> Deadline:
@@ -190,3 +193,88 @@ class ReadTimer:
             return
         self._fired = True
         task.cancel()
+
+
+class _Watched:
+    """One task's registration with a :class:`DeadlineWatch`."""
+
+    __slots__ = ("baseline", "due", "fired", "task")
+
+    def __init__(self, task: asyncio.Task[Any], due: float) -> None:
+        self.task = task
+        self.due = due
+        self.baseline = task.cancelling()
+        self.fired = False
+
+    def expired(self) -> bool:
+        """Call on ``CancelledError``: True when the watch alone caused it (its cancel
+        request is withdrawn then, so the task is not left cancelling)."""
+        if not self.fired:
+            return False
+        self.fired = False
+        return self.task.uncancel() <= self.baseline
+
+
+class DeadlineWatch:
+    """Cancels tasks whose deadline passed, with one loop timer for all of a loop's tasks.
+
+    For waits that a plain task cancellation ends cleanly (a non-streamed request on the
+    aiohttp transport). Registering and withdrawing are a set insert and removal; the one
+    timer is armed for the earliest deadline known when it was armed and, when it fires,
+    cancels the tasks that are due and re-arms for the earliest one left. With every call's
+    deadline the same distance ahead (the usual case: one ``Timeout.total``), a call never
+    touches the timer: a timer handle per call, and the loop's heap work for it, is what
+    this saves.
+    """
+
+    __slots__ = ("_armed_at", "_handle", "_watched", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._watched: set[_Watched] = set()
+        self._handle: asyncio.TimerHandle | None = None
+        self._armed_at = math.inf
+
+    def add(self, task: asyncio.Task[Any], due: float) -> _Watched:
+        """Cancel ``task`` once the loop's clock reaches ``due`` (until :meth:`discard`)."""
+        watched = _Watched(task, due)
+        self._watched.add(watched)
+        if due < self._armed_at:
+            self._arm(due)
+        return watched
+
+    def discard(self, watched: _Watched) -> None:
+        """The wait ended (any way): never cancel its task."""
+        self._watched.discard(watched)
+
+    def _arm(self, due: float) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        self._handle = self.loop.call_at(due, self._fire)
+        self._armed_at = due
+
+    def _fire(self) -> None:
+        self._handle = None
+        self._armed_at = math.inf
+        now = self.loop.time()
+        earliest = math.inf
+        for watched in list(self._watched):
+            if watched.due <= now:
+                self._watched.discard(watched)
+                watched.fired = True
+                watched.task.cancel()
+            elif watched.due < earliest:
+                earliest = watched.due
+        if earliest < math.inf:
+            self._arm(earliest)
+
+
+_local = threading.local()
+
+
+def deadline_watch(loop: asyncio.AbstractEventLoop) -> DeadlineWatch:
+    """The :class:`DeadlineWatch` of ``loop``, the running loop (one per thread's loop)."""
+    watch: DeadlineWatch | None = getattr(_local, "watch", None)
+    if watch is None or watch.loop is not loop:
+        watch = _local.watch = DeadlineWatch(loop)
+    return watch

@@ -22,7 +22,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 from . import errors
 from ._deadline import Deadline
 
-__all__ = ["RetryPolicy", "retry_after_seconds", "run_with_retries"]
+__all__ = ["RetryPolicy", "retry_after", "retry_after_seconds", "run_with_retries"]
 
 T = TypeVar("T")
 
@@ -101,16 +101,28 @@ async def run_with_retries(
     """Run ``attempt(n)`` until it succeeds, the policy gives up, or the deadline would pass.
 
     The first attempt runs directly (most calls succeed at once and need no retry
-    machinery); after a retryable failure tenacity drives the rest with the same rules.
+    machinery); after a retryable failure :func:`retry_after` drives the rest.
     """
     try:
         return await attempt(1)
     except Exception as exc:
-        if policy.max_attempts <= 1 or not policy.is_retryable(exc):
-            raise
-        delay = policy.wait_seconds(1, exc)
-        if delay >= deadline.remaining():
-            raise
+        return await retry_after(policy, deadline, attempt, exc)
+
+
+async def retry_after(
+    policy: RetryPolicy,
+    deadline: Deadline,
+    attempt: Callable[[int], Awaitable[T]],
+    failure: Exception,
+) -> T:
+    """Attempts 2, 3, ... of a call whose first attempt raised ``failure`` (re-raised when
+    it is not worth a retry); tenacity drives them, with the rules of
+    :func:`run_with_retries`."""
+    if policy.max_attempts <= 1 or not policy.is_retryable(failure):
+        raise failure
+    delay = policy.wait_seconds(1, failure)
+    if delay >= deadline.remaining():
+        raise failure
     await anyio.sleep(delay)
 
     def wait(state: RetryCallState) -> float:

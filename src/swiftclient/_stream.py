@@ -20,7 +20,7 @@ from ._accumulate import Accumulator
 from ._attempt import AttemptObserver, AttemptRun, Target, deadline_exceeded, request_for
 from ._cost import CallCost
 from ._deadline import Deadline
-from ._retry import RetryPolicy, run_with_retries
+from ._retry import RetryPolicy, retry_after, run_with_retries
 from .backends.base import RequestOptions
 from .hedging import Hedge, StartAttempt, Trigger, fallback, race
 from .types import ChatCompletion, ChatCompletionChunk, ChatRequest, Timing
@@ -147,7 +147,7 @@ class Call:
         self.policies = policies
         self.ledger = ledger
         self.now = deadline.now
-        self.started = self.now()
+        self.started = deadline.started
         self.timing = Timing()
         self.numbered = 0
         self.winner = 0
@@ -183,10 +183,11 @@ class Call:
             return AttemptRun(self, target, request, self.numbered, "retry")
         return AttemptRun(self, target, request, self.numbered, trigger)
 
-    def finish(self, exc: BaseException | None = None) -> None:
+    def finish(self, exc: BaseException | None = None, *, now: float | None = None) -> None:
         """Stamp the call's total time and, the first time, settle its cost and end its
-        trace (with ``exc``, or the error :meth:`failed` saw)."""
-        self.timing.total = self.now() - self.started
+        trace (with ``exc``, or the error :meth:`failed` saw). ``now``: the end, if the
+        caller has just read the clock."""
+        self.timing.total = (self.now() if now is None else now) - self.started
         ledger = self.ledger
         if ledger is not None:
             self.ledger = None
@@ -289,19 +290,31 @@ class Call:
         """Run a non-streamed completion with retries under the deadline."""
         self.begin()
         try:
-            attempt, completion = await run_with_retries(
-                self.policy, self.deadline, self.complete_round
-            )
+            if len(self.targets) == 1:
+                # The plain call: its first attempt runs here directly, and the round and
+                # retry machinery starts only after a failure.
+                attempt = self.attempt(self.targets[0])
+                try:
+                    completion = await attempt.complete()
+                except Exception as exc:
+                    attempt, completion = await retry_after(
+                        self.policy, self.deadline, self.complete_round, exc
+                    )
+            else:
+                attempt, completion = await run_with_retries(
+                    self.policy, self.deadline, self.complete_round
+                )
             if not self.winner:
                 attempt.commit()
             attempt.usage = completion.usage
-            attempt.finish(None)
+            ended = attempt.first_token_at  # the reply's arrival: the attempt's end
+            attempt.finish(None, now=ended)
         except BaseException as exc:
             self.failed(exc)
             self.finish(exc)
             raise
         self.reply = completion
-        self.finish()
+        self.finish(now=ended)
         completion.timing = self.timing
         return completion
 

@@ -165,7 +165,10 @@ async def race(
             return
         won.append(result)
         commit(result)
-        scope.cancel()
+        if in_flight:
+            scope.cancel()  # the other attempts lose
+        else:
+            wake.set()  # nothing else runs: the waiting loop ends without a cancellation
 
     async with anyio.create_task_group() as tg:
         scope = tg.cancel_scope

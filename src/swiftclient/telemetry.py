@@ -30,6 +30,7 @@ only on opt-in (``capture_content=True`` or
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -42,7 +43,7 @@ from urllib.parse import urlsplit
 from opentelemetry import metrics, propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from .backends.base import Backend, RequestOptions
+from .backends.base import Backend
 from .types import ChatCompletion
 
 if TYPE_CHECKING:
@@ -543,9 +544,8 @@ class CallTrace:
         propagate.inject(carrier, context=trace.set_span_in_context(parent))
         if carrier:
             options = attempt.options
-            attempt.options = RequestOptions(
-                idempotency_key=options.idempotency_key, headers={**options.headers, **carrier}
-            )
+            # The call's encoding stays: every attempt reuses the bytes built once.
+            attempt.options = dataclasses.replace(options, headers={**options.headers, **carrier})
 
     def on_first_token(self, attempt: AttemptRun) -> None:
         """An event on the attempt's span, with its time to first token."""

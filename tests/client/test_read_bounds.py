@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from swiftclient import AsyncClient, HTTPBackend, RetryPolicy, StreamStalled, Timeout
-from swiftclient._deadline import ReadTimer
+from swiftclient._deadline import DeadlineWatch, ReadTimer, deadline_watch
 
 from .mock import chunk
 
@@ -119,3 +119,51 @@ async def test_read_timer_cancels_only_a_read_past_its_due_time() -> None:
         assert task.uncancel() == 0
     finally:
         timer.close()
+
+
+async def _wait_forever() -> None:
+    await asyncio.Event().wait()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_deadline_watch_cancels_each_task_at_its_own_deadline() -> None:
+    # One timer for every watched task: a task added later with an earlier deadline
+    # re-arms it; when it fires, only the due task is cancelled, and the watch claims it.
+    loop = asyncio.get_running_loop()
+    watch = DeadlineWatch(loop)
+    late = asyncio.ensure_future(_wait_forever())
+    early = asyncio.ensure_future(_wait_forever())
+    await asyncio.sleep(0)
+    late_entry = watch.add(late, loop.time() + 3600.0)
+    early_entry = watch.add(early, loop.time() + 0.05)
+    with anyio.fail_after(30):
+        with pytest.raises(asyncio.CancelledError):
+            await early
+    assert early_entry.fired
+    assert not late.done() and not late_entry.fired
+    # The watch re-armed for the task left.
+    assert watch._handle is not None and watch._armed_at == late_entry.due
+    watch.discard(late_entry)
+    late.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await late
+    assert not late_entry.expired()  # a cancellation from elsewhere is not the watch's
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_deadline_watch_leaves_a_discarded_task_alone() -> None:
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    watch = deadline_watch(loop)
+    assert deadline_watch(loop) is watch  # one per loop
+    done = watch.add(task, loop.time() + 0.01)
+    watch.discard(done)  # the wait ended in time
+    # A second wait, due later, is cancelled: by then the first one's deadline has passed.
+    entry = watch.add(task, loop.time() + 0.05)
+    with anyio.fail_after(30):
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.Event().wait()
+    assert entry.expired() and not done.fired
+    watch.discard(entry)
+    assert task.cancelling() == 0

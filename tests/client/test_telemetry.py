@@ -7,7 +7,8 @@ its providers; nothing here touches the global providers.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -28,8 +29,11 @@ from swiftclient import (
     Telemetry,
     Timeout,
 )
+from swiftclient._deadline import Deadline
+from swiftclient.backends.base import RequestOptions
 from swiftclient.telemetry import CAPTURE_CONTENT_ENV, DURATION_BUCKETS, TOKEN_BUCKETS
 from swiftclient.testing import FakeProvider, Reply
+from swiftclient.types import ChatCompletionChunk, ChatRequest
 
 from ..otel import Otel, attrs, points, recording
 from .mock import Script, chunk, sse
@@ -491,3 +495,35 @@ async def test_a_cancelled_call_ends_its_spans_as_cancelled(otel: Otel) -> None:
     assert attrs(attempt)["swiftclient.outcome"] == "cancelled"
     assert "error.type" not in attrs(attempt)
     assert backend.closed == 1
+
+
+class _OptionsSeen(Gated):
+    """Records the options each attempt hands the backend."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.options: list[RequestOptions | None] = []
+
+    @asynccontextmanager
+    async def stream(
+        self, request: ChatRequest, deadline: Deadline, options: RequestOptions | None = None
+    ) -> AsyncIterator[AsyncIterator[ChatCompletionChunk]]:
+        self.options.append(options)
+        async with super().stream(request, deadline, options) as chunks:
+            yield chunks
+
+
+async def test_a_traced_attempt_keeps_the_calls_encoding_beside_the_trace_headers(
+    otel: Otel,
+) -> None:
+    # The trace-context headers are added to the attempt's options; the call's encoding
+    # (its request bytes, built once for every attempt) must stay with them.
+    backend = _OptionsSeen("e")
+    backend.gate.set()
+    async with AsyncClient(backend, model="m", telemetry=otel.telemetry()) as client:
+        await client.chat("hi")
+    [options] = backend.options
+    assert options is not None
+    assert "traceparent" in options.headers
+    assert options.encoding is not None
+    assert options.idempotency_key
