@@ -13,12 +13,14 @@ call path supplies them, one per target, in order.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Generic, Literal, TypeVar
 
 import anyio
+import anyio.abc
 
 from . import errors
 
@@ -135,68 +137,181 @@ async def race(
     one cancels the rest and is raised. ``commit(result)`` runs for the winner before the
     others are cancelled; ``discard(result)`` releases a result that finished after the
     winner. With every attempt failed, the last failure is raised.
+
+    On asyncio the first attempt runs in the calling task itself and a loop timer starts
+    the rest when the hedge delay passes, so a call whose first attempt answers in time
+    spawns no task (most calls, with a delay at a high quantile). On trio, with one
+    attempt, or with a zero delay, every attempt runs in a child task.
     """
     if not attempts:
         raise errors.ConfigurationError("a call needs at least one target")
-    won: list[T] = []
-    fatal: list[BaseException] = []
-    failures: list[BaseException] = []
-    in_flight = 0
-    wake = anyio.Event()
+    state = _Race(attempts, delay, may_hedge, max_in_flight, commit, discard)
+    loop = _running_loop() if len(attempts) > 1 and max_in_flight > 1 else None
+    async with anyio.create_task_group() as tg:
+        state.tg = tg
+        try:
+            if loop is None:
+                await state.drive(0)
+            else:
+                await state.first_inline(loop)
+        finally:
+            state.closed = True
+    if state.won:
+        return state.won[0]
+    if state.fatal:
+        raise state.fatal[0]
+    raise state.failures[-1]
 
-    async def run(attempt: Awaitable[T]) -> None:
-        nonlocal in_flight
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+class _Race(Generic[T]):
+    """The shared state of one :func:`race`: its attempts, who won, what failed."""
+
+    def __init__(
+        self,
+        attempts: Sequence[StartAttempt[T]],
+        delay: Callable[[int], float],
+        may_hedge: Callable[[], bool],
+        max_in_flight: int,
+        commit: Callable[[T], None],
+        discard: Callable[[T], Awaitable[None]],
+    ) -> None:
+        self.attempts = attempts
+        self.delay = delay
+        self.may_hedge = may_hedge
+        self.max_in_flight = max_in_flight
+        self.commit = commit
+        self.discard = discard
+        self.won: list[T] = []
+        self.fatal: list[BaseException] = []
+        self.failures: list[BaseException] = []
+        self.in_flight = 0
+        self.last_start = -math.inf
+        self.wake = anyio.Event()
+        self.driving = False
+        """Someone runs :meth:`drive` (set by whoever starts it, before it starts)."""
+        self.closed = False
+        """The task group has exited: nothing may start in it any more."""
+        self._hop: asyncio.Task[None] | None = None
+        self.hedge_at: float | None = None
+        """When the inline first attempt's hedge is due (its timer's time), once known."""
+        self.tg: anyio.abc.TaskGroup | None = None
+
+    @property
+    def over(self) -> bool:
+        return bool(self.won or self.fatal)
+
+    def _start(self, index: int, trigger: Trigger) -> Awaitable[T]:
+        self.in_flight += 1
+        self.last_start = anyio.current_time()
+        # Called here, not in a child task: attempts are numbered in start order.
+        return self.attempts[index](trigger)
+
+    def _failed(self, exc: Exception) -> None:
+        self.in_flight -= 1
+        if is_fatal(exc):
+            if not self.over:
+                self.fatal.append(exc)
+                assert self.tg is not None
+                self.tg.cancel_scope.cancel()
+        else:
+            self.failures.append(exc)
+        self.wake.set()
+
+    async def _succeeded(self, result: T) -> None:
+        self.in_flight -= 1
+        if self.over:
+            with anyio.CancelScope(shield=True):
+                await self.discard(result)
+            return
+        self.won.append(result)
+        self.commit(result)
+        if self.in_flight:
+            assert self.tg is not None
+            self.tg.cancel_scope.cancel()  # the other attempts lose
+        else:
+            self.wake.set()  # nothing else runs: a waiting driver ends without a cancellation
+
+    async def _run(self, attempt: Awaitable[T]) -> None:
         try:
             result = await attempt
         except Exception as exc:
-            in_flight -= 1
-            if is_fatal(exc):
-                if not fatal and not won:
-                    fatal.append(exc)
-                    scope.cancel()
-            else:
-                failures.append(exc)
-            wake.set()
+            self._failed(exc)
             return
-        in_flight -= 1
-        if won or fatal:
-            with anyio.CancelScope(shield=True):
-                await discard(result)
-            return
-        won.append(result)
-        commit(result)
-        if in_flight:
-            scope.cancel()  # the other attempts lose
-        else:
-            wake.set()  # nothing else runs: the waiting loop ends without a cancellation
+        await self._succeeded(result)
 
-    async with anyio.create_task_group() as tg:
-        scope = tg.cancel_scope
-        last_start = -math.inf
-        for index, attempt in enumerate(attempts):
+    async def drive(self, start: int) -> None:
+        """Start attempts ``start``, ``start + 1``, ... as child tasks, each when the hedge
+        delay since the previous start passed (and the budget allows) or at once when an
+        attempt failed, until one wins, one fails fatally, or none is left."""
+        tg = self.tg
+        assert tg is not None
+        for index in range(start, len(self.attempts)):
             trigger: Trigger = "first"
             if index:
                 trigger = "fallback"
-                hedge_at = last_start + delay(index)
-                seen = len(failures)
-                while not (won or fatal) and in_flight and len(failures) == seen:
-                    if in_flight < max_in_flight and anyio.current_time() >= hedge_at:
-                        if may_hedge():
+                hedge_at = self.hedge_at if index == 1 and self.hedge_at is not None else None
+                if hedge_at is None:
+                    hedge_at = self.last_start + self.delay(index)
+                seen = len(self.failures)
+                while not self.over and self.in_flight and len(self.failures) == seen:
+                    if self.in_flight < self.max_in_flight and anyio.current_time() >= hedge_at:
+                        if self.may_hedge():
                             trigger = "hedge"
                             break
                         hedge_at = math.inf
-                    wake = anyio.Event()
-                    until = hedge_at if in_flight < max_in_flight else math.inf
+                    self.wake = anyio.Event()
+                    until = hedge_at if self.in_flight < self.max_in_flight else math.inf
                     with anyio.CancelScope(deadline=until):
-                        await wake.wait()
-                if won or fatal:
+                        await self.wake.wait()
+                if self.over:
                     break
-            in_flight += 1
-            last_start = anyio.current_time()
-            # Called here, not in the child task: attempts are numbered in start order.
-            tg.start_soon(run, attempt(trigger))
-    if won:
-        return won[0]
-    if fatal:
-        raise fatal[0]
-    raise failures[-1]
+            tg.start_soon(self._run, self._start(index, trigger))
+
+    async def first_inline(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Run the first attempt in this task; a loop timer starts :meth:`drive` in a child
+        task once the hedge delay passes, and a non-fatal failure before that drives the
+        rest from here."""
+        wait = self.delay(1)
+        if wait <= 0.0:  # every target at once: each in its own task
+            await self.drive(0)
+            return
+        first = self._start(0, "first")
+        hedge_at = self.hedge_at = self.last_start + wait
+        handle = loop.call_at(hedge_at, self._hedge_due)
+        try:
+            result = await first
+        except Exception as exc:
+            handle.cancel()
+            self._failed(exc)
+            if not self.driving and not self.over:  # no driver yet: this task drives
+                self.driving = True
+                await self.drive(1)
+            return
+        finally:
+            handle.cancel()
+        await self._succeeded(result)
+
+    def _hedge_due(self) -> None:
+        """The loop timer: the first attempt outlived the hedge delay.
+
+        A loop callback runs outside any task, where the task group cannot start one; a
+        one-step asyncio task hops into task context and starts :meth:`drive` in the task
+        group (unless the race ended meanwhile). The race keeps a reference to it until it
+        has run.
+        """
+        if self.driving or self.over or self._hop is not None:
+            return
+        self._hop = asyncio.get_running_loop().create_task(self._start_driver())
+
+    async def _start_driver(self) -> None:
+        tg = self.tg
+        if tg is not None and not (self.driving or self.over or self.closed):
+            self.driving = True
+            tg.start_soon(self.drive, 1)

@@ -6,10 +6,12 @@ matters, a gated in-test backend; no test waits on the wall clock for its verdic
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from swiftclient import (
@@ -30,7 +32,7 @@ from swiftclient import (
     RetryPolicy,
     Timeout,
 )
-from swiftclient.hedging import fallback, is_fatal, race
+from swiftclient.hedging import _Race, fallback, is_fatal, race
 from swiftclient.testing import FakeProvider, Reply
 
 pytestmark = pytest.mark.anyio
@@ -410,6 +412,70 @@ async def test_race_hedges_only_when_the_budget_allows() -> None:
     assert started == [1, 2]
     assert triggers == ["first", "fallback"]
     assert refused
+
+
+def _scripted(
+    started: list[tuple[int, str]], outcomes: dict[int, Exception | None]
+) -> list[Callable[[str], Awaitable[int]]]:
+    """Attempts that record their start and then fail at once or answer after a
+    checkpoint."""
+
+    def attempt(index: int) -> Callable[[str], Awaitable[int]]:
+        async def run(trigger: str) -> int:
+            started.append((index, trigger))
+            failure = outcomes[index]
+            if failure is not None:
+                raise failure  # at once, before any other task runs
+            await anyio.lowlevel.checkpoint()
+            return index
+
+        return run
+
+    return [attempt(i) for i in sorted(outcomes)]
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_first_attempt_failing_as_its_hedge_timer_fires_is_followed_exactly_once() -> None:
+    # On asyncio the first attempt runs in the calling task and the hedge timer hands the
+    # rest to a driver task. When the timer has fired (its hop is scheduled) and the first
+    # attempt then fails, exactly one driver must start the next target: never none (the
+    # call would fail with a target left) and never two (the target would start twice).
+    started: list[tuple[int, str]] = []
+    outcomes: dict[int, Exception | None] = {
+        1: InternalServerError("x", status_code=500),
+        2: None,
+    }
+    attempts = _scripted(started, outcomes)
+    state: _Race[int] = _Race(attempts, lambda i: 3600.0, lambda: True, 2, lambda r: None, _never)
+    loop = asyncio.get_running_loop()
+    async with anyio.create_task_group() as tg:
+        state.tg = tg
+        state._hedge_due()  # as if the timer fired just before the failure
+        try:
+            await state.first_inline(loop)
+        finally:
+            state.closed = True  # as race() does: nothing starts once its body is done
+    assert state.won == [2]
+    assert started == [(1, "first"), (2, "fallback")]
+
+
+async def test_race_runs_the_first_attempt_alone_when_it_answers_before_the_delay() -> None:
+    started: list[tuple[int, str]] = []
+    attempts = _scripted(started, {1: None, 2: None})
+    won = await race(
+        attempts,
+        delay=lambda index: 3600.0,
+        may_hedge=lambda: True,
+        max_in_flight=2,
+        commit=lambda result: None,
+        discard=_never,
+    )
+    assert won == 1
+    assert started == [(1, "first")]
+
+
+async def _never(result: int) -> None:
+    raise AssertionError("nothing to discard")
 
 
 async def test_fallback_needs_a_target() -> None:
