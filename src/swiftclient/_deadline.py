@@ -10,6 +10,7 @@ import asyncio
 import dataclasses
 import math
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,12 +22,19 @@ from .errors import ConfigurationError
 __all__ = ["Deadline", "DeadlineWatch", "ReadTimer", "Timeout", "deadline_watch"]
 
 
+_BASE_TIME = asyncio.BaseEventLoop.time
+
+
 def _clock() -> Callable[[], float]:
-    """The running loop's clock: asyncio's ``loop.time`` directly, else anyio's."""
+    """The running loop's clock: asyncio's ``loop.time`` directly (``time.monotonic`` itself
+    when the loop keeps the base loop's clock, one call less per reading), else anyio's."""
     try:
-        return asyncio.get_running_loop().time
+        loop = asyncio.get_running_loop()
     except RuntimeError:
         return anyio.current_time
+    if type(loop).time is _BASE_TIME:
+        return time.monotonic
+    return loop.time
 
 
 def _check(name: str, value: float | None) -> None:

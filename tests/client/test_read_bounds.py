@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from swiftclient import AsyncClient, HTTPBackend, RetryPolicy, StreamStalled, Timeout
-from swiftclient._deadline import DeadlineWatch, ReadTimer, deadline_watch
+from swiftclient._deadline import Deadline, DeadlineWatch, ReadTimer, deadline_watch
 
 from .mock import chunk
 
@@ -167,3 +167,28 @@ async def test_deadline_watch_leaves_a_discarded_task_alone() -> None:
     assert entry.expired() and not done.fired
     watch.discard(entry)
     assert task.cancelling() == 0
+
+
+def test_a_deadline_reads_the_running_loops_own_clock() -> None:
+    # Deadlines are compared with loop timers, so they read the loop's clock: the base
+    # loop's is time.monotonic (read directly), a loop with its own clock is asked for it.
+    class OwnClock(asyncio.SelectorEventLoop):
+        def time(self) -> float:
+            return 1234.5
+
+    async def both() -> tuple[float, float]:
+        deadline = Deadline(Timeout(total=10))
+        return deadline.now(), deadline.at
+
+    loop = OwnClock()
+    try:
+        now, at = loop.run_until_complete(both())
+    finally:
+        loop.close()
+    assert (now, at) == (1234.5, 1244.5)
+    plain = asyncio.new_event_loop()
+    try:
+        now, _ = plain.run_until_complete(both())
+        assert abs(now - plain.time()) < 60.0  # the same clock, read a moment apart
+    finally:
+        plain.close()
