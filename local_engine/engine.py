@@ -316,7 +316,8 @@ class Engine:
         return self.scheduler.num_running
 
     def has_unfinished(self) -> bool:
-        """True while any request is waiting or running."""
+        """True while any request is waiting or running (one that :meth:`process_step`
+        found ended by a stop string counts until the next :meth:`run_step` frees it)."""
         return bool(self._requests)
 
     def num_free_blocks(self) -> int:
