@@ -48,6 +48,17 @@ class StopChecker:
         self._stop_ids = frozenset(stop_ids)
         self._detok = detokenizer
         self._held = ""  # decoded but not yet emitted
+        self.num_tokens = 0  # tokens taken by push()
+
+    def push(self, token_id: int) -> tuple[str, str | None]:
+        """Take the next generated token; return ``(new_text, finish_reason)``: :meth:`check`
+        and :meth:`push_text` in one, counting the tokens itself.
+
+        ``finish_reason`` is ``"stop"`` (stop token or string), ``"length"``
+        (``max_tokens`` reached) or ``None`` (keep going). A stop token adds no text.
+        """
+        self.num_tokens += 1
+        return self.push_text(token_id, self.check(token_id, self.num_tokens))
 
     def check(self, token_id: int, num_generated: int) -> str | None:
         """What the token id alone says: ``"stop"`` for a stop token, ``"length"`` when it
