@@ -559,7 +559,7 @@ def bench_w4(path: Path, s: Settings, rng: random.Random) -> None:
         prompts = random_prompts(rng, [s.w4_prompt] * s.w4_streams, vocab)
         got: dict[bool, list[list[int]]] = {}
         for overlap in (False, True) if rnd % 2 == 0 else (True, False):  # cancel drift
-            eng.config.overlap_output = overlap
+            eng.overlap_output = overlap
             timer = timers[overlap]
             eng.run_step = timer.wrap("run_step", run_step)  # type: ignore[method-assign]
             eng.process_step = timer.wrap("process_step", process_step)  # type: ignore[method-assign]

@@ -6,7 +6,8 @@ event loop stays responsive, and hands each output to its request's mailbox. Eng
 state is only touched under one lock (held by the driver for the whole step), so adds
 and aborts land between steps, never during one.
 
-With ``EngineConfig.overlap_output`` (the default) each round runs two threads at once:
+With ``Engine.overlap_output`` (``EngineConfig.overlap_output``; by default on for a CUDA
+model) each round runs two threads at once:
 :meth:`Engine.run_step` for step n+1 (scheduling, the model, the sampled tokens) and
 :meth:`Engine.process_step` for step n (detokenization, stop strings, the outputs), whose
 outputs reach the mailboxes while step n+1 still runs; so this host work overlaps the
@@ -307,7 +308,7 @@ class AsyncEngine:
                 idle = not busy and pending is None
                 if not idle:
                     try:
-                        if engine.config.overlap_output:
+                        if engine.overlap_output:
                             pending, pending_seconds = await self._overlapped_round(
                                 pending, pending_seconds, busy=busy
                             )

@@ -44,7 +44,7 @@ class ReplyScriptEngine(CountingEngine):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.config.overlap_output = False
+        self.overlap_output = False
         self._left: dict[str, list[str]] = {}
 
     def step(self) -> list[RequestOutput]:

@@ -31,8 +31,17 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> DecoderModel:
     return load_model(path)
 
 
+_MODE: dict[str, object] = {}
+
+
+@pytest.fixture(autouse=True, params=[False, True], ids=["plain", "overlapped"])
+def overlap_output(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test runs with the driver's plain steps and with overlapped output."""
+    monkeypatch.setitem(_MODE, "overlap_output", request.param)
+
+
 def make_engine(model: DecoderModel, **overrides: object) -> Engine:
-    cfg: dict[str, object] = {"num_blocks": 512, "block_size": 4}
+    cfg: dict[str, object] = {"num_blocks": 512, "block_size": 4, **_MODE}
     cfg.update(overrides)
     return Engine(model, EngineConfig(**cfg))  # type: ignore[arg-type]
 

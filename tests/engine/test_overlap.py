@@ -191,9 +191,11 @@ def test_aborting_a_request_a_stop_string_ended_frees_its_blocks_once(model_dir:
     check_idle(engine)
 
 
-def test_overlap_output_must_be_a_bool() -> None:
+def test_overlap_output_is_on_for_cuda_models_unless_set(model_dir: Path) -> None:
     with pytest.raises(ConfigurationError, match="overlap_output"):
-        EngineConfig(overlap_output=None)  # type: ignore[arg-type]
+        EngineConfig(overlap_output=1)  # type: ignore[arg-type]
+    assert make_engine(model_dir).overlap_output is False  # a CPU model
+    assert make_engine(model_dir, overlap_output=True).overlap_output is True
 
 
 # ---------------------------------------------------------------------- AsyncEngine
@@ -242,7 +244,7 @@ async def test_async_streams_match_plain_steps(model_dir: Path, overlap: bool) -
 async def test_async_engine_processes_a_step_while_the_next_one_runs(model_dir: Path) -> None:
     """The driver runs process_step(n) while run_step(n+1) is in flight: the wrapped
     run_step(n+1) waits until process_step(n) has seen it running (events, no timing)."""
-    engine = make_engine(model_dir)
+    engine = make_engine(model_dir, overlap_output=True)
     run_step, process_step = engine.run_step, engine.process_step
     running, seen = threading.Event(), threading.Event()
     calls = 0
