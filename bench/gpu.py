@@ -5,6 +5,8 @@ Run from the repository root (``bench/gpu_check.sh`` wraps it with a time limit)
     python bench/gpu.py            # the whole check on a GPU, under 10 minutes on an H200
     python bench/gpu.py --smoke    # a tiny model on CPU in seconds (CI runs it)
     python bench/gpu.py --no-compile   # skip the torch.compile peer (its compile is slow)
+    python bench/gpu.py --smoke --only w4 --model small --w4-streams 32 --w4-new 64 \
+        --w4-rounds 3                   # W4 on CPU with a 40M-parameter model
 
 The model is built here with random weights in the Qwen3-0.6B shape (28 layers, hidden
 1024, 16 query and 8 KV heads of 128, vocabulary 151,936, tied embeddings), saved once, and
@@ -27,6 +29,11 @@ Parts, each printed as a markdown table with its goal and verdict:
    ``--peer-requests`` sequences (it is two orders of magnitude slower). Goal: >= 25,000 tok/s.
 3. W3 a 2,000-token shared prefix: time to first token of a request whose prefix another
    request already computed (hit) against a fresh prefix (miss). Goal: >= 10x lower on a hit.
+4. W4 host work overlapped with the model: concurrent streams through ``AsyncEngine`` (a
+   word-level tokenizer on the checkpoint's vocabulary, detokenized text, a stop string that
+   never matches), with ``EngineConfig.overlap_output`` off and on, alternating on the same
+   engine; output tokens over wall time, median of the rounds. The streams' tokens must be
+   the same either way. Goal: on is not slower than off.
 
 Anchors measured on an H200 (torch 2.11, transformers 5.17, this shape, bf16): transformers
 batch-1 41 tok/s eager and 278 tok/s static+compile; ``generate_batch`` 505 tok/s on 64
@@ -44,20 +51,23 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import anyio
 import torch
 import torch.nn.functional as F
 import transformers
 from _util import markdown_table, ratio, verdict
 from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
+from local_engine.async_engine import AsyncEngine
 from local_engine.attention import build_attention_metadata
 from local_engine.engine import Engine, EngineConfig, SamplingParams
 from local_engine.loader import load_model
 from local_engine.model import DecoderModel
+from local_engine.tokenizer import Tokenizer
 from swiftclient.errors import ConfigurationError
 
 QWEN3_06B: dict[str, Any] = {
@@ -71,6 +81,17 @@ QWEN3_06B: dict[str, Any] = {
     "max_position_embeddings": 4096,
     "rope_theta": 1000000.0,
     "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True,
+}
+SMALL: dict[str, Any] = {  # about 40M parameters: a CPU-sized model for --smoke --model small
+    "vocab_size": 32000,
+    "hidden_size": 512,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 64,
+    "max_position_embeddings": 2048,
     "tie_word_embeddings": True,
 }
 TINY: dict[str, Any] = {
@@ -105,6 +126,10 @@ class Settings:
     w3_rounds: int
     kv_cache_memory: int
     max_num_batched_tokens: int
+    w4_streams: int
+    w4_prompt: int
+    w4_new: int
+    w4_rounds: int
 
 
 FULL = Settings(
@@ -123,6 +148,10 @@ FULL = Settings(
     w3_rounds=5,
     kv_cache_memory=48 * 2**30,
     max_num_batched_tokens=16384,
+    w4_streams=128,
+    w4_prompt=128,
+    w4_new=256,
+    w4_rounds=3,
 )
 SMOKE = Settings(
     model=TINY,
@@ -140,6 +169,10 @@ SMOKE = Settings(
     w3_rounds=2,
     kv_cache_memory=8 * 2**20,
     max_num_batched_tokens=256,
+    w4_streams=8,
+    w4_prompt=8,
+    w4_new=16,
+    w4_rounds=1,
 )
 
 
@@ -168,8 +201,11 @@ def hf_model(path: Path, dtype: torch.dtype, device: str) -> Any:
     return model.eval()
 
 
-def engine(path: Path, s: Settings, dtype: str, **overrides: Any) -> Engine:
-    """An engine on the checkpoint, sized for the run."""
+def engine(
+    path: Path, s: Settings, dtype: str, tokenizer: Tokenizer | None = None, **overrides: Any
+) -> Engine:
+    """An engine on the checkpoint, sized for the run (with ``tokenizer``, which the
+    checkpoint lacks, when given)."""
     config = EngineConfig(
         device=s.device,
         dtype=dtype,
@@ -180,6 +216,8 @@ def engine(path: Path, s: Settings, dtype: str, **overrides: Any) -> Engine:
         seed=0,
         **overrides,
     )
+    if tokenizer is not None:
+        return Engine(load_model(path, dtype=dtype, device=s.device), config, tokenizer)
     return Engine.from_pretrained(path, config)
 
 
@@ -461,6 +499,127 @@ def bench_w3(path: Path, s: Settings, rng: random.Random) -> None:
     print(markdown_table([title, "TTFT ms (median)"], rows))
 
 
+def word_tokenizer(root: Path, vocab: int) -> Tokenizer:
+    """A word-level tokenizer over ``vocab`` ids ("w0" ... ), saved under ``root``: text to
+    detokenize for a checkpoint that has no tokenizer of its own."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models, pre_tokenizers
+
+    backend = HFTokenizer(models.WordLevel({f"w{i}": i for i in range(vocab)}, unk_token="w0"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    root.mkdir(parents=True, exist_ok=True)
+    backend.save(str(root / "tokenizer.json"))
+    return Tokenizer.from_dir(root)
+
+
+async def stream_all(
+    eng: Engine, prompts: Sequence[list[int]], params: SamplingParams
+) -> tuple[list[list[int]], float]:
+    """Stream every prompt at once through an AsyncEngine; each stream's tokens, and the
+    seconds from the first add to the last output."""
+    tokens: list[list[int]] = [[] for _ in prompts]
+    text_chars = 0
+
+    async def consume(i: int, ae: AsyncEngine) -> None:
+        nonlocal text_chars
+        async for out in ae.generate(prompts[i], params):
+            tokens[i].extend(out.new_token_ids)
+            text_chars += len(out.new_text)
+
+    async with AsyncEngine(eng) as ae:
+        start = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for i in range(len(prompts)):
+                tg.start_soon(consume, i, ae)
+        seconds = time.perf_counter() - start
+    if not text_chars:
+        raise RuntimeError("the streams carried no text: nothing was detokenized")
+    return tokens, seconds
+
+
+def bench_w4(path: Path, s: Settings, rng: random.Random) -> None:
+    """Part 4: streams with the host work (text, stop strings, outputs) overlapped with
+    the next step, against after it."""
+    vocab = s.model["vocab_size"]
+    dtype = "bfloat16" if s.device == "cuda" else "float32"
+    with tempfile.TemporaryDirectory() as tok_dir:
+        tokenizer = word_tokenizer(Path(tok_dir), vocab)
+    eng = engine(path, s, dtype, tokenizer)
+    params = SamplingParams(
+        max_tokens=s.w4_new, temperature=0.0, ignore_eos=True, stop=("w1 w1 w1 w1",)
+    )
+    warm = random_prompts(rng, [s.w4_prompt] * s.w4_streams, vocab)
+    anyio.run(stream_all, eng, warm, replace(params, max_tokens=8))  # capture, compile
+    seconds: dict[bool, list[float]] = {False: [], True: []}
+    made: dict[bool, int] = {}
+    timers = {o: _PhaseTimer() for o in (False, True)}
+    run_step, process_step = eng.run_step, eng.process_step
+    same = True
+    for rnd in range(s.w4_rounds):
+        prompts = random_prompts(rng, [s.w4_prompt] * s.w4_streams, vocab)
+        got: dict[bool, list[list[int]]] = {}
+        for overlap in (False, True) if rnd % 2 == 0 else (True, False):  # cancel drift
+            eng.overlap_output = overlap
+            timer = timers[overlap]
+            eng.run_step = timer.wrap("run_step", run_step)  # type: ignore[method-assign]
+            eng.process_step = timer.wrap("process_step", process_step)  # type: ignore[method-assign]
+            eng.pool.reset_prefix_cache()
+            sync(s.device)
+            got[overlap], secs = anyio.run(stream_all, eng, prompts, params)
+            seconds[overlap].append(secs)
+            made[overlap] = sum(len(t) for t in got[overlap])
+        same = same and got[False] == got[True]
+    rates = {o: made[o] / statistics.median(seconds[o]) for o in (False, True)}
+    gain = ratio(rates[True], rates[False])
+    rows: list[list[object]] = [
+        [
+            f"overlap_output={o}",
+            made[o],
+            f"{statistics.median(seconds[o]):.3f}",
+            f"{rates[o]:.0f}",
+            f"{timers[o].ms_per_call('run_step'):.2f}",
+            f"{timers[o].ms_per_call('process_step'):.2f}",
+        ]
+        for o in (False, True)
+    ]
+    rows.append(["same tokens on and off", "", "", "yes" if same else "NO", "", ""])
+    rows.append(["on / off (goal >= 1.0)", "", "", f"{gain:.3f}x {verdict(gain >= 1.0)}", "", ""])
+    title = f"W4 {s.w4_streams} streams, {s.w4_prompt} + {s.w4_new} tokens, {s.w4_rounds} rounds"
+    header = [title, "output tokens", "seconds (median)", "output tok/s"]
+    header += ["run_step ms/step", "process_step ms/step"]
+    print(markdown_table(header, rows))
+    print(
+        "\nprocess_step (text, stop strings, outputs) is the host work that overlap_output "
+        "runs beside the next run_step; run_step (schedule, model, sampled tokens, token-id "
+        "checks) stays serial."
+    )
+
+
+class _PhaseTimer:
+    """Seconds and calls of the engine methods it wraps."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+
+    def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn``, timed under ``name``."""
+
+        def timed(*args: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+                self.calls[name] = self.calls.get(name, 0) + 1
+
+        return timed
+
+    def ms_per_call(self, name: str) -> float:
+        """Mean milliseconds per call of ``name``."""
+        return 1e3 * ratio(self.seconds.get(name, 0.0), self.calls.get(name, 0))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the check; exit 0 whatever the verdicts (FAIL marks a missed goal)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -468,14 +627,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
     parser.add_argument("--peer-requests", type=int, default=32, help="generate_batch's share")
     parser.add_argument(
-        "--only", choices=("correctness", "w1", "w2", "w3"), action="append", help="parts to run"
+        "--model", choices=("tiny", "small", "qwen3-0.6b"), help="model shape (default by run)"
+    )
+    for name, meaning in (("streams", "W4 concurrent streams"), ("new", "W4 tokens per stream")):
+        parser.add_argument(f"--w4-{name}", type=int, help=meaning)
+    parser.add_argument("--w4-rounds", type=int, help="W4 rounds (off and on each)")
+    parser.add_argument(
+        "--only",
+        choices=("correctness", "w1", "w2", "w3", "w4"),
+        action="append",
+        help="parts to run",
     )
     args = parser.parse_args(argv)
     s = SMOKE if args.smoke else FULL
+    shapes = {"tiny": TINY, "small": SMALL, "qwen3-0.6b": QWEN3_06B}
+    s = replace(
+        s,
+        model=shapes[args.model] if args.model else s.model,
+        w4_streams=args.w4_streams or s.w4_streams,
+        w4_new=args.w4_new or s.w4_new,
+        w4_rounds=args.w4_rounds or s.w4_rounds,
+    )
     if s.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA device here: run with --smoke for the CPU smoke run", file=sys.stderr)
         return 2
-    parts = set(args.only or ("correctness", "w1", "w2", "w3"))
+    parts = set(args.only or ("correctness", "w1", "w2", "w3", "w4"))
     name = torch.cuda.get_device_name() if s.device == "cuda" else platform.processor() or "CPU"
     print(f"# local_engine GPU check ({'smoke, CPU' if args.smoke else name})\n")
     print(
@@ -501,6 +677,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "w3" in parts:
             with section("W3: shared prefix"):
                 bench_w3(path, s, rng)
+        if "w4" in parts:
+            with section("W4: host work overlapped with the model"):
+                bench_w4(path, s, rng)
     return 0
 
 

@@ -3,6 +3,7 @@
 #
 #   bash bench/gpu_check.sh                 # everything
 #   bash bench/gpu_check.sh --no-compile    # without the torch.compile peer
+#   bash bench/gpu_check.sh --only w4       # W4 alone: host work overlapped, on against off
 #
 # It needs a Python with CUDA torch, transformers and triton (PYTHON, else .venv/bin/python,
 # else python3) and the repository importable; it downloads nothing (the model is built with

@@ -1,10 +1,17 @@
 """The concurrent front end: one driver task steps the engine; each request streams.
 
 ``async with AsyncEngine(engine) as ae`` starts ONE driver task. It sleeps on an event
-while there is no work; otherwise it runs :meth:`Engine.step` in a worker thread so the
-event loop stays responsive, then hands each output to its request's mailbox. Engine
+while there is no work; otherwise it runs the engine's steps in worker threads so the
+event loop stays responsive, and hands each output to its request's mailbox. Engine
 state is only touched under one lock (held by the driver for the whole step), so adds
 and aborts land between steps, never during one.
+
+With ``Engine.overlap_output`` (``EngineConfig.overlap_output``; by default on for a CUDA
+model) each round runs two threads at once:
+:meth:`Engine.run_step` for step n+1 (scheduling, the model, the sampled tokens) and
+:meth:`Engine.process_step` for step n (detokenization, stop strings, the outputs), whose
+outputs reach the mailboxes while step n+1 still runs; so this host work overlaps the
+model instead of adding to each step. Without it a round is one :meth:`Engine.step`.
 
 Backpressure policy: the driver never blocks on a consumer and never drops tokens. Each
 request has a one-slot mailbox; an output that arrives while the previous one is still
@@ -29,7 +36,7 @@ import anyio
 import anyio.to_thread
 from anyio.abc import TaskGroup
 
-from local_engine.engine import Engine, RequestOutput
+from local_engine.engine import Engine, RequestOutput, StepTokens
 from local_engine.sampler import SamplingParams
 from swiftclient.errors import EngineError
 
@@ -292,35 +299,78 @@ class AsyncEngine:
 
     async def _loop(self) -> None:
         engine = self.engine
+        pending: StepTokens | None = None  # run, not yet processed (overlap_output)
+        pending_seconds = 0.0
         while True:
-            outputs: list[RequestOutput] = []
             async with self._lock:
                 self._apply_aborts()
                 busy = engine.has_unfinished()
-                if busy:
-                    started = anyio.current_time()
+                idle = not busy and pending is None
+                if not idle:
                     try:
-                        outputs = await anyio.to_thread.run_sync(engine.step)
+                        if engine.overlap_output:
+                            pending, pending_seconds = await self._overlapped_round(
+                                pending, pending_seconds, busy=busy
+                            )
+                        else:
+                            started = anyio.current_time()
+                            outputs = await anyio.to_thread.run_sync(engine.step)
+                            self._emit(outputs, anyio.current_time() - started)
                     except Exception as exc:
                         self._fail(exc)
                         return
                     finally:
                         self._apply_aborts()
-            if not busy:
+            if idle:
                 self._notify()
                 await self._wakeup.wait()
                 self._wakeup = anyio.Event()
                 continue
-            if self.stats is not None:
-                now = anyio.current_time()
-                self.stats.on_step(outputs, now - started, now)
-            for out in outputs:
-                mailbox = self._mailboxes.get(out.request_id)
-                if mailbox is not None:
-                    mailbox.put(out)
-                    if out.finished:
-                        del self._mailboxes[out.request_id]
             self._notify()
+
+    async def _overlapped_round(
+        self, pending: StepTokens | None, pending_seconds: float, *, busy: bool
+    ) -> tuple[StepTokens | None, float]:
+        """Run the next step (when ``busy``) and process ``pending`` at the same time, in
+        two threads; return the new step's tokens and how long it ran."""
+        engine = self.engine
+        ran: StepTokens | None = None
+        seconds = 0.0
+        errors: list[Exception] = []
+
+        async def run() -> None:
+            nonlocal ran, seconds
+            started = anyio.current_time()
+            try:
+                ran = await anyio.to_thread.run_sync(engine.run_step)
+            except Exception as exc:
+                errors.append(exc)
+            seconds = anyio.current_time() - started
+
+        async with anyio.create_task_group() as tg:
+            if busy:
+                tg.start_soon(run)
+            if pending is not None:
+                try:
+                    outputs = await anyio.to_thread.run_sync(engine.process_step, pending)
+                except Exception as exc:
+                    errors.append(exc)
+                else:
+                    self._emit(outputs, pending_seconds)
+        if errors:
+            raise errors[0]
+        return ran, seconds
+
+    def _emit(self, outputs: list[RequestOutput], seconds: float) -> None:
+        """Hand a step's outputs (it ran for ``seconds``) to their mailboxes."""
+        if self.stats is not None:
+            self.stats.on_step(outputs, seconds, anyio.current_time())
+        for out in outputs:
+            mailbox = self._mailboxes.get(out.request_id)
+            if mailbox is not None:
+                mailbox.put(out)
+                if out.finished:
+                    del self._mailboxes[out.request_id]
 
     def _fail(self, exc: Exception) -> None:
         """A step raised: fail every stream, drop every request, refuse new ones."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import operator
 import uuid
+from collections import deque
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -36,6 +37,7 @@ __all__ = [
     "SamplingParams",
     "SpecStats",
     "SpeculativeConfig",
+    "StepTokens",
     "TokenLogprob",
 ]
 
@@ -59,6 +61,11 @@ class EngineConfig:
     model (graphs with the Triton attention backend), off elsewhere
     (:func:`local_engine.step_buffers.plan_step_buffers`).
     ``speculative`` turns on speculative decoding (:class:`SpeculativeConfig`).
+    ``overlap_output`` lets :class:`~local_engine.async_engine.AsyncEngine` detokenize, check
+    stop strings and emit step n's outputs while step n+1 runs (:meth:`Engine.run_step`,
+    :meth:`Engine.process_step`); the outputs are the same either way. ``None`` means on for
+    a CUDA model, where the text is made while the GPU computes, and off elsewhere: on CPU
+    that host work is well under 1% of a step, so a second thread has nothing to win.
     """
 
     block_size: int = 16
@@ -78,6 +85,7 @@ class EngineConfig:
     static_buffers: bool | None = None
     cuda_graphs: bool | None = None
     speculative: SpeculativeConfig | None = None
+    overlap_output: bool | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -95,6 +103,8 @@ class EngineConfig:
         for name in ("static_buffers", "cuda_graphs"):
             if getattr(self, name) not in (None, True, False):
                 raise ConfigurationError(f"{name} must be None or a bool")
+        if not isinstance(self.overlap_output, bool | None):
+            raise ConfigurationError("overlap_output must be None or a bool")
         if self.speculative is not None and not isinstance(self.speculative, SpeculativeConfig):
             raise ConfigurationError(
                 f"speculative must be a SpeculativeConfig, got {type(self.speculative).__name__}"
@@ -146,6 +156,29 @@ class GenerationResult:
 class _Request:
     seq: Sequence
     stop: StopChecker
+    closed: bool = False  # its last output is made, or it was aborted: drop later tokens
+
+
+@dataclass(slots=True)
+class _Tokens:
+    """One request's tokens from a step, settled as far as token ids go (snapshots, so
+    the text can be made while the next step moves the sequence on)."""
+
+    req: _Request
+    tokens: list[int]
+    reason: str | None  # stop token, max_tokens or completed grammar: already released
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    num_generated_tokens: int
+    logprob: TokenLogprob | None
+    spec: SpecStats | None
+
+
+@dataclass(slots=True)
+class StepTokens:
+    """The token ids one :meth:`Engine.run_step` produced, for :meth:`Engine.process_step`."""
+
+    items: list[_Tokens] = field(default_factory=list)
 
 
 class Engine:
@@ -230,7 +263,17 @@ class Engine:
             cuda_graphs=cuda_graphs,
             structured=self.structured,
         )
+        self.overlap_output: bool = (
+            config.overlap_output
+            if config.overlap_output is not None
+            else model.device.type == "cuda"
+        )
+        """Whether :class:`~local_engine.async_engine.AsyncEngine` overlaps
+        :meth:`process_step` with the next :meth:`run_step` (``config.overlap_output``
+        resolved; read at every step, so it may be changed between requests)."""
         self._requests: dict[str, _Request] = {}
+        # Requests a stop string ended, found by process_step; released by the next step.
+        self._stopped: deque[_Request] = deque()
         self.speculator: Speculator | None = None
         if config.speculative is not None:
             sampler = self.runner.sampler
@@ -283,7 +326,8 @@ class Engine:
         return self.scheduler.num_running
 
     def has_unfinished(self) -> bool:
-        """True while any request is waiting or running."""
+        """True while any request is waiting or running (one that :meth:`process_step`
+        found ended by a stop string counts until the next :meth:`run_step` frees it)."""
         return bool(self._requests)
 
     def num_free_blocks(self) -> int:
@@ -346,29 +390,59 @@ class Engine:
 
     def abort(self, request_id: str) -> None:
         """Drop a request and free its blocks; unknown or finished ids are ignored."""
-        req = self._requests.pop(request_id, None)
+        req = self._requests.get(request_id)
         if req is not None:
-            self.scheduler.finish(req.seq)
-            self.runner.sampler.release(request_id)
-            if self.structured is not None:
-                self.structured.release(request_id)
-            if self.speculator is not None:
-                self.speculator.release(request_id)
+            req.closed = True
+            self._release(req)
 
     def abort_all(self) -> None:
         """Abort every live request."""
         for request_id in list(self._requests):
             self.abort(request_id)
+        self._stopped.clear()
+
+    def _release(self, req: _Request) -> None:
+        """Retire a live request: its blocks, sampler, grammar and draft state."""
+        request_id = req.seq.request_id
+        del self._requests[request_id]
+        self.scheduler.finish(req.seq)
+        self.runner.sampler.release(request_id)
+        if self.structured is not None:
+            self.structured.release(request_id)
+        if self.speculator is not None:
+            self.speculator.release(request_id)
+
+    def _release_stopped(self) -> None:
+        while self._stopped:
+            req = self._stopped.popleft()
+            if self._requests.get(req.seq.request_id) is req:
+                self._release(req)
 
     def step(self) -> list[RequestOutput]:
-        """Run one batch; return an output for every request that got tokens."""
+        """Run one batch; return an output for every request that got tokens
+        (:meth:`run_step`, then :meth:`process_step` at once)."""
+        outputs = self.process_step(self.run_step())
+        self._release_stopped()
+        return outputs
+
+    def run_step(self) -> StepTokens:
+        """The part of :meth:`step` that decides the next one: schedule, run the model,
+        append the sampled tokens, and settle what token ids say (stop tokens,
+        ``max_tokens``, grammars, accepted drafts), freeing the blocks of requests that
+        end. Requests that :meth:`process_step` found stopped by a stop string are
+        released first.
+
+        :meth:`process_step` of the previous step may run on another thread meanwhile,
+        nothing else: adds and aborts go between steps.
+        """
+        self._release_stopped()
         if self.speculator is not None:
             self.speculator.propose(self.scheduler.running)
         batch = self.scheduler.schedule()
         if batch.is_empty:
             if self._requests:
                 raise EngineError("the scheduler found no work for unfinished requests")
-            return []
+            return StepTokens()
         result = self.runner.execute(batch)
         sampled = result.sampled
         emitted: list[tuple[Sequence, list[int], TokenLogprob | None]] = []
@@ -386,22 +460,19 @@ class Engine:
             for item in result.spec_items:
                 if item.seq.status is SequenceStatus.RUNNING:
                     self.speculator.verified(item.seq, item.num_spec_tokens, item.num_accepted)
-        return [self._output(seq, tokens, logprob) for seq, tokens, logprob in emitted]
+        return StepTokens([self._settle(seq, tokens, logprob) for seq, tokens, logprob in emitted])
 
-    def _output(
-        self, seq: Sequence, tokens: list[int], logprob: TokenLogprob | None
-    ) -> RequestOutput:
-        """Run ``tokens`` (already appended to ``seq``) through its stop checks, stopping
-        and trimming at the first that ends it, and describe them."""
+    def _settle(self, seq: Sequence, tokens: list[int], logprob: TokenLogprob | None) -> _Tokens:
+        """Run ``tokens`` (already appended to ``seq``) through the checks on token ids
+        and the grammar, cutting them at the first that ends the request (which is
+        released), and snapshot what its output needs."""
         req = self._requests[seq.request_id]
-        texts: list[str] = []
         reason: str | None = None
+        before = seq.num_generated_tokens - len(tokens)
         for n, token in enumerate(tokens, start=1):
-            text, reason = req.stop.push(token)
+            reason = req.stop.check(token, before + n)
             if reason is None and self._grammar_done(seq, token):
-                text += req.stop.finish()
                 reason = "stop"
-            texts.append(text)
             if reason is not None:
                 if n < len(tokens):
                     del seq.token_ids[len(seq.token_ids) - len(tokens) + n :]
@@ -410,20 +481,62 @@ class Engine:
         spec = self.speculator.request_stats(seq.request_id) if self.speculator else None
         if spec is not None:
             spec = replace(spec)  # a snapshot: later steps keep counting
-        if reason is not None:
-            self.abort(seq.request_id)
-        return RequestOutput(
-            request_id=seq.request_id,
-            new_token_ids=tokens,
-            new_text="".join(texts),
-            finished=reason is not None,
-            finish_reason=reason,
-            num_prompt_tokens=seq.num_prompt_tokens,
-            num_cached_tokens=seq.num_cached_tokens or 0,
-            num_generated_tokens=seq.num_generated_tokens,
-            logprobs=[logprob] if logprob is not None else None,
-            spec=spec,
+        settled = _Tokens(
+            req,
+            tokens,
+            reason,
+            seq.num_prompt_tokens,
+            seq.num_cached_tokens or 0,
+            seq.num_generated_tokens,
+            logprob,
+            spec,
         )
+        if reason is not None:
+            self._release(req)
+        return settled
+
+    def process_step(self, step: StepTokens) -> list[RequestOutput]:
+        """Make the outputs of a :meth:`run_step`: detokenize, check stop strings, and
+        describe each request's new tokens. A stop string ends its request here; its
+        blocks are freed by the next :meth:`run_step`, and tokens a step made for it
+        meanwhile are dropped, as are those of requests aborted since.
+
+        Touches only text state and the snapshots in ``step``, so it may run on another
+        thread while the next :meth:`run_step` does.
+        """
+        outputs: list[RequestOutput] = []
+        for item in step.items:
+            req = item.req
+            if req.closed:
+                continue
+            tokens = item.tokens
+            texts: list[str] = []
+            reason: str | None = None
+            for n, token in enumerate(tokens, start=1):
+                text, reason = req.stop.push_text(token, item.reason if n == len(tokens) else None)
+                texts.append(text)
+                if reason is not None:
+                    break
+            dropped = len(tokens) - len(texts)
+            if reason is not None:
+                req.closed = True
+                if item.reason is None:
+                    self._stopped.append(req)
+            outputs.append(
+                RequestOutput(
+                    request_id=req.seq.request_id,
+                    new_token_ids=tokens[: len(texts)] if dropped else tokens,
+                    new_text="".join(texts),
+                    finished=reason is not None,
+                    finish_reason=reason,
+                    num_prompt_tokens=item.num_prompt_tokens,
+                    num_cached_tokens=item.num_cached_tokens,
+                    num_generated_tokens=item.num_generated_tokens - dropped,
+                    logprobs=[item.logprob] if item.logprob is not None else None,
+                    spec=item.spec,
+                )
+            )
+        return outputs
 
     def _grammar_done(self, seq: Sequence, token: int) -> bool:
         """Advance a constrained request's grammar; True once the reply is complete."""

@@ -1,6 +1,8 @@
 """When a request stops, and which of its text may be streamed yet (no torch).
 
-Text comes from an incremental detokenizer. With stop strings, a tail of the text that
+Text comes from an incremental detokenizer. The checks on token ids (:meth:`StopChecker.check`)
+and on text (:meth:`StopChecker.push_text`) are apart, so an engine can settle the first
+before the next step and the second while it runs. With stop strings, a tail of the text that
 could still grow into a stop string is held back, so a stop string (or its beginning)
 never reaches the caller; when one completes, the text is cut just before it.
 """
@@ -46,23 +48,42 @@ class StopChecker:
         self._stop_ids = frozenset(stop_ids)
         self._detok = detokenizer
         self._held = ""  # decoded but not yet emitted
-        self.num_tokens = 0
+        self.num_tokens = 0  # tokens taken by push()
 
     def push(self, token_id: int) -> tuple[str, str | None]:
-        """Take the next generated token; return ``(new_text, finish_reason)``.
+        """Take the next generated token; return ``(new_text, finish_reason)``: :meth:`check`
+        and :meth:`push_text` in one, counting the tokens itself.
 
         ``finish_reason`` is ``"stop"`` (stop token or string), ``"length"``
         (``max_tokens`` reached) or ``None`` (keep going). A stop token adds no text.
         """
         self.num_tokens += 1
+        return self.push_text(token_id, self.check(token_id, self.num_tokens))
+
+    def check(self, token_id: int, num_generated: int) -> str | None:
+        """What the token id alone says: ``"stop"`` for a stop token, ``"length"`` when it
+        is generated token number ``num_generated`` and that reaches ``max_tokens``, else
+        None. Reads no text state, so it may run while :meth:`push_text` handles earlier
+        tokens on another thread."""
         if token_id in self._stop_ids:
+            return "stop"
+        if num_generated >= self._params.max_tokens:
+            return "length"
+        return None
+
+    def push_text(self, token_id: int, reason: str | None) -> tuple[str, str | None]:
+        """Take the next generated token and the reason it ends the request, if any (from
+        :meth:`check`, or ``"stop"`` when its grammar completed); return ``(new_text,
+        finish_reason)``.
+
+        A stop string may end the request here (``"stop"``), also when ``reason`` is
+        ``"length"``; a stop token adds no text; an ending flushes the held text.
+        """
+        if reason == "stop" and token_id in self._stop_ids:
             return self._finish(""), "stop"
         piece = self._detok.push(token_id) if self._detok is not None else ""
-        if self.num_tokens >= self._params.max_tokens:
-            text, stopped = self._scan(piece, final=True)
-            return text, "stop" if stopped else "length"
-        text, stopped = self._scan(piece, final=False)
-        return text, "stop" if stopped else None
+        text, stopped = self._scan(piece, final=reason is not None)
+        return text, "stop" if stopped else reason
 
     def finish(self) -> str:
         """Release held text when the request ends for another reason (e.g. abort)."""

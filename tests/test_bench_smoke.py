@@ -61,12 +61,14 @@ def test_gpu_check_smoke_runs_on_cpu() -> None:
         check=True,
         cwd=ROOT,
     ).stdout
-    for heading in ("0. Correctness", "W1: batch-1 decode", "W2: 6 sequences", "W3: shared"):
+    for heading in ("0. Correctness", "W1: batch-1 decode", "W2: 6 sequences", "W3: shared", "W4"):
         assert heading in out
     greedy = out.split("float32 greedy")[1].split("\n\n")[1]
     assert greedy.count("| PASS") == 2 and "FAIL" not in greedy
     for row in ("local_engine vs transformers, both bf16", "transformers eager", "miss / hit"):
         assert row in out
+    same = next(line for line in out.splitlines() if line.startswith("| same tokens on and off"))
+    assert "| overlap_output=True " in out and "| yes " in same
     assert "fp8 weights: not measured here" in out
 
 

@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from local_engine import LocalBackend
-from local_engine.engine import RequestOutput
+from local_engine.engine import StepTokens
 from swiftclient import AsyncClient, Hedge, RetryPolicy
 
 from .conftest import RELEASE_LIMIT
@@ -29,15 +29,15 @@ class HeldEngine(CountingEngine):
     blocks_taken = 0
     """The most KV blocks its held requests had taken at once."""
 
-    def step(self) -> list[RequestOutput]:
-        """Admit and prefill waiting requests (outputs withheld); else hold."""
+    def run_step(self) -> StepTokens:
+        """Admit and prefill waiting requests (their tokens withheld); else hold."""
         if self.num_waiting:
-            super().step()
+            super().run_step()
             used = self.num_blocks - self.num_free_blocks()
             self.blocks_taken = max(self.blocks_taken, used)
         else:
             time.sleep(0.001)  # held: keep the driver thread from spinning
-        return []
+        return StepTokens()
 
 
 @pytest.mark.parametrize("streamed", [True, False])

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from local_engine.default_model import ensure_default_model
-from local_engine.engine import Engine, EngineConfig, RequestOutput
+from local_engine.engine import Engine, EngineConfig, RequestOutput, StepTokens
 from local_engine.loader import load_model
 from local_engine.model import DecoderModel
 from local_engine.tokenizer import Tokenizer
@@ -22,26 +22,29 @@ EngineT = TypeVar("EngineT", bound=Engine)
 
 
 class CountingEngine(Engine):
-    """An engine that counts its steps (to tell an abort from a natural finish)."""
+    """An engine that counts its steps (to tell an abort from a natural finish): the model
+    runs, which ``step()`` and the overlapped AsyncEngine both do through ``run_step()``."""
 
     steps = 0
 
-    def step(self) -> list[RequestOutput]:
+    def run_step(self) -> StepTokens:
         """Run one step and count it."""
         self.steps += 1
-        return super().step()
+        return super().run_step()
 
 
 class ReplyScriptEngine(CountingEngine):
     """Writes fixed replies (what a trained model would have written) in place of the tiny
     model's random text: the n-th request gets ``replies[n]`` as its text pieces, one per
     step, then stops (the last reply repeats for later requests). Set ``replies`` on a
-    subclass."""
+    subclass. It rewrites whole ``step()`` outputs and aborts requests there, so it turns
+    ``overlap_output`` off (an overlapped ``process_step`` may not abort)."""
 
     replies: tuple[tuple[str, ...], ...] = ()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.overlap_output = False
         self._left: dict[str, list[str]] = {}
 
     def step(self) -> list[RequestOutput]:

@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from local_engine.async_engine import AsyncEngine
-from local_engine.engine import Engine, EngineConfig, RequestOutput
+from local_engine.engine import Engine, EngineConfig, RequestOutput, StepTokens
 from local_engine.loader import load_model
 from local_engine.model import DecoderModel
 from local_engine.sampler import SamplingParams
@@ -31,8 +31,17 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> DecoderModel:
     return load_model(path)
 
 
+_MODE: dict[str, object] = {}
+
+
+@pytest.fixture(autouse=True, params=[False, True], ids=["plain", "overlapped"])
+def overlap_output(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test runs with the driver's plain steps and with overlapped output."""
+    monkeypatch.setitem(_MODE, "overlap_output", request.param)
+
+
 def make_engine(model: DecoderModel, **overrides: object) -> Engine:
-    cfg: dict[str, object] = {"num_blocks": 512, "block_size": 4}
+    cfg: dict[str, object] = {"num_blocks": 512, "block_size": 4, **_MODE}
     cfg.update(overrides)
     return Engine(model, EngineConfig(**cfg))  # type: ignore[arg-type]
 
@@ -70,14 +79,14 @@ async def test_cancelling_100_streams_frees_every_block(model: DecoderModel) -> 
     engine = make_engine(model, max_num_seqs=32, max_num_batched_tokens=256)
     baseline = engine.num_free_blocks()
     steps = 0
-    real_step = engine.step
+    real_step = engine.run_step
 
-    def counting_step() -> list[RequestOutput]:
+    def counting_step() -> StepTokens:
         nonlocal steps
         steps += 1
         return real_step()
 
-    engine.step = counting_step  # type: ignore[method-assign]
+    engine.run_step = counting_step  # type: ignore[method-assign]
     started = 0
     all_running = anyio.Event()
 
@@ -196,10 +205,10 @@ async def test_explicit_abort_ends_stream(model: DecoderModel) -> None:
 async def test_step_failure_fails_streams(model: DecoderModel) -> None:
     engine = make_engine(model)
 
-    def broken() -> list[RequestOutput]:
+    def broken() -> StepTokens:
         raise RuntimeError("boom")
 
-    engine.step = broken  # type: ignore[method-assign]
+    engine.run_step = broken  # type: ignore[method-assign]
     async with AsyncEngine(engine) as ae:
         with pytest.raises(EngineError, match="boom"):
             async for _ in ae.generate(prompt(1), GREEDY):
@@ -220,14 +229,14 @@ async def test_request_waiting_for_the_lock_while_closing_fails_cleanly(
 ) -> None:
     engine = make_engine(model)
     gate, in_step = threading.Event(), threading.Event()
-    step = engine.step
+    step = engine.run_step
 
-    def held_step() -> list[RequestOutput]:
+    def held_step() -> StepTokens:
         in_step.set()
         gate.wait()
         return step()
 
-    engine.step = held_step  # type: ignore[method-assign]
+    engine.run_step = held_step  # type: ignore[method-assign]
     outcome: list[str] = []
     async with AsyncEngine(engine) as ae:
 

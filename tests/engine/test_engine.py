@@ -15,7 +15,7 @@ from local_engine.model import DecoderModel
 from local_engine.sampler import SamplingParams
 from swiftclient.errors import ConfigurationError, OverloadedError
 
-from .tiny import make_tiny_model
+from .tiny import make_tiny_model, write_char_tokenizer
 
 VOCAB = 256
 EOS = 2
@@ -236,20 +236,6 @@ def test_bad_config_rejected(model: DecoderModel) -> None:
         EngineConfig(max_num_seqs=0)
     with pytest.raises(ConfigurationError, match="max_num_batched_tokens"):
         Engine(model, EngineConfig(num_blocks=8, max_num_seqs=8, max_num_batched_tokens=4))
-
-
-def write_char_tokenizer(root: Path) -> None:
-    """Token id i reads as one character (chr(0x100 + i)); id 2 is the special "</s>"."""
-    from tokenizers import AddedToken, decoders, models
-    from tokenizers import Tokenizer as HFTokenizer
-
-    vocab = {chr(0x100 + i): i for i in range(VOCAB) if i != EOS}
-    vocab["</s>"] = EOS
-    backend = HFTokenizer(models.WordLevel(vocab, unk_token=chr(0x100)))
-    backend.decoder = decoders.Fuse()
-    backend.add_special_tokens([AddedToken("</s>", special=True)])
-    backend.save(str(root / "tokenizer.json"))
-    (root / "tokenizer_config.json").write_text('{"eos_token": "</s>"}')
 
 
 def test_from_pretrained_with_tokenizer_streams_text_and_stops(

@@ -40,6 +40,7 @@ from local_engine.structured import TokenMask
 from swiftclient.types import ChatRequest, Tool
 
 from ..conformance.tiny_local import TinyModel, load_tiny_model
+from .stepping import step_rounds
 from .tiny import make_tiny_model
 
 
@@ -240,6 +241,36 @@ def test_constrained_and_plain_requests_share_a_batch(engine: Engine, tiny: Tiny
             jsonschema.validate(json.loads(result.text), schema)
         else:  # an integer may go on for ever; what there is must be its beginning
             assert result.text.startswith('{"n": ')
+
+
+@pytest.mark.parametrize("overlapped", [False, True])
+def test_constrained_requests_in_the_overlapped_order(
+    micro: Engine, tiny: TinyModel, overlapped: bool
+) -> None:
+    """The grammar advances before the next step is scheduled, so running step n+1 before
+    step n's outputs are made gives the same replies (and stop strings still cut)."""
+    prompt = _prompt(tiny, "Tell me something.")
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    strict = SamplingParams(max_tokens=16, temperature=0.0, grammar=json_schema_grammar(schema))
+    cut = SamplingParams(max_tokens=16, temperature=0.0, grammar=json_object_grammar(), stop=(":",))
+    plain = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    params = [strict, cut, plain, strict]
+    results = micro.generate([prompt] * 4, params)
+    ids = [micro.add_request(prompt, p) for p in params]
+    got: dict[str, tuple[list[int], str, str | None]] = {rid: ([], "", None) for rid in ids}
+    for outputs in step_rounds(micro, overlapped=overlapped):
+        for out in outputs:
+            tokens, text, _ = got[out.request_id]
+            got[out.request_id] = (
+                tokens + out.new_token_ids,
+                text + out.new_text,
+                out.finish_reason,
+            )
+    want = [(r.token_ids, r.text, r.finish_reason) for r in results]
+    assert [got[rid] for rid in ids] == want
+    assert ":" not in want[1][1] and want[1][2] == "stop"  # the stop string ended it
+    assert micro.num_free_blocks() == micro.num_blocks
+    assert micro.structured is not None and micro.structured.num_active == 0
 
 
 def test_json_object_mode_gives_an_object(engine: Engine, tiny: TinyModel) -> None:

@@ -22,7 +22,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-__all__ = ["FAMILIES", "TINY_WINDOW", "make_tiny_model"]
+__all__ = ["FAMILIES", "TINY_WINDOW", "make_tiny_model", "write_char_tokenizer"]
 
 TINY_WINDOW = 5  # sliding window of the qwen2_sw and mistral tiny models
 
@@ -107,3 +107,18 @@ def make_tiny_model(
     else:
         model.save_pretrained(dir, max_shard_size=max_shard_size)
     return dir
+
+
+def write_char_tokenizer(root: Path, *, vocab_size: int = 256, eos: int = 2) -> None:
+    """Save a tokenizer for a tiny model under ``root``: token id i reads as one character
+    (chr(0x100 + i)); id ``eos`` is the special "</s>"."""
+    from tokenizers import AddedToken, decoders, models
+    from tokenizers import Tokenizer as HFTokenizer
+
+    vocab = {chr(0x100 + i): i for i in range(vocab_size) if i != eos}
+    vocab["</s>"] = eos
+    backend = HFTokenizer(models.WordLevel(vocab, unk_token=chr(0x100)))
+    backend.decoder = decoders.Fuse()
+    backend.add_special_tokens([AddedToken("</s>", special=True)])
+    backend.save(str(root / "tokenizer.json"))
+    (root / "tokenizer_config.json").write_text('{"eos_token": "</s>"}')
