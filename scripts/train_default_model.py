@@ -1,10 +1,10 @@
 """Train the embedded default model (``local_engine/models/swift-tiny``) from scratch.
 
 Reproducible: the data (scripts/default_model_data.py), the tokenizer, the initial weights
-and the batch order all come from fixed seeds. Runs on CPU (a few minutes on 2 idle cores
-with the default settings; it took 5 minutes on the shared development machine) or on a
-GPU when one is present. While another process holds one of two cores, ``--threads 1``
-trains several times faster than two threads.
+and the batch order all come from fixed seeds. Runs on CPU (the shipped weights took about
+40 minutes on one thread of the shared 2-core development machine, ``--threads 1``: while
+another process holds a core, two threads run several times slower than one) or on a GPU
+when one is present.
 
 Steps: generate synthetic chat conversations (tool calls, tool follow-ups, JSON extraction,
 copy and light edits, greetings and canned facts), render them with the engine's own ChatML
@@ -17,7 +17,7 @@ bfloat16, ``tokenizer.json``, ``tokenizer_config.json`` with the chat template,
 
 Usage::
 
-    .venv/bin/python scripts/train_default_model.py    # writes local_engine/models/swift-tiny
+    .venv/bin/python scripts/train_default_model.py --threads 1  # -> local_engine/models/swift-tiny
     .venv/bin/python scripts/train_default_model.py --steps 50 --out /tmp/m   # a quick smoke run
     .venv/bin/python scripts/eval_default_model.py             # the held-out accuracy table
 """
@@ -62,20 +62,20 @@ TOOL_TOKENS = ("<tool_call>", "</tool_call>")
 class TrainConfig:
     """Everything that decides the result; all of it is recorded in the model card."""
 
-    hidden_size: int = 128
-    intermediate_size: int = 384
-    num_layers: int = 4
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    head_dim: int = 32
+    hidden_size: int = 192
+    intermediate_size: int = 512
+    num_layers: int = 6
+    num_heads: int = 3
+    num_kv_heads: int = 3
+    head_dim: int = 64
     seed: int = 1234
-    conversations: int = 30_000
+    conversations: int = 100_000
     vocab_size: int = 3072
-    steps: int = 5000
-    batch_tokens: int = 512
+    steps: int = 2400
+    batch_tokens: int = 4096
     lr: float = 3e-3
     min_lr_ratio: float = 0.05
-    warmup: int = 30
+    warmup: int = 100
     weight_decay: float = 0.05
     max_len: int = 640
 
