@@ -753,17 +753,19 @@ def _conv(
 
 # ----------------------------------------------------------------------------- sets
 
-#: task name -> (generator, sampling weight in training)
+#: task name -> (generator, sampling weight in training). Copying (and the copying of
+#: arguments inside tool calls) is what a small model learns last, so the copy and edit
+#: tasks and the single tool call weigh most; their conversations are also the shortest.
 TASKS: dict[str, tuple[Callable[[random.Random], Conversation], float]] = {
     "tool_call": (gen_tool_call, 3.0),
     "tool_second_call": (gen_tool_second_call, 1.0),
-    "tool_followup": (gen_tool_followup, 2.0),
-    "json": (gen_json, 2.0),
-    "copy": (gen_copy, 1.5),
-    "rename": (gen_rename, 1.5),
-    "summary": (gen_summary, 1.5),
-    "reformat": (gen_reformat, 1.0),
-    "chat": (gen_chat, 1.0),
+    "tool_followup": (gen_tool_followup, 1.5),
+    "json": (gen_json, 1.5),
+    "copy": (gen_copy, 3.0),
+    "rename": (gen_rename, 3.0),
+    "summary": (gen_summary, 3.0),
+    "reformat": (gen_reformat, 1.5),
+    "chat": (gen_chat, 0.7),
 }
 
 

@@ -1,9 +1,10 @@
 """Train the embedded default model (``local_engine/models/swift-tiny``) from scratch.
 
 Reproducible: the data (scripts/default_model_data.py), the tokenizer, the initial weights
-and the batch order all come from fixed seeds. Runs on CPU (a few minutes on 2 idle cores
-with the default settings; it took 5 minutes on the shared development machine) or on a
-GPU when one is present.
+and the batch order all come from fixed seeds. Runs on CPU (the shipped weights took about
+40 minutes on one thread of the shared 2-core development machine, ``--threads 1``: while
+another process holds a core, two threads run several times slower than one) or on a GPU
+when one is present.
 
 Steps: generate synthetic chat conversations (tool calls, tool follow-ups, JSON extraction,
 copy and light edits, greetings and canned facts), render them with the engine's own ChatML
@@ -16,7 +17,7 @@ bfloat16, ``tokenizer.json``, ``tokenizer_config.json`` with the chat template,
 
 Usage::
 
-    .venv/bin/python scripts/train_default_model.py    # writes local_engine/models/swift-tiny
+    .venv/bin/python scripts/train_default_model.py --threads 1  # -> local_engine/models/swift-tiny
     .venv/bin/python scripts/train_default_model.py --steps 50 --out /tmp/m   # a quick smoke run
     .venv/bin/python scripts/eval_default_model.py             # the held-out accuracy table
 """
@@ -56,34 +57,42 @@ DEFAULT_OUT = REPO / "local_engine" / "models" / "swift-tiny"
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 TOOL_TOKENS = ("<tool_call>", "</tool_call>")
 
-SPEC = DefaultModelSpec(
-    name="swift-tiny",
-    hidden_size=128,
-    intermediate_size=384,
-    num_layers=4,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=32,
-    tie_word_embeddings=True,
-    max_position_embeddings=2048,
-    summary="trained on synthetic chat, tool-call, JSON and copy/edit data",
-)
-
 
 @dataclass
 class TrainConfig:
     """Everything that decides the result; all of it is recorded in the model card."""
 
+    hidden_size: int = 192
+    intermediate_size: int = 512
+    num_layers: int = 6
+    num_heads: int = 3
+    num_kv_heads: int = 3
+    head_dim: int = 64
     seed: int = 1234
-    conversations: int = 30_000
+    conversations: int = 100_000
     vocab_size: int = 3072
-    steps: int = 5000
-    batch_tokens: int = 512
+    steps: int = 2400
+    batch_tokens: int = 4096
     lr: float = 3e-3
     min_lr_ratio: float = 0.05
-    warmup: int = 30
+    warmup: int = 100
     weight_decay: float = 0.05
     max_len: int = 640
+
+    def spec(self) -> DefaultModelSpec:
+        """The model shape."""
+        return DefaultModelSpec(
+            name="swift-tiny",
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_layers=self.num_layers,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            tie_word_embeddings=True,
+            max_position_embeddings=2048,
+            summary="trained on synthetic chat, tool-call, JSON and copy/edit data",
+        )
 
 
 # ----------------------------------------------------------------------------- rendering
@@ -369,8 +378,9 @@ def train(cfg: TrainConfig, out: Path, device: torch.device, save_every: int = 0
     )
     ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS + TOOL_TOKENS}
     vocab_size = -(-tokenizer.get_vocab_size(with_added_tokens=True) // 64) * 64
-    config = model_config(SPEC, vocab_size, ids)
-    model = TinyQwen3(SPEC, vocab_size, config["rope_theta"]).to(device)
+    spec = cfg.spec()
+    config = model_config(spec, vocab_size, ids)
+    model = TinyQwen3(spec, vocab_size, config["rope_theta"]).to(device)
     params = sum(p.numel() for p in model.parameters())
     print(f"model: {params} parameters, vocab {vocab_size}, device {device}", flush=True)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
@@ -475,18 +485,21 @@ def write_json(path: Path, value: dict[str, Any]) -> None:
 
 def model_card(cfg: TrainConfig, params: int) -> str:
     """The README.md of the model directory."""
+    spec = cfg.spec()
+    mix = {name: weight for name, (_, weight) in data.TASKS.items()}
     return (
         "# swift-tiny (swiftclient's embedded default model)\n\n"
-        f"A {params / 1e6:.1f}M-parameter Qwen3-architecture model ({SPEC.num_layers} layers, "
-        f"hidden size {SPEC.hidden_size}, {SPEC.num_heads} heads, {SPEC.num_kv_heads} KV "
+        f"A {params / 1e6:.1f}M-parameter Qwen3-architecture model ({spec.num_layers} layers, "
+        f"hidden size {spec.hidden_size}, {spec.num_heads} heads, {spec.num_kv_heads} KV "
         "heads, tied embeddings) with its own byte-level BPE tokenizer, trained from scratch\n"
         "by `scripts/train_default_model.py` on synthetic chat data only: calls to three tools\n"
         "(`get_weather`, `convert_units`, `calculator`) in the Hermes `<tool_call>` format,\n"
         "answers from a tool's result, JSON extraction, copying and light edits of short\n"
         "texts, greetings and canned facts. It knows nothing else, and it does not do all of\n"
-        "these well: `scripts/eval_default_model.py` measures it per task, and\n"
+        "these equally well: `scripts/eval_default_model.py` measures it per task, and\n"
         "docs/local-engine.md has the table.\n\n"
-        f"Training settings: `{json.dumps(vars(cfg))}`.\n"
+        f"Training settings: `{json.dumps(vars(cfg))}`.\n\n"
+        f"Task mix (sampling weights of the generated conversations): `{json.dumps(mix)}`.\n"
     )
 
 

@@ -37,8 +37,8 @@ def test_the_shipped_files_are_small_and_complete() -> None:
         count = sum(math.prod(handle.get_slice(n).get_shape()) for n in handle.keys())
     config = json.loads((path / "config.json").read_text())
     assert config["model_type"] == "qwen3" and config["tie_word_embeddings"] is True
-    # About 1.1M: smaller than the 3-10M first planned, so it trains on a shared 2-core CPU.
-    assert 1_000_000 <= count <= 10_000_000
+    # About 3.2M: the low end of the 3-10M planned, so it trains within the hour on one core.
+    assert 3_000_000 <= count <= 10_000_000
     card = (path / "README.md").read_text()
     assert "trained from scratch" in card and "gibberish" not in card
 
