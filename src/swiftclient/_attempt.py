@@ -234,11 +234,17 @@ class AttemptRun:
     # ------------------------------------------------------------------ outcome
 
     def finish(
-        self, exc: BaseException | None, *, lost: bool = False, now: float | None = None
+        self,
+        exc: BaseException | None,
+        *,
+        lost: bool = False,
+        cancelled: bool = False,
+        now: float | None = None,
     ) -> None:
         """Record how the attempt ended (once) and tell the observers.
 
-        ``lost``: it succeeded, but after another attempt had committed. ``now``: when it
+        ``lost``: it succeeded, but after another attempt had committed. ``cancelled``: it
+        succeeded, but the call was cancelled before taking its output. ``now``: when it
         ended, if the caller has just read the clock.
         """
         record = self.record
@@ -247,6 +253,8 @@ class AttemptRun:
         record.duration = (self._now() if now is None else now) - self.started_at
         if lost:
             record.outcome = "lost"
+        elif cancelled:
+            record.outcome = "cancelled"
         elif exc is None:
             record.outcome = "ok"
         elif isinstance(exc, _cancelled()):
@@ -389,7 +397,9 @@ class AttemptRun:
             raise
         return buffered
 
-    async def close(self, exc: BaseException | None = None, *, lost: bool = False) -> None:
+    async def close(
+        self, exc: BaseException | None = None, *, lost: bool = False, cancelled: bool = False
+    ) -> None:
         """Release the stream (shielded, bounded) and record the outcome (idempotent)."""
         stack, self._stack = self._stack, None
         if stack is not None:
@@ -397,11 +407,14 @@ class AttemptRun:
                 self._timer.close()
             with anyio.move_on_after(_CLOSE_GRACE, shield=True):
                 await stack.aclose()
-        self.finish(exc, lost=lost)
+        self.finish(exc, lost=lost, cancelled=cancelled)
 
     async def discard(self) -> None:
-        """Release an attempt that succeeded after another one committed."""
-        await self.close(lost=True)
+        """Release an attempt whose output the call does not take: one that succeeded after
+        another one committed (lost), or the committed one of a call cancelled before it
+        returned (cancelled)."""
+        won = self._call.winner == self.record.number
+        await self.close(lost=not won, cancelled=won)
 
     async def complete(self) -> ChatCompletion:
         """Run the attempt as one non-streamed request, bounded by the deadline.

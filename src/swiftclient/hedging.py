@@ -136,7 +136,8 @@ async def race(
     starts the next attempt). A non-fatal failure starts the next attempt at once; a fatal
     one cancels the rest and is raised. ``commit(result)`` runs for the winner before the
     others are cancelled; ``discard(result)`` releases a result that finished after the
-    winner. With every attempt failed, the last failure is raised.
+    winner, and the winner itself when the race is cancelled from outside before it can
+    return it. With every attempt failed, the last failure is raised.
 
     On asyncio the first attempt runs in the calling task itself and a loop timer starts
     the rest when the hedge delay passes, so a call whose first attempt answers in time
@@ -147,15 +148,21 @@ async def race(
         raise errors.ConfigurationError("a call needs at least one target")
     state = _Race(attempts, delay, may_hedge, max_in_flight, commit, discard)
     loop = _running_loop() if len(attempts) > 1 and max_in_flight > 1 else None
-    async with anyio.create_task_group() as tg:
-        state.tg = tg
-        try:
-            if loop is None:
-                await state.drive(0)
-            else:
-                await state.first_inline(loop)
-        finally:
-            state.closed = True
+    try:
+        async with anyio.create_task_group() as tg:
+            state.tg = tg
+            try:
+                if loop is None:
+                    await state.drive(0)
+                else:
+                    await state.first_inline(loop)
+            finally:
+                state.closed = True
+    except BaseException:
+        if state.won:  # committed, then cancelled from outside while the losers closed
+            with anyio.CancelScope(shield=True):
+                await discard(state.won[0])
+        raise
     if state.won:
         return state.won[0]
     if state.fatal:
