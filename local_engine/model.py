@@ -43,8 +43,25 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     if x.dtype == torch.float32:
         if weight.dim() == 1:
             return F.rms_norm(x, (x.shape[-1],), weight, eps)
-        return F.rms_norm(x, (x.shape[-1],), None, eps) * weight
+        # Scaled in place: the normalized tensor is fresh, and a per-head weight broadcast
+        # into a new tensor costs a pass over a prefill's queries and keys.
+        return F.rms_norm(x, (x.shape[-1],), None, eps).mul_(weight)
     return weight * F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
+
+
+def _rope(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``qk * cos + rotate_half(qk) * sin`` in a fresh tensor; ``sin`` carries the sign of
+    ``rotate_half`` (its first half negated).
+
+    Each half of the rotated product is written straight into the output (no concatenated
+    copy of ``qk``, which on CPU takes a slow strided path for a prefill's many rows), then
+    ``qk * cos`` is added in place: the same products and sum, bit for bit.
+    """
+    half = qk.shape[-1] // 2
+    out = torch.empty(qk.shape, dtype=qk.dtype, device=qk.device)
+    torch.mul(qk[..., half:], sin[..., :half], out=out[..., :half])
+    torch.mul(qk[..., :half], sin[..., half:], out=out[..., half:])
+    return out.addcmul_(qk, cos)
 
 
 def _residual_linear(
@@ -153,9 +170,7 @@ class DecoderLayer(nn.Module):
         qk = qkv[:, : heads + kv_heads]
         if self.qk_norm_weight is not None:
             qk = _rms_norm(qk, self.qk_norm_weight, self.eps)
-        half = hd // 2
-        rotated = torch.cat((qk[..., half:], qk[..., :half]), dim=-1).mul_(sin)
-        qk = torch.addcmul(rotated, qk, cos)  # qk * cos + rotate_half(qk) * sin
+        qk = _rope(qk, cos, sin)
         out = attention.forward(
             qk[:, :heads],
             qk[:, heads:],

@@ -85,3 +85,12 @@ def test_engine_cpu_spec_quick_run_prints_both_workloads() -> None:
     for row in ("| copy/edit: batch-1 decode", "| non-grounded: batch-1 decode"):
         assert row in out.stdout
     assert out.stdout.count("outputs identical: yes") == 2
+
+
+def test_engine_breakdown_quick_run_prints_both_workloads() -> None:
+    text = quick_run("engine_breakdown.py")
+    for label in ("2a, equal outputs", "2b, mixed outputs"):
+        assert f"- {label}: engine best" in text
+    assert text.count("of its matmul-plus-attention ceiling") == 2
+    assert text.count("profiled run") == 2
+    assert "rest (sampling, scheduling, inputs, Python)" in text

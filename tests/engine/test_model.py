@@ -255,3 +255,30 @@ def test_metadata_rejects_inconsistent_layout() -> None:
         build_attention_metadata([[0]], [2], [3], block_size=4)
     with pytest.raises(ConfigurationError, match="cannot hold"):
         build_attention_metadata([[0]], [5], [1], block_size=4)
+
+
+@pytest.mark.parametrize("tokens", [1, 32, 600])
+def test_rope_matches_the_transformers_formula_on_strided_rows(tokens: int) -> None:
+    """The rotation reads queries and keys as a view of the fused qkv rows (strided) and
+    gives ``q * cos + rotate_half(q) * sin``: bit for bit what the concatenating form gives
+    (one fused multiply-add per element, as ``addcmul`` does), within float32 rounding of
+    transformers' unfused form."""
+    from local_engine.model import _rope
+
+    heads, kv_heads, hd = 4, 2, 16
+    gen = torch.Generator().manual_seed(0)
+    qkv = torch.randn(tokens, heads + 2 * kv_heads, hd, generator=gen)
+    qk = qkv[:, : heads + kv_heads]
+    angles = torch.randn(tokens, hd // 2, generator=gen)
+    cos_half, sin_half = angles.cos(), angles.sin()
+    cos = torch.cat((cos_half, cos_half), dim=-1).unsqueeze(1)
+    sin = torch.cat((sin_half, sin_half), dim=-1).unsqueeze(1)
+    signed_sin = torch.cat((-sin_half, sin_half), dim=-1).unsqueeze(1)
+    rotate_half = torch.cat((-qk[..., hd // 2 :], qk[..., : hd // 2]), dim=-1)
+    half = hd // 2
+    concatenated = torch.cat((qk[..., half:], qk[..., :half]), dim=-1).mul_(signed_sin)
+    got = _rope(qk, cos, signed_sin)
+    assert got.is_contiguous()
+    assert torch.equal(got, torch.addcmul(concatenated, qk, cos))
+    torch.testing.assert_close(got, qk * cos + rotate_half * sin, rtol=0, atol=1e-6)
+    assert torch.equal(qkv[:, : heads + kv_heads], qk)  # the input is left alone
