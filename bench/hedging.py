@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    .venv/bin/python bench/hedging.py              # full run, under 2 minutes
+    .venv/bin/python bench/hedging.py              # full run, about 3.5 minutes
     .venv/bin/python bench/hedging.py --quick      # smoke run, a few seconds
     .venv/bin/python bench/hedging.py --strategy none,all --utilization 0.6
 
@@ -13,7 +13,8 @@ drawn per (call, replica) so every strategy meets the same stragglers. Calls arr
 open-loop (Poisson) at a rate set from the replicas' capacity for 30%, 60% and 85%
 utilization; each call names two replicas, a primary and another one.
 
-Strategies, each on a fresh client after an unmeasured warm-up:
+Strategies, each on its own client (warmed up by unmeasured calls, then kept for every round
+of a utilization; the strategies take turns, two rounds of 1,000 calls each):
 
 - ``none``: ``client.stream(model="rP/sim")``, one replica, no hedging;
 - ``fixed``: ``hedge=Hedge(delay=<p97 of none at this utilization>)`` over both replicas
@@ -46,6 +47,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +86,8 @@ ADAPTIVE_QUANTILE = 0.97
 NO_RETRY = RetryPolicy(max_attempts=1)
 PROMPT = "Summarize the following note in one line. " * 8
 P99_GOAL, P999_GOAL, P50_TOLERANCE, EXTRA_LIMIT = 4.0, 10.0, 0.02, 0.05
+FAILURE_RATE = 170.0
+"""Calls/s of the failure scenario (its 30 s breaker window and phases are sized for it)."""
 RECOVERY_FACTOR = 2.0
 """After a replica fails and its breaker opens, p95/p99 must come back within this factor of
 the same policy's on the same calls with the replica absent from the start."""
@@ -96,10 +100,13 @@ class Settings:
     calls: int
     """Measured calls per (utilization, strategy) in one round."""
     rounds: int
-    """Rounds per utilization: each round runs every strategy once, in turn, on its own
-    calls (so the strategies alternate, and each row pools ``rounds x calls`` calls)."""
+    """Rounds per utilization: each round runs every strategy once, in turn (the order
+    rotating), on its own calls, so the strategies alternate and each row pools
+    ``rounds x calls`` calls."""
     warmup: int
-    """Unmeasured calls before them, on the same client (fills the latency estimate)."""
+    """Unmeasured calls on each strategy's client before its first round (the adaptive
+    estimate needs ``Hedge.min_samples`` = 20 per replica: 100 calls over 4 replicas give
+    about 25 each)."""
     utilizations: tuple[float, ...]
     median: float
     """The median time to first token, seconds (the time scale)."""
@@ -112,7 +119,7 @@ class Settings:
 FULL = Settings(
     calls=1000,
     rounds=2,
-    warmup=60,
+    warmup=100,
     utilizations=(0.3, 0.6, 0.85),
     median=0.02,
     rate=170,
@@ -393,21 +400,41 @@ async def run_strategy(
 ) -> RunResult:
     """Warm a fresh client up, then measure round ``round_``'s ``settings.calls`` calls
     against fresh counters."""
-    result = RunResult(strategy)
     await _control(base, failing=[], reset=True)
     async with _client(base) as client:
-        await _drive(client, call, workload, range(settings.warmup), None)
-        await _control(base, reset=True)
-        first = settings.warmup + round_ * settings.calls
-        measured = range(first, first + settings.calls)
-        server_cpu = (await _stats(base))["cpu"]
-        wall, cpu = time.perf_counter(), time.process_time()
-        await _drive(client, call, workload, measured, result, at)
-        result.wall = time.perf_counter() - wall
-        result.client_cpu = time.process_time() - cpu
-        health = getattr(client, "health", None)
-        if health is not None:
-            result.health = dict(health())
+        await warm_up(client, call, workload, settings)
+        return await measure(base, strategy, client, call, workload, settings, at, round_)
+
+
+async def warm_up(client: AsyncClient, call: Call, workload: Workload, settings: Settings) -> None:
+    """``settings.warmup`` unmeasured calls on ``client``."""
+    await _drive(client, call, workload, range(settings.warmup), None)
+
+
+async def measure(
+    base: str,
+    strategy: str,
+    client: AsyncClient,
+    call: Call,
+    workload: Workload,
+    settings: Settings,
+    at: Callable[[float], Coroutine[Any, Any, None]] | None = None,
+    round_: int = 0,
+) -> RunResult:
+    """Measure round ``round_``'s ``settings.calls`` calls on ``client`` against fresh
+    server counters."""
+    result = RunResult(strategy)
+    await _control(base, failing=[], reset=True)
+    first = settings.warmup + round_ * settings.calls
+    measured = range(first, first + settings.calls)
+    server_cpu = (await _stats(base))["cpu"]
+    wall, cpu = time.perf_counter(), time.process_time()
+    await _drive(client, call, workload, measured, result, at)
+    result.wall = time.perf_counter() - wall
+    result.client_cpu = time.process_time() - cpu
+    health = getattr(client, "health", None)
+    if health is not None:
+        result.health = dict(health())
     stats = await _stats(base)
     result.server_cpu = stats["cpu"] - server_cpu
     for counters in stats["replicas"].values():
@@ -543,8 +570,9 @@ async def main_async(args: argparse.Namespace) -> int:
         f"(lognormal sigma {model.sigma}, {model.tail_prob:.1%} Pareto tail from "
         f"{model.tail_min:g}x, alpha {model.tail_alpha}, cap {model.tail_cap:g}x), "
         f"mean slot time {service * 1000:.1f} ms; {settings.rounds} rounds of "
-        f"{settings.calls} measured calls per row (the strategies take turns; each round on "
-        f"a fresh client after {settings.warmup} warm-up calls)\n"
+        f"{settings.calls} measured calls per row (the strategies take turns, the order "
+        f"rotating; one client per strategy, kept from round to round, after "
+        f"{settings.warmup} warm-up calls)\n"
     )
     goals: list[list[object]] = []
     with hedge_server_process(
@@ -559,21 +587,35 @@ async def main_async(args: argparse.Namespace) -> int:
             )
             pooled: dict[str, RunResult] = {}
             fixed_delay = model.median * 2.5
-            for round_ in range(settings.rounds):
-                for strategy in strategies:
-                    call, skipped = strategy_call(strategy, timeout, fixed_delay)
-                    if call is None:
-                        pooled[strategy] = RunResult(strategy, skipped=skipped)
-                        continue
-                    result = await run_strategy(
-                        base, strategy, call, workload, settings, round_=round_
-                    )
-                    if strategy == "none" and not round_ and math.isfinite(result.quantile(0.95)):
-                        fixed_delay = result.quantile(ADAPTIVE_QUANTILE)
-                    if strategy in pooled:
-                        pooled[strategy].add(result)
-                    else:
-                        pooled[strategy] = result
+            async with AsyncExitStack() as clients_open:
+                # One client per strategy, warmed up before its first round and kept for
+                # the rest, as a long-running application keeps its client (its latency
+                # estimates, budget and breakers carry over from round to round).
+                clients: dict[str, AsyncClient] = {}
+                for round_ in range(settings.rounds):
+                    # The order rotates from round to round (round 0 starts with "none",
+                    # whose p97 sets the fixed delay): no strategy always runs first or last.
+                    shift = round_ % len(strategies)
+                    for strategy in strategies[shift:] + strategies[:shift]:
+                        call, skipped = strategy_call(strategy, timeout, fixed_delay)
+                        if call is None:
+                            pooled[strategy] = RunResult(strategy, skipped=skipped)
+                            continue
+                        client = clients.get(strategy)
+                        if client is None:
+                            client = await clients_open.enter_async_context(_client(base))
+                            await warm_up(client, call, workload, settings)
+                            clients[strategy] = client
+                        result = await measure(
+                            base, strategy, client, call, workload, settings, round_=round_
+                        )
+                        first_none = strategy == "none" and not round_
+                        if first_none and math.isfinite(result.quantile(0.95)):
+                            fixed_delay = result.quantile(ADAPTIVE_QUANTILE)
+                        if strategy in pooled:
+                            pooled[strategy].add(result)
+                        else:
+                            pooled[strategy] = result
             results = [pooled[strategy] for strategy in strategies]
             print(results_table(results))
             print()
@@ -598,7 +640,14 @@ async def failure_scenario(
 ) -> None:
     """60% utilization; replica r3 starts failing a fifth of the way in."""
     print("## One replica fails (r3 answers 503 after a delay, from a fifth of the run on)\n")
-    scenario = Settings(**{**settings.__dict__, "calls": settings.failure_calls, "rounds": 1})
+    scenario = Settings(
+        **{
+            **settings.__dict__,
+            "calls": settings.failure_calls,
+            "rounds": 1,
+            "rate": min(settings.rate, FAILURE_RATE),
+        }
+    )
     workload = plan(scenario, 0.6, service, seed + 1)
     await _control(base, slots=workload.slots, seed=seed + 1, reset=True)
     first = workload.arrivals[scenario.warmup]

@@ -143,6 +143,7 @@ class AttemptRun:
         "record",
         "request",
         "started_at",
+        "streamed",
         "target",
         "usage",
     )
@@ -177,6 +178,9 @@ class AttemptRun:
         self._iterator: AsyncIterator[ChatCompletionChunk] | None = None
         self._timer: ReadTimer | None = None
         self._chunk_seen = False
+        self.streamed = False
+        """Whether the attempt opened a stream (its first token is a content chunk), rather
+        than sending one non-streamed request."""
         self.options: RequestOptions = call.options
         """What the attempt sends besides the request; an observer may replace it in
         ``on_start`` (telemetry adds its trace-context headers)."""
@@ -367,6 +371,7 @@ class AttemptRun:
         """
         stack = AsyncExitStack()
         self._stack = stack
+        self.streamed = True
         self._timer = _read_timer()
         buffered: list[ChatCompletionChunk] = []
         try:

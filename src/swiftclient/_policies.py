@@ -201,9 +201,8 @@ class PolicyHub:
         """Feed the attempt's time to first token to the estimator."""
         ttft = attempt.ttft
         if self._estimator is not None and ttft is not None:
-            # A non-streamed attempt's "first token" is its whole reply (no record.ttft).
-            streamed = attempt.record.ttft is not None
-            key = self._key(attempt.target, attempt.request, streamed)
+            # A non-streamed attempt's "first token" is its whole reply.
+            key = self._key(attempt.target, attempt.request, attempt.streamed)
             self._estimator.observe(key, ttft, self._clock())
 
     def on_commit(self, attempt: AttemptRun) -> None:
@@ -211,13 +210,22 @@ class PolicyHub:
 
     def on_end(self, attempt: AttemptRun) -> None:
         """Record the outcome: success or a target's failure; errors of the request itself
-        (400, 401, ...) and cancelled or lost attempts say nothing about the target."""
+        (400, 401, ...) and cancelled or lost attempts say nothing about the target's health.
+
+        A lost attempt that had no first token yet still tells the estimator something: its
+        time to first token was at least as long as it waited. Without that censored sample
+        the estimate would only ever see the attempts that answered in time (the slow ones
+        are the ones hedging cancels), so its high quantiles would sit too low and the hedge
+        would fire, and spend the budget, more often than its quantile says.
+        """
         outcome = attempt.outcome
         if outcome == "won":
             ok = True
         elif outcome == "failed" and attempt.error is not None and not is_fatal(attempt.error):
             ok = False
         else:
+            if outcome == "lost" and attempt.first_token_at is None:
+                self._observe_censored(attempt)
             return
         now = self._clock()
         if self._throttle is not None:
@@ -240,6 +248,12 @@ class PolicyHub:
                         listener(attempt, before, after)
 
     # ------------------------------------------------------------------ helpers
+
+    def _observe_censored(self, attempt: AttemptRun) -> None:
+        waited = attempt.record.duration
+        if self._estimator is not None and waited is not None:
+            key = self._key(attempt.target, attempt.request, attempt.streamed)
+            self._estimator.observe(key, waited, self._clock())
 
     def _breaker(self, name: str) -> Breaker:
         breaker = self._breakers.get(name)

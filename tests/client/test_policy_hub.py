@@ -111,7 +111,10 @@ async def test_the_adaptive_delay_asks_the_estimator_and_the_estimator_learns() 
     completion = await client.chat("x" * 25, model=["a/m", "b/m"], hedge=Hedge(quantile=0.9))
     assert completion.text == "b one two"
     assert estimates.asked == [(("a", "m", 2, True), 0.9)]
-    assert [key for key, _ in estimates.seen] == [("b", "m", 2, True)]
+    # b's time to first token, then a's censored sample: a waited at least the hedge delay
+    # (min_delay, the estimate of 0 clamped up) without a first token before it lost.
+    assert [key for key, _ in estimates.seen] == [("b", "m", 2, True), ("a", "m", 2, True)]
+    assert estimates.seen[1][1] >= Hedge().min_delay
     assert (a.open, a.closed) == (1, 1)
 
 
@@ -191,7 +194,8 @@ async def test_non_streamed_calls_keep_their_own_estimates() -> None:
             )
     assert completion.text == "from b"
     assert estimates.asked == [(("a", "m", 2, False), 0.9)]
-    assert [key for key, _ in estimates.seen] == [("b", "m", 2, False)]
+    # b's whole reply, then a's censored wait: both under the non-streamed key only.
+    assert [key for key, _ in estimates.seen] == [("b", "m", 2, False), ("a", "m", 2, False)]
 
 
 async def test_the_budget_hears_a_call_once_however_many_rounds_it_takes() -> None:
