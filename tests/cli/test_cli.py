@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import signal
 import subprocess
 from importlib.metadata import version
@@ -287,3 +288,27 @@ def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
             process.stderr.close()
             assert process.wait(timeout=LIMIT) == 1  # click's convention for a broken pipe
     assert err == ""
+
+
+def test_ctrl_c_while_a_reply_is_starting_is_held_back_until_it_can_be_stopped() -> None:
+    # The reply's task may print before start_task_soon returns; a Ctrl-C in that moment
+    # must not escape as a KeyboardInterrupt with no future to cancel (it exited with 130).
+    from concurrent.futures import Future
+
+    from swiftclient.cli._chat import _start_turn
+
+    started: Future[object] = Future()
+
+    class Portal:
+        def start_task_soon(self, func: object, *args: object) -> Future[object]:
+            os.kill(os.getpid(), signal.SIGINT)  # arrives while the task is being started
+            return started
+
+    class Conversation:
+        async def turn(self, prompt: str) -> None:
+            raise AssertionError("the fake portal never runs it")
+
+    future, stopped = _start_turn(Portal(), Conversation(), "hi")  # type: ignore[arg-type]
+    assert future is started and stopped
+    # The usual handler is back: a later Ctrl-C interrupts as before.
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

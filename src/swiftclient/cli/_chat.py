@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import signal
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -115,6 +117,26 @@ def _read_line() -> str | None:
     return None if line == "" else line.rstrip("\n")
 
 
+def _start_turn(
+    portal: anyio.from_thread.BlockingPortal, conversation: _Conversation, line: str
+) -> tuple[concurrent.futures.Future[ChatCompletion], bool]:
+    """Start a reply in the portal; True beside it when Ctrl-C came while it was starting.
+
+    The reply's task can run (and print) before ``start_task_soon`` returns here, so a
+    Ctrl-C in that moment would interrupt this thread with no future to cancel; it is held
+    back until the future exists and reported to the caller instead.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return portal.start_task_soon(conversation.turn, line), False
+    stopped: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: stopped.append(signum))
+    try:
+        future = portal.start_task_soon(conversation.turn, line)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return future, bool(stopped)
+
+
 def _interactive(target: Target, system: str | None, params: dict[str, Any], as_json: bool) -> int:
     """Read a prompt, stream the reply, repeat. Ctrl-C during a reply stops that reply."""
     if sys.stdin.isatty():
@@ -143,8 +165,10 @@ def _interactive(target: Target, system: str | None, params: dict[str, Any], as_
                 return 0
             if not line.strip():
                 continue
-            future = portal.start_task_soon(conversation.turn, line)
+            future, stopped = _start_turn(portal, conversation, line)
             try:
+                if stopped:
+                    raise KeyboardInterrupt
                 completion = future.result()
             except KeyboardInterrupt:
                 future.cancel()
