@@ -21,6 +21,7 @@ from typing import Generic, Literal, TypeVar
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 
 from . import errors
 
@@ -269,6 +270,9 @@ class _Race(Generic[T]):
                 seen = len(self.failures)
                 while not self.over and self.in_flight and len(self.failures) == seen:
                     if self.in_flight < self.max_in_flight and anyio.current_time() >= hedge_at:
+                        # A call being cancelled spends no budget on a hedge (the timer's
+                        # driver can start in the turn the caller is cancelled).
+                        await anyio.lowlevel.checkpoint_if_cancelled()
                         if self.may_hedge():
                             trigger = "hedge"
                             break

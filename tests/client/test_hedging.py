@@ -649,3 +649,38 @@ async def test_a_stream_names_the_winners_request_after_it_closes() -> None:
             await stream.final()
         assert stream.request.model == "m2"
         await released(client, fakes["a"])
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_hedge_due_as_the_call_is_cancelled_spends_no_budget() -> None:
+    # The hedge timer's driver can start in the same loop turn as an outer cancellation,
+    # before the calling task has seen it: it must not ask the budget for a hedge (and so
+    # spend it) for a call that is already being cancelled.
+    asked: list[bool] = []
+
+    def may_hedge() -> bool:
+        asked.append(True)
+        return True
+
+    held = anyio.Event()
+
+    def attempt(index: int) -> Callable[[str], Awaitable[int]]:
+        async def run(trigger: str) -> int:
+            await held.wait()  # never set: only the cancellation ends it
+            return index
+
+        return run
+
+    state: _Race[int] = _Race(
+        [attempt(1), attempt(2)], lambda i: 3600.0, may_hedge, 2, lambda r: None, _never
+    )
+    loop = asyncio.get_running_loop()
+    with anyio.CancelScope() as outer:
+        async with anyio.create_task_group() as tg:
+            state.tg = tg
+            state.hedge_at = loop.time()  # the hedge is due now
+            state.in_flight = 1  # the first attempt is running
+            tg.start_soon(state.drive, 1)  # the timer's driver, about to run
+            outer.cancel()  # the caller cancels in the same turn
+    assert outer.cancelled_caught
+    assert asked == []
