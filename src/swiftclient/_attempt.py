@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol
 import anyio
 
 from . import errors
-from ._deadline import Deadline, ReadTimer, Timeout, deadline_watch
+from ._deadline import Deadline, ReadTimer, Timeout, deadline_watch, running_loop
 from ._retry import retry_after_seconds
 from .backends.base import Backend, BufferedChunkIterator, RequestOptions
 from .types import Attempt, ChatCompletion, ChatCompletionChunk, ChatRequest, Usage
@@ -110,17 +110,9 @@ def _nowait_of(
     return iterator.next_nowait if buffered else None  # type: ignore[attr-defined]
 
 
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    """The running asyncio loop; None elsewhere (trio: waits use cancel scopes there)."""
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
-
-
 def _read_timer() -> ReadTimer | None:
     """A :class:`ReadTimer` on asyncio; None elsewhere (reads use cancel scopes there)."""
-    loop = _running_loop()
+    loop = running_loop()
     return None if loop is None else ReadTimer(loop)
 
 
@@ -434,7 +426,7 @@ class AttemptRun:
         backend = self.target.backend
         try:
             if getattr(backend, "complete_cancels_cleanly", False):
-                loop = _running_loop()
+                loop = running_loop()
                 if loop is not None:
                     watch = deadline_watch(loop)
                     task = _current_task(loop)

@@ -25,12 +25,19 @@ __all__ = ["Deadline", "DeadlineWatch", "ReadTimer", "Timeout", "deadline_watch"
 _BASE_TIME = asyncio.BaseEventLoop.time
 
 
+def running_loop() -> asyncio.AbstractEventLoop | None:
+    """The running asyncio loop; None elsewhere (on trio, waits use cancel scopes)."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 def _clock() -> Callable[[], float]:
     """The running loop's clock: asyncio's ``loop.time`` directly (``time.monotonic`` itself
     when the loop keeps the base loop's clock, one call less per reading), else anyio's."""
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
+    loop = running_loop()
+    if loop is None:
         return anyio.current_time
     if type(loop).time is _BASE_TIME:
         return time.monotonic

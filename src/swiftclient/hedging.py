@@ -24,6 +24,7 @@ import anyio.abc
 import anyio.lowlevel
 
 from . import errors
+from ._deadline import running_loop
 
 __all__ = ["FATAL_STATUSES", "Hedge", "Trigger", "fallback", "is_fatal", "race"]
 
@@ -148,7 +149,7 @@ async def race(
     if not attempts:
         raise errors.ConfigurationError("a call needs at least one target")
     state = _Race(attempts, delay, may_hedge, max_in_flight, commit, discard)
-    loop = _running_loop() if len(attempts) > 1 and max_in_flight > 1 else None
+    loop = running_loop() if len(attempts) > 1 and max_in_flight > 1 else None
     try:
         async with anyio.create_task_group() as tg:
             state.tg = tg
@@ -169,13 +170,6 @@ async def race(
     if state.fatal:
         raise state.fatal[0]
     raise state.failures[-1]
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
 
 
 class _Race(Generic[T]):

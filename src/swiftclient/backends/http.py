@@ -12,7 +12,6 @@ unusable).
 
 from __future__ import annotations
 
-import asyncio
 import socket
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -27,7 +26,7 @@ import pydantic
 import pydantic_core
 
 from .. import errors
-from .._deadline import Deadline
+from .._deadline import Deadline, running_loop
 from .._sse import EventTooLarge, ServerSentEvent, SSEDecoder
 from .._wire import encode_request
 from ..types import ChatCompletion, ChatCompletionChunk, ChatRequest
@@ -46,14 +45,6 @@ _validate_chunk = ChatCompletionChunk.__pydantic_validator__.validate_json
 _validate_completion = ChatCompletion.__pydantic_validator__.validate_json
 _DRAIN_GRACE = 2.0
 _USER_AGENT = "swiftclient/0.1"
-
-
-def _on_asyncio() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
 
 
 class _Response:
@@ -232,7 +223,7 @@ class HTTPBackend:
         context = (
             ssl_context(self._verify, self._cert, self._trust_env) if self._needs_tls() else None
         )
-        if not self._http2 and _on_asyncio():
+        if not self._http2 and running_loop() is not None:
             from ._aiohttp import AiohttpTransport
 
             def factory(addr_info: Any) -> socket.socket:
@@ -278,7 +269,7 @@ class HTTPBackend:
         it with a plain loop timer: the aiohttp transport releases connections without
         waiting (httpx's must be awaited, shielded)."""
         if self._transport is None:  # not opened yet: it will be aiohttp's on asyncio
-            return self._given_transport is None and not self._http2 and _on_asyncio()
+            return self._given_transport is None and not self._http2 and running_loop() is not None
         return self._release_nowait
 
     def _open(self) -> Transport:
