@@ -19,7 +19,9 @@ model and its generators the prompts are random token ids (a phrase written thre
 copy/edit): a random-weight model's output only repeats itself, so the rows then show the
 mechanism, not the goal. The decode rate is every generated token after each request's
 first, over the time after its first token arrived, summed over the round's requests (which
-run one at a time).
+run one at a time). The CPU-time ratio does the same with this process's CPU time over all
+timed rounds, which time-slicing by other processes on a shared machine does not inflate. The
+notes give each peer's decode steps: tokens per step and milliseconds per step.
 """
 
 from __future__ import annotations
@@ -63,16 +65,46 @@ class Workload:
 
 @dataclass
 class Timed:
-    """Summed batch-1 decode time and tokens over one round's requests, per peer."""
+    """Summed batch-1 decode time, CPU time, steps and tokens over one round's requests,
+    per peer."""
 
     tokens: list[list[int]]
     decode_tokens: int
     decode_seconds: float
+    decode_cpu_seconds: float = 0.0
+    decode_steps: int = 0
 
     @property
     def rate(self) -> float:
         """Decode tokens per second."""
         return ratio(self.decode_tokens, self.decode_seconds)
+
+    @property
+    def cpu_rate(self) -> float:
+        """Decode tokens per CPU second of this process (other processes on a shared
+        machine add nothing to it, though they still share its caches)."""
+        return ratio(self.decode_tokens, self.decode_cpu_seconds)
+
+
+def pooled(rounds_: Sequence[Timed]) -> Timed:
+    """Every round of one peer summed into one (for per-step figures)."""
+    return Timed(
+        [t for r in rounds_ for t in r.tokens],
+        sum(r.decode_tokens for r in rounds_),
+        sum(r.decode_seconds for r in rounds_),
+        sum(r.decode_cpu_seconds for r in rounds_),
+        sum(r.decode_steps for r in rounds_),
+    )
+
+
+def per_step(timed: Timed) -> str:
+    """``tokens/step, ms/step (CPU ms/step)`` of a peer's decode steps."""
+    steps = timed.decode_steps
+    return (
+        f"{ratio(timed.decode_tokens, steps):.2f} tokens/step, "
+        f"{1e3 * ratio(timed.decode_seconds, steps):.2f} ms/step "
+        f"(CPU {1e3 * ratio(timed.decode_cpu_seconds, steps):.2f})"
+    )
 
 
 def trained_model_dir() -> Path | None:
@@ -121,23 +153,28 @@ def random_prompts(engine: Engine, count: int, seed: int, *, repeat: bool) -> li
 def run_requests(engine: Engine, prompts: Sequence[list[int]], ignore_eos: bool) -> Timed:
     """Serve ``prompts`` one at a time, greedily, timing each after its first token."""
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=ignore_eos)
-    out: list[list[int]] = []
-    decode_tokens = 0
-    decode_seconds = 0.0
+    timed = Timed([], 0, 0.0)
     for prompt in prompts:
         engine.add_request(prompt, params)
         tokens: list[int] = []
-        first: float | None = None
+        first: tuple[float, float] | None = None
+        steps = 0
         while engine.has_unfinished():
             for step_out in engine.step():
                 tokens.extend(step_out.new_token_ids)
-            if first is None and tokens:
-                first = time.perf_counter()
-        end = time.perf_counter()
-        out.append(tokens)
-        decode_tokens += len(tokens) - 1
-        decode_seconds += end - (first or end)
-    return Timed(out, decode_tokens, decode_seconds)
+            if first is None:
+                if tokens:
+                    first = (time.perf_counter(), time.process_time())
+            else:
+                steps += 1
+        end = (time.perf_counter(), time.process_time())
+        first = first or end
+        timed.tokens.append(tokens)
+        timed.decode_tokens += len(tokens) - 1
+        timed.decode_seconds += end[0] - first[0]
+        timed.decode_cpu_seconds += end[1] - first[1]
+        timed.decode_steps += steps
+    return timed
 
 
 def rounds(
@@ -202,6 +239,7 @@ def run_spec(model_arg: str | None, *, quick: bool, reps: int, threads: int, k: 
         before = spec.spec_stats
         proposed0 = before.num_draft_tokens if before else 0
         accepted0 = before.num_accepted_tokens if before else 0
+        verifications0 = before.num_verifications if before else 0
         off, on = rounds(
             reps,
             make_for(kind),
@@ -214,10 +252,13 @@ def run_spec(model_arg: str | None, *, quick: bool, reps: int, threads: int, k: 
         stats = spec.spec_stats
         proposed = (stats.num_draft_tokens if stats else 0) - proposed0
         accepted = (stats.num_accepted_tokens if stats else 0) - accepted0
+        verifications = (stats.num_verifications if stats else 0) - verifications0
         best_on = max(t.rate for t in on)
         best_off = max(t.rate for t in off)
         paired = statistics.median(ratio(a.rate, b.rate) for a, b in zip(on, off, strict=True))
         result = ratio(best_on, best_off)
+        all_on, all_off = pooled(on), pooled(off)
+        cpu = ratio(all_on.cpu_rate, all_off.cpu_rate)
         tokens = sum(len(t) for t in on[0].tokens)
         table.append(
             [
@@ -226,13 +267,17 @@ def run_spec(model_arg: str | None, *, quick: bool, reps: int, threads: int, k: 
                 f"{best_off:.1f}",
                 f"{result:.2f}x",
                 f"{paired:.2f}x",
+                f"{cpu:.2f}x",
                 f">= {goal:g}x",
                 verdict(result >= goal and same),
             ]
         )
         notes.append(
             f"{label}: outputs identical: {'yes' if same else 'NO'}; drafts accepted "
-            f"{accepted} of {proposed} ({ratio(accepted, proposed):.0%})"
+            f"{accepted} of {proposed} ({ratio(accepted, proposed):.0%}) in {verifications} "
+            f"verifications ({ratio(proposed, verifications):.1f} drafts, "
+            f"{ratio(accepted, verifications):.1f} accepted each); per decode step, all rounds: "
+            f"speculative {per_step(all_on)}, plain {per_step(all_off)}"
         )
     wall = time.perf_counter() - wall
     load_after = os.getloadavg()
@@ -252,9 +297,19 @@ def run_spec(model_arg: str | None, *, quick: bool, reps: int, threads: int, k: 
         f"- torch threads: {threads}; machine: {os.cpu_count()} CPUs, SHARED (1-min load "
         f"average {load_before[0]:.1f} before, {load_after[0]:.1f} after); {reps} timed "
         f"rounds after a warm-up, fresh prompts each round, peers back to back, who goes "
-        f"first rotating; values are each peer's best round; workloads took {wall:.0f} s\n"
+        f"first rotating; values are each peer's best round (CPU-time ratio: decode tokens per "
+        f"CPU second of this process, all timed rounds pooled); workloads took {wall:.0f} s\n"
     )
-    headers = ["metric", "speculative", "plain", "ratio", "median ratio", "goal", "result"]
+    headers = [
+        "metric",
+        "speculative",
+        "plain",
+        "ratio",
+        "median ratio",
+        "CPU-time ratio",
+        "goal",
+        "result",
+    ]
     print(markdown_table(headers, table))
     print()
     for line in notes:

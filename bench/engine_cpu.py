@@ -96,6 +96,7 @@ from local_engine.engine import Engine, EngineConfig, SamplingParams
 from local_engine.quant import linear
 from local_engine.runner import RunnerOutput
 from local_engine.scheduler import SchedulerOutput
+from local_engine.spec import SpeculativeConfig
 
 MODEL_NAME = "swift-50m"
 DECODE_GOAL = 1.0
@@ -1009,7 +1010,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="model directory for workload 6, or 'random' (default: the trained default model)",
     )
     parser.add_argument(
-        "--spec-tokens", type=int, default=4, help="draft tokens per step in workload 7 (4)"
+        "--spec-tokens",
+        type=int,
+        default=SpeculativeConfig.num_speculative_tokens,
+        help="draft tokens per step in workload 7 (SpeculativeConfig's default)",
     )
     args = parser.parse_args(argv)
     chosen = set(args.only or WORKLOADS)

@@ -573,7 +573,7 @@ class _ServeCommand(click.Command):
 @click.option(
     "--num-speculative-tokens",
     type=int,
-    default=4,
+    default=8,
     show_default=True,
     help="Draft tokens per step at most.",
 )

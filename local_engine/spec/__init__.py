@@ -13,12 +13,13 @@ from swiftclient.errors import ConfigurationError
 
 from .config import SPECULATIVE_METHODS, SpeculativeConfig, SpeculativeMethod
 from .draft import DraftProposer
-from .ngram import NgramIndex, NgramProposer
+from .ngram import SUBSTITUTION_MIN, NgramIndex, NgramProposer
 from .speculator import Proposer, SpecStats, Speculator
 from .verify import Draft, verify_drafts
 
 __all__ = [
     "SPECULATIVE_METHODS",
+    "SUBSTITUTION_MIN",
     "Draft",
     "DraftProposer",
     "NgramIndex",

@@ -29,11 +29,13 @@ class SpeculativeConfig:
     speculation for a number of steps that doubles on every pause, up to
     ``max_backoff_steps``, then probes again with one draft: a workload the proposer cannot
     predict runs almost as plain decoding. The draft length is one more than the same
-    average, so it grows while drafts are kept.
+    average, so it grows while drafts are kept. With n-gram lookup, which costs nothing to
+    propose, a new request starts at the full ``num_speculative_tokens``; a draft model
+    starts with a one-draft probe.
     """
 
     method: SpeculativeMethod = "ngram"
-    num_speculative_tokens: int = 4
+    num_speculative_tokens: int = 8
     draft_model: str | Path | None = None
     ngram_min: int = 2
     ngram_max: int = 4

@@ -36,6 +36,9 @@ class _State:
 class DraftProposer:
     """Proposes draft tokens by running ``model`` autoregressively."""
 
+    free = False
+    """Each draft token costs a forward pass of the draft model."""
+
     def __init__(
         self, model: DecoderModel, *, num_blocks: int, block_size: int, sampler: Sampler
     ) -> None:

@@ -12,8 +12,11 @@ verification and proposes at most one draft more than that (so the draft length 
 row adds to the target step's cost). Below ``min_accepted`` it pauses speculation for 2, 4,
 8, ... steps (doubling with every consecutive pause, up to ``max_backoff_steps``), then
 probes again with one draft; a probe that is kept resets the pause length. A new request
-starts with such a probe. A step without drafts
-costs nothing extra, so a workload the proposer cannot predict runs close to plain decoding.
+starts at the full draft length when proposing is free (n-gram lookup: its first drafts
+cost only their rows in the target step, and a reply that copies the prompt is short enough
+that a slow start would waste much of it), with a one-draft probe otherwise (a draft model
+runs once per draft token). A step without drafts costs nothing extra, so a workload the
+proposer cannot predict runs close to plain decoding.
 """
 
 from __future__ import annotations
@@ -37,8 +40,9 @@ __all__ = ["Proposer", "SpecStats", "Speculator"]
 _SMOOTHING = 0.5
 """Weight of the newest verification in a request's moving average of accepted drafts."""
 _PROBE_AVERAGE = 0.0
-"""The average a new request, or one back from a pause, starts from: its first verification
-is a one-draft probe that decides whether it goes on speculating."""
+"""The average a request back from a pause (or a new one, when proposing costs model work)
+starts from: its next verification is a one-draft probe that decides whether it goes on
+speculating."""
 
 
 class Proposer(Protocol):
@@ -54,6 +58,12 @@ class Proposer(Protocol):
 
     def release(self, request_id: str) -> None:
         """Drop a finished request's state."""
+        ...
+
+    @property
+    def free(self) -> bool:
+        """True when proposing costs no model work (a new request then starts at the full
+        draft length instead of a one-draft probe)."""
         ...
 
 
@@ -99,6 +109,11 @@ class Speculator:
         self.stats = SpecStats()
         self._states: dict[str, _RequestState] = {}
         self._drafts: dict[str, tuple[Sequence, Draft]] = {}  # this step's proposals
+        # The average a new request starts from: a full-length first draft when proposing
+        # is free, else a one-draft probe.
+        self._start_average = (
+            float(config.num_speculative_tokens - 1) if proposer.free else _PROBE_AVERAGE
+        )
 
     def request_stats(self, request_id: str) -> SpecStats | None:
         """The counters of a live request (None when it never speculated)."""
@@ -170,7 +185,7 @@ class Speculator:
     def _state(self, request_id: str) -> _RequestState:
         state = self._states.get(request_id)
         if state is None:
-            state = _RequestState(SpecStats(), _PROBE_AVERAGE)
+            state = _RequestState(SpecStats(), self._start_average)
             self._states[request_id] = state
         return state
 

@@ -20,7 +20,7 @@ from local_engine.runner import RunnerOutput
 from local_engine.sampler import SamplingParams
 from local_engine.scheduler import Scheduler, SchedulerOutput
 from local_engine.sequence import Sequence as Sequence_
-from local_engine.spec import NgramIndex, SpeculativeConfig
+from local_engine.spec import SUBSTITUTION_MIN, NgramIndex, SpeculativeConfig
 from swiftclient import AsyncClient
 from swiftclient.errors import ConfigurationError
 
@@ -98,6 +98,53 @@ def test_ngram_index_carries_a_repeating_pattern_on() -> None:
     seq = [4, 8, 1, 2, 1, 2, 1]
     index.update(seq)
     assert index.propose(seq, 5) == [2, 1, 2, 1, 2]  # (2, 1) last continued with 2, period 2
+
+
+def test_ngram_index_resumes_after_a_substituted_token() -> None:
+    """An edit (a renamed word) breaks exact lookup; the tokens before it still place the
+    copy, so the proposal is what followed the replaced token."""
+    index = NgramIndex(1, 4)
+    seq = [10, 1, 2, 3, 4, 5, 6, 7, 8, 11, 1, 2, 3, 4, 99]  # 99 replaced 5
+    index.update(seq)
+    assert index.propose(seq, 3) == [6, 7, 8]
+    assert index.propose(seq, 20) == seq[6:]  # never past the end of the list
+    # Fewer than SUBSTITUTION_MIN tokens before the edit are too weak a hint.
+    short = [10, 2, 3, 4, 5, 6, 7, 11, 2, 3, 4, 99]
+    index = NgramIndex(1, 4)
+    index.update(short)
+    assert SUBSTITUTION_MIN == 4 and index.propose(short, 3) == []
+    # An exact match always wins over a substitution.
+    both = [*seq, 6, 7, 8, 1, 2, 3, 4, 99]
+    index = NgramIndex(1, 4)
+    index.update(both)
+    assert index.propose(both, 2) == [6, 7]  # (2, 3, 4, 99) continued with 6
+    assert index.propose([*both, 0], 2) == [7, 8]  # 0 replaced the 6 after (2, 3, 4, 99)
+
+
+def test_ngram_requests_start_at_the_full_draft_length(
+    model: DecoderModel, other: DecoderModel
+) -> None:
+    """Prompt lookup costs nothing to propose, so a request's first drafts are as long as
+    the lookup allows; a draft model (a forward per draft) still opens with a probe."""
+    prompt = repetitive_prompts(1, seed=8)[0]
+    firsts = []
+    for spec, draft in (
+        (SpeculativeConfig(num_speculative_tokens=5), None),
+        (SpeculativeConfig(method="draft", draft_model="d", num_speculative_tokens=5), other),
+    ):
+        engine = engine_for(model, spec, draft)
+        drafts: list[int] = []
+        schedule = engine.scheduler.schedule
+
+        def noting(schedule: Any = schedule, drafts: list[int] = drafts) -> SchedulerOutput:
+            out: SchedulerOutput = schedule()
+            drafts.extend(item.num_spec_tokens for item in out.scheduled if item.num_spec_tokens)
+            return out
+
+        engine.scheduler.schedule = noting  # type: ignore[method-assign]
+        engine.generate([prompt], GREEDY)
+        firsts.append(drafts[0])
+    assert firsts == [5, 1]
 
 
 def test_greedy_ngram_matches_plain_in_shared_steps(model: DecoderModel) -> None:
