@@ -285,7 +285,9 @@ class Engine:
                 block_size=bs,
                 sampler=sampler,
             )
-            self.speculator = Speculator(config.speculative, proposer, sampler)
+            self.speculator = Speculator(
+                config.speculative, proposer, sampler, eos_token_ids=self.eos_token_ids
+            )
             self.runner.verify = self.speculator.verify
 
     @classmethod

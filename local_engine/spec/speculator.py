@@ -22,7 +22,7 @@ proposer cannot predict runs close to plain decoding.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -94,6 +94,7 @@ class SpecStats:
 class _RequestState:
     stats: SpecStats
     average: float  # moving average of accepted drafts per verification
+    stop_ids: frozenset[int]  # tokens that end the request: drafts stop at the first
     pause: int = 0  # steps left without speculation
     backoff: int = 2  # length of the next pause
 
@@ -101,9 +102,18 @@ class _RequestState:
 class Speculator:
     """Drafts, verification and back-off for one engine."""
 
-    def __init__(self, config: SpeculativeConfig, proposer: Proposer, sampler: Sampler) -> None:
-        """Speculate with ``proposer``; verification draws noise from ``sampler``."""
+    def __init__(
+        self,
+        config: SpeculativeConfig,
+        proposer: Proposer,
+        sampler: Sampler,
+        eos_token_ids: Collection[int] = (),
+    ) -> None:
+        """Speculate with ``proposer``; verification draws noise from ``sampler``.
+        ``eos_token_ids`` end requests (unless they ignore EOS), as their stop tokens do: a
+        draft is cut after the first such token, since nothing after it can be kept."""
         self.config = config
+        self.eos_token_ids = frozenset(eos_token_ids)
         self.proposer = proposer
         self.sampler = sampler
         self.stats = SpecStats()
@@ -130,7 +140,7 @@ class Speculator:
             seq.spec_token_ids = []
             if seq.num_tokens - seq.num_computed_tokens != 1 or not _may_speculate(seq):
                 continue
-            state = self._state(seq.request_id)
+            state = self._state(seq)
             if state.pause:
                 state.pause -= 1
                 continue
@@ -144,6 +154,7 @@ class Speculator:
         if not asking:
             return
         for seq, draft in zip(asking, self.proposer.propose(asking, counts), strict=True):
+            draft = _cut_at_stop(draft, self._states[seq.request_id].stop_ids)
             if draft.tokens:
                 seq.spec_token_ids = list(draft.tokens)
                 self._drafts[seq.request_id] = (seq, draft)
@@ -165,7 +176,7 @@ class Speculator:
         """Count one verification of ``seq`` and decide whether it keeps speculating."""
         del self._drafts[seq.request_id]
         self.stats.add(proposed, accepted)
-        state = self._state(seq.request_id)
+        state = self._state(seq)
         state.stats.add(proposed, accepted)
         state.average += _SMOOTHING * (accepted - state.average)
         if state.average < self.config.min_accepted:
@@ -182,12 +193,28 @@ class Speculator:
         self._drafts.pop(request_id, None)
         self.proposer.release(request_id)
 
-    def _state(self, request_id: str) -> _RequestState:
-        state = self._states.get(request_id)
+    def _state(self, seq: Sequence) -> _RequestState:
+        state = self._states.get(seq.request_id)
         if state is None:
-            state = _RequestState(SpecStats(), self._start_average)
-            self._states[request_id] = state
+            params = seq.params
+            stop_ids = frozenset(params.stop_token_ids)
+            if not params.ignore_eos:
+                stop_ids |= self.eos_token_ids
+            state = _RequestState(SpecStats(), self._start_average, stop_ids)
+            self._states[seq.request_id] = state
         return state
+
+
+def _cut_at_stop(draft: Draft, stop_ids: frozenset[int]) -> Draft:
+    """``draft`` up to and including its first stop token: when that token is kept the
+    request ends there, so later drafts would only add rows to the step."""
+    for j, token in enumerate(draft.tokens):
+        if token in stop_ids:
+            if j + 1 == len(draft.tokens):
+                break
+            probs = draft.probs[: j + 1] if draft.probs is not None else None
+            return Draft(draft.tokens[: j + 1], probs)
+    return draft
 
 
 def _may_speculate(seq: Sequence) -> bool:

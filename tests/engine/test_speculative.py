@@ -17,10 +17,11 @@ from local_engine.kv_cache import BlockPool
 from local_engine.loader import load_model
 from local_engine.model import DecoderModel
 from local_engine.runner import RunnerOutput
-from local_engine.sampler import SamplingParams
-from local_engine.scheduler import Scheduler, SchedulerOutput
+from local_engine.sampler import Sampler, SamplingParams
+from local_engine.scheduler import ScheduledSequence, Scheduler, SchedulerOutput
 from local_engine.sequence import Sequence as Sequence_
-from local_engine.spec import SUBSTITUTION_MIN, NgramIndex, SpeculativeConfig
+from local_engine.sequence import SequenceStatus
+from local_engine.spec import SUBSTITUTION_MIN, Draft, NgramIndex, SpeculativeConfig, Speculator
 from swiftclient import AsyncClient
 from swiftclient.errors import ConfigurationError
 
@@ -145,6 +146,53 @@ def test_ngram_requests_start_at_the_full_draft_length(
         engine.generate([prompt], GREEDY)
         firsts.append(drafts[0])
     assert firsts == [5, 1]
+
+
+class _FixedProposer:
+    """Proposes the same drafts, with distributions, for every sequence."""
+
+    free = True
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens = tokens
+
+    def propose(self, seqs: list[Sequence_], num_tokens: list[int]) -> list[Draft]:
+        probs = torch.eye(8)[self.tokens]
+        return [Draft(self.tokens[:k], probs[:k]) for k in num_tokens]
+
+    def verified(self, seq: Sequence_, num_accepted: int) -> None:
+        pass
+
+    def release(self, request_id: str) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        (SamplingParams(max_tokens=32), [5, 6, 2]),  # EOS 2 ends the request
+        (SamplingParams(max_tokens=32, ignore_eos=True), [5, 6, 2, 7, 4, 3]),
+        (SamplingParams(max_tokens=32, ignore_eos=True, stop_token_ids=(7,)), [5, 6, 2, 7]),
+        (SamplingParams(max_tokens=32, stop_token_ids=(5,)), [5]),
+    ],
+)
+def test_drafts_end_at_the_first_stop_token(params: SamplingParams, expected: list[int]) -> None:
+    """Nothing after a stop token can be kept, so a draft stops there (and its
+    distributions with it)."""
+    config = SpeculativeConfig(num_speculative_tokens=6)
+    speculator = Speculator(config, _FixedProposer([5, 6, 2, 7, 4, 3]), Sampler(), [2])
+    seq = Sequence_("r", [1, 3, 4], params)
+    seq.status = SequenceStatus.RUNNING
+    seq.num_computed_tokens = 2
+    speculator.propose([seq])
+    assert seq.spec_token_ids == expected
+    # Verification sees the cut draft: one target row per draft and one more (a draft of
+    # another length would not match the rows), its distributions cut alike.
+    k = len(expected)
+    item = ScheduledSequence(seq, 2, k + 1, samples=True, num_spec_tokens=k)
+    emitted = speculator.verify(torch.randn(k + 1, 8), [item])
+    assert 1 <= len(emitted[0]) <= k + 1
+    assert emitted[0][:-1] == expected[: len(emitted[0]) - 1]
 
 
 def test_greedy_ngram_matches_plain_in_shared_steps(model: DecoderModel) -> None:
