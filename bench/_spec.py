@@ -87,7 +87,7 @@ class Timed:
 
 
 def pooled(rounds_: Sequence[Timed]) -> Timed:
-    """Every round of one peer summed into one (for per-step figures)."""
+    """Several rounds (or requests) of one peer summed into one."""
     return Timed(
         [t for r in rounds_ for t in r.tokens],
         sum(r.decode_tokens for r in rounds_),
@@ -180,16 +180,20 @@ def run_requests(engine: Engine, prompts: Sequence[list[int]], ignore_eos: bool)
 def rounds(
     reps: int, make: Callable[[int], list[list[int]]], peers: Sequence[Callable[..., Timed]]
 ) -> list[list[Timed]]:
-    """Round 0 warms up; each round has fresh prompts and rotates who goes first."""
+    """Round 0 warms up; each round has fresh prompts. The peers take turns request by
+    request, who goes first rotating, so a burst of load on a shared machine falls on both
+    alike rather than on whichever peer it happens to meet."""
     results: list[list[Timed]] = [[] for _ in peers]
+    order = list(range(len(peers)))
     for rnd in range(reps + 1):
-        prompts = make(rnd)
-        order = list(range(len(peers)))
-        shift = rnd % len(peers)
-        for i in order[shift:] + order[:shift]:
-            timed = peers[i](prompts)
-            if rnd:
-                results[i].append(timed)
+        timed = [Timed([], 0, 0.0) for _ in peers]
+        for n, prompt in enumerate(make(rnd)):
+            shift = (rnd + n) % len(peers)
+            for i in order[shift:] + order[:shift]:
+                timed[i] = pooled([timed[i], peers[i]([prompt])])
+        if rnd:
+            for i, t in enumerate(timed):
+                results[i].append(t)
     return results
 
 
@@ -215,7 +219,7 @@ def run_spec(model_arg: str | None, *, quick: bool, reps: int, threads: int, k: 
         EngineConfig(dtype="float32", num_blocks=512, seed=0, speculative=spec_config),
         plain.tokenizer,
     )
-    count = 4 if quick else 12
+    count = 4 if quick else 24
     ignore_eos = not use_tasks
 
     def make_for(kind: str) -> Callable[[int], list[list[int]]]:
@@ -296,9 +300,10 @@ def run_spec(model_arg: str | None, *, quick: bool, reps: int, threads: int, k: 
     print(
         f"- torch threads: {threads}; machine: {os.cpu_count()} CPUs, SHARED (1-min load "
         f"average {load_before[0]:.1f} before, {load_after[0]:.1f} after); {reps} timed "
-        f"rounds after a warm-up, fresh prompts each round, peers back to back, who goes "
-        f"first rotating; values are each peer's best round (CPU-time ratio: decode tokens per "
-        f"CPU second of this process, all timed rounds pooled); workloads took {wall:.0f} s\n"
+        f"rounds after a warm-up, fresh prompts each round, the peers taking turns request "
+        f"by request, who goes first rotating; values are each peer's best round (CPU-time "
+        f"ratio: decode tokens per CPU second of this process, all timed rounds pooled); "
+        f"workloads took {wall:.0f} s\n"
     )
     headers = [
         "metric",

@@ -10,7 +10,7 @@ import operator
 import uuid
 from collections import deque
 from collections.abc import Sequence as SequenceABC
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from local_engine.attention import get_attention_backend
@@ -480,9 +480,8 @@ class Engine:
                     del seq.token_ids[len(seq.token_ids) - len(tokens) + n :]
                     tokens = tokens[:n]
                 break
+        # A snapshot: later verifications count in a new object.
         spec = self.speculator.request_stats(seq.request_id) if self.speculator else None
-        if spec is not None:
-            spec = replace(spec)  # a snapshot: later steps keep counting
         settled = _Tokens(
             req,
             tokens,

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
@@ -126,7 +126,8 @@ class Speculator:
         )
 
     def request_stats(self, request_id: str) -> SpecStats | None:
-        """The counters of a live request (None when it never speculated)."""
+        """The counters of a live request (None when it never speculated): a snapshot,
+        which later verifications leave as it is (they count in a new object)."""
         state = self._states.get(request_id)
         return state.stats if state is not None else None
 
@@ -177,6 +178,7 @@ class Speculator:
         del self._drafts[seq.request_id]
         self.stats.add(proposed, accepted)
         state = self._state(seq)
+        state.stats = replace(state.stats)  # outputs keep the snapshot they were given
         state.stats.add(proposed, accepted)
         state.average += _SMOOTHING * (accepted - state.average)
         if state.average < self.config.min_accepted:

@@ -246,6 +246,19 @@ def test_per_request_stats_add_up_to_the_engine_stats(model: DecoderModel) -> No
         assert len(r.token_ids) == GREEDY.max_tokens
 
 
+def test_each_output_keeps_the_stats_of_its_step(model: DecoderModel) -> None:
+    """``RequestOutput.spec`` is a snapshot: later verifications do not change it."""
+    engine = engine_for(model, NGRAM)
+    engine.add_request(repetitive_prompts(1, seed=9)[0], GREEDY)
+    seen = []
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.spec is not None:
+                seen.append((out.spec, out.spec.num_verifications, out.spec.num_draft_tokens))
+    assert len({count for _, count, _ in seen}) > 2  # several verifications happened
+    assert all((s.num_verifications, s.num_draft_tokens) == (v, d) for s, v, d in seen)
+
+
 def test_blocks_track_verified_tokens_every_step(model: DecoderModel) -> None:
     """Rejected drafts give their blocks back at once; cached prefixes stay right."""
     prompts = repetitive_prompts(seed=3)
