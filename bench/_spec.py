@@ -198,7 +198,8 @@ def rounds(
 
 
 def run_spec(model_arg: str | None, *, quick: bool, reps: int, threads: int, k: int) -> None:
-    """Build the peers, run both workloads, print the table."""
+    """Build the peers, run both workloads with ``threads`` torch threads, print the table."""
+    torch.set_num_threads(threads)
     trained = trained_model_dir() if model_arg is None else None
     if model_arg == "random":
         model_arg = None
