@@ -284,6 +284,7 @@ class Engine:
                 num_blocks=num_blocks,
                 block_size=bs,
                 sampler=sampler,
+                tokenizer=tokenizer,
             )
             self.speculator = Speculator(
                 config.speculative, proposer, sampler, eos_token_ids=self.eos_token_ids

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from local_engine.model import DecoderModel
 from local_engine.sampler import Sampler
+from local_engine.tokenizer import Tokenizer
 from swiftclient.errors import ConfigurationError
 
 from .config import SPECULATIVE_METHODS, SpeculativeConfig, SpeculativeMethod
 from .draft import DraftProposer
-from .ngram import SUBSTITUTION_MIN, NgramIndex, NgramProposer
+from .ngram import SUBSTITUTION_MIN, NgramIndex, NgramProposer, spacing_classes
 from .speculator import Proposer, SpecStats, Speculator
 from .verify import Draft, verify_drafts
 
@@ -30,6 +31,7 @@ __all__ = [
     "SpeculativeMethod",
     "Speculator",
     "make_proposer",
+    "spacing_classes",
     "verify_drafts",
 ]
 
@@ -42,15 +44,19 @@ def make_proposer(
     num_blocks: int,
     block_size: int,
     sampler: Sampler,
+    tokenizer: Tokenizer | None = None,
 ) -> Proposer:
-    """Build the proposer ``config`` names; the draft's KV pool matches the target's.
+    """Build the proposer ``config`` names; the draft's KV pool matches the target's. With
+    ``tokenizer`` the n-gram proposer matches tokens that differ only by a leading space
+    (:func:`spacing_classes`).
 
     Raises:
         ConfigurationError: ``"draft"`` without a draft model, or one whose vocabulary
             differs from the target's.
     """
     if config.method == "ngram":
-        return NgramProposer(config.ngram_min, config.ngram_max)
+        classes = spacing_classes(tokenizer) if tokenizer is not None else None
+        return NgramProposer(config.ngram_min, config.ngram_max, classes)
     if draft_model is None:
         raise ConfigurationError("speculative method 'draft' needs a draft model")
     if draft_model.config.vocab_size != target.config.vocab_size:

@@ -21,7 +21,15 @@ from local_engine.sampler import Sampler, SamplingParams
 from local_engine.scheduler import ScheduledSequence, Scheduler, SchedulerOutput
 from local_engine.sequence import Sequence as Sequence_
 from local_engine.sequence import SequenceStatus
-from local_engine.spec import SUBSTITUTION_MIN, Draft, NgramIndex, SpeculativeConfig, Speculator
+from local_engine.spec import (
+    SUBSTITUTION_MIN,
+    Draft,
+    NgramIndex,
+    NgramProposer,
+    SpeculativeConfig,
+    Speculator,
+    spacing_classes,
+)
 from swiftclient import AsyncClient
 from swiftclient.errors import ConfigurationError
 
@@ -120,6 +128,40 @@ def test_ngram_index_resumes_after_a_substituted_token() -> None:
     index.update(both)
     assert index.propose(both, 2) == [6, 7]  # (2, 3, 4, 99) continued with 6
     assert index.propose([*both, 0], 2) == [7, 8]  # 0 replaced the 6 after (2, 3, 4, 99)
+
+
+def test_ngram_matches_across_a_leading_space() -> None:
+    """A reply that starts a line with a word the prompt had inside a sentence spells it
+    without the leading space; its classes match, so the copy is found at once."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    from local_engine.tokenizer import Tokenizer
+
+    backend = HFTokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=["<|end|>"],
+        show_progress=False,
+    )
+    text = "Repeat exactly: Rosa needs 11 onions and 4 beans.\nRosa needs 11 onions and 4 beans."
+    backend.train_from_iterator([text] * 20, trainer)
+    tokenizer = Tokenizer(backend)
+    classes = spacing_classes(tokenizer)
+    inner, start = tokenizer.encode(" Rosa"), tokenizer.encode("Rosa")
+    assert len(inner) == len(start) == 1 and inner != start
+    assert classes[inner[0]] == classes[start[0]]
+    assert all(classes[t] == t for t in tokenizer.added_tokens.values())
+    prompt = tokenizer.encode("Repeat exactly: Rosa needs 11 onions and 4 beans.\n")
+    reply = tokenizer.encode("Rosa needs")
+    seq = Sequence_("r", prompt + reply, SamplingParams(max_tokens=32))
+    expected = tokenizer.encode(" 11 onions")
+    plain = NgramProposer(2, 4).propose([seq], [len(expected)])
+    spaced = NgramProposer(2, 4, classes).propose([seq], [len(expected)])
+    assert plain[0].tokens == [] and spaced[0].tokens == expected
 
 
 def test_ngram_requests_start_at_the_full_draft_length(
