@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence as SequenceABC
 from typing import TYPE_CHECKING
 
@@ -14,49 +15,57 @@ if TYPE_CHECKING:
 
 __all__ = ["SUBSTITUTION_MIN", "NgramIndex", "NgramProposer", "spacing_classes"]
 
+_ITEM = array("I").itemsize
+
 SUBSTITUTION_MIN = 4
 """Shortest n-gram a substitution match (see :meth:`NgramIndex.propose`) may rest on: shorter
 ones recur too often in text the output does not copy."""
 
 
 class NgramIndex:
-    """For each n-gram (``lo <= n <= hi``) of a growing token list, where it last ended, and
-    where it ended the time before.
+    """Finds earlier occurrences of a growing token list's tail (``lo`` to ``hi`` tokens).
 
-    Only n-grams whose following token is already known are indexed, so a lookup of the
-    list's own tail finds an EARLIER occurrence. Indexing is incremental: each call to
-    :meth:`update` looks only at the tokens added since the last one.
+    The list is kept as packed machine integers, so a lookup is a byte search in C
+    (``bytearray.rfind``) rather than a Python loop, and taking new tokens costs one copy of
+    them, not an index entry per n-gram: a long prompt costs nothing to take in, and a reply
+    that never matches costs a few searches a step. Only occurrences followed by a known
+    token count, so a lookup of the list's own tail finds an EARLIER occurrence.
     """
 
-    __slots__ = ("_ends", "_next_end", "_prev_ends", "hi", "lo")
+    __slots__ = ("_buf", "_size", "hi", "lo")
 
     def __init__(self, lo: int, hi: int) -> None:
-        """Index n-grams of ``lo`` to ``hi`` tokens."""
+        """Look up tails of ``hi`` down to ``lo`` tokens."""
         self.lo = lo
         self.hi = hi
-        self._ends: list[dict[tuple[int, ...], int]] = [{} for _ in range(lo, hi + 1)]
-        self._prev_ends: list[dict[tuple[int, ...], int]] = [{} for _ in range(lo, hi + 1)]
-        self._next_end = lo
+        self._buf = bytearray()
+        self._size = 0  # tokens packed into _buf
 
     def update(self, tokens: list[int]) -> None:
-        """Index every n-gram of ``tokens`` that has a following token."""
-        tables = list(zip(range(self.lo, self.hi + 1), self._ends, self._prev_ends, strict=True))
-        for end in range(self._next_end, len(tokens)):
-            for n, ends, prev in tables:
-                if end >= n:
-                    key = tuple(tokens[end - n : end])
-                    last = ends.get(key)
-                    if last is not None:
-                        prev[key] = last
-                    ends[key] = end
-        self._next_end = max(self._next_end, len(tokens))
+        """Take the tokens of ``tokens`` added since the last call (the list only grows)."""
+        if len(tokens) > self._size:
+            self._buf += array("I", tokens[self._size :])
+            self._size = len(tokens)
+
+    def _last_end(self, gram: list[int], limit: int) -> int | None:
+        """Where the latest occurrence of ``gram`` that ends at or before token ``limit``
+        ends (the index of the token after it), or None."""
+        pattern = array("I", gram).tobytes()
+        stop = limit * _ITEM
+        while True:
+            pos = self._buf.rfind(pattern, 0, stop)
+            if pos < 0:
+                return None
+            if pos % _ITEM == 0:
+                return pos // _ITEM + len(gram)
+            stop = pos + len(pattern) - 1  # a match across token boundaries: look before it
 
     def propose(self, tokens: list[int], k: int, *, keys: list[int] | None = None) -> list[int]:
-        """``k`` tokens that followed the longest indexed match of the list's tail.
+        """``k`` tokens that followed the latest earlier occurrence of the longest tail found.
 
-        ``keys`` is the list the index was built from, when it is not ``tokens`` itself but
-        a same-length list of token classes (:func:`spacing_classes`): matches are found
-        among the keys, and the proposal is read from ``tokens``.
+        ``keys`` is the list the index holds, when it is not ``tokens`` itself but a
+        same-length list of token classes (:func:`spacing_classes`): matches are found among
+        the keys, and the proposal is read from ``tokens``. Call :meth:`update` first.
 
         A match that ends less than ``k`` tokens before the tail is a repeating pattern
         (the tail repeats what came ``period`` tokens earlier), so the proposal carries the
@@ -70,20 +79,19 @@ class NgramIndex:
         """
         keys = tokens if keys is None else keys
         size = len(tokens)
-        for n in range(min(self.hi, size), self.lo - 1, -1):
-            end = self._ends[n - self.lo].get(tuple(keys[size - n :]))
+        for n in range(min(self.hi, size - 1), self.lo - 1, -1):
+            end = self._last_end(keys[size - n :], size - 1)
             if end is not None:
                 if end + k <= size:
                     return tokens[end : end + k]
                 period = size - end
                 return [tokens[end + j % period] for j in range(k)]
         last = size - 1
-        for n in range(min(self.hi, last), max(self.lo, SUBSTITUTION_MIN) - 1, -1):
-            key = tuple(keys[last - n : last])
-            end = self._ends[n - self.lo].get(key)
-            if end == last:  # that very n-gram, followed by the last token: look further back
-                end = self._prev_ends[n - self.lo].get(key)
-            if end is not None and end + 1 < last and keys[end] != keys[last]:
+        for n in range(min(self.hi, last - 1), max(self.lo, SUBSTITUTION_MIN) - 1, -1):
+            # An occurrence of the n tokens before the last that ends by ``last - 2``: the
+            # token after it (the replaced one) and at least one more come before the tail.
+            end = self._last_end(keys[last - n : last], last - 2)
+            if end is not None and keys[end] != keys[last]:
                 return tokens[end + 1 : min(end + 1 + k, size)]
         return []
 

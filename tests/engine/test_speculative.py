@@ -102,6 +102,19 @@ def test_ngram_index_finds_the_latest_earlier_occurrence() -> None:
     assert index.propose([*seq, 7], 3) == [5, 1, 2]
 
 
+def test_ngram_index_ignores_matches_across_token_boundaries() -> None:
+    """The tokens are searched as packed bytes: a byte match that starts inside a token
+    (256's high bytes and a 0 read like the pair (1, 0)) is no occurrence."""
+    index = NgramIndex(2, 2)
+    seq = [256, 0, 0, 7, 1, 0]
+    index.update(seq)
+    assert index.propose(seq, 2) == []
+    seq = [9, 1, 0, 4, 256, 0, 0, 7, 1, 0]  # an aligned (1, 0) before the misaligned one
+    index = NgramIndex(2, 2)
+    index.update(seq)
+    assert index.propose(seq, 2) == [4, 256]
+
+
 def test_ngram_index_carries_a_repeating_pattern_on() -> None:
     index = NgramIndex(2, 3)
     seq = [4, 8, 1, 2, 1, 2, 1]
