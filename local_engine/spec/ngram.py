@@ -47,17 +47,20 @@ class NgramIndex:
             self._buf += array("I", tokens[self._size :])
             self._size = len(tokens)
 
-    def _last_end(self, gram: list[int], limit: int) -> int | None:
-        """Where the latest occurrence of ``gram`` that ends at or before token ``limit``
-        ends (the index of the token after it), or None."""
-        pattern = array("I", gram).tobytes()
+    def _last_end(self, keys: list[int], start: int, n: int, limit: int) -> int | None:
+        """Where the latest occurrence of ``keys[start : start + n]`` that ends at or before
+        token ``limit`` ends (the index of the token after it), or None."""
+        if start + n <= self._size:  # the n-gram is packed already: slice it from there
+            pattern = self._buf[start * _ITEM : (start + n) * _ITEM]
+        else:
+            pattern = bytearray(array("I", keys[start : start + n]))
         stop = limit * _ITEM
         while True:
             pos = self._buf.rfind(pattern, 0, stop)
             if pos < 0:
                 return None
             if pos % _ITEM == 0:
-                return pos // _ITEM + len(gram)
+                return pos // _ITEM + n
             stop = pos + len(pattern) - 1  # a match across token boundaries: look before it
 
     def propose(self, tokens: list[int], k: int, *, keys: list[int] | None = None) -> list[int]:
@@ -79,18 +82,25 @@ class NgramIndex:
         """
         keys = tokens if keys is None else keys
         size = len(tokens)
-        for n in range(min(self.hi, size - 1), self.lo - 1, -1):
-            end = self._last_end(keys[size - n :], size - 1)
-            if end is not None:
-                if end + k <= size:
-                    return tokens[end : end + k]
-                period = size - end
-                return [tokens[end + j % period] for j in range(k)]
+        longest = min(self.hi, size - 1)
+        # Most steps of text the proposer cannot predict match nothing: when the shortest
+        # tail has no earlier occurrence, no longer one has either.
+        shortest = (
+            self._last_end(keys, size - self.lo, self.lo, size - 1) if longest >= self.lo else None
+        )
+        if shortest is not None:
+            for n in range(longest, self.lo - 1, -1):
+                end = self._last_end(keys, size - n, n, size - 1)
+                if end is not None:
+                    if end + k <= size:
+                        return tokens[end : end + k]
+                    period = size - end
+                    return [tokens[end + j % period] for j in range(k)]
         last = size - 1
         for n in range(min(self.hi, last - 1), max(self.lo, SUBSTITUTION_MIN) - 1, -1):
             # An occurrence of the n tokens before the last that ends by ``last - 2``: the
             # token after it (the replaced one) and at least one more come before the tail.
-            end = self._last_end(keys[last - n : last], last - 2)
+            end = self._last_end(keys, last - n, n, last - 2)
             if end is not None and keys[end] != keys[last]:
                 return tokens[end + 1 : min(end + 1 + k, size)]
         return []
