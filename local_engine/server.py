@@ -573,7 +573,7 @@ class _ServeCommand(click.Command):
 @click.option(
     "--num-speculative-tokens",
     type=int,
-    default=8,
+    default=12,
     show_default=True,
     help="Draft tokens per step at most.",
 )

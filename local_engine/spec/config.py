@@ -35,7 +35,7 @@ class SpeculativeConfig:
     """
 
     method: SpeculativeMethod = "ngram"
-    num_speculative_tokens: int = 8
+    num_speculative_tokens: int = 12
     draft_model: str | Path | None = None
     ngram_min: int = 2
     ngram_max: int = 4
