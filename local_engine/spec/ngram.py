@@ -85,17 +85,19 @@ class NgramIndex:
         longest = min(self.hi, size - 1)
         # Most steps of text the proposer cannot predict match nothing: when the shortest
         # tail has no earlier occurrence, no longer one has either.
-        shortest = (
+        end = (
             self._last_end(keys, size - self.lo, self.lo, size - 1) if longest >= self.lo else None
         )
-        if shortest is not None:
-            for n in range(longest, self.lo - 1, -1):
-                end = self._last_end(keys, size - n, n, size - 1)
-                if end is not None:
-                    if end + k <= size:
-                        return tokens[end : end + k]
-                    period = size - end
-                    return [tokens[end + j % period] for j in range(k)]
+        if end is not None:
+            for n in range(longest, self.lo, -1):
+                longer = self._last_end(keys, size - n, n, size - 1)
+                if longer is not None:
+                    end = longer
+                    break
+            if end + k <= size:
+                return tokens[end : end + k]
+            period = size - end
+            return [tokens[end + j % period] for j in range(k)]
         last = size - 1
         for n in range(min(self.hi, last - 1), max(self.lo, SUBSTITUTION_MIN) - 1, -1):
             # An occurrence of the n tokens before the last that ends by ``last - 2``: the
