@@ -274,7 +274,7 @@ def run_spec(model_arg: str | None, *, quick: bool, reps: int, threads: int, k: 
                 f"{paired:.2f}x",
                 f"{cpu:.2f}x",
                 f">= {goal:g}x",
-                verdict(result >= goal and same),
+                verdict(paired >= goal and same),
             ]
         )
         notes.append(
@@ -302,9 +302,11 @@ def run_spec(model_arg: str | None, *, quick: bool, reps: int, threads: int, k: 
         f"- torch threads: {threads}; machine: {os.cpu_count()} CPUs, SHARED (1-min load "
         f"average {load_before[0]:.1f} before, {load_after[0]:.1f} after); {reps} timed "
         f"rounds after a warm-up, fresh prompts each round, the peers taking turns request "
-        f"by request, who goes first rotating; values are each peer's best round (CPU-time "
-        f"ratio: decode tokens per CPU second of this process, all timed rounds pooled); "
-        f"workloads took {wall:.0f} s\n"
+        f"by request, who goes first rotating; values are each peer's best round; median "
+        f"ratio: the median over rounds of the two peers' ratio in the same round, which the "
+        f"result checks (the best rounds of the two need not share a load); CPU-time ratio: "
+        f"decode tokens per CPU second of this process, all timed rounds pooled; workloads "
+        f"took {wall:.0f} s\n"
     )
     headers = [
         "metric",
