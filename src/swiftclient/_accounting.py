@@ -19,7 +19,7 @@ How an attempt's end is read:
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from . import errors
 from ._cost import AttemptRecord, CallCost, HedgeStats, Pricing
@@ -75,6 +75,9 @@ class Accounting:
         return copy
 
     # ------------------------------------------------------------------ AttemptObserver
+
+    attempt_hooks: ClassVar[tuple[str, ...]] = ("on_end",)
+    """Only :meth:`on_end` notes anything; the call path skips the other hooks."""
 
     def on_start(self, attempt: AttemptRun) -> None:
         """Nothing to note until the attempt ends."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol
 
@@ -72,7 +72,11 @@ class Target(NamedTuple):
 
 class AttemptObserver(Protocol):
     """Subscribes to attempt events. Handlers run inline on the call path: keep them cheap,
-    and never raise (an exception from a handler propagates into the call)."""
+    and never raise (an exception from a handler propagates into the call).
+
+    An observer that uses only some of the events may name them in a class attribute
+    ``attempt_hooks`` (for example ``("on_end",)``); the others are then never called.
+    """
 
     def on_start(self, attempt: AttemptRun) -> None:
         """The attempt is about to open its backend stream (or send its request)."""
@@ -85,6 +89,33 @@ class AttemptObserver(Protocol):
 
     def on_end(self, attempt: AttemptRun) -> None:
         """The attempt ended; ``attempt.outcome`` says how."""
+
+
+HOOK_NAMES = ("on_start", "on_first_token", "on_commit", "on_end")
+
+Hook = Callable[["AttemptRun"], None]
+
+
+class Hooks(NamedTuple):
+    """The observers' handlers by event, in observer order: only those an observer uses
+    (its ``attempt_hooks``, when it names them), so an event with nothing to do costs a
+    loop over an empty tuple."""
+
+    on_start: tuple[Hook, ...]
+    on_first_token: tuple[Hook, ...]
+    on_commit: tuple[Hook, ...]
+    on_end: tuple[Hook, ...]
+
+    @classmethod
+    def of(cls, observers: Iterable[AttemptObserver]) -> Hooks:
+        """The handlers of ``observers``."""
+        found: dict[str, list[Hook]] = {name: [] for name in HOOK_NAMES}
+        for observer in observers:
+            used = getattr(observer, "attempt_hooks", HOOK_NAMES)
+            for name in HOOK_NAMES:
+                if name in used:
+                    found[name].append(getattr(observer, name))
+        return cls(*(tuple(found[name]) for name in HOOK_NAMES))
 
 
 def deadline_exceeded(backend: str, timeout: Timeout) -> errors.DeadlineExceeded:
@@ -177,8 +208,8 @@ class AttemptRun:
         """What the attempt sends besides the request; an observer may replace it in
         ``on_start`` (telemetry adds its trace-context headers)."""
         call.timing.attempts.append(self.record)
-        for observer in call.observers:
-            observer.on_start(self)
+        for hook in call.hooks.on_start:
+            hook(self)
 
     # ------------------------------------------------------------------ observer view
 
@@ -262,21 +293,21 @@ class AttemptRun:
             record.error = type(exc).__name__
             if isinstance(exc, errors.APIStatusError):
                 record.status_code = exc.status_code
-        for observer in self._call.observers:
-            observer.on_end(self)
+        for hook in self._call.hooks.on_end:
+            hook(self)
 
     def commit(self) -> None:
         """The call takes this attempt's output."""
         self._call.winner = self.record.number
-        for observer in self._call.observers:
-            observer.on_commit(self)
+        for hook in self._call.hooks.on_commit:
+            hook(self)
 
     def _first_token(self, now: float, *, streamed: bool = True) -> None:
         self.first_token_at = now
         if streamed:  # a whole reply's time is the record's ``duration``
             self.record.ttft = now - self.started_at
-        for observer in self._call.observers:
-            observer.on_first_token(self)
+        for hook in self._call.hooks.on_first_token:
+            hook(self)
 
     # ------------------------------------------------------------------ bounded waits
 

@@ -308,6 +308,29 @@ def encode(
     return _encode(request, stream, include_usage, exact, prefix)
 
 
+def _plain_body(request: ChatRequest) -> bool:
+    """Whether the request's body is its plain dump plus the call's own fields: nothing to
+    reorder or merge (no tools, schema, ``extra_body``, ``metadata`` or ``logit_bias``)
+    and no ``stream`` fields of its own."""
+    return (
+        request.tools is None
+        and request.extra_body is None
+        and request.response_format is None
+        and request.metadata is None
+        and request.logit_bias is None
+        and request.stream is None
+        and request.stream_options is None
+    )
+
+
+_STREAM_TAIL = {
+    (False, False): b',"stream":false',
+    (False, True): b',"stream":false',
+    (True, False): b',"stream":true',
+    (True, True): b',"stream":true,"stream_options":{"include_usage":true}',
+}
+
+
 def _encode(
     request: ChatRequest,
     stream: bool,
@@ -317,6 +340,25 @@ def _encode(
     canonical_tools: _CanonicalTools | None = None,
 ) -> bytes:
     key = None if prefix is None else cache_key(prefix)
+    if _plain_body(request):
+        # The same bytes as the general path below, serialized in one pass (no dict built
+        # and walked again): the dump, then ``stream`` (and its options), then the key.
+        raw = request.__pydantic_serializer__.to_json(request, exclude_none=True, by_alias=True)
+        tail = _STREAM_TAIL[stream, include_usage]
+        if key is not None and request.prompt_cache_key is None:
+            tail += b',"prompt_cache_key":' + pydantic_core.to_json(key)
+        return b"".join((raw[:-1], tail, b"}"))
+    return _encode_general(request, stream, include_usage, exact, key, canonical_tools)
+
+
+def _encode_general(
+    request: ChatRequest,
+    stream: bool,
+    include_usage: bool,
+    exact: bool,
+    key: str | None,
+    canonical_tools: _CanonicalTools | None = None,
+) -> bytes:
     data, tools = _body(request, stream, include_usage, exact, key, canonical_tools)
     raw = pydantic_core.to_json(data)
     if not tools:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
@@ -13,7 +14,7 @@ import pydantic
 
 from . import _batch, errors
 from ._accounting import Accounting
-from ._attempt import AttemptObserver, Target
+from ._attempt import AttemptObserver, Hooks, Target
 from ._batch import BatchProgress, BatchRequest, BatchResult
 from ._canonical import CallEncoding, leading_static
 from ._cost import HedgeStats, Pricing
@@ -90,6 +91,29 @@ def _messages(messages: MessagesInput) -> tuple[list[Message], int | None]:
                 f"invalid message messages[{index}]: {validation_summary(exc)}"
             ) from exc
     return out, None
+
+
+class _CallKeys:
+    """Idempotency keys: a random prefix drawn once per process (96 bits) and a counter,
+    unique without a random draw per call; a forked child draws a new prefix."""
+
+    prefix = os.urandom(12).hex()
+    counter = itertools.count()
+
+    @classmethod
+    def renew(cls) -> None:
+        """Start a new series (a forked child must not repeat its parent's keys)."""
+        cls.prefix = os.urandom(12).hex()
+        cls.counter = itertools.count()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_CallKeys.renew)
+
+
+def _call_key() -> str:
+    """A new call's idempotency key (the same for all of its attempts)."""
+    return f"swiftclient-{_CallKeys.prefix}-{next(_CallKeys.counter)}"
 
 
 def _has_marks(messages: list[Any]) -> bool:
@@ -228,6 +252,8 @@ class AsyncClient:
             else (self._cache, *observers)
         )
         self._plain_ledger = self._accounting if accounts_plain else None
+        self._hooks = Hooks.of(self._observers)
+        self._plain_hooks = Hooks.of(self._plain_observers)
         if isinstance(telemetry, NotGiven):
             telemetry = Telemetry.default()
         elif telemetry is not None and not isinstance(telemetry, Telemetry):
@@ -391,7 +417,7 @@ class AsyncClient:
         elif hedge is not None and not isinstance(hedge, Hedge):
             raise errors.ConfigurationError(f"hedge must be a Hedge or None, got {hedge!r}")
         options = RequestOptions(
-            idempotency_key=f"swiftclient-{os.urandom(16).hex()}",
+            idempotency_key=_call_key(),
             encoding=CallEncoding(static),
         )
         several = len(targets) > 1
@@ -403,6 +429,7 @@ class AsyncClient:
             options,
             hedge=hedge,
             observers=self._observers if several else self._plain_observers,
+            hooks=self._hooks if several else self._plain_hooks,
             policies=self.policies,
             ledger=self._accounting if several else self._plain_ledger,
             tracer=self.telemetry,

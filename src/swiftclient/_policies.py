@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Hashable, Sequence
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from ._attempt import AttemptRun, Target
 from ._breaker import CircuitBreaker
@@ -193,6 +193,9 @@ class PolicyHub:
         return {name: breaker.state(now) for name, breaker in self._breakers.items()}
 
     # ------------------------------------------------------------------ AttemptObserver
+
+    attempt_hooks: ClassVar[tuple[str, ...]] = ("on_first_token", "on_end")
+    """The hooks that feed the policies; the call path skips the others."""
 
     def on_start(self, attempt: AttemptRun) -> None:
         """Nothing to do when an attempt starts."""

@@ -17,7 +17,14 @@ from typing import Protocol, TypeVar
 
 from . import errors
 from ._accumulate import Accumulator
-from ._attempt import AttemptObserver, AttemptRun, Target, deadline_exceeded, request_for
+from ._attempt import (
+    AttemptObserver,
+    AttemptRun,
+    Hooks,
+    Target,
+    deadline_exceeded,
+    request_for,
+)
 from ._cost import CallCost
 from ._deadline import Deadline
 from ._retry import RetryPolicy, retry_after, run_with_retries
@@ -103,6 +110,7 @@ class Call:
         "deadline",
         "error",
         "hedge",
+        "hooks",
         "ledger",
         "now",
         "numbered",
@@ -131,6 +139,7 @@ class Call:
         *,
         hedge: Hedge | None = None,
         observers: tuple[AttemptObserver, ...] = (),
+        hooks: Hooks | None = None,
         policies: CallPolicies | None = None,
         ledger: CallLedger | None = None,
         tracer: CallTracer | None = None,
@@ -144,6 +153,8 @@ class Call:
         self.options = options
         self.hedge = hedge
         self.observers = observers
+        self.hooks = Hooks.of(observers) if hooks is None else hooks
+        """``observers``' handlers (``hooks``: the same, when the caller made them once)."""
         self.policies = policies
         self.ledger = ledger
         self.now = deadline.now
@@ -169,6 +180,7 @@ class Call:
             if trace is not None:
                 self.trace = trace
                 self.observers = (*self.observers, trace)
+                self.hooks = Hooks.of(self.observers)
 
     @property
     def backend_name(self) -> str:

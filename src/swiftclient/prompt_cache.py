@@ -32,7 +32,7 @@ import re
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from ._canonical import PromptPrefix, prompt_prefix
 from .types import ChatRequest, Message, Tool
@@ -180,7 +180,8 @@ class PrefixLint:
         clean = self._clean
         for index in range(min(static, len(messages))):
             message = messages[index]
-            text = message.text()
+            content = message.content
+            text = content if isinstance(content, str) else message.text()
             if text and text not in clean:
                 self._scan(text, f"messages[{index}] ({message.role})")
 
@@ -244,6 +245,8 @@ class CacheAccounting:
     :class:`CacheUsage` (the name the client registered the backend under)."""
 
     __slots__ = ("backends",)
+    attempt_hooks: ClassVar[tuple[str, ...]] = ("on_end",)
+    """Only :meth:`on_end` counts anything; the call path skips the other hooks."""
 
     def __init__(self) -> None:
         self.backends: dict[str, CacheUsage] = {}

@@ -343,7 +343,8 @@ class Telemetry:
     def start(self, call: Call) -> CallTrace | None:
         """The call begins: start its span. Returns the call's observer, or None when there
         is nothing to record and no trace context to propagate."""
-        self._refresh()
+        if _monotonic() >= self._recheck_at:
+            self._refresh()
         metered = self._metering
         if not (self._tracing or metered or _current_span().get_span_context().is_valid):
             return None  # no SDK, and no trace context to pass on: nothing to do

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -51,9 +52,9 @@ _REQUEST = ConfigDict(extra="forbid", populate_by_name=True)
 _RESPONSE = ConfigDict(extra="allow", populate_by_name=True)
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
-# What else an assistant message may carry instead of content or tool calls (a refusal, a
+# What else an assistant message may carry instead of content, tool calls or a refusal (a
 # legacy function call, a reference to earlier audio output).
-_ASSISTANT_BODIES = ("refusal", "function_call", "audio")
+_ASSISTANT_BODIES = ("function_call", "audio")
 # Where providers report cached prompt tokens outside prompt_tokens_details.
 _CACHE_HIT_FIELDS = ("prompt_cache_hit_tokens", "cache_read_input_tokens")
 
@@ -124,19 +125,17 @@ class Message(BaseModel):
     continues a conversation.
     """
 
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    # ``from_attributes``: an AssistantMessage (or any object with these attributes) is read
+    # by its fields, so a reply appended to the messages validates as its request fields
+    # (reasoning text and provider-specific extras are not fields here: left out).
+    model_config = ConfigDict(extra="allow", populate_by_name=True, from_attributes=True)
     role: Role
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _from_reply(cls, value: Any) -> Any:
-        if isinstance(value, AssistantMessage):
-            return value.request_fields()
-        return value
+    refusal: str | None = None
+    """An assistant message's refusal (instead of content)."""
 
     @model_validator(mode="after")
     def _well_formed(self) -> Message:
@@ -156,7 +155,7 @@ class Message(BaseModel):
                 raise ValueError("a tool message needs content (the tool's result)")
         elif role == "assistant":
             extra = self.__pydantic_extra__ or {}
-            if content is None and not self.tool_calls:
+            if content is None and not self.tool_calls and self.refusal is None:
                 if all(extra.get(key) is None for key in _ASSISTANT_BODIES):
                     raise ValueError("an assistant message needs content or tool_calls")
         elif content is None:
@@ -400,13 +399,16 @@ class Choice(BaseModel):
     logprobs: dict[str, Any] | None = None
 
 
-class Attempt(BaseModel):
+@dataclass(slots=True)
+class Attempt:
     """One attempt of a call against one backend and model.
 
-    Attempts are first-class so that telemetry and hedging can wrap them.
+    Attempts are first-class so that telemetry and hedging can wrap them. A record the SDK
+    fills in on every call: a plain slotted dataclass, not a pydantic model (building and
+    updating a validated model cost about a tenth of a plain call's CPU); dump it with
+    ``dataclasses.asdict`` or ``pydantic.TypeAdapter(Attempt)``.
     """
 
-    model_config = ConfigDict(extra="forbid")
     number: int
     backend: str
     model: str
@@ -431,19 +433,22 @@ def _percentile(values: Sequence[float], q: int) -> float | None:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
-class Timing(BaseModel):
+@dataclass(slots=True)
+class Timing:
     """What the SDK measured for one call.
 
     ``ttft`` is the time from the call's start to its first content token, ``itl`` the
     gaps between content chunks, ``total`` the whole call, ``attempts`` every try made,
     ``cost`` what they cost (set when the call finishes; see docs/hedging.md).
+
+    Like :class:`Attempt`, a slotted dataclass filled in by the SDK: dump it with
+    ``dataclasses.asdict`` or ``pydantic.TypeAdapter(Timing)`` (which also reads it back).
     """
 
-    model_config = ConfigDict(extra="forbid")
     ttft: float | None = None
-    itl: list[float] = Field(default_factory=list)
+    itl: list[float] = field(default_factory=list)
     total: float | None = None
-    attempts: list[Attempt] = Field(default_factory=list)
+    attempts: list[Attempt] = field(default_factory=list)
     cost: CallCost | None = None
     """The call's :class:`CallCost`: winner, hedges, waste and price including waste."""
 

@@ -156,6 +156,11 @@ def test_a_reply_validates_as_a_request_message() -> None:
     request = ChatRequest(model="m", messages=[reply])  # type: ignore[list-item]
     body = json.loads(encode_request(request, stream=False))
     assert body["messages"] == [{"role": "assistant", "tool_calls": [_CALL]}]
+    refused = AssistantMessage(content=None, refusal="I can't help with that.")
+    assert Message.model_validate(refused) == refused.to_message()
+    request = ChatRequest(model="m", messages=[refused])  # type: ignore[list-item]
+    body = json.loads(encode_request(request, stream=False))
+    assert body["messages"] == [{"role": "assistant", "refusal": "I can't help with that."}]
 
 
 def _weather(city: str) -> dict[str, Any]:

@@ -8,10 +8,20 @@ import json
 import random
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swiftclient._canonical import PromptPrefix, canonical_schema, encode, prompt_prefix
+from swiftclient._canonical import (
+    PromptPrefix,
+    _encode,
+    _encode_general,
+    _plain_body,
+    cache_key,
+    canonical_schema,
+    encode,
+    prompt_prefix,
+)
 from swiftclient.types import ChatRequest
 
 _DATA_KEYS = {"enum", "const", "default", "examples"}
@@ -325,3 +335,62 @@ def test_the_tools_memo_stays_bounded() -> None:
     for index in range(_canonical._CACHE_SIZE + 50):
         encode(_request(tools=[_tool(f"t{index}", {"type": "object"})]), stream=False)
     assert len(_canonical._tools_memo._items) == _canonical._CACHE_SIZE
+
+
+# --------------------------------------------------------------------------- one-pass bodies
+
+_PLAIN_MESSAGES: list[list[dict[str, Any]]] = [
+    [{"role": "user", "content": "hi"}],
+    [
+        {"role": "system", "content": "You are terse.", "name": "sys"},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "42"},
+        {"role": "user", "content": "é ✓ \u2028", "cache_control": {"type": "ephemeral"}},
+    ],
+]
+_PLAIN_FIELDS: list[dict[str, Any]] = [
+    {},
+    {"temperature": 0.7, "max_tokens": 64, "stop": ["\n", "END"], "seed": 3},
+    {"prompt_cache_key": "mine", "user": "u1", "top_p": 0.5, "n": 2, "logprobs": True},
+    {"reasoning_effort": "low", "service_tier": "auto", "parallel_tool_calls": False},
+]
+
+
+@pytest.mark.parametrize("messages", _PLAIN_MESSAGES)
+@pytest.mark.parametrize("fields", _PLAIN_FIELDS)
+def test_one_pass_body_is_the_general_paths_bytes(
+    messages: list[dict[str, Any]], fields: dict[str, Any]
+) -> None:
+    """A request with nothing to reorder is serialized in one pass; its bytes are exactly
+    the general path's for every stream / usage / exact / cache-key variant."""
+    request = ChatRequest.model_validate({"model": "m", "messages": messages, **fields})
+    assert _plain_body(request)
+    prefix = prompt_prefix(request)
+    for stream in (False, True):
+        for usage in (False, True):
+            for exact in (False, True):
+                for with_key in (False, True):
+                    key = cache_key(prefix) if with_key else None
+                    fast = _encode(request, stream, usage, exact, prefix if with_key else None)
+                    general = _encode_general(request, stream, usage, exact, key)
+                    assert fast == general
+                    assert json.loads(fast)["stream"] is stream
+
+
+def test_requests_with_something_to_reorder_take_the_general_path() -> None:
+    for fields in (
+        {"tools": [_tool("b"), _tool("a")]},
+        {"extra_body": {"z": 1, "a": 2}},
+        {"metadata": {"b": "1", "a": "2"}},
+        {"stream": True},
+        {"stream_options": {"include_usage": False}},
+        {"response_format": {"type": "json_object"}},
+    ):
+        assert not _plain_body(_request(**fields))

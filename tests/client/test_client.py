@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pydantic
 import pytest
@@ -346,3 +347,22 @@ def test_swiftclient_api_key_overrides_the_preset_variable() -> None:
     backend = from_env(env)
     assert isinstance(backend, HTTPBackend)
     assert backend._api_key == "sk-first-choice-key"
+
+
+def test_idempotency_keys_are_unique_and_a_forked_child_starts_a_new_series() -> None:
+    from swiftclient._client import _call_key
+
+    keys = {_call_key() for _ in range(1000)}
+    assert len(keys) == 1000
+    parent = _call_key()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report one key and leave at once
+        os.write(write, _call_key().encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    child = os.read(read, 200).decode()
+    os.close(read)
+    assert child.startswith("swiftclient-") and child not in keys
+    assert child.rsplit("-", 1)[0] != parent.rsplit("-", 1)[0]  # another prefix

@@ -684,3 +684,38 @@ async def test_a_hedge_due_as_the_call_is_cancelled_spends_no_budget() -> None:
             outer.cancel()  # the caller cancels in the same turn
     assert outer.cancelled_caught
     assert asked == []
+
+
+class EndsOnly:
+    """An observer that names the one hook it uses; the others would fail the test."""
+
+    attempt_hooks = ("on_end",)
+
+    def __init__(self) -> None:
+        self.outcomes: list[str] = []
+
+    def on_start(self, attempt: AttemptRun) -> None:
+        raise AssertionError("on_start is not among attempt_hooks")
+
+    def on_first_token(self, attempt: AttemptRun) -> None:
+        raise AssertionError("on_first_token is not among attempt_hooks")
+
+    def on_commit(self, attempt: AttemptRun) -> None:
+        raise AssertionError("on_commit is not among attempt_hooks")
+
+    def on_end(self, attempt: AttemptRun) -> None:
+        self.outcomes.append(attempt.outcome)
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+async def test_an_observer_gets_only_the_hooks_it_names(streamed: bool) -> None:
+    only, every = EndsOnly(), Ends()
+    async with (
+        providers("a", "b") as fakes,
+        client_for(fakes, observers=[only, every]) as client,
+    ):
+        fakes["a"].script(HELD)
+        await client.chat("hi", model=["a/m", "b/m"], hedge=Hedge(delay=0.0), stream=streamed)
+        await client.chat("hi", model="b/m", stream=streamed)
+    assert only.outcomes == ["lost", "won", "won"]
+    assert [outcome for _, _, outcome, _ in every.ended] == only.outcomes

@@ -13,9 +13,10 @@ from typing import Any, TextIO
 import anyio
 import anyio.from_thread
 import click
+import pydantic
 
 from .._client import AsyncClient
-from ..types import ChatCompletion, Message
+from ..types import ChatCompletion, Message, Timing
 from ._common import (
     DURATION,
     EXIT_USAGE,
@@ -37,6 +38,8 @@ Examples:
   swiftclient chat -m gpt-4o-mini --json "hi" | jq .choices[0].message.content
 """
 _INTERACTIVE_HINT = "(a conversation: Ctrl-C stops a reply, Ctrl-D or /exit quits)"
+
+_TIMING = pydantic.TypeAdapter(Timing)  # --json: a reply's timing, as JSON
 
 
 def timing_line(completion: ChatCompletion) -> str:
@@ -79,7 +82,9 @@ class _Conversation:
             )
             body = completion.model_dump(mode="json", exclude_none=True)
             if completion.timing is not None:
-                body["timing"] = completion.timing.model_dump(mode="json", exclude={"attempts"})
+                body["timing"] = _TIMING.dump_python(
+                    completion.timing, mode="json", exclude={"attempts"}
+                )
             self.out.write(json.dumps(body, indent=2) + "\n")
         else:
             async with self.client.stream(messages, model=self.model, **self.params) as stream:
