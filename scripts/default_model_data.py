@@ -756,16 +756,18 @@ def _conv(
 #: task name -> (generator, sampling weight in training). Copying (and the copying of
 #: arguments inside tool calls) is what a small model learns last, so the copy and edit
 #: tasks and the single tool call weigh most; their conversations are also the shortest.
+#: JSON, the answer from a tool result and the list reformatting lagged behind whenever
+#: their share was small, so they weigh nearly as much; the canned chat is learnt early.
 TASKS: dict[str, tuple[Callable[[random.Random], Conversation], float]] = {
     "tool_call": (gen_tool_call, 3.0),
-    "tool_second_call": (gen_tool_second_call, 1.0),
-    "tool_followup": (gen_tool_followup, 1.5),
-    "json": (gen_json, 1.5),
+    "tool_second_call": (gen_tool_second_call, 1.5),
+    "tool_followup": (gen_tool_followup, 2.5),
+    "json": (gen_json, 2.5),
     "copy": (gen_copy, 3.0),
     "rename": (gen_rename, 3.0),
-    "summary": (gen_summary, 3.0),
-    "reformat": (gen_reformat, 1.5),
-    "chat": (gen_chat, 0.7),
+    "summary": (gen_summary, 2.5),
+    "reformat": (gen_reformat, 2.5),
+    "chat": (gen_chat, 0.5),
 }
 
 
