@@ -190,7 +190,9 @@ class Call:
     def attempt(self, target: Target, trigger: Trigger = "first") -> AttemptRun:
         """Start recording a new attempt on ``target``."""
         self.numbered += 1
-        request = request_for(self.request, target)
+        request = self.request
+        if request.model != target.model:
+            request = request_for(request, target)
         if trigger == "first" and self.numbered > 1:  # the first attempt of a later round
             return AttemptRun(self, target, request, self.numbered, "retry")
         return AttemptRun(self, target, request, self.numbered, trigger)

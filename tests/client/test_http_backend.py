@@ -40,6 +40,19 @@ async def test_sequential_streams_reuse_one_connection() -> None:
         assert fake.connections_opened == 1
 
 
+async def test_sequential_whole_replies_reuse_one_connection() -> None:
+    """A non-streamed reply is read to its end (on asyncio without a read just to see the
+    end), so its connection goes back to the pool every time: one connection for all."""
+    async with FakeProvider(Reply(tokens=5)) as fake:
+        client, backend = client_for(fake)
+        async with client:
+            for _ in range(20):
+                completion = await client.chat("hi", stream=False)
+                assert completion.text.split() == [f"tok{i}" for i in range(5)]
+            assert backend.pool_stats()["in_use"] == 0
+        assert fake.connections_opened == 1
+
+
 async def test_warmup_opens_connections() -> None:
     async with FakeProvider() as fake:
         client, backend = client_for(fake)

@@ -65,11 +65,14 @@ def _client_timeout(connect: float | None) -> aiohttp.ClientTimeout:
 class _Body:
     """One response's body: aiohttp's ``readany`` with errors mapped."""
 
-    __slots__ = ("_content", "_response")
+    __slots__ = ("_content", "_response", "at_end")
 
     def __init__(self, response: aiohttp.ClientResponse) -> None:
         self._response = response
         self._content = response.content
+        self.at_end: Callable[[], bool] = response.content.at_eof
+        """True once the body was read to its end (aiohttp parses the end of the body with
+        its last bytes)."""
 
     async def read(self) -> bytes:
         """The next bytes received (``b""`` at the end)."""

@@ -55,6 +55,10 @@ class _Body:
         """httpx closes responses asynchronously: always False."""
         return False
 
+    def at_end(self) -> bool:
+        """httpx sees a body's end only on the read after its last bytes: always False."""
+        return False
+
     async def aclose(self) -> None:
         """Close our iterator explicitly, then the response (which releases the connection)."""
         iterator, self._iterator = self._iterator, None

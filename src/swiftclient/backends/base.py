@@ -136,6 +136,11 @@ class ResponseBody(Protocol):
         cancellation). Saves a cancel scope per request where release is synchronous."""
         ...
 
+    def at_end(self) -> bool:
+        """True once the body was read to its end, so no further :meth:`read` is needed to
+        see it end (False where the transport cannot tell without that read)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class TransportResponse:

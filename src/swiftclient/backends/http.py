@@ -465,12 +465,15 @@ class HTTPBackend:
         parts: list[bytes] = []
         size = 0
         read = response.read
+        at_end = response.body.at_end
         try:
             while data := await read():
                 size += len(data)
                 if size > limit:
                     raise self._too_large("the response body", limit)
                 parts.append(data)
+                if at_end():  # the whole body is here: no read just to see it end
+                    break
         except httpx.HTTPError as exc:
             raise self._error(exc) from exc
         return parts[0] if len(parts) == 1 else b"".join(parts)
