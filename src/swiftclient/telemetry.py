@@ -40,6 +40,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
+from opentelemetry import context as otel_context
 from opentelemetry import metrics, propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
@@ -89,6 +90,15 @@ _OPERATION = "chat"
 _RECHECK_SECONDS = 1.0
 _monotonic = time.monotonic
 _current_span = trace.get_current_span
+_current_context = otel_context.get_current
+
+
+def _has_parent() -> bool:
+    """Whether the current context holds a valid span (an empty context holds none, which
+    is the common case without an SDK: checked first, a few calls less per call)."""
+    return bool(_current_context()) and _current_span().get_span_context().is_valid
+
+
 _LOCAL_PROVIDER = "swiftclient.local_engine"
 _KNOWN_HOSTS = (
     ("openai.azure.com", "azure.ai.openai"),
@@ -346,7 +356,7 @@ class Telemetry:
         if _monotonic() >= self._recheck_at:
             self._refresh()
         metered = self._metering
-        if not (self._tracing or metered or _current_span().get_span_context().is_valid):
+        if not (self._tracing or metered or _has_parent()):
             return None  # no SDK, and no trace context to pass on: nothing to do
         info = self._info(call.targets[0])
         span = self.tracer.start_span(info.name, kind=info.kind, attributes=info.attributes)
