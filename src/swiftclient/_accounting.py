@@ -19,9 +19,10 @@ How an attempt's end is read:
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 from . import errors
+from ._attempt import noop_hook
 from ._cost import AttemptRecord, CallCost, HedgeStats, Pricing
 from ._policies import prompt_chars
 
@@ -76,15 +77,15 @@ class Accounting:
 
     # ------------------------------------------------------------------ AttemptObserver
 
-    attempt_hooks: ClassVar[tuple[str, ...]] = ("on_end",)
-    """Only :meth:`on_end` notes anything; the call path skips the other hooks."""
-
+    @noop_hook
     def on_start(self, attempt: AttemptRun) -> None:
         """Nothing to note until the attempt ends."""
 
+    @noop_hook
     def on_first_token(self, attempt: AttemptRun) -> None:
         """Nothing to note until the attempt ends."""
 
+    @noop_hook
     def on_commit(self, attempt: AttemptRun) -> None:
         """Nothing to note: the call knows its winner when it settles."""
 

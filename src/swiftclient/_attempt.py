@@ -14,7 +14,7 @@ import asyncio
 import math
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AsyncExitStack
-from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol, TypeVar
 
 import anyio
 
@@ -75,7 +75,8 @@ class AttemptObserver(Protocol):
     and never raise (an exception from a handler propagates into the call).
 
     An observer that uses only some of the events may name them in a class attribute
-    ``attempt_hooks`` (for example ``("on_end",)``); the others are then never called.
+    ``attempt_hooks`` (for example ``("on_end",)``); the others are then never called. The
+    handlers are looked up when the client is built: to change them, pass another observer.
     """
 
     def on_start(self, attempt: AttemptRun) -> None:
@@ -108,14 +109,30 @@ class Hooks(NamedTuple):
 
     @classmethod
     def of(cls, observers: Iterable[AttemptObserver]) -> Hooks:
-        """The handlers of ``observers``."""
+        """The handlers of ``observers``, looked up now: an observer's ``attempt_hooks``
+        (a tuple, list or set of hook names; anything else is ignored, so a mock observer
+        still hears every event) leaves the others out, and so does a hook method marked
+        :func:`noop_hook` on the observer's class (a subclass that overrides it is heard)."""
         found: dict[str, list[Hook]] = {name: [] for name in HOOK_NAMES}
         for observer in observers:
-            used = getattr(observer, "attempt_hooks", HOOK_NAMES)
+            declared = getattr(observer, "attempt_hooks", None)
+            used = declared if isinstance(declared, tuple | list | set | frozenset) else HOOK_NAMES
+            kind = type(observer)
             for name in HOOK_NAMES:
-                if name in used:
-                    found[name].append(getattr(observer, name))
+                if name not in used or getattr(getattr(kind, name, None), _NOOP, False):
+                    continue
+                found[name].append(getattr(observer, name))
         return cls(*(tuple(found[name]) for name in HOOK_NAMES))
+
+
+_NOOP = "__swiftclient_noop_hook__"
+_F = TypeVar("_F", bound=Callable[..., None])
+
+
+def noop_hook(method: _F) -> _F:
+    """Mark an observer's hook method as doing nothing: calls skip it (see :class:`Hooks`)."""
+    setattr(method, _NOOP, True)
+    return method
 
 
 def deadline_exceeded(backend: str, timeout: Timeout) -> errors.DeadlineExceeded:

@@ -344,7 +344,7 @@ def _encode(
         # The same bytes as the general path below, serialized in one pass (no dict built
         # and walked again): the dump, then ``stream`` (and its options), then the key.
         raw = request.__pydantic_serializer__.to_json(request, exclude_none=True, by_alias=True)
-        tail = _STREAM_TAIL[stream, include_usage]
+        tail = _STREAM_TAIL[bool(stream), bool(include_usage)]
         if key is not None and request.prompt_cache_key is None:
             tail += b',"prompt_cache_key":' + pydantic_core.to_json(key)
         return b"".join((raw[:-1], tail, b"}"))

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Hashable, Sequence
-from typing import ClassVar, Protocol
+from typing import Protocol
 
-from ._attempt import AttemptRun, Target
+from ._attempt import AttemptRun, Target, noop_hook
 from ._breaker import CircuitBreaker
 from ._budget import HedgeBudget, RetryThrottle
 from ._estimator import LatencyEstimator, prompt_bucket
@@ -194,9 +194,7 @@ class PolicyHub:
 
     # ------------------------------------------------------------------ AttemptObserver
 
-    attempt_hooks: ClassVar[tuple[str, ...]] = ("on_first_token", "on_end")
-    """The hooks that feed the policies; the call path skips the others."""
-
+    @noop_hook
     def on_start(self, attempt: AttemptRun) -> None:
         """Nothing to do when an attempt starts."""
 
@@ -208,6 +206,7 @@ class PolicyHub:
             key = self._key(attempt.target, attempt.request, attempt.streamed)
             self._estimator.observe(key, ttft, self._clock())
 
+    @noop_hook
     def on_commit(self, attempt: AttemptRun) -> None:
         """Nothing to do on commit (the outcome comes with ``on_end``)."""
 

@@ -32,8 +32,9 @@ import re
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from ._attempt import noop_hook
 from ._canonical import PromptPrefix, prompt_prefix
 from .types import ChatRequest, Message, Tool
 
@@ -245,18 +246,19 @@ class CacheAccounting:
     :class:`CacheUsage` (the name the client registered the backend under)."""
 
     __slots__ = ("backends",)
-    attempt_hooks: ClassVar[tuple[str, ...]] = ("on_end",)
-    """Only :meth:`on_end` counts anything; the call path skips the other hooks."""
 
     def __init__(self) -> None:
         self.backends: dict[str, CacheUsage] = {}
 
+    @noop_hook
     def on_start(self, attempt: AttemptRun) -> None:
         """Nothing to count before the attempt ends."""
 
+    @noop_hook
     def on_first_token(self, attempt: AttemptRun) -> None:
         """Nothing to count before the attempt ends."""
 
+    @noop_hook
     def on_commit(self, attempt: AttemptRun) -> None:
         """Nothing to count before the attempt ends."""
 

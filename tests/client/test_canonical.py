@@ -394,3 +394,15 @@ def test_requests_with_something_to_reorder_take_the_general_path() -> None:
         {"response_format": {"type": "json_object"}},
     ):
         assert not _plain_body(_request(**fields))
+
+
+def test_a_usage_flag_that_is_not_a_bool_reads_as_its_truth_value() -> None:
+    request = _request()
+    for usage in (None, 0, 1):
+        assert _encode(request, True, usage, False, None) == _encode_general(  # type: ignore[arg-type]
+            request,
+            True,
+            usage,
+            False,
+            None,  # type: ignore[arg-type]
+        )

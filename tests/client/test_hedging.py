@@ -719,3 +719,23 @@ async def test_an_observer_gets_only_the_hooks_it_names(streamed: bool) -> None:
         await client.chat("hi", model="b/m", stream=streamed)
     assert only.outcomes == ["lost", "won", "won"]
     assert [outcome for _, _, outcome, _ in every.ended] == only.outcomes
+
+
+def test_mock_observers_hear_every_event_and_overridden_noop_hooks_are_heard() -> None:
+    from unittest.mock import MagicMock
+
+    from swiftclient._attempt import Hooks
+    from swiftclient._policies import PolicyHub
+
+    mock = MagicMock()
+    assert [len(h) for h in Hooks.of([mock])] == [1, 1, 1, 1]
+
+    class Started(PolicyHub):
+        def on_start(self, attempt: AttemptRun) -> None:
+            pass
+
+    hub = PolicyHub.standard(None)
+    # The hub's own on_start and on_commit do nothing and are skipped; a subclass's
+    # override of on_start is heard.
+    assert [len(h) for h in Hooks.of([hub])] == [0, 1, 0, 1]
+    assert [len(h) for h in Hooks.of([Started()])] == [1, 1, 0, 1]
