@@ -14,7 +14,15 @@ from typing import Protocol
 
 from local_engine.sampling_params import SamplingParams
 
-__all__ = ["Detokenizer", "StopChecker"]
+__all__ = ["Detokenizer", "StopChecker", "stop_token_ids"]
+
+
+def stop_token_ids(params: SamplingParams, eos_token_ids: Collection[int]) -> frozenset[int]:
+    """The token ids that end a request: its ``stop_token_ids``, and ``eos_token_ids``
+    unless ``params.ignore_eos``."""
+    if params.ignore_eos:
+        return frozenset(params.stop_token_ids)
+    return frozenset(params.stop_token_ids).union(eos_token_ids)
 
 
 class Detokenizer(Protocol):
@@ -42,10 +50,7 @@ class StopChecker:
         if params.stop and detokenizer is None:
             raise ValueError("stop strings need an engine with a tokenizer")
         self._params = params
-        stop_ids = set(params.stop_token_ids)
-        if not params.ignore_eos:
-            stop_ids.update(eos_token_ids)
-        self._stop_ids = frozenset(stop_ids)
+        self._stop_ids = stop_token_ids(params, eos_token_ids)
         self._detok = detokenizer
         self._held = ""  # decoded but not yet emitted
         self.num_tokens = 0  # tokens taken by push()

@@ -31,6 +31,7 @@ import torch
 from local_engine.sampler import Sampler
 from local_engine.scheduler import ScheduledSequence
 from local_engine.sequence import Sequence, SequenceStatus
+from local_engine.stop import stop_token_ids
 
 from .config import SpeculativeConfig
 from .verify import Draft, verify_drafts
@@ -198,10 +199,7 @@ class Speculator:
     def _state(self, seq: Sequence) -> _RequestState:
         state = self._states.get(seq.request_id)
         if state is None:
-            params = seq.params
-            stop_ids = frozenset(params.stop_token_ids)
-            if not params.ignore_eos:
-                stop_ids |= self.eos_token_ids
+            stop_ids = stop_token_ids(seq.params, self.eos_token_ids)
             state = _RequestState(SpecStats(), self._start_average, stop_ids)
             self._states[seq.request_id] = state
         return state
