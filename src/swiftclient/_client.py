@@ -76,6 +76,11 @@ def _messages(messages: MessagesInput) -> tuple[list[Message], int | None]:
         return [Message(role="user", content=messages)], None
     if isinstance(messages, Conversation):
         return messages.request_messages(), messages.static
+    if not isinstance(messages, Sequence) or isinstance(messages, bytes | bytearray):
+        raise errors.ConfigurationError(
+            "messages must be a string, a Conversation or a list of messages, "
+            f"got {type(messages).__name__}"
+        )
     out: list[Message] = []
     for index, message in enumerate(messages):
         if isinstance(message, Message):

@@ -110,6 +110,17 @@ async def test_malformed_messages_are_refused_before_sending(
     assert script.requests == []
 
 
+@pytest.mark.parametrize("messages", [123, None, {"role": "user", "content": "hi"}, b"hi"])
+async def test_messages_of_the_wrong_type_are_a_configuration_error(messages: Any) -> None:
+    script = Script()
+    async with make(script) as client:
+        with pytest.raises(ConfigurationError, match="messages must be a string"):
+            await client.chat(messages)
+        with pytest.raises(ConfigurationError, match="messages must be a string"):
+            client.stream(messages)
+    assert script.requests == []
+
+
 async def test_every_valid_message_shape_is_sent() -> None:
     conversation: list[dict[str, Any]] = [
         {"role": "system", "content": ""},
