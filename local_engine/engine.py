@@ -6,6 +6,7 @@ concurrent front end).
 
 from __future__ import annotations
 
+import logging
 import operator
 import uuid
 from collections import deque
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from local_engine.attention import get_attention_backend
+from local_engine.cpu_memory import tune_malloc
 from local_engine.cpu_threads import log_openmp_setup, set_num_threads
 from local_engine.kv_cache import BlockPool
 from local_engine.model import DecoderModel
@@ -28,6 +30,8 @@ from local_engine.stop import StopChecker
 from local_engine.structured import StructuredOutput
 from local_engine.tokenizer import Tokenizer
 from swiftclient.errors import ConfigurationError, EngineError, OverloadedError
+
+logger = logging.getLogger("local_engine")
 
 __all__ = [
     "Engine",
@@ -66,6 +70,10 @@ class EngineConfig:
     :meth:`Engine.process_step`); the outputs are the same either way. ``None`` means on for
     a CUDA model, where the text is made while the GPU computes, and off elsewhere: on CPU
     that host work is well under 1% of a step, so a second thread has nothing to win.
+    ``tune_malloc`` keeps the memory of freed CPU tensors in the process for the next step
+    instead of returning it to the kernel (glibc ``mallopt``, process-wide, from the first
+    engine that sets it on; :mod:`local_engine.cpu_memory`); ``None`` means on for a CPU
+    model. ``False`` leaves the allocator as it is; it cannot undo an earlier engine's setting.
     """
 
     block_size: int = 16
@@ -86,6 +94,7 @@ class EngineConfig:
     cuda_graphs: bool | None = None
     speculative: SpeculativeConfig | None = None
     overlap_output: bool | None = None
+    tune_malloc: bool | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -103,8 +112,9 @@ class EngineConfig:
         for name in ("static_buffers", "cuda_graphs"):
             if getattr(self, name) not in (None, True, False):
                 raise ConfigurationError(f"{name} must be None or a bool")
-        if not isinstance(self.overlap_output, bool | None):
-            raise ConfigurationError("overlap_output must be None or a bool")
+        for name in ("overlap_output", "tune_malloc"):
+            if not isinstance(getattr(self, name), bool | None):
+                raise ConfigurationError(f"{name} must be None or a bool")
         if self.speculative is not None and not isinstance(self.speculative, SpeculativeConfig):
             raise ConfigurationError(
                 f"speculative must be a SpeculativeConfig, got {type(self.speculative).__name__}"
@@ -204,6 +214,10 @@ class Engine:
             set_num_threads(config.num_threads)
         if model.device.type == "cpu":
             log_openmp_setup()
+        if config.tune_malloc or (config.tune_malloc is None and model.device.type == "cpu"):
+            tuning = tune_malloc()
+            if config.tune_malloc and not tuning.applied:
+                logger.warning("tune_malloc=True had no effect: %s", tuning.reason)
         if config.attention_backend != "auto":
             model.set_attention_backend(
                 get_attention_backend(config.attention_backend, device=model.device)

@@ -560,6 +560,11 @@ class _ServeCommand(click.Command):
 )
 @click.option("--threads", type=int, help="torch CPU threads (default: torch's count).")
 @click.option(
+    "--tune-malloc/--no-tune-malloc",
+    default=None,
+    help="Keep freed CPU tensor memory for the next step (glibc; default: on for a CPU model).",
+)
+@click.option(
     "--quantization",
     type=click.Choice(["int8", "fp8"]),
     help="int8: int8 weights; fp8: fp8 weights (CUDA GPUs with compute capability 8.9+).",
@@ -616,6 +621,7 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
         dtype=args.dtype,
         device=args.device,
         num_threads=args.threads,
+        tune_malloc=args.tune_malloc,
         quantization=args.quantization,
         speculative=speculative,
     )

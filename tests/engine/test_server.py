@@ -630,3 +630,16 @@ def test_the_step_budget_reaches_the_engine() -> None:
     assert _engine_config(parse()).max_num_batched_tokens == 2048
     config = _engine_config(parse("--max-num-batched-tokens", "32768"))
     assert config.max_num_batched_tokens == 32768
+
+
+def test_the_malloc_setting_reaches_the_engine() -> None:
+    import argparse
+
+    from local_engine.server import _engine_config, command
+
+    def parse(*argv: str) -> argparse.Namespace:
+        return argparse.Namespace(**command.make_context("serve", list(argv)).params)
+
+    assert _engine_config(parse()).tune_malloc is None
+    assert _engine_config(parse("--tune-malloc")).tune_malloc is True
+    assert _engine_config(parse("--no-tune-malloc")).tune_malloc is False
