@@ -759,14 +759,14 @@ def _conv(
 #: JSON, the answer from a tool result and the list reformatting lagged behind whenever
 #: their share was small, so they weigh nearly as much; the canned chat is learnt early.
 TASKS: dict[str, tuple[Callable[[random.Random], Conversation], float]] = {
-    "tool_call": (gen_tool_call, 3.0),
+    "tool_call": (gen_tool_call, 2.5),
     "tool_second_call": (gen_tool_second_call, 1.5),
-    "tool_followup": (gen_tool_followup, 2.5),
-    "json": (gen_json, 2.5),
+    "tool_followup": (gen_tool_followup, 2.0),
+    "json": (gen_json, 2.0),
     "copy": (gen_copy, 3.0),
-    "rename": (gen_rename, 3.0),
+    "rename": (gen_rename, 3.5),
     "summary": (gen_summary, 2.5),
-    "reformat": (gen_reformat, 2.5),
+    "reformat": (gen_reformat, 4.5),
     "chat": (gen_chat, 0.5),
 }
 
