@@ -12,6 +12,13 @@ layer's tensor of the same size takes a page fault on every page it touches agai
 out) took 8.9 ms that way and 0.5 ms with the settings below, and a loop of three 16 MiB
 tensors took about 1,800 page faults per round against none.
 
+This is the main thread's heap (glibc's main arena): an engine stepped from the main thread
+(``Engine.step`` or ``Engine.generate`` in a script, the benchmarks) paid it on every
+prefill. :class:`~local_engine.async_engine.AsyncEngine` (and so ``LocalBackend`` and the
+server) steps the engine in worker threads, whose own arenas kept their memory already: 32
+concurrent requests there took a handful of page faults per round after the first, with or
+without these settings.
+
 :func:`tune_malloc` calls glibc's ``mallopt`` to keep that memory: the mmap threshold at
 32 MiB (glibc's maximum on 64-bit), so tensors up to that size come from the heap, and the
 trim threshold at :data:`TRIM_THRESHOLD`, so a heap keeps up to that much free memory for the
