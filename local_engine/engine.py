@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import operator
+import threading
 import uuid
 from collections import deque
 from collections.abc import Sequence as SequenceABC
@@ -71,9 +72,13 @@ class EngineConfig:
     a CUDA model, where the text is made while the GPU computes, and off elsewhere: on CPU
     that host work is well under 1% of a step, so a second thread has nothing to win.
     ``tune_malloc`` keeps the memory of freed CPU tensors in the process for the next step
-    instead of returning it to the kernel (glibc ``mallopt``, process-wide, from the first
-    engine that sets it on; :mod:`local_engine.cpu_memory`); ``None`` means on for a CPU
-    model. ``False`` leaves the allocator as it is; it cannot undo an earlier engine's setting.
+    instead of returning it to the kernel (glibc ``mallopt``, process-wide and for good;
+    :mod:`local_engine.cpu_memory`). ``None`` applies it at the engine's first step taken on
+    the main thread, for a CPU model: the heap that step allocates from is the one that gave
+    memory back (:class:`~local_engine.async_engine.AsyncEngine` steps in worker threads,
+    whose heaps keep theirs, so there it changes nothing). ``True`` applies it when the
+    engine is built (a warning says why where it cannot be); ``False`` leaves the allocator
+    as it is, and cannot undo another engine's setting.
     """
 
     block_size: int = 16
@@ -214,10 +219,6 @@ class Engine:
             set_num_threads(config.num_threads)
         if model.device.type == "cpu":
             log_openmp_setup()
-        if config.tune_malloc or (config.tune_malloc is None and model.device.type == "cpu"):
-            tuning = tune_malloc()
-            if config.tune_malloc and not tuning.applied:
-                logger.warning("tune_malloc=True had no effect: %s", tuning.reason)
         if config.attention_backend != "auto":
             model.set_attention_backend(
                 get_attention_backend(config.attention_backend, device=model.device)
@@ -304,6 +305,13 @@ class Engine:
                 config.speculative, proposer, sampler, eos_token_ids=self.eos_token_ids
             )
             self.runner.verify = self.speculator.verify
+        # The malloc setting (EngineConfig.tune_malloc), decided last so that an engine
+        # that fails to build leaves the process alone.
+        self._tune_malloc_on_main = config.tune_malloc is None and model.device.type == "cpu"
+        if config.tune_malloc:
+            tuning = tune_malloc()
+            if not tuning.applied:
+                logger.warning("tune_malloc=True had no effect: %s", tuning.reason)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, config: EngineConfig | None = None) -> Engine:
@@ -453,6 +461,9 @@ class Engine:
         nothing else: adds and aborts go between steps.
         """
         self._release_stopped()
+        if self._tune_malloc_on_main and threading.current_thread() is threading.main_thread():
+            self._tune_malloc_on_main = False
+            tune_malloc()
         if self.speculator is not None:
             self.speculator.propose(self.scheduler.running)
         batch = self.scheduler.schedule()

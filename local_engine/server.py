@@ -562,7 +562,10 @@ class _ServeCommand(click.Command):
 @click.option(
     "--tune-malloc/--no-tune-malloc",
     default=None,
-    help="Keep freed CPU tensor memory for the next step (glibc; default: on for a CPU model).",
+    help=(
+        "Keep freed CPU tensor memory for the next step (glibc mallopt, process-wide). "
+        "Default: off here (the server steps in worker threads, whose heaps keep it anyway)."
+    ),
 )
 @click.option(
     "--quantization",

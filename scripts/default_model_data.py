@@ -755,9 +755,9 @@ def _conv(
 
 #: task name -> (generator, sampling weight in training). Copying (and the copying of
 #: arguments inside tool calls) is what a small model learns last, so the copy and edit
-#: tasks and the single tool call weigh most; their conversations are also the shortest.
-#: JSON, the answer from a tool result and the list reformatting lagged behind whenever
-#: their share was small, so they weigh nearly as much; the canned chat is learnt early.
+#: tasks weigh most: list reformatting (whose copy skips the list's delimiters) and renaming
+#: most of all, as they learned slowest (31.7% and 66.7% exact at 2.5 and 3). The tool
+#: calls, tool answers and JSON, learnt by mid-run, weigh less; the canned chat least.
 TASKS: dict[str, tuple[Callable[[random.Random], Conversation], float]] = {
     "tool_call": (gen_tool_call, 2.5),
     "tool_second_call": (gen_tool_second_call, 1.5),

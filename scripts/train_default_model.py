@@ -2,7 +2,7 @@
 
 Reproducible: the data (scripts/default_model_data.py), the tokenizer, the initial weights
 and the batch order all come from fixed seeds. Runs on CPU (the shipped weights took about
-46 minutes on one thread of the shared 2-core development machine, ``--threads 1``: while
+48 minutes on one thread of the shared 2-core development machine, ``--threads 1``: while
 another process holds a core, two threads run several times slower than one) or on a
 GPU when one is present. The forward pass runs under bfloat16 autocast and, unless
 ``--no-compile``, through ``torch.compile``.
@@ -510,8 +510,9 @@ def model_card(cfg: TrainConfig, params: int) -> str:
         "by `scripts/train_default_model.py` on synthetic chat data only: calls to three tools\n"
         "(`get_weather`, `convert_units`, `calculator`) in the Hermes `<tool_call>` format,\n"
         "answers from a tool's result, JSON extraction, copying and light edits of short\n"
-        "texts, greetings and canned facts. It knows nothing else, and it does not do all of\n"
-        "these equally well: `scripts/eval_default_model.py` measures it per task, and\n"
+        "texts, greetings and canned facts. The texts come from fixed word lists (names,\n"
+        "cities, items) and a few sentence patterns: it does not copy other words, and it\n"
+        "knows nothing else. `scripts/eval_default_model.py` measures it per task, and\n"
         "docs/local-engine.md has the table.\n\n"
         f"Training settings: `{json.dumps(vars(cfg))}`.\n\n"
         f"Task mix (sampling weights of the generated conversations): `{json.dumps(mix)}`.\n"

@@ -1,12 +1,14 @@
-"""The malloc settings for CPU tensors: freed memory stays for the next step, set once.
+"""The malloc settings for CPU tensors: freed memory stays for the next step, set once, only
+where it helps, never over the user's own settings.
 
-The settings hold for a whole process, so each case that applies them runs in a fresh
-interpreter.
+The settings hold for a whole process, so each case that may apply them runs in a fresh
+interpreter, with an environment stripped of allocator settings.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -22,12 +24,16 @@ pytestmark = pytest.mark.skipif(
 )
 
 # Page faults per round of three 16 MiB tensors written and freed, before and after
-# tune_malloc(): a round after the first should find its memory still mapped.
+# tune_malloc(): a round after the first should find its memory still mapped. Transparent
+# huge pages are off for the process (prctl PR_SET_THP_DISABLE), so that every 4 KiB page
+# faults on its own and the count does not depend on the host's huge-page policy.
 _FAULTS = """
-import json, resource, torch
+import ctypes, json, resource
+ctypes.CDLL(None).prctl(41, 1, 0, 0, 0)
+import torch
 from local_engine.cpu_memory import malloc_tuning, tune_malloc
 
-def faults(rounds=20):
+def faults(rounds=10):
     def once():
         a = torch.ones(4 << 20); b = torch.ones(4 << 20); c = torch.ones(4 << 20)
         del a, b, c
@@ -45,52 +51,108 @@ print(json.dumps({
     "tuned": faults(),
     "first_seen": first_seen is not None,
     "applied": tuning.applied,
+    "reason": tuning.reason,
     "same": tune_malloc() is tuning,
 }))
 """
 
-# An engine on CPU sets the allocator up unless its config says False.
+# An engine built with tune_malloc=<argv[1]>, then stepped once on the main thread or on a
+# worker thread (argv[2]); prints malloc_tuning() after the build and after the step.
 _ENGINE = """
-import json, sys
+import json, logging, sys, threading
 from pathlib import Path
 import local_engine
 from local_engine.cpu_memory import malloc_tuning
 from local_engine.engine import Engine, EngineConfig
+from local_engine.sampler import SamplingParams
+logging.basicConfig(level=logging.WARNING, format="%(message)s")
 path = Path(local_engine.__file__).parent / "models" / "swift-tiny"
 setting = json.loads(sys.argv[1])
-Engine.from_pretrained(path, EngineConfig(num_blocks=8, tune_malloc=setting))
-tuning = malloc_tuning()
-print(json.dumps(None if tuning is None else tuning.applied))
+engine = Engine.from_pretrained(path, EngineConfig(num_blocks=8, tune_malloc=setting))
+def state():
+    tuning = malloc_tuning()
+    return None if tuning is None else tuning.applied
+built = state()
+def step():
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=1))
+    engine.step()
+if sys.argv[2] == "worker":
+    worker = threading.Thread(target=step)
+    worker.start()
+    worker.join()
+else:
+    step()
+print(json.dumps({"built": built, "stepped": state()}))
 """
 
 
-def _run(code: str, *args: str) -> object:
+def _env(**extra: str) -> dict[str, str]:
+    """This process's environment without allocator settings, plus ``extra``."""
+    dropped = ("LD_PRELOAD", "GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
+    env.update(extra)
+    return env
+
+
+def _run(code: str, *args: str, **env: str) -> tuple[dict[str, object], str]:
     out = subprocess.run(
         [sys.executable, "-c", code, *args],
+        env=_env(**env),
         capture_output=True,
         text=True,
         check=True,
         timeout=180,
     )
-    return json.loads(out.stdout)
+    report: dict[str, object] = json.loads(out.stdout)
+    return report, out.stderr
 
 
 def test_freed_tensor_memory_is_kept_for_the_next_allocation() -> None:
-    report = _run(_FAULTS)
-    assert isinstance(report, dict)
-    assert report["first_seen"] is False  # nothing tuned the allocator before the call
+    report, _ = _run(_FAULTS)
+    assert report["first_seen"] is False  # importing the engine does not tune the allocator
     assert report["applied"] is True and report["same"] is True
     # Without the settings the heap gives the freed top back and every round faults its
-    # pages in again (about 1,800 faults here); with them a round faults (almost) none.
-    assert report["default"] > 200
-    assert report["tuned"] < report["default"] / 10
+    # pages in again (thousands); with them a round faults (almost) none.
+    default, tuned = report["default"], report["tuned"]
+    assert isinstance(default, float) and isinstance(tuned, float)
+    assert default > 1000
+    assert tuned < default / 10
 
 
-@pytest.mark.parametrize(("setting", "expected"), [(None, True), (True, True), (False, None)])
-def test_a_cpu_engine_tunes_malloc_unless_told_not_to(
-    setting: bool | None, expected: bool | None
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"MALLOC_TRIM_THRESHOLD_": "0"},
+        {"MALLOC_MMAP_THRESHOLD_": "65536"},
+        {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.mmap_threshold=65536"},
+    ],
+)
+def test_the_users_own_thresholds_win(env: dict[str, str]) -> None:
+    report, _ = _run(_FAULTS, **env)
+    assert report["applied"] is False
+    assert "the environment sets malloc thresholds" in str(report["reason"])
+
+
+@pytest.mark.parametrize(
+    ("setting", "where", "built", "stepped"),
+    [
+        (None, "main", None, True),  # applied at the first step on the main thread
+        (None, "worker", None, None),  # AsyncEngine's case: a worker thread's heap
+        (True, "worker", True, True),  # applied when built
+        (False, "main", None, None),
+    ],
+)
+def test_where_an_engine_tunes_malloc(
+    setting: bool | None, where: str, built: bool | None, stepped: bool | None
 ) -> None:
-    assert _run(_ENGINE, json.dumps(setting)) == expected
+    report, _ = _run(_ENGINE, json.dumps(setting), where)
+    assert report == {"built": built, "stepped": stepped}
+
+
+def test_tune_malloc_true_without_effect_warns() -> None:
+    report, stderr = _run(_ENGINE, "true", "main", GLIBC_TUNABLES="glibc.malloc.trim_threshold=0")
+    assert report == {"built": False, "stepped": False}
+    assert "tune_malloc=True had no effect: the environment sets malloc thresholds" in stderr
 
 
 def test_tune_malloc_is_validated() -> None:
