@@ -38,7 +38,10 @@ _KINDS: dict[str, Callable[[tuple[str, int, str]], bool]] = {
         or "scaled_dot_product_attention" in k[2]
         or "index_copy_" in k[2]
     ),
-    "norm": lambda k: k[2] == "<built-in method torch.rms_norm>",
+    "norm": lambda k: (
+        k[2] == "<built-in method torch.rms_norm>"
+        or (k[0].endswith("native.py") and k[2] == "rms_norm")
+    ),
     "rope": lambda k: (
         k[2]
         in (

@@ -23,6 +23,7 @@ from torch import nn
 from swiftclient.errors import ConfigurationError
 
 from .attention import AttentionBackend, AttentionMetadata, get_attention_backend
+from .attention.native import KERNEL_DTYPES, load_paged_decode
 from .config import ModelConfig, RopeScaling
 from .fp8 import Fp8Weight, check_fp8_device
 from .quant import DequantScratch, Int8Weight, Quantization, check_quantization, linear
@@ -38,8 +39,16 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     """RMSNorm over the last axis; ``weight`` broadcasts against ``x``.
 
     Half-precision inputs are normalized in float32 and cast back before the weight is
-    applied, as transformers does.
+    applied, as transformers does. On CPU the native kernel does it in one pass where it
+    loads (float32 and bfloat16; ``KernelError`` if it refuses sizes it was meant to take);
+    torch's operations do it elsewhere.
     """
+    if x.device.type == "cpu" and x.dtype in KERNEL_DTYPES:
+        kernel = load_paged_decode()
+        if kernel is not None:
+            out = kernel.rms_norm(x, weight, eps, torch.get_num_threads())
+            if out is not None:
+                return out
     if x.dtype == torch.float32:
         if weight.dim() == 1:
             return F.rms_norm(x, (x.shape[-1],), weight, eps)

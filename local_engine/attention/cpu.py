@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 
 from .base import AttentionMetadata
-from .native import MAX_HEADS, KernelError, PagedDecodeKernel, load_paged_decode
+from .native import KERNEL_DTYPES, MAX_HEADS, KernelError, PagedDecodeKernel, load_paged_decode
 from .reference import ReferenceAttention, _Decode
 
 __all__ = ["CPUPagedAttention"]
@@ -98,16 +98,13 @@ class CPUPagedAttention(ReferenceAttention):
         return out
 
 
-_KERNEL_DTYPES = (torch.float32, torch.bfloat16)
-
-
 def _kernel_takes(q: torch.Tensor, kv_cache: torch.Tensor, decode: _Decode) -> bool:
     rows, heads, dim = q.shape
     kv_heads = kv_cache.shape[3]
     return (
         q.device.type == "cpu"
         and kv_cache.device.type == "cpu"
-        and q.dtype in _KERNEL_DTYPES
+        and q.dtype in KERNEL_DTYPES
         and kv_cache.dtype == q.dtype
         and kv_cache.is_contiguous()
         and q.stride(2) == 1

@@ -35,13 +35,14 @@ from pathlib import Path
 
 # torch first: its OpenMP runtime must be loaded before the kernel library, which then
 # shares it (see torch_uses_gomp).
-import torch  # noqa: F401  # isort: skip
+import torch  # isort: skip
 
 from local_engine.cpu_threads import gomp_libraries
 from local_engine.default_model import default_cache_root
 
 __all__ = [
     "DISABLE_ENV",
+    "KERNEL_DTYPES",
     "KernelError",
     "PagedDecodeKernel",
     "build_library",
@@ -57,6 +58,10 @@ DISABLE_ENV = "SWIFTCLIENT_NATIVE_KERNELS"
 SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
 SYMBOL = "swift_paged_decode_f32"
 SYMBOL_BF16 = "swift_paged_decode_bf16"
+SYMBOL_RMS_NORM = "swift_rms_norm_f32"
+SYMBOL_RMS_NORM_BF16 = "swift_rms_norm_bf16"
+RMS_NORM_MAX_COLS = 16384
+"""Widest row the RMSNorm kernel takes (``RMS_MAX_COLS`` in the C source)."""
 MAX_HEADS = 256
 """Query heads the kernel takes (``MAX_HEADS`` in the C source)."""
 
@@ -67,12 +72,15 @@ _FLAG_SETS = (
     ("-O3", "-fno-math-errno"),
 )
 _OPENMP = "-fopenmp"
+KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+"""The dtypes the kernels take."""
 _COMPILE_TIMEOUT_S = 120
 
 _I64 = ctypes.c_int64
 _PTR = ctypes.c_void_p
 _ARGTYPES = [_PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _PTR]
 _ARGTYPES += [_I64] * 8 + [ctypes.c_float, ctypes.c_int]
+_RMS_ARGTYPES = [_PTR, _I64, _I64, _I64, _I64, _PTR, _I64, _PTR, _I64, ctypes.c_float, ctypes.c_int]
 
 
 class KernelError(RuntimeError):
@@ -86,6 +94,64 @@ class PagedDecodeKernel:
     path: Path
     _fn: Callable[..., int]
     _fn_bf16: Callable[..., int]
+    _rms: Callable[..., int]
+    _rms_bf16: Callable[..., int]
+
+    def rms_norm(
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float, threads: int
+    ) -> torch.Tensor | None:
+        """``x / sqrt(mean(x**2) + eps) * weight`` over the last axis in a new contiguous
+        tensor, or None where the kernel does not take the arguments (the caller then uses
+        torch).
+
+        ``x`` is ``[T, H]`` or ``[T, heads, H]`` (rows contiguous, any row strides: the q/k
+        heads of a fused projection's output are a view), float32 or bfloat16 on CPU;
+        ``weight`` has ``x``'s dtype and is ``[H]``, or ``[heads, H]`` (one weight per head).
+        bfloat16 rounds the normalized value before the weight multiply, as the upcast
+        reference does.
+
+        Raises:
+            KernelError: the kernel refused the sizes it was given.
+        """
+        if (
+            x.device.type != "cpu"
+            or x.dtype not in KERNEL_DTYPES
+            or weight.dtype != x.dtype
+            or x.dim() not in (2, 3)
+            or x.stride(-1) != 1
+            or not weight.is_contiguous()
+            or not 0 < x.shape[-1] <= RMS_NORM_MAX_COLS
+        ):
+            return None
+        cols = x.shape[-1]
+        if x.dim() == 2:
+            inner, x_inner = 1, 0
+        else:
+            inner, x_inner = x.shape[1], x.stride(1)
+        if weight.shape == (cols,):
+            w_inner = 0
+        elif x.dim() == 3 and weight.shape == (inner, cols):
+            w_inner = cols
+        else:
+            return None
+        out = torch.empty(x.shape, dtype=x.dtype)
+        fn = self._rms_bf16 if x.dtype == torch.bfloat16 else self._rms
+        status = fn(
+            x.data_ptr(),
+            x.shape[0],
+            inner,
+            x.stride(0),
+            x_inner,
+            weight.data_ptr(),
+            w_inner,
+            out.data_ptr(),
+            cols,
+            eps,
+            threads,
+        )
+        if status:
+            raise KernelError(f"RMSNorm kernel refused its arguments (status {status})")
+        return out
 
     def __call__(
         self,
@@ -294,12 +360,17 @@ def open_library(path: Path) -> PagedDecodeKernel:
     """
     library = ctypes.CDLL(str(path))
     functions = []
-    for symbol in (SYMBOL, SYMBOL_BF16):
+    for symbol, argtypes in (
+        (SYMBOL, _ARGTYPES),
+        (SYMBOL_BF16, _ARGTYPES),
+        (SYMBOL_RMS_NORM, _RMS_ARGTYPES),
+        (SYMBOL_RMS_NORM_BF16, _RMS_ARGTYPES),
+    ):
         try:
             fn = getattr(library, symbol)
         except AttributeError as exc:
             raise OSError(f"{path} has no {symbol}") from exc
-        fn.argtypes = _ARGTYPES
+        fn.argtypes = argtypes
         fn.restype = ctypes.c_int
         functions.append(fn)
     return PagedDecodeKernel(path, *functions)

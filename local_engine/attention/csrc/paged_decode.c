@@ -297,3 +297,84 @@ int swift_paged_decode_bf16(const bf16_t *q, int64_t q_row, int64_t q_head, cons
     return paged_decode(q, q_row, q_head, k, v, tables, table_stride, lens, out, rows, heads,
                         kv_heads, dim, block_size, window, max_len, num_blocks, scale, nthreads, 1);
 }
+
+/*
+ * RMSNorm, in the same library (the model's norms take it where this library loads):
+ *   row (o, i) of `cols` values starts at x + o * x_outer + i * x_inner (elements; a row is
+ *   contiguous), for o < outer, i < inner; its weight starts at w + i * w_inner (w_inner 0:
+ *   one weight for every row); out is contiguous [outer, inner, cols].
+ *   out = x / sqrt(mean(x^2) + eps) * w, the sum of squares in float32. bfloat16
+ * (swift_rms_norm_bf16) converts on load, rounds the normalized value to bfloat16 before the
+ * weight multiply and rounds the product again, as the float32-upcast reference does.
+ * Rows are split over an OpenMP team of up to `nthreads` threads when there are enough of
+ * them to pay for it. Returns 0, or 2 for sizes it does not take.
+ */
+static inline float sum_squares(const float *x, int64_t n) {
+    float s = 0.0f;
+    int64_t d = 0;
+#if defined(__AVX512F__)
+    __m512 acc = _mm512_setzero_ps();
+    for (; d + 16 <= n; d += 16) {
+        const __m512 v = _mm512_loadu_ps(x + d);
+        acc = _mm512_fmadd_ps(v, v, acc);
+    }
+    s = _mm512_reduce_add_ps(acc);
+#endif
+    for (; d < n; d++) s += x[d] * x[d];
+    return s;
+}
+
+#define RMS_PARALLEL_MIN 32768 /* elements: below this a parallel region costs more */
+#define RMS_MAX_COLS 16384 /* wider rows: the caller uses torch */
+
+static void rms_row_f32(const float *x, const float *w, float *y, int64_t cols, float eps) {
+    const float inv = 1.0f / sqrtf(sum_squares(x, cols) / (float)cols + eps);
+    for (int64_t d = 0; d < cols; d++) y[d] = x[d] * inv * w[d];
+}
+
+static void rms_row_bf16(const bf16_t *x, const bf16_t *w, bf16_t *y, int64_t cols, float eps,
+                         float *scratch) {
+    for (int64_t d = 0; d < cols; d++) scratch[d] = bf16_to_f32(x[d]);
+    const float inv = 1.0f / sqrtf(sum_squares(scratch, cols) / (float)cols + eps);
+    for (int64_t d = 0; d < cols; d++) {
+        const float normed = bf16_to_f32(f32_to_bf16(scratch[d] * inv));
+        y[d] = f32_to_bf16(normed * bf16_to_f32(w[d]));
+    }
+}
+
+static int rms_norm(const void *x, int64_t outer, int64_t inner, int64_t x_outer,
+                    int64_t x_inner, const void *w, int64_t w_inner, void *out, int64_t cols,
+                    float eps, int nthreads, int bf16) {
+    if (outer < 0 || inner < 1 || cols < 1 || cols > RMS_MAX_COLS) return 2;
+    const int64_t rows = outer * inner;
+    if (nthreads < 1 || rows * cols < RMS_PARALLEL_MIN) nthreads = 1;
+    if (nthreads > MAX_THREADS) nthreads = MAX_THREADS;
+#if defined(_OPENMP)
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
+#endif
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t o = r / inner, i = r % inner;
+        if (bf16) {
+            float scratch[RMS_MAX_COLS]; /* 64 KiB of the thread's stack */
+            rms_row_bf16((const bf16_t *)x + o * x_outer + i * x_inner,
+                         (const bf16_t *)w + i * w_inner, (bf16_t *)out + r * cols, cols, eps,
+                         scratch);
+        } else {
+            rms_row_f32((const float *)x + o * x_outer + i * x_inner,
+                        (const float *)w + i * w_inner, (float *)out + r * cols, cols, eps);
+        }
+    }
+    return 0;
+}
+
+int swift_rms_norm_f32(const float *x, int64_t outer, int64_t inner, int64_t x_outer,
+                       int64_t x_inner, const float *w, int64_t w_inner, float *out,
+                       int64_t cols, float eps, int nthreads) {
+    return rms_norm(x, outer, inner, x_outer, x_inner, w, w_inner, out, cols, eps, nthreads, 0);
+}
+
+int swift_rms_norm_bf16(const bf16_t *x, int64_t outer, int64_t inner, int64_t x_outer,
+                        int64_t x_inner, const bf16_t *w, int64_t w_inner, bf16_t *out,
+                        int64_t cols, float eps, int nthreads) {
+    return rms_norm(x, outer, inner, x_outer, x_inner, w, w_inner, out, cols, eps, nthreads, 1);
+}
