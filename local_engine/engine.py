@@ -32,8 +32,6 @@ from local_engine.structured import StructuredOutput
 from local_engine.tokenizer import Tokenizer
 from swiftclient.errors import ConfigurationError, EngineError, OverloadedError
 
-logger = logging.getLogger("local_engine")
-
 __all__ = [
     "Engine",
     "EngineConfig",
@@ -45,6 +43,8 @@ __all__ = [
     "StepTokens",
     "TokenLogprob",
 ]
+
+logger = logging.getLogger("local_engine")
 
 
 @dataclass

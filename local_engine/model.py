@@ -23,7 +23,7 @@ from torch import nn
 from swiftclient.errors import ConfigurationError
 
 from .attention import AttentionBackend, AttentionMetadata, get_attention_backend
-from .attention.native import KERNEL_DTYPES, load_paged_decode
+from .attention.native import load_paged_decode
 from .config import ModelConfig, RopeScaling
 from .fp8 import Fp8Weight, check_fp8_device
 from .quant import DequantScratch, Int8Weight, Quantization, check_quantization, linear
@@ -43,12 +43,10 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     loads (float32 and bfloat16; ``KernelError`` if it refuses sizes it was meant to take);
     torch's operations do it elsewhere.
     """
-    if x.device.type == "cpu" and x.dtype in KERNEL_DTYPES:
-        kernel = load_paged_decode()
-        if kernel is not None:
-            out = kernel.rms_norm(x, weight, eps, torch.get_num_threads())
-            if out is not None:
-                return out
+    if x.device.type == "cpu" and (kernel := load_paged_decode()) is not None:
+        out = kernel.rms_norm(x, weight, eps, torch.get_num_threads())  # None: not its case
+        if out is not None:
+            return out
     if x.dtype == torch.float32:
         if weight.dim() == 1:
             return F.rms_norm(x, (x.shape[-1],), weight, eps)
