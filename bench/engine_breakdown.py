@@ -2,12 +2,13 @@
 
 Runs workloads 2(a) and 2(b) of ``engine_cpu.py`` (32 concurrent requests, fp32, the
 random-weight ``swift-50m``) on the engine alone, best of ``--reps`` rounds with fresh prompts,
-then replays the engine's matmuls and attention at the step shapes of one more run (the same
-replays as the ceiling line of ``engine_cpu.py``). ``(matmuls + attention) / engine`` is the
-share of the ceiling the engine reaches; transformers' time cancels out of it, so this needs
-no transformers run. Then one more run of each workload under cProfile splits the engine's
-time by kind of work (matmul, attention, norms, RoPE, activation, the rest: sampling,
-scheduling, input preparation and Python), per run and per step.
+with a replay of the engine's matmuls and attention at the step shapes of one more run in
+every round (the same replays as the ceiling line of ``engine_cpu.py``).
+``(matmuls + attention) / engine`` is the share of the ceiling the engine reaches;
+transformers' time cancels out of it, so this needs no transformers run. Then one more run
+of each workload under cProfile splits the engine's time by kind of work (matmul, attention,
+norms, q/k norm + RoPE, activation, the rest: sampling, scheduling, input preparation and
+Python), per run and per step.
 
     .venv/bin/python bench/engine_breakdown.py --threads 1 --reps 3
 """
@@ -19,6 +20,7 @@ import cProfile
 import os
 import pstats
 import random
+import statistics
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -27,6 +29,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import engine_cpu as bench  # noqa: E402
+
+from local_engine.default_model import ensure_default_model  # noqa: E402
 
 # cProfile keys (file, line, function) of the torch calls each kind of work makes.
 _KINDS: dict[str, Callable[[tuple[str, int, str]], bool]] = {
@@ -42,15 +46,18 @@ _KINDS: dict[str, Callable[[tuple[str, int, str]], bool]] = {
         k[2] == "<built-in method torch.rms_norm>"
         or (k[0].endswith("native.py") and k[2] == "rms_norm")
     ),
-    "rope": lambda k: (
-        k[2]
+    "q/k norm + rope": lambda k: (
+        (k[0].endswith("native.py") and k[2] == "rope")
+        or k[2]
         in (
             "<built-in method torch.mul>",
             "<method 'addcmul_' of 'torch._C.TensorBase' objects>",
             "<built-in method torch.cat>",
         )
     ),
-    "activation": lambda k: "silu_" in k[2] or "'mul_'" in k[2],
+    "activation": lambda k: (
+        (k[0].endswith("native.py") and k[2] == "silu_mul") or "silu_" in k[2] or "'mul_'" in k[2]
+    ),
 }
 
 
@@ -84,8 +91,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     s = bench.QUICK if args.quick else bench.FULL
-    setup = bench.build(bench.ensure_default_model(bench.MODEL_NAME), s, with_transformers=False)
-    peer, model = setup.engine, setup.engine.engine.model
+    setup = bench.build(ensure_default_model(bench.MODEL_NAME), s, with_transformers=False)
+    peer = setup.engine
     lengths = bench.batch_lengths(s)
     size = "quick" if args.quick else "full"
     print(
@@ -103,24 +110,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             rng = random.Random(seed + rnd)
             return [bench._random_ids(rng, n, setup.token_high) for n in lengths]
 
-        times = []
-        for rnd in range(args.reps + 1):  # round 0 warms up
-            run = peer.run(make(rnd), new)
-            if rnd:
-                times.append(run.end - run.start)
-        shapes = peer.step_shapes(make(args.reps + 1), new)
-        matmuls = bench.matmul_seconds(model, shapes, args.reps)
-        attention = bench.attention_seconds(
-            model, setup.engine.engine.config.block_size, shapes, args.reps
-        )
+        def engine_run(prompts: bench.Prompts, new: bench.NewTokens = new) -> bench.Run:
+            return peer.run(prompts, new)
+
+        ceiling = setup.ceiling(peer.step_shapes(make(args.reps + 1), new))
+        runs, _ = bench._rounds(args.reps, make, [engine_run, ceiling.replay])
+        times = [run.end - run.start for run in runs]
+        steps = len(ceiling.shapes)
+        matmuls, attention = ceiling.best()
         best = min(times)
         other = best - matmuls - attention
+        shares = [
+            (m + a) / t
+            for m, a, t in zip(ceiling.matmuls[1:], ceiling.attention[1:], times, strict=True)
+        ]
         print(
-            f"- {label}: engine best {best:.2f} s of {len(shapes)} steps (rounds "
-            f"{', '.join(f'{t:.2f}' for t in times)}); replayed matmuls {matmuls:.2f} s + "
-            f"attention {attention:.2f} s; the engine reaches "
+            f"- {label}: engine best {best:.2f} s of {steps} steps (rounds "
+            f"{', '.join(f'{t:.2f}' for t in times)}); replayed in the same rounds, matmuls "
+            f"{matmuls:.2f} s + attention {attention:.2f} s (best of each); the engine reaches "
             f"{100 * (matmuls + attention) / best:.1f}% of its matmul-plus-attention ceiling "
-            f"(everything else {other:.2f} s, {1000 * other / len(shapes):.1f} ms a step)"
+            f"(median of the rounds {100 * statistics.median(shares):.1f}%; everything else "
+            f"{other:.2f} s, {1000 * other / steps:.1f} ms a step)"
         )
         print(f"  - {breakdown(peer, make(args.reps + 2), new)}")
     print(f"\n1-min load average after: {os.getloadavg()[0]:.1f}")

@@ -341,74 +341,99 @@ class Shape:
     """(new tokens, context length) of each sequence in the step."""
 
 
-def matmul_seconds(model: Any, shapes: Sequence[Shape], reps: int) -> float:
-    """The best of ``reps`` replays of every matmul the engine ran at ``shapes``.
+class Ceiling:
+    """The engine's matmuls and its attention replayed alone at the step shapes it ran.
 
-    Each step runs each layer's four projections (fused qkv, o, fused gate/up, down) on
-    that step's token count and the LM head on its sampled rows, with the model's own
-    weights, in order, as the engine does; attention, norms, sampling and scheduling are
-    left out. It is the part of the engine's time that only faster matmuls can shrink.
+    :meth:`replay` runs both once and notes their times; the workloads call it as one more
+    peer in every round (who goes first rotating, as for the engines), so the replays and the
+    engine's rounds meet the same machine, whatever the other tenants do meanwhile. The first
+    replay is the warm-up round's and is not counted, as the peers' is not.
     """
-    cfg = model.config
-    widest = max(shape.tokens for shape in shapes)
-    x_hidden = torch.randn(widest, cfg.hidden_size, dtype=model.dtype)
-    x_attn = torch.randn(widest, cfg.num_heads * cfg.head_dim, dtype=model.dtype)
-    x_mlp = torch.randn(widest, cfg.intermediate_size, dtype=model.dtype)
-    best = float("inf")
-    with torch.inference_mode():
-        for _ in range(reps):
+
+    def __init__(self, model: Any, block_size: int, shapes: Sequence[Shape]) -> None:
+        """Prepare the replays: inputs of the widest step for the matmuls; per step, block
+        tables scattered over a paged cache per layer and random queries, keys and values
+        for the attention."""
+        self.model = model
+        self.shapes = list(shapes)
+        self.matmuls: list[float] = []
+        self.attention: list[float] = []
+        cfg = model.config
+        widest = max(shape.tokens for shape in shapes)
+        self._x_hidden = torch.randn(widest, cfg.hidden_size, dtype=model.dtype)
+        self._x_attn = torch.randn(widest, cfg.num_heads * cfg.head_dim, dtype=model.dtype)
+        self._x_mlp = torch.randn(widest, cfg.intermediate_size, dtype=model.dtype)
+        rng = random.Random(0)
+        blocks = max(sum(-(-ctx // block_size) for _, ctx in s.layout) for s in shapes)
+        self._caches = [torch.randn_like(c) for c in model.make_kv_cache(blocks, block_size)]
+        self._steps = []
+        for shape in shapes:
+            free = list(range(blocks))
+            rng.shuffle(free)
+            tables = []
+            for _, ctx in shape.layout:
+                need = -(-ctx // block_size)
+                tables.append(free[:need])
+                free = free[need:]
+            meta = build_attention_metadata(
+                tables,
+                [ctx for _, ctx in shape.layout],
+                [new for new, _ in shape.layout],
+                block_size=block_size,
+            )
+            q = torch.randn(shape.tokens, cfg.num_heads, cfg.head_dim, dtype=model.dtype)
+            kv = torch.randn(2, shape.tokens, cfg.num_kv_heads, cfg.head_dim, dtype=model.dtype)
+            self._steps.append((meta, q, kv))
+
+    def replay(self, _prompts: object = None) -> Run:
+        """Replay the matmuls, then the attention, once each; note both times."""
+        start = time.perf_counter()
+        matmuls = self._matmuls()
+        self.matmuls.append(matmuls)
+        self.attention.append(self._attention())
+        return Run(start, start + matmuls, time.perf_counter(), [])
+
+    def measure(self, reps: int) -> Ceiling:
+        """A warm-up replay and ``reps`` counted ones, back to back (where no rounds run)."""
+        for _ in range(reps + 1):
+            self.replay()
+        return self
+
+    def best(self) -> tuple[float, float]:
+        """The best counted matmul replay and the best counted attention replay, seconds."""
+        if len(self.matmuls) < 2:
+            raise RuntimeError("the ceiling has no counted replay yet")
+        return min(self.matmuls[1:]), min(self.attention[1:])
+
+    def _matmuls(self) -> float:
+        """Each step runs each layer's four projections (fused qkv, o, fused gate/up, down) on
+        that step's token count and the LM head on its sampled rows, with the model's own
+        weights, in order, as the engine does; attention, norms, sampling and scheduling are
+        left out: the part of the engine's time only faster matmuls can shrink."""
+        model = self.model
+        with torch.inference_mode():
             start = time.perf_counter()
-            for shape in shapes:
+            for shape in self.shapes:
                 tokens, samples = shape.tokens, shape.samples
                 for layer in model.layers:
-                    linear(x_hidden[:tokens], layer.qkv_weight, layer.qkv_bias)
-                    linear(x_attn[:tokens], layer.o_weight, layer.o_bias)
-                    linear(x_hidden[:tokens], layer.gate_up_weight)
-                    linear(x_mlp[:tokens], layer.down_weight)
+                    linear(self._x_hidden[:tokens], layer.qkv_weight, layer.qkv_bias)
+                    linear(self._x_attn[:tokens], layer.o_weight, layer.o_bias)
+                    linear(self._x_hidden[:tokens], layer.gate_up_weight)
+                    linear(self._x_mlp[:tokens], layer.down_weight)
                 if samples:
-                    linear(x_hidden[:samples], model.lm_head)
-            best = min(best, time.perf_counter() - start)
-    return best
+                    linear(self._x_hidden[:samples], model.lm_head)
+            return time.perf_counter() - start
 
-
-def attention_seconds(model: Any, block_size: int, shapes: Sequence[Shape], reps: int) -> float:
-    """The best of ``reps`` replays of the engine's attention at ``shapes``.
-
-    Each step gets scattered block tables in a paged cache per layer, random queries, keys
-    and values of its token count, and one ``attention.forward`` per layer with the layer's
-    own scale and window, through the model's own backend (the native kernel where it is
-    used): the KV writes, decode and prefill attention the engine ran, and nothing else.
-    """
-    cfg = model.config
-    rng = random.Random(0)
-    blocks = max(sum(-(-ctx // block_size) for _, ctx in shape.layout) for shape in shapes)
-    caches = [torch.randn_like(cache) for cache in model.make_kv_cache(blocks, block_size)]
-    steps = []
-    for shape in shapes:
-        free = list(range(blocks))
-        rng.shuffle(free)
-        tables = []
-        for _, ctx in shape.layout:
-            need = -(-ctx // block_size)
-            tables.append(free[:need])
-            free = free[need:]
-        meta = build_attention_metadata(
-            tables,
-            [ctx for _, ctx in shape.layout],
-            [new for new, _ in shape.layout],
-            block_size=block_size,
-        )
-        q = torch.randn(shape.tokens, cfg.num_heads, cfg.head_dim, dtype=model.dtype)
-        kv = torch.randn(2, shape.tokens, cfg.num_kv_heads, cfg.head_dim, dtype=model.dtype)
-        steps.append((meta, q, kv))
-    attention = model.attention
-    best = float("inf")
-    with torch.inference_mode():
-        for _ in range(reps):
+    def _attention(self) -> float:
+        """One ``attention.forward`` per layer and step through the model's own backend (the
+        native kernel where it is used), with the layer's scale and window: the KV writes,
+        decode and prefill attention the engine ran, and nothing else."""
+        attention = self.model.attention
+        with torch.inference_mode():
             start = time.perf_counter()
-            for meta, q, kv in steps:
+            for meta, q, kv in self._steps:
                 meta.derived.clear()
-                for layer, cache in zip(model.layers, caches, strict=True):
+                for layer, cache in zip(self.model.layers, self._caches, strict=True):
                     attention.forward(
                         q,
                         kv[0],
@@ -418,25 +443,22 @@ def attention_seconds(model: Any, block_size: int, shapes: Sequence[Shape], reps
                         scale=layer.scale,
                         sliding_window=layer.sliding_window,
                     )
-            best = min(best, time.perf_counter() - start)
-    return best
+            return time.perf_counter() - start
 
 
 def ceiling_note(
     label: str,
     hf: Sequence[Run],
-    engine: Any,
-    shapes: Sequence[Shape],
-    reps: int,
+    ceiling: Ceiling,
     engine_runs: Sequence[Run] = (),
     goal: float | None = None,
 ) -> str:
     """Transformers' best time over the engine's matmuls alone, then over its matmuls plus
-    its attention, each replayed at the step shapes the engine ran; with ``engine_runs``,
-    also the share of that ceiling the engine's best round reached (against ``goal``)."""
+    its attention (the best replays of ``ceiling``); with ``engine_runs`` (rounds paired with
+    the replays), also the share of that ceiling the engine's best round reached (against
+    ``goal``) and the median of the per-round shares."""
     best = min(r.end - r.start for r in hf)
-    matmuls = matmul_seconds(engine.model, shapes, reps)
-    attention = attention_seconds(engine.model, engine.config.block_size, shapes, reps)
+    matmuls, attention = ceiling.best()
     note = (
         f"ceiling ({label}): replayed at the engine's step shapes, its matmuls alone take "
         f"{matmuls:.2f} s and its attention alone {attention:.2f} s; transformers' best round "
@@ -448,9 +470,17 @@ def ceiling_note(
         ours = min(r.end - r.start for r in engine_runs)
         share = (matmuls + attention) / ours
         note += (
-            f"; the engine's best round took {ours:.2f} s: {100 * share:.1f}% of its "
+            f"; the engine's best round took {ours:.2f} s: {100 * share:.2f}% of its "
             "matmul-plus-attention ceiling"
         )
+        if len(ceiling.matmuls) == len(engine_runs) + 1:  # replayed in the same rounds
+            shares = [
+                (m + a) / (r.end - r.start)
+                for m, a, r in zip(
+                    ceiling.matmuls[1:], ceiling.attention[1:], engine_runs, strict=True
+                )
+            ]
+            note += f" (median of the rounds {100 * statistics.median(shares):.1f}%)"
         if goal is not None:
             note += f" (goal >= {100 * goal:.0f}%: {verdict(share >= goal)})"
     return note
@@ -533,6 +563,11 @@ class Setup:
         if self.hf is None:
             raise RuntimeError("transformers was not loaded for this run")
         return self.hf
+
+    def ceiling(self, shapes: Sequence[Shape]) -> Ceiling:
+        """The fp32 engine's :class:`Ceiling` at ``shapes``."""
+        engine = self.engine.engine
+        return Ceiling(engine.model, engine.config.block_size, shapes)
 
 
 def build(path: Path, s: Settings, *, with_transformers: bool = True) -> Setup:
@@ -648,20 +683,22 @@ def bench_batch_mixed(setup: Setup, s: Settings) -> tuple[list[Row], str, int]:
         rng = random.Random(300 + rnd)
         return [_random_ids(rng, n, setup.token_high) for n in lengths]
 
-    eng, hf = _rounds(
+    ceiling = setup.ceiling(setup.engine.step_shapes(make(s.batch_reps + 1), targets))
+    eng, hf, _ = _rounds(
         s.batch_reps,
         make,
-        [lambda p: setup.engine.run(p, targets), lambda p: setup.transformers.run(p, targets)],
+        [
+            lambda p: setup.engine.run(p, targets),
+            lambda p: setup.transformers.run(p, targets),
+            ceiling.replay,
+        ],
     )
     shape = (
         f"{s.batch_requests} requests, {s.batch_min_prompt}-{s.batch_max_prompt}-token "
         f"prompts, {s.batch_min_new}-{s.batch_max_new} new each"
     )
     row = _rate_row(f"total gen tok/s ({shape})", eng, hf, "end_to_end_rate", BATCH_GOAL)
-    shapes = setup.engine.step_shapes(make(s.batch_reps + 1), targets)
-    note = ceiling_note(
-        "2b, mixed outputs", hf, setup.engine.engine, shapes, s.batch_reps, eng, CEILING_GOAL
-    )
+    note = ceiling_note("2b, mixed outputs", hf, ceiling, eng, CEILING_GOAL)
     return [row], note, sum(r.cached for r in eng)
 
 
@@ -680,12 +717,14 @@ def bench_batch(setup: Setup, s: Settings) -> tuple[list[Row], list[str], int]:
         rng = random.Random(200 + rnd)
         return [_random_ids(rng, n, setup.token_high) for n in lengths]
 
-    eng, hf = _rounds(
+    ceiling = setup.ceiling(setup.engine.step_shapes(make(s.batch_reps + 1), s.batch_new))
+    eng, hf, _ = _rounds(
         s.batch_reps,
         make,
         [
             lambda p: setup.engine.run(p, s.batch_new),
             lambda p: setup.transformers.run(p, s.batch_new),
+            ceiling.replay,
         ],
     )
     same = sum(
@@ -707,10 +746,7 @@ def bench_batch(setup: Setup, s: Settings) -> tuple[list[Row], list[str], int]:
         f"efficiency the ratio would be about {theirs / ours:.2f}x"
     )
     row = _rate_row(f"total gen tok/s ({shape})", eng, hf, "end_to_end_rate", BATCH_GOAL)
-    shapes = setup.engine.step_shapes(make(s.batch_reps + 1), s.batch_new)
-    ceiling = ceiling_note(
-        "2a, equal outputs", hf, setup.engine.engine, shapes, s.batch_reps, eng, CEILING_GOAL
-    )
+    ceiling_line = ceiling_note("2a, equal outputs", hf, ceiling, eng, CEILING_GOAL)
     prompts = make(s.batch_reps + 2)
     one = [setup.engine.run(prompts, s.batch_new)]
     alone = [setup.transformers.run_one_at_a_time(prompts, s.batch_new)]
@@ -721,7 +757,7 @@ def bench_batch(setup: Setup, s: Settings) -> tuple[list[Row], list[str], int]:
         "end_to_end_rate",
         None,
     )
-    return [row, sequential], [note, ceiling], sum(r.cached for r in eng + one)
+    return [row, sequential], [note, ceiling_line], sum(r.cached for r in eng + one)
 
 
 def bench_prefix(setup: Setup, s: Settings) -> tuple[list[Row], int, bool]:
@@ -1001,9 +1037,10 @@ def bench_quant_batch(setup: Setup, qs: QuantSetup, s: Settings) -> tuple[list[R
     notes = []
     for label, peer in (("bf16", qs.bf16), ("int8", qs.int8)):
         shapes = peer.step_shapes(make(s.batch_reps + 1), s.batch_new)
+        ceiling = Ceiling(peer.engine.model, peer.engine.config.block_size, shapes)
         notes.append(
             ceiling_note(
-                f"2a, {label} engine vs transformers bf16", hf16, peer.engine, shapes, s.batch_reps
+                f"2a, {label} engine vs transformers bf16", hf16, ceiling.measure(s.batch_reps)
             )
         )
     return rows, notes

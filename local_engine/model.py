@@ -28,7 +28,7 @@ from .config import ModelConfig, RopeScaling
 from .fp8 import Fp8Weight, check_fp8_device
 from .quant import DequantScratch, Int8Weight, Quantization, check_quantization, linear
 
-__all__ = ["DecoderLayer", "DecoderModel", "rope_inverse_frequencies"]
+__all__ = ["DecoderLayer", "DecoderModel", "Rotary", "rope_inverse_frequencies"]
 
 
 def _param(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
@@ -62,13 +62,73 @@ def _rope(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
     Each half of the rotated product is written straight into the output (no concatenated
     copy of ``qk``, which on CPU takes a slow strided path for a prefill's many rows), then
-    ``qk * cos`` is added in place: the same products and sum, bit for bit.
+    ``qk * cos`` is added in place (one fused multiply-add per element, as ``addcmul`` does).
     """
     half = qk.shape[-1] // 2
     out = torch.empty(qk.shape, dtype=qk.dtype, device=qk.device)
     torch.mul(qk[..., half:], sin[..., :half], out=out[..., :half])
     torch.mul(qk[..., :half], sin[..., half:], out=out[..., half:])
     return out.addcmul_(qk, cos)
+
+
+class Rotary:
+    """One forward's rotary inputs: the positions and the model's half-width tables, with
+    the full-width ``cos``/``sin`` that torch's path uses built on first use."""
+
+    __slots__ = ("_full", "cos_table", "positions", "sin_table")
+
+    def __init__(self, positions: torch.Tensor, cos_table: torch.Tensor, sin_table: torch.Tensor):
+        """``positions`` ``[T]`` int64; the tables ``[max_positions, head_dim // 2]``."""
+        self.positions = positions
+        self.cos_table = cos_table
+        self.sin_table = sin_table
+        self._full: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def full(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cos`` and the signed ``sin`` (first half negated), ``[T, 1, head_dim]``."""
+        if self._full is None:
+            cos_half = self.cos_table[self.positions]
+            sin_half = self.sin_table[self.positions]
+            cos = torch.cat((cos_half, cos_half), dim=-1).unsqueeze(1)
+            sin = torch.cat((-sin_half, sin_half), dim=-1).unsqueeze(1)
+            self._full = (cos, sin)
+        return self._full
+
+
+def _qk_rope(
+    qk: torch.Tensor, norm_weight: torch.Tensor | None, eps: float, rotary: Rotary
+) -> torch.Tensor:
+    """The query and key heads ``qk`` ``[T, heads, head_dim]`` (a view of the fused
+    projection), RMS-normalized per head where the model has a q/k norm, then rotated, in a
+    fresh contiguous tensor. On CPU the native kernel does both in one pass where it loads;
+    torch's operations do them elsewhere."""
+    if qk.device.type == "cpu" and (kernel := load_paged_decode()) is not None:
+        out = kernel.rope(
+            qk,
+            norm_weight,
+            eps,
+            rotary.cos_table,
+            rotary.sin_table,
+            rotary.positions,
+            torch.get_num_threads(),
+        )
+        if out is not None:
+            return out
+    if norm_weight is not None:
+        qk = _rms_norm(qk, norm_weight, eps)
+    cos, sin = rotary.full()
+    return _rope(qk, cos, sin)
+
+
+def _swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` from the fused gate/up projection's output ``[T, 2 * I]``; on CPU
+    in one native pass where the kernel loads."""
+    if gate_up.device.type == "cpu" and (kernel := load_paged_decode()) is not None:
+        out = kernel.silu_mul(gate_up, torch.get_num_threads())
+        if out is not None:
+            return out
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate, inplace=True).mul_(up)
 
 
 def _residual_linear(
@@ -163,21 +223,17 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        rotary: Rotary,
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
         attention: AttentionBackend,
     ) -> torch.Tensor:
-        """Run the block on ``x`` ``[T, hidden]``; ``cos``/``sin`` are ``[T, 1, head_dim]``."""
+        """Run the block on ``x`` ``[T, hidden]`` at ``rotary``'s positions."""
         tokens = x.shape[0]
         heads, kv_heads, hd = self.num_heads, self.num_kv_heads, self.head_dim
         h = _rms_norm(x, self.input_norm, self.eps)
         qkv = linear(h, self.qkv_weight, self.qkv_bias).view(tokens, heads + 2 * kv_heads, hd)
-        qk = qkv[:, : heads + kv_heads]
-        if self.qk_norm_weight is not None:
-            qk = _rms_norm(qk, self.qk_norm_weight, self.eps)
-        qk = _rope(qk, cos, sin)
+        qk = _qk_rope(qkv[:, : heads + kv_heads], self.qk_norm_weight, self.eps, rotary)
         out = attention.forward(
             qk[:, :heads],
             qk[:, heads:],
@@ -189,8 +245,7 @@ class DecoderLayer(nn.Module):
         )
         x = _residual_linear(x, out.reshape(tokens, heads * hd), self.o_weight, self.o_bias)
         h = _rms_norm(x, self.post_norm, self.eps)
-        gate, up = linear(h, self.gate_up_weight).chunk(2, dim=-1)
-        return _residual_linear(x, F.silu(gate, inplace=True).mul_(up), self.down_weight)
+        return _residual_linear(x, _swiglu(linear(h, self.gate_up_weight)), self.down_weight)
 
 
 class DecoderModel(nn.Module):
@@ -288,12 +343,9 @@ class DecoderModel(nn.Module):
         meta.derived.clear()
         with torch.inference_mode():
             hidden = F.embedding(input_ids, self.embed_tokens)
-            cos_half = self.rope_cos[positions]
-            sin_half = self.rope_sin[positions]
-            cos = torch.cat((cos_half, cos_half), dim=-1).unsqueeze(1)
-            sin = torch.cat((-sin_half, sin_half), dim=-1).unsqueeze(1)
+            rotary = Rotary(positions, self.rope_cos, self.rope_sin)
             for layer, cache in zip(self._layer_seq, kv_caches, strict=True):
-                hidden = layer.forward(hidden, cos, sin, cache, meta, self.attention)
+                hidden = layer.forward(hidden, rotary, cache, meta, self.attention)
             return _rms_norm(hidden, self.norm, self.config.rms_norm_eps)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

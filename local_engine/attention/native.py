@@ -60,6 +60,12 @@ SYMBOL = "swift_paged_decode_f32"
 SYMBOL_BF16 = "swift_paged_decode_bf16"
 SYMBOL_RMS_NORM = "swift_rms_norm_f32"
 SYMBOL_RMS_NORM_BF16 = "swift_rms_norm_bf16"
+SYMBOL_ROPE = "swift_rope_f32"
+SYMBOL_ROPE_BF16 = "swift_rope_bf16"
+SYMBOL_SILU_MUL = "swift_silu_mul_f32"
+SYMBOL_SILU_MUL_BF16 = "swift_silu_mul_bf16"
+SYMBOL_FEATURES = "swift_kernel_features"
+_FEATURE_VECTOR_ACTIVATION = 1
 RMS_NORM_MAX_COLS = 16384
 """Widest row the RMSNorm kernel takes (``RMS_MAX_COLS`` in the C source)."""
 MAX_HEADS = 256
@@ -81,6 +87,9 @@ _PTR = ctypes.c_void_p
 _ARGTYPES = [_PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _PTR]
 _ARGTYPES += [_I64] * 8 + [ctypes.c_float, ctypes.c_int]
 _RMS_ARGTYPES = [_PTR, _I64, _I64, _I64, _I64, _PTR, _I64, _PTR, _I64, ctypes.c_float, ctypes.c_int]
+_ROPE_ARGTYPES = [_PTR, _I64, _I64, _I64, _I64, _PTR, _I64, ctypes.c_float, _PTR, _PTR, _PTR]
+_ROPE_ARGTYPES += [_I64, _PTR, _I64, ctypes.c_int]
+_SILU_ARGTYPES = [_PTR, _I64, _I64, _PTR, _I64, ctypes.c_int]
 
 
 class KernelError(RuntimeError):
@@ -96,6 +105,12 @@ class PagedDecodeKernel:
     _fn_bf16: Callable[..., int]
     _rms: Callable[..., int]
     _rms_bf16: Callable[..., int]
+    _rope: Callable[..., int]
+    _rope_bf16: Callable[..., int]
+    _silu_mul: Callable[..., int]
+    _silu_mul_bf16: Callable[..., int]
+    vector_activation: bool = False
+    """Whether :meth:`silu_mul` runs here (a build with AVX-512); where not, it declines."""
 
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, threads: int
@@ -151,6 +166,117 @@ class PagedDecodeKernel:
         )
         if status:
             raise KernelError(f"RMSNorm kernel refused its arguments (status {status})")
+        return out
+
+    def rope(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor | None,
+        eps: float,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        positions: torch.Tensor,
+        threads: int,
+    ) -> torch.Tensor | None:
+        """Rotary embedding of the heads ``x`` ``[T, heads, D]``, each first RMS-normalized
+        with ``weight`` where it is given, in a new contiguous tensor; or None where the kernel
+        does not take the arguments (the caller then uses torch).
+
+        ``x`` may be a strided view (the query and key heads of a fused projection's output;
+        each head's ``D`` values contiguous), float32 or bfloat16 on CPU. ``weight`` is
+        ``[D]`` or ``[heads, D]``; ``cos`` and ``sin`` are the contiguous ``[max_pos, D / 2]``
+        tables; ``positions`` is ``[T]`` int64, row ``t`` rotating by the angles at
+        ``positions[t]``. Each product rounds before the sum, as transformers'
+        ``q * cos + rotate_half(q) * sin`` does (in bfloat16, each also to bfloat16).
+
+        Raises:
+            KernelError: the kernel refused the sizes it was given (a position outside the
+                tables).
+        """
+        if (
+            x.device.type != "cpu"
+            or x.dtype not in KERNEL_DTYPES
+            or x.dim() != 3
+            or x.stride(-1) != 1
+            or not 0 < x.shape[-1] <= RMS_NORM_MAX_COLS
+            or x.shape[-1] % 2
+        ):
+            return None
+        rows, heads, dim = x.shape
+        half = dim // 2
+        if (
+            any(
+                t.dtype != x.dtype or t.dim() != 2 or t.shape[1] != half or not t.is_contiguous()
+                for t in (cos, sin)
+            )
+            or cos.shape != sin.shape
+        ):
+            return None
+        if (
+            positions.dtype != torch.int64
+            or positions.shape != (rows,)
+            or not positions.is_contiguous()
+        ):
+            return None
+        w_ptr, w_head = None, 0
+        if weight is not None:
+            if weight.dtype != x.dtype or not weight.is_contiguous():
+                return None
+            if weight.shape == (heads, dim):
+                w_head = dim
+            elif weight.shape != (dim,):
+                return None
+            w_ptr = weight.data_ptr()
+        out = torch.empty(x.shape, dtype=x.dtype)
+        fn = self._rope_bf16 if x.dtype == torch.bfloat16 else self._rope
+        status = fn(
+            x.data_ptr(),
+            rows,
+            heads,
+            x.stride(0),
+            x.stride(1),
+            w_ptr,
+            w_head,
+            eps,
+            cos.data_ptr(),
+            sin.data_ptr(),
+            positions.data_ptr(),
+            cos.shape[0],
+            out.data_ptr(),
+            dim,
+            threads,
+        )
+        if status:
+            raise KernelError(f"RoPE kernel refused its arguments (status {status})")
+        return out
+
+    def silu_mul(self, gate_up: torch.Tensor, threads: int) -> torch.Tensor | None:
+        """SwiGLU's ``silu(gate) * up`` for ``gate_up`` ``[T, 2 * I]`` (the gate half first,
+        as the fused projection writes it; rows may be strided, their values contiguous) in a
+        new contiguous ``[T, I]`` tensor, or None where the kernel does not take it (also
+        where the build has no AVX-512: :attr:`vector_activation`). exp is a polynomial
+        within 2 ulp of float32's; in bfloat16 ``silu(gate)`` rounds to bfloat16 before the
+        product, as the unfused form does.
+
+        Raises:
+            KernelError: the kernel refused the sizes it was given.
+        """
+        if (
+            not self.vector_activation
+            or gate_up.device.type != "cpu"
+            or gate_up.dtype not in KERNEL_DTYPES
+            or gate_up.dim() != 2
+            or gate_up.stride(-1) != 1
+            or gate_up.shape[1] < 2
+            or gate_up.shape[1] % 2
+        ):
+            return None
+        rows, cols = gate_up.shape[0], gate_up.shape[1] // 2
+        out = torch.empty((rows, cols), dtype=gate_up.dtype)
+        fn = self._silu_mul_bf16 if gate_up.dtype == torch.bfloat16 else self._silu_mul
+        status = fn(gate_up.data_ptr(), rows, gate_up.stride(0), out.data_ptr(), cols, threads)
+        if status:
+            raise KernelError(f"SiLU-mul kernel refused its arguments (status {status})")
         return out
 
     def __call__(
@@ -365,6 +491,10 @@ def open_library(path: Path) -> PagedDecodeKernel:
         (SYMBOL_BF16, _ARGTYPES),
         (SYMBOL_RMS_NORM, _RMS_ARGTYPES),
         (SYMBOL_RMS_NORM_BF16, _RMS_ARGTYPES),
+        (SYMBOL_ROPE, _ROPE_ARGTYPES),
+        (SYMBOL_ROPE_BF16, _ROPE_ARGTYPES),
+        (SYMBOL_SILU_MUL, _SILU_ARGTYPES),
+        (SYMBOL_SILU_MUL_BF16, _SILU_ARGTYPES),
     ):
         try:
             fn = getattr(library, symbol)
@@ -373,4 +503,23 @@ def open_library(path: Path) -> PagedDecodeKernel:
         fn.argtypes = argtypes
         fn.restype = ctypes.c_int
         functions.append(fn)
-    return PagedDecodeKernel(path, *functions)
+    try:
+        features_fn = getattr(library, SYMBOL_FEATURES)
+    except AttributeError as exc:
+        raise OSError(f"{path} has no {SYMBOL_FEATURES}") from exc
+    features_fn.argtypes = []
+    features_fn.restype = ctypes.c_int
+    features = int(features_fn())
+    fn, fn_bf16, rms, rms_bf16, rope, rope_bf16, silu, silu_bf16 = functions
+    return PagedDecodeKernel(
+        path,
+        fn,
+        fn_bf16,
+        rms,
+        rms_bf16,
+        rope,
+        rope_bf16,
+        silu,
+        silu_bf16,
+        vector_activation=bool(features & _FEATURE_VECTOR_ACTIVATION),
+    )

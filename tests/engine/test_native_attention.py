@@ -42,15 +42,6 @@ needs_compiler = pytest.mark.skipif(not _have_compiler(), reason="no C compiler 
 
 
 @pytest.fixture
-def kernel() -> PagedDecodeKernel:
-    """The process-wide kernel; tests that need it skip where it cannot be built."""
-    loaded = load_paged_decode()
-    if loaded is None:
-        pytest.skip("no native kernel here (no C compiler, or switched off)")
-    return loaded
-
-
-@pytest.fixture
 def fresh_loader() -> Iterator[None]:
     """Forget the process-wide kernel before and after a test that changes how it loads."""
     load_paged_decode.cache_clear()

@@ -131,6 +131,23 @@ static inline void axpy_bf16(float *y, float p, const bf16_t *x, int64_t n) {
     for (; d < n; d++) y[d] += p * bf16_to_f32(x[d]);
 }
 
+/* Ask for the cache lines of [p, p + bytes) ahead of use: a block's keys or values lie
+   wherever the block table put them, so the hardware's stream prefetcher (and the page walk,
+   where the next block sits on another page) only starts once a block's first read misses. */
+static inline void prefetch_span(const char *p, int64_t bytes) {
+    for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 3);
+}
+
+/* Where position t + bs (the same offset in the row's next block, read a block from now)
+   lies in `base`, or NULL past the row's last block. */
+static inline const char *next_block(const void *base, const int64_t *table, int64_t t,
+                                     int64_t len, int64_t bs, int64_t token_stride,
+                                     int64_t head_offset, size_t elem) {
+    if (t - t % bs + bs >= len) return NULL;
+    const int64_t at = (table[t / bs + 1] * bs + t % bs) * token_stride + head_offset;
+    return (const char *)base + at * (int64_t)elem;
+}
+
 static void *run(void *arg) {
     job_t *j = (job_t *)arg;
     const int64_t kvh = j->kv_heads, group = j->heads / kvh, dim = j->dim, bs = j->block_size;
@@ -178,7 +195,12 @@ static void *run(void *arg) {
             const int64_t stop = (t - offset + bs < len) ? t - offset + bs : len;
             const int64_t at = (table[t / bs] * bs + offset) * token_stride + h0 * dim;
             const char *key = (const char *)j->k + at * (int64_t)elem;
-            for (; t < stop; t++, key += token_stride * (int64_t)elem)
+            const char *ahead = next_block(j->k, table, t, len, bs, token_stride, h0 * dim, elem);
+            for (; t < stop; t++, key += token_stride * (int64_t)elem) {
+                if (ahead) {
+                    prefetch_span(ahead, span * dim * (int64_t)elem);
+                    ahead += token_stride * (int64_t)elem;
+                }
                 for (int64_t i = 0; i < heads; i++) {
                     const float *qi = q + i * q_head;
                     const float s =
@@ -188,6 +210,7 @@ static void *run(void *arg) {
                     scores[i * n + (t - first)] = s;
                     top[i] = s > top[i] ? s : top[i];
                 }
+            }
         }
         for (int64_t i = 0; i < heads; i++) {
             float sum = 0.f, *row_scores = scores + i * n;
@@ -203,7 +226,12 @@ static void *run(void *arg) {
             const int64_t stop = (t - offset + bs < len) ? t - offset + bs : len;
             const int64_t at = (table[t / bs] * bs + offset) * token_stride + h0 * dim;
             const char *value = (const char *)j->v + at * (int64_t)elem;
-            for (; t < stop; t++, value += token_stride * (int64_t)elem)
+            const char *ahead = next_block(j->v, table, t, len, bs, token_stride, h0 * dim, elem);
+            for (; t < stop; t++, value += token_stride * (int64_t)elem) {
+                if (ahead) {
+                    prefetch_span(ahead, span * dim * (int64_t)elem);
+                    ahead += token_stride * (int64_t)elem;
+                }
                 for (int64_t i = 0; i < heads; i++) {
                     const float p = scores[i * n + (t - first)];
                     if (bf16)
@@ -211,6 +239,7 @@ static void *run(void *arg) {
                     else
                         axpy(acc + i * dim, p, (const float *)value + (i / group) * dim, dim);
                 }
+            }
         }
         for (int64_t i = 0; i < heads; i++) {
             const int64_t o = (row * j->heads + h0 * group + i) * dim;
@@ -324,6 +353,12 @@ static inline float sum_squares(const float *x, int64_t n) {
     return s;
 }
 
+/* Threads for `work` values: one below `min_work` (a parallel region would cost more). */
+static inline int team_size(int nthreads, int64_t work, int64_t min_work) {
+    if (nthreads < 1 || work < min_work) return 1;
+    return nthreads > MAX_THREADS ? MAX_THREADS : nthreads;
+}
+
 #define RMS_PARALLEL_MIN 32768 /* elements: below this a parallel region costs more */
 #define RMS_MAX_COLS 16384 /* wider rows: the caller uses torch */
 
@@ -347,8 +382,7 @@ static int rms_norm(const void *x, int64_t outer, int64_t inner, int64_t x_outer
                     float eps, int nthreads, int bf16) {
     if (outer < 0 || inner < 1 || cols < 1 || cols > RMS_MAX_COLS) return 2;
     const int64_t rows = outer * inner;
-    if (nthreads < 1 || rows * cols < RMS_PARALLEL_MIN) nthreads = 1;
-    if (nthreads > MAX_THREADS) nthreads = MAX_THREADS;
+    nthreads = team_size(nthreads, rows * cols, RMS_PARALLEL_MIN);
 #if defined(_OPENMP)
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
 #endif
@@ -377,4 +411,234 @@ int swift_rms_norm_bf16(const bf16_t *x, int64_t outer, int64_t inner, int64_t x
                         int64_t x_inner, const bf16_t *w, int64_t w_inner, bf16_t *out,
                         int64_t cols, float eps, int nthreads) {
     return rms_norm(x, outer, inner, x_outer, x_inner, w, w_inner, out, cols, eps, nthreads, 1);
+}
+
+/*
+ * Rotary embedding, with the per-head RMSNorm before it where the model has one (Qwen3's
+ * q/k norm), in one pass over the query and key heads of a fused projection's output:
+ *   head (r, h) of `dim` values starts at x + r * x_row + h * x_head (elements; contiguous),
+ *   for r < rows, h < heads; with w (not NULL) it is first normalized as rms_norm does, with
+ *   the weight at w + h * w_head (w_head 0: one weight for every head);
+ *   cos, sin [max_pos, dim / 2] hold the rotary tables; row r sits at position positions[r];
+ *   out is contiguous [rows, heads, dim]:
+ *     out[j]        = x[j] * cos[j] - x[j + half] * sin[j]
+ *     out[j + half] = x[j + half] * cos[j] + x[j] * sin[j]          (j < half = dim / 2)
+ * Each product is rounded before the sum, as transformers' `q * cos + rotate_half(q) * sin`
+ * rounds it (no fused multiply-add; in bfloat16 each product and the sum round to bfloat16).
+ * Returns 0, or 2 for sizes it does not take (odd or too wide a head, a position outside the
+ * tables; it then writes nothing).
+ */
+#if defined(__GNUC__) && !defined(__clang__)
+#define NO_CONTRACT __attribute__((optimize("fp-contract=off")))
+#else
+#define NO_CONTRACT /* clang contracts only within one expression; each product is its own */
+#endif
+
+static NO_CONTRACT void rotate_f32(const float *x, const float *c, const float *s, float *y,
+                                   int64_t half) {
+    for (int64_t j = 0; j < half; j++) {
+        const float a = x[j] * c[j], b = x[j + half] * s[j];
+        y[j] = a - b;
+    }
+    for (int64_t j = 0; j < half; j++) {
+        const float a = x[j + half] * c[j], b = x[j] * s[j];
+        y[j + half] = a + b;
+    }
+}
+
+static NO_CONTRACT void rotate_bf16(const float *x, const bf16_t *c, const bf16_t *s, bf16_t *y,
+                                    int64_t half) {
+    for (int64_t j = 0; j < half; j++) {
+        const float cj = bf16_to_f32(c[j]), sj = bf16_to_f32(s[j]);
+        const float a1 = bf16_to_f32(f32_to_bf16(x[j] * cj));
+        const float b1 = bf16_to_f32(f32_to_bf16(x[j + half] * sj));
+        const float a2 = bf16_to_f32(f32_to_bf16(x[j + half] * cj));
+        const float b2 = bf16_to_f32(f32_to_bf16(x[j] * sj));
+        y[j] = f32_to_bf16(a1 - b1);
+        y[j + half] = f32_to_bf16(a2 + b2);
+    }
+}
+
+static int rope(const void *x, int64_t rows, int64_t heads, int64_t x_row, int64_t x_head,
+                const void *w, int64_t w_head, float eps, const void *cos, const void *sin,
+                const int64_t *positions, int64_t max_pos, void *out, int64_t dim, int nthreads,
+                int bf16) {
+    if (rows < 0 || heads < 1 || dim < 2 || dim % 2 || dim > RMS_MAX_COLS || max_pos < 1)
+        return 2;
+    for (int64_t r = 0; r < rows; r++)
+        if (positions[r] < 0 || positions[r] >= max_pos) return 2;
+    const int64_t half = dim / 2, n = rows * heads;
+    nthreads = team_size(nthreads, n * dim, RMS_PARALLEL_MIN);
+#if defined(_OPENMP)
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
+#endif
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t r = i / heads, h = i % heads, p = positions[r];
+        float row[RMS_MAX_COLS]; /* the head in float32, normalized where asked */
+        if (bf16) {
+            const bf16_t *src = (const bf16_t *)x + r * x_row + h * x_head;
+            bf16_t *dst = (bf16_t *)out + i * dim;
+            if (w) { /* the norm's bfloat16 output, as the unfused model would see it */
+                rms_row_bf16(src, (const bf16_t *)w + h * w_head, dst, dim, eps, row);
+                src = dst;
+            }
+            for (int64_t d = 0; d < dim; d++) row[d] = bf16_to_f32(src[d]);
+            rotate_bf16(row, (const bf16_t *)cos + p * half, (const bf16_t *)sin + p * half, dst,
+                        half);
+        } else {
+            const float *src = (const float *)x + r * x_row + h * x_head;
+            if (w) {
+                rms_row_f32(src, (const float *)w + h * w_head, row, dim, eps);
+                src = row;
+            }
+            rotate_f32(src, (const float *)cos + p * half, (const float *)sin + p * half,
+                       (float *)out + i * dim, half);
+        }
+    }
+    return 0;
+}
+
+int swift_rope_f32(const float *x, int64_t rows, int64_t heads, int64_t x_row, int64_t x_head,
+                   const float *w, int64_t w_head, float eps, const float *cos, const float *sin,
+                   const int64_t *positions, int64_t max_pos, float *out, int64_t dim,
+                   int nthreads) {
+    return rope(x, rows, heads, x_row, x_head, w, w_head, eps, cos, sin, positions, max_pos, out,
+                dim, nthreads, 0);
+}
+
+int swift_rope_bf16(const bf16_t *x, int64_t rows, int64_t heads, int64_t x_row,
+                    int64_t x_head, const bf16_t *w, int64_t w_head, float eps,
+                    const bf16_t *cos, const bf16_t *sin, const int64_t *positions,
+                    int64_t max_pos, bf16_t *out, int64_t dim, int nthreads) {
+    return rope(x, rows, heads, x_row, x_head, w, w_head, eps, cos, sin, positions, max_pos, out,
+                dim, nthreads, 1);
+}
+
+/*
+ * SwiGLU's activation: out[r, j] = silu(g) * u with g = gu[r * gu_row + j] and
+ * u = gu[r * gu_row + cols + j] (the gate and up halves of a fused projection's output row),
+ * silu(g) = g / (1 + exp(-g)); out is contiguous [rows, cols]. exp is a degree-6 polynomial
+ * after range reduction, within 2 ulp of float32's exp, overflowing to inf (silu: a zero of
+ * g's sign) where it does. In bfloat16 silu(g) rounds to bfloat16 before the product, as the unfused
+ * `act(gate) * up` does. Written for AVX-512 only: elsewhere it returns 3 and the caller uses
+ * torch (swift_kernel_features tells it beforehand). Returns 0, 2 for sizes it does not
+ * take, or 3.
+ */
+#define FEATURE_VECTOR_ACTIVATION 1
+
+int swift_kernel_features(void) {
+#if defined(__AVX512F__)
+    return FEATURE_VECTOR_ACTIVATION;
+#else
+    return 0;
+#endif
+}
+
+#if defined(__AVX512F__)
+static inline __m512 exp16(__m512 x) {
+    /* Beyond +-100 the result is inf or 0 anyway; the clamp keeps n finite. scalef
+       overflows to inf and underflows through the subnormals as exp does. */
+    x = _mm512_max_ps(x, _mm512_set1_ps(-100.0f));
+    x = _mm512_min_ps(x, _mm512_set1_ps(100.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x); /* ln 2 in two parts */
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n); /* p * 2^n */
+}
+
+static inline __m512 silu16(__m512 g) {
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    return _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+}
+
+/* Round to bfloat16 (nearest even; NaN stays NaN), kept in float32 lanes with the low half
+   zero: the bfloat16 value exactly. */
+static inline __m512 round_bf16x16(__m512 v) {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i rounded = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    rounded = _mm512_mask_or_epi32(rounded, nan, u, _mm512_set1_epi32(0x400000));
+    return _mm512_castsi512_ps(_mm512_and_si512(rounded, _mm512_set1_epi32((int)0xffff0000u)));
+}
+
+static inline __m512 load_bf16_masked(const bf16_t *p, __mmask16 m) {
+    const __m256i raw = _mm256_maskz_loadu_epi16(m, p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+static inline void store_bf16_masked(bf16_t *p, __mmask16 m, __m512 rounded) {
+    const __m512i bits = _mm512_srli_epi32(_mm512_castps_si512(rounded), 16);
+    _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(bits));
+}
+#endif
+
+#define SILU_PARALLEL_MIN 16384 /* elements */
+
+static int silu_mul(const void *gu, int64_t rows, int64_t gu_row, void *out, int64_t cols,
+                    int nthreads, int bf16) {
+#if !defined(__AVX512F__)
+    (void)gu, (void)rows, (void)gu_row, (void)out, (void)cols, (void)nthreads, (void)bf16;
+    return 3;
+#else
+    if (rows < 0 || cols < 1 || gu_row < 2 * cols) return 2;
+    nthreads = team_size(nthreads, rows * cols, SILU_PARALLEL_MIN);
+    /* Column chunks of each row, so that a decode step's few rows keep every thread busy. */
+    const int64_t chunk = 512, per_row = (cols + chunk - 1) / chunk, tasks = rows * per_row;
+#if defined(_OPENMP)
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
+#endif
+    for (int64_t t = 0; t < tasks; t++) {
+        const int64_t r = t / per_row, lo = (t % per_row) * chunk;
+        const int64_t hi = lo + chunk < cols ? lo + chunk : cols;
+        for (int64_t j = lo; j < hi; j += 16) {
+            /* Plain loads and stores for whole vectors (masked stores are slow on some CPUs
+               once the output is not in cache), masked ones for a row's last few values. */
+            const int full = hi - j >= 16;
+            const __mmask16 m = full ? (__mmask16)0xffff : (__mmask16)((1u << (hi - j)) - 1);
+            if (bf16) {
+                const bf16_t *g = (const bf16_t *)gu + r * gu_row + j;
+                bf16_t *y = (bf16_t *)out + r * cols + j;
+                const __m512 act = round_bf16x16(silu16(full ? load_bf16x16(g) : load_bf16_masked(g, m)));
+                const __m512 up = full ? load_bf16x16(g + cols) : load_bf16_masked(g + cols, m);
+                const __m512 v = round_bf16x16(_mm512_mul_ps(act, up));
+                if (full)
+                    _mm256_storeu_si256((__m256i *)y, _mm512_cvtepi32_epi16(_mm512_srli_epi32(
+                                                          _mm512_castps_si512(v), 16)));
+                else
+                    store_bf16_masked(y, m, v);
+            } else {
+                const float *g = (const float *)gu + r * gu_row + j;
+                float *y = (float *)out + r * cols + j;
+                if (full) {
+                    _mm512_storeu_ps(y, _mm512_mul_ps(silu16(_mm512_loadu_ps(g)),
+                                                      _mm512_loadu_ps(g + cols)));
+                } else {
+                    const __m512 v = _mm512_mul_ps(silu16(_mm512_maskz_loadu_ps(m, g)),
+                                                   _mm512_maskz_loadu_ps(m, g + cols));
+                    _mm512_mask_storeu_ps(y, m, v);
+                }
+            }
+        }
+    }
+    return 0;
+#endif
+}
+
+int swift_silu_mul_f32(const float *gu, int64_t rows, int64_t gu_row, float *out, int64_t cols,
+                       int nthreads) {
+    return silu_mul(gu, rows, gu_row, out, cols, nthreads, 0);
+}
+
+int swift_silu_mul_bf16(const bf16_t *gu, int64_t rows, int64_t gu_row, bf16_t *out,
+                        int64_t cols, int nthreads) {
+    return silu_mul(gu, rows, gu_row, out, cols, nthreads, 1);
 }
