@@ -110,7 +110,8 @@ class PagedDecodeKernel:
     _silu_mul: Callable[..., int]
     _silu_mul_bf16: Callable[..., int]
     vector_activation: bool = False
-    """Whether :meth:`silu_mul` runs here (a build with AVX-512); where not, it declines."""
+    """Whether :meth:`silu_mul` runs here (a build with AVX-512 F, BW and VL); where not, it
+    declines."""
 
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, threads: int
@@ -247,14 +248,18 @@ class PagedDecodeKernel:
             threads,
         )
         if status:
-            raise KernelError(f"RoPE kernel refused its arguments (status {status})")
+            raise KernelError(
+                f"RoPE kernel refused its arguments (status {status}): a position outside "
+                f"the rotary tables [0, {cos.shape[0]}), or a head it does not take"
+            )
         return out
 
     def silu_mul(self, gate_up: torch.Tensor, threads: int) -> torch.Tensor | None:
         """SwiGLU's ``silu(gate) * up`` for ``gate_up`` ``[T, 2 * I]`` (the gate half first,
         as the fused projection writes it; rows may be strided, their values contiguous) in a
         new contiguous ``[T, I]`` tensor, or None where the kernel does not take it (also
-        where the build has no AVX-512: :attr:`vector_activation`). exp is a polynomial
+        where the build has no AVX-512 with BW and VL: :attr:`vector_activation`). Where the
+        library is the pthread build (no OpenMP), it runs on one thread. exp is a polynomial
         within 2 ulp of float32's; in bfloat16 ``silu(gate)`` rounds to bfloat16 before the
         product, as the unfused form does.
 
@@ -272,9 +277,13 @@ class PagedDecodeKernel:
         ):
             return None
         rows, cols = gate_up.shape[0], gate_up.shape[1] // 2
+        # A single row's stride is arbitrary (any value describes it); more rows must not overlap.
+        row_stride = gate_up.stride(0) if rows > 1 else 2 * cols
+        if row_stride < 2 * cols:
+            return None
         out = torch.empty((rows, cols), dtype=gate_up.dtype)
         fn = self._silu_mul_bf16 if gate_up.dtype == torch.bfloat16 else self._silu_mul
-        status = fn(gate_up.data_ptr(), rows, gate_up.stride(0), out.data_ptr(), cols, threads)
+        status = fn(gate_up.data_ptr(), rows, row_stride, out.data_ptr(), cols, threads)
         if status:
             raise KernelError(f"SiLU-mul kernel refused its arguments (status {status})")
         return out

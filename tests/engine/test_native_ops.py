@@ -151,26 +151,30 @@ def test_rope_declines_what_it_does_not_take(kernel: PagedDecodeKernel) -> None:
     assert kernel.rope(x[..., :63], None, EPS, cos_t, sin_t, pos, 1) is None  # odd width
     assert kernel.rope(x, torch.ones(5, 64), EPS, cos_t, sin_t, pos, 1) is None  # 5 heads
     assert kernel.rope(x[0], None, EPS, cos_t, sin_t, pos, 1) is None  # 2-D
-    with pytest.raises(KernelError, match="RoPE"):  # a position past the tables
+    with pytest.raises(KernelError, match=r"outside the rotary tables \[0, 512\)"):
         kernel.rope(x, None, EPS, cos_t, sin_t, torch.tensor([0, 1, 512]), 1)
     assert kernel.rope(x[:0], None, EPS, cos_t, sin_t, pos[:0], 1) is not None  # no tokens
 
 
-def _silu_inputs(dtype: torch.dtype, tokens: int) -> torch.Tensor:
-    """A fused gate/up output ``[T, 2 * 200]`` as a strided view (rows 416 apart); 200
-    columns: a 16-wide tail, and gates wide enough to reach both ends of the clamp."""
+def _silu_inputs(dtype: torch.dtype, tokens: int, cols: int = 200) -> torch.Tensor:
+    """A fused gate/up output ``[T, 2 * cols]`` as a strided view (rows 16 values apart more
+    than they hold); 200 columns leave an 8-wide tail after the 16-wide vectors, 1,000 split a
+    row into 512-column tasks; gates out to +-110, past the exp argument's clamp at 100."""
     g = torch.Generator().manual_seed(tokens)
-    wide = torch.randn(tokens, 416, generator=g) * 6
-    wide[:, :4] = torch.tensor([0.0, -95.0, 95.0, -20.0])
-    return wide.to(dtype)[:, :400]
+    wide = torch.randn(tokens, 2 * cols + 16, generator=g) * 6
+    wide[:, :6] = torch.tensor([0.0, -95.0, 95.0, -20.0, 110.0, -110.0])
+    return wide.to(dtype)[:, : 2 * cols]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("tokens", [1, 3, 200])  # 200 rows: the parallel path
-def test_silu_mul_matches_torch(kernel: PagedDecodeKernel, dtype: torch.dtype, tokens: int) -> None:
+@pytest.mark.parametrize(("tokens", "cols"), [(1, 200), (3, 200), (200, 200), (2, 1000)])
+def test_silu_mul_matches_torch(
+    kernel: PagedDecodeKernel, dtype: torch.dtype, tokens: int, cols: int
+) -> None:
+    """200 rows and 2 rows of 1,000 columns take the parallel path."""
     if not kernel.vector_activation:
         pytest.skip("the SiLU-mul kernel is built for AVX-512 only")
-    gate_up = _silu_inputs(dtype, tokens)
+    gate_up = _silu_inputs(dtype, tokens, cols)
     gate, up = gate_up.chunk(2, dim=-1)
     expected = F.silu(gate) * up
     for threads in (1, 2):
@@ -188,15 +192,29 @@ def test_silu_mul_matches_torch(kernel: PagedDecodeKernel, dtype: torch.dtype, t
 
 
 def test_silu_mul_declines_what_it_does_not_take(kernel: PagedDecodeKernel) -> None:
+    """Every check here is made before the library is called, so it holds on any build."""
     gate_up = torch.randn(4, 64)
-    if kernel.vector_activation:
-        assert kernel.silu_mul(gate_up[:0], 1) is not None  # no rows
-    assert kernel.silu_mul(gate_up.half(), 1) is None  # float16
-    assert kernel.silu_mul(gate_up[:, :63], 1) is None  # odd width: no equal halves
-    assert kernel.silu_mul(gate_up.t(), 1) is None  # values not contiguous
-    assert kernel.silu_mul(gate_up[None], 1) is None  # 3-D
+    vector = dataclasses.replace(kernel, vector_activation=True)
+    assert vector.silu_mul(gate_up.half(), 1) is None  # float16
+    assert vector.silu_mul(gate_up[:, :63], 1) is None  # odd width: no equal halves
+    assert vector.silu_mul(gate_up.t(), 1) is None  # values not contiguous
+    assert vector.silu_mul(gate_up[None], 1) is None  # 3-D
+    overlapping = torch.randn(112).as_strided((4, 64), (16, 1))
+    assert vector.silu_mul(overlapping, 1) is None  # rows overlap
     without = dataclasses.replace(kernel, vector_activation=False)
     assert without.silu_mul(gate_up, 1) is None  # a build without the vector path
+
+
+def test_silu_mul_takes_a_single_row_of_any_stride(kernel: PagedDecodeKernel) -> None:
+    if not kernel.vector_activation:
+        pytest.skip("the SiLU-mul kernel is built for AVX-512 only")
+    column = torch.randn(64, 1)
+    row = column.t()  # [1, 64] with strides (1, 1)
+    out = kernel.silu_mul(row, 1)
+    gate, up = row.chunk(2, dim=-1)
+    assert out is not None
+    torch.testing.assert_close(out, F.silu(gate) * up, rtol=5e-7, atol=1e-30)
+    assert kernel.silu_mul(row[:0], 1) is not None  # no rows
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

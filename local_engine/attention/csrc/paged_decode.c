@@ -517,24 +517,30 @@ int swift_rope_bf16(const bf16_t *x, int64_t rows, int64_t heads, int64_t x_row,
 /*
  * SwiGLU's activation: out[r, j] = silu(g) * u with g = gu[r * gu_row + j] and
  * u = gu[r * gu_row + cols + j] (the gate and up halves of a fused projection's output row),
- * silu(g) = g / (1 + exp(-g)); out is contiguous [rows, cols]. exp is a degree-6 polynomial
- * after range reduction, within 2 ulp of float32's exp, overflowing to inf (silu: a zero of
- * g's sign) where it does. In bfloat16 silu(g) rounds to bfloat16 before the product, as the unfused
- * `act(gate) * up` does. Written for AVX-512 only: elsewhere it returns 3 and the caller uses
- * torch (swift_kernel_features tells it beforehand). Returns 0, 2 for sizes it does not
- * take, or 3.
+ * silu(g) = g / (1 + exp(-g)); out is contiguous [rows, cols]. exp is 1 + r + r^2 p(r) with p
+ * of degree 5 after range reduction, within 2 ulp of float32's exp, and overflows to inf
+ * (silu: a zero of g's sign) where exp does. In bfloat16 silu(g) rounds to bfloat16 before
+ * the product, as the unfused `act(gate) * up` does. Written for AVX-512 (F, BW and VL) only:
+ * elsewhere it returns 3 and the caller uses torch (swift_kernel_features tells it
+ * beforehand). Returns 0, 2 for sizes it does not take, or 3.
  */
 #define FEATURE_VECTOR_ACTIVATION 1
+/* The masked 16-bit loads and stores of the bfloat16 path need AVX-512 BW and VL too. */
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define SWIFT_VECTOR_ACTIVATION 1
+#else
+#define SWIFT_VECTOR_ACTIVATION 0
+#endif
 
 int swift_kernel_features(void) {
-#if defined(__AVX512F__)
+#if SWIFT_VECTOR_ACTIVATION
     return FEATURE_VECTOR_ACTIVATION;
 #else
     return 0;
 #endif
 }
 
-#if defined(__AVX512F__)
+#if SWIFT_VECTOR_ACTIVATION
 static inline __m512 exp16(__m512 x) {
     /* Beyond +-100 the result is inf or 0 anyway; the clamp keeps n finite. scalef
        overflows to inf and underflows through the subnormals as exp does. */
@@ -585,7 +591,7 @@ static inline void store_bf16_masked(bf16_t *p, __mmask16 m, __m512 rounded) {
 
 static int silu_mul(const void *gu, int64_t rows, int64_t gu_row, void *out, int64_t cols,
                     int nthreads, int bf16) {
-#if !defined(__AVX512F__)
+#if !SWIFT_VECTOR_ACTIVATION
     (void)gu, (void)rows, (void)gu_row, (void)out, (void)cols, (void)nthreads, (void)bf16;
     return 3;
 #else
