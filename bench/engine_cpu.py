@@ -391,7 +391,7 @@ class Ceiling:
         matmuls = self._matmuls()
         self.matmuls.append(matmuls)
         self.attention.append(self._attention())
-        return Run(start, start + matmuls, time.perf_counter(), [])
+        return Run(start, start, time.perf_counter(), [])
 
     def measure(self, reps: int) -> Ceiling:
         """A warm-up replay and ``reps`` counted ones, back to back (where no rounds run)."""

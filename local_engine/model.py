@@ -23,7 +23,7 @@ from torch import nn
 from swiftclient.errors import ConfigurationError
 
 from .attention import AttentionBackend, AttentionMetadata, get_attention_backend
-from .attention.native import load_paged_decode
+from .attention.native import PagedDecodeKernel, load_paged_decode
 from .config import ModelConfig, RopeScaling
 from .fp8 import Fp8Weight, check_fp8_device
 from .quant import DequantScratch, Int8Weight, Quantization, check_quantization, linear
@@ -35,6 +35,12 @@ def _param(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Paramete
     return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
 
 
+def _cpu_kernel(x: torch.Tensor) -> PagedDecodeKernel | None:
+    """The native kernel library for a CPU tensor where it loads; None elsewhere (torch's
+    operations then do the work)."""
+    return load_paged_decode() if x.device.type == "cpu" else None
+
+
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last axis; ``weight`` broadcasts against ``x``.
 
@@ -43,10 +49,10 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     loads (float32 and bfloat16; ``KernelError`` if it refuses sizes it was meant to take);
     torch's operations do it elsewhere.
     """
-    if x.device.type == "cpu" and (kernel := load_paged_decode()) is not None:
-        out = kernel.rms_norm(x, weight, eps, torch.get_num_threads())  # None: not its case
-        if out is not None:
-            return out
+    if (kernel := _cpu_kernel(x)) is not None and (
+        out := kernel.rms_norm(x, weight, eps, torch.get_num_threads())  # None: not its case
+    ) is not None:
+        return out
     if x.dtype == torch.float32:
         if weight.dim() == 1:
             return F.rms_norm(x, (x.shape[-1],), weight, eps)
@@ -102,8 +108,8 @@ def _qk_rope(
     projection), RMS-normalized per head where the model has a q/k norm, then rotated, in a
     fresh contiguous tensor. On CPU the native kernel does both in one pass where it loads;
     torch's operations do them elsewhere."""
-    if qk.device.type == "cpu" and (kernel := load_paged_decode()) is not None:
-        out = kernel.rope(
+    if (kernel := _cpu_kernel(qk)) is not None and (
+        out := kernel.rope(
             qk,
             norm_weight,
             eps,
@@ -112,8 +118,8 @@ def _qk_rope(
             rotary.positions,
             torch.get_num_threads(),
         )
-        if out is not None:
-            return out
+    ) is not None:
+        return out
     if norm_weight is not None:
         qk = _rms_norm(qk, norm_weight, eps)
     cos, sin = rotary.full()
@@ -123,10 +129,10 @@ def _qk_rope(
 def _swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` from the fused gate/up projection's output ``[T, 2 * I]``; on CPU
     in one native pass where the kernel loads."""
-    if gate_up.device.type == "cpu" and (kernel := load_paged_decode()) is not None:
-        out = kernel.silu_mul(gate_up, torch.get_num_threads())
-        if out is not None:
-            return out
+    if (kernel := _cpu_kernel(gate_up)) is not None and (
+        out := kernel.silu_mul(gate_up, torch.get_num_threads())
+    ) is not None:
+        return out
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate, inplace=True).mul_(up)
 
