@@ -4,7 +4,9 @@ Runs workloads 2(a) and 2(b) of ``engine_cpu.py`` (32 concurrent requests, fp32,
 random-weight ``swift-50m``) on the engine alone, best of ``--reps`` rounds with fresh prompts,
 with a replay of the engine's matmuls and attention at the step shapes of one more run in
 every round (the same replays as the ceiling line of ``engine_cpu.py``).
-``(matmuls + attention) / engine`` is the share of the ceiling the engine reaches;
+``ceiling / engine`` is the share of the ceiling the engine reaches, the ceiling being the
+matmuls and attention replayed together, layer by layer as the engine runs them (the share
+of the two replayed apart is printed too);
 transformers' time cancels out of it, so this needs no transformers run. Then one more run
 of each workload under cProfile splits the engine's time by kind of work (matmul, attention,
 norms, q/k norm + RoPE, activation, the rest: sampling, scheduling, input preparation and
@@ -37,8 +39,8 @@ _KINDS: dict[str, Callable[[tuple[str, int, str]], bool]] = {
     "matmul": lambda k: (
         k[2] in ("<built-in method torch._C._nn.linear>", "<built-in method torch.addmm>")
     ),
-    "attention": lambda k: (
-        (k[0].endswith("native.py") and k[2] == "__call__")
+    "attention": lambda k: (  # rope_decode: a decode step's q/k norm, RoPE and attention
+        (k[0].endswith("native.py") and k[2] in ("__call__", "rope_decode"))
         or "scaled_dot_product_attention" in k[2]
         or "index_copy_" in k[2]
     ),
@@ -116,21 +118,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         ceiling = setup.ceiling(peer.step_shapes(make(args.reps + 1), new))
         runs, _ = bench._rounds(args.reps, make, [engine_run, ceiling.replay])
         times = [run.end - run.start for run in runs]
+        stepwise = ceiling.stepwise_share(runs)
         steps = len(ceiling.shapes)
         matmuls, attention = ceiling.best()
+        together = ceiling.best_together()
         best = min(times)
-        other = best - matmuls - attention
-        shares = [
-            (m + a) / t
-            for m, a, t in zip(ceiling.matmuls[1:], ceiling.attention[1:], times, strict=True)
-        ]
+        other = best - together
+        shares = [t / e for t, e in zip(ceiling.together[1:], times, strict=True)]
         print(
             f"- {label}: engine best {best:.2f} s of {steps} steps (rounds "
             f"{', '.join(f'{t:.2f}' for t in times)}); replayed in the same rounds, matmuls "
-            f"{matmuls:.2f} s + attention {attention:.2f} s (best of each); the engine reaches "
-            f"{100 * (matmuls + attention) / best:.1f}% of its matmul-plus-attention ceiling "
-            f"(median of the rounds {100 * statistics.median(shares):.1f}%; everything else "
-            f"{other:.2f} s, {1000 * other / steps:.1f} ms a step)"
+            f"{matmuls:.2f} s + attention {attention:.2f} s apart (best of each), "
+            f"{together:.2f} s together; the engine reaches "
+            f"{'-' if stepwise is None else f'{100 * stepwise:.1f}%'} of its "
+            f"matmul-plus-attention ceiling step by step (each step's best round), "
+            f"{100 * together / best:.1f}% best round against best replay (median of the rounds "
+            f"{100 * statistics.median(shares):.1f}%; everything else {other:.2f} s, "
+            f"{1000 * other / steps:.1f} ms a step; {100 * (matmuls + attention) / best:.1f}% "
+            "of the two replayed apart)"
         )
         print(f"  - {breakdown(peer, make(args.reps + 2), new)}")
     print(f"\n1-min load average after: {os.getloadavg()[0]:.1f}")

@@ -23,6 +23,7 @@ from torch import nn
 from swiftclient.errors import ConfigurationError
 
 from .attention import AttentionBackend, AttentionMetadata, get_attention_backend
+from .attention.cpu import CPUPagedAttention
 from .attention.native import PagedDecodeKernel, load_paged_decode
 from .config import ModelConfig, RopeScaling
 from .fp8 import Fp8Weight, check_fp8_device
@@ -239,16 +240,32 @@ class DecoderLayer(nn.Module):
         heads, kv_heads, hd = self.num_heads, self.num_kv_heads, self.head_dim
         h = _rms_norm(x, self.input_norm, self.eps)
         qkv = linear(h, self.qkv_weight, self.qkv_bias).view(tokens, heads + 2 * kv_heads, hd)
-        qk = _qk_rope(qkv[:, : heads + kv_heads], self.qk_norm_weight, self.eps, rotary)
-        out = attention.forward(
-            qk[:, :heads],
-            qk[:, heads:],
-            qkv[:, heads + kv_heads :],
-            kv_cache,
-            meta,
-            scale=self.scale,
-            sliding_window=self.sliding_window,
+        out = (  # a decode step on the CPU kernel: rotate, store and attend in one call
+            attention.rope_decode(
+                qkv,
+                heads,
+                self.qk_norm_weight,
+                self.eps,
+                (rotary.positions, rotary.cos_table, rotary.sin_table),
+                kv_cache,
+                meta,
+                scale=self.scale,
+                sliding_window=self.sliding_window,
+            )
+            if isinstance(attention, CPUPagedAttention)
+            else None
         )
+        if out is None:
+            qk = _qk_rope(qkv[:, : heads + kv_heads], self.qk_norm_weight, self.eps, rotary)
+            out = attention.forward(
+                qk[:, :heads],
+                qk[:, heads:],
+                qkv[:, heads + kv_heads :],
+                kv_cache,
+                meta,
+                scale=self.scale,
+                sliding_window=self.sliding_window,
+            )
         x = _residual_linear(x, out.reshape(tokens, heads * hd), self.o_weight, self.o_bias)
         h = _rms_norm(x, self.post_norm, self.eps)
         return _residual_linear(x, _swiglu(linear(h, self.gate_up_weight)), self.down_weight)

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from .base import AttentionMetadata
 from .native import KERNEL_DTYPES, MAX_HEADS, KernelError, PagedDecodeKernel, load_paged_decode
-from .reference import ReferenceAttention, _Decode
+from .reference import ReferenceAttention, _Decode, _plan_for
 
 __all__ = ["CPUPagedAttention"]
 
@@ -54,6 +55,73 @@ class CPUPagedAttention(ReferenceAttention):
             self._kernel, self._loader = self._loader(), None
         return self._kernel
 
+    def rope_decode(
+        self,
+        qkv: torch.Tensor,
+        heads: int,
+        norm_weight: torch.Tensor | None,
+        eps: float,
+        rotary: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        *,
+        scale: float,
+        sliding_window: int | None,
+    ) -> torch.Tensor | None:
+        """A decode step's rotary embedding, KV write and attention in one native call.
+
+        ``qkv`` ``[T, heads + 2 * kv_heads, head_dim]`` is the fused projection's output (a
+        view is fine: each head contiguous); ``norm_weight`` the per-head q/k norm where the
+        model has one (``[head_dim]``, or ``[heads + kv_heads, head_dim]``); ``rotary`` the
+        ``(positions [T] int64, cos, sin)`` with the half-width ``[max_pos, head_dim / 2]``
+        tables. The result is bit-identical to normalizing and rotating the query and key
+        heads, then :meth:`forward` with them and the value heads, and so is what lands in
+        ``kv_cache``.
+
+        Returns:
+            ``[T, heads, head_dim]``, or None (nothing written) where the fused kernel does not
+            take the step: a step with a prefill, no kernel, or inputs outside its limits.
+            The caller then takes the unfused path.
+        """
+        rows, total, dim = qkv.shape
+        kv_heads = (total - heads) // 2
+        plan = _plan_for(meta, kv_cache.shape[2])
+        decode = plan.decode
+        if decode is None or decode.tokens is not None or total != heads + 2 * kv_heads:
+            return None
+        if not _rows_independent(meta, decode, kv_cache.shape[2]):
+            return None
+        q = qkv[:, :heads]
+        positions, cos, sin = rotary
+        if not _kernel_takes(q, kv_cache, decode) or kv_cache.shape[3] != kv_heads:
+            return None
+        norm_stride = _fused_takes(qkv, heads, norm_weight, positions, cos, sin)
+        kernel = self.kernel if norm_stride is not None else None
+        if kernel is None or norm_stride is None:
+            return None
+        out = torch.empty((rows, heads, dim), dtype=qkv.dtype, device=qkv.device)
+        paged, _alive = _paged(kv_cache, decode, out, heads, sliding_window)
+        try:
+            kernel.rope_decode(
+                scale=scale,
+                x=qkv.data_ptr(),
+                x_strides=(qkv.stride(0), qkv.stride(1)),
+                norm=None if norm_weight is None else norm_weight.data_ptr(),
+                norm_stride=norm_stride,
+                eps=eps,
+                cos=cos.data_ptr(),
+                sin=sin.data_ptr(),
+                positions=positions.data_ptr(),
+                max_pos=cos.shape[0],
+                **paged,
+            )
+        except KernelError:
+            # Out of scratch memory, or a position outside the tables: the unfused path
+            # redoes the step (rewriting any slot written here with the same values) and
+            # reports what is wrong.
+            return None
+        return out
+
     def _decode(
         self,
         q: torch.Tensor,
@@ -66,36 +134,103 @@ class CPUPagedAttention(ReferenceAttention):
         kernel = self.kernel if _kernel_takes(q, kv_cache, decode) else None
         if kernel is None:
             return super()._decode(q, kv_cache, meta, decode, scale, window)
-        rows, heads, dim = q.shape
-        block_size, kv_heads = kv_cache.shape[2], kv_cache.shape[3]
-        tables = decode.blocks.contiguous()
-        lens = decode.context_lens.contiguous()
-        out = torch.empty((rows, heads, dim), dtype=q.dtype, device=q.device)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        paged, _alive = _paged(kv_cache, decode, out, q.shape[1], window)
         try:
-            kernel(
-                q=q.data_ptr(),
-                q_strides=(q.stride(0), q.stride(1)),
-                k=kv_cache[0].data_ptr(),
-                v=kv_cache[1].data_ptr(),
-                tables=tables.data_ptr(),
-                table_stride=decode.width,
-                lens=lens.data_ptr(),
-                out=out.data_ptr(),
-                shape=(rows, heads, kv_heads, dim),
-                block_size=block_size,
-                window=window or 0,
-                max_len=decode.width * block_size,
-                num_blocks=kv_cache.shape[1],
-                scale=scale,
-                threads=torch.get_num_threads(),
-                bf16=q.dtype == torch.bfloat16,
-            )
+            kernel(q=q.data_ptr(), q_strides=(q.stride(0), q.stride(1)), scale=scale, **paged)
         except KernelError as exc:  # e.g. scratch memory refused: this step takes SDPA
             if not self._failed:
                 self._failed = True
                 logger.warning("%s; this step uses SDPA attention", exc)
             return super()._decode(q, kv_cache, meta, decode, scale, window)
         return out
+
+
+def _paged(
+    kv_cache: torch.Tensor, decode: _Decode, out: torch.Tensor, heads: int, window: int | None
+) -> tuple[dict[str, Any], tuple[torch.Tensor, ...]]:
+    """The decode kernels' cache, table, output and size arguments, and the tensors their
+    pointers point into (the caller keeps them alive through the call)."""
+    tables = decode.blocks.contiguous()
+    lens = decode.context_lens.contiguous()
+    block_size = kv_cache.shape[2]
+    arguments = {
+        "k": kv_cache[0].data_ptr(),
+        "v": kv_cache[1].data_ptr(),
+        "tables": tables.data_ptr(),
+        "table_stride": decode.width,
+        "lens": lens.data_ptr(),
+        "out": out.data_ptr(),
+        "shape": (out.shape[0], heads, kv_cache.shape[3], out.shape[2]),
+        "block_size": block_size,
+        "window": window or 0,
+        "max_len": decode.width * block_size,
+        "num_blocks": kv_cache.shape[1],
+        "threads": torch.get_num_threads(),
+        "bf16": out.dtype == torch.bfloat16,
+    }
+    return arguments, (tables, lens)
+
+
+def _rows_independent(meta: AttentionMetadata, decode: _Decode, block_size: int) -> bool:
+    """Whether no row reads the block another row writes its new token to in this step (the
+    fused call writes and reads row by row, where :meth:`ReferenceAttention.forward` writes
+    every row first). Rows of different sequences never do: a sequence writes to its last,
+    partly filled block, which is its own. One sequence's draft positions laid out as rows
+    of their own (speculative verification) share blocks, and take the unfused path. Worked
+    out once per step."""
+    key = "cpu.rows_independent"
+    known = meta.derived.get(key)
+    if isinstance(known, bool):
+        return known
+    width = decode.width
+    lens = decode.context_lens
+    tables = decode.blocks.view(-1, width)
+    last = (lens - 1) // block_size
+    written = tables.gather(1, last[:, None]).squeeze(1)
+    used = tables[torch.arange(width, device=lens.device)[None, :] <= last[:, None]]
+    if bool((lens < 1).any()) or bool((used < 0).any()):  # the unfused path reports these
+        independent = False
+    else:
+        counts = torch.bincount(used, minlength=int(written.max()) + 1)
+        independent = bool((counts[written] == 1).all())
+    meta.derived[key] = independent
+    return independent
+
+
+def _fused_takes(
+    qkv: torch.Tensor,
+    heads: int,
+    norm_weight: torch.Tensor | None,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+) -> int | None:
+    """The norm weights' stride between heads where :meth:`CPUPagedAttention.rope_decode`
+    can take these rotary inputs (0 for one weight, or without a norm), else None."""
+    rows, total, dim = qkv.shape
+    half = dim // 2
+    if (
+        dim % 2
+        or any(
+            t.dtype != qkv.dtype or t.dim() != 2 or t.shape[1] != half or not t.is_contiguous()
+            for t in (cos, sin)
+        )
+        or cos.shape != sin.shape
+        or positions.dtype != torch.int64
+        or positions.shape != (rows,)
+        or not positions.is_contiguous()
+    ):
+        return None
+    if norm_weight is None:
+        return 0
+    if norm_weight.dtype != qkv.dtype or not norm_weight.is_contiguous():
+        return None
+    if norm_weight.shape == (dim,):
+        return 0
+    if norm_weight.shape == (total - (total - heads) // 2, dim):
+        return dim
+    return None
 
 
 def _kernel_takes(q: torch.Tensor, kv_cache: torch.Tensor, decode: _Decode) -> bool:

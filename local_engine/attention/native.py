@@ -62,6 +62,8 @@ SYMBOL_RMS_NORM = "swift_rms_norm_f32"
 SYMBOL_RMS_NORM_BF16 = "swift_rms_norm_bf16"
 SYMBOL_ROPE = "swift_rope_f32"
 SYMBOL_ROPE_BF16 = "swift_rope_bf16"
+SYMBOL_ROPE_DECODE = "swift_rope_decode_f32"
+SYMBOL_ROPE_DECODE_BF16 = "swift_rope_decode_bf16"
 SYMBOL_SILU_MUL = "swift_silu_mul_f32"
 SYMBOL_SILU_MUL_BF16 = "swift_silu_mul_bf16"
 SYMBOL_FEATURES = "swift_kernel_features"
@@ -90,6 +92,9 @@ _RMS_ARGTYPES = [_PTR, _I64, _I64, _I64, _I64, _PTR, _I64, _PTR, _I64, ctypes.c_
 _ROPE_ARGTYPES = [_PTR, _I64, _I64, _I64, _I64, _PTR, _I64, ctypes.c_float, _PTR, _PTR, _PTR]
 _ROPE_ARGTYPES += [_I64, _PTR, _I64, ctypes.c_int]
 _SILU_ARGTYPES = [_PTR, _I64, _I64, _PTR, _I64, ctypes.c_int]
+_ROPE_DECODE_ARGTYPES = [_PTR, _I64, _I64, _PTR, _I64, ctypes.c_float, _PTR, _PTR, _PTR, _I64]
+_ROPE_DECODE_ARGTYPES += [_PTR, _PTR, _PTR, _I64, _PTR, _PTR] + [_I64] * 8
+_ROPE_DECODE_ARGTYPES += [ctypes.c_float, ctypes.c_int]
 
 
 class KernelError(RuntimeError):
@@ -107,6 +112,8 @@ class PagedDecodeKernel:
     _rms_bf16: Callable[..., int]
     _rope: Callable[..., int]
     _rope_bf16: Callable[..., int]
+    _rope_decode: Callable[..., int]
+    _rope_decode_bf16: Callable[..., int]
     _silu_mul: Callable[..., int]
     _silu_mul_bf16: Callable[..., int]
     vector_activation: bool = False
@@ -316,31 +323,59 @@ class PagedDecodeKernel:
         Raises:
             KernelError: the kernel returned a non-zero status.
         """
-        rows, heads, kv_heads, dim = shape
-        status = (self._fn_bf16 if bf16 else self._fn)(
-            q,
-            q_strides[0],
-            q_strides[1],
-            k,
-            v,
-            tables,
-            table_stride,
-            lens,
-            out,
-            rows,
-            heads,
-            kv_heads,
-            dim,
-            block_size,
-            window,
-            max_len,
-            num_blocks,
-            scale,
-            threads,
-        )
-        if status:
-            what = "out of scratch memory" if status == 1 else "arguments out of its limits"
-            raise KernelError(f"paged decode kernel failed ({what}, status {status})")
+        tail = (k, v, tables, table_stride, lens, out, *shape, block_size, window, max_len)
+        fn = self._fn_bf16 if bf16 else self._fn
+        _check_decode(fn(q, *q_strides, *tail, num_blocks, scale, threads))
+
+    def rope_decode(
+        self,
+        *,
+        x: int,
+        x_strides: tuple[int, int],
+        norm: int | None,
+        norm_stride: int,
+        eps: float,
+        cos: int,
+        sin: int,
+        positions: int,
+        max_pos: int,
+        k: int,
+        v: int,
+        tables: int,
+        table_stride: int,
+        lens: int,
+        out: int,
+        shape: tuple[int, int, int, int],
+        block_size: int,
+        window: int,
+        max_len: int,
+        num_blocks: int,
+        scale: float,
+        threads: int,
+        bf16: bool = False,
+    ) -> None:
+        """Rotate, store and attend in one call (raw pointers; see ``swift_rope_decode_*`` in
+        the C source): ``x`` is the fused projection's output (each row's query heads, then
+        its key heads, then its value heads, at strides ``x_strides`` for a row and a head);
+        ``norm`` the per-head norm weights or None (``norm_stride`` apart, 0 for one weight);
+        ``cos``/``sin`` the ``[max_pos, dim / 2]`` tables; ``positions`` one int64 per row.
+        Each row's rotated key and its value are written to the cache slot of its newest
+        position; the rest is as :meth:`__call__`, whose arguments share these names.
+
+        Raises:
+            KernelError: the kernel returned a non-zero status.
+        """
+        rotary = (x, *x_strides, norm, norm_stride, eps, cos, sin, positions, max_pos)
+        tail = (k, v, tables, table_stride, lens, out, *shape, block_size, window, max_len)
+        fn = self._rope_decode_bf16 if bf16 else self._rope_decode
+        _check_decode(fn(*rotary, *tail, num_blocks, scale, threads))
+
+
+def _check_decode(status: int) -> None:
+    """Raise :class:`KernelError` for a decode kernel's non-zero ``status``."""
+    if status:
+        what = "out of scratch memory" if status == 1 else "arguments out of its limits"
+        raise KernelError(f"paged decode kernel failed ({what}, status {status})")
 
 
 def torch_uses_gomp() -> bool:
@@ -502,6 +537,8 @@ def open_library(path: Path) -> PagedDecodeKernel:
         (SYMBOL_RMS_NORM_BF16, _RMS_ARGTYPES),
         (SYMBOL_ROPE, _ROPE_ARGTYPES),
         (SYMBOL_ROPE_BF16, _ROPE_ARGTYPES),
+        (SYMBOL_ROPE_DECODE, _ROPE_DECODE_ARGTYPES),
+        (SYMBOL_ROPE_DECODE_BF16, _ROPE_DECODE_ARGTYPES),
         (SYMBOL_SILU_MUL, _SILU_ARGTYPES),
         (SYMBOL_SILU_MUL_BF16, _SILU_ARGTYPES),
     ):
@@ -519,7 +556,8 @@ def open_library(path: Path) -> PagedDecodeKernel:
     features_fn.argtypes = []
     features_fn.restype = ctypes.c_int
     features = int(features_fn())
-    fn, fn_bf16, rms, rms_bf16, rope, rope_bf16, silu, silu_bf16 = functions
+    fn, fn_bf16, rms, rms_bf16, rope, rope_bf16, rope_decode, rope_decode_bf16 = functions[:8]
+    silu, silu_bf16 = functions[8:]
     return PagedDecodeKernel(
         path,
         fn,
@@ -528,6 +566,8 @@ def open_library(path: Path) -> PagedDecodeKernel:
         rms_bf16,
         rope,
         rope_bf16,
+        rope_decode,
+        rope_decode_bf16,
         silu,
         silu_bf16,
         vector_activation=bool(features & _FEATURE_VECTOR_ACTIVATION),

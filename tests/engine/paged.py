@@ -61,3 +61,13 @@ class PagedRunner:
         )
         logits = self.model.compute_logits(hidden)
         return dict(zip(chunks, torch.split(logits, query_lens), strict=True))
+
+
+def scattered_tables(lens: Sequence[int], block: int, seed: int) -> tuple[list[list[int]], int]:
+    """Block tables for sequences of ``lens`` tokens, their blocks shuffled over a cache of
+    three blocks more than they need; returns the tables and the cache's block count."""
+    rng = random.Random(seed)
+    need = sum(-(-n // block) for n in lens)
+    free = list(range(need + 3))
+    rng.shuffle(free)
+    return [[free.pop() for _ in range(-(-n // block))] for n in lens], need + 3

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import shlex
 import shutil
 import time
@@ -31,6 +30,8 @@ from local_engine.attention.native import (
     torch_uses_gomp,
 )
 from swiftclient.errors import ConfigurationError
+
+from .paged import scattered_tables
 
 
 def _have_compiler() -> bool:
@@ -62,12 +63,8 @@ def _decode_step(
     """A decode-only step over scattered blocks: q (a strided view, as the model passes it),
     k, v, a filled cache and the step's metadata."""
     gen = torch.Generator().manual_seed(seed)
-    rng = random.Random(seed)
-    need = sum(-(-n // block) for n in lens)
-    free = list(range(need + 3))
-    rng.shuffle(free)
-    tables = [[free.pop() for _ in range(-(-n // block))] for n in lens]
-    cache = torch.randn(2, need + 3, block, kv_heads, dim, generator=gen).to(dtype)
+    tables, blocks = scattered_tables(lens, block, seed)
+    cache = torch.randn(2, blocks, block, kv_heads, dim, generator=gen).to(dtype)
     meta = build_attention_metadata(tables, lens, [1] * len(lens), block_size=block)
     qk = torch.randn(len(lens), heads + kv_heads, dim, generator=gen).to(dtype)
     v = torch.randn(len(lens), kv_heads, dim, generator=gen).to(dtype)

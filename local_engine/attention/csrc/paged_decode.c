@@ -40,6 +40,7 @@
 #endif
 
 #define MAX_HEADS 256
+#define RMS_MAX_COLS 16384 /* wider norm rows and heads: the caller uses torch */
 #define MAX_THREADS 64
 
 typedef uint16_t bf16_t;
@@ -55,7 +56,25 @@ typedef struct {
     int64_t rows, heads, kv_heads, dim, block_size, window, max_len;
     float scale;
     int nthreads, tid, status, bf16;
+    const struct rotary *rot; /* NULL: q is rotated already and k/v are in the cache */
 } job_t;
+
+/* swift_rope_decode_*: the step's fused projection output x (each row: the query heads, then
+   the key heads, then the value heads; head h of row r at x + r * x_row + h * x_head), with
+   the q/k norm weights (NULL for none; head h's at w + h * w_head) and the rotary tables. */
+struct rotary {
+    const void *x;
+    int64_t x_row, x_head;
+    const void *w;
+    int64_t w_head;
+    float eps;
+    const void *cos, *sin;
+    const int64_t *positions;
+    int64_t max_pos;
+};
+
+static void rope_head(const void *src, const void *w, float eps, const void *cos,
+                      const void *sin, int64_t p, void *dst, int64_t dim, int bf16);
 
 static inline float bf16_to_f32(bf16_t v) {
     const uint32_t u = (uint32_t)v << 16;
@@ -162,10 +181,13 @@ static void *run(void *arg) {
     float *acc = malloc(sizeof(float) * (size_t)(span * group * dim));
     /* bfloat16 queries are converted once per task into qf [heads, dim] */
     float *qf = bf16 ? malloc(sizeof(float) * (size_t)(span * group * dim)) : NULL;
-    if (scores == NULL || acc == NULL || (bf16 && qf == NULL)) {
+    /* with j->rot, the task's rotated query heads [heads, dim] in the model's dtype */
+    void *qr = j->rot ? malloc(elem * (size_t)(span * group * dim)) : NULL;
+    if (scores == NULL || acc == NULL || (bf16 && qf == NULL) || (j->rot && qr == NULL)) {
         free(scores);
         free(acc);
         free(qf);
+        free(qr);
         j->status = 1;
         return NULL;
     }
@@ -178,10 +200,38 @@ static void *run(void *arg) {
         const int64_t n = len - first;
         const int64_t *table = j->tables + row * j->table_stride;
         const int64_t q_offset = row * j->q_row + h0 * group * j->q_head;
-        const float *q = (const float *)j->q + q_offset;
+        const char *qsrc = (const char *)j->q + q_offset * (int64_t)elem;
         int64_t q_head = j->q_head;
+        if (j->rot) {
+            /* The row's new token sits at position len - 1: its keys and values go to that
+               slot of the cache before the scores read it, rotated keys as the unfused path
+               stores them; the task's query heads are rotated into qr. */
+            const struct rotary *rt = j->rot;
+            const int64_t p = rt->positions[row], at = len - 1;
+            const int64_t slot = table[at / bs] * bs + at % bs;
+            const char *x = (const char *)rt->x + row * rt->x_row * (int64_t)elem;
+            const char *w = (const char *)rt->w;
+            const int64_t w_step = rt->w_head * (int64_t)elem;
+            for (int64_t g = h0; g < h0 + span; g++) {
+                const int64_t dst = (slot * token_stride + g * dim) * (int64_t)elem;
+                const int64_t kh = j->heads + g;
+                rope_head(x + kh * rt->x_head * (int64_t)elem, w ? w + kh * w_step : NULL,
+                          rt->eps, rt->cos, rt->sin, p, (char *)j->k + dst, dim, bf16);
+                memcpy((char *)j->v + dst, x + (kh + kvh) * rt->x_head * (int64_t)elem,
+                       (size_t)dim * elem);
+            }
+            for (int64_t i = 0; i < heads; i++) {
+                const int64_t qh = h0 * group + i;
+                rope_head(x + qh * rt->x_head * (int64_t)elem, w ? w + qh * w_step : NULL,
+                          rt->eps, rt->cos, rt->sin, p, (char *)qr + i * dim * (int64_t)elem,
+                          dim, bf16);
+            }
+            qsrc = (const char *)qr;
+            q_head = dim;
+        }
+        const float *q = (const float *)qsrc;
         if (bf16) {
-            const bf16_t *qb = (const bf16_t *)j->q + q_offset;
+            const bf16_t *qb = (const bf16_t *)qsrc;
             for (int64_t i = 0; i < heads; i++)
                 for (int64_t d = 0; d < dim; d++) qf[i * dim + d] = bf16_to_f32(qb[i * q_head + d]);
             q = qf;
@@ -254,6 +304,7 @@ static void *run(void *arg) {
     free(scores);
     free(acc);
     free(qf);
+    free(qr);
     return NULL;
 }
 
@@ -261,13 +312,16 @@ static int paged_decode(const void *q, int64_t q_row, int64_t q_head, const void
                         const void *v, const int64_t *tables, int64_t table_stride,
                         const int64_t *lens, void *out, int64_t rows, int64_t heads,
                         int64_t kv_heads, int64_t dim, int64_t block_size, int64_t window,
-                        int64_t max_len, int64_t num_blocks, float scale, int nthreads, int bf16) {
+                        int64_t max_len, int64_t num_blocks, float scale, int nthreads, int bf16,
+                        const struct rotary *rot) {
     if (rows < 1 || heads < 1 || kv_heads < 1 || dim < 1 || block_size < 1 || max_len < 1 ||
         heads % kv_heads != 0 || heads > MAX_HEADS)
         return 2;
+    if (rot && (dim % 2 || dim > RMS_MAX_COLS || rot->max_pos < 1)) return 2;
     for (int64_t r = 0; r < rows; r++) {
         if (lens[r] < 1 || lens[r] > max_len || (lens[r] - 1) / block_size >= table_stride)
             return 2;
+        if (rot && (rot->positions[r] < 0 || rot->positions[r] >= rot->max_pos)) return 2;
         for (int64_t b = 0; b <= (lens[r] - 1) / block_size; b++) {
             const int64_t id = tables[r * table_stride + b];
             if (id < 0 || id >= num_blocks) return 2; /* never read outside the cache */
@@ -277,7 +331,8 @@ static int paged_decode(const void *q, int64_t q_row, int64_t q_head, const void
     if (nthreads > MAX_THREADS) nthreads = MAX_THREADS;
     if ((int64_t)nthreads > rows * kv_heads) nthreads = (int)(rows * kv_heads);
     const job_t base = {q, q_row, q_head, k, v, tables, table_stride, lens, out, rows, heads,
-                        kv_heads, dim, block_size, window, max_len, scale, nthreads, 0, 0, bf16};
+                        kv_heads, dim, block_size, window, max_len, scale, nthreads, 0, 0, bf16,
+                        rot};
     int status = 0;
 #if defined(_OPENMP)
     /* Built against the OpenMP runtime torch already loaded: the work runs on torch's own
@@ -315,7 +370,8 @@ int swift_paged_decode_f32(const float *q, int64_t q_row, int64_t q_head, const 
                            int64_t kv_heads, int64_t dim, int64_t block_size, int64_t window,
                            int64_t max_len, int64_t num_blocks, float scale, int nthreads) {
     return paged_decode(q, q_row, q_head, k, v, tables, table_stride, lens, out, rows, heads,
-                        kv_heads, dim, block_size, window, max_len, num_blocks, scale, nthreads, 0);
+                        kv_heads, dim, block_size, window, max_len, num_blocks, scale, nthreads, 0,
+                        NULL);
 }
 
 int swift_paged_decode_bf16(const bf16_t *q, int64_t q_row, int64_t q_head, const bf16_t *k,
@@ -324,7 +380,8 @@ int swift_paged_decode_bf16(const bf16_t *q, int64_t q_row, int64_t q_head, cons
                             int64_t kv_heads, int64_t dim, int64_t block_size, int64_t window,
                             int64_t max_len, int64_t num_blocks, float scale, int nthreads) {
     return paged_decode(q, q_row, q_head, k, v, tables, table_stride, lens, out, rows, heads,
-                        kv_heads, dim, block_size, window, max_len, num_blocks, scale, nthreads, 1);
+                        kv_heads, dim, block_size, window, max_len, num_blocks, scale, nthreads, 1,
+                        NULL);
 }
 
 /*
@@ -365,7 +422,6 @@ static inline int team_size(int nthreads, int64_t work, int64_t min_work) {
    524,288 values, RoPE up to about 200,000, SiLU-mul up to 393,216 (and won from 786,432). */
 #define RMS_PARALLEL_MIN 1048576
 #define ROPE_PARALLEL_MIN 262144
-#define RMS_MAX_COLS 16384 /* wider rows: the caller uses torch */
 
 static void rms_row_f32(const float *x, const float *w, float *y, int64_t cols, float eps) {
     const float inv = 1.0f / sqrtf(sum_squares(x, cols) / (float)cols + eps);
@@ -472,35 +528,45 @@ static int rope(const void *x, int64_t rows, int64_t heads, int64_t x_row, int64
         return 2;
     for (int64_t r = 0; r < rows; r++)
         if (positions[r] < 0 || positions[r] >= max_pos) return 2;
-    const int64_t half = dim / 2, n = rows * heads;
+    const int64_t n = rows * heads;
     nthreads = team_size(nthreads, n * dim, ROPE_PARALLEL_MIN);
 #if defined(_OPENMP)
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
 #endif
     for (int64_t i = 0; i < n; i++) {
-        const int64_t r = i / heads, h = i % heads, p = positions[r];
-        float row[RMS_MAX_COLS]; /* the head in float32, normalized where asked */
-        if (bf16) {
-            const bf16_t *src = (const bf16_t *)x + r * x_row + h * x_head;
-            bf16_t *dst = (bf16_t *)out + i * dim;
-            if (w) { /* the norm's bfloat16 output, as the unfused model would see it */
-                rms_row_bf16(src, (const bf16_t *)w + h * w_head, dst, dim, eps, row);
-                src = dst;
-            }
-            for (int64_t d = 0; d < dim; d++) row[d] = bf16_to_f32(src[d]);
-            rotate_bf16(row, (const bf16_t *)cos + p * half, (const bf16_t *)sin + p * half, dst,
-                        half);
-        } else {
-            const float *src = (const float *)x + r * x_row + h * x_head;
-            if (w) {
-                rms_row_f32(src, (const float *)w + h * w_head, row, dim, eps);
-                src = row;
-            }
-            rotate_f32(src, (const float *)cos + p * half, (const float *)sin + p * half,
-                       (float *)out + i * dim, half);
-        }
+        const int64_t r = i / heads, h = i % heads;
+        const size_t elem = bf16 ? sizeof(bf16_t) : sizeof(float);
+        rope_head((const char *)x + (r * x_row + h * x_head) * (int64_t)elem,
+                  w ? (const char *)w + h * w_head * (int64_t)elem : NULL, eps, cos, sin,
+                  positions[r], (char *)out + i * dim * (int64_t)elem, dim, bf16);
     }
     return 0;
+}
+
+/* One head of `dim` values at src, normalized with the weight w where it is not NULL, rotated
+   by the angles at position p into dst (which may be where src's norm lands). */
+static void rope_head(const void *src, const void *w, float eps, const void *cos,
+                      const void *sin, int64_t p, void *dst, int64_t dim, int bf16) {
+    const int64_t half = dim / 2;
+    float row[RMS_MAX_COLS]; /* the head in float32, normalized where asked */
+    if (bf16) {
+        const bf16_t *in = (const bf16_t *)src;
+        if (w) { /* the norm's bfloat16 output, as the unfused model would see it */
+            rms_row_bf16(in, (const bf16_t *)w, (bf16_t *)dst, dim, eps, row);
+            in = (const bf16_t *)dst;
+        }
+        for (int64_t d = 0; d < dim; d++) row[d] = bf16_to_f32(in[d]);
+        rotate_bf16(row, (const bf16_t *)cos + p * half, (const bf16_t *)sin + p * half,
+                    (bf16_t *)dst, half);
+    } else {
+        const float *in = (const float *)src;
+        if (w) {
+            rms_row_f32(in, (const float *)w, row, dim, eps);
+            in = row;
+        }
+        rotate_f32(in, (const float *)cos + p * half, (const float *)sin + p * half,
+                   (float *)dst, half);
+    }
 }
 
 int swift_rope_f32(const float *x, int64_t rows, int64_t heads, int64_t x_row, int64_t x_head,
@@ -517,6 +583,54 @@ int swift_rope_bf16(const bf16_t *x, int64_t rows, int64_t heads, int64_t x_row,
                     int64_t max_pos, bf16_t *out, int64_t dim, int nthreads) {
     return rope(x, rows, heads, x_row, x_head, w, w_head, eps, cos, sin, positions, max_pos, out,
                 dim, nthreads, 1);
+}
+
+/*
+ * Decode attention with the rotary step fused in front (swift_rope_decode_f32/_bf16): for
+ * each row, the query and key heads of the fused projection's output x are normalized (with
+ * w, where not NULL) and rotated exactly as swift_rope_* does; the rotated keys and the values
+ * are written to the row's new slot (position lens[r] - 1 of its block table, where
+ * AttentionMetadata's slot mapping puts a decode token), and the row then attends as
+ * swift_paged_decode_* does, with the rotated queries. The results are bit-identical to
+ * swift_rope_*, storing k and v, then swift_paged_decode_*; one parallel region does it all,
+ * so each thread rotates the heads it then attends with. k and v are written. Returns as
+ * swift_paged_decode_* does (2 also for an odd head size or a position outside the tables).
+ */
+static int rope_decode(const void *x, int64_t x_row, int64_t x_head, const void *w,
+                       int64_t w_head, float eps, const void *cos, const void *sin,
+                       const int64_t *positions, int64_t max_pos, void *k, void *v,
+                       const int64_t *tables, int64_t table_stride, const int64_t *lens,
+                       void *out, int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim,
+                       int64_t block_size, int64_t window, int64_t max_len, int64_t num_blocks,
+                       float scale, int nthreads, int bf16) {
+    const struct rotary rot = {x, x_row, x_head, w, w_head, eps, cos, sin, positions, max_pos};
+    return paged_decode(x, x_row, x_head, k, v, tables, table_stride, lens, out, rows, heads,
+                        kv_heads, dim, block_size, window, max_len, num_blocks, scale, nthreads,
+                        bf16, &rot);
+}
+
+int swift_rope_decode_f32(const float *x, int64_t x_row, int64_t x_head, const float *w,
+                          int64_t w_head, float eps, const float *cos, const float *sin,
+                          const int64_t *positions, int64_t max_pos, float *k, float *v,
+                          const int64_t *tables, int64_t table_stride, const int64_t *lens,
+                          float *out, int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim,
+                          int64_t block_size, int64_t window, int64_t max_len,
+                          int64_t num_blocks, float scale, int nthreads) {
+    return rope_decode(x, x_row, x_head, w, w_head, eps, cos, sin, positions, max_pos, k, v,
+                       tables, table_stride, lens, out, rows, heads, kv_heads, dim, block_size,
+                       window, max_len, num_blocks, scale, nthreads, 0);
+}
+
+int swift_rope_decode_bf16(const bf16_t *x, int64_t x_row, int64_t x_head, const bf16_t *w,
+                           int64_t w_head, float eps, const bf16_t *cos, const bf16_t *sin,
+                           const int64_t *positions, int64_t max_pos, bf16_t *k, bf16_t *v,
+                           const int64_t *tables, int64_t table_stride, const int64_t *lens,
+                           bf16_t *out, int64_t rows, int64_t heads, int64_t kv_heads,
+                           int64_t dim, int64_t block_size, int64_t window, int64_t max_len,
+                           int64_t num_blocks, float scale, int nthreads) {
+    return rope_decode(x, x_row, x_head, w, w_head, eps, cos, sin, positions, max_pos, k, v,
+                       tables, table_stride, lens, out, rows, heads, kv_heads, dim, block_size,
+                       window, max_len, num_blocks, scale, nthreads, 1);
 }
 
 /*
