@@ -29,9 +29,10 @@ Workloads and goals (PASS/FAIL printed beside each):
    both shapes). For each shape the script also prints a ceiling: transformers' best time
    over a replay of the engine's matmuls alone, and of its matmuls plus attention (run
    together, layer by layer as the engine runs them), at the step shapes it ran: the most
-   that work outside them could reach; the share of that ceiling the engine's best round
-   reaches has a goal of its own (>= 95%); the share of the two replayed apart is printed
-   beside it. An info row times
+   that work outside them could reach; the share of that ceiling the engine reaches step
+   by step (each step's best round against its best replay) has a goal of its own
+   (>= 95%); the best round's share, the median of the rounds' shares and the share of the
+   two replayed apart are printed beside it. An info row times
    transformers serving the requests one ``generate()`` at a time.
 3. Time to first token of a 1,024-token request whose first 1,000 tokens were already
    processed (prefix cache hit), against the same request on an engine with
@@ -96,7 +97,7 @@ from _util import markdown_table, ratio, verdict
 from transformers import AutoModelForCausalLM
 from transformers.generation.streamers import BaseStreamer
 
-from local_engine.attention import build_attention_metadata
+from local_engine.attention import CPUPagedAttention, build_attention_metadata
 from local_engine.cpu_memory import MMAP_THRESHOLD, TRIM_THRESHOLD, malloc_tuning
 from local_engine.cpu_threads import SPIN_COUNT_ENV, WAIT_POLICY_ENV, openmp_setup
 from local_engine.default_model import ensure_default_model
@@ -191,6 +192,8 @@ class Run:
     """Prompt tokens served from the prefix cache (local_engine only)."""
     steps: list[float] = field(default_factory=list)
     """Seconds of each engine step, in order (local_engine only)."""
+    step_tokens: list[int] = field(default_factory=list)
+    """Tokens each engine step ran through the model, in order (local_engine only)."""
 
     @property
     def total_tokens(self) -> int:
@@ -248,18 +251,33 @@ class EnginePeer:
         cached: dict[str, int] = {}
         first: float | None = None
         steps: list[float] = []
-        while engine.has_unfinished():
-            began = time.perf_counter()
-            for out in engine.step():
-                tokens[out.request_id].extend(out.new_token_ids)
-                cached[out.request_id] = out.num_cached_tokens
-            steps.append(time.perf_counter() - began)
-            if first is None and cached:
-                first = time.perf_counter()
+        step_tokens: list[int] = []
+        runner = engine.runner
+        execute = runner.execute
+        wrapped = "execute" in vars(runner)  # step_shapes' own note-taker
+
+        def noting(batch: SchedulerOutput) -> RunnerOutput:
+            step_tokens.append(batch.num_batched_tokens)
+            return execute(batch)
+
+        runner.execute = noting  # type: ignore[method-assign]
+        try:
+            while engine.has_unfinished():
+                began = time.perf_counter()
+                for out in engine.step():
+                    tokens[out.request_id].extend(out.new_token_ids)
+                    cached[out.request_id] = out.num_cached_tokens
+                steps.append(time.perf_counter() - began)
+                if first is None and cached:
+                    first = time.perf_counter()
+        finally:
+            if wrapped:
+                runner.execute = execute  # type: ignore[method-assign]
+            else:
+                del runner.execute
         end = time.perf_counter()
-        run = Run(
-            start, first or end, end, [tokens[rid] for rid in ids], sum(cached.values()), steps
-        )
+        texts = [tokens[rid] for rid in ids]
+        run = Run(start, first or end, end, texts, sum(cached.values()), steps, step_tokens)
         return _checked(run, new_tokens)
 
     def step_shapes(self, prompts: Sequence[list[int]], new_tokens: NewTokens) -> list[Shape]:
@@ -357,9 +375,9 @@ class Ceiling:
     call) and together (layer by layer, in the engine's order: the fused q/k/v projection,
     attention, the output, gate/up and down projections, then the LM head). The replay
     together is the ceiling: the engine's time with norms, RoPE, activations, sampling,
-    scheduling and Python free. Apart, each kind runs with the other's data out of the caches
-    and threads' way, a few percent faster than any engine that alternates them can (see
-    docs/local-engine.md), so it is printed for reference only. The workloads call
+    scheduling and Python free. Apart, each kind ran 1-4% faster than together in paired
+    replays (docs/local-engine.md), time an engine that must alternate them cannot win back
+    by fusing its elementwise work, so it is printed for reference only. The workloads call
     :meth:`replay` as one more peer in every round (who goes first rotating, as for the
     engines), so the replays and the engine's rounds meet the same machine, whatever the
     other tenants do meanwhile. The first replay is the warm-up round's and is not counted,
@@ -402,7 +420,12 @@ class Ceiling:
             )
             q = torch.randn(shape.tokens, cfg.num_heads, cfg.head_dim, dtype=model.dtype)
             kv = torch.randn(2, shape.tokens, cfg.num_kv_heads, cfg.head_dim, dtype=model.dtype)
-            self._steps.append((meta, q, kv))
+            heads = cfg.num_heads + 2 * cfg.num_kv_heads
+            qkv = torch.randn(shape.tokens, heads, cfg.head_dim, dtype=model.dtype)
+            positions = torch.tensor(
+                [p for new, ctx in shape.layout for p in range(ctx - new, ctx)], dtype=torch.int64
+            )
+            self._steps.append((meta, q, kv, qkv, positions))
 
     def replay(self, _prompts: object = None) -> Run:
         """Replay the matmuls and the attention apart and together (which first alternates
@@ -443,9 +466,30 @@ class Ceiling:
         linear(self._x_hidden[:tokens], layer.gate_up_weight)
         linear(self._x_mlp[:tokens], layer.down_weight)
 
-    def _attend(self, layer: Any, step: tuple[Any, torch.Tensor, torch.Tensor], cache: Any) -> None:
-        meta, q, kv = step
-        self.model.attention.forward(
+    def _attend(self, layer: Any, step: tuple[Any, ...], cache: Any) -> None:
+        """One layer's attention call as the engine makes it: a decode step that the CPU
+        backend's fused call takes goes through it (rotation, KV write and attention; the
+        engine's q/k norm is left out), every other step through ``forward``."""
+        meta, q, kv, qkv, positions = step
+        attention = self.model.attention
+        if isinstance(attention, CPUPagedAttention):
+            rotary = (positions, self.model.rope_cos, self.model.rope_sin)
+            if (
+                attention.rope_decode(
+                    qkv,
+                    q.shape[1],
+                    None,
+                    self.model.config.rms_norm_eps,
+                    rotary,
+                    cache,
+                    meta,
+                    scale=layer.scale,
+                    sliding_window=layer.sliding_window,
+                )
+                is not None
+            ):
+                return
+        attention.forward(
             q, kv[0], kv[1], cache, meta, scale=layer.scale, sliding_window=layer.sliding_window
         )
 
@@ -466,9 +510,10 @@ class Ceiling:
             return time.perf_counter() - start
 
     def _attention(self) -> float:
-        """One ``attention.forward`` per layer and step through the model's own backend (the
-        native kernel where it is used), with the layer's scale and window: the KV writes,
-        decode and prefill attention the engine ran, and nothing else."""
+        """One attention call per layer and step through the model's own backend (the native
+        kernels where they are used), with the layer's scale and window: the KV writes,
+        decode and prefill attention the engine ran (in decode steps the fused call, whose
+        rotation comes with it), and nothing else."""
         with torch.inference_mode():
             start = time.perf_counter()
             for step in self._steps:
@@ -502,15 +547,18 @@ class Ceiling:
     def stepwise_share(self, engine_runs: Sequence[Run]) -> float | None:
         """The ceiling over the engine, step by step: the sum over steps of each step's best
         counted replay together, over the sum of the same step's best time in the engine's
-        rounds; None unless every round ran this replay's steps. A slow spell on a shared
-        machine then costs only the steps it hit, in the round it hit them, where best
-        whole rounds lose the round."""
+        rounds plus the least time a round spent outside its steps (adding the requests,
+        collecting outputs); None unless every round ran this replay's steps, token count
+        for token count. A slow spell on a shared machine then costs only the steps it hit,
+        in the round it hit them, where best whole rounds lose the round."""
         if len(self.together_steps) < 2 or not engine_runs:
             return None
-        if any(len(r.steps) != len(self.shapes) for r in engine_runs):
+        shape = [s.tokens for s in self.shapes]
+        if any(r.step_tokens != shape or len(r.steps) != len(shape) for r in engine_runs):
             return None
         replayed: float = sum(min(t) for t in zip(*self.together_steps[1:], strict=True))
         ran: float = sum(min(t) for t in zip(*(r.steps for r in engine_runs), strict=True))
+        ran += min(r.end - r.start - sum(r.steps) for r in engine_runs)
         return replayed / ran
 
 

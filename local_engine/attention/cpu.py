@@ -19,7 +19,14 @@ from typing import Any
 import torch
 
 from .base import AttentionMetadata
-from .native import KERNEL_DTYPES, MAX_HEADS, KernelError, PagedDecodeKernel, load_paged_decode
+from .native import (
+    KERNEL_DTYPES,
+    MAX_HEADS,
+    RMS_NORM_MAX_COLS,
+    KernelError,
+    PagedDecodeKernel,
+    load_paged_decode,
+)
 from .reference import ReferenceAttention, _Decode, _plan_for
 
 __all__ = ["CPUPagedAttention"]
@@ -79,25 +86,30 @@ class CPUPagedAttention(ReferenceAttention):
         ``kv_cache``.
 
         Returns:
-            ``[T, heads, head_dim]``, or None (nothing written) where the fused kernel does not
-            take the step: a step with a prefill, no kernel, or inputs outside its limits.
-            The caller then takes the unfused path.
+            ``[T, heads, head_dim]``, or None where the fused kernel does not take the step,
+            having written nothing: a step with a prefill, rows that read a block another
+            row writes to (the kernel writes and reads row by row, where :meth:`forward`
+            writes every row first), a slot the metadata puts elsewhere than the row's
+            newest position, no kernel, or inputs outside its limits. Also None (logged
+            once) where the kernel fails after its checks (scratch memory refused), which
+            may have written some rows' keys and values already: the unfused path the
+            caller then takes writes the same values there.
         """
         rows, total, dim = qkv.shape
         kv_heads = (total - heads) // 2
-        plan = _plan_for(meta, kv_cache.shape[2])
-        decode = plan.decode
-        if decode is None or decode.tokens is not None or total != heads + 2 * kv_heads:
-            return None
-        if not _rows_independent(meta, decode, kv_cache.shape[2]):
-            return None
-        q = qkv[:, :heads]
         positions, cos, sin = rotary
-        if not _kernel_takes(q, kv_cache, decode) or kv_cache.shape[3] != kv_heads:
-            return None
         norm_stride = _fused_takes(qkv, heads, norm_weight, positions, cos, sin)
-        kernel = self.kernel if norm_stride is not None else None
-        if kernel is None or norm_stride is None:
+        if norm_stride is None or total != heads + 2 * kv_heads or kv_cache.shape[3] != kv_heads:
+            return None
+        kernel = self.kernel
+        if kernel is None:
+            return None
+        decode = _plan_for(meta, kv_cache.shape[2]).decode
+        if decode is None or decode.tokens is not None:
+            return None
+        if not _kernel_takes(qkv[:, :heads], kv_cache, decode) or not _rows_independent(
+            meta, decode, kv_cache.shape[2]
+        ):
             return None
         out = torch.empty((rows, heads, dim), dtype=qkv.dtype, device=qkv.device)
         paged, _alive = _paged(kv_cache, decode, out, heads, sliding_window)
@@ -115,10 +127,13 @@ class CPUPagedAttention(ReferenceAttention):
                 max_pos=cos.shape[0],
                 **paged,
             )
-        except KernelError:
+        except KernelError as exc:
             # Out of scratch memory, or a position outside the tables: the unfused path
             # redoes the step (rewriting any slot written here with the same values) and
             # reports what is wrong.
+            if not self._failed:
+                self._failed = True
+                logger.warning("%s; this step takes the unfused path", exc)
             return None
         return out
 
@@ -183,19 +198,26 @@ def _rows_independent(meta: AttentionMetadata, decode: _Decode, block_size: int)
     known = meta.derived.get(key)
     if isinstance(known, bool):
         return known
+    meta.derived[key] = independent = _independent(meta, decode, block_size)
+    return independent
+
+
+def _independent(meta: AttentionMetadata, decode: _Decode, block_size: int) -> bool:
     width = decode.width
     lens = decode.context_lens
+    if bool((lens < 1).any()):  # padding rows (they write nothing): the unfused path
+        return False
     tables = decode.blocks.view(-1, width)
     last = (lens - 1) // block_size
     written = tables.gather(1, last[:, None]).squeeze(1)
+    slots = written * block_size + (lens - 1) % block_size
+    if not torch.equal(slots, meta.slot_mapping.to(torch.int64)):
+        return False  # the metadata puts a token elsewhere than its newest position
     used = tables[torch.arange(width, device=lens.device)[None, :] <= last[:, None]]
-    if bool((lens < 1).any()) or bool((used < 0).any()):  # the unfused path reports these
-        independent = False
-    else:
-        counts = torch.bincount(used, minlength=int(written.max()) + 1)
-        independent = bool((counts[written] == 1).all())
-    meta.derived[key] = independent
-    return independent
+    if bool((used < 0).any()):  # the unfused path reports these
+        return False
+    counts = torch.bincount(used, minlength=int(written.max()) + 1)
+    return bool((counts[written] == 1).all())
 
 
 def _fused_takes(
@@ -211,7 +233,9 @@ def _fused_takes(
     rows, total, dim = qkv.shape
     half = dim // 2
     if (
-        dim % 2
+        qkv.device.type != "cpu"
+        or dim % 2
+        or dim > RMS_NORM_MAX_COLS
         or any(
             t.dtype != qkv.dtype or t.dim() != 2 or t.shape[1] != half or not t.is_contiguous()
             for t in (cos, sin)

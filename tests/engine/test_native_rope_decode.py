@@ -99,9 +99,10 @@ def test_fused_decode_is_bit_identical_to_rotate_store_attend(
     window: int | None,
 ) -> None:
     """Output and cache equal (``torch.equal``) the unfused path's: the same rotation, the
-    same slots, the same attention; with one row per thread task and with rows split by KV
-    head (few rows)."""
-    for lens in ([1, 2, block, block + 1, 3 * block - 1, 37, 64, 5], [9]):
+    same slots, the same attention; with one row per thread task (8 rows on 1 thread) and
+    with rows split by KV head (fewer than two rows per thread)."""
+    cases = [([1, 2, block, block + 1, 3 * block - 1, 37, 64, 5], 1), ([9, 3 * block], 4)]
+    for lens, threads in cases:
         qkv, cache, meta, positions = _step(
             lens,
             [1] * len(lens),
@@ -124,25 +125,31 @@ def test_fused_decode_is_bit_identical_to_rotate_store_attend(
         want_cache = cache.clone()
         want = _unfused(backend, qkv, heads, weight, rotary, want_cache, meta, window)
         meta.derived.clear()  # type: ignore[attr-defined]
-        got = backend.rope_decode(
-            qkv,
-            heads,
-            weight,
-            EPS,
-            (positions, cos_t, sin_t),
-            cache,
-            meta,  # type: ignore[arg-type]
-            scale=dim**-0.5,
-            sliding_window=window,
-        )
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)  # the kernel's team: torch's thread count
+        try:
+            got = backend.rope_decode(
+                qkv,
+                heads,
+                weight,
+                EPS,
+                (positions, cos_t, sin_t),
+                cache,
+                meta,  # type: ignore[arg-type]
+                scale=dim**-0.5,
+                sliding_window=window,
+            )
+        finally:
+            torch.set_num_threads(before)
         assert got is not None
         assert torch.equal(got, want)
         assert torch.equal(cache, want_cache)
 
 
 def test_fused_decode_declines_what_it_does_not_take(kernel: PagedDecodeKernel) -> None:
-    """A step with a prefill, float16, a position outside the tables, a mismatched table or
-    rows that read what another row writes returns None and writes nothing; the unfused path
+    """A step with a prefill, float16, a position outside the tables, a mismatched table,
+    rows that read what another row writes, or a slot mapping other than the rows' newest
+    positions returns None and writes nothing; the unfused path
     then runs (and reports a bad position)."""
     heads, kv_heads, dim, block = 4, 2, 16, 4
     backend = CPUPagedAttention(kernel)
@@ -193,6 +200,12 @@ def test_fused_decode_declines_what_it_does_not_take(kernel: PagedDecodeKernel) 
     # drafts out so): the second row reads the slot the first writes in the same step.
     shared = build_attention_metadata([[0, 1], [0, 1]], [6, 7], [1, 1], block_size=block)
     assert attempt([6, 6], [1, 1], positions=torch.tensor([5, 6]), meta=shared) is None
+    # Metadata whose slot mapping puts the tokens elsewhere than their newest positions.
+    moved = build_attention_metadata([[0, 1], [2, 3]], [5, 6], [1, 1], block_size=block)
+    assert attempt([5, 6], [1, 1], meta=moved) is not None
+    moved.derived.clear()
+    moved.slot_mapping = moved.slot_mapping.flip(0)
+    assert attempt([5, 6], [1, 1], meta=moved) is None
 
 
 def test_the_model_decodes_through_the_fused_call(

@@ -25,6 +25,9 @@
  * scratch memory could not be allocated, 2 for arguments the kernel does not take (shapes
  * outside its limits, or a block id outside the cache; it then reads nothing).
  *
+ * swift_rope_decode_f32/_bf16 (below) do the same with the step's rotary embedding and KV
+ * write in front; the library also holds the model's RMSNorm, RoPE and SiLU-mul on CPU.
+ *
  * Compiled on first use by local_engine/attention/native.py.
  */
 #include <math.h>
@@ -48,7 +51,7 @@ typedef uint16_t bf16_t;
 typedef struct {
     const void *q;
     int64_t q_row, q_head;
-    const void *k, *v;
+    void *k, *v; /* written only with rot (the new tokens' keys and values) */
     const int64_t *tables;
     int64_t table_stride;
     const int64_t *lens;
@@ -308,8 +311,8 @@ static void *run(void *arg) {
     return NULL;
 }
 
-static int paged_decode(const void *q, int64_t q_row, int64_t q_head, const void *k,
-                        const void *v, const int64_t *tables, int64_t table_stride,
+static int paged_decode(const void *q, int64_t q_row, int64_t q_head, void *k, void *v,
+                        const int64_t *tables, int64_t table_stride,
                         const int64_t *lens, void *out, int64_t rows, int64_t heads,
                         int64_t kv_heads, int64_t dim, int64_t block_size, int64_t window,
                         int64_t max_len, int64_t num_blocks, float scale, int nthreads, int bf16,
@@ -369,8 +372,9 @@ int swift_paged_decode_f32(const float *q, int64_t q_row, int64_t q_head, const 
                            const int64_t *lens, float *out, int64_t rows, int64_t heads,
                            int64_t kv_heads, int64_t dim, int64_t block_size, int64_t window,
                            int64_t max_len, int64_t num_blocks, float scale, int nthreads) {
-    return paged_decode(q, q_row, q_head, k, v, tables, table_stride, lens, out, rows, heads,
-                        kv_heads, dim, block_size, window, max_len, num_blocks, scale, nthreads, 0,
+    return paged_decode(q, q_row, q_head, (void *)k, (void *)v, tables, table_stride, lens, out,
+                        rows, heads, kv_heads, dim, block_size, window, max_len, num_blocks, scale,
+                        nthreads, 0,
                         NULL);
 }
 
@@ -379,8 +383,9 @@ int swift_paged_decode_bf16(const bf16_t *q, int64_t q_row, int64_t q_head, cons
                             const int64_t *lens, bf16_t *out, int64_t rows, int64_t heads,
                             int64_t kv_heads, int64_t dim, int64_t block_size, int64_t window,
                             int64_t max_len, int64_t num_blocks, float scale, int nthreads) {
-    return paged_decode(q, q_row, q_head, k, v, tables, table_stride, lens, out, rows, heads,
-                        kv_heads, dim, block_size, window, max_len, num_blocks, scale, nthreads, 1,
+    return paged_decode(q, q_row, q_head, (void *)k, (void *)v, tables, table_stride, lens, out,
+                        rows, heads, kv_heads, dim, block_size, window, max_len, num_blocks, scale,
+                        nthreads, 1,
                         NULL);
 }
 
@@ -593,8 +598,12 @@ int swift_rope_bf16(const bf16_t *x, int64_t rows, int64_t heads, int64_t x_row,
  * AttentionMetadata's slot mapping puts a decode token), and the row then attends as
  * swift_paged_decode_* does, with the rotated queries. The results are bit-identical to
  * swift_rope_*, storing k and v, then swift_paged_decode_*; one parallel region does it all,
- * so each thread rotates the heads it then attends with. k and v are written. Returns as
- * swift_paged_decode_* does (2 also for an odd head size or a position outside the tables).
+ * so each thread rotates the heads it then attends with. k and v are written.
+ * Precondition (the caller's, not checked here): no row reads a block another row writes to
+ * in the same call, and no two rows write one slot; tasks run in any order, so otherwise a
+ * row may read a slot before or after it is written (the Python side checks it per step).
+ * Returns as swift_paged_decode_* does (2 also for an odd head size, a head over
+ * RMS_MAX_COLS values, or a position outside the tables).
  */
 static int rope_decode(const void *x, int64_t x_row, int64_t x_head, const void *w,
                        int64_t w_head, float eps, const void *cos, const void *sin,
