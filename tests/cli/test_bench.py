@@ -80,9 +80,15 @@ def test_bench_measures_the_scripted_latencies_at_concurrency_1_and_64(
             (summary,) = data["summary"]
             assert summary["level"] == f"c={level}" and summary["ok"] == requests
             assert TTFT - 0.001 <= summary["ttft"]["p50"] <= TTFT + ttft_margin, summary
-            assert ITL - 0.0005 <= summary["itl"]["p50"] <= ITL + itl_margin, summary
             measured = [s for s in data["samples"] if not s["warmup"]]
             assert len(measured) == requests
+            # The mean gap, not the median: with 64 streams on a loaded machine the client
+            # can fall behind and read several tokens at once, which makes most gaps ~0 (one
+            # CI run read a p50 of 3 µs) while the gaps still add up to the server's spacing.
+            gaps = [gap for s in measured for gap in s["itl"]]
+            assert ITL - 0.0005 <= sum(gaps) / len(gaps) <= ITL + itl_margin, summary
+            if level == 1:  # one stream: every gap is a token the server spaced
+                assert ITL - 0.0005 <= summary["itl"]["p50"] <= ITL + itl_margin, summary
             assert sum(s["warmup"] for s in data["samples"]) == level  # one per worker
             for sample in measured:
                 assert sample["error"] is None and sample["output_tokens"] == TOKENS
