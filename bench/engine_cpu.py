@@ -192,8 +192,8 @@ class Run:
     """Prompt tokens served from the prefix cache (local_engine only)."""
     steps: list[float] = field(default_factory=list)
     """Seconds of each engine step, in order (local_engine only)."""
-    step_tokens: list[int] = field(default_factory=list)
-    """Tokens each engine step ran through the model, in order (local_engine only)."""
+    shapes: list[Shape] = field(default_factory=list)
+    """Each engine step as the model saw it, in order (local_engine only)."""
 
     @property
     def total_tokens(self) -> int:
@@ -251,13 +251,16 @@ class EnginePeer:
         cached: dict[str, int] = {}
         first: float | None = None
         steps: list[float] = []
-        step_tokens: list[int] = []
+        shapes: list[Shape] = []
         runner = engine.runner
         execute = runner.execute
-        wrapped = "execute" in vars(runner)  # step_shapes' own note-taker
 
         def noting(batch: SchedulerOutput) -> RunnerOutput:
-            step_tokens.append(batch.num_batched_tokens)
+            layout = tuple(
+                (item.num_new_tokens, item.start + item.num_new_tokens) for item in batch.scheduled
+            )
+            samples = sum(1 for item in batch.scheduled if item.samples)
+            shapes.append(Shape(batch.num_batched_tokens, samples, layout))
             return execute(batch)
 
         runner.execute = noting  # type: ignore[method-assign]
@@ -271,35 +274,15 @@ class EnginePeer:
                 if first is None and cached:
                     first = time.perf_counter()
         finally:
-            if wrapped:
-                runner.execute = execute  # type: ignore[method-assign]
-            else:
-                del runner.execute
+            del runner.execute
         end = time.perf_counter()
         texts = [tokens[rid] for rid in ids]
-        run = Run(start, first or end, end, texts, sum(cached.values()), steps, step_tokens)
+        run = Run(start, first or end, end, texts, sum(cached.values()), steps, shapes)
         return _checked(run, new_tokens)
 
     def step_shapes(self, prompts: Sequence[list[int]], new_tokens: NewTokens) -> list[Shape]:
         """Run the workload once more, noting each step's (tokens, sampled rows)."""
-        runner = self.engine.runner
-        shapes: list[Shape] = []
-        execute = runner.execute
-
-        def noting(batch: SchedulerOutput) -> RunnerOutput:
-            layout = tuple(
-                (item.num_new_tokens, item.start + item.num_new_tokens) for item in batch.scheduled
-            )
-            samples = sum(1 for item in batch.scheduled if item.samples)
-            shapes.append(Shape(batch.num_batched_tokens, samples, layout))
-            return execute(batch)
-
-        runner.execute = noting  # type: ignore[method-assign]
-        try:
-            self.run(prompts, new_tokens)
-        finally:
-            del runner.execute
-        return shapes
+        return self.run(prompts, new_tokens).shapes
 
 
 class TransformersPeer:
@@ -548,13 +531,12 @@ class Ceiling:
         """The ceiling over the engine, step by step: the sum over steps of each step's best
         counted replay together, over the sum of the same step's best time in the engine's
         rounds plus the least time a round spent outside its steps (adding the requests,
-        collecting outputs); None unless every round ran this replay's steps, token count
-        for token count. A slow spell on a shared machine then costs only the steps it hit,
+        collecting outputs); None unless every round ran this replay's steps, shape for
+        shape. A slow spell on a shared machine then costs only the steps it hit,
         in the round it hit them, where best whole rounds lose the round."""
         if len(self.together_steps) < 2 or not engine_runs:
             return None
-        shape = [s.tokens for s in self.shapes]
-        if any(r.step_tokens != shape or len(r.steps) != len(shape) for r in engine_runs):
+        if any(r.shapes != self.shapes for r in engine_runs):
             return None
         replayed: float = sum(min(t) for t in zip(*self.together_steps[1:], strict=True))
         ran: float = sum(min(t) for t in zip(*(r.steps for r in engine_runs), strict=True))

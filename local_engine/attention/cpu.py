@@ -22,10 +22,10 @@ from .base import AttentionMetadata
 from .native import (
     KERNEL_DTYPES,
     MAX_HEADS,
-    RMS_NORM_MAX_COLS,
     KernelError,
     PagedDecodeKernel,
     load_paged_decode,
+    rotary_layout,
 )
 from .reference import ReferenceAttention, _Decode, _plan_for
 
@@ -98,8 +98,10 @@ class CPUPagedAttention(ReferenceAttention):
         rows, total, dim = qkv.shape
         kv_heads = (total - heads) // 2
         positions, cos, sin = rotary
-        norm_stride = _fused_takes(qkv, heads, norm_weight, positions, cos, sin)
-        if norm_stride is None or total != heads + 2 * kv_heads or kv_cache.shape[3] != kv_heads:
+        if total != heads + 2 * kv_heads or kv_cache.shape[3] != kv_heads:
+            return None
+        norm_stride = rotary_layout(qkv, heads + kv_heads, norm_weight, cos, sin, positions)
+        if norm_stride is None:
             return None
         kernel = self.kernel
         if kernel is None:
@@ -218,43 +220,6 @@ def _independent(meta: AttentionMetadata, decode: _Decode, block_size: int) -> b
         return False
     counts = torch.bincount(used, minlength=int(written.max()) + 1)
     return bool((counts[written] == 1).all())
-
-
-def _fused_takes(
-    qkv: torch.Tensor,
-    heads: int,
-    norm_weight: torch.Tensor | None,
-    positions: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-) -> int | None:
-    """The norm weights' stride between heads where :meth:`CPUPagedAttention.rope_decode`
-    can take these rotary inputs (0 for one weight, or without a norm), else None."""
-    rows, total, dim = qkv.shape
-    half = dim // 2
-    if (
-        qkv.device.type != "cpu"
-        or dim % 2
-        or dim > RMS_NORM_MAX_COLS
-        or any(
-            t.dtype != qkv.dtype or t.dim() != 2 or t.shape[1] != half or not t.is_contiguous()
-            for t in (cos, sin)
-        )
-        or cos.shape != sin.shape
-        or positions.dtype != torch.int64
-        or positions.shape != (rows,)
-        or not positions.is_contiguous()
-    ):
-        return None
-    if norm_weight is None:
-        return 0
-    if norm_weight.dtype != qkv.dtype or not norm_weight.is_contiguous():
-        return None
-    if norm_weight.shape == (dim,):
-        return 0
-    if norm_weight.shape == (total - (total - heads) // 2, dim):
-        return dim
-    return None
 
 
 def _kernel_takes(q: torch.Tensor, kv_cache: torch.Tensor, decode: _Decode) -> bool:

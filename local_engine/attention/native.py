@@ -49,6 +49,7 @@ __all__ = [
     "gomp_libraries",
     "load_paged_decode",
     "open_library",
+    "rotary_layout",
     "torch_uses_gomp",
 ]
 
@@ -202,39 +203,14 @@ class PagedDecodeKernel:
                 tables).
         """
         if (
-            x.device.type != "cpu"
-            or x.dtype not in KERNEL_DTYPES
+            x.dtype not in KERNEL_DTYPES
             or x.dim() != 3
             or x.stride(-1) != 1
-            or not 0 < x.shape[-1] <= RMS_NORM_MAX_COLS
-            or x.shape[-1] % 2
+            or (w_head := rotary_layout(x, x.shape[1], weight, cos, sin, positions)) is None
         ):
             return None
         rows, heads, dim = x.shape
-        half = dim // 2
-        if (
-            any(
-                t.dtype != x.dtype or t.dim() != 2 or t.shape[1] != half or not t.is_contiguous()
-                for t in (cos, sin)
-            )
-            or cos.shape != sin.shape
-        ):
-            return None
-        if (
-            positions.dtype != torch.int64
-            or positions.shape != (rows,)
-            or not positions.is_contiguous()
-        ):
-            return None
-        w_ptr, w_head = None, 0
-        if weight is not None:
-            if weight.dtype != x.dtype or not weight.is_contiguous():
-                return None
-            if weight.shape == (heads, dim):
-                w_head = dim
-            elif weight.shape != (dim,):
-                return None
-            w_ptr = weight.data_ptr()
+        w_ptr = None if weight is None else weight.data_ptr()
         out = torch.empty(x.shape, dtype=x.dtype)
         fn = self._rope_bf16 if x.dtype == torch.bfloat16 else self._rope
         status = fn(
@@ -369,6 +345,43 @@ class PagedDecodeKernel:
         tail = (k, v, tables, table_stride, lens, out, *shape, block_size, window, max_len)
         fn = self._rope_decode_bf16 if bf16 else self._rope_decode
         _check_decode(fn(*rotary, *tail, num_blocks, scale, threads))
+
+
+def rotary_layout(
+    x: torch.Tensor,
+    heads: int,
+    weight: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    positions: torch.Tensor,
+) -> int | None:
+    """The norm weight's stride between heads (0 for one weight, or none) where the rotary
+    kernels take these inputs for the first ``heads`` heads of ``x`` ``[T, *, D]`` on CPU,
+    else None: an even ``D`` up to ``RMS_NORM_MAX_COLS``; contiguous ``cos``/``sin``
+    ``[max_pos, D / 2]`` and ``weight`` (``[D]`` or ``[heads, D]``) in ``x``'s dtype;
+    contiguous int64 ``positions`` ``[T]``."""
+    rows, dim = x.shape[0], x.shape[-1]
+    if (
+        x.device.type != "cpu"
+        or not 0 < dim <= RMS_NORM_MAX_COLS
+        or dim % 2
+        or any(
+            t.dtype != x.dtype or t.dim() != 2 or t.shape[1] != dim // 2 or not t.is_contiguous()
+            for t in (cos, sin)
+        )
+        or cos.shape != sin.shape
+        or positions.dtype != torch.int64
+        or positions.shape != (rows,)
+        or not positions.is_contiguous()
+    ):
+        return None
+    if weight is None:
+        return 0
+    if weight.dtype != x.dtype or not weight.is_contiguous():
+        return None
+    if weight.shape == (dim,):
+        return 0
+    return dim if weight.shape == (heads, dim) else None
 
 
 def _check_decode(status: int) -> None:
