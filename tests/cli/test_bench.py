@@ -68,27 +68,33 @@ def test_bench_measures_the_scripted_latencies_at_concurrency_1_and_64(
 ) -> None:
     """The fake sleeps 200 ms before the first token and 20 ms between tokens. The bench
     must report that: never less (a measurement taken from the wrong point, such as the
-    response headers, reads near 0 ms), and not much more. The upper margins are wide
-    because this runs on a loaded 2-core machine where the fake, the client and other
-    jobs share the cores; the exact figures on a quiet machine are in docs/cli.md."""
+    response headers, reads near 0 ms), and for one stream not much more. At 64 streams
+    the upper check is that the streams overlap (a bench that serialised them would take
+    the sum of their times), not a latency margin: on a loaded 2-core machine the fake,
+    the client and other jobs share the cores and one CI run saw 300 ms stalls there. The
+    exact figures on a quiet machine are in docs/cli.md."""
     clear_provider_env(monkeypatch)
     script = ["--ttft", str(TTFT), "--token-delay", str(ITL), "--tokens", str(TOKENS)]
     with fake_process(*script) as url:
         target = ["--base-url", url, "-m", "fake"]
-        for level, requests, ttft_margin, itl_margin in ((1, 8, 0.05, 0.01), (64, 64, 0.1, 0.015)):
+        for level, requests in ((1, 8), (64, 64)):
             data = bench_json(tmp_path, *target, "-c", str(level), "-n", str(requests))
             (summary,) = data["summary"]
             assert summary["level"] == f"c={level}" and summary["ok"] == requests
-            assert TTFT - 0.001 <= summary["ttft"]["p50"] <= TTFT + ttft_margin, summary
+            assert summary["ttft"]["p50"] >= TTFT - 0.001, summary
             measured = [s for s in data["samples"] if not s["warmup"]]
             assert len(measured) == requests
             # The mean gap, not the median: with 64 streams on a loaded machine the client
             # can fall behind and read several tokens at once, which makes most gaps ~0 (one
             # CI run read a p50 of 3 µs) while the gaps still add up to the server's spacing.
             gaps = [gap for s in measured for gap in s["itl"]]
-            assert ITL - 0.0005 <= sum(gaps) / len(gaps) <= ITL + itl_margin, summary
+            assert sum(gaps) / len(gaps) >= ITL - 0.0005, summary
             if level == 1:  # one stream: every gap is a token the server spaced
-                assert ITL - 0.0005 <= summary["itl"]["p50"] <= ITL + itl_margin, summary
+                assert summary["ttft"]["p50"] <= TTFT + 0.05, summary
+                assert ITL - 0.0005 <= summary["itl"]["p50"] <= ITL + 0.01, summary
+            else:  # the streams ran side by side: far less time than one after another
+                serial = sum(s["e2e"] for s in measured)
+                assert summary["duration"] < serial / 8, summary
             assert sum(s["warmup"] for s in data["samples"]) == level  # one per worker
             for sample in measured:
                 assert sample["error"] is None and sample["output_tokens"] == TOKENS
