@@ -49,14 +49,17 @@ __all__ = ["AsyncEngine"]
 class _Mailbox:
     """One request's pending output: a single slot that merges what the reader missed."""
 
-    __slots__ = ("_error", "_event", "_pending")
+    __slots__ = ("_error", "_event", "_pending", "generated")
 
     def __init__(self) -> None:
         self._pending: RequestOutput | None = None
         self._error: BaseException | None = None
         self._event = anyio.Event()
+        self.generated = 0
+        """Tokens handed to this mailbox so far (the newest output's count)."""
 
     def put(self, out: RequestOutput) -> None:
+        self.generated = out.num_generated_tokens
         prev = self._pending
         if prev is None:
             self._pending = out
@@ -238,7 +241,11 @@ class AsyncEngine:
                 yield out
 
     def abort(self, request_id: str) -> None:
-        """Abort a request; its stream gets a final output with ``finish_reason="abort"``."""
+        """Abort a request; its stream gets a final output with ``finish_reason="abort"``.
+
+        Its ``num_generated_tokens`` counts the tokens the stream was handed, not a token
+        the step in flight (or, with ``overlap_output``, a step not yet processed) made.
+        """
         mailbox = self._mailboxes.pop(request_id, None)
         if mailbox is not None:
             seq = self.engine.scheduler.get(request_id)
@@ -251,7 +258,7 @@ class AsyncEngine:
                     finish_reason="abort",
                     num_prompt_tokens=seq.num_prompt_tokens if seq else 0,
                     num_cached_tokens=(seq.num_cached_tokens or 0) if seq else 0,
-                    num_generated_tokens=seq.num_generated_tokens if seq else 0,
+                    num_generated_tokens=mailbox.generated,
                     logprobs=None,
                 )
             )

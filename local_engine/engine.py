@@ -114,11 +114,8 @@ class EngineConfig:
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
         self.quantization = check_quantization(self.quantization)
-        for name in ("static_buffers", "cuda_graphs"):
-            if getattr(self, name) not in (None, True, False):
-                raise ConfigurationError(f"{name} must be None or a bool")
-        for name in ("overlap_output", "tune_malloc"):
-            if not isinstance(getattr(self, name), bool | None):
+        for name in ("static_buffers", "cuda_graphs", "overlap_output", "tune_malloc"):
+            if not isinstance(getattr(self, name), bool | None):  # 0 and 1 are not bools here
                 raise ConfigurationError(f"{name} must be None or a bool")
         if self.speculative is not None and not isinstance(self.speculative, SpeculativeConfig):
             raise ConfigurationError(

@@ -24,7 +24,7 @@ from local_engine.sampling_params import SamplingParams, TokenLogprob
 from local_engine.sequence import Sequence
 from local_engine.structured import TokenMask
 
-__all__ = ["Sampler", "SamplerOutput", "SamplingParams", "TokenLogprob"]
+__all__ = ["Sampler", "SamplerOutput", "SamplingParams", "TokenLogprob", "truncate_logits"]
 
 
 @dataclass(slots=True)
@@ -127,7 +127,7 @@ class Sampler:
         device = logits.device
         sub = logits if len(rows) == len(seqs) else logits[rows]
         params = [seqs[i].params for i in rows]
-        _truncate(sub, params)
+        truncate_logits(sub, params)
         probs = torch.softmax(sub, dim=-1)
         noise = torch.empty_like(probs)
         noise.exponential_(generator=self._shared_generator(device))
@@ -191,7 +191,7 @@ class Sampler:
             out[i] = TokenLogprob(token_list[i], chosen[i], top)
 
 
-def _truncate(logits: torch.Tensor, params: list[SamplingParams]) -> None:
+def truncate_logits(logits: torch.Tensor, params: list[SamplingParams]) -> None:
     """Mask (to -inf) tokens outside each row's top-k / top-p / min-p set, in place."""
     vocab = logits.shape[1]
     device = logits.device

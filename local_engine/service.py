@@ -280,9 +280,8 @@ class ChatService:
         return entries
 
     def _token_entry(self, token_id: int, logprob: float) -> dict[str, Any]:
-        text = self.tokenizer.decode([token_id], skip_special_tokens=False)
         return {
-            "token": text,
+            "token": self.tokenizer.token_text(token_id),
             "logprob": logprob,
             "bytes": list(self.tokenizer.token_bytes(token_id)),
         }

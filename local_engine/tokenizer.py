@@ -225,8 +225,7 @@ class Tokenizer:
         Byte-level BPE and byte-fallback tokens may end inside a multi-byte UTF-8 character,
         where decoding the token alone gives U+FFFD; their own bytes are read from the
         vocabulary string instead, so that the bytes of a token sequence joined are the UTF-8
-        of its text. Other tokens (added and special tokens, SentencePiece pieces) give the
-        UTF-8 of their decoded text.
+        of its text. Other tokens give the UTF-8 of :meth:`token_text`.
         """
         piece = self._backend.id_to_token(token_id)
         if piece is not None and token_id not in self._added_ids:
@@ -235,7 +234,30 @@ class Tokenizer:
             match = _BYTE_TOKEN.fullmatch(piece) if self._byte_fallback else None
             if match is not None:
                 return bytes([int(match[1], 16)])
-        return self.decode([token_id], skip_special_tokens=False).encode("utf-8")
+        return self.token_text(token_id).encode("utf-8")
+
+    def token_text(self, token_id: int) -> str:
+        """The text one token adds after other text (the ``token`` of a logprob entry).
+
+        A SentencePiece word piece such as ``▁Hello`` decodes alone to ``Hello``, since the
+        decoder drops the space of a text's first word; after other text it adds
+        `` Hello``, and that is its text here. Added and special tokens decode alone.
+        """
+        alone = self.decode([token_id], skip_special_tokens=False)
+        anchor = self._anchor
+        if anchor is None or token_id in self._added_ids:
+            return alone
+        anchor_id, anchor_text = anchor
+        both = self.decode([anchor_id, token_id], skip_special_tokens=False)
+        return both[len(anchor_text) :] if both.startswith(anchor_text) else alone
+
+    @functools.cached_property
+    def _anchor(self) -> tuple[int, str] | None:
+        """A one-token text to decode a token after (``"a"``), or None if none is."""
+        ids = self.encode("a")
+        if len(ids) != 1 or ids[0] in self._added_ids:
+            return None
+        return ids[0], self.decode(ids, skip_special_tokens=False)
 
     def detokenizer(self, *, skip_special_tokens: bool = True) -> IncrementalDetokenizer:
         """A fresh :class:`IncrementalDetokenizer` for one generated sequence."""

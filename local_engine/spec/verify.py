@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from local_engine.sampler import Sampler, SamplingParams, _truncate
+from local_engine.sampler import Sampler, SamplingParams, truncate_logits
 from local_engine.sequence import Sequence
 
 __all__ = ["Draft", "sampling_probs", "verify_drafts"]
@@ -80,7 +80,7 @@ def sampling_probs(logits: torch.Tensor, params: SequenceABC[SamplingParams]) ->
     min-p truncation, then softmax (``logits`` of sampled requests, modified in place)."""
     temps = torch.tensor([p.temperature for p in params], dtype=logits.dtype, device=logits.device)
     logits.div_(temps.unsqueeze(1))
-    _truncate(logits, list(params))
+    truncate_logits(logits, list(params))
     return torch.softmax(logits, dim=-1)
 
 

@@ -202,6 +202,42 @@ async def test_explicit_abort_ends_stream(model: DecoderModel) -> None:
         assert engine.num_free_blocks() == 512
 
 
+async def test_abort_counts_the_tokens_the_stream_got_not_the_step_in_flight(
+    model: DecoderModel,
+) -> None:
+    """A step has sampled its token but not handed it out (it is still in its thread, or
+    with overlap its output is not processed yet) when the request is aborted: the final
+    output's count is the tokens the stream received, not one more."""
+    engine = make_engine(model)
+    real_run_step = engine.run_step
+    armed, ran, release = threading.Event(), threading.Event(), threading.Event()
+
+    def run_step() -> StepTokens:
+        tokens = real_run_step()
+        if armed.is_set():
+            ran.set()  # this step's token is in the sequence, not in any output yet
+            release.wait()
+        return tokens
+
+    engine.run_step = run_step  # type: ignore[method-assign]
+    try:
+        async with AsyncEngine(engine) as ae:
+            async with ae.stream(prompt(6), LONG, request_id="x") as outputs:
+                first = await outputs.__anext__()
+                armed.set()
+                assert await anyio.to_thread.run_sync(ran.wait, 60.0)
+                ae.abort("x")
+                release.set()
+                rest = [o async for o in outputs]
+    finally:
+        release.set()  # never leave the driver's thread waiting
+        assert rest[-1].finish_reason == "abort"
+        received = sum(len(o.new_token_ids) for o in [first, *rest])
+        assert rest[-1].num_generated_tokens == received >= 1
+        await ae.wait_idle()
+        assert engine.num_free_blocks() == 512
+
+
 async def test_step_failure_fails_streams(model: DecoderModel) -> None:
     engine = make_engine(model)
 

@@ -238,6 +238,15 @@ def test_bad_config_rejected(model: DecoderModel) -> None:
         Engine(model, EngineConfig(num_blocks=8, max_num_seqs=8, max_num_batched_tokens=4))
 
 
+@pytest.mark.parametrize("name", ["static_buffers", "cuda_graphs", "overlap_output", "tune_malloc"])
+@pytest.mark.parametrize("value", [0, 1, "yes"])
+def test_switches_take_only_bools_or_none(name: str, value: object) -> None:
+    """0 and 1 compare equal to False and True but are not switches: a typo caught early."""
+    with pytest.raises(ConfigurationError, match=f"{name} must be None or a bool"):
+        EngineConfig(**{name: value})  # type: ignore[arg-type]
+    assert getattr(EngineConfig(**{name: True}), name) is True  # type: ignore[arg-type]
+
+
 def test_from_pretrained_with_tokenizer_streams_text_and_stops(
     tmp_path: Path, model_dir: Path
 ) -> None:

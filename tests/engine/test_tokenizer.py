@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
@@ -283,8 +283,39 @@ def test_byte_fallback_tokens_give_their_byte(
     ids = tok.encode(text)
     pieces = [tok.id_to_token(i) for i in ids]
     assert "<0xF0>" in pieces
-    assert b"".join(tok.token_bytes(i) for i in ids) == text.encode("utf-8")
+    # the normalizer prepends the first word's space: the first piece is ▁x, b" x"
+    assert b"".join(tok.token_bytes(i) for i in ids) == b" " + text.encode("utf-8")
     assert tok.token_bytes(tok.token_to_id("<0xF0>") or 0) == b"\xf0"
+
+
+@_SETTINGS
+@given(text=st.text(sorted(set("".join(_TEXT))), max_size=40) | st.sampled_from(_TEXT))
+@pytest.mark.parametrize("style", ["metaspace", "byte_fallback"])
+def test_sentencepiece_token_bytes_keep_the_word_space(
+    tokenizers_by_style: dict[str, Tokenizer], style: str, text: str
+) -> None:
+    """After the first token, the tokens' bytes joined are the bytes the rest of the text
+    adds: ``▁the`` stands for b" the", not b"the" as it decodes alone."""
+    tok = tokenizers_by_style[style]
+    ids = tok.encode(text)
+    full, head = tok.decode(ids), tok.decode(ids[:1])
+    assume(len(ids) > 1 and full.startswith(head) and "\ufffd" not in head)
+    assume(tok.token_to_id("<unk>") not in ids)  # a special token: dropped from ``full``
+    assert b"".join(tok.token_bytes(i) for i in ids[1:]) == full[len(head) :].encode("utf-8")
+
+
+def test_sentencepiece_token_text_is_the_text_after_other_text(
+    tokenizers_by_style: dict[str, Tokenizer],
+) -> None:
+    tok = tokenizers_by_style["metaspace"]
+    the = tok.token_to_id("▁the")
+    assert the is not None and tok.decode([the]) == "the"
+    assert tok.token_text(the) == " the" and tok.token_bytes(the) == b" the"
+    eos = tok.token_to_id("</s>")
+    assert eos is not None and tok.token_text(eos) == "</s>"  # special tokens: alone
+    byte_level = tokenizers_by_style["byte_level"]
+    ids = byte_level.encode("over the lazy dog")
+    assert [byte_level.token_text(i) for i in ids] == [byte_level.decode([i]) for i in ids]
 
 
 def test_metaspace_spacing_is_kept_between_tokens(

@@ -484,12 +484,13 @@ class HTTPBackend:
         )
 
     async def _status_error(self, response: _Response) -> errors.APIStatusError:
-        body_bytes = b""
+        buffer = bytearray()  # appended in place: linear in the body's size
         try:
-            while len(body_bytes) <= _MAX_ERROR_BODY and (data := await response.read()):
-                body_bytes += data
+            while len(buffer) <= _MAX_ERROR_BODY and (data := await response.read()):
+                buffer += data
         except httpx.HTTPError:
             pass
+        body_bytes = bytes(buffer)
         text = body_bytes.decode("utf-8", "replace")[:500]
         body, detail = _error_body(body_bytes, self._secrets, text)
         status = response.status

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -34,6 +35,7 @@ __all__ = ["FakeProvider", "RecordedRequest"]
 _CREATED = 1_700_000_000  # a fixed timestamp keeps every reply deterministic
 _KEEPALIVE_COMMENT = b": keep-alive\n\n"
 _ERROR_CODES = {401: "invalid_api_key", 404: "not_found", 429: "rate_limit_exceeded"}
+_BODY: ContextVar[Any] = ContextVar("fake_provider_body")  # the request's body, parsed once
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,17 +194,18 @@ class FakeProvider:
             )
         )
         writer.headers["x-request-id"] = f"req_fake_{self._seq:06d}"
-        await self._router(request, writer)
+        token = _BODY.set(body)  # each request is served in its own task (its own context)
+        try:
+            await self._router(request, writer)
+        finally:
+            _BODY.reset(token)
 
     async def _models(self, request: Request, writer: ResponseWriter) -> None:
         model = {"id": self.model, "object": "model", "created": _CREATED, "owned_by": "fake"}
         await writer.send_json(200, {"object": "list", "data": [model]})
 
     async def _chat(self, request: Request, writer: ResponseWriter) -> None:
-        try:
-            body = request.json()
-        except ValueError:
-            body = None
+        body = _BODY.get()
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             await writer.send_error(400, "The body must be a JSON object with messages.")
             return
