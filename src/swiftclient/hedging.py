@@ -160,6 +160,7 @@ async def race(
                     await state.first_inline(loop)
             finally:
                 state.closed = True
+                await state.join_hop()
     except BaseException:
         if state.won:  # committed, then cancelled from outside while the losers closed
             with anyio.CancelScope(shield=True):
@@ -314,6 +315,15 @@ class _Race(Generic[T]):
         if self.driving or self.over or self._hop is not None:
             return
         self._hop = asyncio.get_running_loop().create_task(self._start_driver())
+
+    async def join_hop(self) -> None:
+        """Wait for the timer's hop task if it has not run yet, so that no task outlives
+        the race (it starts nothing now: the race is closed). It is pending only when the
+        timer fired in the loop turn in which the race ended."""
+        hop = self._hop
+        if hop is not None and not hop.done():
+            with anyio.CancelScope(shield=True):
+                await hop
 
     async def _start_driver(self) -> None:
         tg = self.tg

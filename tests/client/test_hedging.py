@@ -7,10 +7,12 @@ matters, a gated in-test backend; no test waits on the wall clock for its verdic
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import anyio
+import anyio._backends._asyncio
 import anyio.lowlevel
 import pytest
 
@@ -457,6 +459,45 @@ async def test_a_first_attempt_failing_as_its_hedge_timer_fires_is_followed_exac
             state.closed = True  # as race() does: nothing starts once its body is done
     assert state.won == [2]
     assert started == [(1, "first"), (2, "fallback")]
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_no_task_outlives_a_race_whose_hedge_timer_fired_as_the_first_attempt_won(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The first attempt's answer and the hedge timer come due in one loop turn, the answer
+    # first: the timer still schedules its one-step hop task before the race ends. The race
+    # must not return while that task is pending (it would start nothing, but it would run
+    # after the call, outside any task group). anyio's task group happens to yield once on
+    # exit, which lets the hop run first; the race must not depend on that.
+    async def no_checkpoint() -> None:
+        pass
+
+    monkeypatch.setattr(
+        anyio._backends._asyncio.AsyncIOBackend, "cancel_shielded_checkpoint", no_checkpoint
+    )
+    loop = asyncio.get_running_loop()
+
+    async def first(trigger: str) -> int:
+        answer: asyncio.Future[int] = loop.create_future()
+        loop.call_later(0.001, answer.set_result, 1)  # due before the hedge timer (50 ms)
+        time.sleep(0.2)  # noqa: ASYNC251 (blocks the loop: both timers fire in one turn)
+        return await answer
+
+    async def second(trigger: str) -> int:
+        raise AssertionError("the first attempt answered: no hedge may start")
+
+    before = asyncio.all_tasks()
+    won = await race(
+        [first, second],
+        delay=lambda index: 0.05,
+        may_hedge=lambda: True,
+        max_in_flight=2,
+        commit=lambda result: None,
+        discard=_never,
+    )
+    assert won == 1
+    assert asyncio.all_tasks() <= before
 
 
 async def test_race_runs_the_first_attempt_alone_when_it_answers_before_the_delay() -> None:
