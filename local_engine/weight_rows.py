@@ -10,6 +10,10 @@ from swiftclient.errors import ConfigurationError
 
 __all__ = ["QuantizedRows"]
 
+CHUNK_VALUES = 1 << 22
+"""Rows are quantized this many weight values at a time (16 MiB of float32 temporaries), so
+loading a large matrix never holds a full-precision copy of it."""
+
 
 class _Codes(Protocol):
     """A quantized weight: codes ``[N, K]`` and one scale per row."""
@@ -33,7 +37,8 @@ class QuantizedRows:
         raise NotImplementedError
 
     def copy_(self, src: torch.Tensor) -> None:
-        """Quantize ``src [stop - start, in_features]`` into the rows.
+        """Quantize ``src [stop - start, in_features]`` into the rows, a block of rows
+        (:data:`CHUNK_VALUES` values) at a time.
 
         Raises:
             ConfigurationError: ``src`` has another shape.
@@ -41,7 +46,10 @@ class QuantizedRows:
         expected = (self.stop - self.start, self.weight.qweight.shape[1])
         if tuple(src.shape) != expected:
             raise ConfigurationError(f"expected a {expected} weight, got {tuple(src.shape)}")
-        codes, scales = self.quantize(src)
+        step = max(1, CHUNK_VALUES // max(1, expected[1]))
         with torch.no_grad():
-            self.weight.qweight[self.start : self.stop].copy_(codes)
-            self.weight.scales[self.start : self.stop].copy_(scales)
+            for lo in range(0, expected[0], step):
+                hi = min(lo + step, expected[0])
+                codes, scales = self.quantize(src[lo:hi])
+                self.weight.qweight[self.start + lo : self.start + hi].copy_(codes)
+                self.weight.scales[self.start + lo : self.start + hi].copy_(scales)

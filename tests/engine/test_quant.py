@@ -9,8 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from local_engine import LocalBackend
+from local_engine import LocalBackend, weight_rows
 from local_engine.engine import Engine, EngineConfig
+from local_engine.fp8 import Fp8Weight
 from local_engine.loader import load_model
 from local_engine.model import DecoderLayer
 from local_engine.quant import (
@@ -127,6 +128,43 @@ def test_int8_linear_matches_its_dequantized_weight(rows: int, in_features: int)
     out = weight.linear(x, bias)
     assert out.dtype == torch.bfloat16 and out.shape == (rows, 48)
     torch.testing.assert_close(out.float(), expected, atol=0.1, rtol=0.02)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "fp8"])
+def test_rows_are_quantized_a_block_at_a_time_with_the_same_result(
+    fmt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Loading quantizes a few rows at a time (no full-precision copy of a large matrix is
+    held), and the codes and scales are those of quantizing every row at once."""
+    torch.manual_seed(3)
+    dense = torch.randn(48, 32).to(torch.bfloat16)
+
+    def load(chunk_values: int) -> tuple[Int8Weight | Fp8Weight, list[int]]:
+        monkeypatch.setattr(weight_rows, "CHUNK_VALUES", chunk_values)
+        weight: Int8Weight | Fp8Weight
+        if fmt == "int8":
+            weight = Int8Weight(
+                48, 32, dtype=torch.bfloat16, device=torch.device("cpu"), scratch=DequantScratch()
+            )
+        else:
+            weight = Fp8Weight(48, 32, device=torch.device("cpu"))
+        target = weight.rows(3, 48)
+        seen: list[int] = []
+        quantize = target.quantize
+
+        def recording(src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            seen.append(src.shape[0])
+            return quantize(src)
+
+        target.quantize = recording  # type: ignore[method-assign]
+        target.copy_(dense[3:])
+        return weight, seen
+
+    whole, whole_blocks = load(1 << 22)
+    blocked, blocks = load(7 * 32)  # 7 rows at a time
+    assert whole_blocks == [45] and blocks == [7] * 6 + [3]
+    assert torch.equal(blocked.qweight[3:].view(torch.uint8), whole.qweight[3:].view(torch.uint8))
+    assert torch.equal(blocked.scales[3:], whole.scales[3:])
 
 
 def test_int8_linear_rejects_other_inputs() -> None:
