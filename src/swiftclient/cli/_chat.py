@@ -32,7 +32,8 @@ __all__ = ["chat", "timing_line"]
 _EXAMPLES = """\b
 Examples:
   swiftclient chat --base-url http://127.0.0.1:8000/v1 -m default "Say hello"
-  swiftclient chat --local "Write a haiku about caches"
+  swiftclient chat --local "What can you do?"         (the embedded tiny model)
+  swiftclient chat --local -m ./Qwen3-0.6B "Write a haiku about caches"
   echo "Summarize this" | swiftclient chat -m gpt-4o-mini --system "Be brief"
   swiftclient chat --local            (a conversation: Ctrl-C stops a reply, Ctrl-D quits)
   swiftclient chat -m gpt-4o-mini --json "hi" | jq .choices[0].message.content
