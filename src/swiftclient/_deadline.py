@@ -34,12 +34,20 @@ def running_loop() -> asyncio.AbstractEventLoop | None:
 
 
 def _clock() -> Callable[[], float]:
-    """The running loop's clock: asyncio's ``loop.time`` directly (``time.monotonic`` itself
-    when the loop keeps the base loop's clock, one call less per reading), else anyio's."""
+    """The running loop's clock: ``time.monotonic`` itself when the loop keeps the base
+    loop's clock (one call less per reading) or is uvloop's, else ``loop.time`` (anyio's
+    clock on trio).
+
+    uvloop's ``time()`` reads the same monotonic clock but truncated to the millisecond and
+    cached for each loop iteration, which would round every TTFT and inter-token gap that
+    :class:`~swiftclient.types.Timing` records; its timers take ``time.monotonic`` values,
+    since both count from the same origin.
+    """
     loop = running_loop()
     if loop is None:
         return anyio.current_time
-    if type(loop).time is _BASE_TIME:
+    loop_type = type(loop)
+    if loop_type.time is _BASE_TIME or loop_type.__module__.partition(".")[0] == "uvloop":
         return time.monotonic
     return loop.time
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
+import anyio
 import pydantic
 import pytest
 
@@ -25,6 +27,7 @@ from swiftclient import (
     Timeout,
 )
 from swiftclient.providers import from_env, preset
+from swiftclient.types import Timing
 
 from .mock import Script, chunk, sse, stream_body
 
@@ -366,3 +369,23 @@ def test_idempotency_keys_are_unique_and_a_forked_child_starts_a_new_series() ->
     os.close(read)
     assert child.startswith("swiftclient-") and child not in keys
     assert child.rsplit("-", 1)[0] != parent.rsplit("-", 1)[0]  # another prefix
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="uvloop is not on Windows")
+def test_timing_on_uvloop_is_not_rounded_to_its_millisecond_clock() -> None:
+    """uvloop's ``loop.time()`` is cut to whole milliseconds (and cached per loop turn); the
+    times a call records on uvloop are read finer than that."""
+    from swiftclient.testing import FakeProvider, Reply
+
+    async def call(url: str) -> Timing:
+        async with AsyncClient(HTTPBackend(url, name="fake"), model="m") as client:
+            completion = await client.chat("hi")
+        assert completion.timing is not None
+        return completion.timing
+
+    with FakeProvider(Reply(tokens=12, ttft=0.0025, token_delay=0.0015)).run_in_thread() as fake:
+        timing = anyio.run(call, fake.base_url, backend_options={"use_uvloop": True})
+    readings = [timing.ttft, timing.total, *timing.itl]
+    assert len(timing.itl) == 11 and all(r is not None for r in readings)
+    # on a millisecond clock every reading is a whole number of milliseconds
+    assert any(abs(r * 1000 - round(r * 1000)) > 1e-6 for r in readings if r is not None)
