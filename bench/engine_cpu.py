@@ -675,21 +675,32 @@ class Setup:
         return Ceiling(engine.model, engine.config.block_size, shapes)
 
 
-def build(path: Path, s: Settings, *, with_transformers: bool = True) -> Setup:
+PRECISIONS: dict[str, dict[str, Any]] = {
+    "fp32": {"dtype": "float32"},
+    "bf16": {"dtype": "bfloat16"},
+    "int8": {"quantization": "int8"},
+}
+"""The engine's weights, by name: EngineConfig fields (the transformers peer stays fp32)."""
+
+
+def build(
+    path: Path, s: Settings, *, with_transformers: bool = True, precision: str = "fp32"
+) -> Setup:
     """Load both peers from ``path`` (transformers only when asked); size each engine's KV
-    cache for its workloads."""
+    cache for its workloads. ``precision`` names the engine's weights (:data:`PRECISIONS`)."""
     longest = max(
         s.decode_prompt + s.decode_new,
         s.batch_requests * (s.batch_max_prompt + max(s.batch_new, s.batch_max_new)),
         2 * (s.prefix + s.suffix + 1),
     )
+    weights = PRECISIONS[precision]
     engine = Engine.from_pretrained(
-        path, EngineConfig(dtype="float32", num_blocks=_blocks_for(longest), seed=0)
+        path, EngineConfig(**weights, num_blocks=_blocks_for(longest), seed=0)
     )
     no_cache = Engine(
         engine.model,
         EngineConfig(
-            dtype="float32",
+            **weights,
             num_blocks=_blocks_for(2 * (s.prefix + s.suffix + 1)),
             enable_prefix_caching=False,
             seed=0,

@@ -7,12 +7,12 @@ Run from the repository root::
 
 The OpenMP runtime reads its wait settings once, when torch loads it, so every setting runs
 in its own child process (this script, ``--child``) with that setting in its environment.
-Each child loads the engine (``swift-50m``, float32, 2 torch threads unless the setting says
-otherwise) and runs workload 4 of ``engine_cpu.py``: batch-1 decode on a fresh prompt, once
-with the machine to itself and once while one busy process spins, who goes first
-alternating, for several rounds. The parent runs the children round-robin for ``--passes``
-passes (order reversed every other pass), so slow phases of a shared machine fall on every
-setting alike.
+Each child loads the engine (``swift-50m``, float32 unless ``--precision bf16`` or ``int8``,
+2 torch threads unless the setting says otherwise) and runs workload 4 of ``engine_cpu.py``:
+batch-1 decode on a fresh prompt, once with the machine to itself and once while one busy
+process spins, who goes first alternating, for several rounds. The parent runs the children
+round-robin for ``--passes`` passes (order reversed every other pass), so slow phases of a
+shared machine fall on every setting alike.
 
 Printed per setting: the best and median decode rate, idle and contended; contended over idle
 (best over best, and the median of the per-round ratios); and the idle best over that of
@@ -71,7 +71,7 @@ class Rates:
     busy: list[float] = field(default_factory=list)
 
 
-def child(quick: bool, reps: int | None, threads: int, model: str) -> None:
+def child(quick: bool, reps: int | None, threads: int, model: str, precision: str) -> None:
     """Run workload 4 under this process's environment; print the rates as one JSON line."""
     sys.path.insert(0, str(HERE))
     import engine_cpu  # imports local_engine before torch
@@ -83,7 +83,9 @@ def child(quick: bool, reps: int | None, threads: int, model: str) -> None:
     if reps is not None:
         settings = engine_cpu.Settings(**{**settings.__dict__, "reps": reps})
     torch.set_num_threads(threads)
-    setup = engine_cpu.build(find_default_model(model), settings, with_transformers=False)
+    setup = engine_cpu.build(
+        find_default_model(model), settings, with_transformers=False, precision=precision
+    )
     busy, idle = engine_cpu.contention_runs(setup, settings)
     print(
         json.dumps(
@@ -102,7 +104,8 @@ def run_child(setting: Setting, args: argparse.Namespace) -> dict[str, object]:
     env = {k: v for k, v in os.environ.items() if k not in WAIT_VARS}
     env.update(setting.env)
     command = [sys.executable, __file__, "--child", "--threads", str(setting.threads)]
-    command += ["--model", args.model] + (["--quick"] if args.quick else [])
+    command += ["--model", args.model, "--precision", args.precision]
+    command += ["--quick"] if args.quick else []
     if args.reps is not None:
         command += ["--reps", str(args.reps)]
     out = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
@@ -119,13 +122,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=None, help="rounds per child")
     parser.add_argument("--passes", type=int, default=None, help="children per setting")
     parser.add_argument("--model", default="swift-50m", help="embedded model (swift-50m)")
+    parser.add_argument(
+        "--precision",
+        choices=("fp32", "bf16", "int8"),
+        default="fp32",
+        help="the engine's weights (fp32)",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.reps is not None and args.reps < 1:
         parser.error("--reps must be >= 1")
     if args.child:
-        child(args.quick, args.reps, args.threads, args.model)
+        child(args.quick, args.reps, args.threads, args.model, args.precision)
         return 0
     passes = args.passes if args.passes is not None else (1 if args.quick else 2)
     if passes < 1:
@@ -163,7 +172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     print(f"## local_engine CPU threads: how they wait ({'quick' if args.quick else 'full'})\n")
     print(
-        f"- model: {args.model}, batch-1 decode (engine_cpu.py workload 4 shape); "
+        f"- model: {args.model} ({args.precision} weights), batch-1 decode "
+        "(engine_cpu.py workload 4 shape); "
         f"{passes} child(ren) per setting, rounds alternate idle / one busy process; "
         f"machine: {os.cpu_count()} CPUs, 1-min load average {load_before[0]:.1f} before, "
         f"{load_after[0]:.1f} after (other jobs add noise: compare within a column)\n"
