@@ -3,9 +3,8 @@
 A projection's weight ``W [N, K]`` is stored as int8 codes ``Q`` and scales ``s [N]`` (in the
 activation dtype) with ``W ≈ Q * s[:, None]``; ``s`` is the row's largest magnitude over 127,
 so every row uses the whole int8 range. Weights are quantized while the checkpoint is read,
-a block of rows at a time from the checkpoint's own precision (:class:`Int8Rows`), so the
-full-precision matrix is never held. Activations stay in bfloat16 (or float16) and
-accumulate in float32.
+from its own precision, a block of rows at a time (:class:`Int8Rows`): no float32 copy of a
+whole matrix is made. Activations stay in bfloat16 (or float16) and accumulate in float32.
 
 The matmul is chosen by the number of rows, by measurement on AVX-512 CPUs (the table is in
 docs/architecture.md): up to :data:`DEQUANT_ROWS` rows, torch's fused int8 weight-only

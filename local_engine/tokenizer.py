@@ -48,6 +48,7 @@ _RESOLVE_TOKENS = 3
 
 
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+_ANCHORS = ("a", "e", "x", "the", "0", ".", ",")  # texts one token in almost any vocabulary
 """A byte-fallback token (SentencePiece / Llama 2 style) stands for one raw byte."""
 
 
@@ -136,6 +137,7 @@ class Tokenizer:
         self._added_ids = frozenset(added)
         self._byte_level = isinstance(backend.decoder, decoders.ByteLevel)
         self._byte_fallback = bool(getattr(backend.model, "byte_fallback", False))
+        self._texts: dict[int, str] = {}  # token_text by id (at most one entry per token)
         self.bos_token_id = self._named_id("bos_token")
         self.pad_token_id = self._named_id("pad_token")
         eos: list[int] = []
@@ -243,21 +245,29 @@ class Tokenizer:
         decoder drops the space of a text's first word; after other text it adds
         `` Hello``, and that is its text here. Added and special tokens decode alone.
         """
-        alone = self.decode([token_id], skip_special_tokens=False)
+        text = self._texts.get(token_id)
+        if text is None:
+            text = self._texts[token_id] = self._text_after_anchor(token_id)
+        return text
+
+    def _text_after_anchor(self, token_id: int) -> str:
         anchor = self._anchor
-        if anchor is None or token_id in self._added_ids:
-            return alone
-        anchor_id, anchor_text = anchor
-        both = self.decode([anchor_id, token_id], skip_special_tokens=False)
-        return both[len(anchor_text) :] if both.startswith(anchor_text) else alone
+        if anchor is not None and token_id not in self._added_ids:
+            anchor_id, anchor_text = anchor
+            both = self.decode([anchor_id, token_id], skip_special_tokens=False)
+            if both.startswith(anchor_text):
+                return both[len(anchor_text) :]
+        return self.decode([token_id], skip_special_tokens=False)
 
     @functools.cached_property
     def _anchor(self) -> tuple[int, str] | None:
-        """A one-token text to decode a token after (``"a"``), or None if none is."""
-        ids = self.encode("a")
-        if len(ids) != 1 or ids[0] in self._added_ids:
-            return None
-        return ids[0], self.decode(ids, skip_special_tokens=False)
+        """A one-token text to decode a token after (``"a"``, else another common one), or
+        None if no candidate is one plain token."""
+        for candidate in _ANCHORS:
+            ids = self.encode(candidate)
+            if len(ids) == 1 and ids[0] not in self._added_ids:
+                return ids[0], self.decode(ids, skip_special_tokens=False)
+        return None
 
     def detokenizer(self, *, skip_special_tokens: bool = True) -> IncrementalDetokenizer:
         """A fresh :class:`IncrementalDetokenizer` for one generated sequence."""

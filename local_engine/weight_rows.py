@@ -11,8 +11,8 @@ from swiftclient.errors import ConfigurationError
 __all__ = ["QuantizedRows"]
 
 CHUNK_VALUES = 1 << 22
-"""Rows are quantized this many weight values at a time (16 MiB of float32 temporaries), so
-loading a large matrix never holds a full-precision copy of it."""
+"""Rows are quantized this many weight values at a time (a few float32 temporaries of 16 MiB
+each), so loading a large matrix makes no float32 copies of all of it."""
 
 
 class _Codes(Protocol):

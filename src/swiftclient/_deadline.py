@@ -33,22 +33,34 @@ def running_loop() -> asyncio.AbstractEventLoop | None:
         return None
 
 
-def _clock() -> Callable[[], float]:
-    """The running loop's clock: ``time.monotonic`` itself when the loop keeps the base
-    loop's clock (one call less per reading) or is uvloop's, else ``loop.time`` (anyio's
-    clock on trio).
+_SAME_CLOCK: dict[type, bool] = {}
+"""Per uvloop loop type: whether its ``time()`` reads ``time.monotonic``'s clock."""
 
-    uvloop's ``time()`` reads the same monotonic clock but truncated to the millisecond and
-    cached for each loop iteration, which would round every TTFT and inter-token gap that
-    :class:`~swiftclient.types.Timing` records; its timers take ``time.monotonic`` values,
-    since both count from the same origin.
+
+def _clock() -> Callable[[], float]:
+    """The clock of the running loop's calls: anyio's on trio; ``time.monotonic`` on
+    asyncio's own loops (their clock; one call less per reading than ``loop.time``) and on
+    uvloop; else ``loop.time``.
+
+    uvloop's ``time()`` reads the monotonic clock cut to whole milliseconds, which would round
+    every TTFT and inter-token gap that :class:`~swiftclient.types.Timing` records. Its timers
+    take ``time.monotonic`` deadlines as they are: a timeout takes effect once its cut clock
+    reaches one (the timer callbacks check the loop's time), never before and at most about a
+    millisecond after. That it is the same clock is checked once
+    per loop type (the readings agree within 10 ms); where not, ``loop.time`` is used.
     """
     loop = running_loop()
     if loop is None:
         return anyio.current_time
     loop_type = type(loop)
-    if loop_type.time is _BASE_TIME or loop_type.__module__.partition(".")[0] == "uvloop":
+    if loop_type.time is _BASE_TIME:
         return time.monotonic
+    if loop_type.__module__.partition(".")[0] == "uvloop":
+        same = _SAME_CLOCK.get(loop_type)
+        if same is None:
+            same = _SAME_CLOCK[loop_type] = abs(loop.time() - time.monotonic()) < 0.01
+        if same:
+            return time.monotonic
     return loop.time
 
 
@@ -98,7 +110,8 @@ class Timeout:
 
 
 class Deadline:
-    """The absolute end of one call, on anyio's clock.
+    """The absolute end of one call, on the clock of :attr:`now` (the loop's, or
+    ``time.monotonic`` on asyncio and uvloop).
 
     Create it inside the running event loop, once per call; every attempt shares it.
     """
@@ -121,7 +134,7 @@ class Deadline:
 
     @property
     def at(self) -> float:
-        """The absolute end on anyio's clock (``inf`` when unbounded)."""
+        """The absolute end on :attr:`now`'s clock (``inf`` when unbounded)."""
         return self._at
 
     def remaining(self) -> float:

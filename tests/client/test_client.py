@@ -389,3 +389,32 @@ def test_timing_on_uvloop_is_not_rounded_to_its_millisecond_clock() -> None:
     assert len(timing.itl) == 11 and all(r is not None for r in readings)
     # on a millisecond clock every reading is a whole number of milliseconds
     assert any(abs(r * 1000 - round(r * 1000)) > 1e-6 for r in readings if r is not None)
+
+
+@pytest.mark.parametrize("offset", [0.0, 100.0])
+def test_a_uvloop_clock_is_read_through_time_monotonic_only_when_it_is_that_clock(
+    offset: float,
+) -> None:
+    """A uvloop-like loop whose ``time()`` agrees with ``time.monotonic`` is read through
+    it; one on another clock keeps its own ``time()``."""
+    import asyncio
+    import time
+
+    from swiftclient import _deadline
+
+    class Loop(asyncio.SelectorEventLoop):
+        def time(self) -> float:
+            return super().time() + offset
+
+    Loop.__module__ = "uvloop.test"
+    loop = Loop()
+    try:
+
+        async def clock() -> object:
+            return _deadline._clock()
+
+        got = loop.run_until_complete(clock())
+    finally:
+        loop.close()
+        _deadline._SAME_CLOCK.pop(Loop, None)
+    assert got == (time.monotonic if offset == 0.0 else loop.time)

@@ -216,12 +216,12 @@ async def test_abort_counts_the_tokens_the_stream_got_not_the_step_in_flight(
         tokens = real_run_step()
         if armed.is_set():
             ran.set()  # this step's token is in the sequence, not in any output yet
-            release.wait()
+            release.wait(60.0)  # bounded: a failing test must not leave the driver stuck
         return tokens
 
     engine.run_step = run_step  # type: ignore[method-assign]
-    try:
-        async with AsyncEngine(engine) as ae:
+    async with AsyncEngine(engine) as ae:
+        try:
             async with ae.stream(prompt(6), LONG, request_id="x") as outputs:
                 first = await outputs.__anext__()
                 armed.set()
@@ -229,13 +229,13 @@ async def test_abort_counts_the_tokens_the_stream_got_not_the_step_in_flight(
                 ae.abort("x")
                 release.set()
                 rest = [o async for o in outputs]
-    finally:
-        release.set()  # never leave the driver's thread waiting
-        assert rest[-1].finish_reason == "abort"
-        received = sum(len(o.new_token_ids) for o in [first, *rest])
-        assert rest[-1].num_generated_tokens == received >= 1
+        finally:
+            release.set()  # never leave the driver's thread waiting
         await ae.wait_idle()
         assert engine.num_free_blocks() == 512
+    assert rest[-1].finish_reason == "abort"
+    received = sum(len(o.new_token_ids) for o in [first, *rest])
+    assert rest[-1].num_generated_tokens == received >= 1
 
 
 async def test_step_failure_fails_streams(model: DecoderModel) -> None:

@@ -19,6 +19,7 @@ from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tok
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.trainers import BpeTrainer
 
+from local_engine import tokenizer as tokenizer_module
 from local_engine.tokenizer import _BYTE_LEVEL, IncrementalDetokenizer, Tokenizer
 from swiftclient.errors import ConfigurationError
 
@@ -316,6 +317,21 @@ def test_sentencepiece_token_text_is_the_text_after_other_text(
     byte_level = tokenizers_by_style["byte_level"]
     ids = byte_level.encode("over the lazy dog")
     assert [byte_level.token_text(i) for i in ids] == [byte_level.decode([i]) for i in ids]
+
+
+def test_token_text_anchors_on_the_first_candidate_that_is_one_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where "a" is not one token, a later candidate anchors the decode; with none, a token
+    decodes alone."""
+    specials = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+    path = _write_dir(tmp_path / "m", _metaspace(), specials)
+    monkeypatch.setattr(tokenizer_module, "_ANCHORS", ("a cat sat", "over"))
+    tok = Tokenizer.from_dir(path)
+    the = tok.token_to_id("▁the")
+    assert the is not None and tok.token_text(the) == " the"
+    monkeypatch.setattr(tokenizer_module, "_ANCHORS", ("a cat sat",))
+    assert Tokenizer.from_dir(path).token_text(the) == "the"
 
 
 def test_metaspace_spacing_is_kept_between_tokens(
