@@ -17,13 +17,26 @@ from .backends.base import Backend
 from .backends.http import HTTPBackend
 from .errors import ConfigurationError
 
-__all__ = ["BACKENDS_GROUP", "PRESETS", "SERVERS_GROUP", "Preset", "from_env", "preset"]
+__all__ = [
+    "BACKENDS_GROUP",
+    "PRESETS",
+    "SERVERS_GROUP",
+    "TOOLS_GROUP",
+    "BuiltinTools",
+    "Preset",
+    "from_env",
+    "local_tools",
+    "preset",
+]
 
 BACKENDS_GROUP = "swiftclient.backends"
 """Entry point group of backend classes (``local``: the bundled engine's ``LocalBackend``)."""
 SERVERS_GROUP = "swiftclient.servers"
 """Entry point group of server commands, ``main(argv, *, prog_name, debug) -> exit status``
 (``local``: ``swiftclient serve``)."""
+TOOLS_GROUP = "swiftclient.tools"
+"""Entry point group of tool sets, modules with ``TOOLS`` and ``run_tool`` (``local``: the
+bundled engine's built-in tools, ``swiftclient chat --builtin-tools``)."""
 _LOCAL_EXTRA = "pip install 'swiftclient-llm[local]'"
 
 
@@ -47,6 +60,23 @@ def local_server() -> Callable[..., int]:
     """The bundled engine's server command (``swiftclient serve``): ``main(argv, *,
     prog_name, debug) -> exit status``."""
     return cast(Callable[..., int], _local_entry_point(SERVERS_GROUP))
+
+
+@dataclass(frozen=True, slots=True)
+class BuiltinTools:
+    """The local engine's built-in tools: OpenAI tool definitions by name, and a function
+    that runs one call (``run(name, arguments) -> result``; ValueError for a bad call)."""
+
+    definitions: dict[str, dict[str, Any]]
+    run: Callable[[str, Mapping[str, Any]], dict[str, Any]]
+
+
+def local_tools() -> BuiltinTools:
+    """The bundled engine's built-in tools (the ``local`` extra; ConfigurationError without
+    it): the weather stand-in, unit conversion and the calculator that its embedded model
+    was trained to call."""
+    module = _local_entry_point(TOOLS_GROUP)
+    return BuiltinTools(dict(module.TOOLS), module.run_tool)
 
 
 @dataclass(frozen=True, slots=True)

@@ -314,3 +314,66 @@ def test_ctrl_c_while_a_reply_is_starting_is_held_back_until_it_can_be_stopped()
     assert future is started and stopped
     # The usual handler is back: a later Ctrl-C interrupts as before.
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_builtin_tools_are_offered_run_and_answered(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--builtin-tools``: the three definitions go with every request; a reply's calls are
+    run here (one of them fails and is answered with its error) and sent back, and the
+    model's answer after them is the reply."""
+    clear_provider_env(monkeypatch)
+    calls = [("get_weather", {"city": "Paris"}), ("calculator", {"expression": "2 ** 3"})]
+    with FakeProvider().run_in_thread() as fake:
+        fake.script(Reply(tool_calls=calls), Reply(text="It is cloudy in Paris."))
+        argv = ["chat", "--base-url", fake.base_url, "-m", "m", "--builtin-tools", "Paris?"]
+        assert main(argv) == 0
+        bodies = [r.body for r in fake.requests]
+    captured = capsys.readouterr()
+    assert captured.out == "It is cloudy in Paris.\n"
+    assert len(bodies) == 2
+    names = ["calculator", "convert_units", "get_weather"]  # the client sorts tools
+    assert [[t["function"]["name"] for t in b["tools"]] for b in bodies] == [names, names]
+    first_id, second_id = (c["id"] for c in bodies[1]["messages"][1]["tool_calls"])
+    user, assistant, weather, calculator = bodies[1]["messages"]
+    assert user == {"role": "user", "content": "Paris?"}
+    assert assistant["role"] == "assistant" and len(assistant["tool_calls"]) == 2
+    assert weather["tool_call_id"] == first_id and calculator["tool_call_id"] == second_id
+    assert json.loads(weather["content"])["city"] == "Paris"
+    assert "error" in json.loads(calculator["content"])
+    lines = err_lines(captured.err)
+    assert lines[1].startswith('[tool] get_weather({"city": "Paris"}) -> {"city": "Paris"')
+    assert lines[2].startswith('[tool] calculator({"expression": "2 ** 3"}) -> {"error": ')
+    assert lines[0].startswith("[ttft ") and lines[-1].startswith("[ttft ") and len(lines) == 4
+
+
+def test_builtin_tools_stop_after_the_round_limit(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model that keeps calling tools is asked once more without them, so a turn ends."""
+    from swiftclient.cli._chat import MAX_TOOL_ROUNDS
+
+    clear_provider_env(monkeypatch)
+    call = [("calculator", {"expression": "1 + 1"})]
+    with FakeProvider().run_in_thread() as fake:
+        fake.script(*[Reply(tool_calls=call)] * MAX_TOOL_ROUNDS, Reply(text="2"))
+        argv = ["chat", "--base-url", fake.base_url, "-m", "m", "--builtin-tools", "1+1?"]
+        assert main(argv) == 0
+        bodies = [r.body for r in fake.requests]
+    assert capsys.readouterr().out == "2\n"
+    assert len(bodies) == MAX_TOOL_ROUNDS + 1
+    assert all("tools" in b for b in bodies[:-1]) and "tools" not in bodies[-1]
+    assert len(bodies[-1]["messages"]) == 1 + 2 * MAX_TOOL_ROUNDS
+
+
+def test_builtin_tools_without_the_local_extra_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from swiftclient import providers
+
+    clear_provider_env(monkeypatch)
+    monkeypatch.setattr(providers, "entry_points", lambda **kwargs: [])
+    argv = ["chat", "--base-url", "http://127.0.0.1:9/v1", "-m", "m", "--builtin-tools", "hi"]
+    assert main(argv) == 2
+    (line,) = err_lines(capsys.readouterr().err)
+    assert "local" in line and "extra" in line

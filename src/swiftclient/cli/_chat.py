@@ -16,6 +16,7 @@ import click
 import pydantic
 
 from .._client import AsyncClient
+from ..providers import BuiltinTools, local_tools
 from ..types import ChatCompletion, Message, Timing
 from ._common import (
     DURATION,
@@ -37,8 +38,12 @@ Examples:
   echo "Summarize this" | swiftclient chat -m gpt-4o-mini --system "Be brief"
   swiftclient chat --local            (a conversation: Ctrl-C stops a reply, Ctrl-D quits)
   swiftclient chat -m gpt-4o-mini --json "hi" | jq .choices[0].message.content
+  swiftclient chat --local --builtin-tools "What's the weather in Paris?"
 """
 _INTERACTIVE_HINT = "(a conversation: Ctrl-C stops a reply, Ctrl-D or /exit quits)"
+MAX_TOOL_ROUNDS = 4
+"""Most replies with tool calls answered in one turn (--builtin-tools); then the model is
+asked once more without tools."""
 
 _TIMING = pydantic.TypeAdapter(Timing)  # --json: a reply's timing, as JSON
 
@@ -46,7 +51,9 @@ _TIMING = pydantic.TypeAdapter(Timing)  # --json: a reply's timing, as JSON
 def timing_line(completion: ChatCompletion) -> str:
     """``ttft 201.3 ms · itl p50 20.1 ms · 49.7 tok/s · 32 tokens in 0.82 s``.
 
-    tok/s counts the tokens after the first over the time after the first token.
+    tok/s counts the tokens after the first over the time after the first token; ``-``
+    when the reply came in one chunk (a tool call the server sends whole, say), where no
+    decoding time was seen.
     """
     timing = completion.timing
     if timing is None or timing.total is None:
@@ -59,7 +66,7 @@ def timing_line(completion: ChatCompletion) -> str:
         itl = timing.itl_p50
         parts.append(f"itl p50 {itl * 1000:.1f} ms" if itl is not None else "itl p50 -")
         decode = timing.total - timing.ttft
-        rate = (tokens - 1) / decode if tokens > 1 and decode > 0 else None
+        rate = (tokens - 1) / decode if tokens > 1 and decode > 0 and timing.itl else None
         parts.append(f"{rate:.1f} tok/s" if rate is not None else "- tok/s")
     parts.append(f"{tokens} tokens in {timing.total:.2f} s")
     return " · ".join(parts)
@@ -72,14 +79,38 @@ class _Conversation:
     params: dict[str, Any]
     as_json: bool
     out: TextIO
+    tools: BuiltinTools | None = None
+    """Offered with every request; the model's calls to them run here (--builtin-tools)."""
     history: list[Message] = field(default_factory=list)
 
     async def turn(self, prompt: str) -> ChatCompletion:
-        """Send the history plus ``prompt``; the reply joins the history once complete."""
+        """Send the history plus ``prompt``; the reply joins the history once complete.
+
+        With tools, each reply that calls them is answered with the calls' results (shown on
+        stderr with the reply's timing) and the model asked again, up to
+        :data:`MAX_TOOL_ROUNDS` times; the last reply is returned.
+        """
         messages = [*self.history, Message(role="user", content=prompt)]
+        params = dict(self.params)
+        if self.tools is not None:
+            params["tools"] = list(self.tools.definitions.values())
+        for _ in range(MAX_TOOL_ROUNDS):
+            completion = await self._ask(messages, params)
+            if self.tools is None or not completion.tool_calls:
+                break
+            _report(completion)
+            messages.append(Message.model_validate(completion.choices[0].message))
+            messages.extend(self._run_tools(self.tools, completion))
+        else:
+            completion = await self._ask(messages, self.params)  # no tools: it must answer
+        self.history = [*messages, Message(role="assistant", content=completion.text)]
+        return completion
+
+    async def _ask(self, messages: list[Message], params: dict[str, Any]) -> ChatCompletion:
+        """One model call: printed as JSON, or its text streamed."""
         if self.as_json:
             completion: ChatCompletion = await self.client.chat(
-                messages, model=self.model, **self.params
+                messages, model=self.model, **params
             )
             body = completion.model_dump(mode="json", exclude_none=True)
             if completion.timing is not None:
@@ -88,15 +119,36 @@ class _Conversation:
                 )
             self.out.write(json.dumps(body, indent=2) + "\n")
         else:
-            async with self.client.stream(messages, model=self.model, **self.params) as stream:
+            wrote = False
+            async with self.client.stream(messages, model=self.model, **params) as stream:
                 async for text in stream.text():
                     self.out.write(text)
                     self.out.flush()
+                    wrote = wrote or bool(text)
                 completion = await stream.final()
-            self.out.write("\n")
+            if wrote or not completion.tool_calls:
+                self.out.write("\n")
         self.out.flush()
-        self.history = [*messages, Message(role="assistant", content=completion.text)]
         return completion
+
+    @staticmethod
+    def _run_tools(tools: BuiltinTools, completion: ChatCompletion) -> list[Message]:
+        """Run the reply's tool calls; their results as ``tool`` messages (a call that fails
+        answers ``{"error": ...}``, as an agent loop would send it back)."""
+        results = []
+        for call in completion.tool_calls:
+            name, arguments = call.function.name, call.function.arguments
+            try:
+                parsed = json.loads(arguments)
+                if not isinstance(parsed, dict):
+                    raise ValueError("the arguments are not a JSON object")
+                result: dict[str, Any] = tools.run(name, parsed)
+            except ValueError as exc:  # json.JSONDecodeError is one too
+                result = {"error": str(exc)}
+            content = json.dumps(result, ensure_ascii=False)
+            print(f"[tool] {name}({arguments}) -> {content}", file=sys.stderr, flush=True)
+            results.append(Message(role="tool", tool_call_id=call.id, content=content))
+        return results
 
 
 def _report(completion: ChatCompletion) -> None:
@@ -104,10 +156,15 @@ def _report(completion: ChatCompletion) -> None:
 
 
 async def _one_shot(
-    target: Target, prompt: str, system: str | None, params: dict[str, Any], as_json: bool
+    target: Target,
+    prompt: str,
+    system: str | None,
+    params: dict[str, Any],
+    as_json: bool,
+    tools: BuiltinTools | None,
 ) -> int:
     async with AsyncClient(target.backend, model=target.model) as client:
-        conversation = _Conversation(client, target.model, params, as_json, sys.stdout)
+        conversation = _Conversation(client, target.model, params, as_json, sys.stdout, tools)
         if system:
             conversation.history.append(Message(role="system", content=system))
         completion = await conversation.turn(prompt)
@@ -143,7 +200,13 @@ def _start_turn(
     return future, bool(stopped)
 
 
-def _interactive(target: Target, system: str | None, params: dict[str, Any], as_json: bool) -> int:
+def _interactive(
+    target: Target,
+    system: str | None,
+    params: dict[str, Any],
+    as_json: bool,
+    tools: BuiltinTools | None,
+) -> int:
     """Read a prompt, stream the reply, repeat. Ctrl-C during a reply stops that reply."""
     if sys.stdin.isatty():
         try:
@@ -156,7 +219,7 @@ def _interactive(target: Target, system: str | None, params: dict[str, Any], as_
         anyio.from_thread.start_blocking_portal() as portal,
         portal.wrap_async_context_manager(client),
     ):
-        conversation = _Conversation(client, target.model, params, as_json, sys.stdout)
+        conversation = _Conversation(client, target.model, params, as_json, sys.stdout, tools)
         if system:
             conversation.history.append(Message(role="system", content=system))
         while True:
@@ -211,6 +274,13 @@ def _interactive(target: Target, system: str | None, params: dict[str, Any], as_
     is_flag=True,
     help="Hold a conversation even when stdin is not a terminal (one prompt per line).",
 )
+@click.option(
+    "--builtin-tools",
+    is_flag=True,
+    help="Offer the local engine's three built-in tools (a weather stand-in, unit "
+    "conversion, a calculator; the 'local' extra) and run the model's calls to them; each "
+    "call and its result is shown on stderr.",
+)
 def chat(
     prompt: str | None,
     system: str | None,
@@ -219,6 +289,7 @@ def chat(
     temperature: float | None,
     timeout: float | None,
     interactive: bool,
+    builtin_tools: bool,
     **kwargs: Any,
 ) -> int:
     """Send PROMPT and stream the reply, then a one-line timing summary on stderr.
@@ -238,6 +309,7 @@ def chat(
         prompt = sys.stdin.read().strip()
         if not prompt:
             raise CLIError("no prompt: give one as an argument or on stdin", EXIT_USAGE)
+    tools = local_tools() if builtin_tools else None
     if prompt is None:
-        return _interactive(target, system, params, as_json)
-    return anyio.run(_one_shot, target, prompt, system, params, as_json)
+        return _interactive(target, system, params, as_json, tools)
+    return anyio.run(_one_shot, target, prompt, system, params, as_json, tools)
