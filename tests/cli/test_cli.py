@@ -377,3 +377,17 @@ def test_builtin_tools_without_the_local_extra_is_a_usage_error(
     assert main(argv) == 2
     (line,) = err_lines(capsys.readouterr().err)
     assert "local" in line and "extra" in line
+
+
+def test_builtin_tools_with_json_print_one_document_the_answer(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clear_provider_env(monkeypatch)
+    with FakeProvider().run_in_thread() as fake:
+        fake.script(Reply(tool_calls=[("get_weather", {"city": "Oslo"})]), Reply(text="Cold."))
+        argv = ["chat", "--base-url", fake.base_url, "-m", "m", "--builtin-tools", "--json", "?"]
+        assert main(argv) == 0
+    captured = capsys.readouterr()
+    body = json.loads(captured.out)  # one document: the answer after the tool round
+    assert body["choices"][0]["message"]["content"] == "Cold."
+    assert any(line.startswith("[tool] get_weather(") for line in err_lines(captured.err))

@@ -107,17 +107,19 @@ class _Conversation:
         return completion
 
     async def _ask(self, messages: list[Message], params: dict[str, Any]) -> ChatCompletion:
-        """One model call: printed as JSON, or its text streamed."""
+        """One model call: printed as JSON (unless it calls tools that run here: then only
+        its stderr lines show it, so stdout holds one document), or its text streamed."""
         if self.as_json:
             completion: ChatCompletion = await self.client.chat(
                 messages, model=self.model, **params
             )
-            body = completion.model_dump(mode="json", exclude_none=True)
-            if completion.timing is not None:
-                body["timing"] = _TIMING.dump_python(
-                    completion.timing, mode="json", exclude={"attempts"}
-                )
-            self.out.write(json.dumps(body, indent=2) + "\n")
+            if self.tools is None or not completion.tool_calls or "tools" not in params:
+                body = completion.model_dump(mode="json", exclude_none=True)
+                if completion.timing is not None:
+                    body["timing"] = _TIMING.dump_python(
+                        completion.timing, mode="json", exclude={"attempts"}
+                    )
+                self.out.write(json.dumps(body, indent=2) + "\n")
         else:
             wrote = False
             async with self.client.stream(messages, model=self.model, **params) as stream:
