@@ -52,9 +52,9 @@ class LocalBackend:
 
     Args:
         model: a Hugging Face model directory (``config.json``, safetensors weights,
-            ``tokenizer.json``), ``None`` or ``"swift-tiny"`` for the trained embedded
-            default model (shipped in the package; see docs/local-engine.md for what it can
-            do), or ``"swift-tiny-random"`` / ``"swift-50m"`` for generated random-weight
+            ``tokenizer.json``), ``None``, ``"default"`` or ``"swift-tiny"`` for the trained
+            embedded default model (shipped in the package; see docs/local-engine.md for what
+            it can do), or ``"swift-tiny-random"`` / ``"swift-50m"`` for generated random-weight
             models that exercise the pipeline and write gibberish.
         name: the backend's name in model strings and errors.
         engine_config: KV cache size, batching limits, ``max_model_len``, dtype, device, CPU
@@ -77,6 +77,9 @@ class LocalBackend:
 
     in_process = True
     """The model runs in this process: telemetry marks its call spans ``INTERNAL``."""
+    default_model = "default"
+    """The model name a call carries when it names none (``AsyncClient`` reads it): the
+    backend serves one model and answers to any name; as ``model=``, the embedded default."""
     provider_name = "swiftclient.local_engine"
     """``gen_ai.provider.name`` on telemetry for calls to this backend."""
 
@@ -211,16 +214,18 @@ class LocalBackend:
         )
 
         model = self._model
-        if model is None:
+        if model is None or model == self.default_model:
             return find_default_model()
         path = Path(model).expanduser()
         if path.is_dir():
             return path
         if isinstance(model, str) and (model == DEFAULT_MODEL_NAME or model in DEFAULT_MODELS):
             return find_default_model(model)
-        names = ", ".join([DEFAULT_MODEL_NAME, *sorted(DEFAULT_MODELS)])
+        random = ", ".join(sorted(DEFAULT_MODELS))
         raise errors.ConfigurationError(
-            f"model {str(model)!r} is neither a model directory nor an embedded model ({names})"
+            f"model {str(model)!r} is neither a model directory nor an embedded model "
+            f"({DEFAULT_MODEL_NAME}, the default; random weights, for tests and benchmarks: "
+            f"{random})"
         )
 
     def _load_sync(self) -> tuple[Path, ChatService]:

@@ -351,7 +351,9 @@ class AsyncClient:
         """The target a model string names, labelled with the backend's registered name."""
         if model is None:
             model = self.model
-        if not model:
+        if not model:  # a backend that serves one model may say what to call it
+            model = getattr(self._backends[self._default], "default_model", None)
+        if not model or not isinstance(model, str):
             raise errors.ConfigurationError(
                 "no model given: pass model=... or set AsyncClient(model=...)"
             )

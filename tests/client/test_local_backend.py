@@ -94,12 +94,25 @@ async def test_model_may_be_a_directory_or_an_embedded_model_name(cache_env: Pat
         backend = LocalBackend(model)
         await backend.warmup()
         assert backend.model_dir == cache_env
-    backend = LocalBackend("swift-tiny")
-    await backend.warmup()
-    assert backend.model_dir == embedded_model_dir()
-    with pytest.raises(ConfigurationError, match="neither a model directory"):
+    for name in ("swift-tiny", "default"):  # "default": the name calls carry (default_model)
+        backend = LocalBackend(name)
+        await backend.warmup()
+        assert backend.model_dir == embedded_model_dir()
+    with pytest.raises(ConfigurationError, match="neither a model directory") as caught:
         async with LocalBackend(cache_env / "missing"):
             pass
+    assert "random weights, for tests and benchmarks: swift-50m" in str(caught.value)
+
+
+@pytest.mark.anyio
+async def test_a_client_on_the_local_backend_needs_no_model_name(tiny: TinyModel) -> None:
+    """Switching a client from a hosted provider to the local engine is one setting: with
+    no model named, calls carry the backend's ``default_model``."""
+    backend = LocalBackend.from_engine(tiny.engine())
+    async with AsyncClient(backend) as client:
+        completion = await client.chat("Hello", max_tokens=2, **FIXED)
+    assert completion.model == LocalBackend.default_model == "default"
+    assert completion.usage is not None and completion.usage.completion_tokens == 2
 
 
 @pytest.mark.anyio
