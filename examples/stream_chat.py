@@ -6,7 +6,7 @@ timing. With a hosted provider configured in the environment (``SWIFTCLIENT_PROV
 with ``OXLO_API_KEY``, ``SWIFTCLIENT_BASE_URL``, or ``OPENAI_API_KEY``) it runs against that
 provider. Otherwise it runs fully offline on the bundled local engine with the embedded
 default model, ``swift-tiny``: a 3.2M-parameter model trained to call exactly these tools,
-whose calls are well formed and whose arguments are right 98-100% of the time on held-out
+whose calls are well formed and whose arguments are right 92-100% of the time on held-out
 questions (docs/local-engine.md has its measured accuracy). Switching between the two is one
 setting. Pass your own questions as arguments: ``python examples/stream_chat.py "Convert 5 km
 to miles"``.

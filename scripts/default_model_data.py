@@ -247,21 +247,51 @@ _FACTS: list[tuple[tuple[str, ...], str]] = [
         "and copy or lightly edit text.",
     ),
 ]
+
+
+def _casual(prompts: tuple[str, ...]) -> tuple[str, ...]:
+    """``prompts`` as typed in a hurry as well: lowercase, and without or with end marks
+    ("Hi!" also as "hi", "hi!" and "Hi")."""
+    out: dict[str, None] = dict.fromkeys(prompts)
+    for prompt in prompts:
+        bare = prompt.rstrip("!?.")
+        mark = "?" if prompt.endswith("?") else "!"
+        for variant in (bare, bare + mark):
+            out.setdefault(variant)
+            out.setdefault(variant.lower())
+    return tuple(out)
+
+
 _GREETINGS: list[tuple[tuple[str, ...], str]] = [
     (
-        ("Hi", "Hi!", "Hello", "Hello!", "Hey", "Hey there", "Good morning", "Good evening"),
+        _casual(
+            (
+                "Hi",
+                "Hi there",
+                "Hello",
+                "Hello there",
+                "Hey",
+                "Hey there",
+                "Good morning",
+                "Good afternoon",
+                "Good evening",
+            )
+        ),
         "Hello! How can I help you today?",
     ),
     (
-        ("Thanks", "Thanks!", "Thank you", "Thank you!", "Thanks a lot", "Much appreciated"),
+        _casual(("Thanks", "Thank you", "Thanks a lot", "Much appreciated", "Thx")),
         "You're welcome!",
     ),
-    (("Bye", "Goodbye", "See you later", "Bye!"), "Goodbye! Have a nice day."),
+    (_casual(("Bye", "Goodbye", "See you later", "See you")), "Goodbye! Have a nice day."),
     (
-        ("Who are you?", "What is your name?", "What are you?"),
+        _casual(("Who are you?", "What is your name?", "What are you?")),
         "I am swift-tiny, a small assistant model that runs offline with swiftclient.",
     ),
-    (("How are you?", "How are you doing?"), "I am doing well, thank you! How can I help?"),
+    (
+        _casual(("How are you?", "How are you doing?")),
+        "I am doing well, thank you! How can I help?",
+    ),
 ]
 
 

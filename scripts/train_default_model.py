@@ -2,7 +2,7 @@
 
 Reproducible: the data (scripts/default_model_data.py), the tokenizer, the initial weights
 and the batch order all come from fixed seeds. Runs on CPU (the shipped weights took about
-48 minutes on one thread of the shared 2-core development machine, ``--threads 1``: while
+44 minutes on one thread of the shared 2-core development machine, ``--threads 1``: while
 another process holds a core, two threads run several times slower than one) or on a
 GPU when one is present. The forward pass runs under bfloat16 autocast and, unless
 ``--no-compile``, through ``torch.compile``.

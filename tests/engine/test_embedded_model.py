@@ -142,3 +142,32 @@ async def test_held_out_requests_get_well_formed_tool_calls_and_json() -> None:
         else:
             value = json.loads(completion.text)
             assert isinstance(value, dict) and set(value) == set(expected), completion.text
+
+
+# What a new user types first, as typed: lowercase, with and without marks. The training
+# data has these forms (scripts/default_model_data.py, _casual); the replies are its own.
+_FIRST_WORDS = {
+    "hi": "Hello! How can I help you today?",
+    "hello": "Hello! How can I help you today?",
+    "Hey there!": "Hello! How can I help you today?",
+    "good morning": "Hello! How can I help you today?",
+    "thanks": "You're welcome!",
+    "thank you!": "You're welcome!",
+    "bye": "Goodbye! Have a nice day.",
+    "who are you": "I am swift-tiny, a small assistant model that runs offline with swiftclient.",
+}
+
+
+@pytest.mark.anyio
+async def test_everyday_greetings_get_the_trained_replies() -> None:
+    replies: dict[str, str] = {}
+
+    async def one(prompt: str) -> None:
+        completion = await client.chat(prompt, temperature=0.0, max_tokens=40)
+        replies[prompt] = completion.text
+
+    async with AsyncClient(LocalBackend(), model="default") as client:
+        async with anyio.create_task_group() as tg:
+            for prompt in _FIRST_WORDS:
+                tg.start_soon(one, prompt)
+    assert replies == _FIRST_WORDS
