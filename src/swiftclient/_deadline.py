@@ -46,8 +46,8 @@ def _clock() -> Callable[[], float]:
     every TTFT and inter-token gap that :class:`~swiftclient.types.Timing` records. Its timers
     take ``time.monotonic`` deadlines as they are: a timeout takes effect once its cut clock
     reaches one (the timer callbacks check the loop's time), never before and at most about a
-    millisecond after. That it is the same clock is checked once
-    per loop type (the readings agree within 10 ms); where not, ``loop.time`` is used.
+    millisecond after. That it is the same clock is checked once per loop type (the readings
+    agree within 10 ms); where not, ``loop.time`` is used.
     """
     loop = running_loop()
     if loop is None:

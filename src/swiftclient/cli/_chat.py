@@ -113,7 +113,7 @@ class _Conversation:
             completion: ChatCompletion = await self.client.chat(
                 messages, model=self.model, **params
             )
-            if self.tools is None or not completion.tool_calls or "tools" not in params:
+            if "tools" not in params or not completion.tool_calls:
                 body = completion.model_dump(mode="json", exclude_none=True)
                 if completion.timing is not None:
                     body["timing"] = _TIMING.dump_python(
