@@ -37,7 +37,6 @@ response headers an error keeps.
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -71,45 +70,128 @@ __all__ = [
     "StructuredOutputError",
     "SwiftClientError",
     "UnprocessableEntityError",
+    "header_secrets",
+    "is_secret_header",
     "redact",
     "redact_headers",
     "redact_json",
     "status_error_class",
 ]
 
-_SECRET_PATTERNS = (
-    re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{4,}"),
-    re.compile(r"\b(sk|rk|pk|oxlo|key)[-_][A-Za-z0-9_-]{8,}"),
-    re.compile(r"(?i)(api[_-]?key[\"']?\s*[:=]\s*[\"']?)[^\"'\s,}]{4,}"),
+_MASK = "***"
+# Unknown secrets are recognised by shape: a bearer token, a provider-prefixed key
+# (``sk-...``, ``rk_...``, ``pk_...``, ``oxlo-...``), or the value of an ``api_key=`` field.
+_BEARER = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{4,}")
+_PREFIXED_KEY = re.compile(r"\b(?:sk|rk|pk|oxlo)[-_][A-Za-z0-9_-]{8,}")
+_KEY_FIELD = re.compile(r"(?i)(api[_-]?key[\"']?\s*[:=]\s*[\"']?)([^\"'\s,}]{4,})")
+# Header names whose values are credentials: these words as a part of the name
+# (``x-api-key``, ``x-goog-api-key``, ``x-amz-security-token``, ``set-cookie``), besides
+# the exact names below.
+_SECRET_HEADER_WORDS = frozenset(
+    {"authorization", "auth", "key", "apikey", "token", "secret", "password", "cookie"}
 )
-
-
-# Characters that can belong to one token (API keys, bearer tokens); a known secret is
-# masked only where it stands as a whole token, so a short key never mangles other words.
-_TOKEN_CHARS = r"A-Za-z0-9._~+/=-"
-# Headers whose values are credentials whatever they contain.
 _SECRET_HEADERS = frozenset(
     {"authorization", "proxy-authorization", "api-key", "x-api-key", "cookie", "set-cookie"}
 )
+_NOT_SECRET_HEADERS = frozenset({"idempotency-key"})
+_HEADER_WORD_SPLIT = re.compile(r"[-_.]")
 
 
-@functools.lru_cache(maxsize=64)
-def _secret_pattern(secret: str) -> re.Pattern[str]:
-    return re.compile(rf"(?<![{_TOKEN_CHARS}]){re.escape(secret)}(?![{_TOKEN_CHARS}])")
+def _secret_shaped(token: str) -> bool:
+    """Whether an unknown token looks like a generated key rather than a word: it holds a
+    digit or a capital letter, or is one long run of lower-case letters. ``key_separator``,
+    ``pk_users`` or ``api_key: required`` are words, not keys."""
+    if any(char.isdigit() or char.isupper() for char in token):
+        return True
+    return len(token) >= 20 and token.isalpha()
+
+
+def _mask_prefixed(match: re.Match[str]) -> str:
+    return _MASK if _secret_shaped(match.group()) else match.group()
+
+
+def _mask_field(match: re.Match[str]) -> str:
+    value = match.group(2)
+    return match.group(1) + _MASK if _secret_shaped(value) else match.group()
+
+
+def _known_spans(text: str, secrets: Sequence[str]) -> list[tuple[int, int]]:
+    """Where the known secrets stand in ``text``, each span widened over the letters and
+    digits glued to it, overlapping spans merged."""
+    spans: list[tuple[int, int]] = []
+    for secret in secrets:
+        at = text.find(secret)
+        while at != -1:
+            start, end = at, at + len(secret)
+            while start > 0 and text[start - 1].isalnum():
+                start -= 1
+            while end < len(text) and text[end].isalnum():
+                end += 1
+            spans.append((start, end))
+            at = text.find(secret, at + 1)
+    spans.sort()
+    merged: list[tuple[int, int]] = []
+    for start, end in spans:
+        if merged and start <= merged[-1][1]:
+            if end > merged[-1][1]:
+                merged[-1] = (merged[-1][0], end)
+        else:
+            merged.append((start, end))
+    return merged
 
 
 def redact(text: str, *secrets: str | None) -> str:
     """Return ``text`` with known secrets and anything shaped like an API key masked.
 
-    A known secret is masked where it stands as a whole token (not inside a longer word),
-    so even a very short key leaves the rest of the message readable.
+    Every occurrence of a known secret is masked wherever it stands (inside a URL, before
+    a full stop, glued to other text), with no rule about what may surround it. The mask
+    ``***`` takes the letters and digits glued to the secret with it, so what is left
+    never reads as a word that was not there (a key ``ab`` masks ``about`` whole, not to
+    ``***out``). Unknown keys are masked by shape (``Bearer ...``, ``sk-...``-style
+    prefixes, ``api_key=...``); ordinary words, ``key_separator`` among them, are left
+    alone.
     """
-    for secret in secrets:
-        if secret and secret in text:
-            text = _secret_pattern(secret).sub("***", text)
-    text = _SECRET_PATTERNS[0].sub(r"\1***", text)
-    text = _SECRET_PATTERNS[1].sub("***", text)
-    return _SECRET_PATTERNS[2].sub(r"\1***", text)
+    known = [secret for secret in secrets if secret and secret in text]
+    if known:
+        pieces: list[str] = []
+        done = 0
+        for start, end in _known_spans(text, known):
+            pieces.append(text[done:start])
+            pieces.append(_MASK)
+            done = end
+        pieces.append(text[done:])
+        text = "".join(pieces)
+    text = _BEARER.sub(r"\1***", text)
+    text = _PREFIXED_KEY.sub(_mask_prefixed, text)
+    return _KEY_FIELD.sub(_mask_field, text)
+
+
+def is_secret_header(name: str) -> bool:
+    """Whether a header's value is a credential, judged by its name: ``authorization``,
+    cookies, and any name with ``key``, ``token``, ``secret``, ``auth`` or ``password`` as
+    one of its parts (``x-api-key``, ``x-goog-api-key``, ``x-auth-token``), except
+    ``idempotency-key``."""
+    name = name.lower()
+    if name in _SECRET_HEADERS:
+        return True
+    if name in _NOT_SECRET_HEADERS:
+        return False
+    return any(part in _SECRET_HEADER_WORDS for part in _HEADER_WORD_SPLIT.split(name))
+
+
+def header_secrets(headers: Mapping[str, str]) -> tuple[str, ...]:
+    """The credentials among ``headers`` (see :func:`is_secret_header`), as known secrets
+    for :func:`redact`: each whole value and, for ``Bearer xyz``-style values, the token
+    after the scheme."""
+    found: list[str] = []
+    for name, value in headers.items():
+        if not value or not is_secret_header(name):
+            continue
+        found.append(value)
+        scheme, _, token = value.strip().partition(" ")
+        if token.strip() and scheme.isalpha():
+            found.append(token.strip())
+    return tuple(found)
 
 
 def redact_headers(headers: Mapping[str, str], *secrets: str | None) -> dict[str, str]:
@@ -119,17 +201,21 @@ def redact_headers(headers: Mapping[str, str], *secrets: str | None) -> dict[str
     every other value goes through :func:`redact`, so a key a server echoes back is scrubbed.
     """
     return {
-        name.lower(): "***" if name.lower() in _SECRET_HEADERS else redact(value, *secrets)
+        name.lower(): _MASK if is_secret_header(name) else redact(value, *secrets)
         for name, value in headers.items()
     }
 
 
 def redact_json(value: Any, *secrets: str | None) -> Any:
-    """Return a copy of a parsed JSON value with :func:`redact` applied to every string."""
+    """Return a copy of a parsed JSON value with :func:`redact` applied to every string
+    (object keys included)."""
     if isinstance(value, str):
         return redact(value, *secrets)
     if isinstance(value, dict):
-        return {key: redact_json(item, *secrets) for key, item in value.items()}
+        return {
+            redact(key, *secrets) if isinstance(key, str) else key: redact_json(item, *secrets)
+            for key, item in value.items()
+        }
     if isinstance(value, list):
         return [redact_json(item, *secrets) for item in value]
     return value

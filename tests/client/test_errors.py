@@ -119,11 +119,91 @@ def test_new_timeouts_and_size_error_sit_in_the_tree() -> None:
     assert issubclass(errors.ResponseTooLarge, errors.APIResponseValidationError)
 
 
-def test_a_short_key_is_masked_only_as_a_whole_token() -> None:
-    # A two-letter key must not turn every "ab" inside other words into "***".
-    text = "about a tab: key ab rejected (ab)"
-    assert errors.redact(text, "ab") == "about a tab: key *** rejected (***)"
+KEYS = [
+    "ab",  # two characters
+    "0123456789abcdef0123456789abcdef",  # hex
+    "123e4567-e89b-12d3-a456-426614174000",  # UUID
+    "sk-proj-abcdefghijklmnop",
+    "hunter2",
+]
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_a_known_key_is_masked_wherever_it_stands(key: str) -> None:
+    # OpenAI's 401 puts a full stop right after the key: it used to stay unmasked.
+    texts = [
+        f"Incorrect API key provided: {key}. You can find your API key at https://x/keys.",
+        f"key={key}&x=1",
+        f"({key})",
+        f"{key}",
+        f"'{key}',",
+        f"{key}{key}",
+        f"prefix{key}suffix",
+        f"{key}\n{key}.",
+    ]
+    for text in texts:
+        out = errors.redact(text, key)
+        assert key not in out, text
+        assert "***" in out, text
+    assert errors.redact(texts[0], key) == (
+        "Incorrect API key provided: ***. You can find your API key at https://x/keys."
+    )
+
+
+def test_a_mask_never_leaves_part_of_a_word_behind() -> None:
+    # A two-letter key inside words: the whole word goes, so "about" never reads "***out".
+    text = "about a tab: key ab rejected (ab)."
+    assert errors.redact(text, "ab") == "*** a ***: key *** rejected (***)."
     assert errors.redact("x", "") == "x"
+    assert errors.redact("x", None) == "x"
+
+
+def test_overlapping_known_secrets_leave_no_fragment() -> None:
+    # Two secrets that overlap in the text, and a key that overlaps itself.
+    assert errors.redact("k-yk-y!", "k-y") == "***!"
+    out = errors.redact("id: abcdef-123 / 123-xyz", "abcdef-123", "123-xyz")
+    assert out == "id: *** / ***"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "unknown field 'key_separator' (did you mean 'item_separator'?)",
+        "key_value_store and key-value-pairs are words",
+        "api_key: required",
+        "constraint pk_users_email violated",
+        "monkey_business_class and turnkey-solutions",
+    ],
+)
+def test_words_that_contain_key_are_left_alone(text: str) -> None:
+    assert errors.redact(text) == text
+    assert errors.redact(text, "ab-not-there") == text
+
+
+def test_unknown_keys_are_still_masked_by_shape() -> None:
+    text = "got sk-proj-Abc123def456ghi789 and rk_live_51HxyZ and api_key=hunter2hunter2"
+    out = errors.redact(text)
+    assert "Abc123" not in out and "51HxyZ" not in out and "hunter2" not in out
+    assert errors.redact("Authorization: Bearer abc.def-123") == "Authorization: Bearer ***"
+
+
+def test_credential_headers_are_known_secrets() -> None:
+    headers = {
+        "api-key": "k1",
+        "X-Goog-Api-Key": "k2",
+        "authorization": "Bearer k3",
+        "x-auth-token": "k4",
+        "idempotency-key": "not-a-secret",
+        "user-agent": "swiftclient",
+    }
+    assert errors.header_secrets(headers) == ("k1", "k2", "Bearer k3", "k3", "k4")
+    assert not errors.is_secret_header("x-ratelimit-remaining-tokens")
+    assert errors.is_secret_header("Set-Cookie")
+
+
+def test_json_bodies_are_redacted_in_keys_too() -> None:
+    body = {"error": {"message": "bad key ab.", "ab": ["ab"]}}
+    assert errors.redact_json(body, "ab") == {"error": {"message": "bad key ***.", "***": ["***"]}}
 
 
 def test_a_key_inside_a_longer_token_is_still_caught_by_shape() -> None:

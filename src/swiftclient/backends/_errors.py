@@ -1,7 +1,10 @@
 """The single place where transport exceptions become swiftclient exceptions.
 
 Every httpx exception class maps to exactly one swiftclient class (a test walks httpx's
-whole exception tree); messages are scrubbed of secrets on the way.
+whole exception tree); messages are scrubbed of secrets on the way. The transport's own
+exception never becomes part of the chain a user can reach: it may hold the request
+(``Authorization`` header included) or the server's words unredacted. The mapped error's
+``__cause__`` is a stand-in of the same httpx type carrying only the redacted message.
 """
 
 from __future__ import annotations
@@ -59,11 +62,31 @@ def _detail(exc: BaseException) -> str:
     return type(exc).__name__
 
 
+def _stand_in(exc: Exception, message: str) -> BaseException | None:
+    """A fresh exception of ``exc``'s type holding only ``message`` (no request, response,
+    cause or context); None when the type cannot be built from a message alone."""
+    try:
+        clean = type(exc)(message)
+    except Exception:
+        return None
+    return clean if type(clean) is type(exc) else None
+
+
 def map_httpx_error(
     exc: Exception, *, backend: str, secrets: tuple[str | None, ...] = ()
 ) -> errors.SwiftClientError:
-    """Return the swiftclient exception for an httpx exception (caller raises it ``from exc``)."""
+    """Return the swiftclient exception for an httpx exception, its ``__cause__`` already
+    set to a scrubbed stand-in of ``exc``. The caller raises it outside its ``except``
+    block (``raise error``, not ``from exc``), so ``__context__`` does not keep ``exc``
+    either."""
     message = errors.redact(_detail(exc), *secrets)
+    error = _mapped(exc, message, backend)
+    error.__cause__ = _stand_in(exc, message)
+    error.__suppress_context__ = True
+    return error
+
+
+def _mapped(exc: Exception, message: str, backend: str) -> errors.SwiftClientError:
     for cls in type(exc).__mro__:
         target = HTTPX_ERROR_MAP.get(cls)
         if target is None:

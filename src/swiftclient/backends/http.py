@@ -181,7 +181,9 @@ class HTTPBackend:
         self._trust_env = trust_env
         self._proxy = proxy if proxy is not None or not trust_env else env_proxy(self.base_url)
         proxy_password = urlsplit(self._proxy).password if self._proxy else None
-        self._secrets = (api_key, proxy_password)
+        # Keys given in credential headers (``headers={"api-key": ...}``) are known secrets
+        # too: every error message and body is scrubbed of them.
+        self._secrets = (api_key, proxy_password, *errors.header_secrets(base_headers))
         self.max_body_bytes = max_body_bytes
         self.max_event_bytes = max_event_bytes
         self._url = f"{self.base_url}/chat/completions"
@@ -362,10 +364,10 @@ class HTTPBackend:
             listed = pydantic_core.from_json(body)
             return [str(item["id"]) for item in listed["data"]]
         except (ValueError, KeyError, TypeError):
-            raise errors.APIResponseValidationError(
-                f"{self.name}: GET /models did not answer an OpenAI model list",
-                backend=self.name,
-            ) from None
+            pass
+        raise errors.APIResponseValidationError(
+            f"{self.name}: GET /models did not answer an OpenAI model list", backend=self.name
+        )
 
     async def aclose(self) -> None:
         """Close every pooled connection."""
@@ -449,12 +451,16 @@ class HTTPBackend:
             sent = await transport.send(method, url, headers, body, connect)
         except BaseException as exc:
             slots.release()
-            if isinstance(exc, httpx.HTTPError):
-                raise self._error(exc) from exc
-            raise
-        return _Response(sent, slots)
+            if not isinstance(exc, httpx.HTTPError):
+                raise
+            error = self._error(exc)
+        else:
+            return _Response(sent, slots)
+        raise error  # outside the except block: the chain keeps no transport exception
 
     def _error(self, exc: Exception) -> errors.SwiftClientError:
+        """The swiftclient error for a transport failure, with a scrubbed stand-in as its
+        cause; raise it outside the ``except`` block, so ``exc`` stays off the chain."""
         return map_httpx_error(exc, backend=self.name, secrets=self._secrets)
 
     async def _read_body(self, response: _Response, limit: int) -> bytes:
@@ -475,8 +481,10 @@ class HTTPBackend:
                 if at_end():  # the whole body is here: no read just to see it end
                     break
         except httpx.HTTPError as exc:
-            raise self._error(exc) from exc
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+            error = self._error(exc)
+        else:
+            return parts[0] if len(parts) == 1 else b"".join(parts)
+        raise error
 
     def _too_large(self, what: str, limit: int) -> errors.ResponseTooLarge:
         return errors.ResponseTooLarge(
@@ -545,16 +553,19 @@ class HTTPBackend:
         finally:
             if not response.close_nowait():
                 await response.aclose()
+        error: errors.APIError | None
         try:
             completion: ChatCompletion = _validate_completion(body)
         except pydantic.ValidationError as exc:
-            inband = _inband_error(self, body)
-            if inband is not None:
-                raise inband from None
-            raise errors.APIResponseValidationError(
-                f"{self.name}: response body is not a chat completion: {exc.error_count()} errors",
+            # pydantic's error quotes the body: it stays off the chain (raised below).
+            error = _inband_error(self, body) or errors.APIResponseValidationError(
+                f"{self.name}: response body is not a chat completion: {_validation_summary(exc)}",
                 backend=self.name,
-            ) from exc
+            )
+        else:
+            error = None
+        if error is not None:
+            raise error
         extra = completion.__pydantic_extra__
         if extra and "error" in extra:
             raise _stream_error(self, body)
@@ -624,14 +635,19 @@ class _ChunkStream:
             if event.event == "error":
                 self._done = True
                 raise _stream_error(self._backend, data)
+            summary: str | None
             try:
                 chunk: ChatCompletionChunk = _validate_chunk(data)
             except pydantic.ValidationError as exc:
                 self._done = True
+                summary = _validation_summary(exc)  # the error itself quotes the event
+            else:
+                summary = None
+            if summary is not None:
                 raise errors.APIResponseValidationError(
-                    f"{self._backend.name}: stream event is not a chat completion chunk",
+                    f"{self._backend.name}: stream event is not a chat completion chunk: {summary}",
                     backend=self._backend.name,
-                ) from exc
+                )
             extra = chunk.__pydantic_extra__
             if extra and "error" in extra:
                 self._done = True
@@ -644,11 +660,15 @@ class _ChunkStream:
 
     async def _fill(self) -> None:
         backend = self._backend
+        raw: bytes | None
         try:
             raw = await self._read()
         except httpx.HTTPError as exc:
             self._done = True
-            raise backend._error(exc) from exc
+            error = backend._error(exc)
+            raw = None
+        if raw is None:
+            raise error  # outside the except block: the chain keeps no transport exception
         if not raw:
             self._done = True
             self._open = False
@@ -689,6 +709,15 @@ class _ChunkStream:
         self._open = False
         self._events.clear()
         await self._response.aclose()
+
+
+def _validation_summary(exc: pydantic.ValidationError) -> str:
+    """How many errors, and where the first one is, without the input it quotes (a body
+    may echo a key)."""
+    first = exc.errors(include_url=False, include_input=False, include_context=False)[0]
+    where = ".".join(str(part) for part in first["loc"]) or "the top level"
+    count = exc.error_count()
+    return f"{count} error{'s' if count != 1 else ''} ({first['type']} at {where})"
 
 
 def _error_body(data: bytes, secrets: tuple[str | None, ...], default: str) -> tuple[object, str]:
