@@ -4,13 +4,21 @@ aiohttp's connector does far less Python work per request and per chunk than htt
 asyncio. This module speaks :class:`~swiftclient.backends.base.Transport` through aiohttp's
 public API only, and turns aiohttp failures into the matching httpx exceptions, so the one
 httpx -> swiftclient mapping (``_errors.py``) covers every transport.
+
+A pooled connection may have been closed by the server while it sat idle, its FIN not yet
+seen by the event loop when a request takes it (a server that closes after every response
+without ``Connection: close``, or whose keep-alive timeout fires as the request arrives).
+A request that fails on a reused connection before any part of the response arrived is sent
+again at once on a fresh connection, as browsers do: the server cannot have answered it.
 """
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import socket
 import ssl
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -53,6 +61,47 @@ def map_aiohttp_error(exc: BaseException) -> httpx.TransportError | None:
     if isinstance(exc, aiohttp.ClientError):
         return httpx.NetworkError(message)
     return None
+
+
+# Per task: whether the connection the current request got was reused (set by the
+# connector), and whether the request must have a fresh connection (a resend).
+_REUSED: contextvars.ContextVar[bool] = contextvars.ContextVar("swiftclient_reused", default=False)
+_FRESH: contextvars.ContextVar[bool] = contextvars.ContextVar("swiftclient_fresh", default=False)
+
+
+class _Connector(aiohttp.TCPConnector):
+    """aiohttp's connector, telling the request whether its connection was reused, and
+    handing a resend a new connection only."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._served: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    async def connect(self, req: Any, traces: Any, timeout: aiohttp.ClientTimeout) -> Any:
+        """A pooled or new connection; :data:`_REUSED` says which."""
+        _REUSED.set(False)
+        served = self._served
+        while True:
+            conn = await super().connect(req, traces, timeout)
+            protocol = conn.protocol
+            if protocol is None or protocol not in served:
+                if protocol is not None:
+                    served.add(protocol)
+                return conn
+            if not _FRESH.get():
+                _REUSED.set(True)
+                return conn
+            conn.close()  # a resend takes no pooled connection: drop this one
+
+
+def _unanswered(exc: BaseException) -> bool:
+    """Whether a failure of ``session.request`` means the connection died before any of the
+    response was read: the server closed it (no part of a response parsed) or reset it."""
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return isinstance(exc.message, str)  # else: the part of a response that was parsed
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return False
+    return isinstance(exc, aiohttp.ClientOSError | ConnectionResetError | BrokenPipeError)
 
 
 @functools.lru_cache(maxsize=16)
@@ -117,7 +166,7 @@ class AiohttpTransport:
         self._urls: dict[str, yarl.URL] = {}  # parsed once: a backend calls few URLs
 
     def _open(self) -> aiohttp.ClientSession:
-        connector = aiohttp.TCPConnector(
+        connector = _Connector(
             limit=0,  # the backend's own pool limit applies; aiohttp's pool never waits
             keepalive_timeout=self._keepalive_expiry
             if self._keepalive_expiry is not None
@@ -152,15 +201,33 @@ class AiohttpTransport:
             if len(self._urls) > 64:
                 self._urls.clear()
             target = self._urls[url] = yarl.URL(url)
+        timeout = _client_timeout(connect)
         try:
-            response = await session.request(
-                method,
-                target,
-                headers=headers,
-                data=body or None,
-                allow_redirects=False,
-                timeout=_client_timeout(connect),
-            )
+            try:
+                response = await session.request(
+                    method,
+                    target,
+                    headers=headers,
+                    data=body or None,
+                    allow_redirects=False,
+                    timeout=timeout,
+                )
+            except Exception as exc:
+                if not (_REUSED.get() and _unanswered(exc)):
+                    raise
+                # The pooled connection was dead: send again, at once, on a new one.
+                fresh = _FRESH.set(True)
+                try:
+                    response = await session.request(
+                        method,
+                        target,
+                        headers=headers,
+                        data=body or None,
+                        allow_redirects=False,
+                        timeout=timeout,
+                    )
+                finally:
+                    _FRESH.reset(fresh)
         except Exception as exc:
             mapped = map_aiohttp_error(exc)
             if mapped is None:

@@ -4,6 +4,12 @@ passes (a ``MockTransport`` in tests, a custom proxy transport).
 The backend builds each ``httpx.Request`` itself and calls the transport's one public method,
 ``handle_async_request``; no ``httpx.AsyncClient`` sits in between (API calls need no
 redirects, cookies, auth flows or event hooks).
+
+httpcore drops a pooled connection whose socket shows the server's close before using it;
+one the server closes while the request is on its way (its keep-alive timeout firing as the
+request arrives) fails the request before any of the response. Such a request, on a reused
+connection, is sent again at once (httpcore's ``trace`` extension says whether the request
+opened its connection), as the aiohttp transport does.
 """
 
 from __future__ import annotations
@@ -89,6 +95,36 @@ class _RequestBody(httpx.AsyncByteStream):
         return self._data
 
 
+# Resends of a request whose reused connection turned out dead, before the failure stands
+# (each one takes another pooled connection or opens one).
+_MAX_RESENDS = 3
+
+
+class _Probe:
+    """httpcore's ``trace`` callback for one request: whether it opened its connection and
+    whether it was sent on one."""
+
+    __slots__ = ("opened", "sent")
+
+    def __init__(self) -> None:
+        self.opened = False
+        self.sent = False
+
+    async def __call__(self, name: str, info: object) -> None:
+        if ".connect_tcp." in name:
+            self.opened = True
+        elif name.endswith(".send_request_headers.started"):
+            self.sent = True
+
+    def died_unanswered(self, exc: BaseException) -> bool:
+        """Whether ``exc`` says a reused connection died before any of the response."""
+        if not self.sent or self.opened:
+            return False
+        if isinstance(exc, httpx.RemoteProtocolError):
+            return "without sending a response" in str(exc)
+        return isinstance(exc, httpx.ReadError | httpx.WriteError)
+
+
 class HttpxTransport:
     """Adapt an ``httpx.AsyncBaseTransport`` to the backend's transport seam."""
 
@@ -114,14 +150,25 @@ class HttpxTransport:
         parsed, host = target
         timeout = {"connect": connect, "read": None, "write": connect, "pool": None}
         # A given body stream makes httpx add no headers: Host and Content-Length are ours.
-        request = httpx.Request(
-            method,
-            parsed,
-            headers={**headers, "host": host, "content-length": str(len(body))},
-            stream=_RequestBody(body),
-            extensions={"timeout": timeout},
-        )
-        response = await self._transport.handle_async_request(request)
+        sent_headers = {**headers, "host": host, "content-length": str(len(body))}
+        resends = 0
+        while True:
+            probe = _Probe()
+            request = httpx.Request(
+                method,
+                parsed,
+                headers=sent_headers,
+                stream=_RequestBody(body),
+                extensions={"timeout": timeout, "trace": probe},
+            )
+            try:
+                response = await self._transport.handle_async_request(request)
+            except httpx.TransportError as exc:
+                if resends == _MAX_RESENDS or not probe.died_unanswered(exc):
+                    raise
+                resends += 1
+                continue
+            break
         response.request = request
         return TransportResponse(response.status_code, response.headers, _Body(response))
 
