@@ -305,6 +305,9 @@ class AttemptRun:
             winner = self._call.winner
             record.outcome = "lost" if winner and winner != record.number else "cancelled"
         else:
+            target = self.target
+            if isinstance(exc, errors.APIError) and target.alias is not None:
+                exc._rename_backend(target.backend.name, target.alias)
             self.error = exc
             record.outcome = "error"
             record.error = type(exc).__name__

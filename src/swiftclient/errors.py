@@ -244,6 +244,18 @@ class APIError(SwiftClientError):
         self.message = message
         self.backend = backend
 
+    def _rename_backend(self, old: str, new: str) -> None:
+        """Name the backend ``new`` (the name the client registered it under) where the
+        error names it ``old`` (the backend's own name): ``backend`` and the message's
+        ``old: `` prefix."""
+        if self.backend not in (None, old):
+            return
+        self.backend = new
+        prefix = f"{old}: "
+        if self.message.startswith(prefix):
+            self.message = f"{new}: {self.message[len(prefix) :]}"
+            self.args = (self.message, *self.args[1:])
+
     def _record_attempts(self, attempts: Sequence[Attempt]) -> None:
         """Attach the attempts of the call that raised this error (once)."""
         if self.attempts:

@@ -9,6 +9,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit
 
 import click
 
@@ -141,7 +142,9 @@ def build_target(
                 **http,
             )
         elif options.base_url:
-            backend = HTTPBackend(options.base_url, options.api_key, name="cli", **http)
+            # Named by its host, as the user gave it (errors read "127.0.0.1:8000: ...").
+            name = urlsplit(options.base_url).netloc.rpartition("@")[2] or "http"
+            backend = HTTPBackend(options.base_url, options.api_key, name=name, **http)
         else:
             try:
                 backend = from_env(**http)
