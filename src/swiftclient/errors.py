@@ -99,11 +99,11 @@ _HEADER_WORD_SPLIT = re.compile(r"[-_.]")
 
 def _secret_shaped(token: str) -> bool:
     """Whether an unknown token looks like a generated key rather than a word: it holds a
-    digit or a capital letter, or is one long run of lower-case letters. ``key_separator``,
+    digit or a capital letter, or is one run of 16 or more letters. ``key_separator``,
     ``pk_users`` or ``api_key: required`` are words, not keys."""
     if any(char.isdigit() or char.isupper() for char in token):
         return True
-    return len(token) >= 20 and token.isalpha()
+    return len(token) >= 16 and token.isalpha()
 
 
 def _mask_prefixed(match: re.Match[str]) -> str:

@@ -185,6 +185,7 @@ def test_unknown_keys_are_still_masked_by_shape() -> None:
     out = errors.redact(text)
     assert "Abc123" not in out and "51HxyZ" not in out and "hunter2" not in out
     assert errors.redact("Authorization: Bearer abc.def-123") == "Authorization: Bearer ***"
+    assert errors.redact('{"api_key": "abcdefghijklmnopq"}') == '{"api_key": "***"}'
 
 
 def test_credential_headers_are_known_secrets() -> None:
