@@ -558,8 +558,9 @@ class HTTPBackend:
             completion: ChatCompletion = _validate_completion(body)
         except pydantic.ValidationError as exc:
             # pydantic's error quotes the body: it stays off the chain (raised below).
+            summary = _validation_summary(exc, self._secrets)
             error = _inband_error(self, body) or errors.APIResponseValidationError(
-                f"{self.name}: response body is not a chat completion: {_validation_summary(exc)}",
+                f"{self.name}: response body is not a chat completion: {summary}",
                 backend=self.name,
             )
         else:
@@ -640,7 +641,8 @@ class _ChunkStream:
                 chunk: ChatCompletionChunk = _validate_chunk(data)
             except pydantic.ValidationError as exc:
                 self._done = True
-                summary = _validation_summary(exc)  # the error itself quotes the event
+                # the error itself quotes the event: only a summary is kept
+                summary = _validation_summary(exc, self._backend._secrets)
             else:
                 summary = None
             if summary is not None:
@@ -711,13 +713,14 @@ class _ChunkStream:
         await self._response.aclose()
 
 
-def _validation_summary(exc: pydantic.ValidationError) -> str:
+def _validation_summary(exc: pydantic.ValidationError, secrets: tuple[str | None, ...]) -> str:
     """How many errors, and where the first one is, without the input it quotes (a body
-    may echo a key)."""
+    may echo a key); redacted, as a location may name a key the body chose."""
     first = exc.errors(include_url=False, include_input=False, include_context=False)[0]
     where = ".".join(str(part) for part in first["loc"]) or "the top level"
     count = exc.error_count()
-    return f"{count} error{'s' if count != 1 else ''} ({first['type']} at {where})"
+    summary = f"{count} error{'s' if count != 1 else ''} ({first['type']} at {where})"
+    return errors.redact(summary, *secrets)
 
 
 def _error_body(data: bytes, secrets: tuple[str | None, ...], default: str) -> tuple[object, str]:
