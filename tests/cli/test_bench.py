@@ -17,7 +17,7 @@ import pytest
 from swiftclient.cli import main
 from swiftclient.cli._common import CLIError
 from swiftclient.cli._report import percentile
-from swiftclient.cli._workload import load_jsonl, load_sharegpt, synthetic
+from swiftclient.cli._workload import Workload, load_jsonl, load_sharegpt, synthetic
 from swiftclient.testing import FakeProvider, Reply
 
 from .helpers import LIMIT, clean_environ, clear_provider_env, run, spawn
@@ -178,12 +178,20 @@ def test_compare_hedging_on_and_off(
     assert sent > 8  # the hedged variant sent second requests
 
 
-def test_rate_levels_use_poisson_arrivals(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rate_levels_use_poisson_arrivals(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     clear_provider_env(monkeypatch)
     with FakeProvider(Reply(tokens=2, ttft=0.3)).run_in_thread() as fake:
         data = bench_json(
             tmp_path, "--base-url", fake.base_url, "-m", "m", "--rate", "40", "-n", "12"
         )
+    # the header says what the default warm-up is at a rate (it said "one per worker")
+    header = capsys.readouterr().err.splitlines()[0]
+    assert header.endswith(
+        "12 requests per level (warm-up: one second of arrivals, at least one request)"
+    )
+    assert sum(s["warmup"] for s in data["samples"]) == 40
     (summary,) = data["summary"]
     assert summary["level"] == "rate=40/s" and summary["ok"] == 12
     starts = sorted(s["start"] for s in data["samples"])
@@ -217,11 +225,20 @@ def test_datasets_jsonl_and_sharegpt(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert bodies[2]["max_tokens"] == 4
 
 
+def _prompt(workload: Workload, number: int) -> str:
+    content = workload.at(number).messages[0].content
+    assert isinstance(content, str)
+    return content
+
+
 def test_workloads_check_their_input(tmp_path: Path) -> None:
-    workload = synthetic(16, 8, count=4)
-    prompts = [workload.at(n).messages[0].content for n in range(5)]
-    assert len(set(prompts[:4])) == 4 and prompts[4] == prompts[0]
-    assert all(len(str(p).split()) == 16 for p in prompts)
+    workload = synthetic(16, 8)
+    prompts = [_prompt(workload, n) for n in range(300)]
+    assert len(set(prompts)) == 300  # every request its own, past any fixed pool's end
+    assert all(len(p.split()) == 16 for p in prompts)
+    assert workload.at(7).max_tokens == 8 and workload.at(7).prompt_tokens == 16
+    with pytest.raises(CLIError, match="--shared-prefix must be between 0 and"):
+        synthetic(16, 8, shared_prefix=17)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"messages": [{"role": "user", "content": "ok"}]}\n{"messages": 5}\n')
     with pytest.raises(CLIError, match="bad.jsonl:2: not a chat request"):
@@ -230,6 +247,46 @@ def test_workloads_check_their_input(tmp_path: Path) -> None:
     empty.write_text("[]")
     with pytest.raises(CLIError, match="holds no request"):
         load_sharegpt(empty)
+
+
+def test_the_seed_drives_the_synthetic_prompts() -> None:
+    """Issue 22: --seed was ignored, so every run sent the same prompts and a second run
+    measured the server's prefix cache (93% of prompt tokens cached)."""
+    one, again, other = synthetic(32, 4, seed=1), synthetic(32, 4, seed=1), synthetic(32, 4, seed=2)
+    firsts = [_prompt(one, n) for n in range(64)]
+    assert firsts == [_prompt(again, n) for n in range(64)]  # the same seed, the same prompts
+    seconds = [_prompt(other, n) for n in range(64)]
+    assert not set(firsts) & set(seconds)
+    # and no two share a long prefix either (the first word may repeat by chance)
+    for a, b in zip(firsts, seconds, strict=True):
+        assert a.split()[:4] != b.split()[:4]
+    shared = synthetic(32, 4, seed=3, shared_prefix=24)
+    assert "first 24 shared" in shared.name
+    words = [_prompt(shared, n).split() for n in range(8)]
+    assert len({" ".join(w[:24]) for w in words}) == 1 and all(len(w) == 32 for w in words)
+    assert len({" ".join(w[24:]) for w in words}) == 8
+
+
+def test_bench_sends_every_request_its_own_prompt_drawn_from_the_seed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clear_provider_env(monkeypatch)
+
+    def prompts(fake: FakeProvider, *args: str) -> list[str]:
+        before = len(fake.requests)
+        argv = ["--base-url", fake.base_url, "-m", "m", "--input-tokens", "16", *args]
+        bench_json(tmp_path, *argv, "-c", "1,2", "-n", "4", "--compare", "--hedge 10s")
+        return [r.body["messages"][0]["content"] for r in fake.requests[before:]]
+
+    with FakeProvider(Reply(tokens=2)).run_in_thread() as fake:
+        first = prompts(fake, "--seed", "5")
+        again = prompts(fake, "--seed", "5")
+        other = prompts(fake, "--seed", "6")
+    # warm-up 1 + 2, measured 4 + 4 per variant: 22 requests, every one its own prompt, at
+    # every level and for both variants
+    assert len(first) == 22 and len(set(first)) == 22
+    assert sorted(again) == sorted(first)
+    assert not set(other) & set(first)
 
 
 def test_bench_says_what_it_measures_before_the_first_reply() -> None:

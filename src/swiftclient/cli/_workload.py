@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,17 +38,28 @@ class BenchRequest:
 
 @dataclass(slots=True)
 class Workload:
-    """Requests by number, wrapping around at the end: ``workload.at(n)`` never runs dry."""
+    """Requests by number: a list that ``at(n)`` wraps around (a dataset), or prompts made
+    from their number (synthetic ones: ``fresh``, a new prompt for every number)."""
 
     name: str
-    requests: Sequence[BenchRequest]
+    requests: Sequence[BenchRequest] = ()
+    make: Callable[[int], BenchRequest] | None = None
+    """Builds request ``n`` (synthetic prompts); ``requests`` is unused then."""
 
     def __post_init__(self) -> None:
-        if not self.requests:
+        if self.make is None and not self.requests:
             raise CLIError(f"the workload {self.name} holds no request", EXIT_USAGE)
 
+    @property
+    def fresh(self) -> bool:
+        """True when every request number has a prompt of its own (synthetic prompts)."""
+        return self.make is not None
+
     def at(self, number: int) -> BenchRequest:
-        """Request ``number``, counting round the workload again past its end."""
+        """Request ``number``: made for it, or from the list, counting round it again past
+        its end."""
+        if self.make is not None:
+            return self.make(number)
         return self.requests[number % len(self.requests)]
 
 
@@ -57,19 +68,32 @@ def _words(text: str) -> int:
 
 
 def synthetic(
-    input_tokens: int, output_tokens: int, *, count: int = 256, seed: int = 0
+    input_tokens: int, output_tokens: int, *, seed: int = 0, shared_prefix: int = 0
 ) -> Workload:
-    """``count`` distinct prompts of about ``input_tokens`` tokens, each asking for
-    ``output_tokens``. Each starts with its own number, so no two share a cached prefix."""
+    """Prompts of about ``input_tokens`` tokens (random common words), each asking for
+    ``output_tokens``. Prompt ``n`` is drawn from ``(seed, n)``: the same seed gives the same
+    prompts, another seed other ones, and within a run every request number has its own
+    prompt, so none is served from a prefix cache that an earlier request (or an earlier
+    run with another seed) filled. The first ``shared_prefix`` tokens are the same in every
+    prompt of the seed, to measure a prefix cache on purpose."""
     if input_tokens < 1 or output_tokens < 1:
         raise CLIError("--input-tokens and --output-tokens must be at least 1", EXIT_USAGE)
-    rng = random.Random(seed)
-    requests = []
-    for i in range(count):
-        words = [f"{i}"] + [rng.choice(_WORDS) for _ in range(input_tokens - 1)]
-        message = Message(role="user", content=" ".join(words))
-        requests.append(BenchRequest((message,), output_tokens, input_tokens))
-    return Workload(f"synthetic {input_tokens} in / {output_tokens} out", requests)
+    if not 0 <= shared_prefix <= input_tokens:
+        raise CLIError(
+            f"--shared-prefix must be between 0 and --input-tokens ({input_tokens})", EXIT_USAGE
+        )
+    shared = random.Random(f"swiftclient-bench:{seed}:shared").choices(_WORDS, k=shared_prefix)
+    own = input_tokens - shared_prefix
+
+    def make(number: int) -> BenchRequest:
+        rng = random.Random(f"swiftclient-bench:{seed}:{number}")
+        message = Message(role="user", content=" ".join([*shared, *rng.choices(_WORDS, k=own)]))
+        return BenchRequest((message,), output_tokens, input_tokens)
+
+    name = f"synthetic {input_tokens} in / {output_tokens} out"
+    if shared_prefix:
+        name += f", first {shared_prefix} shared"
+    return Workload(name, make=make)
 
 
 def _read(path: Path) -> str:
