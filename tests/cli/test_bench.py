@@ -341,6 +341,63 @@ def test_plot_draws_a_png_and_names_the_extra_when_matplotlib_is_missing(
     )
 
 
+def _visible_x_labels(ax: Any, renderer: Any) -> list[Any]:
+    """The x tick labels drawn on ``ax`` (major and minor), left to right."""
+    low, high = sorted(ax.get_xlim())
+    labels = [
+        tick.label1
+        for tick in [*ax.xaxis.get_major_ticks(), *ax.xaxis.get_minor_ticks()]
+        if tick.label1.get_visible() and tick.label1.get_text() and low <= tick.get_loc() <= high
+    ]
+    return sorted(labels, key=lambda label: label.get_window_extent(renderer).x0)
+
+
+@pytest.mark.parametrize(
+    ("low_ms", "high_ms"), [(110, 840), (12, 60), (200, 235), (0.4, 6000), (1.5, 4)]
+)
+def test_plot_latency_axes_have_plain_labels_that_do_not_overlap(
+    low_ms: float, high_ms: float
+) -> None:
+    """Issue 22: over less than two decades matplotlib labelled the log TTFT axis at minor
+    ticks too (2×10², 3×10², 4×10², 6×10²), and the labels ran into one another."""
+    plt = pytest.importorskip("matplotlib.pyplot")
+    from swiftclient.cli._report import figure, log_ticks, summarize
+    from swiftclient.cli._runner import Level, Sample
+
+    span = high_ms / low_ms
+    samples = [
+        Sample(
+            "A",
+            "c=1",
+            i,
+            False,
+            0.0,
+            ttft=low_ms * span ** (i / 63) / 1000,
+            itl=[low_ms * span ** (((i * 7) % 64) / 63) / 1000],
+            e2e=1.0,
+            output_tokens=2,
+        )
+        for i in range(64)
+    ]
+    summary = summarize(samples, Level(concurrency=1), "A", None)
+    fig = figure([summary], samples, "t")
+    try:
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        for ax in fig.axes[:2]:  # TTFT, ITL
+            labels = _visible_x_labels(ax, renderer)
+            texts = [label.get_text() for label in labels]
+            assert len(texts) >= 3, texts
+            assert all(float(text) > 0 for text in texts), texts  # plain numbers, no 10^k
+            boxes = [label.get_window_extent(renderer) for label in labels]
+            for left, right in zip(boxes, boxes[1:], strict=False):
+                assert left.x1 + 4 <= right.x0, texts  # at least 4 pixels apart
+    finally:
+        plt.close(fig)
+    assert log_ticks(110, 840) == [200, 300, 500, 700]
+    assert log_ticks(0.5, 6000) == [1, 10, 100, 1000]
+
+
 def test_bench_against_the_local_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     clear_provider_env(monkeypatch)
     data = bench_json(
