@@ -64,9 +64,14 @@ class Hosted:
 
 
 def _hosted(choice: str) -> Hosted:
-    """The backend for ``SWIFTCLIENT_DEMO_PROVIDER=choice`` (a preset name or a URL)."""
+    """The backend for ``SWIFTCLIENT_DEMO_PROVIDER=choice`` (a preset name or a URL).
+
+    The tools go in the order given (``canonical=False``): the canonical form sorts them by
+    name, and the embedded model, served by ``swiftclient serve``, was trained on them in
+    their own order. The list never changes, so its bytes are stable either way."""
     if choice.startswith(("http://", "https://")):
-        backend = HTTPBackend(choice, os.environ.get("SWIFTCLIENT_API_KEY"), name="url")
+        key = os.environ.get("SWIFTCLIENT_API_KEY")
+        backend = HTTPBackend(choice, key, name="url", canonical=False)
         return Hosted(choice, backend, choice, "SWIFTCLIENT_API_KEY", billed=False)
     spec = PRESETS.get(choice)
     if spec is None:
@@ -78,7 +83,8 @@ def _hosted(choice: str) -> Hosted:
     if spec.key_required and spec.key_env and not os.environ.get(spec.key_env):
         raise DemoError(f"{choice} needs an API key: set {spec.key_env}, or {OFFLINE}")
     # The presets that need a key are the hosted, paying ones (vllm and sglang are yours).
-    return Hosted(choice, preset(choice), spec.base_url, spec.key_env, spec.key_required)
+    chosen = preset(choice, canonical=False)
+    return Hosted(choice, chosen, spec.base_url, spec.key_env, spec.key_required)
 
 
 def _failure(exc: errors.SwiftClientError, hosted: Hosted, model: str) -> DemoError:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from local_engine.builtin_tools import run_tool
+from local_engine.builtin_tools import TOOLS, run_tool
 from swiftclient.testing import FakeProvider, Reply
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -105,6 +105,9 @@ def test_a_provider_named_by_the_demo_variable_runs_the_loop() -> None:
     # the model is the one the server lists, and a server of yours is not said to bill
     assert first == f"Backend: {fake.base_url} (SWIFTCLIENT_DEMO_PROVIDER), model served-model."
     assert [body["model"] for body in chats] == ["served-model", "served-model"]
+    # the tools in the order the embedded model knows (served by `swiftclient serve`, it
+    # answered nonsense to them sorted by name, the canonical order)
+    assert [tool["function"]["name"] for tool in chats[0]["tools"]] == list(TOOLS)
     assert "tool: " in done.stdout and "assistant: It is mild in Paris." in done.stdout
 
 
