@@ -347,7 +347,11 @@ def chat(
     starts (history kept; Ctrl-C stops the current reply, Ctrl-D or /exit quits).
     """
     options = options_from(kwargs)
-    target = build_target(options, need_model=False)
+    # The built-in tools go in their own order, not sorted by name as the canonical form
+    # would send them: the embedded model, behind `swiftclient serve`, knows them that way
+    # (sorted, it answered nonsense), and a fixed list is byte-stable as it is.
+    http = {"canonical": False} if builtin_tools else None
+    target = build_target(options, need_model=False, http=http)
     if not target.model:
         target = dataclasses.replace(target, model=_only_model(options))
     params: dict[str, Any] = {}
