@@ -237,6 +237,9 @@ def test_workloads_check_their_input(tmp_path: Path) -> None:
     assert len(set(prompts)) == 300  # every request its own, past any fixed pool's end
     assert all(len(p.split()) == 16 for p in prompts)
     assert workload.at(7).max_tokens == 8 and workload.at(7).prompt_tokens == 16
+    workload.prepare(range(2, 5))  # built ahead, the same requests
+    assert [_prompt(workload, n) for n in range(8)] == prompts[:8]
+    assert workload.at(3) is workload.at(3) and workload.at(6) is not workload.at(6)
     with pytest.raises(CLIError, match="--shared-prefix must be between 0 and"):
         synthetic(16, 8, shared_prefix=17)
     bad = tmp_path / "bad.jsonl"

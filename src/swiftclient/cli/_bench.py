@@ -523,6 +523,8 @@ async def _bench(settings: _Settings) -> int:
             total = (
                 None if settings.requests is None else (warmup + settings.requests) * len(variants)
             )
+            if total is not None:  # the level's prompts, built before it is measured
+                settings.workload.prepare(range(sent, sent + total))
             async with anyio.create_task_group() as tg:
                 tg.start_soon(progress.follow, level.label, total)
                 level_samples = await run_level(

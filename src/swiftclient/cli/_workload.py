@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pydantic
@@ -24,6 +24,16 @@ _WORDS = (
     "work way even because any these day most us year people good just well very back down "
     "long make made part place right same set small still such take three through under"
 ).split()
+
+
+_BY_BYTE = [_WORDS[i % len(_WORDS)] for i in range(256)]  # a random byte picks a word
+PREPARED_TOKENS = 4_000_000
+"""The most prompt tokens :meth:`Workload.prepare` builds ahead (some 20 MB of text)."""
+
+
+def _draw(rng: random.Random, count: int) -> str:
+    """``count`` words drawn by ``rng``, space-separated."""
+    return " ".join(map(_BY_BYTE.__getitem__, rng.randbytes(count)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,10 +55,25 @@ class Workload:
     requests: Sequence[BenchRequest] = ()
     make: Callable[[int], BenchRequest] | None = None
     """Builds request ``n`` (synthetic prompts); ``requests`` is unused then."""
+    _made: dict[int, BenchRequest] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.make is None and not self.requests:
             raise CLIError(f"the workload {self.name} holds no request", EXIT_USAGE)
+
+    def prepare(self, numbers: range) -> None:
+        """Build the requests ``numbers`` now (synthetic prompts), so that making them does
+        not take the event loop's time while other requests are being measured; as many
+        as :data:`PREPARED_TOKENS` tokens of prompts are kept (the rest are made when
+        sent). Those of an earlier call are dropped."""
+        self._made.clear()
+        if self.make is None:
+            return
+        for number in numbers:
+            request = self.make(number)
+            if (len(self._made) + 1) * request.prompt_tokens > PREPARED_TOKENS:
+                break
+            self._made[number] = request
 
     @property
     def fresh(self) -> bool:
@@ -59,7 +84,8 @@ class Workload:
         """Request ``number``: made for it, or from the list, counting round it again past
         its end."""
         if self.make is not None:
-            return self.make(number)
+            made = self._made.get(number)
+            return made if made is not None else self.make(number)
         return self.requests[number % len(self.requests)]
 
 
@@ -82,12 +108,12 @@ def synthetic(
         raise CLIError(
             f"--shared-prefix must be between 0 and --input-tokens ({input_tokens})", EXIT_USAGE
         )
-    shared = random.Random(f"swiftclient-bench:{seed}:shared").choices(_WORDS, k=shared_prefix)
+    shared = _draw(random.Random(f"swiftclient-bench:{seed}:shared"), shared_prefix)
     own = input_tokens - shared_prefix
 
     def make(number: int) -> BenchRequest:
-        rng = random.Random(f"swiftclient-bench:{seed}:{number}")
-        message = Message(role="user", content=" ".join([*shared, *rng.choices(_WORDS, k=own)]))
+        words = _draw(random.Random(f"swiftclient-bench:{seed}:{number}"), own)
+        message = Message(role="user", content=" ".join(part for part in (shared, words) if part))
         return BenchRequest((message,), output_tokens, input_tokens)
 
     name = f"synthetic {input_tokens} in / {output_tokens} out"
