@@ -1,5 +1,6 @@
 # Two entry points, both from a fresh clone with only Python 3.11 and pip:
-#   make demo   set up .venv and stream one chat, printing its timing
+#   make demo   set up .venv and run an agent loop offline, printing its timing
+#               (SWIFTCLIENT_DEMO_PROVIDER=openai or a URL: a provider instead)
 #   make test   set up .venv and run every test, lint and type check
 PY ?= python3.11
 VENV := .venv

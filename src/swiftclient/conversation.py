@@ -7,8 +7,10 @@ messages, tool calls and tool results of one conversation so that they are:
 - **append-only**: :meth:`Conversation.append`, :meth:`~Conversation.user`,
   :meth:`~Conversation.tool_result` add at the end; replies are stored in their request form
   (:meth:`~swiftclient.types.AssistantMessage.to_message`), tool results that are not text
-  as compact JSON with sorted keys, and every message as a private copy, so a later change
-  to the caller's own object does not reach the conversation;
+  as ``json.dumps(result)`` writes them (keys in the dict's own order, ``", "`` and ``": "``
+  separators: the form models see in training, the embedded one included), and every
+  message as a private copy, so a later change to the caller's own object does not reach
+  the conversation;
 - **checked**: :meth:`~Conversation.edit` and :meth:`~Conversation.truncate` exist for the
   cases that need them, and warn (:class:`PrefixBrokenWarning`, with the diagnosis) when they
   change what an earlier request already sent; sending again compares the prompt with the
@@ -129,10 +131,13 @@ class Conversation(Sequence[Message]):
         return self.append({"role": "user", "content": content})
 
     def tool_result(self, tool_call_id: str, result: Any) -> Message:
-        """Add a tool's result; a result that is not text is sent as compact JSON with sorted
-        keys, so equal results give equal bytes."""
+        """Add a tool's result. A result that is not text is sent as ``json.dumps(result)``
+        writes it: the keys in the dict's own order, ``", "`` and ``": "`` between items,
+        non-ASCII escaped. The same dict (same keys in the same order) always gives the same
+        bytes; build a result's keys in a fixed order, as a function returning a dict literal
+        does, and every turn's prefix stays byte-stable."""
         if not isinstance(result, str):
-            result = json.dumps(result, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+            result = json.dumps(result)
         return self.append({"role": "tool", "tool_call_id": tool_call_id, "content": result})
 
     # ------------------------------------------------------------------ edits

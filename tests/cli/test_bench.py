@@ -17,7 +17,7 @@ import pytest
 from swiftclient.cli import main
 from swiftclient.cli._common import CLIError
 from swiftclient.cli._report import percentile
-from swiftclient.cli._workload import load_jsonl, load_sharegpt, synthetic
+from swiftclient.cli._workload import Workload, load_jsonl, load_sharegpt, synthetic
 from swiftclient.testing import FakeProvider, Reply
 
 from .helpers import LIMIT, clean_environ, clear_provider_env, run, spawn
@@ -178,12 +178,20 @@ def test_compare_hedging_on_and_off(
     assert sent > 8  # the hedged variant sent second requests
 
 
-def test_rate_levels_use_poisson_arrivals(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rate_levels_use_poisson_arrivals(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     clear_provider_env(monkeypatch)
     with FakeProvider(Reply(tokens=2, ttft=0.3)).run_in_thread() as fake:
         data = bench_json(
             tmp_path, "--base-url", fake.base_url, "-m", "m", "--rate", "40", "-n", "12"
         )
+    # the header says what the default warm-up is at a rate (it said "one per worker")
+    header = capsys.readouterr().err.splitlines()[0]
+    assert header.endswith(
+        "12 requests per level (warm-up: one second of arrivals, at least one request)"
+    )
+    assert sum(s["warmup"] for s in data["samples"]) == 40
     (summary,) = data["summary"]
     assert summary["level"] == "rate=40/s" and summary["ok"] == 12
     starts = sorted(s["start"] for s in data["samples"])
@@ -217,11 +225,23 @@ def test_datasets_jsonl_and_sharegpt(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert bodies[2]["max_tokens"] == 4
 
 
+def _prompt(workload: Workload, number: int) -> str:
+    content = workload.at(number).messages[0].content
+    assert isinstance(content, str)
+    return content
+
+
 def test_workloads_check_their_input(tmp_path: Path) -> None:
-    workload = synthetic(16, 8, count=4)
-    prompts = [workload.at(n).messages[0].content for n in range(5)]
-    assert len(set(prompts[:4])) == 4 and prompts[4] == prompts[0]
-    assert all(len(str(p).split()) == 16 for p in prompts)
+    workload = synthetic(16, 8)
+    prompts = [_prompt(workload, n) for n in range(300)]
+    assert len(set(prompts)) == 300  # every request its own, past any fixed pool's end
+    assert all(len(p.split()) == 16 for p in prompts)
+    assert workload.at(7).max_tokens == 8 and workload.at(7).prompt_tokens == 16
+    workload.prepare(range(2, 5))  # built ahead, the same requests
+    assert [_prompt(workload, n) for n in range(8)] == prompts[:8]
+    assert workload.at(3) is workload.at(3) and workload.at(6) is not workload.at(6)
+    with pytest.raises(CLIError, match="--shared-prefix must be between 0 and"):
+        synthetic(16, 8, shared_prefix=17)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"messages": [{"role": "user", "content": "ok"}]}\n{"messages": 5}\n')
     with pytest.raises(CLIError, match="bad.jsonl:2: not a chat request"):
@@ -230,6 +250,46 @@ def test_workloads_check_their_input(tmp_path: Path) -> None:
     empty.write_text("[]")
     with pytest.raises(CLIError, match="holds no request"):
         load_sharegpt(empty)
+
+
+def test_the_seed_drives_the_synthetic_prompts() -> None:
+    """Issue 22: --seed was ignored, so every run sent the same prompts and a second run
+    measured the server's prefix cache (93% of prompt tokens cached)."""
+    one, again, other = synthetic(32, 4, seed=1), synthetic(32, 4, seed=1), synthetic(32, 4, seed=2)
+    firsts = [_prompt(one, n) for n in range(64)]
+    assert firsts == [_prompt(again, n) for n in range(64)]  # the same seed, the same prompts
+    seconds = [_prompt(other, n) for n in range(64)]
+    assert not set(firsts) & set(seconds)
+    # and no two share a long prefix either (the first word may repeat by chance)
+    for a, b in zip(firsts, seconds, strict=True):
+        assert a.split()[:4] != b.split()[:4]
+    shared = synthetic(32, 4, seed=3, shared_prefix=24)
+    assert "first 24 shared" in shared.name
+    words = [_prompt(shared, n).split() for n in range(8)]
+    assert len({" ".join(w[:24]) for w in words}) == 1 and all(len(w) == 32 for w in words)
+    assert len({" ".join(w[24:]) for w in words}) == 8
+
+
+def test_bench_sends_every_request_its_own_prompt_drawn_from_the_seed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clear_provider_env(monkeypatch)
+
+    def prompts(fake: FakeProvider, *args: str) -> list[str]:
+        before = len(fake.requests)
+        argv = ["--base-url", fake.base_url, "-m", "m", "--input-tokens", "16", *args]
+        bench_json(tmp_path, *argv, "-c", "1,2", "-n", "4", "--compare", "--hedge 10s")
+        return [r.body["messages"][0]["content"] for r in fake.requests[before:]]
+
+    with FakeProvider(Reply(tokens=2)).run_in_thread() as fake:
+        first = prompts(fake, "--seed", "5")
+        again = prompts(fake, "--seed", "5")
+        other = prompts(fake, "--seed", "6")
+    # warm-up 1 + 2, measured 4 + 4 per variant: 22 requests, every one its own prompt, at
+    # every level and for both variants
+    assert len(first) == 22 and len(set(first)) == 22
+    assert sorted(again) == sorted(first)
+    assert not set(other) & set(first)
 
 
 def test_bench_says_what_it_measures_before_the_first_reply() -> None:
@@ -282,6 +342,63 @@ def test_plot_draws_a_png_and_names_the_extra_when_matplotlib_is_missing(
     assert line == (
         "swiftclient: error: --plot needs matplotlib: pip install 'swiftclient-llm[plot]'"
     )
+
+
+def _visible_x_labels(ax: Any, renderer: Any) -> list[Any]:
+    """The x tick labels drawn on ``ax`` (major and minor), left to right."""
+    low, high = sorted(ax.get_xlim())
+    labels = [
+        tick.label1
+        for tick in [*ax.xaxis.get_major_ticks(), *ax.xaxis.get_minor_ticks()]
+        if tick.label1.get_visible() and tick.label1.get_text() and low <= tick.get_loc() <= high
+    ]
+    return sorted(labels, key=lambda label: label.get_window_extent(renderer).x0)
+
+
+@pytest.mark.parametrize(
+    ("low_ms", "high_ms"), [(110, 840), (12, 60), (200, 235), (0.4, 6000), (1.5, 4)]
+)
+def test_plot_latency_axes_have_plain_labels_that_do_not_overlap(
+    low_ms: float, high_ms: float
+) -> None:
+    """Issue 22: over less than two decades matplotlib labelled the log TTFT axis at minor
+    ticks too (2×10², 3×10², 4×10², 6×10²), and the labels ran into one another."""
+    plt = pytest.importorskip("matplotlib.pyplot")
+    from swiftclient.cli._report import figure, log_ticks, summarize
+    from swiftclient.cli._runner import Level, Sample
+
+    span = high_ms / low_ms
+    samples = [
+        Sample(
+            "A",
+            "c=1",
+            i,
+            False,
+            0.0,
+            ttft=low_ms * span ** (i / 63) / 1000,
+            itl=[low_ms * span ** (((i * 7) % 64) / 63) / 1000],
+            e2e=1.0,
+            output_tokens=2,
+        )
+        for i in range(64)
+    ]
+    summary = summarize(samples, Level(concurrency=1), "A", None)
+    fig = figure([summary], samples, "t")
+    try:
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        for ax in fig.axes[:2]:  # TTFT, ITL
+            labels = _visible_x_labels(ax, renderer)
+            texts = [label.get_text() for label in labels]
+            assert len(texts) >= 3, texts
+            assert all(float(text) > 0 for text in texts), texts  # plain numbers, no 10^k
+            boxes = [label.get_window_extent(renderer) for label in labels]
+            for left, right in zip(boxes, boxes[1:], strict=False):
+                assert left.x1 + 4 <= right.x0, texts  # at least 4 pixels apart
+    finally:
+        plt.close(fig)
+    assert log_ticks(110, 840) == [200, 300, 500, 700]
+    assert log_ticks(0.5, 6000) == [1, 10, 100, 1000]
 
 
 def test_bench_against_the_local_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

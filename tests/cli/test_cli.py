@@ -119,6 +119,45 @@ def test_a_missing_model_says_which_flag_to_pass(
     assert "--model" in line and "swiftclient models" in line
 
 
+def test_chat_without_a_model_uses_the_only_one_the_backend_lists(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 22: it failed with "no model given" though /v1/models listed one model."""
+    clear_provider_env(monkeypatch)
+    with FakeProvider(Reply(text="hello back"), model="only-model").run_in_thread() as fake:
+        assert main(["chat", "--base-url", fake.base_url, "hi"]) == 0
+        monkeypatch.setenv("SWIFTCLIENT_BASE_URL", fake.base_url)  # configured otherwise
+        assert main(["chat", "--json", "hi"]) == 0
+        chats = [r.body for r in fake.requests if r.path.endswith("/chat/completions")]
+    assert [body["model"] for body in chats] == ["only-model", "only-model"]
+    captured = capsys.readouterr()
+    assert captured.out.startswith("hello back\n")
+    notes = [line for line in err_lines(captured.err) if "only-model" in line]
+    assert notes == [
+        f"swiftclient: no model given; using only-model, the only one {fake.base_url} lists",
+        "swiftclient: no model given; using only-model, the only one the backend configured "
+        "in the environment lists",
+    ]
+
+
+def test_chat_without_a_model_names_the_models_when_the_backend_lists_several(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clear_provider_env(monkeypatch)
+    with FakeProvider(models=["small", "large"]).run_in_thread() as fake:
+        assert main(["chat", "--base-url", fake.base_url, "hi"]) == 2
+        (line,) = err_lines(capsys.readouterr().err)
+        fake.models = []
+        assert main(["chat", "--base-url", fake.base_url, "hi"]) == 2
+        (none,) = err_lines(capsys.readouterr().err)
+        assert not [r for r in fake.requests if r.path.endswith("/chat/completions")]
+    assert line == (
+        "swiftclient: error: no model given: pass --model NAME or set SWIFTCLIENT_MODEL; "
+        "the backend lists 2 models: small, large"
+    )
+    assert none.endswith("(the backend lists no model)")
+
+
 @pytest.mark.parametrize(
     ("argv", "env"),
     [
@@ -332,7 +371,9 @@ def test_builtin_tools_are_offered_run_and_answered(
     captured = capsys.readouterr()
     assert captured.out == "It is cloudy in Paris.\n"
     assert len(bodies) == 2
-    names = ["calculator", "convert_units", "get_weather"]  # the client sorts tools
+    # in their own order, which the embedded model knows (served by `swiftclient serve`, it
+    # answered nonsense to the canonical order, sorted by name)
+    names = ["get_weather", "convert_units", "calculator"]
     assert [[t["function"]["name"] for t in b["tools"]] for b in bodies] == [names, names]
     first_id, second_id = (c["id"] for c in bodies[1]["messages"][1]["tool_calls"])
     user, assistant, weather, calculator = bodies[1]["messages"]

@@ -24,7 +24,7 @@ async def test_run_level_sends_warm_up_then_measured_requests(level: Level) -> N
         samples = await run_level(
             level,
             variants,
-            synthetic(4, 3, count=8),
+            synthetic(4, 3),
             requests=4,
             duration=None,
             warmup=1,
@@ -50,7 +50,7 @@ async def test_a_duration_stops_new_requests_and_waits_for_those_in_flight() -> 
         samples = await run_level(
             Level(concurrency=2),
             [Variant("A", "a", client, "m")],
-            synthetic(4, 2, count=4),
+            synthetic(4, 2),
             requests=None,
             duration=0.3,
             warmup=0,

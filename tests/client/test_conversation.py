@@ -7,6 +7,7 @@ import json
 import warnings
 from typing import Any
 
+import anyio
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -73,9 +74,61 @@ async def test_turns_extend_the_sent_prefix_byte_for_byte() -> None:
     assert bodies[1]["messages"][3] == {
         "role": "tool",
         "tool_call_id": "call_1",
-        "content": '{"sky":"clear","temp":21}',
+        "content": '{"temp": 21, "sky": "clear"}',
     }
     assert conversation[2].tool_calls is not None  # the reply in its request form
+
+
+def test_a_tool_result_is_sent_as_json_dumps_writes_it_and_the_same_dict_as_the_same_bytes() -> (
+    None
+):
+    result = {"city": "Zürich", "temperature": -2.5, "unit": "celsius", "tags": [1, None]}
+    conversation = Conversation()
+    first = conversation.tool_result("a", result)
+    again = conversation.tool_result("b", dict(result))
+    assert first.content == again.content == json.dumps(result)
+    assert first.content == (
+        '{"city": "Z\\u00fcrich", "temperature": -2.5, "unit": "celsius", "tags": [1, null]}'
+    )
+    # the key order is the dict's own: another order is another (equally stable) text
+    reordered = conversation.tool_result("c", dict(reversed(result.items())))
+    assert reordered.content == json.dumps(dict(reversed(result.items())))
+    assert reordered.content != first.content
+    result["temperature"] = 99  # the conversation keeps what was sent
+    assert conversation[0].content == first.content
+    assert conversation.tool_result("d", "already text").content == "already text"
+
+
+async def test_the_embedded_model_answers_from_a_tool_result_added_by_the_conversation() -> None:
+    """The documented path (docs/prompt-caching.md: ``tool_result(call.id, result)``) on the
+    embedded model: it was trained on tool results as ``json.dumps`` writes them, and read
+    the sorted compact form wrongly (``It is -21.12 °C and foggy in Paris.`` for 12.2 °C)."""
+    from local_engine import LocalBackend
+    from local_engine.builtin_tools import TOOLS as BUILTIN_TOOLS
+    from local_engine.builtin_tools import run_tool
+
+    answers: dict[str, str] = {}
+    expected: dict[str, str] = {}
+
+    async def ask(client: AsyncClient, city: str) -> None:
+        conversation = Conversation(tools=list(BUILTIN_TOOLS.values()))
+        conversation.user(f"What's the weather in {city}?")
+        completion = await conversation.send(client, temperature=0.0, max_tokens=96)
+        (call,) = completion.tool_calls
+        assert call.function.name == "get_weather"
+        arguments = json.loads(call.function.arguments)
+        result = run_tool(call.function.name, arguments)
+        conversation.tool_result(call.id, result)
+        completion = await conversation.send(client, temperature=0.0, max_tokens=96)
+        answers[city] = completion.text
+        where = arguments["city"]
+        expected[city] = f"It is {result['temperature']} °C and {result['conditions']} in {where}."
+
+    async with AsyncClient(LocalBackend("default")) as client:
+        async with anyio.create_task_group() as tg:
+            for city in ("Paris", "Oslo"):
+                tg.start_soon(ask, client, city)
+    assert answers == expected
 
 
 async def test_an_edit_of_a_sent_message_warns_with_the_diagnosis() -> None:
@@ -189,13 +242,15 @@ def test_every_turn_extends_the_last_sent_prompt(steps: list[Any], rng: Any) -> 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for kind, value in steps:
+            if kind == "tool":
+                keys = list(value)
+                rng.shuffle(keys)  # whatever order the caller builds its result in
+                value = {key: value[key] for key in keys}
             for conversation in (ours, theirs):
                 if kind == "user":
                     conversation.user(value)
                 elif kind == "tool":
-                    keys = list(value)
-                    rng.shuffle(keys)  # the caller's dict order does not reach the bytes
-                    conversation.tool_result("c", {key: value[key] for key in keys})
+                    conversation.tool_result("c", dict(value))  # an equal dict, equal bytes
                 else:
                     reply = AssistantMessage(content=value, reasoning_content="hidden")
                     conversation.append(reply)

@@ -109,10 +109,22 @@ def _connections(levels: Sequence[Level]) -> int:
 
 
 def _workload(
-    dataset: Path | None, dataset_format: str | None, input_tokens: int, output_tokens: int | None
+    dataset: Path | None,
+    dataset_format: str | None,
+    input_tokens: int,
+    output_tokens: int | None,
+    *,
+    seed: int,
+    shared_prefix: int | None,
 ) -> Workload:
     if dataset is None:
-        return synthetic(input_tokens, output_tokens or 128)
+        return synthetic(
+            input_tokens, output_tokens or 128, seed=seed, shared_prefix=shared_prefix or 0
+        )
+    if shared_prefix is not None:
+        raise CLIError(
+            "--shared-prefix shapes synthetic prompts; a --dataset has its own", EXIT_USAGE
+        )
     kind = dataset_format or ("jsonl" if dataset.suffix.lower() == ".jsonl" else "sharegpt")
     if kind == "jsonl":
         return load_jsonl(dataset, output_tokens=output_tokens)
@@ -297,6 +309,13 @@ class _Progress:
     help="Synthetic prompt length (tokens, approximated by common words).",
 )
 @click.option(
+    "--shared-prefix",
+    type=click.IntRange(min=0),
+    metavar="N",
+    help="Start every synthetic prompt with the same N tokens, to measure a prefix cache "
+    "(default 0: prompts share nothing, so no cache can serve them).",
+)
+@click.option(
     "--output-tokens",
     type=click.IntRange(min=1),
     help="Tokens to ask for (synthetic default 128; overrides a dataset's lengths).",
@@ -363,7 +382,8 @@ class _Progress:
     type=int,
     default=0,
     show_default=True,
-    help="Seed for synthetic prompts and Poisson arrivals.",
+    help="Seed for the synthetic prompts' words and the Poisson arrivals: the same seed "
+    "sends the same prompts, another seed other ones.",
 )
 def bench(**kwargs: Any) -> int:
     """Measure TTFT, inter-token latency and throughput under load.
@@ -384,7 +404,12 @@ def bench(**kwargs: Any) -> int:
     if kwargs["plot_path"] is not None:
         check_plotting()
     workload = _workload(
-        kwargs["dataset"], kwargs["dataset_format"], kwargs["input_tokens"], kwargs["output_tokens"]
+        kwargs["dataset"],
+        kwargs["dataset_format"],
+        kwargs["input_tokens"],
+        kwargs["output_tokens"],
+        seed=kwargs["seed"],
+        shared_prefix=kwargs["shared_prefix"],
     )
     specs = [VariantSpec(target, _hedge(kwargs["hedge"]))]
     if kwargs["compare"] is not None:
@@ -430,6 +455,12 @@ class _Settings:
     plot_path: Path | None
     seed: int
 
+    @property
+    def pair_prompts(self) -> bool:
+        """Whether both variants of a round send the same prompt (like for like): not when
+        they go to the same target, where the second would hit the first's cached prompt."""
+        return len(self.specs) < 2 or self.specs[0].target != self.specs[1].target
+
     def config(self) -> dict[str, Any]:
         """What was measured, for the JSON file."""
         return {
@@ -453,11 +484,12 @@ def _header(settings: _Settings, variants: Sequence[Variant]) -> str:
         if settings.requests is not None
         else f"{settings.duration:g}s"
     )
-    warm = (
-        "one warm-up request per worker"
-        if settings.warmup is None
-        else f"{settings.warmup} warm-up"
-    )
+    if settings.warmup is not None:
+        warm = f"{settings.warmup} warm-up"
+    elif any(level.rate is not None for level in settings.levels):  # rates and -c never mix
+        warm = "warm-up: one second of arrivals, at least one request"
+    else:
+        warm = "one warm-up request per worker"
     lines = [
         f"swiftclient bench: {settings.workload.name} · levels "
         f"{', '.join(level.label for level in settings.levels)} · {amount} per level ({warm})"
@@ -485,11 +517,14 @@ async def _bench(settings: _Settings) -> int:
         ]
         err.print(_header(settings, variants))
         clock_zero = anyio.current_time()
+        sent = 0  # requests of the earlier levels: synthetic prompts go on from there
         for level in settings.levels:
             warmup = level.default_warmup() if settings.warmup is None else settings.warmup
             total = (
                 None if settings.requests is None else (warmup + settings.requests) * len(variants)
             )
+            if total is not None:  # the level's prompts, built before it is measured
+                settings.workload.prepare(range(sent, sent + total))
             async with anyio.create_task_group() as tg:
                 tg.start_soon(progress.follow, level.label, total)
                 level_samples = await run_level(
@@ -504,8 +539,11 @@ async def _bench(settings: _Settings) -> int:
                     on_sample=progress.on_sample,
                     seed=settings.seed,
                     ramp_up=_ramp_up(level, settings.ramp_up),
+                    first=sent,
+                    pair_prompts=settings.pair_prompts,
                 )
                 tg.cancel_scope.cancel()
+            sent += len(level_samples)
             samples.extend(level_samples)
             summaries.extend(
                 summarize(level_samples, level, v.name, settings.slo_ttft) for v in variants

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import json
 import signal
 import sys
@@ -16,6 +17,7 @@ import click
 import pydantic
 
 from .._client import AsyncClient
+from ..errors import SwiftClientError
 from ..providers import BuiltinTools, local_tools
 from ..types import ChatCompletion, Message, Timing
 from ._common import (
@@ -23,6 +25,7 @@ from ._common import (
     EXIT_USAGE,
     CLIError,
     Target,
+    TargetOptions,
     build_target,
     options_from,
     target_options,
@@ -151,6 +154,50 @@ class _Conversation:
             print(f"[tool] {name}({arguments}) -> {content}", file=sys.stderr, flush=True)
             results.append(Message(role="tool", tool_call_id=call.id, content=content))
         return results
+
+
+_NO_MODEL = "no model given: pass --model NAME or set SWIFTCLIENT_MODEL"
+_LISTED_AT_MOST = 20
+
+
+def _only_model(options: TargetOptions) -> str:
+    """The model to use when none is given: the backend's only one (said on stderr), else a
+    usage error that names the models it lists, or says why they could not be listed."""
+    backend = build_target(options, need_model=False).backend  # its own, closed here
+    lister = getattr(backend, "list_models", None)
+    if lister is None:
+        raise CLIError(f"{_NO_MODEL} (`swiftclient models` lists what it offers)", EXIT_USAGE)
+
+    async def fetch() -> list[str]:
+        try:
+            names: list[str] = await lister()
+        finally:
+            await backend.aclose()
+        return names
+
+    try:
+        names = anyio.run(fetch)
+    except SwiftClientError as exc:
+        reason = " ".join(str(exc).split())
+        raise CLIError(
+            f"{_NO_MODEL} (the backend's model list could not be read: {reason}; "
+            "`swiftclient models` lists what it offers)",
+            EXIT_USAGE,
+        ) from exc
+    if len(names) == 1:
+        print(
+            f"swiftclient: no model given; using {names[0]}, the only one "
+            f"{options.describe()} lists",
+            file=sys.stderr,
+            flush=True,
+        )
+        return names[0]
+    if not names:
+        raise CLIError(f"{_NO_MODEL} (the backend lists no model)", EXIT_USAGE)
+    shown = ", ".join(names[:_LISTED_AT_MOST])
+    if len(names) > _LISTED_AT_MOST:
+        shown += f" and {len(names) - _LISTED_AT_MOST} more (`swiftclient models` lists all)"
+    raise CLIError(f"{_NO_MODEL}; the backend lists {len(names)} models: {shown}", EXIT_USAGE)
 
 
 def _report(completion: ChatCompletion) -> None:
@@ -299,7 +346,14 @@ def chat(
     With no PROMPT: a prompt piped on stdin is read whole, and on a terminal a conversation
     starts (history kept; Ctrl-C stops the current reply, Ctrl-D or /exit quits).
     """
-    target = build_target(options_from(kwargs))
+    options = options_from(kwargs)
+    # The built-in tools go in their own order, not sorted by name as the canonical form
+    # would send them: the embedded model, behind `swiftclient serve`, knows them that way
+    # (sorted, it answered nonsense), and a fixed list is byte-stable as it is.
+    http = {"canonical": False} if builtin_tools else None
+    target = build_target(options, need_model=False, http=http)
+    if not target.model:
+        target = dataclasses.replace(target, model=_only_model(options))
     params: dict[str, Any] = {}
     if max_tokens is not None:
         params["max_tokens"] = max_tokens

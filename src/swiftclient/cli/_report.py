@@ -17,7 +17,16 @@ from ._runner import Level, Sample
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = ["Summary", "percentile", "plot", "render", "summarize", "write_json"]
+__all__ = [
+    "Summary",
+    "figure",
+    "log_ticks",
+    "percentile",
+    "plot",
+    "render",
+    "summarize",
+    "write_json",
+]
 
 QUANTILES = (50, 90, 99)
 
@@ -208,6 +217,57 @@ def _ms_or_nan(value: float | None) -> float:
     return math.nan if value is None else value * 1000
 
 
+_TICK_STEPS = ((1,), (1, 2, 5), (1, 2, 3, 5, 7), tuple(range(1, 10)))
+"""Mantissas of the tick values of a log axis, coarsest first."""
+
+
+def log_ticks(low: float, high: float, *, at_least: int = 3, at_most: int = 8) -> list[float]:
+    """Tick values for a log axis from ``low`` to ``high`` (both > 0), labelled as plain
+    numbers: the coarsest of 1-10-100, 1-2-5, 1-2-3-5-7 and every digit that puts
+    ``at_least`` ticks in the range; a range too narrow even for that gets evenly spaced
+    round values instead, and one too wide keeps every few powers of ten."""
+    if not 0 < low <= high:
+        raise ValueError("log_ticks needs 0 < low <= high")
+    first, last = math.floor(math.log10(low)), math.ceil(math.log10(high))
+    ticks: list[float] = []
+    for steps in _TICK_STEPS:
+        ticks = [
+            float(f"{m}e{e}")  # exact decimal values: 0.3, not 0.30000000000000004
+            for e in range(first, last + 1)
+            for m in steps
+            if low <= float(f"{m}e{e}") <= high
+        ]
+        if len(ticks) >= at_least:
+            break
+    else:
+        from matplotlib.ticker import MaxNLocator
+
+        for bins in range(at_least, at_most + 1):
+            found = MaxNLocator(nbins=bins, steps=[1, 2, 2.5, 5, 10]).tick_values(low, high)
+            ticks = [float(t) for t in found if low <= t <= high]
+            if len(ticks) >= at_least:
+                break
+    stride = math.ceil(len(ticks) / at_most)
+    return ticks[::stride]
+
+
+def _tick_label(value: float) -> str:
+    return f"{value:g}"
+
+
+def _label_log_axis(ax: Any, values: Sequence[float]) -> None:
+    """Plain-number ticks on a log x axis (matplotlib's own labels read ``2×10²`` and crowd
+    into one another over less than two decades); minor ticks stay, unlabelled."""
+    from matplotlib.ticker import NullFormatter
+
+    shown = [v for v in values if v > 0]  # a log axis leaves out the rest
+    if not shown:
+        return
+    ticks = log_ticks(min(shown), max(shown))
+    ax.set_xticks(ticks, [_tick_label(t) for t in ticks])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
 def check_plotting() -> None:
     """Fail early, with the fix, when matplotlib is missing."""
     try:
@@ -217,7 +277,21 @@ def check_plotting() -> None:
 
 
 def plot(path: Path, summaries: Sequence[Summary], samples: Sequence[Sample], title: str) -> None:
-    """TTFT and ITL distributions per level, and throughput and latency against load."""
+    """Draw :func:`figure` to the PNG file ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(summaries, samples, title)
+    try:
+        fig.savefig(path)
+    except OSError as exc:
+        raise CLIError(f"cannot write {path}: {exc}") from exc
+    finally:
+        plt.close(fig)
+
+
+def figure(summaries: Sequence[Summary], samples: Sequence[Sample], title: str) -> Any:
+    """The matplotlib figure of a run (the caller closes it): TTFT and ITL distributions
+    per level, and throughput and latency against load."""
     check_plotting()
     import matplotlib
 
@@ -231,6 +305,7 @@ def plot(path: Path, summaries: Sequence[Summary], samples: Sequence[Sample], ti
         if not sample.warmup and sample.ok:
             groups.setdefault((sample.level, sample.variant), []).append(sample)
     variants = sorted({s.variant for s in summaries})
+    plotted: dict[Any, list[float]] = {ax_ttft: [], ax_itl: []}
     for (level, variant), items in groups.items():
         label = level if len(variants) == 1 else f"{variant} {level}"
         for ax, values in (
@@ -241,8 +316,10 @@ def plot(path: Path, summaries: Sequence[Summary], samples: Sequence[Sample], ti
                 ordered = sorted(values)
                 ys = [(i + 1) / len(ordered) for i in range(len(ordered))]
                 ax.step(ordered, ys, where="post", label=label)
+                plotted[ax].extend(values)
     for ax, name in ((ax_ttft, "TTFT"), (ax_itl, "inter-token latency")):
         ax.set_xscale("log")
+        _label_log_axis(ax, plotted[ax])
         ax.set_xlabel(f"{name} (ms, log scale)")
         ax.set_ylabel("fraction of requests" if ax is ax_ttft else "fraction of gaps")
         ax.set_title(f"{name} distribution")
@@ -280,9 +357,4 @@ def plot(path: Path, summaries: Sequence[Summary], samples: Sequence[Sample], ti
         ax.set_xticks(loads, [f"{load:g}" for load in loads])
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    try:
-        fig.savefig(path)
-    except OSError as exc:
-        raise CLIError(f"cannot write {path}: {exc}") from exc
-    finally:
-        plt.close(fig)
+    return fig

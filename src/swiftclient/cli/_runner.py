@@ -135,10 +135,19 @@ async def run_level(
     on_sample: Callable[[Sample], None],
     seed: int = 0,
     ramp_up: float = 0.0,
+    first: int = 0,
+    pair_prompts: bool = True,
 ) -> list[Sample]:
     """Run one level: ``warmup`` requests per variant, then ``requests`` per variant, or
     as many as start within ``duration`` seconds. Requests that are in flight when the
     duration ends are waited for and counted.
+
+    Which request each sends: with ``pair_prompts``, both variants of a round send the same
+    one, so a comparison is like for like (pass False when both go to the same server, as
+    in a hedging comparison: the second would find the first's prompt in its prefix cache;
+    then every request sends its own). A fresh workload (synthetic prompts) is numbered
+    from ``first``: pass the requests of the earlier levels, so that no level resends
+    another's prompts into a warm cache. A list (a dataset) is sent from its start.
 
     Workers start evenly spread over ``ramp_up`` seconds: started together, identical
     requests stay in lockstep and every wave arrives as one burst, which the client and
@@ -168,8 +177,8 @@ async def run_level(
         return sample
 
     async def send(sample: Sample) -> None:
-        # Both variants of a round get the same prompt, so a comparison compares like for like.
-        request = workload.at(sample.index // per_round)
+        number = sample.index // per_round if pair_prompts else sample.index
+        request = workload.at(first + number if workload.fresh else number)
         await _one(variants[sample.index % per_round], request, params, sample)
         if sample.prompt_tokens == 0:
             sample.prompt_tokens = request.prompt_tokens

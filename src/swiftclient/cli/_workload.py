@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pydantic
@@ -26,6 +26,16 @@ _WORDS = (
 ).split()
 
 
+_BY_BYTE = [_WORDS[i % len(_WORDS)] for i in range(256)]  # a random byte picks a word
+PREPARED_TOKENS = 4_000_000
+"""The most prompt tokens :meth:`Workload.prepare` builds ahead (some 20 MB of text)."""
+
+
+def _draw(rng: random.Random, count: int) -> str:
+    """``count`` words drawn by ``rng``, space-separated."""
+    return " ".join(map(_BY_BYTE.__getitem__, rng.randbytes(count)))
+
+
 @dataclass(frozen=True, slots=True)
 class BenchRequest:
     """One request of a workload: its messages, output limit and approximate prompt size."""
@@ -38,17 +48,44 @@ class BenchRequest:
 
 @dataclass(slots=True)
 class Workload:
-    """Requests by number, wrapping around at the end: ``workload.at(n)`` never runs dry."""
+    """Requests by number: a list that ``at(n)`` wraps around (a dataset), or prompts made
+    from their number (synthetic ones: ``fresh``, a new prompt for every number)."""
 
     name: str
-    requests: Sequence[BenchRequest]
+    requests: Sequence[BenchRequest] = ()
+    make: Callable[[int], BenchRequest] | None = None
+    """Builds request ``n`` (synthetic prompts); ``requests`` is unused then."""
+    _made: dict[int, BenchRequest] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if not self.requests:
+        if self.make is None and not self.requests:
             raise CLIError(f"the workload {self.name} holds no request", EXIT_USAGE)
 
+    def prepare(self, numbers: range) -> None:
+        """Build the requests ``numbers`` now (synthetic prompts), so that making them does
+        not take the event loop's time while other requests are being measured; as many
+        as :data:`PREPARED_TOKENS` tokens of prompts are kept (the rest are made when
+        sent). Those of an earlier call are dropped."""
+        self._made.clear()
+        if self.make is None:
+            return
+        for number in numbers:
+            request = self.make(number)
+            if (len(self._made) + 1) * request.prompt_tokens > PREPARED_TOKENS:
+                break
+            self._made[number] = request
+
+    @property
+    def fresh(self) -> bool:
+        """True when every request number has a prompt of its own (synthetic prompts)."""
+        return self.make is not None
+
     def at(self, number: int) -> BenchRequest:
-        """Request ``number``, counting round the workload again past its end."""
+        """Request ``number``: made for it, or from the list, counting round it again past
+        its end."""
+        if self.make is not None:
+            made = self._made.get(number)
+            return made if made is not None else self.make(number)
         return self.requests[number % len(self.requests)]
 
 
@@ -57,19 +94,32 @@ def _words(text: str) -> int:
 
 
 def synthetic(
-    input_tokens: int, output_tokens: int, *, count: int = 256, seed: int = 0
+    input_tokens: int, output_tokens: int, *, seed: int = 0, shared_prefix: int = 0
 ) -> Workload:
-    """``count`` distinct prompts of about ``input_tokens`` tokens, each asking for
-    ``output_tokens``. Each starts with its own number, so no two share a cached prefix."""
+    """Prompts of about ``input_tokens`` tokens (random common words), each asking for
+    ``output_tokens``. Prompt ``n`` is drawn from ``(seed, n)``: the same seed gives the same
+    prompts, another seed other ones, and within a run every request number has its own
+    prompt, so none is served from a prefix cache that an earlier request (or an earlier
+    run with another seed) filled. The first ``shared_prefix`` tokens are the same in every
+    prompt of the seed, to measure a prefix cache on purpose."""
     if input_tokens < 1 or output_tokens < 1:
         raise CLIError("--input-tokens and --output-tokens must be at least 1", EXIT_USAGE)
-    rng = random.Random(seed)
-    requests = []
-    for i in range(count):
-        words = [f"{i}"] + [rng.choice(_WORDS) for _ in range(input_tokens - 1)]
-        message = Message(role="user", content=" ".join(words))
-        requests.append(BenchRequest((message,), output_tokens, input_tokens))
-    return Workload(f"synthetic {input_tokens} in / {output_tokens} out", requests)
+    if not 0 <= shared_prefix <= input_tokens:
+        raise CLIError(
+            f"--shared-prefix must be between 0 and --input-tokens ({input_tokens})", EXIT_USAGE
+        )
+    shared = _draw(random.Random(f"swiftclient-bench:{seed}:shared"), shared_prefix)
+    own = input_tokens - shared_prefix
+
+    def make(number: int) -> BenchRequest:
+        words = _draw(random.Random(f"swiftclient-bench:{seed}:{number}"), own)
+        message = Message(role="user", content=" ".join(part for part in (shared, words) if part))
+        return BenchRequest((message,), output_tokens, input_tokens)
+
+    name = f"synthetic {input_tokens} in / {output_tokens} out"
+    if shared_prefix:
+        name += f", first {shared_prefix} shared"
+    return Workload(name, make=make)
 
 
 def _read(path: Path) -> str:

@@ -8,7 +8,7 @@ or in plain synchronous code drive the very same server.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -54,7 +54,8 @@ class FakeProvider:
     """An OpenAI-compatible provider on a loopback port, for tests.
 
     ``async with FakeProvider() as fake:`` serves ``fake.base_url`` (ending in ``/v1``):
-    ``POST /v1/chat/completions`` (streamed or not) and ``GET /v1/models``. Each chat request
+    ``POST /v1/chat/completions`` (streamed or not) and ``GET /v1/models`` (``model``, or
+    every id in ``models``). Each chat request
     consumes the next :class:`Reply` queued with :meth:`script`, or ``fake.default`` once the
     queue is empty. Every request is recorded in ``fake.requests`` and every response carries
     an ``x-request-id``. With ``api_key`` set, requests need ``Authorization: Bearer <key>``.
@@ -70,6 +71,7 @@ class FakeProvider:
         *,
         api_key: str | None = None,
         model: str = "fake-model",
+        models: Sequence[str] | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
@@ -82,6 +84,9 @@ class FakeProvider:
         self.cancelled = 0
         """Chat requests whose answer was cancelled (the client left, or the server stopped)."""
         self.model = model
+        """The model a reply names when the request names none."""
+        self.models: list[str] = list(models) if models is not None else [model]
+        """The model ids ``GET /v1/models`` lists (default: ``model`` alone)."""
         self._api_key = api_key
         self._queue: deque[Reply] = deque()
         router = Router(
@@ -201,8 +206,11 @@ class FakeProvider:
             _BODY.reset(token)
 
     async def _models(self, request: Request, writer: ResponseWriter) -> None:
-        model = {"id": self.model, "object": "model", "created": _CREATED, "owned_by": "fake"}
-        await writer.send_json(200, {"object": "list", "data": [model]})
+        listed = [
+            {"id": name, "object": "model", "created": _CREATED, "owned_by": "fake"}
+            for name in self.models
+        ]
+        await writer.send_json(200, {"object": "list", "data": listed})
 
     async def _chat(self, request: Request, writer: ResponseWriter) -> None:
         body = _BODY.get()
