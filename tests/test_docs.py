@@ -112,11 +112,11 @@ def extract_blocks(path: Path) -> list[Block]:
     return blocks
 
 
-def collect() -> tuple[list[Snippet], list[tuple[Block, str]]]:
+def collect(paths: list[Path]) -> tuple[list[Snippet], list[tuple[Block, str]]]:
     """The programs to run, and the blocks not run with their reasons."""
     snippets: list[Snippet] = []
     skipped: list[tuple[Block, str]] = []
-    for path in DOC_FILES:
+    for path in paths:
         chain: list[Block] = []
         for block in extract_blocks(path):
             if block.language not in _PYTHON:
@@ -137,7 +137,7 @@ def collect() -> tuple[list[Snippet], list[tuple[Block, str]]]:
     return snippets, skipped
 
 
-SNIPPETS, SKIPPED = collect()
+SNIPPETS, SKIPPED = collect(DOC_FILES)
 
 
 def test_markers_are_known() -> None:
@@ -158,6 +158,29 @@ def test_the_docs_have_python_snippets() -> None:
     assert len(SKIPPED) <= 3, "fragments not run should stay rare: " + str(
         [(block.path.name, block.line, reason) for block, reason in SKIPPED]
     )
+
+
+def test_markers_join_and_skip_blocks(tmp_path: Path) -> None:
+    """The convention as other docs will use it: a fragment joins the block before it, a
+    skipped block says why, shell and untagged blocks are not run."""
+    doc = tmp_path / "doc.md"
+    doc.write_text(
+        "```python\nx = 1\n```\n\ntext\n\n<!-- continues -->\n\n```python\nprint(x)\n```\n"
+        "<!-- not run: needs a GPU -->\n```python\nimport cuda\n```\n"
+        "```sh\nmake test\n```\n````\n```python\nnot code\n```\n````\n"
+        "```python\nimport pytest\n\n\ndef test_it() -> None:\n    pass\n```\n",
+        encoding="utf-8",
+    )
+    snippets, skipped = collect([doc])
+    assert [snippet.code for snippet in snippets] == [
+        "x = 1\n\nprint(x)\n",
+        "import pytest\n\n\ndef test_it() -> None:\n    pass\n",
+    ]
+    assert [(s.blocks[0].line, s.blocks[-1].line, s.is_pytest) for s in snippets] == [
+        (1, 9, False),
+        (24, 24, True),
+    ]
+    assert [(block.line, reason) for block, reason in skipped] == [(13, "needs a GPU")]
 
 
 @pytest.mark.parametrize("snippet", SNIPPETS, ids=[snippet.id for snippet in SNIPPETS])
@@ -259,3 +282,14 @@ def test_snippet_runs(snippet: Snippet, snippet_runs: dict[str, Future[str | Non
     """The snippet, pasted into a file, runs to a clean exit with warnings as errors."""
     failure = snippet_runs[snippet.id].result()
     assert failure is None, failure
+
+
+def test_quickstart_quotes_the_error_of_a_preset_without_its_key() -> None:
+    """docs/quickstart.md quotes what `preset("oxlo")` raises without OXLO_API_KEY."""
+    from swiftclient.errors import ConfigurationError
+    from swiftclient.providers import preset
+
+    with pytest.raises(ConfigurationError) as caught:
+        preset("oxlo", environ={})
+    quickstart = " ".join((ROOT / "docs" / "quickstart.md").read_text(encoding="utf-8").split())
+    assert f"ConfigurationError: {caught.value}" in quickstart
