@@ -368,6 +368,10 @@ class AssistantMessage(BaseModel):
     refusal: str | None = None
     tool_calls: list[ToolCall] | None = None
     reasoning_content: str | None = None
+    """Reasoning text, where the provider sends it as ``reasoning_content`` (DeepSeek,
+    SGLang, vLLM's older releases)."""
+    reasoning: str | None = None
+    """Reasoning text, where the provider sends it as ``reasoning`` (vLLM, OpenRouter)."""
 
     def request_fields(self) -> dict[str, Any]:
         """The fields a request's assistant message carries: ``role``, ``content``,
@@ -534,6 +538,9 @@ class ChoiceDelta(BaseModel):
     refusal: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
     reasoning_content: str | None = None
+    """A piece of reasoning text sent as ``reasoning_content`` (DeepSeek, SGLang)."""
+    reasoning: str | None = None
+    """A piece of reasoning text sent as ``reasoning`` (vLLM, OpenRouter)."""
 
 
 class ChunkChoice(BaseModel):
@@ -567,9 +574,16 @@ class ChatCompletionChunk(BaseModel):
         return ""
 
     def has_content(self) -> bool:
-        """True when the chunk carries a content token (text, refusal or tool-call data)."""
+        """True when the chunk carries a content token (text, refusal, reasoning or
+        tool-call data)."""
         for choice in self.choices:
             delta = choice.delta
-            if delta.content or delta.refusal or delta.tool_calls or delta.reasoning_content:
+            if (
+                delta.content
+                or delta.refusal
+                or delta.tool_calls
+                or delta.reasoning_content
+                or delta.reasoning
+            ):
                 return True
         return False
