@@ -43,7 +43,12 @@ DEFAULT_MAX_EVENT_BYTES = 32 << 20
 # The chunk validator itself: the per-chunk hot path skips model_validate_json's wrapper.
 _validate_chunk = ChatCompletionChunk.__pydantic_validator__.validate_json
 _validate_completion = ChatCompletion.__pydantic_validator__.validate_json
-_DRAIN_GRACE = 2.0
+# After a complete answer, how long the stream's close waits for the body's end that is
+# already on its way (a server writes it right after [DONE]), so the connection can go back
+# to the pool; a body that has not ended by then is closed instead. Bytes read meanwhile are
+# bounded too.
+_END_GRACE = 0.02
+_END_BYTES = 64 << 10
 _USER_AGENT = "swiftclient/0.1"
 
 
@@ -518,8 +523,10 @@ class HTTPBackend:
                 "json" in content_type or "html" in content_type
             ):
                 raise await self._not_a_stream(response, content_type)
-            chunks = _ChunkStream(response, self)
+            chunks = _ChunkStream(response, self, request.n or 1)
             yield chunks
+            if chunks.complete and chunks.open:
+                await chunks.settle(min(_END_GRACE, deadline.remaining()))
         finally:
             await response.aclose()
 
@@ -569,30 +576,44 @@ class _ChunkStream:
     It speaks :class:`~swiftclient.backends.base.BufferedChunkIterator`: :meth:`next_nowait`
     hands out an already-received chunk without awaiting. Bytes come straight from the
     transport's :class:`~swiftclient.backends.base.ResponseBody`.
+
+    The answer is complete at ``[DONE]``, or at the usage chunk (no choices) that follows
+    the last choice's finish: iteration ends there at once, without waiting for the body to
+    end; :meth:`settle` then gives the body's end a moment to arrive before the response is
+    closed.
     """
 
     __slots__ = (
         "_backend",
+        "_choices",
         "_decoder",
         "_done",
         "_events",
         "_finished",
-        "_open",
         "_read",
         "_received",
         "_response",
         "_seen_event",
+        "complete",
+        "finished",
+        "open",
     )
 
-    def __init__(self, response: _Response, backend: HTTPBackend) -> None:
+    def __init__(self, response: _Response, backend: HTTPBackend, choices: int = 1) -> None:
         self._response = response
         self._backend = backend
         self._read = response.read
-        self._open = True
+        self._choices = choices
+        self.open = True
+        """The body may still hold bytes (its end was not read)."""
         self._decoder = SSEDecoder(max_event_bytes=backend.max_event_bytes)
         self._events: deque[ServerSentEvent] = deque()
         self._done = False
         self._finished = False
+        self.complete = False
+        """The answer is whole: ``[DONE]``, or a usage chunk after every choice finished."""
+        self.finished: set[int] = set()
+        """The choices that reported a finish reason."""
         self._received = False
         self._seen_event = False
 
@@ -604,9 +625,8 @@ class _ChunkStream:
             chunk = self.next_nowait()
             if chunk is not None:
                 return chunk
-            if self._done:
-                if self._open and self._finished:
-                    await self._drain()
+            if self._done or self.complete:
+                self._done = True
                 raise StopAsyncIteration
             await self._fill()
 
@@ -619,6 +639,7 @@ class _ChunkStream:
             if data == b"[DONE]":
                 self._finished = True
                 self._done = True
+                self.complete = True
                 events.clear()
                 return None
             if event.event == "error":
@@ -636,9 +657,14 @@ class _ChunkStream:
             if extra and "error" in extra:
                 self._done = True
                 raise _stream_error(self._backend, data)
-            for choice in chunk.choices:
-                if choice.finish_reason is not None:
-                    self._finished = True
+            choices = chunk.choices
+            if choices:
+                for choice in choices:
+                    if choice.finish_reason is not None:
+                        self._finished = True
+                        self.finished.add(choice.index)
+            elif chunk.usage is not None and len(self.finished) >= self._choices:
+                self.complete = True  # the final usage chunk: nothing follows but [DONE]
             return chunk
         return None
 
@@ -651,7 +677,7 @@ class _ChunkStream:
             raise backend._error(exc) from exc
         if not raw:
             self._done = True
-            self._open = False
+            self.open = False
             if not self._finished:
                 if self._received and not self._seen_event:
                     raise errors.APIResponseValidationError(
@@ -673,20 +699,29 @@ class _ChunkStream:
             self._seen_event = True
             self._events.extend(events)
 
-    async def _drain(self) -> None:
-        """Read to the end of the body after ``[DONE]`` so the connection can be reused."""
-        self._open = False
-        with anyio.move_on_after(_DRAIN_GRACE):
+    async def settle(self, limit: float) -> None:
+        """After a complete answer: read the body's end if it arrives within ``limit``
+        seconds (and ``_END_BYTES``), so that closing the response returns the connection to
+        the pool; otherwise the close drops it. Never raises."""
+        self.open = False
+        self._events.clear()
+        if limit <= 0 or self._response.body.at_end():
+            return
+        size = 0
+        read = self._read
+        with anyio.move_on_after(limit):
             try:
-                while await self._read():
-                    pass
+                while data := await read():
+                    size += len(data)
+                    if size > _END_BYTES:
+                        return
             except httpx.HTTPError:
                 pass
 
     async def aclose(self) -> None:
         """Release the connection (back to the pool only after a whole body)."""
         self._done = True
-        self._open = False
+        self.open = False
         self._events.clear()
         await self._response.aclose()
 
