@@ -57,6 +57,12 @@ Role = Literal["system", "developer", "user", "assistant", "tool"]
 _ASSISTANT_BODIES = ("function_call", "audio")
 # Where providers report cached prompt tokens outside prompt_tokens_details.
 _CACHE_HIT_FIELDS = ("prompt_cache_hit_tokens", "cache_read_input_tokens")
+MAX_CHOICES = 1024
+"""The most choices one response may hold (OpenAI's ``n`` stops at 128): a stream's choice
+indices are below it, and a body or event listing more is refused before validation."""
+MAX_TOOL_CALLS = 1024
+"""The most tool calls one message may hold: a stream's tool-call indices are below it, and
+a body or event listing more in one message is refused before validation."""
 
 
 # --------------------------------------------------------------------------- request parts
@@ -523,7 +529,7 @@ class ToolCallDelta(BaseModel):
     """A fragment of a tool call in a stream; fragments share ``index``."""
 
     model_config = _RESPONSE
-    index: int = 0
+    index: int = Field(default=0, lt=MAX_TOOL_CALLS)
     id: str | None = None
     type: Literal["function"] | None = None
     function: FunctionCallDelta | None = None
@@ -547,7 +553,7 @@ class ChunkChoice(BaseModel):
     """One choice within a stream chunk."""
 
     model_config = _RESPONSE
-    index: int = 0
+    index: int = Field(default=0, lt=MAX_CHOICES)
     delta: ChoiceDelta = Field(default_factory=ChoiceDelta)
     finish_reason: str | None = None
     logprobs: dict[str, Any] | None = None

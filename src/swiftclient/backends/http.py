@@ -12,6 +12,7 @@ unusable).
 
 from __future__ import annotations
 
+import re
 import socket
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -21,6 +22,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
+import anyio.lowlevel
 import httpx
 import pydantic
 import pydantic_core
@@ -29,7 +31,7 @@ from .. import errors
 from .._deadline import Deadline, running_loop
 from .._sse import EventTooLarge, ServerSentEvent, SSEDecoder
 from .._wire import encode_request
-from ..types import ChatCompletion, ChatCompletionChunk, ChatRequest
+from ..types import MAX_CHOICES, MAX_TOOL_CALLS, ChatCompletion, ChatCompletionChunk, ChatRequest
 from ._errors import map_httpx_error
 from ._httpx import HttpxTransport
 from ._network import Cert, Verify, env_proxy, keepalive_options, ssl_context
@@ -50,6 +52,29 @@ _validate_completion = ChatCompletion.__pydantic_validator__.validate_json
 _END_GRACE = 0.02
 _END_BYTES = 64 << 10
 _USER_AGENT = "swiftclient/0.1"
+# What one body or event may hold, checked before validation (validating costs microseconds
+# per choice or tool call, so 300,000 of them in 12 MB would block the loop for seconds). A
+# list of more than N items has at least N commas and 2N bytes, so a body under either
+# bound is let through without a look: every ordinary stream chunk.
+MAX_DEPTH = 200
+"""The deepest nesting of objects and arrays a body may have (pydantic-core's JSON parser
+refuses a little deeper)."""
+_SCAN_FROM = 2 * min(MAX_CHOICES, MAX_TOOL_CALLS)
+_SCAN_COMMAS = min(MAX_CHOICES, MAX_TOOL_CALLS)
+_UNBOUNDED = 1 << 62  # an unlimited list's or object's budget: no body has that many commas
+_CAPPED_BELOW = 1 << 61
+# A string token runs to its closing quote or, in a malformed body, to the end: it never
+# fails once started, so no quote is scanned from twice (the scan stays linear).
+_JSON_TOKEN = re.compile(
+    rb'(?P<choices>"choices"[ \t\r\n]*:[ \t\r\n]*\[)'
+    rb'|(?P<tools>"tool_calls"[ \t\r\n]*:[ \t\r\n]*\[)'
+    rb'|"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)'
+    rb"|(?P<mark>[\[\]{},])",
+    re.DOTALL,
+)
+# An event this large is followed by a checkpoint before the next chunk is handed out, so a
+# burst of large events cannot hold the event loop for their sum.
+_YIELD_FROM = 64 << 10
 
 
 class _Response:
@@ -523,7 +548,7 @@ class HTTPBackend:
                 "json" in content_type or "html" in content_type
             ):
                 raise await self._not_a_stream(response, content_type)
-            chunks = _ChunkStream(response, self, request.n or 1)
+            chunks = _ChunkStream(response, self, deadline, request.n or 1)
             yield chunks
             if chunks.complete and chunks.open:
                 await chunks.settle(min(_END_GRACE, deadline.remaining()))
@@ -552,6 +577,8 @@ class HTTPBackend:
         finally:
             if not response.close_nowait():
                 await response.aclose()
+        if len(body) > _SCAN_FROM and body.count(b",") >= _SCAN_COMMAS:
+            _check_shape(self, body, "the response body")
         try:
             completion: ChatCompletion = _validate_completion(body)
         except pydantic.ValidationError as exc:
@@ -565,6 +592,8 @@ class HTTPBackend:
         extra = completion.__pydantic_extra__
         if extra and "error" in extra:
             raise _stream_error(self, body)
+        if deadline.now() >= deadline.at:  # parsing took the call past its deadline
+            raise _deadline_exceeded(self, deadline)
         return completion
 
 
@@ -586,10 +615,12 @@ class _ChunkStream:
     __slots__ = (
         "_backend",
         "_choices",
+        "_deadline",
         "_decoder",
         "_done",
         "_events",
         "_finished",
+        "_held",
         "_read",
         "_received",
         "_response",
@@ -599,9 +630,13 @@ class _ChunkStream:
         "open",
     )
 
-    def __init__(self, response: _Response, backend: HTTPBackend, choices: int = 1) -> None:
+    def __init__(
+        self, response: _Response, backend: HTTPBackend, deadline: Deadline, choices: int = 1
+    ) -> None:
         self._response = response
         self._backend = backend
+        self._deadline = deadline
+        self._held: deque[ServerSentEvent] | None = None
         self._read = response.read
         self._choices = choices
         self.open = True
@@ -625,6 +660,12 @@ class _ChunkStream:
             chunk = self.next_nowait()
             if chunk is not None:
                 return chunk
+            held = self._held
+            if held is not None:  # events after a large one: let the loop run first
+                await anyio.lowlevel.checkpoint()
+                self._held = None
+                self._events = held
+                continue
             if self._done or self.complete:
                 self._done = True
                 raise StopAsyncIteration
@@ -645,6 +686,13 @@ class _ChunkStream:
             if event.event == "error":
                 self._done = True
                 raise _stream_error(self._backend, data)
+            size = len(data)
+            if size > _SCAN_FROM and data.count(b",") >= _SCAN_COMMAS:
+                try:
+                    _check_shape(self._backend, data, "a stream event")
+                except errors.APIError:
+                    self._done = True
+                    raise
             try:
                 chunk: ChatCompletionChunk = _validate_chunk(data)
             except pydantic.ValidationError as exc:
@@ -657,6 +705,8 @@ class _ChunkStream:
             if extra and "error" in extra:
                 self._done = True
                 raise _stream_error(self._backend, data)
+            if size > _SCAN_FROM:
+                self._parsed_large(size)
             choices = chunk.choices
             if choices:
                 for choice in choices:
@@ -667,6 +717,16 @@ class _ChunkStream:
                 self.complete = True  # the final usage chunk: nothing follows but [DONE]
             return chunk
         return None
+
+    def _parsed_large(self, size: int) -> None:
+        """After validating a large event: the deadline is checked before the chunk goes on
+        to be accumulated, and the events after a very large one wait for a checkpoint."""
+        deadline = self._deadline
+        if deadline.now() >= deadline.at:
+            self._done = True
+            raise _deadline_exceeded(self._backend, deadline)
+        if size >= _YIELD_FROM and self._events:
+            self._held, self._events = self._events, deque()
 
     async def _fill(self) -> None:
         backend = self._backend
@@ -723,7 +783,73 @@ class _ChunkStream:
         self._done = True
         self.open = False
         self._events.clear()
+        self._held = None
         await self._response.aclose()
+
+
+def _overfull(data: bytes) -> str | None:
+    """What makes the JSON ``data`` too big to validate: ``"choices"`` (a ``choices`` list of
+    more than ``MAX_CHOICES`` items), ``"tool calls"`` (a ``tool_calls`` list of more than
+    ``MAX_TOOL_CALLS``) or ``"nesting"`` (deeper than ``MAX_DEPTH``); None when nothing is.
+
+    One pass over the structural tokens (a string, however long, is one), stopping at the
+    first list past its limit: a body of a million choices is refused after reading a
+    thousand. Malformed JSON is left for the parser to report.
+    """
+    budgets: list[int] = []  # per open list or object: how many more commas it may hold
+    capped: list[str] = []  # the limited lists open, innermost last
+    for match in _JSON_TOKEN.finditer(data):
+        kind = match.lastgroup
+        if kind == "mark":
+            char = data[match.start()]
+            if char == 0x2C:  # ","
+                if budgets:
+                    budgets[-1] -= 1
+                    if budgets[-1] < 0:
+                        return capped[-1]
+            elif char == 0x5B or char == 0x7B:  # "[" or "{"
+                budgets.append(_UNBOUNDED)
+                if len(budgets) > MAX_DEPTH:
+                    return "nesting"
+            elif budgets:
+                if budgets.pop() < _CAPPED_BELOW:  # a limited list closes
+                    capped.pop()
+        elif kind is not None:  # a limited list opens
+            if kind == "choices":
+                budgets.append(MAX_CHOICES - 1)
+                capped.append("choices")
+            else:
+                budgets.append(MAX_TOOL_CALLS - 1)
+                capped.append("tool calls")
+            if len(budgets) > MAX_DEPTH:
+                return "nesting"
+    return None
+
+
+def _check_shape(backend: HTTPBackend, data: bytes, what: str) -> None:
+    """Raise when ``data`` holds more than a response may (see :func:`_overfull`)."""
+    problem = _overfull(data)
+    if problem is None:
+        return
+    name = backend.name
+    if problem == "nesting":
+        raise errors.APIResponseValidationError(
+            f"{name}: {what} is nested more than {MAX_DEPTH} levels deep", backend=name
+        )
+    limit = MAX_CHOICES if problem == "choices" else MAX_TOOL_CALLS
+    where = "" if problem == "choices" else " in one message"
+    raise errors.ResponseTooLarge(
+        f"{name}: {what} holds more than {limit} {problem}{where}", backend=name
+    )
+
+
+def _deadline_exceeded(backend: HTTPBackend, deadline: Deadline) -> errors.DeadlineExceeded:
+    """The call's deadline error (the wording of the attempt layer's own)."""
+    name = backend.name
+    return errors.DeadlineExceeded(
+        f"{name}: the call's total deadline of {deadline.timeout.total}s was exceeded",
+        backend=name,
+    )
 
 
 def _error_body(data: bytes, secrets: tuple[str | None, ...], default: str) -> tuple[object, str]:
