@@ -1,4 +1,9 @@
-"""Assemble stream chunks into one ChatCompletion: text and tool-call argument deltas merged."""
+"""Assemble stream chunks into one ChatCompletion: text and tool-call argument deltas merged.
+
+Every string that streams in pieces (content, refusal, reasoning, tool-call names and
+arguments, and a provider's unknown string fields of a delta) is collected as a list of its
+pieces and joined once, when the completion is built: linear in the pieces' total size.
+"""
 
 from __future__ import annotations
 
@@ -26,17 +31,41 @@ class _ToolCallParts:
         self.arguments: list[str] = []
 
 
-def _merge_extra(into: dict[str, Any], extra: dict[str, Any], *, concat: bool) -> None:
-    """Fold a model's unknown fields in: strings concatenate when ``concat`` (delta fields
-    stream in pieces), anything else keeps its latest value."""
+class _Text(list[str]):
+    """The pieces of one unknown string field of a delta, joined once in ``build``."""
+
+    __slots__ = ()
+
+
+def _merge_extra(into: dict[str, Any], extra: dict[str, Any]) -> None:
+    """Fold a chunk's or choice's unknown fields in: each keeps its latest value."""
+    for key, value in extra.items():
+        if value is not None:
+            into[key] = value
+
+
+def _merge_delta_extra(into: dict[str, Any], extra: dict[str, Any]) -> None:
+    """Fold a delta's unknown fields in: strings stream in pieces, collected in a list (a
+    pieced-together string costs linear time in the pieces, however many arrive); anything
+    else keeps its latest value."""
     for key, value in extra.items():
         if value is None:
             continue
-        previous = into.get(key)
-        if concat and isinstance(value, str) and isinstance(previous, str):
-            into[key] = previous + value
+        if isinstance(value, str):
+            pieces = into.get(key)
+            if isinstance(pieces, _Text):
+                pieces.append(value)
+            else:
+                into[key] = _Text((value,))
         else:
             into[key] = value
+
+
+def _joined(fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` with every collected string joined."""
+    return {
+        key: "".join(value) if isinstance(value, _Text) else value for key, value in fields.items()
+    }
 
 
 class _ChoiceParts:
@@ -47,6 +76,7 @@ class _ChoiceParts:
         "logprobs",
         "message_extra",
         "reasoning",
+        "reasoning_content",
         "refusal",
         "tool_calls",
     )
@@ -56,6 +86,7 @@ class _ChoiceParts:
         self.message_extra: dict[str, Any] = {}
         self.content: list[str] = []
         self.refusal: list[str] = []
+        self.reasoning_content: list[str] = []
         self.reasoning: list[str] = []
         self.tool_calls: dict[int, _ToolCallParts] = {}
         self.finish_reason: str | None = None
@@ -89,16 +120,16 @@ class Accumulator:
             self.usage = chunk.usage
         extra = chunk.__pydantic_extra__
         if extra:
-            _merge_extra(self._extra, extra, concat=False)
+            _merge_extra(self._extra, extra)
         for choice in chunk.choices:
             parts = self._choices.get(choice.index)
             if parts is None:
                 parts = self._choices[choice.index] = _ChoiceParts()
             delta = choice.delta
             if choice.__pydantic_extra__:
-                _merge_extra(parts.extra, choice.__pydantic_extra__, concat=False)
+                _merge_extra(parts.extra, choice.__pydantic_extra__)
             if delta.__pydantic_extra__:
-                _merge_extra(parts.message_extra, delta.__pydantic_extra__, concat=True)
+                _merge_delta_extra(parts.message_extra, delta.__pydantic_extra__)
             if delta.content:
                 parts.content.append(delta.content)
                 content = True
@@ -106,7 +137,10 @@ class Accumulator:
                 parts.refusal.append(delta.refusal)
                 content = True
             if delta.reasoning_content:
-                parts.reasoning.append(delta.reasoning_content)
+                parts.reasoning_content.append(delta.reasoning_content)
+                content = True
+            if delta.reasoning:
+                parts.reasoning.append(delta.reasoning)
                 content = True
             if delta.tool_calls:
                 content = True
@@ -166,9 +200,10 @@ class Accumulator:
             message = AssistantMessage(
                 content="".join(parts.content) if parts.content or not tool_calls else None,
                 refusal="".join(parts.refusal) or None,
-                reasoning_content="".join(parts.reasoning) or None,
+                reasoning_content="".join(parts.reasoning_content) or None,
+                reasoning="".join(parts.reasoning) or None,
                 tool_calls=tool_calls or None,
-                **parts.message_extra,
+                **_joined(parts.message_extra),
             )
             choices.append(
                 Choice(

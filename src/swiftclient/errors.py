@@ -301,7 +301,9 @@ class APIResponseValidationError(APIError):
 
 class ResponseTooLarge(APIResponseValidationError):
     """A response body or one SSE event exceeded the backend's size limit
-    (``HTTPBackend(max_body_bytes=..., max_event_bytes=...)``); the connection is dropped."""
+    (``HTTPBackend(max_body_bytes=..., max_event_bytes=...)``; the connection is dropped), or
+    listed more choices or tool calls than a response may (``types.MAX_CHOICES``,
+    ``types.MAX_TOOL_CALLS``: 1,024 each), refused before validation."""
 
 
 class StreamError(APIError):

@@ -57,6 +57,12 @@ Role = Literal["system", "developer", "user", "assistant", "tool"]
 _ASSISTANT_BODIES = ("function_call", "audio")
 # Where providers report cached prompt tokens outside prompt_tokens_details.
 _CACHE_HIT_FIELDS = ("prompt_cache_hit_tokens", "cache_read_input_tokens")
+MAX_CHOICES = 1024
+"""The most choices one response may hold (OpenAI's ``n`` stops at 128): a stream's choice
+indices are below it, and a body or event listing more is refused before validation."""
+MAX_TOOL_CALLS = 1024
+"""The most tool calls one message may hold: a stream's tool-call indices are below it, and
+a body or event listing more in one message is refused before validation."""
 
 
 # --------------------------------------------------------------------------- request parts
@@ -368,6 +374,10 @@ class AssistantMessage(BaseModel):
     refusal: str | None = None
     tool_calls: list[ToolCall] | None = None
     reasoning_content: str | None = None
+    """Reasoning text, where the provider sends it as ``reasoning_content`` (DeepSeek,
+    SGLang, vLLM's older releases)."""
+    reasoning: str | None = None
+    """Reasoning text, where the provider sends it as ``reasoning`` (vLLM, OpenRouter)."""
 
     def request_fields(self) -> dict[str, Any]:
         """The fields a request's assistant message carries: ``role``, ``content``,
@@ -519,7 +529,7 @@ class ToolCallDelta(BaseModel):
     """A fragment of a tool call in a stream; fragments share ``index``."""
 
     model_config = _RESPONSE
-    index: int = 0
+    index: int = Field(default=0, lt=MAX_TOOL_CALLS)
     id: str | None = None
     type: Literal["function"] | None = None
     function: FunctionCallDelta | None = None
@@ -534,13 +544,16 @@ class ChoiceDelta(BaseModel):
     refusal: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
     reasoning_content: str | None = None
+    """A piece of reasoning text sent as ``reasoning_content`` (DeepSeek, SGLang)."""
+    reasoning: str | None = None
+    """A piece of reasoning text sent as ``reasoning`` (vLLM, OpenRouter)."""
 
 
 class ChunkChoice(BaseModel):
     """One choice within a stream chunk."""
 
     model_config = _RESPONSE
-    index: int = 0
+    index: int = Field(default=0, lt=MAX_CHOICES)
     delta: ChoiceDelta = Field(default_factory=ChoiceDelta)
     finish_reason: str | None = None
     logprobs: dict[str, Any] | None = None
@@ -567,9 +580,16 @@ class ChatCompletionChunk(BaseModel):
         return ""
 
     def has_content(self) -> bool:
-        """True when the chunk carries a content token (text, refusal or tool-call data)."""
+        """True when the chunk carries a content token (text, refusal, reasoning or
+        tool-call data)."""
         for choice in self.choices:
             delta = choice.delta
-            if delta.content or delta.refusal or delta.tool_calls or delta.reasoning_content:
+            if (
+                delta.content
+                or delta.refusal
+                or delta.tool_calls
+                or delta.reasoning_content
+                or delta.reasoning
+            ):
                 return True
         return False

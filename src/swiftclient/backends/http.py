@@ -12,6 +12,7 @@ unusable).
 
 from __future__ import annotations
 
+import re
 import socket
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -21,6 +22,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
+import anyio.lowlevel
 import httpx
 import pydantic
 import pydantic_core
@@ -29,7 +31,7 @@ from .. import errors
 from .._deadline import Deadline, running_loop
 from .._sse import EventTooLarge, ServerSentEvent, SSEDecoder
 from .._wire import encode_request
-from ..types import ChatCompletion, ChatCompletionChunk, ChatRequest
+from ..types import MAX_CHOICES, MAX_TOOL_CALLS, ChatCompletion, ChatCompletionChunk, ChatRequest
 from ._errors import map_httpx_error
 from ._httpx import HttpxTransport
 from ._network import Cert, Verify, env_proxy, keepalive_options, ssl_context
@@ -43,8 +45,36 @@ DEFAULT_MAX_EVENT_BYTES = 32 << 20
 # The chunk validator itself: the per-chunk hot path skips model_validate_json's wrapper.
 _validate_chunk = ChatCompletionChunk.__pydantic_validator__.validate_json
 _validate_completion = ChatCompletion.__pydantic_validator__.validate_json
-_DRAIN_GRACE = 2.0
+# After a complete answer, how long the stream's close waits for the body's end that is
+# already on its way (a server writes it right after [DONE]), so the connection can go back
+# to the pool; a body that has not ended by then is closed instead. Bytes read meanwhile are
+# bounded too.
+_END_GRACE = 0.02
+_END_BYTES = 64 << 10
 _USER_AGENT = "swiftclient/0.1"
+# What one body or event may hold, checked before validation (validating costs microseconds
+# per choice or tool call, so 300,000 of them in 12 MB would block the loop for seconds). A
+# list of more than N items has at least N commas and 2N bytes, so a body under either
+# bound is let through without a look: every ordinary stream chunk.
+MAX_DEPTH = 200
+"""The deepest nesting of objects and arrays a body may have (pydantic-core's JSON parser
+refuses a little deeper)."""
+_SCAN_FROM = 2 * min(MAX_CHOICES, MAX_TOOL_CALLS)
+_SCAN_COMMAS = min(MAX_CHOICES, MAX_TOOL_CALLS)
+_UNBOUNDED = 1 << 62  # an unlimited list's or object's budget: no body has that many commas
+_CAPPED_BELOW = 1 << 61
+# A string token runs to its closing quote or, in a malformed body, to the end: it never
+# fails once started, so no quote is scanned from twice (the scan stays linear).
+_JSON_TOKEN = re.compile(
+    rb'(?P<choices>"choices"[ \t\r\n]*:[ \t\r\n]*\[)'
+    rb'|(?P<tools>"tool_calls"[ \t\r\n]*:[ \t\r\n]*\[)'
+    rb'|"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)'
+    rb"|(?P<mark>[\[\]{},])",
+    re.DOTALL,
+)
+# An event this large is followed by a checkpoint before the next chunk is handed out, so a
+# burst of large events cannot hold the event loop for their sum.
+_YIELD_FROM = 64 << 10
 
 
 class _Response:
@@ -526,8 +556,10 @@ class HTTPBackend:
                 "json" in content_type or "html" in content_type
             ):
                 raise await self._not_a_stream(response, content_type)
-            chunks = _ChunkStream(response, self)
+            chunks = _ChunkStream(response, self, deadline, request.n or 1)
             yield chunks
+            if chunks.complete and chunks.open:
+                await chunks.settle(min(_END_GRACE, deadline.remaining()))
         finally:
             await response.aclose()
 
@@ -553,6 +585,8 @@ class HTTPBackend:
         finally:
             if not response.close_nowait():
                 await response.aclose()
+        if len(body) > _SCAN_FROM and body.count(b",") >= _SCAN_COMMAS:
+            _check_shape(self, body, "the response body")
         error: errors.APIError | None
         try:
             completion: ChatCompletion = _validate_completion(body)
@@ -570,6 +604,8 @@ class HTTPBackend:
         extra = completion.__pydantic_extra__
         if extra and "error" in extra:
             raise _stream_error(self, body)
+        if deadline.now() >= deadline.at:  # parsing took the call past its deadline
+            raise _deadline_exceeded(self, deadline)
         return completion
 
 
@@ -581,30 +617,50 @@ class _ChunkStream:
     It speaks :class:`~swiftclient.backends.base.BufferedChunkIterator`: :meth:`next_nowait`
     hands out an already-received chunk without awaiting. Bytes come straight from the
     transport's :class:`~swiftclient.backends.base.ResponseBody`.
+
+    The answer is complete at ``[DONE]``, or at the usage chunk (no choices) that follows
+    the last choice's finish: iteration ends there at once, without waiting for the body to
+    end; :meth:`settle` then gives the body's end a moment to arrive before the response is
+    closed.
     """
 
     __slots__ = (
         "_backend",
+        "_choices",
+        "_deadline",
         "_decoder",
         "_done",
         "_events",
         "_finished",
-        "_open",
+        "_held",
         "_read",
         "_received",
         "_response",
         "_seen_event",
+        "complete",
+        "finished",
+        "open",
     )
 
-    def __init__(self, response: _Response, backend: HTTPBackend) -> None:
+    def __init__(
+        self, response: _Response, backend: HTTPBackend, deadline: Deadline, choices: int = 1
+    ) -> None:
         self._response = response
         self._backend = backend
+        self._deadline = deadline
+        self._held: deque[ServerSentEvent] | None = None
         self._read = response.read
-        self._open = True
+        self._choices = choices
+        self.open = True
+        """The body may still hold bytes (its end was not read)."""
         self._decoder = SSEDecoder(max_event_bytes=backend.max_event_bytes)
         self._events: deque[ServerSentEvent] = deque()
         self._done = False
         self._finished = False
+        self.complete = False
+        """The answer is whole: ``[DONE]``, or a usage chunk after every choice finished."""
+        self.finished: set[int] = set()
+        """The choices that reported a finish reason."""
         self._received = False
         self._seen_event = False
 
@@ -616,9 +672,14 @@ class _ChunkStream:
             chunk = self.next_nowait()
             if chunk is not None:
                 return chunk
-            if self._done:
-                if self._open and self._finished:
-                    await self._drain()
+            held = self._held
+            if held is not None:  # events after a large one: let the loop run first
+                await anyio.lowlevel.checkpoint()
+                self._held = None
+                self._events = held
+                continue
+            if self._done or self.complete:
+                self._done = True
                 raise StopAsyncIteration
             await self._fill()
 
@@ -631,11 +692,19 @@ class _ChunkStream:
             if data == b"[DONE]":
                 self._finished = True
                 self._done = True
+                self.complete = True
                 events.clear()
                 return None
             if event.event == "error":
                 self._done = True
                 raise _stream_error(self._backend, data)
+            size = len(data)
+            if size > _SCAN_FROM and data.count(b",") >= _SCAN_COMMAS:
+                try:
+                    _check_shape(self._backend, data, "a stream event")
+                except errors.APIError:
+                    self._done = True
+                    raise
             summary: str | None
             try:
                 chunk: ChatCompletionChunk = _validate_chunk(data)
@@ -654,11 +723,28 @@ class _ChunkStream:
             if extra and "error" in extra:
                 self._done = True
                 raise _stream_error(self._backend, data)
-            for choice in chunk.choices:
-                if choice.finish_reason is not None:
-                    self._finished = True
+            if size > _SCAN_FROM:
+                self._parsed_large(size)
+            choices = chunk.choices
+            if choices:
+                for choice in choices:
+                    if choice.finish_reason is not None:
+                        self._finished = True
+                        self.finished.add(choice.index)
+            elif chunk.usage is not None and len(self.finished) >= self._choices:
+                self.complete = True  # the final usage chunk: nothing follows but [DONE]
             return chunk
         return None
+
+    def _parsed_large(self, size: int) -> None:
+        """After validating a large event: the deadline is checked before the chunk goes on
+        to be accumulated, and the events after a very large one wait for a checkpoint."""
+        deadline = self._deadline
+        if deadline.now() >= deadline.at:
+            self._done = True
+            raise _deadline_exceeded(self._backend, deadline)
+        if size >= _YIELD_FROM and self._events:
+            self._held, self._events = self._events, deque()
 
     async def _fill(self) -> None:
         backend = self._backend
@@ -673,7 +759,7 @@ class _ChunkStream:
             raise error  # outside the except block: the chain keeps no transport exception
         if not raw:
             self._done = True
-            self._open = False
+            self.open = False
             if not self._finished:
                 if self._received and not self._seen_event:
                     raise errors.APIResponseValidationError(
@@ -695,21 +781,31 @@ class _ChunkStream:
             self._seen_event = True
             self._events.extend(events)
 
-    async def _drain(self) -> None:
-        """Read to the end of the body after ``[DONE]`` so the connection can be reused."""
-        self._open = False
-        with anyio.move_on_after(_DRAIN_GRACE):
+    async def settle(self, limit: float) -> None:
+        """After a complete answer: read the body's end if it arrives within ``limit``
+        seconds (and ``_END_BYTES``), so that closing the response returns the connection to
+        the pool; otherwise the close drops it. Never raises."""
+        self.open = False
+        self._events.clear()
+        if limit <= 0 or self._response.body.at_end():
+            return
+        size = 0
+        read = self._read
+        with anyio.move_on_after(limit):
             try:
-                while await self._read():
-                    pass
+                while data := await read():
+                    size += len(data)
+                    if size > _END_BYTES:
+                        return
             except httpx.HTTPError:
                 pass
 
     async def aclose(self) -> None:
         """Release the connection (back to the pool only after a whole body)."""
         self._done = True
-        self._open = False
+        self.open = False
         self._events.clear()
+        self._held = None
         await self._response.aclose()
 
 
@@ -721,6 +817,71 @@ def _validation_summary(exc: pydantic.ValidationError, secrets: tuple[str | None
     count = exc.error_count()
     summary = f"{count} error{'s' if count != 1 else ''} ({first['type']} at {where})"
     return errors.redact(summary, *secrets)
+
+
+def _overfull(data: bytes) -> str | None:
+    """What makes the JSON ``data`` too big to validate: ``"choices"`` (a ``choices`` list of
+    more than ``MAX_CHOICES`` items), ``"tool calls"`` (a ``tool_calls`` list of more than
+    ``MAX_TOOL_CALLS``) or ``"nesting"`` (deeper than ``MAX_DEPTH``); None when nothing is.
+
+    One pass over the structural tokens (a string, however long, is one), stopping at the
+    first list past its limit: a body of a million choices is refused after reading a
+    thousand. Malformed JSON is left for the parser to report.
+    """
+    budgets: list[int] = []  # per open list or object: how many more commas it may hold
+    capped: list[str] = []  # the limited lists open, innermost last
+    for match in _JSON_TOKEN.finditer(data):
+        kind = match.lastgroup
+        if kind == "mark":
+            char = data[match.start()]
+            if char == 0x2C:  # ","
+                if budgets:
+                    budgets[-1] -= 1
+                    if budgets[-1] < 0:
+                        return capped[-1]
+            elif char == 0x5B or char == 0x7B:  # "[" or "{"
+                budgets.append(_UNBOUNDED)
+                if len(budgets) > MAX_DEPTH:
+                    return "nesting"
+            elif budgets:
+                if budgets.pop() < _CAPPED_BELOW:  # a limited list closes
+                    capped.pop()
+        elif kind is not None:  # a limited list opens
+            if kind == "choices":
+                budgets.append(MAX_CHOICES - 1)
+                capped.append("choices")
+            else:
+                budgets.append(MAX_TOOL_CALLS - 1)
+                capped.append("tool calls")
+            if len(budgets) > MAX_DEPTH:
+                return "nesting"
+    return None
+
+
+def _check_shape(backend: HTTPBackend, data: bytes, what: str) -> None:
+    """Raise when ``data`` holds more than a response may (see :func:`_overfull`)."""
+    problem = _overfull(data)
+    if problem is None:
+        return
+    name = backend.name
+    if problem == "nesting":
+        raise errors.APIResponseValidationError(
+            f"{name}: {what} is nested more than {MAX_DEPTH} levels deep", backend=name
+        )
+    limit = MAX_CHOICES if problem == "choices" else MAX_TOOL_CALLS
+    where = "" if problem == "choices" else " in one message"
+    raise errors.ResponseTooLarge(
+        f"{name}: {what} holds more than {limit} {problem}{where}", backend=name
+    )
+
+
+def _deadline_exceeded(backend: HTTPBackend, deadline: Deadline) -> errors.DeadlineExceeded:
+    """The call's deadline error (the wording of the attempt layer's own)."""
+    name = backend.name
+    return errors.DeadlineExceeded(
+        f"{name}: the call's total deadline of {deadline.timeout.total}s was exceeded",
+        backend=name,
+    )
 
 
 def _error_body(data: bytes, secrets: tuple[str | None, ...], default: str) -> tuple[object, str]:
