@@ -295,3 +295,28 @@ def test_paths_other_than_chat_completions_answer_404() -> None:
         assert "chat/completions" in response.json()["error"]["message"]
         assert fakes["p"].requests == []
         http.close()
+
+
+# --------------------------------------------------------------------------- local engine
+
+
+@pytest.mark.anyio
+async def test_the_sdk_over_the_embedded_engine_needs_no_server(anyio_backend: str) -> None:
+    if anyio_backend != "asyncio":
+        pytest.skip("one event loop is enough: the engine's own tests cover trio")
+    from local_engine import LocalBackend
+
+    async with AsyncClient(backends={"local": LocalBackend()}) as client:
+        sdk = sdk_async(client)
+        reply = await sdk.chat.completions.create(
+            model="local/default", messages=USER, max_tokens=16
+        )
+        assert reply.choices[0].message.content
+        assert reply.usage is not None and reply.usage.completion_tokens >= 1
+        stream = await sdk.chat.completions.create(
+            model="local/default", messages=USER, max_tokens=16, stream=True
+        )
+        async with stream:
+            text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+        assert text
+        await sdk.close()
