@@ -147,7 +147,12 @@ class _Loop:
         def start() -> None:  # on the loop
             if future.cancelled():
                 return
-            task = aloop.create_task(func())
+            try:
+                coroutine = func()  # wrong arguments raise here, on the loop
+            except BaseException as exc:
+                future.set_exception(exc)
+                return
+            task = aloop.create_task(coroutine)
             task.add_done_callback(functools.partial(_settle, future))
             future.add_done_callback(functools.partial(_cancel_task, aloop, task))
 
@@ -483,8 +488,7 @@ class SyncChatStream:
         if self._completion is None:
             for _ in self:
                 pass
-            assert self._pump is not None
-            self._pump.close()  # the task is done with the stream: read it from here
+            self.close()  # the task is done with the stream: the rest is read on the loop
             self._completion = self._loop.run(self._stream.final)
         return self._completion
 

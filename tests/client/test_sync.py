@@ -160,6 +160,9 @@ def test_errors_are_the_async_clients_typed_errors() -> None:
         with pytest.raises(Exception) as dropped, client.stream("hi", model="m") as stream:
             list(stream)
         assert type(dropped.value).__module__.startswith("swiftclient")
+        with pytest.raises(TypeError):
+            client.warmup(connections=1, bogus=True)  # type: ignore[call-arg]
+        assert client.chat("hi", model="m").text == "Hello there"
     with pytest.raises(ConfigurationError, match="closed"):
         client.chat("hi", model="m")
 
