@@ -7,6 +7,7 @@ must win and the slow one's request must be cancelled (the fake providers' count
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
@@ -51,7 +52,7 @@ def weather(city: str) -> str:
 
 
 @asynccontextmanager
-async def setup() -> AsyncIterator[tuple[dict[str, FakeProvider], openai.AsyncOpenAI]]:
+async def setup() -> AsyncIterator[tuple[dict[str, FakeProvider], openai.AsyncOpenAI, AsyncClient]]:
     """Fakes ``slow`` and ``quick`` behind one client (alias ``fast`` races them, hedged)
     and an openai SDK client over the transport."""
     async with AsyncExitStack() as stack:
@@ -77,7 +78,7 @@ async def setup() -> AsyncIterator[tuple[dict[str, FakeProvider], openai.AsyncOp
             max_retries=0,
         )
         stack.push_async_callback(sdk.close)
-        yield fakes, sdk
+        yield fakes, sdk, client
 
 
 async def slow_was_cancelled(fakes: dict[str, FakeProvider]) -> None:
@@ -95,7 +96,7 @@ async def test_pydantic_ai_agent_with_a_tool_and_structured_output() -> None:
     from pydantic_ai.models.openai import OpenAIChatModel
     from pydantic_ai.providers.openai import OpenAIProvider
 
-    async with setup() as (fakes, sdk):
+    async with setup() as (fakes, sdk, client):
         model = OpenAIChatModel("m", provider=OpenAIProvider(openai_client=sdk))
         agent: Any = pydantic_ai.Agent(model, output_type=Forecast, tools=[weather])
         fakes["quick"].script(
@@ -127,7 +128,7 @@ async def test_openai_agents_runner_with_a_function_tool_streamed_and_not() -> N
     agents = pytest.importorskip("agents")
     agents.set_tracing_disabled(True)  # it would export traces to OpenAI
 
-    async with setup() as (fakes, sdk):
+    async with setup() as (fakes, sdk, client):
         tool = agents.function_tool(weather)
         model = agents.OpenAIChatCompletionsModel(model="m", openai_client=sdk)
         agent = agents.Agent(name="forecaster", model=model, tools=[tool])
@@ -162,4 +163,61 @@ async def test_openai_agents_runner_with_a_function_tool_streamed_and_not() -> N
         )
         fakes["slow"].script(Reply(stall_after=0))
         assert (await agents.Runner.run(hedged, "Say hi")).final_output == "from quick"
+        await slow_was_cancelled(fakes)
+
+
+# --------------------------------------------------------------------------- langchain-openai
+
+
+async def test_langchain_chat_openai_invoke_astream_tools_and_structured_output() -> None:
+    langchain_openai = pytest.importorskip("langchain_openai")
+
+    async with setup() as (fakes, sdk, client):
+        llm: Any = langchain_openai.ChatOpenAI(
+            model="m",
+            base_url="http://swiftclient.invalid/v1",
+            api_key="unused",
+            max_retries=0,
+            http_async_client=httpx2.AsyncClient(transport=AsyncTransport(client)),
+        )
+        assert (await llm.ainvoke("Say hi")).content == "from quick"
+        pieces = [chunk.content async for chunk in llm.astream("Say hi")]
+        assert "".join(pieces) == "from quick" and len([p for p in pieces if p]) == 2
+
+        fakes["quick"].script(Reply(tool_calls=[("weather", {"city": "Paris"})]))
+        called = await llm.bind_tools([weather]).ainvoke("How warm is Paris?")
+        assert [(c["name"], c["args"]) for c in called.tool_calls] == [
+            ("weather", {"city": "Paris"})
+        ]
+
+        fakes["quick"].script(Reply(json_object={"city": "Oslo", "celsius": -3.0}))
+        forecast = await llm.with_structured_output(Forecast).ainvoke("Oslo?")
+        assert forecast == Forecast(city="Oslo", celsius=-3.0)
+
+        fakes["slow"].script(Reply(stall_after=0))
+        assert (await llm.bind(model="fast").ainvoke("Say hi")).content == "from quick"
+        await slow_was_cancelled(fakes)
+
+
+# --------------------------------------------------------------------------- litellm
+
+
+# litellm's own warnings: pydantic on its TypedDicts at import, and its deprecated calls.
+@pytest.mark.filterwarnings("ignore:Items? .* `ReadOnly` qualifier:UserWarning")
+@pytest.mark.filterwarnings("ignore::pydantic.warnings.PydanticDeprecatedSince211")
+async def test_litellm_acompletion_with_the_sdk_client() -> None:
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch at import
+    litellm = pytest.importorskip("litellm")
+
+    async with setup() as (fakes, sdk, client):
+        user = [{"role": "user", "content": "Say hi"}]
+        reply = await litellm.acompletion(model="openai/m", messages=user, client=sdk)
+        assert reply.choices[0].message.content == "from quick"
+        stream = await litellm.acompletion(model="openai/m", messages=user, client=sdk, stream=True)
+        text = "".join([c.choices[0].delta.content or "" async for c in stream])
+        assert text == "from quick"
+
+        fakes["slow"].script(Reply(stall_after=0))
+        hedged = await litellm.acompletion(model="openai/fast", messages=user, client=sdk)
+        assert hedged.choices[0].message.content == "from quick"
         await slow_was_cancelled(fakes)
