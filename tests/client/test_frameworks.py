@@ -221,3 +221,60 @@ async def test_litellm_acompletion_with_the_sdk_client() -> None:
         hedged = await litellm.acompletion(model="openai/fast", messages=user, client=sdk)
         assert hedged.choices[0].message.content == "from quick"
         await slow_was_cancelled(fakes)
+
+
+# --------------------------------------------------------------------------- the engine
+
+
+@pytest.mark.filterwarnings("ignore:Items? .* `ReadOnly` qualifier:UserWarning")
+@pytest.mark.filterwarnings("ignore::pydantic.warnings.PydanticDeprecatedSince211")
+async def test_every_framework_over_the_embedded_engine_in_process() -> None:
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    agents = pytest.importorskip("agents")
+    pydantic_ai = pytest.importorskip("pydantic_ai")
+    langchain_openai = pytest.importorskip("langchain_openai")
+    litellm = pytest.importorskip("litellm")
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    from local_engine import LocalBackend
+
+    agents.set_tracing_disabled(True)
+    async with AsyncClient(backends={"local": LocalBackend()}) as client:
+        http = httpx2.AsyncClient(transport=AsyncTransport(client))
+        sdk = openai.AsyncOpenAI(
+            base_url="http://swiftclient.invalid/v1",
+            api_key="unused",
+            http_client=http,
+            max_retries=0,
+        )
+        settings: Any = {"max_tokens": 12}
+        model = OpenAIChatModel("local/default", provider=OpenAIProvider(openai_client=sdk))
+        said = await pydantic_ai.Agent(model, model_settings=settings).run("hi")
+        assert said.output
+
+        agent = agents.Agent(
+            name="local",
+            model=agents.OpenAIChatCompletionsModel(model="local/default", openai_client=sdk),
+            model_settings=agents.ModelSettings(max_tokens=12),
+        )
+        assert (await agents.Runner.run(agent, "hi")).final_output
+
+        llm: Any = langchain_openai.ChatOpenAI(
+            model="local/default",
+            base_url="http://swiftclient.invalid/v1",
+            api_key="unused",
+            max_retries=0,
+            max_tokens=12,
+            http_async_client=http,
+        )
+        assert (await llm.ainvoke("hi")).content
+
+        reply = await litellm.acompletion(
+            model="openai/local/default",
+            messages=[{"role": "user", "content": "hi"}],
+            client=sdk,
+            max_tokens=12,
+        )
+        assert reply.choices[0].message.content
+        await sdk.close()
