@@ -133,6 +133,15 @@ def test_the_sync_client_offers_the_async_surface() -> None:
     assert client.closed
 
 
+def test_calls_one_after_another_reuse_one_pooled_connection() -> None:
+    # The case of asyncio.run(client.chat(...)) twice on one AsyncClient, which fails: each
+    # run is a new loop. A Client keeps one loop, so its pool serves every call.
+    with fake() as provider, Client(HTTPBackend(provider.base_url), model="m") as client:
+        for _ in range(3):
+            assert client.chat("hi").text == "Hello there"
+        assert provider.connections_opened == 1
+
+
 def test_the_constructor_takes_what_the_async_client_takes() -> None:
     import inspect
 
