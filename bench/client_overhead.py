@@ -6,6 +6,7 @@ Run from the repository root::
     .venv/bin/python bench/client_overhead.py --quick    # smoke run, well under 30 s
     .venv/bin/python bench/client_overhead.py --profile  # + cProfile of swiftclient's stream
     .venv/bin/python bench/client_overhead.py --telemetry  # only the telemetry rows (1c)
+    .venv/bin/python bench/client_overhead.py --sync     # only the blocking-client row (1d)
 
 Part 1 (CPU): process CPU time per non-streamed request and per streamed chunk, every client
 parsing the same canned bytes from an in-process mock transport (no sockets, no server).
@@ -17,6 +18,11 @@ Part 1c (telemetry): CPU per request and per chunk of swiftclient with telemetry
 the default ``Telemetry()`` and no OpenTelemetry SDK configured, and with an SDK recording
 into a no-op exporter (same mock transport as part 1); plus the per-call cost of the no-SDK
 telemetry hook measured alone. ``--telemetry`` runs only this part.
+Part 1d (blocking clients over real sockets): CPU per non-streamed request of
+``swiftclient.Client`` (its own loop thread included: the process's CPU is counted) and of
+``openai.OpenAI`` (the SDK's sync client, ``max_retries=0``), both against
+``python -m swiftclient.testing`` in another process, rounds alternating. ``--sync`` runs
+only this part.
 Part 2 (load): wall time and errors of 1, 64 and 512 concurrent streams of 100 chunks against
 ``python -m swiftclient.testing`` running as a separate process.
 
@@ -24,6 +30,8 @@ Goals (PASS/FAIL printed beside each):
 - per-request CPU <= 1.3x raw httpx, and openai >= 5x swiftclient's;
 - per-chunk CPU <= 2x raw httpx;
 - over real sockets: per-request CPU <= 1.3x raw aiohttp, per-chunk CPU <= 1.5x raw aiohttp;
+- blocking clients over real sockets: openai.OpenAI's per-request CPU >= 3x
+  swiftclient.Client's;
 - telemetry without an SDK: at most 3 µs per call (measured alone) and nothing per chunk;
   with the SDK and a no-op exporter: reported;
 - 512 concurrent streams: zero errors, wall time <= 1.2x raw aiohttp's on the default
@@ -35,6 +43,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import gc
 import io
 import os
 import platform
@@ -42,12 +51,13 @@ import pstats
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
-from _canned import STREAM_CHUNKS
-from _cpu_peers import Mode, Peer, SwiftPeer, make_peers
+from _canned import MESSAGES, MODEL, STREAM_CHUNKS
+from _cpu_peers import API_KEY, Mode, Peer, SwiftPeer, make_peers
 from _load_peers import LoadResult, Opener, measure, open_aiohttp, open_swiftclient
 from _server import fake_provider_process
 from _socket_peers import make_socket_peers
@@ -61,6 +71,7 @@ LOAD_GOAL_VS_AIOHTTP = 1.2
 SOCKET_REQUEST_GOAL = 1.3
 SOCKET_CHUNK_GOAL = 1.5
 TELEMETRY_CALL_GOAL_US = 3.0
+SYNC_OPENAI_GOAL_FACTOR = 3.0
 MAX_CONNECTIONS = 512
 
 
@@ -403,6 +414,73 @@ def run_socket_part(settings: Settings) -> str:
     )
 
 
+# --------------------------------------------------------------------------- part 1d: sync
+
+
+def _sync_cpu_per_call(call: Callable[[], object], iterations: int, warmup: int) -> float:
+    """Process CPU seconds per ``call()`` (every thread of the process counted)."""
+    for _ in range(warmup):
+        call()
+    gc.collect()
+    start = time.process_time()
+    for _ in range(iterations):
+        call()
+    return (time.process_time() - start) / iterations
+
+
+def run_sync_part(settings: Settings) -> str:
+    """Measure part 1d (blocking clients, server in another process); its markdown."""
+    import openai
+
+    from swiftclient import Client, HTTPBackend
+
+    iterations, rounds = settings.socket_requests, settings.socket_rounds
+    messages: Any = MESSAGES
+    with fake_provider_process(tokens=STREAM_CHUNKS - 3) as base_url:
+        swift = Client(HTTPBackend(base_url, API_KEY), model=MODEL)
+        sdk = openai.OpenAI(api_key=API_KEY, base_url=base_url, max_retries=0)
+        peers: dict[str, Callable[[], object]] = {
+            "swiftclient.Client": lambda: swift.chat(messages, stream=False),
+            "openai.OpenAI": lambda: sdk.chat.completions.create(model=MODEL, messages=messages),
+        }
+        samples: dict[str, list[float]] = {name: [] for name in peers}
+        try:
+            names = list(peers)
+            for index in range(rounds):
+                for name in names[index % 2 :] + names[: index % 2]:
+                    samples[name].append(
+                        _sync_cpu_per_call(peers[name], iterations, max(2, iterations // 10))
+                    )
+        finally:
+            swift.close()
+            sdk.close()
+    best = {name: min(v) for name, v in samples.items()}
+    median = {name: statistics.median(v) for name, v in samples.items()}
+    table = markdown_table(
+        ["client", "µs/request best", "median"],
+        [[name, f"{best[name] * 1e6:.1f}", f"{median[name] * 1e6:.1f}"] for name in peers],
+    )
+    factor = ratio(best["openai.OpenAI"], best["swiftclient.Client"])
+    factor_med = ratio(median["openai.OpenAI"], median["swiftclient.Client"])
+    goals = markdown_table(
+        ["goal (best of rounds; median beside it)", "measured", "verdict"],
+        [
+            [
+                f"per-request CPU: openai.OpenAI/swiftclient.Client >= "
+                f"{SYNC_OPENAI_GOAL_FACTOR:.0f}x",
+                f"{factor:.2f}x (median {factor_med:.2f}x)",
+                verdict(factor >= SYNC_OPENAI_GOAL_FACTOR),
+            ]
+        ],
+    )
+    return (
+        "## Blocking clients: CPU per request over real loopback sockets\n\n"
+        f"{rounds} round(s) of {iterations} non-streamed requests per client, alternating; "
+        "the whole client process's CPU is counted (swiftclient.Client's loop thread "
+        "included).\n\n" + table + "\n\n" + goals
+    )
+
+
 # --------------------------------------------------------------------------- part 2: load
 
 
@@ -546,6 +624,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--profile", action="store_true", help="also print a cProfile of the stream path"
     )
     parser.add_argument("--telemetry", action="store_true", help="run only the telemetry part (1c)")
+    parser.add_argument(
+        "--sync", action="store_true", help="run only the blocking-client part (1d)"
+    )
     args = parser.parse_args(argv)
     settings = QUICK if args.quick else FULL
     started = time.perf_counter()
@@ -559,9 +640,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(run_telemetry_part(settings) + "\n", flush=True)
         print(f"Total time: {time.perf_counter() - started:.1f} s")
         return 0
+    if args.sync:
+        print(run_sync_part(settings) + "\n", flush=True)
+        print(f"Total time: {time.perf_counter() - started:.1f} s")
+        return 0
     print(run_cpu_part(settings) + "\n", flush=True)
     print(run_telemetry_part(settings) + "\n", flush=True)
     print(run_socket_part(settings) + "\n", flush=True)
+    print(run_sync_part(settings) + "\n", flush=True)
     print(run_load_part(settings) + "\n", flush=True)
     if args.profile:
         print(profile_stream(10 if args.quick else 100) + "\n", flush=True)

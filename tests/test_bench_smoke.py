@@ -27,6 +27,7 @@ def test_client_overhead_quick_run_prints_its_tables() -> None:
     for peer in ("swiftclient", "openai", "raw httpx", "raw aiohttp"):
         assert peer in text
     assert "µs/chunk" in text and "vs aiohttp" in text
+    assert "swiftclient.Client" in text and "openai.OpenAI" in text
     for config in ("telemetry off", "no SDK", "SDK, no-op exporter"):
         assert config in text
 

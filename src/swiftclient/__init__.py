@@ -15,6 +15,7 @@ from ._estimator import LatencyEstimator, prompt_bucket
 from ._policies import PolicyHub
 from ._retry import RetryPolicy
 from ._stream import ChatStream
+from ._sync import Client, SyncChatStream
 from .backends.base import Backend, RequestOptions
 from .backends.http import HTTPBackend
 from .backends.replicas import ReplicaBackend, ReplicaStats
@@ -88,6 +89,7 @@ __all__ = [
     "ChatRequest",
     "ChatStream",
     "CircuitBreaker",
+    "Client",
     "ConfigurationError",
     "ConflictError",
     "ConnectTimeout",
@@ -126,6 +128,7 @@ __all__ = [
     "StreamStalled",
     "StructuredOutputError",
     "SwiftClientError",
+    "SyncChatStream",
     "Target",
     "Telemetry",
     "Timeout",

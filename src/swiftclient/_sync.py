@@ -1,0 +1,778 @@
+"""Client: the blocking twin of :class:`~swiftclient.AsyncClient`, for scripts, notebooks
+and threads.
+
+A :class:`Client` owns one event loop, run by anyio's blocking portal in one background
+thread for the client's whole life. Every method hands its work to that loop and waits for
+the result, so the connection pools stay bound to one loop, any number of threads may call
+at once, and every policy of the async client (deadline, retries, hedging, telemetry)
+applies unchanged. A stream runs in one task on the loop that feeds its chunks to the
+calling thread as they arrive.
+
+The methods that only wait on their async twins are generated (:func:`_blocking` and
+:func:`_on_loop`), keeping the twins' parameters, types and docstrings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import os
+import queue
+import threading
+import weakref
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from types import TracebackType
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+
+import anyio
+import anyio.from_thread
+from anyio.from_thread import BlockingPortal
+
+from . import errors
+from ._attempt import AttemptObserver
+from ._batch import BatchProgress, BatchRequest, BatchResult
+from ._client import NOT_GIVEN, AsyncClient, MessagesInput, ModelInput, NotGiven, RouterLike
+from ._cost import Pricing
+from ._deadline import Timeout
+from ._policies import PolicyHub
+from ._retry import RetryPolicy
+from ._stream import ChatStream
+from .backends.base import Backend
+from .hedging import Hedge
+from .telemetry import Telemetry
+from .types import ChatCompletion, ChatCompletionChunk, ChatRequest, Timing
+
+__all__ = ["Client", "SyncChatStream"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+T = TypeVar("T")
+Item = TypeVar("Item")
+
+_THREAD_NAME = "swiftclient-loop"
+
+
+class _Loop:
+    """The client's event loop: a blocking portal in its own thread, with the
+    :class:`AsyncClient` entered on it. Holds no reference to the :class:`Client`, so a
+    finalizer can close it once the client is gone."""
+
+    def __init__(self, make: Callable[[], AsyncClient]) -> None:
+        ready: concurrent.futures.Future[BlockingPortal] = concurrent.futures.Future()
+        self._thread = threading.Thread(
+            target=self._serve, args=(ready,), name=_THREAD_NAME, daemon=True
+        )
+        self._thread.start()
+        portal = self.portal = ready.result()
+        try:
+            self.aclient = portal.call(make)
+            self._client_cm = portal.wrap_async_context_manager(self.aclient)
+            self._client_cm.__enter__()
+        except BaseException:
+            self._stop()
+            raise
+        self.aloop, self.thread_id = portal.call(_loop_and_thread)
+        self.closed = False
+        self.forked = False
+        self._lock = threading.Lock()
+        self._inflight: set[concurrent.futures.Future[Any]] = set()
+
+    @staticmethod
+    def _serve(ready: concurrent.futures.Future[BlockingPortal]) -> None:
+        """The loop thread: run a blocking portal until it is stopped."""
+
+        async def main() -> None:
+            async with BlockingPortal() as portal:
+                ready.set_result(portal)
+                await portal.sleep_until_stopped()
+
+        try:
+            anyio.run(main, backend="asyncio")
+        except BaseException as exc:  # pragma: no cover - the loop failed to start
+            if not ready.done():
+                ready.set_exception(exc)
+
+    def on_loop_thread(self) -> bool:
+        """Whether the caller is the loop's own thread (which must never wait on the loop)."""
+        return threading.get_ident() == self.thread_id
+
+    def unusable(self) -> errors.ConfigurationError:
+        """The error for a call the loop cannot take (closed, forked, or its own thread)."""
+        if self.forked:
+            return errors.ConfigurationError(
+                "this Client was created in the parent process before a fork; create a new "
+                "Client in the child"
+            )
+        if self.closed:
+            return errors.ConfigurationError("this Client is closed")
+        return errors.ConfigurationError(
+            "a Client cannot be called from its own event loop (an observer or a callback "
+            "of a call): use its AsyncClient there, or another thread"
+        )
+
+    def submit(self, func: Callable[[], Awaitable[R]]) -> concurrent.futures.Future[R]:
+        """Start ``func()`` as a task on the loop; its future."""
+        if self.closed or self.forked:
+            raise self.unusable()
+        try:
+            return self.portal.start_task_soon(func)
+        except RuntimeError as exc:  # stopped by a close in another thread, or our own thread
+            raise self.unusable() from exc
+
+    def run(self, func: Callable[[], Coroutine[Any, Any, R]]) -> R:
+        """Run ``func()`` on the loop and wait for its result. Interrupted while waiting (a
+        ``KeyboardInterrupt``), the task is cancelled: it releases what it holds and the
+        loop carries on serving other calls.
+
+        The hot path: one wake-up of the loop and one of the caller (the portal's
+        ``start_task_soon`` waits for the task to be spawned first, a second round trip).
+        The task is a plain asyncio task, tracked so that :meth:`close` cancels it.
+        """
+        if self.closed or self.forked or self.on_loop_thread():
+            raise self.unusable()
+        future: concurrent.futures.Future[R] = concurrent.futures.Future()
+        aloop = self.aloop
+
+        def start() -> None:  # on the loop
+            if future.cancelled():
+                return
+            try:
+                coroutine = func()  # wrong arguments raise here, on the loop
+            except BaseException as exc:
+                future.set_exception(exc)
+                return
+            task = aloop.create_task(coroutine)
+            task.add_done_callback(functools.partial(_settle, future))
+            future.add_done_callback(functools.partial(_cancel_task, aloop, task))
+
+        inflight = self._inflight
+        inflight.add(future)
+        try:
+            aloop.call_soon_threadsafe(start)
+            if self.closed:  # closed in between: the sweep may have missed this call
+                future.cancel()
+            return future.result()
+        except concurrent.futures.CancelledError:
+            if self.closed:
+                raise errors.ConfigurationError(
+                    "the Client was closed while this call was running"
+                ) from None
+            raise
+        except RuntimeError as exc:  # the loop closed under call_soon_threadsafe
+            if self.closed and not future.done():
+                raise self.unusable() from exc
+            raise
+        except BaseException:
+            future.cancel()  # a no-op when the task itself raised
+            raise
+        finally:
+            inflight.discard(future)
+
+    def call_soon(self, func: Callable[[], object]) -> None:
+        """Schedule ``func()`` on the loop without waiting (from any thread, the loop's too);
+        nothing happens once the loop is closed."""
+        if self.closed or self.forked:
+            return
+        try:
+            self.aloop.call_soon_threadsafe(func)
+        except RuntimeError:  # the loop stopped in between
+            pass
+
+    def close(self) -> None:
+        """Close the async client (its pools, engines), cancel what still runs and stop the
+        loop thread (idempotent)."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+        if self.forked:  # the loop thread exists in the parent only
+            return
+        if self.on_loop_thread():  # collected on the loop itself: it cannot wait for itself
+            threading.Thread(target=self._shutdown, name=f"{_THREAD_NAME}-close").start()
+            return
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        try:
+            self._client_cm.__exit__(None, None, None)
+        finally:
+            for future in list(self._inflight):
+                future.cancel()  # their tasks are cancelled on the loop
+            self._stop()
+
+    def _stop(self) -> None:
+        """Stop the portal, cancelling the calls still running, and join the thread."""
+        try:
+            self.portal.call(self.portal.stop, True)
+        except RuntimeError:  # pragma: no cover - already stopped
+            pass
+        self._thread.join()
+
+
+def _settle(future: concurrent.futures.Future[Any], task: asyncio.Task[Any]) -> None:
+    """Hand a finished task's outcome to the waiting caller (on the loop)."""
+    if future.cancelled():
+        return
+    try:
+        if task.cancelled():
+            future.cancel()
+        elif (exc := task.exception()) is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(task.result())
+    except concurrent.futures.InvalidStateError:  # cancelled by the caller meanwhile
+        pass
+
+
+def _cancel_task(
+    aloop: asyncio.AbstractEventLoop,
+    task: asyncio.Task[Any],
+    future: concurrent.futures.Future[Any],
+) -> None:
+    """The caller cancelled (an interrupt, or the client closing): cancel the task."""
+    if future.cancelled() and not task.done():
+        try:
+            aloop.call_soon_threadsafe(task.cancel)
+        except RuntimeError:  # the loop is closed: nothing left to cancel
+            pass
+
+
+def _loop_and_thread() -> tuple[asyncio.AbstractEventLoop, int]:
+    return asyncio.get_running_loop(), threading.get_ident()
+
+
+_LOOPS: weakref.WeakSet[_Loop] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has the parent's clients but not their loop threads: mark them so that
+    calls raise a clear error instead of waiting forever, and so that nothing tries to
+    stop a thread that is not there."""
+    for loop in list(_LOOPS):
+        loop.forked = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# ---------------------------------------------------------------------- generated wrappers
+
+
+def _blocking(
+    method: Callable[Concatenate[AsyncClient, P], Coroutine[Any, Any, R]],
+) -> Callable[Concatenate[Client, P], R]:
+    """The blocking twin of an ``async`` method of :class:`AsyncClient`: it runs the method
+    on the client's loop and waits for its result."""
+
+    def wrapper(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        loop = self._loop
+        return loop.run(functools.partial(method, loop.aclient, *args, **kwargs))
+
+    functools.update_wrapper(wrapper, method)
+    wrapper.__qualname__ = f"Client.{method.__name__}"
+    return wrapper
+
+
+def _on_loop(
+    method: Callable[Concatenate[AsyncClient, P], R],
+) -> Callable[Concatenate[Client, P], R]:
+    """A plain method of :class:`AsyncClient`, run on the client's loop thread (where the
+    state it reads lives) and waited for."""
+
+    async def run(aclient: AsyncClient, *args: Any, **kwargs: Any) -> R:
+        return method(aclient, *args, **kwargs)
+
+    def wrapper(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        loop = self._loop
+        return loop.run(functools.partial(run, loop.aclient, *args, **kwargs))
+
+    functools.update_wrapper(wrapper, method)
+    wrapper.__qualname__ = f"Client.{method.__name__}"
+    return wrapper
+
+
+# ---------------------------------------------------------------------- iteration in one task
+
+_OPENED = object()
+_END = object()
+
+
+class _Failed:
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+class _Pump(Generic[Item]):
+    """Enters an async context manager and iterates it in ONE task on the client's loop
+    (so every backend's cancel scopes open and close in the task that made them), putting
+    each item on a queue the calling thread reads as it arrives.
+
+    :meth:`stop` (any thread) ends it early: before the source is entered it cancels the
+    opening; after, it cancels the iteration only, so the source exits as after a
+    ``break`` (no error), releasing its connection. :attr:`done` is set once the source has
+    exited.
+    """
+
+    def __init__(
+        self,
+        loop: _Loop,
+        source: Callable[[], AbstractAsyncContextManager[AsyncIterator[Item]]],
+    ) -> None:
+        self._loop = loop
+        self._source = source
+        self.items: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self.done = threading.Event()
+        self._stopped = False
+        self._scope: anyio.CancelScope | None = None
+        self.future = loop.submit(self._run)
+
+    async def _run(self) -> None:
+        put = self.items.put
+        try:
+            with anyio.CancelScope() as opening:
+                self._scope = opening
+                if self._stopped:
+                    opening.cancel()
+                async with self._source() as iterator:
+                    put(_OPENED)
+                    with anyio.CancelScope() as reading:
+                        self._scope = reading
+                        if self._stopped:
+                            reading.cancel()
+                        async for item in iterator:
+                            put(item)
+            put(_END)
+        except anyio.get_cancelled_exc_class():  # the client closing
+            put(_Failed(errors.ConfigurationError("the Client was closed while this ran")))
+            raise
+        except BaseException as exc:
+            put(_Failed(exc))
+        finally:
+            self._scope = None
+            self.done.set()
+
+    def _cancel(self) -> None:  # on the loop
+        self._stopped = True
+        if self._scope is not None:
+            self._scope.cancel()
+
+    def stop(self) -> None:
+        """End the iteration (and the opening, if still running) soon; returns at once."""
+        self._loop.call_soon(self._cancel)
+
+    def opened(self) -> None:
+        """Wait until the source is entered; raises what entering it raised."""
+        item = self._get()
+        if item is _END:  # stopped before it opened
+            raise errors.ConfigurationError("the stream was closed before it opened")
+
+    def next(self) -> Item | None:
+        """The next item, or None at the end (waits for it; raises what the source raised)."""
+        item = self._get()
+        if item is _END:
+            self.items.put(_END)  # the end stays the end
+            return None
+        return item  # type: ignore[return-value]
+
+    def _get(self) -> object:
+        try:
+            item = self.items.get()
+        except BaseException:
+            self.stop()  # interrupted while waiting: the task should not run on for nobody
+            raise
+        if type(item) is _Failed:
+            self.items.put(item)  # later reads see the same error
+            raise item.exc
+        return item
+
+    def close(self) -> None:
+        """Stop and wait until the source has exited (its connection released)."""
+        if not self.done.is_set():
+            self.stop()
+            if not self._loop.on_loop_thread() and not self._loop.forked:
+                self.done.wait()
+
+
+class SyncChatStream:
+    """A streamed chat completion from :meth:`Client.stream`:
+    ``with client.stream(...) as stream: for chunk in stream: ...``.
+
+    The chunks are read in one task on the client's loop and handed over as they arrive.
+    Iterate it for typed chunks, :meth:`text` for text only, and :meth:`final` for the
+    assembled completion; ``timing`` fills in as chunks arrive. Leaving the block early,
+    or dropping an unfinished stream, releases the connection (or the local engine's
+    request). Iterating without a ``with`` block opens the stream on the first read.
+    A stream is for one thread at a time.
+    """
+
+    def __init__(self, loop: _Loop, stream: ChatStream) -> None:
+        self._loop = loop
+        self._stream = stream
+        self._pump: _Pump[ChatCompletionChunk] | None = None
+        self._finalizer: weakref.finalize[[], SyncChatStream] | None = None
+        self._completion: ChatCompletion | None = None
+
+    def _open(self) -> _Pump[ChatCompletionChunk]:
+        pump = self._pump
+        if pump is None:
+            stream = self._stream
+            pump = self._pump = _Pump(self._loop, lambda: stream)
+            # Dropped unfinished, the stream still gives its connection back.
+            self._finalizer = weakref.finalize(self, pump.stop)
+            pump.opened()
+        return pump
+
+    def __enter__(self) -> SyncChatStream:
+        self._open()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the stream's connection or engine request and wait until it is released
+        (idempotent)."""
+        pump = self._pump
+        if pump is not None:
+            pump.close()
+            if self._finalizer is not None:
+                self._finalizer.detach()
+
+    @property
+    def timing(self) -> Timing:
+        """What was measured so far."""
+        return self._stream.timing
+
+    @property
+    def request(self) -> ChatRequest:
+        """The request as sent by the committed attempt (model without its backend prefix)."""
+        return self._stream.request
+
+    def __iter__(self) -> Iterator[ChatCompletionChunk]:
+        return self
+
+    def __next__(self) -> ChatCompletionChunk:
+        chunk = self._open().next()
+        if chunk is None:
+            raise StopIteration
+        return chunk
+
+    def text(self) -> Iterator[str]:
+        """Iterate over content text only (empty deltas skipped)."""
+        for chunk in self:
+            text = chunk.text
+            if text:
+                yield text
+
+    def final(self) -> ChatCompletion:
+        """Consume what is left and return the assembled completion, with timing."""
+        if self._completion is None:
+            for _ in self:
+                pass
+            self.close()  # the task is done with the stream: the rest is read on the loop
+            self._completion = self._loop.run(self._stream.final)
+        return self._completion
+
+
+class _BatchResults(AbstractContextManager[Iterator[BatchResult]]):
+    """``with client.batch_iter(...) as results: for result in results``."""
+
+    def __init__(
+        self,
+        loop: _Loop,
+        source: Callable[[], AbstractAsyncContextManager[AsyncIterator[BatchResult]]],
+    ) -> None:
+        self._loop = loop
+        self._source = source
+        self._pump: _Pump[BatchResult] | None = None
+
+    def __enter__(self) -> Iterator[BatchResult]:
+        pump = self._pump = _Pump(self._loop, self._source)
+        pump.opened()
+        return self._results(pump)
+
+    @staticmethod
+    def _results(pump: _Pump[BatchResult]) -> Iterator[BatchResult]:
+        while (result := pump.next()) is not None:
+            yield result
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._pump is not None:
+            self._pump.close()
+
+
+# ---------------------------------------------------------------------- the client
+
+
+class Client:
+    """The blocking client, for scripts, notebooks and threads: ``client.chat(...)``.
+
+    It takes the same arguments as :class:`AsyncClient` and offers the same calls, each
+    blocking until done: :meth:`chat`, :meth:`stream` (``with ... as stream: for chunk in
+    stream``), :meth:`batch`, :meth:`batch_iter`, :meth:`warmup`, :meth:`stats`,
+    :meth:`cache_stats`, :meth:`health`, :meth:`close`. It runs an :class:`AsyncClient` on
+    one event loop in one background thread that it owns for its whole life, so its
+    connection pools stay bound to that loop and any number of threads may call it at once;
+    errors are the same typed errors.
+
+    Close it (``with Client(...) as client:`` or :meth:`close`); a client dropped unclosed
+    is closed when it is garbage-collected or at interpreter exit, without warnings or a
+    leftover thread. A client does not cross a ``fork``: in the child, calls raise
+    :class:`ConfigurationError`; create the client in the child.
+    """
+
+    def __init__(
+        self,
+        backend: Backend | None = None,
+        *,
+        backends: Mapping[str, Backend] | None = None,
+        default_backend: str | None = None,
+        model: str | None = None,
+        timeout: Timeout | float | None | NotGiven = NOT_GIVEN,
+        retry: RetryPolicy | None = None,
+        stream_chat: bool = True,
+        hedge: Hedge | None = None,
+        observers: Sequence[AttemptObserver] = (),
+        policies: PolicyHub | None = None,
+        router: RouterLike | None = None,
+        pricing: Pricing | None = None,
+        telemetry: Telemetry | None | NotGiven = NOT_GIVEN,
+    ) -> None:
+        make = functools.partial(
+            AsyncClient,
+            backend,
+            backends=backends,
+            default_backend=default_backend,
+            model=model,
+            timeout=timeout,
+            retry=retry,
+            stream_chat=stream_chat,
+            hedge=hedge,
+            observers=observers,
+            policies=policies,
+            router=router,
+            pricing=pricing,
+            telemetry=telemetry,
+        )
+        loop = _Loop(make)
+        self._loop = loop
+        _LOOPS.add(loop)
+        self._finalizer = weakref.finalize(self, loop.close)
+
+    def __repr__(self) -> str:
+        aclient = self._loop.aclient
+        return f"Client(backends={sorted(aclient.backends)}, default={aclient._default!r})"
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close every backend (pools, engines, connections), cancel calls still running
+        (they raise :class:`ConfigurationError`) and stop the loop thread. Idempotent."""
+        self._finalizer()
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` ran (or the client was closed at exit)."""
+        return self._loop.closed
+
+    @property
+    def aclient(self) -> AsyncClient:
+        """The :class:`AsyncClient` underneath; it lives on the client's loop thread, so use
+        it only from code that runs there (an observer, say)."""
+        return self._loop.aclient
+
+    @property
+    def backends(self) -> dict[str, Backend]:
+        """The configured backends by name."""
+        return self._loop.aclient.backends
+
+    @property
+    def pricing(self) -> Pricing | None:
+        """The prices calls are costed with (``None``: counts only)."""
+        return self._loop.aclient.pricing
+
+    warmup = _blocking(AsyncClient.warmup)
+    health = _on_loop(AsyncClient.health)
+    stats = _on_loop(AsyncClient.stats)
+    cache_stats = _on_loop(AsyncClient.cache_stats)
+    resolve = _on_loop(AsyncClient.resolve)
+    targets = _on_loop(AsyncClient.targets)
+
+    # ------------------------------------------------------------------ calls
+
+    @overload
+    def chat(
+        self,
+        messages: MessagesInput,
+        *,
+        model: ModelInput = ...,
+        response_model: None = ...,
+        timeout: Timeout | float | None | NotGiven = ...,
+        retry: RetryPolicy | None = ...,
+        hedge: Hedge | None | NotGiven = ...,
+        task: str | None = ...,
+        stream: bool | None = ...,
+        **params: Any,
+    ) -> ChatCompletion: ...
+
+    @overload
+    def chat(
+        self,
+        messages: MessagesInput,
+        *,
+        model: ModelInput = ...,
+        response_model: type[T],
+        timeout: Timeout | float | None | NotGiven = ...,
+        retry: RetryPolicy | None = ...,
+        hedge: Hedge | None | NotGiven = ...,
+        task: str | None = ...,
+        stream: bool | None = ...,
+        **params: Any,
+    ) -> T: ...
+
+    def chat(
+        self,
+        messages: MessagesInput,
+        *,
+        model: ModelInput = None,
+        response_model: type[T] | None = None,
+        timeout: Timeout | float | None | NotGiven = NOT_GIVEN,
+        retry: RetryPolicy | None = None,
+        hedge: Hedge | None | NotGiven = NOT_GIVEN,
+        task: str | None = None,
+        stream: bool | None = None,
+        **params: Any,
+    ) -> ChatCompletion | T:
+        """Run one chat completion and return it (as :meth:`AsyncClient.chat`, blocking).
+
+        With ``response_model``, the validated value is returned instead (see
+        :meth:`AsyncClient.chat`). A ``Conversation`` is sent like any message list; append
+        the reply to it yourself: ``conversation.append(client.chat(conversation))``.
+        """
+        loop = self._loop
+        return loop.run(
+            functools.partial(
+                loop.aclient.chat,
+                messages,
+                model=model,
+                response_model=response_model,
+                timeout=timeout,
+                retry=retry,
+                hedge=hedge,
+                task=task,
+                stream=stream,
+                **params,
+            )
+        )
+
+    def stream(
+        self,
+        messages: MessagesInput,
+        *,
+        model: ModelInput = None,
+        timeout: Timeout | float | None | NotGiven = NOT_GIVEN,
+        retry: RetryPolicy | None = None,
+        hedge: Hedge | None | NotGiven = NOT_GIVEN,
+        task: str | None = None,
+        **params: Any,
+    ) -> SyncChatStream:
+        """Open a streamed chat: ``with client.stream(messages, model=...) as stream``
+        (arguments as :meth:`AsyncClient.stream`; bad ones raise here)."""
+        loop = self._loop
+
+        async def make() -> ChatStream:
+            return loop.aclient.stream(
+                messages,
+                model=model,
+                timeout=timeout,
+                retry=retry,
+                hedge=hedge,
+                task=task,
+                **params,
+            )
+
+        return SyncChatStream(loop, loop.run(make))
+
+    def batch(
+        self,
+        requests: Iterable[BatchRequest],
+        *,
+        concurrency: int = 8,
+        on_progress: Callable[[BatchProgress], object] | None = None,
+        min_shared_bytes: int = 1024,
+        **defaults: Any,
+    ) -> list[BatchResult]:
+        """Run many chats grouped by shared prompt prefix and return one
+        :class:`BatchResult` per entry, in input order (as :meth:`AsyncClient.batch`;
+        ``on_progress`` runs on the client's loop thread)."""
+        loop = self._loop
+        return loop.run(
+            functools.partial(
+                loop.aclient.batch,
+                requests,
+                concurrency=concurrency,
+                on_progress=on_progress,
+                min_shared_bytes=min_shared_bytes,
+                **defaults,
+            )
+        )
+
+    def batch_iter(
+        self,
+        requests: Iterable[BatchRequest],
+        *,
+        concurrency: int = 8,
+        on_progress: Callable[[BatchProgress], object] | None = None,
+        min_shared_bytes: int = 1024,
+        **defaults: Any,
+    ) -> AbstractContextManager[Iterator[BatchResult]]:
+        """Run many chats grouped by shared prompt prefix; results as they finish:
+        ``with client.batch_iter(requests) as results: for result in results``
+        (arguments as :meth:`AsyncClient.batch_iter`; ``on_progress`` runs on the client's
+        loop thread). Leaving the block early cancels what is still running."""
+        loop = self._loop
+        return _BatchResults(
+            loop,
+            lambda: loop.aclient.batch_iter(
+                requests,
+                concurrency=concurrency,
+                on_progress=on_progress,
+                min_shared_bytes=min_shared_bytes,
+                **defaults,
+            ),
+        )

@@ -1,0 +1,113 @@
+"""One request through the client, for any httpx-shaped library (httpx, httpx2).
+
+The two libraries have the same request and response objects under different module
+names; the functions here take the module and the body classes made for it, so the
+transports of both are the same code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from .. import errors
+from ._core import (
+    SSE,
+    Reply,
+    completion_reply,
+    error_reply,
+    parse,
+    sse_sync,
+    stream_headers,
+)
+
+if TYPE_CHECKING:
+    from .._client import AsyncClient
+    from .._sync import Client
+
+__all__ = ["body_classes", "handle", "handle_async"]
+
+
+def _response(module: Any, reply: Reply, request: Any) -> Any:
+    return module.Response(
+        reply.status, headers=reply.headers, content=reply.content, request=request
+    )
+
+
+def body_classes(module: Any) -> tuple[type[Any], type[Any]]:
+    """The (async, sync) response body classes for ``module``: SSE bytes handed on one
+    event at a time, as the client yields the chunks (nothing buffered), and the call's
+    stream closed when the SDK closes the response."""
+
+    class AsyncBody(module.AsyncByteStream):  # type: ignore[misc]
+        def __init__(self, events: SSE, close: Callable[[], Awaitable[None]]) -> None:
+            self._events = events
+            self._close = close
+
+        def __aiter__(self) -> AsyncIterator[bytes]:
+            return self._events
+
+        async def aclose(self) -> None:
+            await self._close()
+
+    class SyncBody(module.SyncByteStream):  # type: ignore[misc]
+        def __init__(self, events: Iterator[bytes], close: Callable[[], None]) -> None:
+            self._events = events
+            self._close = close
+
+        def __iter__(self) -> Iterator[bytes]:
+            yield from self._events
+
+        def close(self) -> None:
+            try:
+                self._events.close()  # type: ignore[attr-defined]
+            finally:
+                self._close()
+
+    return AsyncBody, SyncBody
+
+
+async def handle_async(client: AsyncClient, request: Any, module: Any, body: type[Any]) -> Any:
+    """Run the SDK's ``request`` through ``client``; the response the SDK reads."""
+    wanted = parse(request.method, request.url.path, await request.aread())
+    if isinstance(wanted, Reply):
+        return _response(module, wanted, request)
+    try:
+        if not wanted.stream:
+            completion = await client.chat(
+                wanted.messages, model=wanted.model, response_model=None, **wanted.params
+            )
+            return _response(module, completion_reply(completion), request)
+        stream = client.stream(wanted.messages, model=wanted.model, **wanted.params)
+        await stream.__aenter__()  # up to the first token: a failure is still a status
+    except errors.SwiftClientError as exc:
+        return _response(module, error_reply(exc), request)
+    return module.Response(
+        200,
+        headers=stream_headers(stream.timing),
+        stream=body(SSE(stream), stream.aclose),
+        request=request,
+    )
+
+
+def handle(client: Client, request: Any, module: Any, body: type[Any]) -> Any:
+    """:func:`handle_async` for the blocking :class:`~swiftclient.Client`."""
+    wanted = parse(request.method, request.url.path, request.read())
+    if isinstance(wanted, Reply):
+        return _response(module, wanted, request)
+    try:
+        if not wanted.stream:
+            completion = client.chat(
+                wanted.messages, model=wanted.model, response_model=None, **wanted.params
+            )
+            return _response(module, completion_reply(completion), request)
+        stream = client.stream(wanted.messages, model=wanted.model, **wanted.params)
+        stream.__enter__()
+    except errors.SwiftClientError as exc:
+        return _response(module, error_reply(exc), request)
+    return module.Response(
+        200,
+        headers=stream_headers(stream.timing),
+        stream=body(sse_sync(stream), stream.close),
+        request=request,
+    )

@@ -1,0 +1,434 @@
+"""The blocking Client: the async client's surface, one loop in one owned thread.
+
+Against :class:`FakeProvider` over real sockets. What must survive the interpreter (GC of
+an unclosed client, exit, fork, Ctrl-C) runs in a subprocess, so a failure cannot wedge or
+kill the test run.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import warnings
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+
+import anyio
+import pydantic
+import pytest
+
+from swiftclient import (
+    AsyncClient,
+    BadRequestError,
+    BatchProgress,
+    ChatCompletionChunk,
+    Client,
+    ConfigurationError,
+    Conversation,
+    Hedge,
+    HTTPBackend,
+    RateLimitError,
+    RetryPolicy,
+    SyncChatStream,
+)
+from swiftclient.testing import FakeProvider, Reply
+
+NO_RETRY = RetryPolicy.none()
+RELEASE_LIMIT = 30.0  # seconds; bounds waiting for cleanup, never a speed assertion
+SUBPROCESS_LIMIT = 120.0
+
+
+@contextmanager
+def fake(default: Reply | None = None, model: str = "fake-model") -> Iterator[FakeProvider]:
+    with FakeProvider(default or Reply(text="Hello there"), model=model).run_in_thread() as f:
+        yield f
+
+
+def wait_idle(provider: FakeProvider) -> None:
+    """Block until the fake answers no request (every stream it served has ended)."""
+
+    async def wait() -> None:
+        with anyio.fail_after(RELEASE_LIMIT):
+            await provider.wait_until_idle()
+
+    anyio.run(wait)
+
+
+def loop_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "swiftclient-loop"]
+
+
+def in_use(client: Client, name: str) -> int:
+    """Connections the backend has checked out, read on the client's loop (after everything
+    already scheduled there has run)."""
+    client.health()  # a round trip through the loop: what was due there has run
+    backend = client.backends[name]
+    assert isinstance(backend, HTTPBackend)
+    return backend.pool_stats()["in_use"]
+
+
+def run_script(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-X", "dev", "-W", "error", "-c", textwrap.dedent(code), *args],
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_LIMIT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+# --------------------------------------------------------------------------- the surface
+
+
+def test_the_sync_client_offers_the_async_surface() -> None:
+    class City(pydantic.BaseModel):
+        city: str
+
+    with fake() as provider, Client(HTTPBackend(provider.base_url), model="m") as client:
+        client.warmup()
+        assert client.chat("hi").text == "Hello there"
+        with client.stream("hi") as stream:
+            assert isinstance(stream, SyncChatStream)
+            chunks = list(stream)
+            assert all(isinstance(c, ChatCompletionChunk) for c in chunks)
+            assert stream.final().text == "Hello there"
+            assert stream.timing.ttft is not None
+            assert stream.request.model == "m"
+        with client.stream("hi") as stream:
+            assert "".join(stream.text()) == "Hello there"
+        # Iterated without a with block, a stream opens on the first read.
+        assert "".join(client.stream("hi").text()) == "Hello there"
+        assert client.stream("hi").final().text == "Hello there"
+
+        provider.script(Reply(text='{"city": "Paris"}'))
+        assert client.chat("where?", response_model=City) == City(city="Paris")
+
+        conversation = Conversation("Be brief.")
+        conversation.user("hi")
+        conversation.append(client.chat(conversation))
+        assert [m.role for m in conversation] == ["system", "user", "assistant"]
+
+        progress: list[BatchProgress] = []
+        results = client.batch(
+            [{"messages": "a"}, {"messages": "b"}, {"messages": "c"}], on_progress=progress.append
+        )
+        assert [r.index for r in results] == [0, 1, 2]
+        assert all(r.unwrap().text == "Hello there" for r in results)
+        assert len(progress) == 3
+        with client.batch_iter([{"messages": "a"}, {"messages": "b"}]) as finished:
+            assert sorted(r.index for r in finished) == [0, 1]
+
+        assert client.health() == {}
+        assert client.stats().calls == 0  # unpriced one-target calls are not accounted
+        assert client.cache_stats()["http"].requests >= 1
+        backend, name = client.resolve("http/m")
+        assert (backend.name, name) == ("http", "m")
+        assert client.targets(["http/a", "http/b"])[1].model == "b"
+        assert isinstance(client.aclient, AsyncClient)
+    assert client.closed
+
+
+def test_calls_one_after_another_reuse_one_pooled_connection() -> None:
+    # The case of asyncio.run(client.chat(...)) twice on one AsyncClient, which fails: each
+    # run is a new loop. A Client keeps one loop, so its pool serves every call.
+    with fake() as provider, Client(HTTPBackend(provider.base_url), model="m") as client:
+        for _ in range(3):
+            assert client.chat("hi").text == "Hello there"
+        assert provider.connections_opened == 1
+
+
+def test_the_constructor_takes_what_the_async_client_takes() -> None:
+    import inspect
+
+    sync = inspect.signature(Client.__init__).parameters
+    twin = inspect.signature(AsyncClient.__init__).parameters
+    assert list(sync) == list(twin)
+    for name, parameter in twin.items():
+        assert sync[name].default == parameter.default, name
+        assert sync[name].kind == parameter.kind, name
+
+
+def test_errors_are_the_async_clients_typed_errors() -> None:
+    with fake() as provider, Client(HTTPBackend(provider.base_url), retry=NO_RETRY) as client:
+        provider.script(Reply(status=429, retry_after=1), Reply(status=400))
+        with pytest.raises(RateLimitError) as caught:
+            client.chat("hi", model="m")
+        assert caught.value.status_code == 429
+        with pytest.raises(BadRequestError), client.stream("hi", model="m") as stream:
+            list(stream)
+        with pytest.raises(ConfigurationError, match="no model given"):
+            client.chat("hi")
+        with pytest.raises(ConfigurationError, match=r"messages\[0\]"):
+            client.stream([{"role": "tool", "content": "x"}], model="m")
+        provider.script(Reply(text="partial words here", drop_after=1))
+        with pytest.raises(Exception) as dropped, client.stream("hi", model="m") as stream:
+            list(stream)
+        assert type(dropped.value).__module__.startswith("swiftclient")
+        with pytest.raises(TypeError):
+            client.warmup(connections=1, bogus=True)  # type: ignore[call-arg]
+        assert client.chat("hi", model="m").text == "Hello there"
+    with pytest.raises(ConfigurationError, match="closed"):
+        client.chat("hi", model="m")
+
+
+# --------------------------------------------------------------------------- threads
+
+
+def test_eight_threads_make_two_hundred_hedged_calls_each() -> None:
+    threads, calls = 8, 200
+    held = 40  # replies on target a that never send a token: only the hedge can answer them
+    with fake(Reply(text="from a"), model="a") as a, fake(Reply(text="from b"), model="b") as b:
+        a.script(*[Reply(stall_after=0)] * held)
+        backends = {"a": HTTPBackend(a.base_url, name="a"), "b": HTTPBackend(b.base_url, name="b")}
+        # Every call races both targets (delay 0), with a budget that never refuses a hedge.
+        hedge = Hedge(delay=0.0, budget=1.0, budget_burst=1000.0)
+        with Client(backends=backends, hedge=hedge, retry=NO_RETRY, timeout=120.0) as client:
+
+            def worker(_: int) -> list[tuple[str, list[str]]]:
+                out = []
+                for _ in range(calls):
+                    completion = client.chat("hi", model=["a/m", "b/m"])
+                    assert completion.timing is not None
+                    out.append((completion.text, [t.outcome for t in completion.timing.attempts]))
+                return out
+
+            with ThreadPoolExecutor(threads) as pool:
+                done = [r for batch in pool.map(worker, range(threads)) for r in batch]
+
+            assert len(done) == threads * calls
+            for text, attempt_outcomes in done:
+                assert text in ("from a", "from b")
+                assert attempt_outcomes.count("ok") == 1
+            assert a.pending == 0  # every held reply was served, and answered by b's hedge
+            assert sum(text == "from b" for text, _ in done) >= held
+            stats = client.stats()
+            assert stats.calls == threads * calls
+            assert stats.hedges_sent >= held
+            wait_idle(a)
+            wait_idle(b)
+            assert in_use(client, "a") == 0
+            assert in_use(client, "b") == 0
+            assert a.cancelled >= held  # the held requests were cancelled, never answered
+
+
+@pytest.mark.parametrize("how", ["dropped", "break"])
+def test_a_stream_abandoned_in_a_thread_releases_its_connection(how: str) -> None:
+    with fake() as provider, Client(HTTPBackend(provider.base_url), model="m") as client:
+        provider.script(Reply(text="one two three", stall_after=1))
+        got: list[str] = []
+
+        def reader() -> None:
+            if how == "dropped":
+                stream = client.stream("hi")
+                got.append(next(stream.text()))
+                return  # neither closed nor finished: dropped with the thread's frame
+            with client.stream("hi") as stream:
+                for text in stream.text():
+                    got.append(text)
+                    break
+
+        thread = threading.Thread(target=reader)
+        thread.start()
+        thread.join()
+        gc.collect()
+        assert got == ["one"]
+        wait_idle(provider)
+        assert provider.cancelled == 1
+        assert in_use(client, "http") == 0
+        assert client.chat("again").text == "Hello there"  # the pool still serves
+
+
+# --------------------------------------------------------------------------- lifecycle
+
+
+def test_an_unclosed_client_collected_leaves_no_thread_and_no_warning() -> None:
+    before = len(loop_threads())
+    with fake() as provider, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        client = Client(HTTPBackend(provider.base_url), model="m")
+        assert len(loop_threads()) == before + 1
+        with client.stream("hi") as stream:
+            next(stream)
+        client.chat("hi")
+        del client, stream
+        gc.collect()
+        assert len(loop_threads()) == before
+    assert [str(w.message) for w in caught] == []
+
+
+def test_close_is_idempotent_and_refuses_later_calls() -> None:
+    with fake() as provider:
+        client = Client(HTTPBackend(provider.base_url), model="m")
+        client.close()
+        client.close()
+        assert client.closed
+        with pytest.raises(ConfigurationError, match="closed"):
+            client.chat("hi")
+        with pytest.raises(ConfigurationError, match="closed"):
+            client.stream("hi")
+
+
+def test_close_cancels_a_stream_another_thread_is_reading() -> None:
+    with fake() as provider:
+        client = Client(HTTPBackend(provider.base_url), model="m")
+        provider.script(Reply(text="one two", stall_after=1))
+        opened = threading.Event()
+        failure: list[BaseException] = []
+
+        def reader() -> None:
+            with client.stream("hi") as stream:
+                texts = stream.text()
+                next(texts)
+                opened.set()
+                try:
+                    next(texts)
+                except BaseException as exc:
+                    failure.append(exc)
+
+        thread = threading.Thread(target=reader)
+        thread.start()
+        opened.wait(RELEASE_LIMIT)
+        client.close()
+        thread.join(RELEASE_LIMIT)
+        assert not thread.is_alive()
+        assert len(failure) == 1
+        assert isinstance(failure[0], ConfigurationError)
+        assert "closed" in str(failure[0])
+        wait_idle(provider)
+        assert loop_threads() == []
+
+
+_EXIT_SCRIPT = """
+import gc, sys, threading
+from swiftclient import Client, HTTPBackend
+
+url = sys.argv[1]
+dropped = Client(HTTPBackend(url), model="m")
+dropped.chat("hi")
+del dropped
+gc.collect()
+assert not [t for t in threading.enumerate() if t.name == "swiftclient-loop"]
+left_open = Client(HTTPBackend(url), model="m")
+stream = left_open.stream("hi")
+next(stream)
+print("exiting with a client and a stream left open", flush=True)
+"""
+
+
+def test_exit_with_an_unclosed_client_and_stream_is_clean() -> None:
+    with fake() as provider:
+        provider.script(Reply(text="x"), Reply(text="one two", stall_after=1))
+        done = run_script(_EXIT_SCRIPT, provider.base_url)
+        assert done.returncode == 0, done.stderr
+        assert "exiting" in done.stdout
+        assert done.stderr == ""  # no "Unclosed ...", no "Task was destroyed", no warning
+        wait_idle(provider)
+        assert provider.cancelled == 1  # the open stream's request was ended at exit
+
+
+_INTERRUPT_SCRIPT = """
+import signal, sys, threading
+from contextlib import asynccontextmanager
+import anyio
+from swiftclient import Client, HTTPBackend
+
+class Gate:
+    name = "gate"
+
+    def __init__(self):
+        self.entered = threading.Event()
+        self.released = threading.Event()
+
+    def stream(self, request, deadline, options=None):
+        return self._held()
+
+    async def complete(self, request, deadline, options=None):
+        async with self._held():
+            pass
+
+    @asynccontextmanager
+    async def _held(self):
+        self.entered.set()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            self.released.set()
+        yield
+
+    async def aclose(self):
+        pass
+
+gate = Gate()
+client = Client(backends={"gate": gate, "fake": HTTPBackend(sys.argv[1], name="fake")})
+main = threading.main_thread().ident
+
+def interrupt_when_held():
+    gate.entered.wait()
+    signal.pthread_kill(main, signal.SIGINT)
+
+for what in ("chat", "stream"):
+    gate.entered.clear()
+    gate.released.clear()
+    threading.Thread(target=interrupt_when_held).start()
+    try:
+        if what == "chat":
+            client.chat("hi", model="gate/m")
+        else:
+            with client.stream("hi", model="gate/m") as stream:
+                list(stream)
+    except KeyboardInterrupt:
+        pass
+    else:
+        sys.exit(f"{what}: no KeyboardInterrupt")
+    assert gate.released.wait(60), f"{what}: the interrupted call still runs on the loop"
+    assert client.chat("hi", model="fake/m").text == "fine", what
+client.close()
+print("ok")
+"""
+
+
+def test_ctrl_c_in_the_calling_thread_cancels_the_call_and_the_loop_serves_on() -> None:
+    with fake(Reply(text="fine")) as provider:
+        done = run_script(_INTERRUPT_SCRIPT, provider.base_url)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == "ok"
+        assert done.stderr == ""
+
+
+_FORK_SCRIPT = """
+import os, sys
+from swiftclient import Client, ConfigurationError, HTTPBackend
+
+url = sys.argv[1]
+client = Client(HTTPBackend(url), model="m")
+assert client.chat("hi").text == "Hello there"
+pid = os.fork()
+if pid == 0:
+    try:
+        client.chat("hi")
+    except ConfigurationError as exc:
+        assert "fork" in str(exc), exc
+    else:
+        sys.exit("the inherited client answered in the child")
+    with Client(HTTPBackend(url), model="m") as fresh:
+        assert fresh.chat("hi").text == "Hello there"
+    sys.exit(0)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0, status
+assert client.chat("hi").text == "Hello there"
+client.close()
+print("ok")
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_gets_a_clear_error_and_a_new_client_works() -> None:
+    with fake() as provider:
+        done = run_script(_FORK_SCRIPT, provider.base_url)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == "ok"
