@@ -5,7 +5,8 @@ buckets, configured (:class:`Limits`) or learned from the provider's headers, wi
 a 429 that says nothing else. A request waits for capacity in a fair queue (first in, first
 out, with an optional priority) inside its own deadline, and fails with
 :class:`~swiftclient.RateLimited` when the wait cannot fit. State lives in a
-:class:`StateStore`: :class:`MemoryStore` in this process by default.
+:class:`StateStore`: :class:`MemoryStore` in this process by default, or
+:class:`RedisStore` shared by every process that points at one Redis server.
 """
 
 from ._headers import (
@@ -24,6 +25,7 @@ from ._limiter import (
     SystemClock,
     estimate_tokens,
 )
+from ._redis import RedisStore
 from ._store import Admit, BucketCost, MemoryStore, StateStore
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "Observed",
     "Permit",
     "RateLimitInfo",
+    "RedisStore",
     "StateStore",
     "SystemClock",
     "estimate_tokens",
