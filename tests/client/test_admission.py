@@ -151,7 +151,8 @@ def test_bad_limits_mapping_is_refused() -> None:
 
 
 def test_limits_resolve_by_target_then_backend() -> None:
-    a = Admission({"openai": Limits(rpm=10), "openai/big": Limits(rpm=1)})
+    a = Admission({"openai": Limits(rpm=10, concurrency=3), "openai/big": Limits(rpm=1)})
+    assert a.concurrency("openai/x") == 3 and a.waiting("openai/x") == 0  # no loop needed
     assert a.limits_for("openai/small").rpm == 10
     assert a.limits_for("openai/big").rpm == 1
     assert a.limits_for("other/x") == Limits()

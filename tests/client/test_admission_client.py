@@ -7,7 +7,14 @@ from __future__ import annotations
 
 import pytest
 
-from swiftclient import AsyncClient, HTTPBackend, RateLimited, RetryPolicy
+from swiftclient import (
+    AsyncClient,
+    CircuitBreaker,
+    HTTPBackend,
+    PolicyHub,
+    RateLimited,
+    RetryPolicy,
+)
 from swiftclient.admission import Admission, Limits
 from swiftclient.testing import FakeProvider, ProviderLimits, Reply
 
@@ -43,6 +50,7 @@ async def test_limits_learned_from_headers_keep_calls_from_the_429(stream_chat: 
     assert len(err.attempts) == 1 and err.attempts[0].error == "RateLimited"
     assert fake.rate_limited == 0  # no request went out to be refused
     assert len(fake.requests) == 2
+    assert client.admission is not None and client.admission.in_flight("fake/m") == 0
 
 
 async def test_without_limits_the_same_calls_meet_the_429() -> None:
@@ -94,7 +102,11 @@ async def test_a_target_without_capacity_falls_back_to_one_with_it() -> None:
         "a": HTTPBackend("http://a/v1", name="a", transport=a.transport()),
         "b": HTTPBackend("http://b/v1", name="b", transport=b.transport()),
     }
-    async with AsyncClient(backends=backends, limits={"a": Limits(rpm=1)}, timeout=5.0) as client:
+    # a breaker that opens on one failure: the refusal must not count as one
+    hub = PolicyHub(breaker=lambda: CircuitBreaker(min_calls=1))
+    async with AsyncClient(
+        backends=backends, limits={"a": Limits(rpm=1)}, timeout=5.0, policies=hub
+    ) as client:
         await client.chat("x", model="a/m")
         completion = await client.chat("x", model=["a/m", "b/m"])
         health = client.health()
@@ -102,7 +114,7 @@ async def test_a_target_without_capacity_falls_back_to_one_with_it() -> None:
     attempts = completion.timing.attempts if completion.timing else []
     assert [(t.backend, t.error) for t in attempts] == [("a", "RateLimited"), ("b", None)]
     assert len(a.requests) == 1 and len(b.requests) == 1
-    assert health.get("a/m", "closed") == "closed"  # a refusal here is not the target's fault
+    assert health == {"a/m": "closed", "b/m": "closed"}  # a refusal is not the target's fault
 
 
 async def test_limits_must_be_limits() -> None:

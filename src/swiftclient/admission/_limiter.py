@@ -468,7 +468,8 @@ class Admission:
 
     def concurrency(self, target: str) -> int | None:
         """The concurrency limit in force on ``target`` (configured or learned)."""
-        return self._gate(target).concurrency()
+        gate = self._gates.get(target)
+        return self.limits_for(target).concurrency if gate is None else gate.concurrency()
 
     def waiting(self, target: str) -> int:
         """Requests queued for ``target`` right now."""
