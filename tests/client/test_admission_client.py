@@ -5,11 +5,15 @@ test owns; no assertion depends on the wall clock."""
 
 from __future__ import annotations
 
+import anyio
+import httpx
 import pytest
 
 from swiftclient import (
     AsyncClient,
+    AttemptRun,
     CircuitBreaker,
+    Hedge,
     HTTPBackend,
     PolicyHub,
     RateLimited,
@@ -19,7 +23,7 @@ from swiftclient import (
 from swiftclient.admission import Admission, Limits
 from swiftclient.testing import FakeProvider, ProviderLimits, Reply
 
-from .mock import Script
+from .mock import Script, stream_body
 
 pytestmark = pytest.mark.anyio
 
@@ -121,3 +125,43 @@ async def test_limits_must_be_limits() -> None:
 
     with pytest.raises(ConfigurationError):
         AsyncClient(HTTPBackend("http://x/v1"), limits={"x": 5})  # type: ignore[dict-item]
+
+
+async def test_a_hedge_is_not_sent_into_a_target_without_capacity_now() -> None:
+    # b frees its one request slot a minute after its first call: a first attempt would
+    # wait for it (the deadline allows), a hedge does not wait.
+    gate = anyio.Event()
+
+    class OpenGateOnRefusal:
+        attempt_hooks = ("on_end",)
+
+        def on_end(self, attempt: AttemptRun) -> None:
+            if isinstance(attempt.error, RateLimited):
+                gate.set()
+
+    async def slow_a(request: httpx.Request) -> httpx.Response:
+        await gate.wait()  # a answers only once the hedge on b was refused
+        return httpx.Response(
+            200, headers={"content-type": "text/event-stream"}, content=b"".join(stream_body(["A"]))
+        )
+
+    b = Script()
+    backends = {
+        "a": HTTPBackend("http://a/v1", name="a", transport=httpx.MockTransport(slow_a)),
+        "b": HTTPBackend("http://b/v1", name="b", transport=b.transport()),
+    }
+    async with AsyncClient(
+        backends=backends,
+        limits={"b": Limits(rpm=1)},
+        hedge=Hedge(delay=0.01),
+        observers=[OpenGateOnRefusal()],
+        timeout=120.0,
+    ) as client:
+        await client.chat("x", model="b/m")
+        completion = await client.chat("x", model=["a/m", "b/m"])
+    attempts = completion.timing.attempts if completion.timing else []
+    assert [(t.backend, t.trigger, t.error) for t in attempts] == [
+        ("a", "first", None),
+        ("b", "hedge", "RateLimited"),
+    ]
+    assert completion.text == "A" and len(b.requests) == 1
