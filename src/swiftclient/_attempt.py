@@ -11,8 +11,9 @@ them.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol, TypeVar
 
@@ -26,6 +27,7 @@ from .types import Attempt, ChatCompletion, ChatCompletionChunk, ChatRequest, Us
 
 if TYPE_CHECKING:
     from ._stream import Call
+    from .admission import Admission, Permit
 
 __all__ = [
     "AttemptObserver",
@@ -174,6 +176,8 @@ class AttemptRun:
         "_deadline",
         "_iterator",
         "_now",
+        "_permit",
+        "_response",
         "_stack",
         "_timer",
         "error",
@@ -215,6 +219,8 @@ class AttemptRun:
         self.first_token_at: float | None = None
         self.next_nowait: Callable[[], ChatCompletionChunk | None] | None = None
         self._stack: AsyncExitStack | None = None
+        self._permit: Permit | None = None
+        self._response: tuple[int, dict[str, str]] | None = None
         self._iterator: AsyncIterator[ChatCompletionChunk] | None = None
         self._timer: ReadTimer | None = None
         self._chunk_seen = False
@@ -418,6 +424,9 @@ class AttemptRun:
         self._timer = _read_timer()
         buffered: list[ChatCompletionChunk] = []
         try:
+            admission = self._call.admission
+            if admission is not None:
+                await self._admit(admission)
             now = self._now()
             due, kind = self._bound(now)
             if due <= now:
@@ -456,6 +465,8 @@ class AttemptRun:
             with anyio.move_on_after(_CLOSE_GRACE, shield=True):
                 await stack.aclose()
         self.finish(exc, lost=lost, cancelled=cancelled)
+        if self._permit is not None:
+            await self._settle(self.usage)
 
     async def discard(self) -> None:
         """Release an attempt whose output the call does not take: one that succeeded after
@@ -473,6 +484,27 @@ class AttemptRun:
         a few microseconds less per call: a plain task cancellation at any of its awaits
         leaves nothing behind.
         """
+        admission = self._call.admission
+        if admission is not None:
+            return await self._complete_admitted(admission)
+        return await self._complete()
+
+    async def _complete_admitted(self, admission: Admission) -> ChatCompletion:
+        """:meth:`complete` after admission, settling the capacity it held at the end."""
+        try:
+            await self._admit(admission)
+        except BaseException as exc:
+            self.finish(exc)
+            raise
+        try:
+            result = await self._complete()
+        except BaseException:
+            await self._settle(None)
+            raise
+        await self._settle(result.usage)
+        return result
+
+    async def _complete(self) -> ChatCompletion:
         deadline = self._deadline
         backend = self.target.backend
         try:
@@ -503,6 +535,76 @@ class AttemptRun:
         except BaseException as exc:
             self.finish(exc)
             raise
+
+    # ------------------------------------------------------------------ admission
+
+    async def _admit(self, admission: Admission) -> None:
+        """Wait for capacity on the target within the call's deadline (a hedge does not
+        wait: a target with no capacity now gets no hedge), and ask the backend for the
+        response's status and rate-limit headers."""
+        name = self.target.name
+        limits = admission.limits_for(name)
+        body = _body_size(self.request, self.options, self.streamed)
+        inputs = math.ceil(body / limits.chars_per_token)
+        tokens = inputs + (self.request.max_new_tokens() or 0)
+        left = self._deadline.remaining()
+        timeout = 0.0 if self.record.trigger == "hedge" else None if left == math.inf else left
+        self._permit = await admission.acquire(
+            name, tokens=tokens, input_tokens=inputs, timeout=timeout
+        )
+        self.options = dataclasses.replace(self.options, on_response=self._on_response)
+
+    def _on_response(self, status: int, headers: Mapping[str, str]) -> None:
+        """Keep the status and the rate-limit headers of the attempt's response."""
+        kept = {}
+        for name, value in headers.items():
+            lowered = name.lower()
+            if lowered.startswith(_LIMIT_HEADERS) or lowered in _RETRY_HEADERS:
+                kept[lowered] = value
+        self._response = (status, kept)
+
+    async def _settle(self, usage: Usage | None) -> None:
+        """Hand the admission permit back with what the response said (once)."""
+        permit, self._permit = self._permit, None
+        admission = self._call.admission
+        if permit is None or admission is None:
+            return
+        status, headers = self._response or (None, {})
+        error = self.error
+        if isinstance(error, errors.APIStatusError):
+            status = error.status_code
+            headers = {**headers, **error.headers}
+        await admission.settle(
+            permit,
+            status=status,
+            headers=headers,
+            total_tokens=usage.total_tokens if usage is not None else None,
+            input_tokens=usage.prompt_tokens if usage is not None else None,
+            output_tokens=usage.completion_tokens if usage is not None else None,
+        )
+
+
+_LIMIT_HEADERS = ("x-ratelimit-", "anthropic-ratelimit-")
+_RETRY_HEADERS = frozenset({"retry-after", "retry-after-ms"})
+
+
+def _body_size(request: ChatRequest, options: RequestOptions, streamed: bool) -> int:
+    """Characters of the request's canonical body (built once per call, and reused by the
+    backend that sends it); the message text alone without the call's encoding."""
+    encoding = options.encoding
+    if encoding is not None:
+        return len(encoding.encode(request, stream=streamed))
+    total = 0
+    for message in request.messages:
+        content = message.content
+        if isinstance(content, str):
+            total += len(content)
+        elif content is not None:
+            for part in content:
+                text = getattr(part, "text", None)
+                if isinstance(text, str):
+                    total += len(text)
+    return total
 
 
 def request_for(request: ChatRequest, target: Target) -> ChatRequest:

@@ -23,6 +23,7 @@ from ._policies import PolicyHub, prompt_chars
 from ._retry import RetryPolicy
 from ._stream import Call, ChatStream
 from ._structured import structured_output, validation_summary
+from .admission import Admission, Limits
 from .backends.base import Backend, RequestOptions, enter_backends
 from .conversation import Conversation
 from .hedging import Hedge
@@ -183,6 +184,13 @@ class AsyncClient:
             default the shared ``Telemetry.default()`` on the global providers, which records
             nothing until the application installs an OpenTelemetry SDK. ``None`` turns it
             off.
+        limits: admission control (docs/rate-limits.md): a
+            :class:`~swiftclient.admission.Limits` for every backend, a mapping from backend
+            name (or ``"backend/model"``) to limits, or an
+            :class:`~swiftclient.admission.Admission` (to share state through a
+            :class:`~swiftclient.admission.RedisStore`). Each attempt then waits for capacity
+            on its target within the call's deadline, and the limits are learned from the
+            responses' rate-limit headers. ``None`` (the default): no admission.
 
     With no backend at all, the client configures itself from the environment (see
     :func:`swiftclient.providers.from_env`).
@@ -204,6 +212,7 @@ class AsyncClient:
         router: RouterLike | None = None,
         pricing: Pricing | None = None,
         telemetry: Telemetry | None | NotGiven = NOT_GIVEN,
+        limits: Limits | Mapping[str, Limits] | Admission | None = None,
     ) -> None:
         named: dict[str, Backend] = dict(backends or {})
         if backend is not None:
@@ -268,6 +277,10 @@ class AsyncClient:
         self.telemetry = telemetry
         if telemetry is not None:
             self.policies.on_breaker_change(telemetry.breaker_changed)
+        self.admission: Admission | None = (
+            limits if isinstance(limits, Admission | None) else Admission(limits)
+        )
+        """Rate limits every attempt waits for (``None``: none); see ``limits``."""
         self._closed = False
         self._stack: AsyncExitStack | None = None
 
@@ -440,6 +453,7 @@ class AsyncClient:
             policies=self.policies,
             ledger=self._accounting if several else self._plain_ledger,
             tracer=self.telemetry,
+            admission=self.admission,
         )
 
     # ------------------------------------------------------------------ calls

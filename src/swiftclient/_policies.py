@@ -22,6 +22,7 @@ from ._attempt import AttemptRun, Target, noop_hook
 from ._breaker import CircuitBreaker
 from ._budget import HedgeBudget, RetryThrottle
 from ._estimator import LatencyEstimator, prompt_bucket
+from .errors import RateLimited
 from .hedging import Hedge, is_fatal
 from .types import ChatRequest, Message
 
@@ -212,7 +213,8 @@ class PolicyHub:
 
     def on_end(self, attempt: AttemptRun) -> None:
         """Record the outcome: success or a target's failure; errors of the request itself
-        (400, 401, ...) and cancelled or lost attempts say nothing about the target's health.
+        (400, 401, ...), attempts admission refused (``RateLimited``: nothing was sent) and
+        cancelled or lost attempts say nothing about the target's health.
 
         A lost attempt that had no first token yet still tells the estimator something: its
         time to first token was at least as long as it waited. Without that censored sample
@@ -223,7 +225,12 @@ class PolicyHub:
         outcome = attempt.outcome
         if outcome == "won":
             ok = True
-        elif outcome == "failed" and attempt.error is not None and not is_fatal(attempt.error):
+        elif (
+            outcome == "failed"
+            and attempt.error is not None
+            and not is_fatal(attempt.error)
+            and not isinstance(attempt.error, RateLimited)  # refused here: never sent
+        ):
             ok = False
         else:
             if outcome == "lost" and attempt.first_token_at is None:

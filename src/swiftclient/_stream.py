@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from types import TracebackType
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from . import errors
 from ._accumulate import Accumulator
@@ -31,6 +31,9 @@ from ._retry import RetryPolicy, retry_after, run_with_retries
 from .backends.base import RequestOptions
 from .hedging import Hedge, StartAttempt, Trigger, fallback, race
 from .types import ChatCompletion, ChatCompletionChunk, ChatRequest, Timing
+
+if TYPE_CHECKING:
+    from .admission import Admission
 
 __all__ = [
     "Call",
@@ -107,6 +110,7 @@ class Call:
     """Everything one call needs: its targets, request, deadline, policies and record."""
 
     __slots__ = (
+        "admission",
         "deadline",
         "error",
         "hedge",
@@ -143,6 +147,7 @@ class Call:
         policies: CallPolicies | None = None,
         ledger: CallLedger | None = None,
         tracer: CallTracer | None = None,
+        admission: Admission | None = None,
     ) -> None:
         if not targets:
             raise errors.ConfigurationError("a call needs at least one target")
@@ -156,6 +161,8 @@ class Call:
         self.hooks = Hooks.of(observers) if hooks is None else hooks
         """``observers``' handlers (``hooks``: the same, when the caller made them once)."""
         self.policies = policies
+        self.admission = admission
+        """Rate limits each attempt waits for before it sends (None: no admission)."""
         self.ledger = ledger
         self.now = deadline.now
         self.started = deadline.started

@@ -23,8 +23,10 @@
     │   │   └── InternalServerError >= 500
     │   ├── APIResponseValidationError      a body or SSE event that does not parse
     │   │   └── ResponseTooLarge            a body or SSE event over the backend's size limit
-    │   └── StreamError                     an in-band error: an error event in a stream, or
-    │                                       a 200 body that is {"error": ...}
+    │   ├── StreamError                     an in-band error: an error event in a stream, or
+    │   │                                   a 200 body that is {"error": ...}
+    │   └── RateLimited                     admission: no capacity within the call's deadline
+    │                                       (limit, reset_after); nothing was sent
     ├── StructuredOutputError               response_model validation failed (raw text kept)
     └── EngineError                         local engine failures
         └── OverloadedError                 the engine's queue is full
@@ -64,6 +66,7 @@ __all__ = [
     "PermissionDeniedError",
     "PoolTimeout",
     "RateLimitError",
+    "RateLimited",
     "ResponseTooLarge",
     "StreamError",
     "StreamStalled",
@@ -315,6 +318,28 @@ class StreamError(APIError):
     ) -> None:
         super().__init__(message, backend=backend)
         self.body = body
+
+
+class RateLimited(APIError):
+    """Admission control found no capacity for the call within its deadline; no request
+    was sent. ``limit`` names the limit that was short (``"requests"``, ``"tokens"``,
+    ``"input_tokens"``, ``"output_tokens"``, ``"concurrency"`` or ``"retry_after"``),
+    ``reset_after`` the seconds until it frees up (``None`` when unknown: a concurrency
+    slot), ``target`` the ``"backend/model"`` it was for."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        limit: str,
+        reset_after: float | None,
+        target: str | None = None,
+        backend: str | None = None,
+    ) -> None:
+        super().__init__(message, backend=backend)
+        self.limit = limit
+        self.reset_after = reset_after
+        self.target = target
 
 
 class APIStatusError(APIError):

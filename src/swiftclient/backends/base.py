@@ -6,7 +6,7 @@ execution policies in the client compose around it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -54,12 +54,15 @@ class RequestOptions:
     ``idempotency_key`` is the same for every attempt of one call; ``headers`` are extra
     transport headers (backends that have no headers ignore them). ``encoding`` holds the
     call's request bytes and prompt prefix, built once and reused by every attempt (backends
-    that send no bytes ignore it).
+    that send no bytes ignore it). ``on_response``, when set, is called with the status and
+    headers of the HTTP response as soon as they arrive (admission learns rate limits from
+    them; backends without HTTP responses never call it).
     """
 
     idempotency_key: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
     encoding: CallEncoding | None = None
+    on_response: Callable[[int, Mapping[str, str]], None] | None = None
 
 
 @runtime_checkable

@@ -458,6 +458,8 @@ class HTTPBackend:
             await self._acquire(deadline)
         connect = deadline.bound(deadline.timeout.connect)
         response = await self._exchange("POST", self._url, headers, body, connect, slots)
+        if options is not None and options.on_response is not None:
+            options.on_response(response.status, response.headers)
         if response.status >= 400:
             try:
                 raise await self._status_error(response)

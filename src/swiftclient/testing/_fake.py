@@ -24,10 +24,12 @@ from ._events import (
     SSE_DONE,
     ChunkRenderer,
     Plan,
+    _prompt_tokens,
     completion_body,
     error_event,
     plan_reply,
 )
+from ._limits import ProviderLimits
 from ._reply import Reply
 
 __all__ = ["FakeProvider", "RecordedRequest"]
@@ -61,6 +63,11 @@ class FakeProvider:
     an ``x-request-id``. With ``api_key`` set, requests need ``Authorization: Bearer <key>``.
     Replies are deterministic: fixed ids, timestamp and token text.
 
+    With ``rate_limits`` (a :class:`ProviderLimits`), chat requests are held to requests-
+    and tokens-per-window limits like a hosted API's: every chat response carries
+    ``x-ratelimit-*`` headers, and a request past a limit is answered 429 with
+    ``Retry-After`` (it consumes no scripted reply; ``fake.rate_limited`` counts them).
+
     The server runs on its own event loop in a background thread, whatever loop the caller
     runs (asyncio, trio, or none: :meth:`run_in_thread`).
     """
@@ -74,7 +81,12 @@ class FakeProvider:
         models: Sequence[str] | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
+        rate_limits: ProviderLimits | None = None,
     ) -> None:
+        self.rate_limits = rate_limits
+        """The limits enforced on chat requests (``None``: none)."""
+        self.rate_limited = 0
+        """Chat requests refused with 429 because ``rate_limits`` was reached."""
         self.default: Reply = default if default is not None else Reply()
         """The reply used once the scripted queue is empty."""
         self.requests: list[RecordedRequest] = []
@@ -218,8 +230,26 @@ class FakeProvider:
             await writer.send_error(400, "The body must be a JSON object with messages.")
             return
         seq = self._seq
-        reply = self._queue.popleft() if self._queue else self.default
-        headers = reply.response_headers()
+        reply = self._queue[0] if self._queue else self.default
+        limit_headers: dict[str, str] = {}
+        if self.rate_limits is not None:
+            tokens = (
+                _prompt_tokens(body)
+                if reply.is_error
+                else plan_reply(reply, body, f"call_{seq}").usage["total_tokens"]
+            )
+            decision = self.rate_limits.admit(tokens)
+            if not decision.allowed:
+                self.rate_limited += 1
+                message = "Rate limit reached for requests or tokens; try again later."
+                await writer.send_error(
+                    429, message, code="rate_limit_exceeded", headers=decision.headers
+                )
+                return
+            limit_headers = decision.headers
+        if self._queue:
+            self._queue.popleft()
+        headers = {**limit_headers, **reply.response_headers()}
         self.in_flight += 1
         try:
             if reply.is_error:

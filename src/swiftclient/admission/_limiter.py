@@ -1,0 +1,506 @@
+"""Admission per target: wait for capacity (concurrency, requests and tokens per minute)
+before a request is sent, never past the call's deadline; learn the limits from the
+provider's headers; halve a target's concurrency on a 429 that says nothing else (AIMD).
+
+HTTP-free: a caller hands in a target name, an estimate of the request's tokens and the time
+it may wait, and afterwards the status, headers and usage it saw.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import math
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import anyio
+
+from .._budget import DEFAULT_MAX_PUSHBACK, check_number
+from ..errors import ConfigurationError, RateLimited
+from ._headers import Observed, parse_rate_limit_headers
+from ._store import BucketCost, MemoryStore, StateStore
+
+__all__ = [
+    "CHARS_PER_TOKEN",
+    "Admission",
+    "Clock",
+    "Limits",
+    "Permit",
+    "SystemClock",
+    "estimate_tokens",
+]
+
+logger = logging.getLogger("swiftclient.admission")
+
+CHARS_PER_TOKEN = 4.0
+"""The default estimate of characters per token (English text and JSON on BPE tokenizers
+average 3.5 to 4.5); the estimate is corrected from ``usage`` once the reply is in."""
+
+_AIMD_CEILING = 1024
+"""A learned concurrency limit that grows back past this is dropped (no limit)."""
+
+
+def estimate_tokens(body: bytes | str, chars_per_token: float = CHARS_PER_TOKEN) -> int:
+    """Tokens a request body is estimated to count for: its length over ``chars_per_token``
+    (bytes count as characters), rounded up."""
+    check_number("chars_per_token", chars_per_token, positive=True)
+    return math.ceil(len(body) / chars_per_token)
+
+
+class Clock(Protocol):
+    """Time as admission sees it: a monotonic reading, and a wait for an event that gives
+    up after a timeout. Tests pass a fake one; nothing in admission reads time otherwise."""
+
+    def now(self) -> float:
+        """Seconds on a monotonic clock."""
+        ...
+
+    async def wait(self, event: anyio.Event, timeout: float | None) -> bool:
+        """Wait until ``event`` is set (True) or ``timeout`` seconds pass (False)."""
+        ...
+
+
+class SystemClock:
+    """The running event loop's clock (``anyio.current_time``) and cancel-scope timeouts."""
+
+    def now(self) -> float:
+        """The loop's time."""
+        return anyio.current_time()
+
+    async def wait(self, event: anyio.Event, timeout: float | None) -> bool:
+        """Wait for ``event`` for at most ``timeout`` seconds (``None``: no limit)."""
+        if timeout is None:
+            await event.wait()
+            return True
+        with anyio.move_on_after(timeout):
+            await event.wait()
+        return event.is_set()
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Admission limits of one backend (each of its models is a target with its own).
+
+    Args:
+        concurrency: requests in flight at once (``None``: no limit but what AIMD learns).
+        rpm: requests per minute.
+        tpm: tokens per minute (input estimate plus ``max_tokens`` when the call sets it).
+        learn: take limits from the provider's rate-limit headers and halve concurrency on
+            a bare 429. A learned limit never raises a configured one.
+        chars_per_token: the estimate of input tokens before sending.
+        lease_ttl: seconds after which a concurrency slot whose holder never released it
+            (a crashed process) is free again.
+        max_retry_after: the longest rest a ``Retry-After`` may impose on a target.
+
+    Raises:
+        ConfigurationError: a limit is not a positive number.
+    """
+
+    concurrency: int | None = None
+    rpm: float | None = None
+    tpm: float | None = None
+    learn: bool = True
+    chars_per_token: float = CHARS_PER_TOKEN
+    lease_ttl: float = 300.0
+    max_retry_after: float = DEFAULT_MAX_PUSHBACK
+
+    def __post_init__(self) -> None:
+        if self.concurrency is not None and (
+            isinstance(self.concurrency, bool)
+            or not isinstance(self.concurrency, int)
+            or self.concurrency < 1
+        ):
+            raise ConfigurationError(
+                f"Limits.concurrency must be an int >= 1 or None, got {self.concurrency!r}"
+            )
+        for name in ("rpm", "tpm"):
+            value = getattr(self, name)
+            if value is not None:
+                check_number(f"Limits.{name}", value, positive=True)
+        check_number("Limits.chars_per_token", self.chars_per_token, positive=True)
+        check_number("Limits.lease_ttl", self.lease_ttl, positive=True)
+        check_number("Limits.max_retry_after", self.max_retry_after, positive=False)
+
+
+@dataclass(slots=True)
+class _Spec:
+    capacity: float
+    rate: float  # tokens per second
+
+
+@dataclass(eq=False, slots=True)
+class _Waiter:
+    until: float
+    event: anyio.Event = field(default_factory=anyio.Event)
+    dead: bool = False
+    failure: RateLimited | None = None
+
+
+@dataclass(slots=True)
+class _Gate:
+    """One target's queue and what this process learned about it."""
+
+    limits: Limits
+    queue: list[tuple[int, int, _Waiter]] = field(default_factory=list)
+    changed: anyio.Event = field(default_factory=anyio.Event)
+    learned: dict[str, _Spec] = field(default_factory=dict)
+    aimd: float | None = None
+    decreased_at: float = -math.inf
+    in_flight: int = 0
+    blocked_limit: str | None = None
+    blocked_until: float = -math.inf
+
+    def head(self) -> _Waiter | None:
+        queue = self.queue
+        while queue and queue[0][2].dead:
+            heapq.heappop(queue)
+        return queue[0][2] if queue else None
+
+    def wake(self) -> None:
+        """Capacity may have freed: the head re-checks, stale rests are forgotten."""
+        self.blocked_limit = None
+        self.blocked_until = -math.inf
+        self.changed.set()
+        self.changed = anyio.Event()
+
+    def concurrency(self) -> int | None:
+        configured = self.limits.concurrency
+        if self.aimd is None:
+            return configured
+        learned = max(1, math.floor(self.aimd))
+        return learned if configured is None else min(configured, learned)
+
+
+@dataclass(frozen=True, slots=True)
+class Permit:
+    """Capacity held by one request: hand it back with :meth:`Admission.settle`."""
+
+    target: str
+    holder: str | None
+    tokens: int
+    input_tokens: int
+    acquired_at: float
+    waited: float
+    """Seconds the request waited for admission."""
+
+
+class Admission:
+    """Rate limits per target, over a :class:`~swiftclient.admission.StateStore`.
+
+    Args:
+        limits: one :class:`Limits` for every backend, or a mapping from backend name (or
+            ``"backend/model"``) to its limits; backends not named get ``Limits()`` (learning
+            only). ``None``: learning only, everywhere.
+        store: where buckets and leases live (a :class:`MemoryStore` by default).
+        clock: the clock (the running loop's by default).
+        wall: Unix time, for HTTP-date and RFC 3339 reset headers (``time.time``).
+    """
+
+    def __init__(
+        self,
+        limits: Limits | Mapping[str, Limits] | None = None,
+        *,
+        store: StateStore | None = None,
+        clock: Clock | None = None,
+        wall: Callable[[], float] = time.time,
+        poll_interval: float = 0.05,
+    ) -> None:
+        if limits is not None and not isinstance(limits, Limits | Mapping):
+            raise ConfigurationError(
+                f"limits must be a Limits, a mapping of them or None, got {limits!r}"
+            )
+        if isinstance(limits, Mapping):
+            for name, value in limits.items():
+                if not isinstance(value, Limits):
+                    raise ConfigurationError(f"limits[{name!r}] must be a Limits, got {value!r}")
+        check_number("poll_interval", poll_interval, positive=True)
+        self._limits = limits
+        self._clock: Clock = clock or SystemClock()
+        self._store: StateStore = store or MemoryStore(self._clock.now)
+        self._wall = wall
+        self._poll = poll_interval
+        self._gates: dict[str, _Gate] = {}
+        self._seq = itertools.count()
+        self._prefix = uuid.uuid4().hex[:12]
+
+    def __repr__(self) -> str:
+        return f"Admission(targets={len(self._gates)}, store={self._store!r})"
+
+    @property
+    def store(self) -> StateStore:
+        """Where the state lives."""
+        return self._store
+
+    def limits_for(self, target: str) -> Limits:
+        """The limits of ``target`` (``"backend/model"``)."""
+        limits = self._limits
+        if isinstance(limits, Limits):
+            return limits
+        if limits is not None:
+            found = limits.get(target) or limits.get(target.partition("/")[0])
+            if found is not None:
+                return found
+        return _DEFAULT_LIMITS
+
+    def _gate(self, target: str) -> _Gate:
+        gate = self._gates.get(target)
+        if gate is None:
+            gate = self._gates[target] = _Gate(self.limits_for(target))
+        return gate
+
+    def _costs(self, gate: _Gate, tokens: int, input_tokens: int) -> list[BucketCost]:
+        specs: dict[str, _Spec] = {}
+        limits = gate.limits
+        if limits.rpm is not None:
+            specs["requests"] = _Spec(limits.rpm, limits.rpm / 60.0)
+        if limits.tpm is not None:
+            specs["tokens"] = _Spec(limits.tpm, limits.tpm / 60.0)
+        for kind, learned in gate.learned.items():
+            mine = specs.get(kind)
+            if mine is None or learned.capacity < mine.capacity:
+                specs[kind] = learned
+        amounts = {"requests": 1, "tokens": tokens, "input_tokens": input_tokens}
+        return [
+            BucketCost(kind, float(amounts.get(kind, 0)), spec.capacity, spec.rate)
+            for kind, spec in specs.items()
+        ]
+
+    # ------------------------------------------------------------------ acquiring
+
+    async def acquire(
+        self,
+        target: str,
+        *,
+        tokens: int = 0,
+        input_tokens: int | None = None,
+        timeout: float | None = None,
+        priority: int = 0,
+    ) -> Permit:
+        """Wait for capacity on ``target`` for one request of ``tokens`` tokens (its input
+        estimate plus any output it reserves; ``input_tokens`` defaults to ``tokens``).
+
+        Waiters on a target are served first in, first out; a higher ``priority`` goes
+        ahead of lower ones. The wait never runs past ``timeout`` seconds (``None``: no
+        limit): a wait known not to fit fails at once.
+
+        Raises:
+            RateLimited: no capacity within ``timeout``; says which limit and when it frees.
+        """
+        clock = self._clock
+        start = clock.now()
+        until = math.inf if timeout is None else start + max(0.0, timeout)
+        gate = self._gate(target)
+        waiter = _Waiter(until)
+        heapq.heappush(gate.queue, (-priority, next(self._seq), waiter))
+        inputs = tokens if input_tokens is None else input_tokens
+        try:
+            while True:
+                if waiter.failure is not None:
+                    raise waiter.failure
+                now = clock.now()
+                if gate.head() is not waiter:
+                    if gate.blocked_until > until:
+                        raise self._refused(target, gate.blocked_limit, gate.blocked_until - now)
+                    if now >= until:
+                        raise self._refused(target, gate.blocked_limit, None)
+                    if not await clock.wait(waiter.event, _left(until, now)):
+                        continue  # timed out: the checks above raise
+                    waiter.event = anyio.Event()
+                    continue
+                holder = f"{self._prefix}:{next(self._seq)}"
+                admit = await self._store.take(
+                    target,
+                    self._costs(gate, tokens, inputs),
+                    concurrency=gate.concurrency(),
+                    holder=holder,
+                    ttl=gate.limits.lease_ttl,
+                )
+                now = clock.now()
+                if admit.granted:
+                    heapq.heappop(gate.queue)
+                    gate.in_flight += 1
+                    nxt = gate.head()
+                    if nxt is not None:
+                        nxt.event.set()
+                    return Permit(target, holder, tokens, inputs, now, now - start)
+                wait, limit = admit.wait, admit.limit or "concurrency"
+                if wait is not None and now + wait > until:
+                    raise self._refused(target, limit, wait)
+                if wait is not None:
+                    gate.blocked_limit, gate.blocked_until = limit, now + wait
+                    self._fail_queued(gate, target, limit, now)
+                    timeout_s: float | None = wait
+                else:
+                    if now >= until:
+                        raise self._refused(target, limit, None)
+                    gate.blocked_limit = limit
+                    timeout_s = _left(until, now)
+                    if self._store.shared:
+                        timeout_s = self._poll if timeout_s is None else min(timeout_s, self._poll)
+                await clock.wait(gate.changed, timeout_s)
+        except BaseException:
+            was_head = gate.head() is waiter
+            waiter.dead = True
+            if was_head:
+                nxt = gate.head()
+                if nxt is not None:
+                    nxt.event.set()
+            raise
+
+    def _fail_queued(self, gate: _Gate, target: str, limit: str, now: float) -> None:
+        """Waiters whose deadline comes before the head's rest ends cannot be served."""
+        for _, _, waiter in gate.queue:
+            if not waiter.dead and waiter.failure is None and waiter.until < gate.blocked_until:
+                waiter.failure = self._refused(target, limit, gate.blocked_until - now)
+                waiter.event.set()
+
+    def _refused(self, target: str, limit: str | None, reset_after: float | None) -> RateLimited:
+        limit = limit or "concurrency"
+        when = (
+            f"it frees in {reset_after:.3g}s"
+            if reset_after is not None and math.isfinite(reset_after)
+            else "no slot freed in time"
+        )
+        return RateLimited(
+            f"{target}: rate limit '{limit}' leaves no capacity within the call's deadline "
+            f"({when})",
+            limit=limit,
+            reset_after=reset_after if reset_after is None or math.isfinite(reset_after) else None,
+            target=target,
+            backend=target.partition("/")[0],
+        )
+
+    # ------------------------------------------------------------------ settling
+
+    async def settle(
+        self,
+        permit: Permit,
+        *,
+        status: int | None = None,
+        headers: Mapping[str, str] | None = None,
+        total_tokens: int | None = None,
+        input_tokens: int | None = None,
+        output_tokens: int | None = None,
+    ) -> None:
+        """The request ended: give back its concurrency slot, learn from the response's
+        ``status`` and ``headers`` (names in any case), correct the token estimate from
+        usage. Runs shielded from cancellation, so call it from ``finally``."""
+        gate = self._gate(permit.target)
+        store = self._store
+        target = permit.target
+        with anyio.CancelScope(shield=True):
+            try:
+                if permit.holder is not None:
+                    await store.release(target, permit.holder)
+                lowered = {k.lower(): v for k, v in (headers or {}).items()}
+                learned = False
+                if gate.limits.learn and lowered:
+                    learned = await self._learn(gate, target, lowered)
+                if status == 429 and not learned and gate.limits.learn:
+                    self._decrease(gate, permit)
+                elif status is not None and 200 <= status < 300:
+                    self._increase(gate)
+                await self._correct(gate, permit, total_tokens, input_tokens, output_tokens)
+            finally:
+                gate.in_flight -= 1
+                gate.wake()
+
+    async def _learn(self, gate: _Gate, target: str, headers: dict[str, str]) -> bool:
+        info = parse_rate_limit_headers(headers, self._wall())
+        for kind, observed in info.limits.items():
+            spec = _learned_spec(observed, gate.learned.get(kind))
+            if spec is None:
+                continue
+            gate.learned[kind] = spec
+            if observed.remaining is not None:
+                level = BucketCost(kind, observed.remaining, spec.capacity, spec.rate)
+                await self._store.set_level(target, level)
+        if info.retry_after is not None and info.retry_after > 0:
+            await self._store.block(target, min(info.retry_after, gate.limits.max_retry_after))
+        return bool(info.limits) or info.retry_after is not None
+
+    def _decrease(self, gate: _Gate, permit: Permit) -> None:
+        """Multiplicative decrease, once per round: only a request sent after the last
+        decrease can cause another one."""
+        if permit.acquired_at <= gate.decreased_at:
+            return
+        current = gate.concurrency()
+        base = gate.in_flight if current is None else current
+        gate.aimd = max(1.0, math.floor(base / 2))
+        gate.decreased_at = self._clock.now()
+        logger.info("admission: %s answered 429; concurrency now %d", permit.target, gate.aimd)
+
+    def _increase(self, gate: _Gate) -> None:
+        """Additive increase: one slot more per limit's worth of successes."""
+        if gate.aimd is None:
+            return
+        gate.aimd += 1.0 / gate.aimd
+        configured = gate.limits.concurrency
+        if (configured is not None and gate.aimd >= configured) or gate.aimd > _AIMD_CEILING:
+            gate.aimd = None
+
+    async def _correct(
+        self,
+        gate: _Gate,
+        permit: Permit,
+        total: int | None,
+        inputs: int | None,
+        outputs: int | None,
+    ) -> None:
+        if total is None and inputs is not None and outputs is not None:
+            total = inputs + outputs
+        actual = {"tokens": total, "input_tokens": inputs, "output_tokens": outputs}
+        reserved = {"tokens": permit.tokens, "input_tokens": permit.input_tokens}
+        for cost in self._costs(gate, 0, 0):
+            used = actual.get(cost.kind)
+            if used is None:
+                continue
+            delta = used - reserved.get(cost.kind, 0)
+            if delta:
+                await self._store.adjust(permit.target, cost._replace(cost=float(delta)))
+
+    # ------------------------------------------------------------------ reading
+
+    def concurrency(self, target: str) -> int | None:
+        """The concurrency limit in force on ``target`` (configured or learned)."""
+        gate = self._gates.get(target)
+        return self.limits_for(target).concurrency if gate is None else gate.concurrency()
+
+    def waiting(self, target: str) -> int:
+        """Requests queued for ``target`` right now."""
+        gate = self._gates.get(target)
+        return 0 if gate is None else sum(1 for *_, w in gate.queue if not w.dead)
+
+    def in_flight(self, target: str) -> int:
+        """Requests admitted by this process and not settled yet."""
+        gate = self._gates.get(target)
+        return 0 if gate is None else gate.in_flight
+
+
+_DEFAULT_LIMITS = Limits()
+
+
+def _left(until: float, now: float) -> float | None:
+    return None if until == math.inf else max(0.0, until - now)
+
+
+def _learned_spec(observed: Observed, previous: _Spec | None) -> _Spec | None:
+    """A bucket from a reported limit: capacity the limit; rate what refills the used part
+    by the reset time, else the limit per minute."""
+    limit = observed.limit if observed.limit is not None else None
+    if limit is None:
+        if previous is None:
+            return None
+        limit = previous.capacity
+    if limit <= 0:
+        return None
+    rate = limit / 60.0
+    used = None if observed.remaining is None else limit - observed.remaining
+    if used is not None and used > 0 and observed.reset_after:
+        rate = used / observed.reset_after
+    return _Spec(limit, rate)

@@ -1,0 +1,180 @@
+"""The admission state stores: the same contract on MemoryStore and on a real Redis server
+(started by the session fixture), sharing across processes, lease expiry, and the fallback
+to per-process limits when Redis is down. Every test runs on asyncio and trio."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import anyio
+import pytest
+
+from swiftclient import ConfigurationError, RateLimited
+from swiftclient.admission import (
+    Admission,
+    BucketCost,
+    Limits,
+    MemoryStore,
+    Permit,
+    RedisStore,
+    StateStore,
+)
+
+from .redisserver import redis_url
+
+__all__ = ["redis_url"]  # the fixture, re-exported for pytest
+
+
+def key() -> str:
+    return f"test/{uuid.uuid4().hex}"
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def store(request: pytest.FixtureRequest, redis_url: str) -> AsyncIterator[StateStore]:
+    if request.param == "memory":
+        yield MemoryStore()
+        return
+    async with RedisStore(redis_url, cache_ttl=0.0) as shared:
+        yield shared
+
+
+# ---------------------------------------------------------------------- the contract
+
+
+@pytest.mark.anyio
+async def test_take_is_all_or_nothing(store: StateStore) -> None:
+    k = key()
+    requests = BucketCost("requests", 1, 10, 1e-6)
+    tokens = BucketCost("tokens", 80, 100, 1e-6)
+    assert (await store.take(k, [requests, tokens])).granted
+    admit = await store.take(k, [requests, tokens])
+    assert not admit.granted and admit.limit == "tokens" and admit.wait is not None
+    assert admit.wait > 1e6  # 60 tokens short at 1e-6 a second
+    granted = [(await store.take(k, [requests])).granted for _ in range(10)]
+    assert granted == [True] * 9 + [False]  # the refused take left requests alone
+
+
+@pytest.mark.anyio
+async def test_leases_count_toward_concurrency_and_release(store: StateStore) -> None:
+    k = key()
+    assert (await store.take(k, [], concurrency=2, holder="a")).granted
+    assert (await store.take(k, [], concurrency=2, holder="b")).granted
+    admit = await store.take(k, [], concurrency=2, holder="c")
+    assert admit == (False, "concurrency", None)
+    assert await store.leases(k) == 2
+    await store.release(k, "a")
+    assert (await store.take(k, [], concurrency=2, holder="c")).granted
+
+
+@pytest.mark.anyio
+async def test_adjust_set_level_and_block(store: StateStore) -> None:
+    k = key()
+    spec = BucketCost("tokens", 0, 100, 1e-6)
+    await store.set_level(k, spec._replace(cost=5))
+    assert not (await store.take(k, [spec._replace(cost=10)])).granted
+    await store.adjust(k, spec._replace(cost=-20))  # give back 20: 25 now
+    assert (await store.take(k, [spec._replace(cost=10)])).granted
+    await store.adjust(k, spec._replace(cost=500))  # debt, floored at -capacity
+    admit = await store.take(k, [spec._replace(cost=1)])
+    assert admit.limit == "tokens" and admit.wait == pytest.approx(101e6, rel=0.01)
+    assert await store.blocked_for(k) == 0
+    await store.block(k, 30)
+    await store.block(k, 5)  # never shortens a rest
+    left = await store.blocked_for(k)
+    assert 25 < left <= 30
+    admit = await store.take(k, [])
+    assert admit.limit == "retry_after" and admit.wait is not None and 25 < admit.wait <= 30
+
+
+# ---------------------------------------------------------------------- sharing
+
+
+@pytest.mark.anyio
+async def test_two_processes_sharing_a_limit_never_exceed_it(redis_url: str) -> None:
+    # Two stores with their own connection pools stand for two processes.
+    async with RedisStore(redis_url) as one, RedisStore(redis_url) as two:
+        limits = Limits(rpm=4, concurrency=3)
+        fleet = [Admission(limits, store=one), Admission(limits, store=two)]
+        target = key()
+        held: list[tuple[Admission, Permit]] = []
+        refused: list[str] = []
+        started = time.monotonic()
+
+        async def offer(admission: Admission) -> None:
+            for _ in range(10):
+                try:
+                    held.append((admission, await admission.acquire(target, timeout=0)))
+                except RateLimited as exc:
+                    refused.append(exc.limit)
+
+        async with anyio.create_task_group() as tg:
+            for admission in fleet:
+                tg.start_soon(offer, admission)
+        assert len(held) == 3  # the concurrency limit, across both
+        assert set(refused) <= {"concurrency", "requests"}
+        # settling frees the 3 slots, not the 3 requests
+        for owner, permit in held:
+            await owner.settle(permit)
+        assert await one.leases(target) == 0
+        more = 0
+        for admission in fleet:
+            for _ in range(5):
+                try:
+                    await admission.settle(await admission.acquire(target, timeout=0))
+                    more += 1
+                except RateLimited as exc:
+                    assert exc.limit == "requests"
+        elapsed = time.monotonic() - started
+        # 4 requests a minute between them, plus whatever refilled while the test ran
+        assert 4 <= len(held) + more <= 4 + math.floor(elapsed * 4 / 60)
+
+
+@pytest.mark.anyio
+async def test_a_crashed_holders_lease_expires(redis_url: str) -> None:
+    target = key()
+    async with RedisStore(redis_url) as crashed, RedisStore(redis_url) as alive:
+        # the holder takes the only slot with a short lease and never releases it
+        assert (await crashed.take(target, [], concurrency=1, holder="gone", ttl=0.3)).granted
+        admission = Admission(Limits(concurrency=1), store=alive, poll_interval=0.02)
+        with pytest.raises(RateLimited) as caught:
+            await admission.acquire(target, timeout=0)
+        assert caught.value.limit == "concurrency"
+        permit = await admission.acquire(target, timeout=30)  # admitted once the lease expires
+        await admission.settle(permit)
+        assert await alive.leases(target) == 0
+
+
+@pytest.mark.anyio
+async def test_redis_down_falls_back_to_per_process_limits_with_one_warning(
+    tmp_path: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    nowhere = f"unix://{tmp_path}/no-such.sock"
+    caplog.set_level(logging.INFO, logger="swiftclient.admission")
+    async with RedisStore(nowhere, retry_after_down=0.0) as down:
+        assert "no-such" in repr(down)
+        admission = Admission(Limits(concurrency=2), store=down)
+        first = await admission.acquire("b/m", timeout=0)
+        await admission.acquire("b/m", timeout=0)
+        with pytest.raises(RateLimited):
+            await admission.acquire("b/m", timeout=0)  # the fallback still limits
+        await admission.settle(first, status=200, headers={"retry-after": "0"})
+        await admission.acquire("b/m", timeout=0)
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "per-process" in warnings[0].getMessage()
+
+
+def test_redis_store_needs_exactly_one_of_url_and_client() -> None:
+    with pytest.raises(ConfigurationError):
+        RedisStore()
+    with pytest.raises(ConfigurationError):
+        RedisStore("redis://localhost", cache_ttl=-1)
+
+
+def test_the_repr_shows_no_password() -> None:
+    store = RedisStore("redis://user:hunter2@cache.internal:6379/0")
+    assert "hunter2" not in repr(store) and "cache.internal" in repr(store)
