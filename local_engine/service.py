@@ -15,10 +15,15 @@ Mapping:
   :class:`~local_engine.grammar.GrammarError` (a ConfigurationError: 400 from the server);
 - ``temperature``, ``top_p``, ``max_completion_tokens`` (else ``max_tokens``), ``stop``,
   ``seed``, ``presence_penalty``, ``frequency_penalty``, ``logprobs`` and ``top_logprobs``
-  map one to one (OpenAI's defaults where unset). With no token limit a request may generate
-  ``default_max_tokens``, fewer when the model's context is shorter;
-- ``extra_body`` may carry ``top_k``, ``min_p``, ``ignore_eos``, ``stop_token_ids``,
-  ``cache_salt`` and ``chat_template_kwargs``; any other key is a
+  map one to one. A field the request leaves unset takes the model's default
+  (``sampling_defaults``, read from its ``generation_config.json``: see
+  :mod:`local_engine.generation`), else OpenAI's. With no token limit a request may generate
+  ``default_max_tokens`` (or the model's ``max_new_tokens`` when smaller), fewer when the
+  model's context is shorter;
+- ``extra_body`` may carry vLLM's extensions ``top_k``, ``min_p``, ``min_tokens``,
+  ``repetition_penalty``, ``ignore_eos`` and ``stop_token_ids``, and ``cache_salt``,
+  ``chat_template_kwargs`` and ``continuous_usage_stats`` (a streamed reply carries the
+  running usage on every chunk); any other key is a
   :class:`~swiftclient.errors.ConfigurationError`;
 - the prefix-cache salt (which keeps tenants from sharing cached prompt blocks) is
   ``extra_body["cache_salt"]``, else ``user``. ``prompt_cache_key`` is a routing hint for
@@ -32,7 +37,7 @@ Mapping:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -42,16 +47,27 @@ import anyio.to_thread
 from swiftclient.errors import ConfigurationError, EngineError
 from swiftclient.types import ChatCompletion, ChatCompletionChunk, ChatRequest
 
-from .chat import ChatFormatter, ChatPrompt, CompletionStream, build_completion
+from .chat import ChatFormatter, ChatPrompt, CompletionStream, build_completion, make_usage
 from .engine import Engine, RequestOutput
 from .grammar import Grammar, request_grammar
 from .sampling_params import SamplingParams, TokenLogprob
 from .tokenizer import Tokenizer
+from .tool_calls import tool_call_marker
 
 __all__ = ["EXTRA_BODY_KEYS", "ChatService", "OutputSource", "PreparedRequest"]
 
 EXTRA_BODY_KEYS = frozenset(
-    {"top_k", "min_p", "ignore_eos", "stop_token_ids", "cache_salt", "chat_template_kwargs"}
+    {
+        "top_k",
+        "min_p",
+        "min_tokens",
+        "repetition_penalty",
+        "ignore_eos",
+        "stop_token_ids",
+        "cache_salt",
+        "chat_template_kwargs",
+        "continuous_usage_stats",
+    }
 )
 """The ``extra_body`` keys the local engine understands."""
 
@@ -88,8 +104,9 @@ def _extra(request: ChatRequest) -> dict[str, Any]:
             f"unsupported extra_body keys for the local engine: {unknown}; "
             f"supported: {sorted(EXTRA_BODY_KEYS)}"
         )
-    if "ignore_eos" in extra and not isinstance(extra["ignore_eos"], bool):
-        raise ConfigurationError("extra_body['ignore_eos'] must be a boolean")
+    for flag in ("ignore_eos", "continuous_usage_stats"):
+        if flag in extra and not isinstance(extra[flag], bool):
+            raise ConfigurationError(f"extra_body[{flag!r}] must be a boolean")
     salt = extra.get("cache_salt")
     if salt is not None and (not isinstance(salt, str) or not salt):
         raise ConfigurationError("extra_body['cache_salt'] must be a non-empty string")
@@ -120,8 +137,12 @@ class ChatService:
         default_max_tokens: int = 1024,
         chat_template: str | None = None,
         tool_format: str | None = None,
+        sampling_defaults: Mapping[str, float | int] | None = None,
     ) -> None:
-        """Bind the engine and its tokenizer; ConfigurationError when it has no tokenizer."""
+        """Bind the engine and its tokenizer; ConfigurationError when it has no tokenizer.
+
+        ``sampling_defaults`` (see :func:`~local_engine.generation.read_sampling_defaults`)
+        fill the sampling fields a request leaves unset."""
         if engine.tokenizer is None:
             raise ConfigurationError(
                 "the model has no tokenizer (tokenizer.json): chat needs one to render prompts"
@@ -133,6 +154,8 @@ class ChatService:
         self.engine = engine
         self.tokenizer: Tokenizer = engine.tokenizer
         self.default_max_tokens = default_max_tokens
+        self.sampling_defaults: dict[str, float | int] = dict(sampling_defaults or {})
+        """The model's sampling defaults, applied to fields a request leaves unset."""
         self.formatter = ChatFormatter(
             self.tokenizer, chat_template=chat_template, tool_format=tool_format
         )
@@ -150,6 +173,7 @@ class ChatService:
         extra: dict[str, Any],
         prompt_tokens: int,
         grammar: Grammar | None = None,
+        banned: tuple[int, ...] = (),
     ) -> SamplingParams:
         limit = self.max_model_len
         room = limit - prompt_tokens
@@ -158,9 +182,11 @@ class ChatService:
                 f"the prompt is {prompt_tokens} tokens, but this model's context "
                 f"(max_model_len) is {limit} tokens, leaving no room for a reply"
             )
+        defaults = self.sampling_defaults
         max_tokens = request.max_new_tokens()
         if max_tokens is None:
-            max_tokens = min(self.default_max_tokens, room)
+            default = int(defaults.get("max_new_tokens", self.default_max_tokens))
+            max_tokens = min(self.default_max_tokens, default, room)
         elif max_tokens > room:
             raise ConfigurationError(
                 f"the prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds "
@@ -170,10 +196,14 @@ class ChatService:
         try:
             return SamplingParams(
                 max_tokens=max_tokens,
-                temperature=1.0 if request.temperature is None else request.temperature,
-                top_p=1.0 if request.top_p is None else request.top_p,
-                top_k=extra.get("top_k", 0),
-                min_p=extra.get("min_p", 0.0),
+                temperature=_pick(request.temperature, defaults.get("temperature"), 1.0),
+                top_p=_pick(request.top_p, defaults.get("top_p"), 1.0),
+                top_k=_pick(_top_k(extra.get("top_k")), defaults.get("top_k"), 0),
+                min_p=_pick(extra.get("min_p"), defaults.get("min_p"), 0.0),
+                min_tokens=extra.get("min_tokens", 0),
+                repetition_penalty=_pick(
+                    extra.get("repetition_penalty"), defaults.get("repetition_penalty"), 1.0
+                ),
                 seed=request.seed,
                 stop=tuple(request.stop_list()),
                 stop_token_ids=tuple(extra.get("stop_token_ids", ())),
@@ -183,9 +213,18 @@ class ChatService:
                 logprobs=bool(request.logprobs),
                 top_logprobs=request.top_logprobs or 0,
                 grammar=grammar,
+                banned_token_ids=banned,
             )
         except ValueError as exc:
             raise ConfigurationError(f"invalid sampling parameters: {exc}") from exc
+
+    def _markup_ids(self, prompt: ChatPrompt) -> tuple[int, ...]:
+        """The token that opens a tool call, when no tools were offered and the marker is
+        one token (``<tool_call>`` in Qwen's and the embedded model's vocabularies): the
+        reply may not start a call it cannot make."""
+        marker = tool_call_marker(prompt.markup_format)
+        token = self.tokenizer.token_to_id(marker) if marker is not None else None
+        return () if token is None else (token,)
 
     @property
     def max_prompt_bytes(self) -> int:
@@ -213,9 +252,49 @@ class ChatService:
         except RecursionError as exc:
             raise ConfigurationError("the request nests too deeply to render") from exc
         grammar = self._grammar(request, prompt)
-        params = self._params(request, extra, len(prompt.token_ids), grammar)
+        params = self._params(
+            request, extra, len(prompt.token_ids), grammar, self._markup_ids(prompt)
+        )
         salt = extra.get("cache_salt") or request.user or None
         return PreparedRequest(prompt, params, salt)
+
+    def prepare_text(self, request: ChatRequest, prompt: str | Sequence[int]) -> PreparedRequest:
+        """A legacy text completion: ``prompt`` (text, or token ids) goes to the model as it
+        is, with no chat template; the sampling fields, ``extra_body`` and the cache salt
+        come from ``request`` (whose messages are not used). Blocking (tokenizing)."""
+        _check_supported(request)
+        extra = _extra(request)
+        if isinstance(prompt, str):
+            if len(prompt) > self.max_prompt_bytes:
+                raise ConfigurationError(
+                    f"the prompt holds {len(prompt)} characters, more than this model's "
+                    f"context (max_model_len {self.max_model_len} tokens) can hold"
+                )
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise ConfigurationError(f"the prompt is not valid Unicode text: {exc}") from exc
+            text, ids = prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
+        else:
+            ids = list(prompt)
+            vocab = self.engine.model.config.vocab_size
+            if any(
+                isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in ids
+            ):
+                raise ConfigurationError(f"prompt token ids must be ints in [0, {vocab})")
+            text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        if not ids:
+            raise ConfigurationError("the prompt is empty")
+        params = self._params(request, extra, len(ids))
+        salt = extra.get("cache_salt") or request.user or None
+        return PreparedRequest(ChatPrompt(text, ids, "none"), params, salt)
+
+    def generate(
+        self, source: OutputSource, prepared: PreparedRequest
+    ) -> AbstractAsyncContextManager[AsyncIterator[RequestOutput]]:
+        """Add a prepared request to ``source`` and yield its raw engine outputs (the
+        engine's ValueErrors become ConfigurationErrors); leaving the block aborts it."""
+        return _add(source, prepared)
 
     def _grammar(self, request: ChatRequest, prompt: ChatPrompt) -> Grammar | None:
         """The reply's grammar, compiled (and cached) for the engine's tokenizer here, in the
@@ -240,8 +319,13 @@ class ChatService:
         entry; leaving the block aborts the engine request (its KV blocks are freed).
         """
         prepared = await anyio.to_thread.run_sync(self.prepare, request)
+        continuous = include_usage and bool(
+            (request.extra_body or {}).get("continuous_usage_stats")
+        )
         async with _add(source, prepared) as outputs:
-            yield _ChunkIterator(self, outputs, request.model, prepared, include_usage)
+            yield _ChunkIterator(
+                self, outputs, request.model, prepared, include_usage, continuous=continuous
+            )
 
     async def complete(self, source: OutputSource, request: ChatRequest) -> ChatCompletion:
         """Run ``request`` on ``source`` to the end and return the whole completion."""
@@ -264,6 +348,7 @@ class ChatService:
                         cached_tokens=out.num_cached_tokens,
                         tool_format=prepared.prompt.tool_format,
                         predictions=_predictions(out),
+                        markup_format=prepared.prompt.markup_format,
                     )
                     if logprobs is not None:
                         completion.choices[0].logprobs = {"content": logprobs}
@@ -285,6 +370,18 @@ class ChatService:
             "logprob": logprob,
             "bytes": list(self.tokenizer.token_bytes(token_id)),
         }
+
+
+def _top_k(value: Any) -> Any:
+    """vLLM's ``top_k=-1`` (no top-k) is this engine's 0."""
+    return 0 if value == -1 and not isinstance(value, bool) else value
+
+
+def _pick(value: Any, default: Any, fallback: Any) -> Any:
+    """The request's value, else the model's default, else OpenAI's."""
+    if value is not None:
+        return value
+    return fallback if default is None else default
 
 
 @asynccontextmanager
@@ -312,9 +409,26 @@ def _check_output(out: RequestOutput) -> None:
 
 
 class _ChunkIterator:
-    """One request's engine outputs as OpenAI chunks: role, content, tool calls, finish, usage."""
+    """One request's engine outputs as OpenAI chunks: role, content, tool calls, finish, usage.
 
-    __slots__ = ("_done", "_held_logprobs", "_outputs", "_pending", "_service", "_stream", "_usage")
+    Chunking rule: one content chunk per engine output whose new text is not empty (a step
+    may bring several tokens, with speculative decoding; a token whose text is still
+    incomplete, a partial UTF-8 sequence or a held-back stop-string prefix, adds its text to
+    a later chunk), so chunks do not count tokens. With ``continuous_usage_stats`` every
+    chunk carries ``usage`` with the tokens generated so far, as vLLM sends it.
+    """
+
+    __slots__ = (
+        "_continuous",
+        "_counts",
+        "_done",
+        "_held_logprobs",
+        "_outputs",
+        "_pending",
+        "_service",
+        "_stream",
+        "_usage",
+    )
 
     def __init__(
         self,
@@ -323,10 +437,18 @@ class _ChunkIterator:
         model: str,
         prepared: PreparedRequest,
         include_usage: bool,
+        *,
+        continuous: bool = False,
     ) -> None:
         self._service = service
+        self._continuous = continuous
+        self._counts = (len(prepared.prompt.token_ids), 0, 0)  # prompt, generated, cached
         self._outputs = outputs
-        self._stream = CompletionStream(model=model, tool_format=prepared.prompt.tool_format)
+        self._stream = CompletionStream(
+            model=model,
+            tool_format=prepared.prompt.tool_format,
+            markup_format=prepared.prompt.markup_format,
+        )
         self._usage = include_usage
         self._held_logprobs: list[dict[str, Any]] = []
         self._pending: deque[ChatCompletionChunk] = deque([self._stream.start()])
@@ -345,10 +467,15 @@ class _ChunkIterator:
                 self._done = True
                 raise EngineError("the engine ended the request without a final output") from None
             self._absorb(out)
-        return self._pending.popleft()
+        chunk = self._pending.popleft()
+        if self._continuous and chunk.choices:
+            prompt, generated, cached = self._counts
+            chunk.usage = make_usage(prompt, generated, cached)
+        return chunk
 
     def _absorb(self, out: RequestOutput) -> None:
         _check_output(out)
+        self._counts = (out.num_prompt_tokens, out.num_generated_tokens, out.num_cached_tokens)
         if out.logprobs:
             self._held_logprobs.extend(self._service.logprob_entries(out.logprobs))
         chunk = self._stream.push(out.new_text) if out.new_text else None
