@@ -106,6 +106,7 @@ class Sampler:
             raise ValueError(f"logits shape {tuple(logits.shape)} does not match {len(seqs)} rows")
         if allowed is not None:
             allowed.apply(logits)
+        self._apply_bans(logits, seqs)
         params = [s.params for s in seqs]
         want_logprobs = any(p.logprobs for p in params)
         if all(p.greedy and not p.has_penalties for p in params) and not want_logprobs:
@@ -152,7 +153,6 @@ class Sampler:
         return out
 
     def _apply_penalties(self, logits: torch.Tensor, seqs: SequenceABC[Sequence]) -> None:
-        self._apply_bans(logits, seqs)
         self._apply_repetition_penalty(logits, seqs)
         rows = [
             i
@@ -172,6 +172,8 @@ class Sampler:
     def _apply_bans(self, logits: torch.Tensor, seqs: SequenceABC[Sequence]) -> None:
         """Mask ``banned_token_ids``, and the stop and EOS ids of rows short of
         ``min_tokens`` (not under a grammar, which decides when the reply may end)."""
+        rows: list[int] = []
+        cols: list[int] = []
         vocab = logits.shape[1]
         for i, seq in enumerate(seqs):
             params = seq.params
@@ -180,9 +182,17 @@ class Sampler:
                 banned.extend(params.stop_token_ids)
                 if not params.ignore_eos:
                     banned.extend(self.eos_token_ids)
-            banned = [t for t in banned if t < vocab]
-            if banned:
-                logits[i, _device_tensor(banned, torch.int64, logits.device)] = -math.inf
+            for token in banned:
+                if token < vocab:
+                    rows.append(i)
+                    cols.append(token)
+        if rows:
+            device = logits.device
+            index = (
+                _device_tensor(rows, torch.int64, device),
+                _device_tensor(cols, torch.int64, device),
+            )
+            logits.index_put_(index, torch.tensor(-math.inf, dtype=logits.dtype, device=device))
 
     def _apply_repetition_penalty(self, logits: torch.Tensor, seqs: SequenceABC[Sequence]) -> None:
         """Hugging Face's rule: a token seen in the prompt or reply has its logit divided by

@@ -28,7 +28,8 @@ class SamplingParams:
     ``repetition_penalty`` (vLLM's and Hugging Face's, 1 for none) divides the positive logits
     and multiplies the negative ones of every token already in the prompt or the reply.
     ``min_tokens`` keeps the stop token ids (and the EOS ids unless ``ignore_eos``) from being
-    sampled until that many tokens were generated; ``banned_token_ids`` are never sampled.
+    sampled until that many tokens were generated; ``banned_token_ids`` are never sampled
+    (a speculative draft, checked by the target model's argmax, may still propose one).
     ``stop`` strings need an engine with a tokenizer; the returned text is cut just
     before the earliest stop string. ``stop_token_ids`` (and the model's EOS ids
     unless ``ignore_eos``) end generation; such a token is reported in the token ids
@@ -98,14 +99,13 @@ class SamplingParams:
 
     @property
     def has_penalties(self) -> bool:
-        """True when the logits depend on the request's tokens or bans: a presence, frequency
-        or repetition penalty, ``min_tokens`` or ``banned_token_ids``."""
+        """True when the logits depend on the request's tokens: a presence, frequency or
+        repetition penalty, or ``min_tokens`` (such requests are not speculated)."""
         return (
             self.presence_penalty != 0.0
             or self.frequency_penalty != 0.0
             or self.repetition_penalty != 1.0
             or self.min_tokens > 0
-            or bool(self.banned_token_ids)
         )
 
 

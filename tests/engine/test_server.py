@@ -337,9 +337,9 @@ _HI = b'{"model": "tiny-test", "messages": [{"role": "user", "content": "hi"}], 
             "needs content",
         ),
         (
-            _HI + b'"n": 2}',
+            _HI + b'"n": 17}',
             "invalid_request",
-            "n=2",
+            "n=17",
         ),
         (
             _HI + b'"top_k": "x"}',

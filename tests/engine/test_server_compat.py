@@ -457,3 +457,193 @@ def _weather_tool() -> Any:
             }
         )
     ]
+
+
+# ---------------------------------------------------------------------- 6: strict schemas
+
+
+def test_a_schema_that_leaves_additional_properties_unset_is_closed() -> None:
+    from local_engine.grammar import closed_objects
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "a": {"type": "object", "properties": {"b": {"type": "integer"}}},
+            "m": {"type": "object", "additionalProperties": {"type": "integer"}},
+            "any": {"type": "object"},
+        },
+        "$defs": {"D": {"type": "object", "properties": {"x": {"type": "string"}}}},
+        "allOf": [
+            {"properties": {"p": {"type": "string"}}},
+            {"properties": {"q": {"type": "string"}}},
+        ],
+    }
+    closed = closed_objects(schema)
+    assert closed["additionalProperties"] is False
+    assert closed["properties"]["a"]["additionalProperties"] is False
+    assert closed["properties"]["m"]["additionalProperties"] == {"type": "integer"}
+    assert "additionalProperties" not in closed["properties"]["any"]  # any object stays any
+    assert closed["$defs"]["D"]["additionalProperties"] is False
+    assert all("additionalProperties" not in member for member in closed["allOf"])
+    assert "additionalProperties" not in schema  # the argument is left alone
+
+
+@pytest.mark.anyio
+async def test_a_loose_schema_gets_no_invented_keys(served: Served) -> None:
+    """Issue 27.6: a random-weight model under a schema without additionalProperties
+    invented keys until max_tokens."""
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 8}},
+        "required": ["city"],
+    }
+    response_format: Any = {
+        "type": "json_schema",
+        "json_schema": {"name": "place", "schema": schema},
+    }
+    for seed in range(3):
+        completion = await served.oa.chat.completions.create(
+            model="tiny-test",
+            messages=HI,
+            max_tokens=60,
+            seed=seed,
+            response_format=response_format,
+        )
+        reply = json.loads(completion.choices[0].message.content or "")
+        assert list(reply) == ["city"]
+        assert completion.choices[0].finish_reason == "stop"
+
+
+# ---------------------------------------------------------------------- 3: n > 1
+
+
+@pytest.mark.anyio
+async def test_n_choices_in_one_completion_count_the_prompt_once(served: Served) -> None:
+    single = await served.oa.chat.completions.create(
+        model="tiny-test", messages=HI, max_tokens=5, extra_body={"ignore_eos": True}
+    )
+    several = await served.oa.chat.completions.create(
+        model="tiny-test", messages=HI, max_tokens=5, n=3, seed=7, extra_body={"ignore_eos": True}
+    )
+    assert [c.index for c in several.choices] == [0, 1, 2]
+    assert all(c.finish_reason == "length" for c in several.choices)
+    assert single.usage is not None and several.usage is not None
+    assert several.usage.prompt_tokens == single.usage.prompt_tokens
+    assert several.usage.completion_tokens == 15
+    # seeded choices differ from each other, and repeat
+    texts = [c.message.content for c in several.choices]
+    again = await served.oa.chat.completions.create(
+        model="tiny-test", messages=HI, max_tokens=5, n=3, seed=7, extra_body={"ignore_eos": True}
+    )
+    assert [c.message.content for c in again.choices] == texts
+    assert len(set(texts)) > 1
+    await served.settle()
+
+
+@pytest.mark.anyio
+async def test_n_choices_stream_with_their_index(served: Served) -> None:
+    stream = await served.oa.chat.completions.create(
+        model="tiny-test",
+        messages=HI,
+        max_tokens=4,
+        n=2,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    texts = ["", ""]
+    finished: list[int] = []
+    usage = None
+    async for chunk in stream:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            if choice.finish_reason is not None:
+                finished.append(choice.index)
+        usage = chunk.usage or usage
+    assert sorted(finished) == [0, 1]
+    assert usage is not None and usage.completion_tokens == 8
+    await served.settle()
+
+
+@pytest.mark.anyio
+async def test_the_choices_share_the_prompt_blocks(tiny: TinyModel) -> None:
+    from local_engine.service import _fan_out
+
+    engine = tiny.engine()
+    async with LocalBackend.from_engine(engine) as backend:
+        source, service = backend.running_service()
+        long: Any = [{"role": "user", "content": "tell me a story about a fox " * 12}]
+        ask = ChatRequest(
+            model="m", messages=long, max_tokens=3, n=4, extra_body={"ignore_eos": True}
+        )
+        prepared = service.prepare(ask)
+        prompt = len(prepared.prompt.token_ids)
+        block = engine.config.block_size
+        full_blocks = prompt // block * block
+        assert full_blocks >= 4 * block
+        finals: dict[int, Any] = {}
+        async with _fan_out(source, prepared, 4) as outputs:
+            async for index, out in outputs:
+                if out.finished:
+                    finals[index] = out
+                    if len(finals) == 4:
+                        break
+        assert finals[0].num_cached_tokens == 0
+        # every full block of the prompt (all but the last, when it is full) is shared
+        assert all(finals[i].num_cached_tokens >= full_blocks - block for i in (1, 2, 3))
+
+
+@pytest.mark.anyio
+async def test_the_other_choices_start_once_the_prompt_is_computed() -> None:
+    """Choices 1..n-1 are added after choice 0's first output (its prefill), so they find
+    the prompt's blocks in the prefix cache rather than computing them alongside."""
+    from contextlib import asynccontextmanager
+
+    import anyio
+    from anyio import wait_all_tasks_blocked
+
+    from local_engine.chat import ChatPrompt
+    from local_engine.engine import RequestOutput
+    from local_engine.service import PreparedRequest, _fan_out
+
+    class Source:
+        def __init__(self) -> None:
+            self.adds: list[int] = []  # choice 0's outputs so far, at each add
+            self.emitted = 0
+            self.release = anyio.Event()
+
+        @asynccontextmanager
+        async def stream(
+            self, prompt_ids: Any, params: Any, *, request_id: Any = None, cache_salt: Any = None
+        ) -> AsyncIterator[AsyncIterator[RequestOutput]]:
+            self.adds.append(self.emitted)
+            yield Outputs(self, len(self.adds) - 1)
+
+    class Outputs:
+        def __init__(self, source: Source, index: int) -> None:
+            self.source, self.index, self.done = source, index, False
+
+        def __aiter__(self) -> Outputs:
+            return self
+
+        async def __anext__(self) -> RequestOutput:
+            if self.done:
+                raise StopAsyncIteration
+            self.done = True
+            if self.index == 0:
+                await self.source.release.wait()
+                self.source.emitted += 1
+            return RequestOutput(f"r{self.index}", [5], "x", True, "length", 1, 0, 1)
+
+    source = Source()
+    prepared = PreparedRequest(ChatPrompt("x", [1], "none"), SamplingParams(seed=3), None)
+    seen: list[int] = []
+    async with _fan_out(source, prepared, 3) as outputs:
+        await wait_all_tasks_blocked()
+        assert source.adds == [0]  # only choice 0 while its prompt is being computed
+        source.release.set()
+        async for index, _ in outputs:
+            seen.append(index)
+            if len(seen) == 3:
+                break
+    assert source.adds == [0, 1, 1] and sorted(seen) == [0, 1, 2]
