@@ -23,8 +23,8 @@ Mapping:
 - ``extra_body`` may carry vLLM's extensions ``top_k``, ``min_p``, ``min_tokens``,
   ``repetition_penalty``, ``ignore_eos`` and ``stop_token_ids``, and ``cache_salt``,
   ``chat_template_kwargs`` and ``continuous_usage_stats`` (a streamed reply carries the
-  running usage on every chunk); any other key is a
-  :class:`~swiftclient.errors.ConfigurationError`;
+  running usage on every chunk); any other key is ignored, as the HTTP server ignores an
+  unknown field (a warning names it, once per name);
 - the prefix-cache salt (which keeps tenants from sharing cached prompt blocks) is
   ``extra_body["cache_salt"]``, else ``user``. ``prompt_cache_key`` is a routing hint for
   hosted providers and is ignored here: one engine has one cache;
@@ -39,6 +39,7 @@ Mapping:
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -78,6 +79,8 @@ EXTRA_BODY_KEYS = frozenset(
 """The ``extra_body`` keys the local engine understands."""
 
 
+_log = logging.getLogger("local_engine.service")
+
 MAX_N = 16
 """The most choices (``n``) one request may ask for."""
 
@@ -106,13 +109,20 @@ class PreparedRequest:
     cache_salt: str | None
 
 
+_ignored_logged: set[str] = set()
+
+
 def _extra(request: ChatRequest) -> dict[str, Any]:
-    extra = dict(request.extra_body or {})
-    unknown = sorted(set(extra) - EXTRA_BODY_KEYS)
+    """The ``extra_body`` keys the engine reads, checked; others are ignored (as the HTTP
+    server ignores unknown fields, and vLLM does), each name logged once per process."""
+    extra = {k: v for k, v in (request.extra_body or {}).items() if k in EXTRA_BODY_KEYS}
+    unknown = sorted(set(request.extra_body or {}) - EXTRA_BODY_KEYS - _ignored_logged)
     if unknown:
-        raise ConfigurationError(
-            f"unsupported extra_body keys for the local engine: {unknown}; "
-            f"supported: {sorted(EXTRA_BODY_KEYS)}"
+        _ignored_logged.update(unknown)
+        _log.warning(
+            "ignoring extra_body keys the local engine does not use: %s (it reads: %s)",
+            ", ".join(unknown),
+            ", ".join(sorted(EXTRA_BODY_KEYS)),
         )
     for flag in ("ignore_eos", "continuous_usage_stats"):
         if flag in extra and not isinstance(extra[flag], bool):
