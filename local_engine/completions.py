@@ -6,9 +6,9 @@ model as it is, with no chat template. Sampling fields map as for chat
 ``ignore_eos`` included); ``max_tokens`` defaults to 16, as in OpenAI's and vLLM's API;
 ``logprobs`` is the number of alternatives per token (0 to 20) and comes back in the legacy
 layout (``tokens``, ``token_logprobs``, ``top_logprobs``, ``text_offset``); ``echo`` puts
-the prompt before the reply (in the text only). Several prompts in one request, ``suffix``
-and ``best_of`` other than ``n`` are refused (400). A streamed reply is one chunk per engine
-output that brings text or a finish reason, then a usage chunk with
+the prompt before the reply (in the text only). Several prompts in one request, ``n > 1``,
+``suffix`` and ``best_of`` other than ``n`` are refused (400). A streamed reply is one chunk
+per engine output that brings text or a finish reason, then a usage chunk with
 ``stream_options.include_usage`` (usage on every chunk with ``continuous_usage_stats``).
 """
 
@@ -55,6 +55,9 @@ def text_request_fields(body: dict[str, Any]) -> tuple[dict[str, Any], str | lis
     suffix = fields.pop("suffix", None)
     if suffix:
         raise ValueError("suffix is not supported by the local engine")
+    n = fields.get("n")
+    if n is not None and n != 1:
+        raise ValueError("n > 1 is not supported on /v1/completions (use /v1/chat/completions)")
     best_of = fields.pop("best_of", None)
     if best_of is not None and best_of != fields.get("n", 1):
         raise ValueError("best_of is not supported by the local engine (only best_of == n)")
