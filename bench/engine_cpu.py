@@ -9,6 +9,7 @@ Run from the repository root::
     .venv/bin/python bench/engine_cpu.py --only quant        # workload 5 alone, 3-20 minutes
     .venv/bin/python bench/engine_cpu.py --only grammar      # workload 6 alone, 1-5 minutes
     .venv/bin/python bench/engine_cpu.py --only spec         # workload 7 alone, about 1 minute
+    .venv/bin/python bench/engine_cpu.py --only n            # workload 8 alone, 1-3 minutes
 
 Both peers run the embedded ``swift-50m`` model (random weights, Qwen3 architecture, about
 52M parameters) in float32 with the same number of torch threads, decode greedily and
@@ -56,6 +57,10 @@ Workloads and goals (PASS/FAIL printed beside each):
    copy/edit tasks (goal: >= 1.8x, identical greedy output) and non-grounded tasks (goal:
    >= 0.95x). Both peers run ``--spec-threads`` torch threads (default 1, the faster setting
    for that 3.2M model at batch 1 with and without speculation).
+8. ``n=4`` (``--only n``; its own table, bench/_n_rows.py): one request for 4 choices of a
+   512-token prompt (32 new tokens each) against the same prompt sent as four requests at
+   once, on one engine with the prefix cache (the choices share the prompt's KV blocks).
+   Goal: >= 2x the four requests' throughput.
 
 Every round builds fresh random prompts (same lengths) and runs all peers on them back to
 back, who goes first rotating; a warm-up round precedes the timed ones. So the engine's prefix
@@ -116,7 +121,7 @@ CEILING_GOAL = 0.95
 """Share of the matmul-plus-attention ceiling the fp32 engine's best 2(a)/2(b) round reaches."""
 BUSY_LIMIT_S = 300.0
 """The competing process exits by itself after this long, whatever happens to the script."""
-WORKLOADS = ("decode", "batch", "prefix", "contention", "quant", "grammar", "spec")
+WORKLOADS = ("decode", "batch", "prefix", "contention", "quant", "grammar", "spec", "n")
 
 
 @dataclass(frozen=True)
@@ -1254,6 +1259,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if chosen == {"grammar"}:
         run_grammar(setup, s, args.threads, quick=args.quick)
         return 0
+    if chosen == {"n"}:
+        run_n(setup, s, args.threads, quick=args.quick)
+        return 0
     load_before = os.getloadavg()
     wall = time.perf_counter()
     rows: list[Row] = []
@@ -1332,7 +1340,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "grammar" in chosen:
         print()
         run_grammar(setup, s, args.threads, quick=args.quick)
+    if "n" in chosen:
+        print()
+        run_n(setup, s, args.threads, quick=args.quick)
     return 0
+
+
+def run_n(setup: Setup, s: Settings, threads: int, *, quick: bool) -> None:
+    """Workload 8: n=4 choices against four separate requests; its own table."""
+    from _n_rows import n_report
+
+    print(f"## local_engine: n=4 against four requests, CPU ({'quick' if quick else 'full'})\n")
+    print(f"- model: {MODEL_NAME} (random weights), fp32, torch threads: {threads}")
+    shared = setup.engine.engine
+    prompt, new = (128, 8) if quick else (512, 32)
+    engine = Engine(
+        shared.model,
+        EngineConfig(dtype="float32", num_blocks=_blocks_for(8 * (prompt + new)), seed=0),
+        shared.tokenizer,
+    )
+    print(n_report(engine, setup.token_high, reps=s.reps, prompt_tokens=prompt, new_tokens=new))
 
 
 def run_grammar(setup: Setup, s: Settings, threads: int, *, quick: bool) -> None:

@@ -69,6 +69,14 @@ class LocalBackend:
         chat_template: a template source (or a named template) overriding the tokenizer's.
         tool_format: ``"hermes"``, ``"llama3"`` or ``"none"``, overriding the tool-call
             convention detected from the template.
+        dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"`` (default: the model's);
+            overrides ``engine_config.dtype`` when given.
+        device: the torch device (``"cpu"``, ``"cuda"``, ``"cuda:1"``...); overrides
+            ``engine_config.device`` when given.
+        generation_config: ``"auto"`` applies the model's ``generation_config.json`` as the
+            default sampling parameters of requests (``do_sample: false`` means greedy;
+            see :mod:`local_engine.generation`), as vLLM does; ``"none"`` ignores it
+            (OpenAI's defaults: temperature 1). :attr:`sampling_defaults` says what applies.
 
     Use it inside ``async with AsyncClient(LocalBackend(...)) as client:``; calls outside
     that block raise :class:`~swiftclient.errors.ConfigurationError`. Leaving a stream early
@@ -93,8 +101,18 @@ class LocalBackend:
         chat_template: str | None = None,
         tool_format: str | None = None,
         quantization: Literal["int8", "fp8"] | None = None,
+        dtype: str | None = None,
+        device: str | None = None,
+        generation_config: Literal["auto", "none"] = "auto",
     ) -> None:
         check_backend_name(name)
+        if generation_config not in ("auto", "none"):
+            raise errors.ConfigurationError(
+                f"unknown generation_config {generation_config!r}: expected 'auto' or 'none'"
+            )
+        for option, value in (("dtype", dtype), ("device", device)):
+            if value is not None and (not isinstance(value, str) or not value):
+                raise errors.ConfigurationError(f"{option} must be a non-empty string")
         if quantization not in (None, "int8", "fp8"):
             raise errors.ConfigurationError(
                 f"unknown quantization {quantization!r}: expected None, 'int8' or 'fp8'"
@@ -107,6 +125,9 @@ class LocalBackend:
         self._model = model
         self._engine_config = engine_config
         self._quantization = quantization
+        self._dtype = dtype
+        self._device = device
+        self._generation_config = generation_config
         self._default_max_tokens = default_max_tokens
         self._chat_template = chat_template
         self._tool_format = tool_format
@@ -172,6 +193,18 @@ class LocalBackend:
         return self._service is not None
 
     @property
+    def generation_config(self) -> Literal["auto", "none"]:
+        """Whether the model's ``generation_config.json`` sets the sampling defaults."""
+        return self._generation_config
+
+    @property
+    def sampling_defaults(self) -> dict[str, float | int]:
+        """The sampling parameters requests get for fields they leave unset, from the
+        model's ``generation_config.json`` (empty before loading, or with
+        ``generation_config="none"``)."""
+        return dict(self._service.sampling_defaults) if self._service is not None else {}
+
+    @property
     def running(self) -> bool:
         """True inside ``async with`` (the engine accepts requests)."""
         return self._async_engine is not None
@@ -198,6 +231,11 @@ class LocalBackend:
                 "warmup())"
             )
         return self._service
+
+    def running_service(self) -> tuple[AsyncEngine, ChatService]:
+        """The running engine and the chat service that maps requests onto it (the HTTP
+        server's legacy completions use them); ConfigurationError outside ``async with``."""
+        return self._running()
 
     def _running(self) -> tuple[AsyncEngine, ChatService]:
         if self._async_engine is None or self._service is None:
@@ -231,6 +269,7 @@ class LocalBackend:
     def _load_sync(self) -> tuple[Path, ChatService]:
         try:
             from local_engine.engine import Engine, EngineConfig
+            from local_engine.generation import read_sampling_defaults
             from local_engine.service import ChatService
         except ImportError as exc:
             raise errors.ConfigurationError(
@@ -244,16 +283,22 @@ class LocalBackend:
                 config = dataclasses.replace(
                     config or EngineConfig(), quantization=self._quantization
                 )
+            if self._dtype is not None:
+                config = dataclasses.replace(config or EngineConfig(), dtype=self._dtype)
+            if self._device is not None:
+                config = dataclasses.replace(config or EngineConfig(), device=self._device)
             engine = Engine.from_pretrained(path, config)
         except OSError as exc:
             raise errors.ConfigurationError(f"cannot load the model in {path}: {exc}") from exc
         except (RuntimeError, MemoryError) as exc:
             raise errors.EngineError(f"loading the model in {path} failed: {exc!r}") from exc
+        defaults = read_sampling_defaults(path) if self._generation_config == "auto" else {}
         service = ChatService(
             engine,
             default_max_tokens=self._default_max_tokens,
             chat_template=self._chat_template,
             tool_format=self._tool_format,
+            sampling_defaults=defaults,
         )
         return path, service
 

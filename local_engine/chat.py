@@ -49,6 +49,7 @@ from .tool_calls import (
     check_tool_format,
     detect_tool_format,
     parse_tool_calls,
+    strip_tool_markup,
 )
 
 __all__ = [
@@ -143,11 +144,17 @@ def _offered_tools(
 
 @dataclass(frozen=True)
 class ChatPrompt:
-    """A rendered request: prompt text and ids, and how to parse tool calls in the reply."""
+    """A rendered request: prompt text and ids, and how to parse tool calls in the reply.
+
+    ``markup_format`` is the template's tool-call convention when no tools were offered
+    (else "none"): the reply must not call tools then, so markup in that convention is
+    kept from being sampled and removed from the text.
+    """
 
     text: str
     token_ids: list[int]
     tool_format: ToolCallFormat
+    markup_format: ToolCallFormat = "none"
 
 
 class ChatFormatter:
@@ -245,6 +252,7 @@ class ChatFormatter:
             text=text,
             token_ids=self.tokenizer.encode(text, add_special_tokens=False),
             tool_format=self.tool_format(has_tools=tools is not None),
+            markup_format=self.tool_format(has_tools=True) if tools is None else "none",
         )
 
 
@@ -264,12 +272,16 @@ def build_completion(
     completion_id: str | None = None,
     created: int | None = None,
     predictions: tuple[int, int] | None = None,
+    markup_format: ToolCallFormat = "none",
 ) -> ChatCompletion:
     """A complete response for generated ``text``, with tool calls parsed out of it.
 
     ``finish_reason`` is the engine's ("stop", "length", ...); it becomes "tool_calls" when
-    the model stopped after calling tools.
+    the model stopped after calling tools. With no tools offered (``tool_format`` "none"),
+    tool-call markup in ``markup_format`` is removed from the text, never returned as content.
     """
+    if tool_format == "none" and markup_format != "none":
+        text = strip_tool_markup(text, markup_format)
     parsed = parse_tool_calls(text, tool_format)
     message = AssistantMessage(content=parsed.content, tool_calls=parsed.tool_calls or None)
     return ChatCompletion(
@@ -295,12 +307,17 @@ class CompletionStream:
         tool_format: ToolCallFormat = "none",
         completion_id: str | None = None,
         created: int | None = None,
+        markup_format: ToolCallFormat = "none",
     ) -> None:
-        """Start a stream of chunks that share an id, a timestamp and a model name."""
+        """Start a stream of chunks that share an id, a timestamp and a model name.
+
+        With no tools offered (``tool_format`` "none"), tool-call markup in ``markup_format``
+        is held back like a tool call, then dropped rather than sent."""
         self.id = completion_id or new_completion_id()
         self.created = int(time.time()) if created is None else created
         self.model = model
-        self._tools = ToolCallStream(tool_format)
+        self._markup: ToolCallFormat = markup_format if tool_format == "none" else "none"
+        self._tools = ToolCallStream(tool_format if self._markup == "none" else self._markup)
 
     def _chunk(self, delta: ChoiceDelta, finish_reason: str | None = None) -> ChatCompletionChunk:
         return ChatCompletionChunk(
@@ -331,6 +348,9 @@ class CompletionStream:
     ) -> list[ChatCompletionChunk]:
         """The closing chunks: held content, tool calls, finish reason, then usage if asked."""
         parsed = self._tools.finish()
+        if self._markup != "none":  # no tools were offered: drop the calls and their markup
+            content = strip_tool_markup(parsed.content or "", self._markup)
+            parsed = ParsedOutput(content=content or None, tool_calls=[])
         chunks: list[ChatCompletionChunk] = []
         if parsed.content:
             chunks.append(self._chunk(ChoiceDelta(content=parsed.content)))

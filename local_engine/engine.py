@@ -270,7 +270,7 @@ class Engine:
             model,
             num_blocks=num_blocks,
             block_size=bs,
-            sampler=Sampler(seed=config.seed),
+            sampler=Sampler(seed=config.seed, eos_token_ids=self.eos_token_ids),
             buffers=buffers,
             cuda_graphs=cuda_graphs,
             structured=self.structured,

@@ -5,7 +5,11 @@ turns it into per-request matchers and token masks. This module builds grammars 
 OpenAI request fields:
 
 - ``response_format={"type": "json_object"}``: any JSON object;
-- ``response_format={"type": "json_schema", ...}``: a value valid under the schema;
+- ``response_format={"type": "json_schema", ...}``: a value valid under the schema, where an
+  object schema that lists ``properties`` and leaves ``additionalProperties`` unset allows no
+  other keys (OpenAI's strict mode requires ``additionalProperties: false``; vLLM's guidance
+  backend closes such objects the same way with ``disable-additional-properties``), so a
+  model cannot invent keys until ``max_tokens``;
 - ``tool_choice="required"`` or a named tool, when the chat template's tool-call format is
   known: one or more tool calls in that format (``"hermes"``:
   ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``, calls separated by a
@@ -36,6 +40,7 @@ __all__ = [
     "Grammar",
     "GrammarError",
     "GrammarKind",
+    "closed_objects",
     "json_object_grammar",
     "json_schema_grammar",
     "request_grammar",
@@ -118,13 +123,49 @@ def json_schema_grammar(schema: Mapping[str, Any] | bool) -> Grammar:
 
 
 def response_format_grammar(response_format: ResponseFormat | None) -> Grammar | None:
-    """The grammar for a ``response_format``, or None for plain text."""
+    """The grammar for a ``response_format``, or None for plain text (a schema's objects
+    closed by :func:`closed_objects`)."""
     if response_format is None or response_format.type == "text":
         return None
     spec = response_format.json_schema
     if response_format.type == "json_object" or spec is None or spec.schema_ is None:
         return json_object_grammar()
-    return json_schema_grammar(spec.schema_)
+    return json_schema_grammar(closed_objects(spec.schema_))
+
+
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
+_SUBSCHEMA = ("items", "additionalProperties", "not", "if", "then", "else", "contains")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
+
+
+def closed_objects(schema: Any, *, close: bool = True) -> Any:
+    """A copy of ``schema`` where every object schema that lists ``properties`` and leaves
+    ``additionalProperties`` (and ``patternProperties``, ``unevaluatedProperties``) unset
+    gets ``additionalProperties: false``. Members of an ``allOf`` of several schemas are
+    left open (closing each would refuse the keys the others add)."""
+    if isinstance(schema, list):
+        return [closed_objects(item) for item in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    node = dict(schema)
+    for key in _SUBSCHEMA:
+        if isinstance(node.get(key), Mapping | list):
+            node[key] = closed_objects(node[key])
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(node.get(key), list):
+            node[key] = [closed_objects(item) for item in node[key]]
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(node.get(key), Mapping):
+            node[key] = {name: closed_objects(sub) for name, sub in node[key].items()}
+    members = node.get("allOf")
+    if isinstance(members, list):
+        several = len(members) > 1
+        node["allOf"] = [closed_objects(item, close=not several) for item in members]
+    open_keys = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+    if close and isinstance(node.get("properties"), Mapping):
+        if not any(key in node for key in open_keys):
+            node["additionalProperties"] = False
+    return node
 
 
 def _call_schema(tool: Tool, arguments_key: str, defs: dict[str, Any]) -> dict[str, Any]:

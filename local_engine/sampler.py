@@ -1,6 +1,8 @@
 """Batched token sampling over a step's logits.
 
-Per row, in order: presence/frequency penalties over the request's generated tokens;
+Per row, in order: banned tokens (``banned_token_ids``, and the stop and EOS ids while fewer
+than ``min_tokens`` were generated) masked out; the repetition penalty over the prompt and
+the reply; presence/frequency penalties over the request's generated tokens;
 temperature (0 means greedy: the argmax of the penalized logits); top-k, then top-p
 (nucleus, over the top-k survivors), then min-p (drop tokens whose probability is below
 ``min_p`` times the most likely one's); then a draw by the exponential race
@@ -44,17 +46,24 @@ class _Counts:
 class Sampler:
     """Samples next tokens for a batch of sequences; keeps seeded requests' generators."""
 
-    def __init__(self, *, seed: int | None = None) -> None:
-        """``seed`` fixes the noise of unseeded requests too (tests); default: random."""
+    def __init__(
+        self, *, seed: int | None = None, eos_token_ids: SequenceABC[int] | frozenset[int] = ()
+    ) -> None:
+        """``seed`` fixes the noise of unseeded requests too (tests); default: random.
+        ``eos_token_ids`` are held back, with each request's stop ids, until it has
+        generated ``min_tokens``."""
         self._seed = seed
+        self.eos_token_ids = tuple(sorted(eos_token_ids))
         self._generators: dict[str, torch.Generator] = {}
         self._counts: dict[str, _Counts] = {}
+        self._seen: dict[str, _Counts] = {}
         self._shared: dict[torch.device, torch.Generator] = {}
 
     def release(self, request_id: str) -> None:
         """Forget a finished request's generator and penalty counts."""
         self._generators.pop(request_id, None)
         self._counts.pop(request_id, None)
+        self._seen.pop(request_id, None)
 
     def _shared_generator(self, device: torch.device) -> torch.Generator:
         gen = self._shared.get(device)
@@ -97,6 +106,7 @@ class Sampler:
             raise ValueError(f"logits shape {tuple(logits.shape)} does not match {len(seqs)} rows")
         if allowed is not None:
             allowed.apply(logits)
+        self._apply_bans(logits, seqs)
         params = [s.params for s in seqs]
         want_logprobs = any(p.logprobs for p in params)
         if all(p.greedy and not p.has_penalties for p in params) and not want_logprobs:
@@ -143,7 +153,12 @@ class Sampler:
         return out
 
     def _apply_penalties(self, logits: torch.Tensor, seqs: SequenceABC[Sequence]) -> None:
-        rows = [i for i, s in enumerate(seqs) if s.params.has_penalties and s.num_generated_tokens]
+        self._apply_repetition_penalty(logits, seqs)
+        rows = [
+            i
+            for i, s in enumerate(seqs)
+            if (s.params.presence_penalty or s.params.frequency_penalty) and s.num_generated_tokens
+        ]
         if not rows:
             return
         counts = torch.stack([self._token_counts(seqs[i], logits) for i in rows])
@@ -153,6 +168,56 @@ class Sampler:
         penalty = counts * coef[0] + (counts > 0).to(logits.dtype) * coef[1]
         row_index = _device_tensor(rows, torch.int64, logits.device)
         logits.index_add_(0, row_index, penalty, alpha=-1.0)
+
+    def _apply_bans(self, logits: torch.Tensor, seqs: SequenceABC[Sequence]) -> None:
+        """Mask ``banned_token_ids``, and the stop and EOS ids of rows short of
+        ``min_tokens`` (not under a grammar, which decides when the reply may end)."""
+        rows: list[int] = []
+        cols: list[int] = []
+        vocab = logits.shape[1]
+        for i, seq in enumerate(seqs):
+            params = seq.params
+            banned = list(params.banned_token_ids)
+            if params.min_tokens > seq.num_generated_tokens and params.grammar is None:
+                banned.extend(params.stop_token_ids)
+                if not params.ignore_eos:
+                    banned.extend(self.eos_token_ids)
+            for token in banned:
+                if token < vocab:
+                    rows.append(i)
+                    cols.append(token)
+        if rows:
+            device = logits.device
+            index = (
+                _device_tensor(rows, torch.int64, device),
+                _device_tensor(cols, torch.int64, device),
+            )
+            logits.index_put_(index, torch.tensor(-math.inf, dtype=logits.dtype, device=device))
+
+    def _apply_repetition_penalty(self, logits: torch.Tensor, seqs: SequenceABC[Sequence]) -> None:
+        """Hugging Face's rule: a token seen in the prompt or reply has its logit divided by
+        the penalty when positive, multiplied by it when not."""
+        for i, seq in enumerate(seqs):
+            penalty = seq.params.repetition_penalty
+            if penalty == 1.0:
+                continue
+            seen = self._seen_tokens(seq, logits) > 0
+            row = logits[i]
+            scaled = torch.where(row > 0, row / penalty, row * penalty)
+            row.copy_(torch.where(seen, scaled, row))
+
+    def _seen_tokens(self, seq: Sequence, logits: torch.Tensor) -> torch.Tensor:
+        """Occurrences of each token in ``seq`` (prompt and reply), kept per request."""
+        entry = self._seen.get(seq.request_id)
+        if entry is None:
+            entry = _Counts(torch.zeros(logits.shape[1], dtype=logits.dtype, device=logits.device))
+            self._seen[seq.request_id] = entry
+        new = [t for t in seq.token_ids[entry.seen :] if t < logits.shape[1]]
+        if new:
+            index = _device_tensor(new, torch.int64, logits.device)
+            entry.counts.index_add_(0, index, torch.ones_like(index, dtype=logits.dtype))
+        entry.seen = len(seq.token_ids)
+        return entry.counts
 
     def _token_counts(self, seq: Sequence, logits: torch.Tensor) -> torch.Tensor:
         """Occurrences of each token among ``seq``'s generated tokens, kept per request

@@ -2,15 +2,19 @@
 
 Endpoints: ``POST /v1/chat/completions`` (streamed as server-sent events or not; usage with
 ``prompt_tokens_details.cached_tokens``; ``stream_options.include_usage`` honoured),
-``GET /v1/models``, ``GET /health`` and ``GET /metrics`` (the engine's metrics in
-Prometheus text format, see :mod:`local_engine.metrics`). Requests are mapped exactly as
-:class:`~local_engine.backend.LocalBackend` maps them (the server runs one), and
-``extra_body`` fields such as ``top_k``, ``min_p``, ``ignore_eos`` or ``cache_salt`` arrive as
-top-level JSON fields, as OpenAI clients send them.
+``POST /v1/completions`` (the legacy text API, :mod:`local_engine.completions`),
+``GET /v1/models`` and ``GET /v1/models/{id}``, ``GET /health`` and ``GET /metrics`` (the
+engine's metrics in Prometheus text format, see :mod:`local_engine.metrics`). Requests are
+mapped exactly as :class:`~local_engine.backend.LocalBackend` maps them (the server runs
+one), and ``extra_body`` fields such as ``top_k``, ``min_tokens``, ``repetition_penalty``,
+``ignore_eos`` or ``cache_salt`` arrive as top-level JSON fields, as OpenAI clients send
+them. Other unknown fields are ignored, as vLLM ignores them: the ``x-ignored-fields``
+response header names them and each name is logged once. One access line per request goes
+to the ``local_engine.server.access`` logger (``access_log=False`` turns it off).
 
 Models: a request must name the served model (``model_name``, by default the model
 directory's name) or the alias ``default``; any other name gets 404 ``model_not_found``, as
-vLLM answers. ``/v1/models`` lists the served name.
+vLLM answers. ``/v1/models`` lists both, with the model's sampling defaults.
 
 Errors are OpenAI-style JSON bodies: 400 for invalid JSON (also JSON nested too deeply to
 parse), an invalid request or parameters (including ``max_tokens`` over the server's limit, a
@@ -29,9 +33,13 @@ embedded default model) or ``swiftclient serve`` with the same options; ``--help
 from __future__ import annotations
 
 import argparse
+import contextvars
+import logging
 import secrets
+import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -77,10 +85,17 @@ if TYPE_CHECKING:
 __all__ = ["LocalServer", "RequestError", "command", "main", "parse_chat_body"]
 
 _REQUEST_FIELDS = frozenset(ChatRequest.model_fields) - {"extra_body"}
-_IGNORED_FIELDS = frozenset({"store"})
+_STREAM_OPTIONS = frozenset(StreamOptions.model_fields)
+IGNORED_FIELDS_HEADER = "x-ignored-fields"
+"""The response header naming the request fields the server ignored (comma-separated)."""
+_log = logging.getLogger("local_engine.server")
+access_log = logging.getLogger("local_engine.server.access")
+"""One INFO line per request: client, method, path, status, tokens, TTFT and duration."""
+_ACCESS: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("local_engine_access")
 _UNLIMITED = Timeout(total=None, connect=None, pool=None, first_token=None, idle=None)
 _RETRY_AFTER = "1"
 _THREAD_PARSE_BYTES = 64 * 1024  # bodies larger than this are parsed in a worker thread
+_MODEL_PREFIX = "/v1/models/"
 DEFAULT_ALIAS = "default"
 """A model name every local server answers to, besides its served name."""
 
@@ -104,26 +119,37 @@ def _validation_message(exc: pydantic.ValidationError) -> tuple[str, str | None]
     return f"invalid request: {loc}: {first['msg']}{suffix}", loc or None
 
 
-def parse_chat_body(body: Any) -> ChatRequest:
+def parse_chat_body(body: Any, ignored: list[str] | None = None) -> ChatRequest:
     """Turn a decoded ``/v1/chat/completions`` JSON body into a :class:`ChatRequest`.
 
     OpenAI fields become request fields; the local engine's extra fields
-    (:data:`~local_engine.service.EXTRA_BODY_KEYS`) go to ``extra_body``; ``store`` is
-    ignored. Raises :class:`RequestError` (a ``ValueError``) naming the first problem.
+    (:data:`~local_engine.service.EXTRA_BODY_KEYS`, vLLM's extensions among them) go to
+    ``extra_body``, as does ``stream_options.continuous_usage_stats``. Any other field (at the
+    top level, in ``stream_options`` or in an ``extra_body`` object) is ignored, as vLLM
+    ignores it, and its name (``stream_options.include_obfuscation``, say) appended to
+    ``ignored``. Raises :class:`RequestError` (a ``ValueError``) naming the first problem in
+    the fields that are known (a value out of range, ``n`` too large...).
     """
     if not isinstance(body, dict):
         raise RequestError(400, "the request body must be a JSON object", "invalid_request")
+    skipped: list[str] = [] if ignored is None else ignored
     fields: dict[str, Any] = {}
     extra: dict[str, Any] = {}
     for key, value in body.items():
-        if key in _REQUEST_FIELDS:
+        if key == "stream_options" and isinstance(value, dict):
+            fields[key] = _stream_options(value, extra, skipped)
+        elif key in _REQUEST_FIELDS:
             fields[key] = value
         elif key in EXTRA_BODY_KEYS:
             extra[key] = value
         elif key == "extra_body" and isinstance(value, dict):
-            extra.update(value)
-        elif key not in _IGNORED_FIELDS:
-            raise RequestError(400, f"unsupported parameter: {key!r}", "unsupported_parameter", key)
+            for name, item in value.items():
+                if name in EXTRA_BODY_KEYS:
+                    extra[name] = item
+                else:
+                    skipped.append(f"extra_body.{name}")
+        else:
+            skipped.append(str(key))
     if extra:
         fields["extra_body"] = extra
     try:
@@ -131,6 +157,21 @@ def parse_chat_body(body: Any) -> ChatRequest:
     except pydantic.ValidationError as exc:
         message, param = _validation_message(exc)
         raise RequestError(400, message, "invalid_request", param) from exc
+
+
+def _stream_options(
+    options: dict[str, Any], extra: dict[str, Any], skipped: list[str]
+) -> dict[str, Any]:
+    """``stream_options`` with what the local engine reads; the rest named in ``skipped``."""
+    kept: dict[str, Any] = {}
+    for name, value in options.items():
+        if name in _STREAM_OPTIONS:
+            kept[name] = value
+        elif name == "continuous_usage_stats":
+            extra[name] = value
+        else:
+            skipped.append(f"stream_options.{name}")
+    return kept
 
 
 def _chunk_bytes(chunk: ChatCompletionChunk) -> bytes:
@@ -189,6 +230,9 @@ class LocalServer:
             carrying a ``traceparent`` joins the caller's trace.
         meter_provider: where the engine's OpenTelemetry metrics go (``None``: the global
             provider); ``GET /metrics`` serves them in Prometheus text format either way.
+        access_log: log one line per request (client, method, path, status, prompt and
+            completion tokens, time to first token, duration) at INFO on the
+            ``local_engine.server.access`` logger; ``swiftclient serve`` prints them.
     """
 
     def __init__(
@@ -209,6 +253,7 @@ class LocalServer:
         loop: str = "auto",
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
+        access_log: bool = True,
     ) -> None:
         if max_tokens_limit is not None and max_tokens_limit < 1:
             raise ConfigurationError(f"max_tokens_limit must be positive, got {max_tokens_limit}")
@@ -217,6 +262,8 @@ class LocalServer:
         self._max_tokens_limit = max_tokens_limit
         self._model_name = model_name
         self._created = int(time.time())
+        self._access_log = access_log
+        self._ignored_seen: set[str] = set()
         if meter_provider is not None:
             backend.meter_provider = meter_provider
         self._tracer = ServerTracer(tracer_provider)
@@ -232,6 +279,7 @@ class LocalServer:
         router = Router(
             {
                 "/v1/chat/completions": ("POST", self._chat),
+                "/v1/completions": ("POST", self._text),
                 "/v1/models": ("GET", self._models),
                 "/health": ("GET", self._health),
                 "/metrics": ("GET", self._metrics),
@@ -239,7 +287,8 @@ class LocalServer:
             api_key=self._api_key,
             public=frozenset({"/health", "/metrics"}),
         )
-        self.app = App(router, max_body_bytes=max_body_bytes, write_timeout=write_timeout)
+        self._router = router
+        self.app = App(self._route, max_body_bytes=max_body_bytes, write_timeout=write_timeout)
         """The ASGI application (it needs the backend entered to answer chat requests)."""
         self._server = ThreadedServer(self.app, self.settings, resources=backend)
 
@@ -320,14 +369,73 @@ class LocalServer:
         body = self.backend.stats.render()
         await writer.send(200, body, {"content-type": PROMETHEUS_CONTENT_TYPE})
 
-    async def _models(self, request: Request, writer: ResponseWriter) -> None:
-        model = {
-            "id": self.model_name,
+    async def _route(self, request: Request, writer: ResponseWriter) -> None:
+        """Route the request (``/v1/models/{id}`` by prefix), then log its access line."""
+        started = time.perf_counter()
+        access: dict[str, Any] = {}
+        token = _ACCESS.set(access)
+        try:
+            path = request.path.rstrip("/")
+            if path.startswith(_MODEL_PREFIX) and request.method == "GET":
+                if self._router.authorized(request):
+                    await self._model(request, writer, path[len(_MODEL_PREFIX) :])
+                else:  # as the router answers
+                    await writer.send_error(
+                        401,
+                        "Incorrect or missing API key.",
+                        code="invalid_api_key",
+                        headers={"www-authenticate": "Bearer"},
+                    )
+            else:
+                await self._router(request, writer)
+        finally:
+            _ACCESS.reset(token)
+            if self._access_log:
+                _log_access(request, writer.status or 499, started, access)
+
+    def _model_card(self, model_id: str) -> dict[str, Any]:
+        """``/v1/models`` entry for one served name (the alias names its root)."""
+        card: dict[str, Any] = {
+            "id": model_id,
             "object": "model",
             "created": self._created,
             "owned_by": "swiftclient",
+            "root": self.model_name,
         }
-        await writer.send_json(200, {"object": "list", "data": [model]})
+        if self.backend.loaded:
+            card["max_model_len"] = self.backend.engine.max_model_len
+        card["sampling_defaults"] = self.backend.sampling_defaults
+        return card
+
+    async def _models(self, request: Request, writer: ResponseWriter) -> None:
+        data = [self._model_card(name) for name in self.served_model_names]
+        await writer.send_json(200, {"object": "list", "data": data})
+
+    async def _model(self, request: Request, writer: ResponseWriter, model_id: str) -> None:
+        if model_id not in self.served_model_names:
+            await _send_error(writer, self._unknown_model(model_id))
+            return
+        await writer.send_json(200, self._model_card(model_id))
+
+    def _unknown_model(self, model_id: str) -> RequestError:
+        return RequestError(
+            404,
+            f"The model {model_id!r} does not exist: this server serves "
+            f"{self.model_name!r} (alias {DEFAULT_ALIAS!r}).",
+            "model_not_found",
+            "model",
+        )
+
+    def _note_ignored(self, writer: ResponseWriter, ignored: list[str]) -> None:
+        """Name the ignored fields in a header; log each field name the first time."""
+        if not ignored:
+            return
+        names = sorted(set(ignored))
+        writer.headers[IGNORED_FIELDS_HEADER] = ", ".join(names)
+        new = [name for name in names if name not in self._ignored_seen]
+        if new:
+            self._ignored_seen.update(new)
+            _log.warning("ignoring request fields this server does not use: %s", ", ".join(new))
 
     async def _chat(self, request: Request, writer: ResponseWriter) -> None:
         span = self._tracer.start(request.headers)
@@ -341,14 +449,17 @@ class LocalServer:
         self, request: Request, writer: ResponseWriter, span: Span, reply: dict[str, Any]
     ) -> None:
         writer.headers["x-request-id"] = f"req_{secrets.token_hex(12)}"
+        ignored: list[str] = []
         try:
             if len(request.body) > _THREAD_PARSE_BYTES:
-                chat, stream = await anyio.to_thread.run_sync(self._parse, request)
+                chat, stream, usage = await anyio.to_thread.run_sync(self._parse, request, ignored)
             else:
-                chat, stream = self._parse(request)
+                chat, stream, usage = self._parse(request, ignored)
         except RequestError as error:
+            self._note_ignored(writer, ignored)
             await _send_error(writer, error)
             return
+        self._note_ignored(writer, ignored)
         deadline = Deadline(_UNLIMITED)
         recording = span.is_recording()
         if recording:
@@ -366,12 +477,18 @@ class LocalServer:
                     usage=completion.usage,
                     finish_reason=completion.finish_reason,
                 )
+            _access_usage(completion.usage)
             await writer.send_json(200, _completion_json(completion))
             return
         try:
             async with self.backend.stream(chat, deadline) as chunks:
                 await writer.start_stream(200, {"cache-control": "no-cache"})
                 async for chunk in chunks:
+                    _access_chunk(chunk)
+                    if chunk.usage is not None and not usage:
+                        if not chunk.choices:
+                            continue  # the usage chunk the client did not ask for
+                        chunk.usage = None
                     await writer.write(_chunk_bytes(chunk))
                     if recording:
                         _note(reply, chunk)
@@ -386,20 +503,72 @@ class LocalServer:
             return
         await writer.write(SSE_DONE)
 
-    def _parse(self, request: Request) -> tuple[ChatRequest, bool]:
+    async def _text(self, request: Request, writer: ResponseWriter) -> None:
+        """``POST /v1/completions``: the legacy text API (see :mod:`local_engine.completions`)."""
+        from .completions import TextRequest, complete_text, text_chunks, text_request_fields
+
+        writer.headers["x-request-id"] = f"req_{secrets.token_hex(12)}"
+        ignored: list[str] = []
         try:
-            body = request.json()
-        except ValueError as exc:
-            raise RequestError(400, f"the body is not valid JSON: {exc}", "invalid_json") from exc
-        chat = parse_chat_body(body)
-        if chat.model not in self.served_model_names:
-            raise RequestError(
-                404,
-                f"The model {chat.model!r} does not exist: this server serves "
-                f"{self.model_name!r} (alias {DEFAULT_ALIAS!r}).",
-                "model_not_found",
-                "model",
+            try:
+                body = request.json()
+            except ValueError as exc:
+                raise RequestError(
+                    400, f"the body is not valid JSON: {exc}", "invalid_json"
+                ) from exc
+            if not isinstance(body, dict):
+                raise RequestError(400, "the request body must be a JSON object", "invalid_request")
+            try:
+                fields, prompt, echo = text_request_fields(body)
+            except ValueError as exc:
+                raise RequestError(400, str(exc), "invalid_request") from exc
+            chat = parse_chat_body(fields, ignored)
+            if chat.model not in self.served_model_names:
+                raise self._unknown_model(chat.model)
+            self._check_limit(chat)
+        except RequestError as error:
+            self._note_ignored(writer, ignored)
+            await _send_error(writer, error)
+            return
+        self._note_ignored(writer, ignored)
+        parsed = TextRequest(chat, prompt, echo)
+        try:
+            engine, service = self.backend.running_service()
+            prepared = await anyio.to_thread.run_sync(service.prepare_text, chat, prompt)
+            if not chat.stream:
+                body = await complete_text(service, engine, parsed, prepared)
+                _access_usage(_UsageView(body["usage"]))
+                await writer.send_json(200, body)
+                return
+            options = chat.stream_options
+            usage = options is not None and options.include_usage is True
+            continuous = usage and bool((chat.extra_body or {}).get("continuous_usage_stats"))
+            async with service.generate(engine, prepared) as outputs:
+                await writer.start_stream(200, {"cache-control": "no-cache"})
+                chunks = text_chunks(
+                    service,
+                    outputs,
+                    parsed,
+                    prepared,
+                    include_usage=usage,
+                    continuous_usage=continuous,
+                )
+                async for chunk in chunks:
+                    _access_text_chunk(chunk)
+                    await writer.write(sse_event(chunk))
+        except (ValueError, BadRequestError, EngineError) as exc:
+            failure = _engine_error(exc)
+            if not writer.started:
+                await _send_error(writer, failure)
+                return
+            await writer.write(
+                sse_event(error_body(500, redact(failure.message), code=failure.code))
             )
+            return
+        await writer.write(SSE_DONE)
+
+    def _check_limit(self, chat: ChatRequest) -> None:
+        """400 when the request asks for more tokens than ``max_tokens_limit``."""
         limit = self._max_tokens_limit
         asked = chat.max_new_tokens()
         if limit is not None and asked is not None and asked > limit:
@@ -410,12 +579,92 @@ class LocalServer:
                 "max_tokens_too_large",
                 param,
             )
+
+    def _parse(self, request: Request, ignored: list[str]) -> tuple[ChatRequest, bool, bool]:
+        """The request, whether it streams, and whether the client asked for usage chunks
+        (the backend always sends them, for the access log; the server drops them when not
+        asked). ``continuous_usage_stats`` applies only with ``include_usage``, as in vLLM."""
+        try:
+            body = request.json()
+        except ValueError as exc:
+            raise RequestError(400, f"the body is not valid JSON: {exc}", "invalid_json") from exc
+        chat = parse_chat_body(body, ignored)
+        if chat.model not in self.served_model_names:
+            raise self._unknown_model(chat.model)
+        self._check_limit(chat)
         stream = bool(chat.stream)
+        usage = False
         if stream:
             options = chat.stream_options
             usage = options is not None and options.include_usage is True
-            chat = chat.model_copy(update={"stream_options": StreamOptions(include_usage=usage)})
-        return chat, stream
+            update: dict[str, Any] = {"stream_options": StreamOptions(include_usage=True)}
+            if not usage and chat.extra_body and "continuous_usage_stats" in chat.extra_body:
+                extra = dict(chat.extra_body)
+                del extra["continuous_usage_stats"]
+                update["extra_body"] = extra or None
+            chat = chat.model_copy(update=update)
+        return chat, stream, usage
+
+
+def _access_usage(usage: Any) -> None:
+    """Keep a reply's token counts for the request's access line."""
+    access = _ACCESS.get(None)
+    if access is not None and usage is not None:
+        access["prompt_tokens"] = usage.prompt_tokens
+        access["completion_tokens"] = usage.completion_tokens
+
+
+@dataclass(frozen=True)
+class _UsageView:
+    """A usage JSON object read as the access line reads usage."""
+
+    data: dict[str, Any]
+
+    @property
+    def prompt_tokens(self) -> int:
+        return int(self.data["prompt_tokens"])
+
+    @property
+    def completion_tokens(self) -> int:
+        return int(self.data["completion_tokens"])
+
+
+def _access_text_chunk(chunk: dict[str, Any]) -> None:
+    """:func:`_access_chunk` for a legacy completion chunk."""
+    access = _ACCESS.get(None)
+    if access is None:
+        return
+    if "first_token" not in access and any(c["text"] for c in chunk["choices"]):
+        access["first_token"] = time.perf_counter()
+    if "usage" in chunk:
+        _access_usage(_UsageView(chunk["usage"]))
+
+
+def _access_chunk(chunk: ChatCompletionChunk) -> None:
+    """Note the first token's time and the usage of a streamed chunk for the access line."""
+    access = _ACCESS.get(None)
+    if access is None:
+        return
+    if "first_token" not in access and any(
+        choice.delta.content or choice.delta.tool_calls for choice in chunk.choices
+    ):
+        access["first_token"] = time.perf_counter()
+    _access_usage(chunk.usage)
+
+
+def _log_access(request: Request, status: int, started: float, access: dict[str, Any]) -> None:
+    """One line per request: client, method, path, status, tokens, TTFT, duration."""
+    if not access_log.isEnabledFor(logging.INFO):
+        return
+    client = f"{request.client[0]}:{request.client[1]}" if request.client else "-"
+    parts = [f'{client} "{request.method} {request.path}" {status}']
+    if "prompt_tokens" in access:
+        parts.append(f"prompt_tokens={access['prompt_tokens']}")
+        parts.append(f"completion_tokens={access['completion_tokens']}")
+    if "first_token" in access:
+        parts.append(f"ttft_ms={(access['first_token'] - started) * 1000:.1f}")
+    parts.append(f"duration_ms={(time.perf_counter() - started) * 1000:.1f}")
+    access_log.info(" ".join(parts))
 
 
 def _note(reply: dict[str, Any], chunk: ChatCompletionChunk) -> None:
@@ -466,6 +715,27 @@ class _ServeCommand(click.Command):
 
 @click.command(cls=_ServeCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("model_dir", required=False, default="")
+@click.option(
+    "--model",
+    "-m",
+    "model",
+    metavar="DIR",
+    help="The model directory or embedded model name (as MODEL_DIR, and as `chat -m`).",
+)
+@click.option(
+    "--generation-config",
+    type=click.Choice(["auto", "none"]),
+    default="auto",
+    show_default=True,
+    help="auto: the model's generation_config.json sets the default sampling parameters "
+    "(do_sample: false means greedy), as in vLLM; none: ignore it (temperature 1).",
+)
+@click.option(
+    "--access-log/--no-access-log",
+    default=True,
+    show_default=True,
+    help="Print one line per request (status, tokens, time to first token, duration).",
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind.")
 @click.option(
     "--port", type=int, default=8000, show_default=True, help="Port (0 picks a free one)."
@@ -592,6 +862,8 @@ def command(**options: Any) -> int:
     none, the embedded default model. Runs until SIGINT or SIGTERM.
     """
     args = argparse.Namespace(**options)
+    if args.access_log:
+        _print_access_lines()
     try:
         _build(args).run()
     except OSError as exc:
@@ -600,6 +872,17 @@ def command(**options: Any) -> int:
         pass
     print("stopped", flush=True)
     return 0
+
+
+def _print_access_lines() -> None:
+    """Send the access lines to stderr (once per process)."""
+    if any(getattr(h, "_swiftclient_access", False) for h in access_log.handlers):
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    handler._swiftclient_access = True  # type: ignore[attr-defined]
+    access_log.addHandler(handler)
+    access_log.setLevel(logging.INFO)
 
 
 def _engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -631,11 +914,18 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
 
 
 def _build(args: argparse.Namespace) -> LocalServer:
+    if args.model:
+        if args.model_dir and args.model_dir != args.model:
+            raise click.UsageError(
+                f"two models given: MODEL_DIR {args.model_dir!r} and -m {args.model!r}"
+            )
+        args.model_dir = args.model
     config = _engine_config(args)
     backend = LocalBackend(
         args.model_dir or None,
         engine_config=config,
         default_max_tokens=min(args.default_max_tokens, args.max_tokens_limit),
+        generation_config=args.generation_config,
     )
     return LocalServer(
         backend,
@@ -651,6 +941,7 @@ def _build(args: argparse.Namespace) -> LocalServer:
         write_timeout=args.timeout_write,
         root_path=args.root_path,
         loop=args.loop,
+        access_log=args.access_log,
     )
 
 

@@ -15,45 +15,74 @@ Mapping:
   :class:`~local_engine.grammar.GrammarError` (a ConfigurationError: 400 from the server);
 - ``temperature``, ``top_p``, ``max_completion_tokens`` (else ``max_tokens``), ``stop``,
   ``seed``, ``presence_penalty``, ``frequency_penalty``, ``logprobs`` and ``top_logprobs``
-  map one to one (OpenAI's defaults where unset). With no token limit a request may generate
-  ``default_max_tokens``, fewer when the model's context is shorter;
-- ``extra_body`` may carry ``top_k``, ``min_p``, ``ignore_eos``, ``stop_token_ids``,
-  ``cache_salt`` and ``chat_template_kwargs``; any other key is a
-  :class:`~swiftclient.errors.ConfigurationError`;
+  map one to one. A field the request leaves unset takes the model's default
+  (``sampling_defaults``, read from its ``generation_config.json``: see
+  :mod:`local_engine.generation`), else OpenAI's. With no token limit a request may generate
+  ``default_max_tokens`` (or the model's ``max_new_tokens`` when smaller), fewer when the
+  model's context is shorter;
+- ``extra_body`` may carry vLLM's extensions ``top_k``, ``min_p``, ``min_tokens``,
+  ``repetition_penalty``, ``ignore_eos`` and ``stop_token_ids``, and ``cache_salt``,
+  ``chat_template_kwargs`` and ``continuous_usage_stats`` (a streamed reply carries the
+  running usage on every chunk); any other key is ignored, as the HTTP server ignores an
+  unknown field (a warning names it, once per name);
 - the prefix-cache salt (which keeps tenants from sharing cached prompt blocks) is
   ``extra_body["cache_salt"]``, else ``user``. ``prompt_cache_key`` is a routing hint for
   hosted providers and is ignored here: one engine has one cache;
 - a prompt is rendered and tokenized in a worker thread, never on the event loop, and one
   too long for ``max_model_len`` by its size alone is refused before it is tokenized;
-- ``n > 1`` and a non-empty ``logit_bias`` are refused; ``parallel_tool_calls``,
+- ``n > 1`` (up to :data:`MAX_N`) samples that many choices of one prompt, which share its
+  KV blocks through the prefix cache (see :func:`_fan_out`); usage counts the prompt once
+  and every choice's tokens. A non-empty ``logit_bias`` is refused; ``parallel_tool_calls``,
   ``metadata``, ``service_tier`` and ``reasoning_effort`` have no effect.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import math
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import anyio
 import anyio.to_thread
+from anyio.streams.memory import MemoryObjectReceiveStream
 
 from swiftclient.errors import ConfigurationError, EngineError
-from swiftclient.types import ChatCompletion, ChatCompletionChunk, ChatRequest
+from swiftclient.types import ChatCompletion, ChatCompletionChunk, ChatRequest, Usage
 
-from .chat import ChatFormatter, ChatPrompt, CompletionStream, build_completion
+from .chat import ChatFormatter, ChatPrompt, CompletionStream, build_completion, make_usage
 from .engine import Engine, RequestOutput
 from .grammar import Grammar, request_grammar
 from .sampling_params import SamplingParams, TokenLogprob
 from .tokenizer import Tokenizer
+from .tool_calls import tool_call_marker
 
 __all__ = ["EXTRA_BODY_KEYS", "ChatService", "OutputSource", "PreparedRequest"]
 
 EXTRA_BODY_KEYS = frozenset(
-    {"top_k", "min_p", "ignore_eos", "stop_token_ids", "cache_salt", "chat_template_kwargs"}
+    {
+        "top_k",
+        "min_p",
+        "min_tokens",
+        "repetition_penalty",
+        "ignore_eos",
+        "stop_token_ids",
+        "cache_salt",
+        "chat_template_kwargs",
+        "continuous_usage_stats",
+    }
 )
 """The ``extra_body`` keys the local engine understands."""
+
+
+_log = logging.getLogger("local_engine.service")
+
+MAX_N = 16
+"""The most choices (``n``) one request may ask for."""
 
 
 class OutputSource(Protocol):
@@ -80,16 +109,24 @@ class PreparedRequest:
     cache_salt: str | None
 
 
+_ignored_logged: set[str] = set()
+
+
 def _extra(request: ChatRequest) -> dict[str, Any]:
-    extra = dict(request.extra_body or {})
-    unknown = sorted(set(extra) - EXTRA_BODY_KEYS)
+    """The ``extra_body`` keys the engine reads, checked; others are ignored (as the HTTP
+    server ignores unknown fields, and vLLM does), each name logged once per process."""
+    extra = {k: v for k, v in (request.extra_body or {}).items() if k in EXTRA_BODY_KEYS}
+    unknown = sorted(set(request.extra_body or {}) - EXTRA_BODY_KEYS - _ignored_logged)
     if unknown:
-        raise ConfigurationError(
-            f"unsupported extra_body keys for the local engine: {unknown}; "
-            f"supported: {sorted(EXTRA_BODY_KEYS)}"
+        _ignored_logged.update(unknown)
+        _log.warning(
+            "ignoring extra_body keys the local engine does not use: %s (it reads: %s)",
+            ", ".join(unknown),
+            ", ".join(sorted(EXTRA_BODY_KEYS)),
         )
-    if "ignore_eos" in extra and not isinstance(extra["ignore_eos"], bool):
-        raise ConfigurationError("extra_body['ignore_eos'] must be a boolean")
+    for flag in ("ignore_eos", "continuous_usage_stats"):
+        if flag in extra and not isinstance(extra[flag], bool):
+            raise ConfigurationError(f"extra_body[{flag!r}] must be a boolean")
     salt = extra.get("cache_salt")
     if salt is not None and (not isinstance(salt, str) or not salt):
         raise ConfigurationError("extra_body['cache_salt'] must be a non-empty string")
@@ -100,8 +137,8 @@ def _extra(request: ChatRequest) -> dict[str, Any]:
 
 
 def _check_supported(request: ChatRequest) -> None:
-    if request.n is not None and request.n > 1:
-        raise ConfigurationError(f"n={request.n} is not supported by the local engine (only 1)")
+    if request.n is not None and request.n > MAX_N:
+        raise ConfigurationError(f"n={request.n} is over the local engine's limit of {MAX_N}")
     if request.logit_bias:
         raise ConfigurationError("logit_bias is not supported by the local engine")
 
@@ -120,8 +157,12 @@ class ChatService:
         default_max_tokens: int = 1024,
         chat_template: str | None = None,
         tool_format: str | None = None,
+        sampling_defaults: Mapping[str, float | int] | None = None,
     ) -> None:
-        """Bind the engine and its tokenizer; ConfigurationError when it has no tokenizer."""
+        """Bind the engine and its tokenizer; ConfigurationError when it has no tokenizer.
+
+        ``sampling_defaults`` (see :func:`~local_engine.generation.read_sampling_defaults`)
+        fill the sampling fields a request leaves unset."""
         if engine.tokenizer is None:
             raise ConfigurationError(
                 "the model has no tokenizer (tokenizer.json): chat needs one to render prompts"
@@ -133,6 +174,8 @@ class ChatService:
         self.engine = engine
         self.tokenizer: Tokenizer = engine.tokenizer
         self.default_max_tokens = default_max_tokens
+        self.sampling_defaults: dict[str, float | int] = dict(sampling_defaults or {})
+        """The model's sampling defaults, applied to fields a request leaves unset."""
         self.formatter = ChatFormatter(
             self.tokenizer, chat_template=chat_template, tool_format=tool_format
         )
@@ -150,6 +193,7 @@ class ChatService:
         extra: dict[str, Any],
         prompt_tokens: int,
         grammar: Grammar | None = None,
+        banned: tuple[int, ...] = (),
     ) -> SamplingParams:
         limit = self.max_model_len
         room = limit - prompt_tokens
@@ -158,9 +202,11 @@ class ChatService:
                 f"the prompt is {prompt_tokens} tokens, but this model's context "
                 f"(max_model_len) is {limit} tokens, leaving no room for a reply"
             )
+        defaults = self.sampling_defaults
         max_tokens = request.max_new_tokens()
         if max_tokens is None:
-            max_tokens = min(self.default_max_tokens, room)
+            default = int(defaults.get("max_new_tokens", self.default_max_tokens))
+            max_tokens = min(self.default_max_tokens, default, room)
         elif max_tokens > room:
             raise ConfigurationError(
                 f"the prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds "
@@ -170,10 +216,14 @@ class ChatService:
         try:
             return SamplingParams(
                 max_tokens=max_tokens,
-                temperature=1.0 if request.temperature is None else request.temperature,
-                top_p=1.0 if request.top_p is None else request.top_p,
-                top_k=extra.get("top_k", 0),
-                min_p=extra.get("min_p", 0.0),
+                temperature=_pick(request.temperature, defaults.get("temperature"), 1.0),
+                top_p=_pick(request.top_p, defaults.get("top_p"), 1.0),
+                top_k=_pick(_top_k(extra.get("top_k")), defaults.get("top_k"), 0),
+                min_p=_pick(extra.get("min_p"), defaults.get("min_p"), 0.0),
+                min_tokens=extra.get("min_tokens", 0),
+                repetition_penalty=_pick(
+                    extra.get("repetition_penalty"), defaults.get("repetition_penalty"), 1.0
+                ),
                 seed=request.seed,
                 stop=tuple(request.stop_list()),
                 stop_token_ids=tuple(extra.get("stop_token_ids", ())),
@@ -183,9 +233,18 @@ class ChatService:
                 logprobs=bool(request.logprobs),
                 top_logprobs=request.top_logprobs or 0,
                 grammar=grammar,
+                banned_token_ids=banned,
             )
         except ValueError as exc:
             raise ConfigurationError(f"invalid sampling parameters: {exc}") from exc
+
+    def _markup_ids(self, prompt: ChatPrompt) -> tuple[int, ...]:
+        """The token that opens a tool call, when no tools were offered and the marker is
+        one token (``<tool_call>`` in Qwen's and the embedded model's vocabularies): the
+        reply may not start a call it cannot make."""
+        marker = tool_call_marker(prompt.markup_format)
+        token = self.tokenizer.token_to_id(marker) if marker is not None else None
+        return () if token is None else (token,)
 
     @property
     def max_prompt_bytes(self) -> int:
@@ -213,9 +272,49 @@ class ChatService:
         except RecursionError as exc:
             raise ConfigurationError("the request nests too deeply to render") from exc
         grammar = self._grammar(request, prompt)
-        params = self._params(request, extra, len(prompt.token_ids), grammar)
+        params = self._params(
+            request, extra, len(prompt.token_ids), grammar, self._markup_ids(prompt)
+        )
         salt = extra.get("cache_salt") or request.user or None
         return PreparedRequest(prompt, params, salt)
+
+    def prepare_text(self, request: ChatRequest, prompt: str | Sequence[int]) -> PreparedRequest:
+        """A legacy text completion: ``prompt`` (text, or token ids) goes to the model as it
+        is, with no chat template; the sampling fields, ``extra_body`` and the cache salt
+        come from ``request`` (whose messages are not used). Blocking (tokenizing)."""
+        _check_supported(request)
+        extra = _extra(request)
+        if isinstance(prompt, str):
+            if len(prompt) > self.max_prompt_bytes:
+                raise ConfigurationError(
+                    f"the prompt holds {len(prompt)} characters, more than this model's "
+                    f"context (max_model_len {self.max_model_len} tokens) can hold"
+                )
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise ConfigurationError(f"the prompt is not valid Unicode text: {exc}") from exc
+            text, ids = prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
+        else:
+            ids = list(prompt)
+            vocab = self.engine.model.config.vocab_size
+            if any(
+                isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in ids
+            ):
+                raise ConfigurationError(f"prompt token ids must be ints in [0, {vocab})")
+            text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        if not ids:
+            raise ConfigurationError("the prompt is empty")
+        params = self._params(request, extra, len(ids))
+        salt = extra.get("cache_salt") or request.user or None
+        return PreparedRequest(ChatPrompt(text, ids, "none"), params, salt)
+
+    def generate(
+        self, source: OutputSource, prepared: PreparedRequest
+    ) -> AbstractAsyncContextManager[AsyncIterator[RequestOutput]]:
+        """Add a prepared request to ``source`` and yield its raw engine outputs (the
+        engine's ValueErrors become ConfigurationErrors); leaving the block aborts it."""
+        return _add(source, prepared)
 
     def _grammar(self, request: ChatRequest, prompt: ChatPrompt) -> Grammar | None:
         """The reply's grammar, compiled (and cached) for the engine's tokenizer here, in the
@@ -237,38 +336,62 @@ class ChatService:
         """Run ``request`` on ``source`` and yield an iterator of OpenAI stream chunks.
 
         Errors in the request, and :class:`~swiftclient.errors.OverloadedError`, surface on
-        entry; leaving the block aborts the engine request (its KV blocks are freed).
+        entry; leaving the block aborts the engine request (its KV blocks are freed). With
+        ``n > 1`` the choices' chunks interleave, each with its ``index``.
         """
         prepared = await anyio.to_thread.run_sync(self.prepare, request)
-        async with _add(source, prepared) as outputs:
-            yield _ChunkIterator(self, outputs, request.model, prepared, include_usage)
+        continuous = include_usage and bool(
+            (request.extra_body or {}).get("continuous_usage_stats")
+        )
+        n = request.n or 1
+        async with _fan_out(source, prepared, n) as outputs:
+            chunks = _ChunkIterator(
+                self, outputs, request.model, prepared, include_usage, continuous=continuous
+            )
+            yield chunks.open(n, request.model, prepared)
 
     async def complete(self, source: OutputSource, request: ChatRequest) -> ChatCompletion:
-        """Run ``request`` on ``source`` to the end and return the whole completion."""
+        """Run ``request`` on ``source`` to the end and return the whole completion (with
+        ``n > 1``, ``n`` choices; usage counts the prompt once)."""
         prepared = await anyio.to_thread.run_sync(self.prepare, request)
-        texts: list[str] = []
-        logprobs: list[dict[str, Any]] | None = [] if prepared.params.logprobs else None
-        async with _add(source, prepared) as outputs:
-            async for out in outputs:
+        n = request.n or 1
+        texts: list[list[str]] = [[] for _ in range(n)]
+        logprobs: list[list[dict[str, Any]]] = [[] for _ in range(n)]
+        finals: dict[int, RequestOutput] = {}
+        async with _fan_out(source, prepared, n) as outputs:
+            async for index, out in outputs:
                 _check_output(out)
-                texts.append(out.new_text)
-                if logprobs is not None and out.logprobs:
-                    logprobs.extend(self.logprob_entries(out.logprobs))
+                texts[index].append(out.new_text)
+                if prepared.params.logprobs and out.logprobs:
+                    logprobs[index].extend(self.logprob_entries(out.logprobs))
                 if out.finished:
-                    completion = build_completion(
-                        "".join(texts),
-                        model=request.model,
-                        finish_reason=out.finish_reason,
-                        prompt_tokens=out.num_prompt_tokens,
-                        completion_tokens=out.num_generated_tokens,
-                        cached_tokens=out.num_cached_tokens,
-                        tool_format=prepared.prompt.tool_format,
-                        predictions=_predictions(out),
-                    )
-                    if logprobs is not None:
-                        completion.choices[0].logprobs = {"content": logprobs}
-                    return completion
-        raise EngineError("the engine ended the request without a final output")
+                    finals[index] = out
+                    if len(finals) == n:
+                        break
+        if len(finals) < n:
+            raise EngineError("the engine ended the request without a final output")
+        choices = []
+        for index in range(n):
+            out = finals[index]
+            completion = build_completion(
+                "".join(texts[index]),
+                model=request.model,
+                finish_reason=out.finish_reason,
+                prompt_tokens=out.num_prompt_tokens,
+                completion_tokens=out.num_generated_tokens,
+                cached_tokens=out.num_cached_tokens,
+                tool_format=prepared.prompt.tool_format,
+                predictions=_predictions(out),
+                markup_format=prepared.prompt.markup_format,
+            )
+            choice = completion.choices[0]
+            choice.index = index
+            if prepared.params.logprobs:
+                choice.logprobs = {"content": logprobs[index]}
+            choices.append(choice)
+        completion.choices = choices
+        completion.usage = _usage([finals[i] for i in range(n)])
+        return completion
 
     def logprob_entries(self, logprobs: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
         """OpenAI ``logprobs.content`` entries for generated tokens."""
@@ -285,6 +408,18 @@ class ChatService:
             "logprob": logprob,
             "bytes": list(self.tokenizer.token_bytes(token_id)),
         }
+
+
+def _top_k(value: Any) -> Any:
+    """vLLM's ``top_k=-1`` (no top-k) is this engine's 0."""
+    return 0 if value == -1 and not isinstance(value, bool) else value
+
+
+def _pick(value: Any, default: Any, fallback: Any) -> Any:
+    """The request's value, else the model's default, else OpenAI's."""
+    if value is not None:
+        return value
+    return fallback if default is None else default
 
 
 @asynccontextmanager
@@ -306,31 +441,198 @@ async def _add(
         yield outputs
 
 
+def _child(prepared: PreparedRequest, index: int) -> PreparedRequest:
+    """Choice ``index`` of an ``n > 1`` request: a seeded request's choices get the seeds
+    ``seed``, ``seed + 1``... (as vLLM seeds them), so they differ and repeat."""
+    seed = prepared.params.seed
+    if index == 0 or seed is None:
+        return prepared
+    params = dataclasses.replace(prepared.params, seed=(seed + index) % 2**63)
+    return dataclasses.replace(prepared, params=params)
+
+
+@asynccontextmanager
+async def _fan_out(
+    source: OutputSource, prepared: PreparedRequest, n: int
+) -> AsyncIterator[AsyncIterator[tuple[int, RequestOutput]]]:
+    """The engine outputs of ``n`` choices of one prompt, each with its choice index.
+
+    Choice 0 is added on entry (its errors surface there). The other choices are added once
+    choice 0 has its first output, that is once the prompt's KV is computed: their full
+    prompt blocks then come from the prefix cache, shared with choice 0, and only the last,
+    partial block is computed again. Leaving the block aborts every choice still running.
+    """
+    async with AsyncExitStack() as stack:
+        first = await stack.enter_async_context(_add(source, prepared))
+        if n == 1:
+            yield _Indexed(first)
+            return
+        send, receive = anyio.create_memory_object_stream[
+            tuple[int, RequestOutput | BaseException]
+        ](max_buffer_size=math.inf)
+        prefilled = anyio.Event()
+
+        async def pump(index: int, outputs: AsyncIterator[RequestOutput] | None) -> None:
+            try:
+                if outputs is None:
+                    await prefilled.wait()
+                    async with _add(source, _child(prepared, index)) as added:
+                        await _forward(index, added)
+                else:
+                    await _forward(index, outputs)
+            except Exception as exc:  # handed to the reader, which raises it
+                await send.send((index, exc))
+            finally:
+                if index == 0:
+                    prefilled.set()
+
+        async def _forward(index: int, outputs: AsyncIterator[RequestOutput]) -> None:
+            async for out in outputs:
+                await send.send((index, out))
+                if index == 0:
+                    prefilled.set()
+                if out.finished:
+                    return
+
+        async with anyio.create_task_group() as group, send, receive:
+            group.start_soon(pump, 0, first)
+            for index in range(1, n):
+                group.start_soon(pump, index, None)
+            try:
+                yield _Merged(receive)
+            finally:
+                group.cancel_scope.cancel()
+
+
+class _Indexed:
+    """One request's outputs as choice 0."""
+
+    __slots__ = ("_outputs",)
+
+    def __init__(self, outputs: AsyncIterator[RequestOutput]) -> None:
+        self._outputs = outputs
+
+    def __aiter__(self) -> _Indexed:
+        return self
+
+    async def __anext__(self) -> tuple[int, RequestOutput]:
+        return 0, await self._outputs.__anext__()
+
+
+class _Merged:
+    """The choices' outputs as they come; a choice's failure is raised here."""
+
+    __slots__ = ("_receive",)
+
+    def __init__(
+        self, receive: MemoryObjectReceiveStream[tuple[int, RequestOutput | BaseException]]
+    ) -> None:
+        self._receive = receive
+
+    def __aiter__(self) -> _Merged:
+        return self
+
+    async def __anext__(self) -> tuple[int, RequestOutput]:
+        try:
+            index, item = await self._receive.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+        if isinstance(item, BaseException):
+            raise item
+        return index, item
+
+
+def _usage(finals: Sequence[RequestOutput]) -> Usage:
+    """Usage of a request's choices: the prompt once, every choice's tokens."""
+    first = finals[0]
+    spec = [p for p in (_predictions(out) for out in finals) if p is not None]
+    predictions = (sum(a for a, _ in spec), sum(r for _, r in spec)) if spec else None
+    return make_usage(
+        first.num_prompt_tokens,
+        sum(out.num_generated_tokens for out in finals),
+        first.num_cached_tokens,
+        predictions,
+    )
+
+
 def _check_output(out: RequestOutput) -> None:
     if out.finish_reason == "abort":
         raise EngineError("the local engine shut down before the request finished")
 
 
 class _ChunkIterator:
-    """One request's engine outputs as OpenAI chunks: role, content, tool calls, finish, usage."""
+    """A request's engine outputs as OpenAI chunks: role, content, tool calls, finish, usage.
 
-    __slots__ = ("_done", "_held_logprobs", "_outputs", "_pending", "_service", "_stream", "_usage")
+    Chunking rule: one content chunk per engine output whose new text is not empty (a step
+    may bring several tokens, with speculative decoding; a token whose text is still
+    incomplete, a partial UTF-8 sequence or a held-back stop-string prefix, adds its text to
+    a later chunk), so chunks do not count tokens. With ``continuous_usage_stats`` every
+    chunk carries ``usage`` with the tokens generated so far, as vLLM sends it. With
+    ``n > 1`` each choice's chunks carry its ``index``; the usage chunk comes after every
+    choice finished and counts the prompt once.
+    """
+
+    __slots__ = (
+        "_continuous",
+        "_done",
+        "_finals",
+        "_held_logprobs",
+        "_latest",
+        "_n",
+        "_outputs",
+        "_pending",
+        "_prompt_tokens",
+        "_service",
+        "_streams",
+        "_usage",
+    )
 
     def __init__(
         self,
         service: ChatService,
-        outputs: AsyncIterator[RequestOutput],
+        outputs: AsyncIterator[tuple[int, RequestOutput]],
         model: str,
         prepared: PreparedRequest,
         include_usage: bool,
+        *,
+        continuous: bool = False,
     ) -> None:
         self._service = service
+        self._continuous = continuous
         self._outputs = outputs
-        self._stream = CompletionStream(model=model, tool_format=prepared.prompt.tool_format)
+        first = CompletionStream(
+            model=model,
+            tool_format=prepared.prompt.tool_format,
+            markup_format=prepared.prompt.markup_format,
+        )
+        self._n = 1
+        self._streams = [first]
         self._usage = include_usage
-        self._held_logprobs: list[dict[str, Any]] = []
-        self._pending: deque[ChatCompletionChunk] = deque([self._stream.start()])
+        self._prompt_tokens = len(prepared.prompt.token_ids)
+        self._latest: dict[int, RequestOutput] = {}
+        self._finals: dict[int, RequestOutput] = {}
+        self._held_logprobs: list[list[dict[str, Any]]] = [[]]
+        self._pending: deque[ChatCompletionChunk] = deque()
         self._done = False
+
+    def open(self, n: int, model: str, prepared: PreparedRequest) -> _ChunkIterator:
+        """Serve ``n`` choices (their streams share the first one's id and timestamp)."""
+        first = self._streams[0]
+        for _ in range(1, n):
+            self._streams.append(
+                CompletionStream(
+                    model=model,
+                    tool_format=prepared.prompt.tool_format,
+                    markup_format=prepared.prompt.markup_format,
+                    completion_id=first.id,
+                    created=first.created,
+                )
+            )
+            self._held_logprobs.append([])
+        self._n = n
+        for index, stream in enumerate(self._streams):
+            self._pending.append(_indexed(stream.start(), index))
+        return self
 
     def __aiter__(self) -> _ChunkIterator:
         return self
@@ -340,39 +642,67 @@ class _ChunkIterator:
             if self._done:
                 raise StopAsyncIteration
             try:
-                out = await self._outputs.__anext__()
+                index, out = await self._outputs.__anext__()
             except StopAsyncIteration:
                 self._done = True
                 raise EngineError("the engine ended the request without a final output") from None
-            self._absorb(out)
-        return self._pending.popleft()
+            self._absorb(index, out)
+        chunk = self._pending.popleft()
+        if self._continuous and chunk.choices:
+            chunk.usage = self._running_usage()
+        return chunk
 
-    def _absorb(self, out: RequestOutput) -> None:
+    def _running_usage(self) -> Usage:
+        outs = list(self._latest.values())
+        if not outs:
+            return make_usage(self._prompt_tokens, 0)
+        first = self._latest.get(0, outs[0])
+        generated = sum(out.num_generated_tokens for out in outs)
+        return make_usage(first.num_prompt_tokens, generated, first.num_cached_tokens)
+
+    def _absorb(self, index: int, out: RequestOutput) -> None:
         _check_output(out)
+        self._latest[index] = out
+        stream = self._streams[index]
         if out.logprobs:
-            self._held_logprobs.extend(self._service.logprob_entries(out.logprobs))
-        chunk = self._stream.push(out.new_text) if out.new_text else None
+            self._held_logprobs[index].extend(self._service.logprob_entries(out.logprobs))
+        chunk = stream.push(out.new_text) if out.new_text else None
         if chunk is not None:
-            self._attach_logprobs(chunk)
-            self._pending.append(chunk)
+            self._attach_logprobs(chunk, index)
+            self._pending.append(_indexed(chunk, index))
         if not out.finished:
             return
-        self._done = True
-        closing = self._stream.finish(
+        self._finals[index] = out
+        closing = stream.finish(
             out.finish_reason,
             prompt_tokens=out.num_prompt_tokens,
             completion_tokens=out.num_generated_tokens,
-            cached_tokens=out.num_cached_tokens,
-            include_usage=self._usage,
-            predictions=_predictions(out),
         )
-        self._attach_logprobs(closing[0])
-        self._pending.extend(closing)
+        self._attach_logprobs(closing[0], index)
+        self._pending.extend(_indexed(c, index) for c in closing)
+        if len(self._finals) < self._n:
+            return
+        self._done = True
+        if self._usage:
+            first = self._streams[0]
+            usage = _usage([self._finals[i] for i in range(self._n)])
+            self._pending.append(
+                ChatCompletionChunk(
+                    id=first.id, created=first.created, model=first.model, choices=[], usage=usage
+                )
+            )
 
-    def _attach_logprobs(self, chunk: ChatCompletionChunk) -> None:
-        if self._held_logprobs and chunk.choices:
-            chunk.choices[0].logprobs = {"content": self._held_logprobs}
-            self._held_logprobs = []
+    def _attach_logprobs(self, chunk: ChatCompletionChunk, index: int) -> None:
+        if self._held_logprobs[index] and chunk.choices:
+            chunk.choices[0].logprobs = {"content": self._held_logprobs[index]}
+            self._held_logprobs[index] = []
+
+
+def _indexed(chunk: ChatCompletionChunk, index: int) -> ChatCompletionChunk:
+    """``chunk`` with its choices numbered ``index``."""
+    for choice in chunk.choices:
+        choice.index = index
+    return chunk
 
 
 def _predictions(out: RequestOutput) -> tuple[int, int] | None:

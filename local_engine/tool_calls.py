@@ -33,6 +33,8 @@ __all__ = [
     "detect_tool_format",
     "new_tool_call_id",
     "parse_tool_calls",
+    "strip_tool_markup",
+    "tool_call_marker",
 ]
 
 ToolCallFormat = Literal["hermes", "llama3", "none"]
@@ -42,6 +44,21 @@ _HERMES_OPEN = "<tool_call>"
 _HERMES_CLOSE = "</tool_call>"
 _PYTHON_TAG = "<|python_tag|>"
 _HERMES_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
+
+
+def tool_call_marker(fmt: ToolCallFormat) -> str | None:
+    """The text that opens a tool call in ``fmt`` (``<tool_call>``, ``<|python_tag|>``)."""
+    return {"hermes": _HERMES_OPEN, "llama3": _PYTHON_TAG}.get(fmt)
+
+
+def strip_tool_markup(text: str, fmt: ToolCallFormat) -> str:
+    """``text`` without tool-call markup of ``fmt`` (whole blocks, even unclosed ones, and
+    stray tags): what a reply shows when no tools were offered."""
+    if fmt == "hermes":
+        text = _HERMES_BLOCK.sub("", text).replace(_HERMES_CLOSE, "")
+    elif fmt == "llama3":
+        text = text.replace(_PYTHON_TAG, "")
+    return text if text.strip() else ""
 
 
 def new_tool_call_id() -> str:

@@ -88,6 +88,19 @@ def test_engine_cpu_spec_quick_run_prints_both_workloads() -> None:
     assert out.stdout.count("outputs identical: yes") == 2
 
 
+def test_engine_cpu_n_quick_run_prints_its_row() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "engine_cpu.py"), "--only", "n", "--quick"]
+        + ["--reps", "1", "--threads", "1"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=True,
+        cwd=ROOT,
+    )
+    assert "| n=4, prompt 128, 8 new tokens each |" in out.stdout
+
+
 def test_engine_breakdown_quick_run_prints_both_workloads() -> None:
     text = quick_run("engine_breakdown.py")
     for label in ("2a, equal outputs", "2b, mixed outputs"):

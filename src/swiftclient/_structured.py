@@ -70,6 +70,43 @@ def _root(schema: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
+_DATA_KEYS = frozenset({"required", "enum", "const", "default", "examples"})
+
+
+def _strict_schema(schema: Any) -> Any:
+    """``schema`` as OpenAI's strict mode wants it (every object closed with
+    ``additionalProperties: false``, every property required), or None when it cannot be
+    (a ``dict[str, ...]`` type allows any key). The reply still validates: a field with a
+    default is then always sent, never left out."""
+    if isinstance(schema, list):
+        items = [_strict_schema(item) for item in schema]
+        lost = any(new is None and old is not None for new, old in zip(items, schema, strict=True))
+        return None if lost else items
+    if not isinstance(schema, dict):
+        return schema
+    node: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in ("properties", "$defs", "definitions") and isinstance(value, dict):
+            mapped = {name: _strict_schema(sub) for name, sub in value.items()}
+            if any(sub is None for sub in mapped.values()):
+                return None
+            node[key] = mapped
+        elif isinstance(value, dict | list) and key not in _DATA_KEYS:
+            mapped_value = _strict_schema(value)
+            if mapped_value is None:
+                return None
+            node[key] = mapped_value
+        else:
+            node[key] = value
+    if node.get("type") == "object" or "properties" in node:
+        extra = node.get("additionalProperties")
+        if extra not in (None, False) or "patternProperties" in node or "properties" not in node:
+            return None  # a mapping type: any key may come
+        node["additionalProperties"] = False
+        node["required"] = list(node.get("properties", {}))
+    return node
+
+
 @dataclass(frozen=True, slots=True)
 class StructuredOutput(Generic[T]):
     """One ``response_model`` type: its adapter, name and the response format to send."""
@@ -110,9 +147,9 @@ def _build(tp: Any) -> StructuredOutput[Any]:
             f"an object or an array ({_ACCEPTED})"
         )
     name = _NAME.sub("_", _schema_name(tp))[:64]
-    response_format = ResponseFormat(
-        type="json_schema", json_schema=JSONSchemaFormat(name=name, schema=schema)
-    )
+    strict = _strict_schema(schema)
+    spec = JSONSchemaFormat(name=name, schema=strict or schema, strict=True if strict else None)
+    response_format = ResponseFormat(type="json_schema", json_schema=spec)
     return StructuredOutput(adapter, name, response_format)
 
 

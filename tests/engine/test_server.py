@@ -337,14 +337,9 @@ _HI = b'{"model": "tiny-test", "messages": [{"role": "user", "content": "hi"}], 
             "needs content",
         ),
         (
-            _HI + b'"bogus": 1}',
-            "unsupported_parameter",
-            "bogus",
-        ),
-        (
-            _HI + b'"n": 2}',
+            _HI + b'"n": 17}',
             "invalid_request",
-            "n=2",
+            "n=17",
         ),
         (
             _HI + b'"top_k": "x"}',
@@ -388,7 +383,7 @@ async def test_health_and_models(served: Served) -> None:
         health = await bare.get(served.server.base_url.removesuffix("/v1") + "/health")
     assert health.status_code == 200 and health.json() == {"status": "ok"}
     models = await served.oa.models.list()
-    assert [m.id for m in models.data] == ["tiny-test"]
+    assert [m.id for m in models.data] == ["tiny-test", "default"]
     assert models.data[0].object == "model"
 
 
@@ -477,7 +472,7 @@ async def test_unknown_model_is_404_and_default_is_an_alias(served: Served) -> N
         await served.oa.chat.completions.create(model="no-such-model", messages=HI)
     alias = await served.oa.chat.completions.create(model="default", messages=HI, max_tokens=2)
     assert alias.choices[0].message.role == "assistant"
-    assert [m.id for m in (await served.oa.models.list()).data] == ["tiny-test"]
+    assert [m.id for m in (await served.oa.models.list()).data] == ["tiny-test", "default"]
     assert served.server.served_model_names == ("tiny-test", "default")
 
 

@@ -1,0 +1,45 @@
+"""``response_model=`` asks for OpenAI's strict mode: closed objects, every property required
+(issue 27.6), except where the type allows any key."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pydantic
+
+from swiftclient._structured import structured_output
+
+
+class Part(pydantic.BaseModel):
+    name: str
+
+
+class Order(pydantic.BaseModel):
+    city: str
+    count: int = 1
+    note: str | None = None
+    parts: list[Part] = []
+
+
+def _sent(tp: Any) -> dict[str, Any]:
+    return structured_output(tp).response_format.model_dump(by_alias=True, exclude_none=True)
+
+
+def test_response_model_sends_a_strict_closed_schema() -> None:
+    spec = _sent(Order)["json_schema"]
+    assert spec["strict"] is True
+    schema = spec["schema"]
+    assert schema["additionalProperties"] is False
+    assert sorted(schema["required"]) == ["city", "count", "note", "parts"]
+    part = schema["$defs"]["Part"]
+    assert part["additionalProperties"] is False and part["required"] == ["name"]
+    # the reply a strict provider sends (every field present) still validates
+    reply = '{"city": "Oslo", "count": 2, "note": null, "parts": [{"name": "x"}]}'
+    assert pydantic.TypeAdapter(Order).validate_json(reply).parts == [Part(name="x")]
+
+
+def test_a_mapping_type_is_not_sent_as_strict() -> None:
+    spec = _sent(dict[str, Part])["json_schema"]
+    assert "strict" not in spec
+    assert spec["schema"] == pydantic.TypeAdapter(dict[str, Part]).json_schema()
+    assert _sent(list[Order])["json_schema"]["strict"] is True

@@ -1,0 +1,654 @@
+"""The local server behaves like the servers tools already point at (issue 27): the model's
+sampling defaults, unknown fields ignored, vLLM's extensions, the endpoints and names tools
+expect, the access log, and usage on every chunk."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+
+from local_engine import LocalBackend
+from local_engine.generation import read_sampling_defaults, sampling_defaults
+from local_engine.sampler import Sampler, SamplingParams
+from local_engine.sequence import Sequence
+from local_engine.server import IGNORED_FIELDS_HEADER, _build, command
+from local_engine.service import ChatService
+from swiftclient.types import ChatRequest
+
+from ..conformance.tiny_local import TinyModel, load_tiny_model
+from .test_server import HI, Served, serve
+
+pytestmark = [
+    pytest.mark.filterwarnings(
+        "ignore:Exception ignored in. <async_generator object (AsyncStream|SSEDecoder)\\.:"
+        "pytest.PytestUnraisableExceptionWarning"
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
+    return load_tiny_model(tmp_path_factory.mktemp("swiftclient-cache"))
+
+
+@pytest.fixture
+async def served(tiny: TinyModel, anyio_backend: str) -> AsyncIterator[Served]:
+    async with serve(tiny.engine()) as running:
+        yield running
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    return argparse.Namespace(**command.make_context("serve", list(argv)).params)
+
+
+# ---------------------------------------------------------------------- 1: model defaults
+
+
+def test_generation_config_fields_become_sampling_defaults(tmp_path: Path) -> None:
+    config = {
+        "temperature": 0.6,
+        "top_p": 0.95,
+        "top_k": 20,
+        "min_p": 0.0,
+        "repetition_penalty": 1.05,
+        "max_new_tokens": 300,
+        "eos_token_id": [1, 2],
+        "do_sample": True,
+    }
+    assert sampling_defaults(config) == {
+        "temperature": 0.6,
+        "top_p": 0.95,
+        "top_k": 20,
+        "min_p": 0.0,
+        "repetition_penalty": 1.05,
+        "max_new_tokens": 300,
+    }
+    # do_sample false is greedy (Hugging Face's meaning); nonsense values are left out
+    assert sampling_defaults({"do_sample": False, "temperature": 0.7}) == {"temperature": 0.0}
+    assert sampling_defaults({"temperature": "hot", "top_k": True, "top_p": 2.0}) == {}
+    assert read_sampling_defaults(tmp_path) == {}  # no generation_config.json
+    (tmp_path / "generation_config.json").write_text("{broken", encoding="utf-8")
+    assert read_sampling_defaults(tmp_path) == {}
+
+
+def test_the_service_fills_unset_fields_from_the_model_defaults(tiny: TinyModel) -> None:
+    defaults = {"temperature": 0.0, "top_k": 5, "repetition_penalty": 1.2, "max_new_tokens": 7}
+    service = ChatService(tiny.engine(), default_max_tokens=64, sampling_defaults=defaults)
+    params = service.prepare(ChatRequest(model="m", messages=HI)).params
+    assert params.temperature == 0.0 and params.top_k == 5
+    assert params.repetition_penalty == 1.2 and params.max_tokens == 7
+    asked = ChatRequest(
+        model="m", messages=HI, temperature=0.9, max_tokens=20, extra_body={"top_k": -1}
+    )
+    params = service.prepare(asked).params
+    assert params.temperature == 0.9 and params.max_tokens == 20 and params.top_k == 0
+
+
+@pytest.mark.anyio
+async def test_the_embedded_model_decodes_greedily_unless_told_otherwise() -> None:
+    """Issue 27.1: swift-tiny says do_sample false; with temperature omitted the engine sampled
+    at 1.0 and 'Say hello' got a different line each time."""
+    hello: Any = [{"role": "user", "content": "Say hello"}]
+    ask = ChatRequest(model="default", messages=hello)
+    async with LocalBackend() as backend:
+        assert backend.sampling_defaults == {"temperature": 0.0}
+        replies = set()
+        for _ in range(4):
+            completion = await backend.complete(ask, _deadline())
+            replies.add(completion.choices[0].message.content)
+        assert len(replies) == 1
+    ignoring = LocalBackend(generation_config="none")
+    await ignoring.warmup()
+    assert ignoring.sampling_defaults == {}
+    with pytest.raises(Exception, match="generation_config"):
+        LocalBackend(generation_config="vllm")  # type: ignore[arg-type]
+
+
+def _deadline() -> Any:
+    from swiftclient import Deadline, Timeout
+
+    return Deadline(Timeout(total=None, connect=None, pool=None, first_token=None, idle=None))
+
+
+def test_the_server_option_ignores_the_generation_config() -> None:
+    assert _build(_parse()).backend.generation_config == "auto"
+    assert _build(_parse("--generation-config", "none")).backend.generation_config == "none"
+
+
+@pytest.mark.anyio
+async def test_models_list_both_names_and_their_sampling_defaults(served: Served) -> None:
+    listed = (await served.http.get("/v1/models")).json()["data"]
+    assert [m["id"] for m in listed] == ["tiny-test", "default"]
+    assert all(m["root"] == "tiny-test" and m["sampling_defaults"] == {} for m in listed)
+    assert listed[0]["max_model_len"] == served.engine.max_model_len
+
+
+# ---------------------------------------------------------------------- 2: unknown fields
+
+
+@pytest.mark.anyio
+async def test_unknown_fields_are_ignored_named_in_a_header_and_logged_once(
+    served: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    body = {
+        "model": "tiny-test",
+        "messages": HI,
+        "max_tokens": 2,
+        "verbosity": "low",
+        "safety_identifier": "u1",
+        "prompt_cache_retention": "24h",
+        "modalities": ["text"],
+        "store": False,
+        "stream": True,
+        "stream_options": {"include_usage": True, "include_obfuscation": False},
+    }
+    with caplog.at_level(logging.WARNING, logger="local_engine.server"):
+        for _ in range(2):
+            response = await served.http.post("/v1/chat/completions", json=body)
+            assert response.status_code == 200, response.text
+            assert response.headers[IGNORED_FIELDS_HEADER] == (
+                "modalities, prompt_cache_retention, safety_identifier, store, "
+                "stream_options.include_obfuscation, verbosity"
+            )
+    warnings = [r.getMessage() for r in caplog.records if r.name == "local_engine.server"]
+    assert len(warnings) == 1 and "verbosity" in warnings[0]
+    plain = await served.http.post(
+        "/v1/chat/completions", json={"model": "tiny-test", "messages": HI, "max_tokens": 1}
+    )
+    assert IGNORED_FIELDS_HEADER not in plain.headers
+
+
+@pytest.mark.anyio
+async def test_known_fields_with_values_the_engine_cannot_honour_stay_400(served: Served) -> None:
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"logit_bias": {"1": 5}}, "logit_bias"),
+        ({"verbosity": "low", "temperature": 9}, "temperature"),
+    ]
+    for extra, fragment in cases:
+        body = {"model": "tiny-test", "messages": HI, "max_tokens": 2, **extra}
+        response = await served.http.post("/v1/chat/completions", json=body)
+        assert response.status_code == 400, extra
+        assert fragment in response.json()["error"]["message"]
+
+
+@pytest.mark.anyio
+async def test_vllm_extensions_are_applied(served: Served) -> None:
+    completion = await served.oa.chat.completions.create(
+        model="tiny-test",
+        messages=HI,
+        max_tokens=12,
+        temperature=0.0,
+        extra_body={"min_tokens": 12, "repetition_penalty": 1.3, "top_k": -1},
+    )
+    assert completion.usage is not None and completion.usage.completion_tokens == 12
+
+
+def _seq(params: SamplingParams, prompt: list[int], generated: tuple[int, ...] = ()) -> Sequence:
+    s = Sequence("r", prompt, params)
+    for t in generated:
+        s.append_token(t)
+    return s
+
+
+def test_min_tokens_holds_back_eos_and_stop_ids_until_reached() -> None:
+    sampler = Sampler(eos_token_ids=[0])
+    logits = [5.0, 4.0, 1.0, 0.5]
+    params = SamplingParams(temperature=0.0, min_tokens=2, stop_token_ids=(1,))
+    pick = sampler.sample(torch.tensor([logits]), [_seq(params, [3], (2,))]).token_ids
+    assert pick == [2]  # eos (0) and the stop id (1) are masked while 1 < 2 tokens exist
+    done = sampler.sample(torch.tensor([logits]), [_seq(params, [3], (2, 2))]).token_ids
+    assert done == [0]
+    ignoring = SamplingParams(temperature=0.0, min_tokens=2, ignore_eos=True)
+    assert sampler.sample(torch.tensor([logits]), [_seq(ignoring, [3])]).token_ids == [0]
+    with pytest.raises(ValueError, match="min_tokens"):
+        SamplingParams(max_tokens=2, min_tokens=3)
+
+
+def test_repetition_penalty_covers_the_prompt_and_the_reply() -> None:
+    sampler = Sampler()
+    logits = [3.0, 2.0, -1.0, -1.5]
+    penalised = SamplingParams(temperature=0.0, repetition_penalty=2.0)
+    # token 0 (3.0 -> 1.5) is in the prompt; token 1 (2.0) now wins
+    assert sampler.sample(torch.tensor([logits]), [_seq(penalised, [0, 2])]).token_ids == [1]
+    # a negative logit is multiplied: token 2 (-1.0 -> -2.0) falls below token 3
+    row = torch.tensor([[-5.0, -5.0, -1.0, -1.5]])
+    assert sampler.sample(row, [_seq(penalised, [2])]).token_ids == [3]
+    plain = SamplingParams(temperature=0.0)
+    assert Sampler().sample(torch.tensor([logits]), [_seq(plain, [0])]).token_ids == [0]
+
+
+# ---------------------------------------------------------------------- 4: every token counted
+
+
+@pytest.mark.anyio
+async def test_continuous_usage_stats_put_the_running_count_on_every_chunk(
+    served: Served,
+) -> None:
+    body = {
+        "model": "tiny-test",
+        "messages": HI,
+        "max_tokens": 10,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    async with served.http.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert response.status_code == 200
+        assert IGNORED_FIELDS_HEADER not in response.headers
+        chunks = [
+            json.loads(line[6:])
+            async for line in response.aiter_lines()
+            if line.startswith("data: {")
+        ]
+    counts = [c["usage"]["completion_tokens"] for c in chunks]
+    assert all("usage" in c for c in chunks)
+    assert counts == sorted(counts) and counts[-1] == 10
+    assert all(c["usage"]["prompt_tokens"] == chunks[-1]["usage"]["prompt_tokens"] for c in chunks)
+    # without include_usage, continuous_usage_stats adds nothing (as in vLLM)
+    body["stream_options"] = {"continuous_usage_stats": True}
+    async with served.http.stream("POST", "/v1/chat/completions", json=body) as response:
+        lines = [line async for line in response.aiter_lines() if line.startswith("data: {")]
+    assert not any("usage" in json.loads(line[6:]) for line in lines)
+
+
+# ---------------------------------------------------------------------- 5: endpoints and names
+
+
+@pytest.mark.anyio
+async def test_a_model_can_be_fetched_by_id(served: Served) -> None:
+    for name in ("tiny-test", "default"):
+        model = await served.oa.models.retrieve(name)
+        assert model.id == name and model.object == "model"
+    missing = await served.http.get("/v1/models/gpt-4o")
+    assert missing.status_code == 404
+    assert missing.json()["error"]["code"] == "model_not_found"
+    async with httpx.AsyncClient() as bare:
+        anonymous = await bare.get(served.server.base_url + "/models/tiny-test")
+    assert anonymous.status_code == 401
+
+
+@pytest.mark.anyio
+async def test_legacy_completions(served: Served) -> None:
+    completion = await served.oa.completions.create(
+        model="tiny-test",
+        prompt="Once upon a time",
+        max_tokens=5,
+        temperature=0.0,
+        extra_body={"ignore_eos": True},
+    )
+    assert completion.object == "text_completion"
+    assert completion.usage is not None and completion.usage.completion_tokens == 5
+    text = completion.choices[0].text
+    assert completion.choices[0].finish_reason == "length"
+    echoed = await served.oa.completions.create(
+        model="default",
+        prompt="Once upon a time",
+        max_tokens=5,
+        temperature=0.0,
+        echo=True,
+        logprobs=2,
+        extra_body={"ignore_eos": True},
+    )
+    choice = echoed.choices[0]
+    assert choice.text == "Once upon a time" + text
+    assert choice.logprobs is not None and len(choice.logprobs.tokens or []) == 5
+    assert all(len(top) == 2 for top in choice.logprobs.top_logprobs or [])
+    stream = await served.oa.completions.create(
+        model="tiny-test",
+        prompt="Once upon a time",
+        max_tokens=5,
+        temperature=0.0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    pieces: list[str] = []
+    usage = None
+    async for chunk in stream:
+        pieces.extend(c.text for c in chunk.choices)
+        usage = chunk.usage or usage
+    assert "".join(pieces) == text and usage is not None and usage.completion_tokens == 5
+    default = await served.oa.completions.create(
+        model="tiny-test", prompt="x", extra_body={"ignore_eos": True}
+    )
+    assert default.usage is not None and default.usage.completion_tokens == 16  # OpenAI's default
+    for bad in (
+        {"prompt": ["a", "b"]},
+        {"prompt": "a", "suffix": "z"},
+        {"prompt": ""},
+        {"prompt": "a", "n": 2},
+    ):
+        response = await served.http.post("/v1/completions", json={"model": "tiny-test", **bad})
+        assert response.status_code == 400, bad
+
+
+@pytest.mark.anyio
+async def test_every_request_gets_an_access_line(
+    tiny: TinyModel, anyio_backend: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="local_engine.server.access"):
+        async with serve(tiny.engine()) as running:
+            await running.oa.chat.completions.create(
+                model="tiny-test", messages=HI, max_tokens=3, extra_body={"ignore_eos": True}
+            )
+            stream = await running.oa.chat.completions.create(
+                model="tiny-test",
+                messages=HI,
+                max_tokens=3,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            )
+            async for _ in stream:
+                pass
+            await running.http.get("/nowhere")
+        lines = [r.getMessage() for r in caplog.records if r.name == "local_engine.server.access"]
+        assert len(lines) == 3
+        assert '"POST /v1/chat/completions" 200 ' in lines[0]
+        assert "completion_tokens=3" in lines[0] and "duration_ms=" in lines[0]
+        assert "completion_tokens=3" in lines[1] and "ttft_ms=" in lines[1]
+        assert '"GET /nowhere" 404' in lines[2]
+        caplog.clear()
+        async with serve(tiny.engine(), access_log=False) as quiet:
+            await quiet.http.get("/health")
+        assert not [r for r in caplog.records if r.name == "local_engine.server.access"]
+    assert _parse("--no-access-log").access_log is False and _parse().access_log is True
+
+
+def test_serve_takes_the_model_as_m_like_chat_and_bench(tiny: TinyModel) -> None:
+    server = _build(_parse("-m", str(tiny.path)))
+    assert repr(server.backend) == f"LocalBackend(name='local', model={str(tiny.path)!r})"
+    same = _build(_parse(str(tiny.path), "--model", str(tiny.path)))
+    assert "model=" in repr(same.backend)
+    with pytest.raises(Exception, match="two models"):
+        _build(_parse("a", "-m", "b"))
+
+
+@pytest.mark.anyio
+async def test_local_backend_takes_the_serve_options(tiny: TinyModel) -> None:
+    backend = LocalBackend(tiny.path, dtype="bfloat16", device="cpu", quantization="int8")
+    await backend.warmup()
+    config = backend.engine.config
+    assert config.dtype == "bfloat16" and config.quantization == "int8"
+    assert config.device == "cpu"
+    with pytest.raises(Exception, match="dtype"):
+        LocalBackend(tiny.path, dtype="")
+
+
+# ---------------------------------------------------------------------- 7: no tools, no markup
+
+WEATHER: Any = [{"role": "user", "content": "What's the weather in Paris?"}]
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+def test_tool_markup_is_never_content_when_no_tools_were_offered() -> None:
+    from local_engine.chat import CompletionStream, build_completion
+
+    for text, shown in [(CALL, ""), ("Sunny. " + CALL, "Sunny. "), ("<tool_call>{oops", "")]:
+        completion = build_completion(
+            text,
+            model="m",
+            finish_reason="stop",
+            prompt_tokens=1,
+            completion_tokens=1,
+            markup_format="hermes",
+        )
+        message = completion.choices[0].message
+        assert (message.content or "") == shown and not message.tool_calls
+        assert completion.choices[0].finish_reason == "stop"
+        stream = CompletionStream(model="m", markup_format="hermes")
+        pieces = [stream.push(text[i : i + 3]) for i in range(0, len(text), 3)]
+        pieces += stream.finish("stop", prompt_tokens=1, completion_tokens=1)
+        deltas = [c.choices[0].delta for c in pieces if c is not None and c.choices]
+        assert "".join(d.content or "" for d in deltas) == shown
+        assert not any(d.tool_calls for d in deltas)
+    # offered tools still come back as tool calls
+    offered = build_completion(
+        CALL,
+        model="m",
+        finish_reason="stop",
+        prompt_tokens=1,
+        completion_tokens=1,
+        tool_format="hermes",
+    )
+    assert offered.choices[0].message.tool_calls
+
+
+@pytest.mark.anyio
+async def test_the_embedded_model_writes_no_tool_call_without_tools() -> None:
+    """Issue 27.7: with no tools offered, 'What's the weather in Paris?' got a raw
+    <tool_call> block as its text."""
+    async with LocalBackend() as backend:
+        service = backend.running_service()[1]
+        ask = ChatRequest(model="default", messages=WEATHER, temperature=0.0, max_tokens=40)
+        prepared = service.prepare(ask)
+        marker = service.tokenizer.token_to_id("<tool_call>")
+        assert marker is not None and prepared.params.banned_token_ids == (marker,)
+        completion = await backend.complete(ask, _deadline())
+        message = completion.choices[0].message
+        assert "tool_call" not in (message.content or "") and not message.tool_calls
+        with_tools = ask.model_copy(update={"tools": _weather_tool()})
+        assert service.prepare(with_tools).params.banned_token_ids == ()
+        called = await backend.complete(with_tools, _deadline())
+        assert called.choices[0].message.tool_calls  # the model does call it when offered
+
+
+def _weather_tool() -> Any:
+    from swiftclient.types import Tool
+
+    return [
+        Tool.model_validate(
+            {
+                "type": "function",
+                "function": {
+                    "name": "get_weather",
+                    "description": "Current weather for a city",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"city": {"type": "string"}},
+                        "required": ["city"],
+                    },
+                },
+            }
+        )
+    ]
+
+
+# ---------------------------------------------------------------------- 6: strict schemas
+
+
+def test_a_schema_that_leaves_additional_properties_unset_is_closed() -> None:
+    from local_engine.grammar import closed_objects
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "a": {"type": "object", "properties": {"b": {"type": "integer"}}},
+            "m": {"type": "object", "additionalProperties": {"type": "integer"}},
+            "any": {"type": "object"},
+        },
+        "$defs": {"D": {"type": "object", "properties": {"x": {"type": "string"}}}},
+        "allOf": [
+            {"properties": {"p": {"type": "string"}}},
+            {"properties": {"q": {"type": "string"}}},
+        ],
+    }
+    closed = closed_objects(schema)
+    assert closed["additionalProperties"] is False
+    assert closed["properties"]["a"]["additionalProperties"] is False
+    assert closed["properties"]["m"]["additionalProperties"] == {"type": "integer"}
+    assert "additionalProperties" not in closed["properties"]["any"]  # any object stays any
+    assert closed["$defs"]["D"]["additionalProperties"] is False
+    assert all("additionalProperties" not in member for member in closed["allOf"])
+    assert "additionalProperties" not in schema  # the argument is left alone
+
+
+@pytest.mark.anyio
+async def test_a_loose_schema_gets_no_invented_keys(served: Served) -> None:
+    """Issue 27.6: a random-weight model under a schema without additionalProperties
+    invented keys until max_tokens."""
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 8}},
+        "required": ["city"],
+    }
+    response_format: Any = {
+        "type": "json_schema",
+        "json_schema": {"name": "place", "schema": schema},
+    }
+    for seed in range(3):
+        completion = await served.oa.chat.completions.create(
+            model="tiny-test",
+            messages=HI,
+            max_tokens=60,
+            seed=seed,
+            response_format=response_format,
+        )
+        reply = json.loads(completion.choices[0].message.content or "")
+        assert list(reply) == ["city"]
+        assert completion.choices[0].finish_reason == "stop"
+
+
+# ---------------------------------------------------------------------- 3: n > 1
+
+
+@pytest.mark.anyio
+async def test_n_choices_in_one_completion_count_the_prompt_once(served: Served) -> None:
+    single = await served.oa.chat.completions.create(
+        model="tiny-test", messages=HI, max_tokens=5, extra_body={"ignore_eos": True}
+    )
+    several = await served.oa.chat.completions.create(
+        model="tiny-test", messages=HI, max_tokens=5, n=3, seed=7, extra_body={"ignore_eos": True}
+    )
+    assert [c.index for c in several.choices] == [0, 1, 2]
+    assert all(c.finish_reason == "length" for c in several.choices)
+    assert single.usage is not None and several.usage is not None
+    assert several.usage.prompt_tokens == single.usage.prompt_tokens
+    assert several.usage.completion_tokens == 15
+    # seeded choices differ from each other, and repeat
+    texts = [c.message.content for c in several.choices]
+    again = await served.oa.chat.completions.create(
+        model="tiny-test", messages=HI, max_tokens=5, n=3, seed=7, extra_body={"ignore_eos": True}
+    )
+    assert [c.message.content for c in again.choices] == texts
+    assert len(set(texts)) > 1
+    await served.settle()
+
+
+@pytest.mark.anyio
+async def test_n_choices_stream_with_their_index(served: Served) -> None:
+    stream = await served.oa.chat.completions.create(
+        model="tiny-test",
+        messages=HI,
+        max_tokens=4,
+        n=2,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    texts = ["", ""]
+    finished: list[int] = []
+    usage = None
+    async for chunk in stream:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            if choice.finish_reason is not None:
+                finished.append(choice.index)
+        usage = chunk.usage or usage
+    assert sorted(finished) == [0, 1]
+    assert usage is not None and usage.completion_tokens == 8
+    await served.settle()
+
+
+@pytest.mark.anyio
+async def test_the_choices_share_the_prompt_blocks(tiny: TinyModel) -> None:
+    from local_engine.service import _fan_out
+
+    engine = tiny.engine()
+    async with LocalBackend.from_engine(engine) as backend:
+        source, service = backend.running_service()
+        long: Any = [{"role": "user", "content": "tell me a story about a fox " * 12}]
+        ask = ChatRequest(
+            model="m", messages=long, max_tokens=3, n=4, extra_body={"ignore_eos": True}
+        )
+        prepared = service.prepare(ask)
+        prompt = len(prepared.prompt.token_ids)
+        block = engine.config.block_size
+        full_blocks = prompt // block * block
+        assert full_blocks >= 4 * block
+        finals: dict[int, Any] = {}
+        async with _fan_out(source, prepared, 4) as outputs:
+            async for index, out in outputs:
+                if out.finished:
+                    finals[index] = out
+                    if len(finals) == 4:
+                        break
+        assert finals[0].num_cached_tokens == 0
+        # every full block of the prompt (all but the last, when it is full) is shared
+        assert all(finals[i].num_cached_tokens >= full_blocks - block for i in (1, 2, 3))
+
+
+@pytest.mark.anyio
+async def test_the_other_choices_start_once_the_prompt_is_computed() -> None:
+    """Choices 1..n-1 are added after choice 0's first output (its prefill), so they find
+    the prompt's blocks in the prefix cache rather than computing them alongside."""
+    from contextlib import asynccontextmanager
+
+    import anyio
+    from anyio import wait_all_tasks_blocked
+
+    from local_engine.chat import ChatPrompt
+    from local_engine.engine import RequestOutput
+    from local_engine.service import PreparedRequest, _fan_out
+
+    class Source:
+        def __init__(self) -> None:
+            self.adds: list[int] = []  # choice 0's outputs so far, at each add
+            self.emitted = 0
+            self.release = anyio.Event()
+
+        @asynccontextmanager
+        async def stream(
+            self, prompt_ids: Any, params: Any, *, request_id: Any = None, cache_salt: Any = None
+        ) -> AsyncIterator[AsyncIterator[RequestOutput]]:
+            self.adds.append(self.emitted)
+            yield Outputs(self, len(self.adds) - 1)
+
+    class Outputs:
+        def __init__(self, source: Source, index: int) -> None:
+            self.source, self.index, self.done = source, index, False
+
+        def __aiter__(self) -> Outputs:
+            return self
+
+        async def __anext__(self) -> RequestOutput:
+            if self.done:
+                raise StopAsyncIteration
+            self.done = True
+            if self.index == 0:
+                await self.source.release.wait()
+                self.source.emitted += 1
+            return RequestOutput(f"r{self.index}", [5], "x", True, "length", 1, 0, 1)
+
+    source = Source()
+    prepared = PreparedRequest(ChatPrompt("x", [1], "none"), SamplingParams(seed=3), None)
+    seen: list[int] = []
+    async with _fan_out(source, prepared, 3) as outputs:
+        await wait_all_tasks_blocked()
+        assert source.adds == [0]  # only choice 0 while its prompt is being computed
+        source.release.set()
+        async for index, _ in outputs:
+            seen.append(index)
+            if len(seen) == 3:
+                break
+    assert source.adds == [0, 1, 1] and sorted(seen) == [0, 1, 2]
