@@ -48,6 +48,7 @@ from ._deadline import Timeout
 from ._policies import PolicyHub
 from ._retry import RetryPolicy
 from ._stream import ChatStream
+from .admission import Admission, Limits
 from .backends.base import Backend
 from .hedging import Hedge
 from .telemetry import Telemetry
@@ -561,6 +562,7 @@ class Client:
         router: RouterLike | None = None,
         pricing: Pricing | None = None,
         telemetry: Telemetry | None | NotGiven = NOT_GIVEN,
+        limits: Limits | Mapping[str, Limits] | Admission | None = None,
     ) -> None:
         make = functools.partial(
             AsyncClient,
@@ -577,6 +579,7 @@ class Client:
             router=router,
             pricing=pricing,
             telemetry=telemetry,
+            limits=limits,
         )
         loop = _Loop(make)
         self._loop = loop
