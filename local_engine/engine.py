@@ -28,7 +28,7 @@ from local_engine.sequence import Sequence, SequenceStatus
 from local_engine.spec import SpecStats, SpeculativeConfig, Speculator, make_proposer
 from local_engine.step_buffers import plan_step_buffers
 from local_engine.stop import StopChecker
-from local_engine.structured import StructuredOutput
+from local_engine.structured import GrammarVerdict, StructuredOutput
 from local_engine.tokenizer import Tokenizer
 from swiftclient.errors import ConfigurationError, EngineError, OverloadedError
 
@@ -136,6 +136,9 @@ class RequestOutput:
     ``logprobs`` covers ``new_token_ids`` when the request asked for them, else None.
     With speculative decoding one step may bring several tokens; ``spec`` counts the
     request's draft tokens so far and how many were accepted (None when it never had any).
+    ``finish_reason`` is ``"stop"``, ``"length"``, ``"abort"`` or ``"error"``: the request's
+    grammar failed while decoding (a limit of the grammar library), so its text so far does
+    not follow it; ``error`` says why.
     """
 
     request_id: str
@@ -148,6 +151,7 @@ class RequestOutput:
     num_generated_tokens: int
     logprobs: list[TokenLogprob] | None = None
     spec: SpecStats | None = None
+    error: str | None = None
 
 
 @dataclass
@@ -162,6 +166,8 @@ class GenerationResult:
     num_cached_tokens: int = 0
     logprobs: list[TokenLogprob] | None = None
     spec: SpecStats | None = None
+    error: str | None = None
+    """Why the request's grammar failed (``finish_reason == "error"``), else None."""
 
 
 @dataclass(slots=True)
@@ -178,12 +184,13 @@ class _Tokens:
 
     req: _Request
     tokens: list[int]
-    reason: str | None  # stop token, max_tokens or completed grammar: already released
+    reason: str | None  # stop token, max_tokens, grammar done or failed: already released
     num_prompt_tokens: int
     num_cached_tokens: int
     num_generated_tokens: int
     logprob: TokenLogprob | None
     spec: SpecStats | None
+    error: str | None = None  # why the grammar failed (reason "error")
 
 
 @dataclass(slots=True)
@@ -493,11 +500,16 @@ class Engine:
         released), and snapshot what its output needs."""
         req = self._requests[seq.request_id]
         reason: str | None = None
+        error: str | None = None
         before = seq.num_generated_tokens - len(tokens)
         for n, token in enumerate(tokens, start=1):
             reason = req.stop.check(token, before + n)
-            if reason is None and self._grammar_done(seq, token):
-                reason = "stop"
+            verdict = self._grammar_verdict(seq, token)
+            if verdict == "error":
+                reason = "error"
+                error = self._grammar_error(seq)
+            elif reason is None:
+                reason = verdict
             if reason is not None:
                 if n < len(tokens):
                     del seq.token_ids[len(seq.token_ids) - len(tokens) + n :]
@@ -514,6 +526,7 @@ class Engine:
             seq.num_generated_tokens,
             logprob,
             spec,
+            error,
         )
         if reason is not None:
             self._release(req)
@@ -558,15 +571,22 @@ class Engine:
                     num_generated_tokens=item.num_generated_tokens - dropped,
                     logprobs=[item.logprob] if item.logprob is not None else None,
                     spec=item.spec,
+                    error=item.error if reason == "error" else None,
                 )
             )
         return outputs
 
-    def _grammar_done(self, seq: Sequence, token: int) -> bool:
-        """Advance a constrained request's grammar; True once the reply is complete."""
+    def _grammar_verdict(self, seq: Sequence, token: int) -> GrammarVerdict:
+        """Advance a constrained request's grammar: ``"stop"`` once the reply is complete,
+        ``"error"`` when the grammar failed (the reply cannot be valid), else None."""
         if seq.params.grammar is None or self.structured is None:
-            return False
+            return None
         return self.structured.accept(seq.request_id, token)
+
+    def _grammar_error(self, seq: Sequence) -> str:
+        structured = self.structured
+        reason = structured.error(seq.request_id) if structured is not None else ""
+        return reason or "the grammar library gave no reason"
 
     def generate(
         self,
@@ -608,6 +628,7 @@ class Engine:
                         res.logprobs.extend(out.logprobs)
                     if out.finished:
                         res.finish_reason = out.finish_reason
+                        res.error = out.error
         finally:
             self.abort_all()
         for rid, res in results.items():

@@ -65,7 +65,7 @@ from swiftclient.errors import (
 from swiftclient.types import ChatCompletion, ChatCompletionChunk, ChatRequest, StreamOptions
 
 from .backend import LocalBackend
-from .service import EXTRA_BODY_KEYS
+from .service import EXTRA_BODY_KEYS, GrammarFailedError
 from .tracing import ServerTracer
 
 if TYPE_CHECKING:
@@ -156,6 +156,8 @@ def _engine_error(exc: Exception) -> RequestError:
         return RequestError(503, f"the server is overloaded: {exc}", "server_overloaded")
     if isinstance(exc, ValueError | BadRequestError):
         return RequestError(400, str(exc), "invalid_request")
+    if isinstance(exc, GrammarFailedError):
+        return RequestError(500, str(exc), "grammar_failed")
     return RequestError(500, "the engine failed while serving the request", "engine_error")
 
 

@@ -11,8 +11,10 @@ Mapping:
   ``extra_body["chat_template_kwargs"]``);
 - ``response_format`` (``json_object``, ``json_schema``) and a forced ``tool_choice``
   (``"required"`` or a named tool) become a grammar the reply is decoded under
-  (:mod:`local_engine.grammar`); one that cannot be compiled is a
-  :class:`~local_engine.grammar.GrammarError` (a ConfigurationError: 400 from the server);
+  (:mod:`local_engine.grammar`); one that cannot be compiled, or that fails on the text it
+  forces from the start, is a :class:`~local_engine.grammar.GrammarError` (a
+  ConfigurationError: 400 from the server); one that fails later, partway through a reply,
+  is a :class:`GrammarFailedError` (500 from the server), never a reply;
 - ``temperature``, ``top_p``, ``max_completion_tokens`` (else ``max_tokens``), ``stop``,
   ``seed``, ``presence_penalty``, ``frequency_penalty``, ``logprobs`` and ``top_logprobs``
   map one to one (OpenAI's defaults where unset). With no token limit a request may generate
@@ -48,12 +50,27 @@ from .grammar import Grammar, request_grammar
 from .sampling_params import SamplingParams, TokenLogprob
 from .tokenizer import Tokenizer
 
-__all__ = ["EXTRA_BODY_KEYS", "ChatService", "OutputSource", "PreparedRequest"]
+__all__ = [
+    "EXTRA_BODY_KEYS",
+    "ChatService",
+    "GrammarFailedError",
+    "OutputSource",
+    "PreparedRequest",
+]
 
 EXTRA_BODY_KEYS = frozenset(
     {"top_k", "min_p", "ignore_eos", "stop_token_ids", "cache_salt", "chat_template_kwargs"}
 )
 """The ``extra_body`` keys the local engine understands."""
+
+
+class GrammarFailedError(EngineError):
+    """The reply's grammar failed while decoding (a limit of the grammar library was hit
+    partway through): the text so far does not follow the schema, so there is no reply.
+
+    The local server answers it with a 500 naming the reason; a grammar that fails at once
+    is refused before decoding instead (a 400).
+    """
 
 
 class OutputSource(Protocol):
@@ -309,6 +326,11 @@ async def _add(
 def _check_output(out: RequestOutput) -> None:
     if out.finish_reason == "abort":
         raise EngineError("the local engine shut down before the request finished")
+    if out.finish_reason == "error":
+        raise GrammarFailedError(
+            "the reply's grammar (response_format or forced tool call) failed while decoding, "
+            f"so the reply would not follow it: {out.error}; simplify the schema"
+        )
 
 
 class _ChunkIterator:
