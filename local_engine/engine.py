@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import operator
-import threading
 import uuid
 from collections import deque
 from collections.abc import Sequence as SequenceABC
@@ -16,8 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from local_engine.attention import get_attention_backend
-from local_engine.cpu_memory import tune_malloc
-from local_engine.cpu_threads import log_openmp_setup, set_num_threads
+from local_engine.errors import (
+    EngineConfigError,
+    EngineError,
+    InvalidRequestError,
+    OverloadedError,
+)
 from local_engine.kv_cache import BlockPool
 from local_engine.model import DecoderModel
 from local_engine.quant import Quantization, check_quantization
@@ -30,7 +33,6 @@ from local_engine.step_buffers import plan_step_buffers
 from local_engine.stop import StopChecker
 from local_engine.structured import GrammarVerdict, StructuredOutput
 from local_engine.tokenizer import Tokenizer
-from swiftclient.errors import ConfigurationError, EngineError, OverloadedError
 
 __all__ = [
     "Engine",
@@ -57,10 +59,13 @@ class EngineConfig:
     :meth:`Engine.from_pretrained` loads the model (``quantization="int8"``: int8 weights
     with per-channel scales, bfloat16 activations unless ``dtype`` says float16). ``seed``
     fixes the sampling noise of requests without their own seed.
-    ``num_threads`` sets torch's CPU threads (``torch.set_num_threads``, which is
-    process-wide) when the engine is built; ``None`` keeps torch's count (``OMP_NUM_THREADS``,
-    else the CPUs this process may use). How idle threads wait is set before torch loads,
-    from the environment: see :mod:`local_engine.cpu_threads`.
+    ``num_threads`` and ``tune_malloc`` are process-wide settings, which the engine never
+    applies: whoever owns the process does, once, with
+    :func:`local_engine.process.apply_process_settings` (``LocalBackend`` when it loads its
+    model, and so the server; a script stepping an engine itself calls it).
+    ``num_threads`` sets torch's CPU threads (``torch.set_num_threads``); ``None`` keeps
+    torch's count (``OMP_NUM_THREADS``, else the CPUs this process may use). How idle threads
+    wait is set before torch loads, from the environment: see :mod:`local_engine.cpu_threads`.
     ``static_buffers`` keeps step inputs in persistent (pinned, on CUDA) buffers and
     ``cuda_graphs`` replays decode steps from CUDA graphs; ``None`` means on for a CUDA
     model (graphs with the Triton attention backend), off elsewhere
@@ -73,12 +78,12 @@ class EngineConfig:
     that host work is well under 1% of a step, so a second thread has nothing to win.
     ``tune_malloc`` keeps the memory of freed CPU tensors in the process for the next step
     instead of returning it to the kernel (glibc ``mallopt``, process-wide and for good;
-    :mod:`local_engine.cpu_memory`). ``None`` applies it at the engine's first step taken on
-    the main thread, for a CPU model: the heap that step allocates from is the one that gave
-    memory back (:class:`~local_engine.async_engine.AsyncEngine` steps in worker threads,
-    whose heaps keep theirs, so there it changes nothing). ``True`` applies it when the
-    engine is built (a warning says why where it cannot be); ``False`` leaves the allocator
-    as it is, and cannot undo another engine's setting.
+    :mod:`local_engine.cpu_memory`). ``None`` applies it where the owner says its engine
+    steps on the main thread of a CPU process: the heap that step allocates from is the one
+    that gave memory back (:class:`~local_engine.async_engine.AsyncEngine` steps in worker
+    threads, whose heaps keep theirs, so there it changes nothing). ``True`` applies it (a
+    warning says why where it cannot); ``False`` leaves the allocator as it is, and cannot
+    undo an earlier setting.
     """
 
     block_size: int = 16
@@ -116,16 +121,16 @@ class EngineConfig:
         self.quantization = check_quantization(self.quantization)
         for name in ("static_buffers", "cuda_graphs", "overlap_output", "tune_malloc"):
             if not isinstance(getattr(self, name), bool | None):  # 0 and 1 are not bools here
-                raise ConfigurationError(f"{name} must be None or a bool")
+                raise EngineConfigError(f"{name} must be None or a bool")
         if self.speculative is not None and not isinstance(self.speculative, SpeculativeConfig):
-            raise ConfigurationError(
+            raise EngineConfigError(
                 f"speculative must be a SpeculativeConfig, got {type(self.speculative).__name__}"
             )
 
 
 def _positive(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigurationError(f"{name} must be a positive int, got {value!r}")
+        raise EngineConfigError(f"{name} must be a positive int, got {value!r}")
 
 
 @dataclass
@@ -211,7 +216,7 @@ class Engine:
         *,
         draft_model: DecoderModel | None = None,
     ) -> None:
-        """Size the KV cache, build scheduler and runner. ConfigurationError on bad sizes.
+        """Size the KV cache, build scheduler and runner. EngineConfigError on bad sizes.
 
         ``draft_model`` is the proposer of ``config.speculative.method == "draft"`` (given
         here, or loaded from ``draft_model`` by :meth:`from_pretrained`).
@@ -219,10 +224,6 @@ class Engine:
         self.config = config = config if config is not None else EngineConfig()
         self.model = model
         self.tokenizer = tokenizer
-        if config.num_threads is not None:
-            set_num_threads(config.num_threads)
-        if model.device.type == "cpu":
-            log_openmp_setup()
         if config.attention_backend != "auto":
             model.set_attention_backend(
                 get_attention_backend(config.attention_backend, device=model.device)
@@ -232,14 +233,14 @@ class Engine:
         if num_blocks is None:
             num_blocks = config.kv_cache_memory // (model.kv_bytes_per_token() * bs)
             if num_blocks < 1:
-                raise ConfigurationError(
+                raise EngineConfigError(
                     f"kv_cache_memory={config.kv_cache_memory} bytes holds no block of {bs} tokens"
                 )
         max_positions = model.config.max_position_embeddings
         if config.max_model_len is None:
             self.max_model_len = min(max_positions, num_blocks * bs)
         elif config.max_model_len > max_positions:
-            raise ConfigurationError(
+            raise EngineConfigError(
                 f"max_model_len={config.max_model_len} exceeds the model's "
                 f"max_position_embeddings={max_positions}"
             )
@@ -253,7 +254,7 @@ class Engine:
                 max_num_batched_tokens=config.max_num_batched_tokens,
             )
         except ValueError as exc:
-            raise ConfigurationError(str(exc)) from exc
+            raise EngineConfigError(str(exc)) from exc
         buffers, cuda_graphs = plan_step_buffers(
             model,
             static_buffers=config.static_buffers,
@@ -309,13 +310,6 @@ class Engine:
                 config.speculative, proposer, sampler, eos_token_ids=self.eos_token_ids
             )
             self.runner.verify = self.speculator.verify
-        # The malloc setting (EngineConfig.tune_malloc), decided last so that an engine
-        # that fails to build leaves the process alone.
-        self._tune_malloc_on_main = config.tune_malloc is None and model.device.type == "cpu"
-        if config.tune_malloc:
-            tuning = tune_malloc()
-            if not tuning.applied:
-                logger.warning("tune_malloc=True had no effect: %s", tuning.reason)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, config: EngineConfig | None = None) -> Engine:
@@ -374,33 +368,34 @@ class Engine:
         """Queue a request; return its id.
 
         Raises:
-            ValueError: empty or out-of-vocabulary prompt, prompt + ``max_tokens`` over
-                ``max_model_len``, stop strings or a grammar without a tokenizer, a
-                duplicate id; :class:`~local_engine.grammar.GrammarError` (a ValueError)
-                for a grammar that cannot be compiled.
+            InvalidRequestError: empty or out-of-vocabulary prompt, prompt + ``max_tokens``
+                over ``max_model_len``, stop strings or a grammar without a tokenizer, a
+                duplicate id; :class:`~local_engine.grammar.GrammarError` (one too) for a
+                grammar that cannot be compiled, or ``params`` that are not
+                :class:`SamplingParams`. A ``ValueError``.
             OverloadedError: ``max_waiting`` requests are already queued.
         """
         if not isinstance(params, SamplingParams):
-            raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
+            raise InvalidRequestError(f"params must be SamplingParams, got {type(params).__name__}")
         vocab = self.model.config.vocab_size
         try:
             prompt = [operator.index(t) for t in prompt_ids]
         except TypeError as exc:
-            raise ValueError(f"prompt_ids must be ints in [0, {vocab})") from exc
+            raise InvalidRequestError(f"prompt_ids must be ints in [0, {vocab})") from exc
         if not prompt:
-            raise ValueError("prompt_ids must not be empty")
+            raise InvalidRequestError("prompt_ids must not be empty")
         if min(prompt) < 0 or max(prompt) >= vocab:
-            raise ValueError(f"prompt_ids must be ints in [0, {vocab})")
+            raise InvalidRequestError(f"prompt_ids must be ints in [0, {vocab})")
         total = len(prompt) + params.max_tokens
         if total > self.max_model_len:
-            raise ValueError(
+            raise InvalidRequestError(
                 f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) = {total} "
                 f"exceeds max_model_len ({self.max_model_len})"
             )
         if request_id is None:
             request_id = uuid.uuid4().hex
         elif request_id in self._requests:
-            raise ValueError(f"request id {request_id!r} is already in use")
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
         detok = self.tokenizer.detokenizer() if self.tokenizer is not None else None
         stop = StopChecker(params, self.eos_token_ids, detok)
         if self.scheduler.num_waiting >= self.config.max_waiting:
@@ -410,7 +405,7 @@ class Engine:
             )
         if params.grammar is not None:
             if self.structured is None:
-                raise ValueError("a grammar needs an engine with a tokenizer")
+                raise InvalidRequestError("a grammar needs an engine with a tokenizer")
             self.structured.add(request_id, params.grammar)
         seq = Sequence(request_id, prompt, params, cache_salt=cache_salt)
         self.scheduler.add(seq)
@@ -465,9 +460,6 @@ class Engine:
         nothing else: adds and aborts go between steps.
         """
         self._release_stopped()
-        if self._tune_malloc_on_main and threading.current_thread() is threading.main_thread():
-            self._tune_malloc_on_main = False
-            tune_malloc()
         if self.speculator is not None:
             self.speculator.propose(self.scheduler.running)
         batch = self.scheduler.schedule()

@@ -12,16 +12,16 @@ Mapping:
 - ``response_format`` (``json_object``, ``json_schema``) and a forced ``tool_choice``
   (``"required"`` or a named tool) become a grammar the reply is decoded under
   (:mod:`local_engine.grammar`); one that cannot be compiled, or that fails on the text it
-  forces from the start, is a :class:`~local_engine.grammar.GrammarError` (a
-  ConfigurationError: 400 from the server); one that fails later, partway through a reply,
-  is a :class:`GrammarFailedError` (500 from the server), never a reply;
+  forces from the start, is a :class:`~local_engine.grammar.GrammarError` (an
+  InvalidRequestError: 400 from the server); one that fails later, partway through a reply,
+  is a :class:`~local_engine.errors.GrammarFailedError` (500 from the server), never a reply;
 - ``temperature``, ``top_p``, ``max_completion_tokens`` (else ``max_tokens``), ``stop``,
   ``seed``, ``presence_penalty``, ``frequency_penalty``, ``logprobs`` and ``top_logprobs``
   map one to one (OpenAI's defaults where unset). With no token limit a request may generate
   ``default_max_tokens``, fewer when the model's context is shorter;
 - ``extra_body`` may carry ``top_k``, ``min_p``, ``ignore_eos``, ``stop_token_ids``,
-  ``cache_salt`` and ``chat_template_kwargs``; any other key is a
-  :class:`~swiftclient.errors.ConfigurationError`;
+  ``cache_salt`` and ``chat_template_kwargs``; any other key is an
+  :class:`~local_engine.errors.InvalidRequestError`;
 - the prefix-cache salt (which keeps tenants from sharing cached prompt blocks) is
   ``extra_body["cache_salt"]``, else ``user``. ``prompt_cache_key`` is a routing hint for
   hosted providers and is ignored here: one engine has one cache;
@@ -29,23 +29,27 @@ Mapping:
   too long for ``max_model_len`` by its size alone is refused before it is tokenized;
 - ``n > 1`` and a non-empty ``logit_bias`` are refused; ``parallel_tool_calls``,
   ``metadata``, ``service_tier`` and ``reasoning_effort`` have no effect.
+
+Errors are the engine's own (:mod:`local_engine.errors`): every request the engine or this
+layer refuses is an :class:`~local_engine.errors.InvalidRequestError`, which the server
+answers with 400 and ``LocalBackend`` raises as ``BadRequestError``.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import anyio.to_thread
 
-from swiftclient.errors import ConfigurationError, EngineError
 from swiftclient.types import ChatCompletion, ChatCompletionChunk, ChatRequest
 
 from .chat import ChatFormatter, ChatPrompt, CompletionStream, build_completion
 from .engine import Engine, RequestOutput
+from .errors import EngineConfigError, EngineError, GrammarFailedError, InvalidRequestError
 from .grammar import Grammar, request_grammar
 from .sampling_params import SamplingParams, TokenLogprob
 from .tokenizer import Tokenizer
@@ -53,7 +57,6 @@ from .tokenizer import Tokenizer
 __all__ = [
     "EXTRA_BODY_KEYS",
     "ChatService",
-    "GrammarFailedError",
     "OutputSource",
     "PreparedRequest",
 ]
@@ -62,15 +65,6 @@ EXTRA_BODY_KEYS = frozenset(
     {"top_k", "min_p", "ignore_eos", "stop_token_ids", "cache_salt", "chat_template_kwargs"}
 )
 """The ``extra_body`` keys the local engine understands."""
-
-
-class GrammarFailedError(EngineError):
-    """The reply's grammar failed while decoding (a limit of the grammar library was hit
-    partway through): the text so far does not follow the schema, so there is no reply.
-
-    The local server answers it with a 500 naming the reason; a grammar that fails at once
-    is refused before decoding instead (a 400).
-    """
 
 
 class OutputSource(Protocol):
@@ -101,26 +95,26 @@ def _extra(request: ChatRequest) -> dict[str, Any]:
     extra = dict(request.extra_body or {})
     unknown = sorted(set(extra) - EXTRA_BODY_KEYS)
     if unknown:
-        raise ConfigurationError(
+        raise InvalidRequestError(
             f"unsupported extra_body keys for the local engine: {unknown}; "
             f"supported: {sorted(EXTRA_BODY_KEYS)}"
         )
     if "ignore_eos" in extra and not isinstance(extra["ignore_eos"], bool):
-        raise ConfigurationError("extra_body['ignore_eos'] must be a boolean")
+        raise InvalidRequestError("extra_body['ignore_eos'] must be a boolean")
     salt = extra.get("cache_salt")
     if salt is not None and (not isinstance(salt, str) or not salt):
-        raise ConfigurationError("extra_body['cache_salt'] must be a non-empty string")
+        raise InvalidRequestError("extra_body['cache_salt'] must be a non-empty string")
     stop_ids = extra.get("stop_token_ids")
     if stop_ids is not None and not isinstance(stop_ids, list | tuple):
-        raise ConfigurationError("extra_body['stop_token_ids'] must be a list of token ids")
+        raise InvalidRequestError("extra_body['stop_token_ids'] must be a list of token ids")
     return extra
 
 
 def _check_supported(request: ChatRequest) -> None:
     if request.n is not None and request.n > 1:
-        raise ConfigurationError(f"n={request.n} is not supported by the local engine (only 1)")
+        raise InvalidRequestError(f"n={request.n} is not supported by the local engine (only 1)")
     if request.logit_bias:
-        raise ConfigurationError("logit_bias is not supported by the local engine")
+        raise InvalidRequestError("logit_bias is not supported by the local engine")
 
 
 class ChatService:
@@ -138,13 +132,13 @@ class ChatService:
         chat_template: str | None = None,
         tool_format: str | None = None,
     ) -> None:
-        """Bind the engine and its tokenizer; ConfigurationError when it has no tokenizer."""
+        """Bind the engine and its tokenizer; EngineConfigError when it has no tokenizer."""
         if engine.tokenizer is None:
-            raise ConfigurationError(
+            raise EngineConfigError(
                 "the model has no tokenizer (tokenizer.json): chat needs one to render prompts"
             )
         if isinstance(default_max_tokens, bool) or default_max_tokens < 1:
-            raise ConfigurationError(
+            raise EngineConfigError(
                 f"default_max_tokens must be a positive int, got {default_max_tokens!r}"
             )
         self.engine = engine
@@ -171,7 +165,7 @@ class ChatService:
         limit = self.max_model_len
         room = limit - prompt_tokens
         if room < 1:
-            raise ConfigurationError(
+            raise InvalidRequestError(
                 f"the prompt is {prompt_tokens} tokens, but this model's context "
                 f"(max_model_len) is {limit} tokens, leaving no room for a reply"
             )
@@ -179,7 +173,7 @@ class ChatService:
         if max_tokens is None:
             max_tokens = min(self.default_max_tokens, room)
         elif max_tokens > room:
-            raise ConfigurationError(
+            raise InvalidRequestError(
                 f"the prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds "
                 f"this model's context (max_model_len) of {limit} tokens; "
                 f"ask for at most {room} tokens"
@@ -202,7 +196,7 @@ class ChatService:
                 grammar=grammar,
             )
         except ValueError as exc:
-            raise ConfigurationError(f"invalid sampling parameters: {exc}") from exc
+            raise InvalidRequestError(f"invalid sampling parameters: {exc}") from exc
 
     @property
     def max_prompt_bytes(self) -> int:
@@ -221,14 +215,14 @@ class ChatService:
         limit = self.max_prompt_bytes
         chars = sum(len(message.text()) for message in request.messages)
         if chars > limit:  # characters never outnumber bytes
-            raise ConfigurationError(
+            raise InvalidRequestError(
                 f"the messages hold {chars} characters, more than this model's context "
                 f"(max_model_len {self.max_model_len} tokens) can hold ({limit} bytes at most)"
             )
         try:
             prompt = self.formatter.prepare(request, max_bytes=limit)
         except RecursionError as exc:
-            raise ConfigurationError("the request nests too deeply to render") from exc
+            raise InvalidRequestError("the request nests too deeply to render") from exc
         grammar = self._grammar(request, prompt)
         params = self._params(request, extra, len(prompt.token_ids), grammar)
         salt = extra.get("cache_salt") or request.user or None
@@ -253,7 +247,7 @@ class ChatService:
     ) -> AsyncIterator[AsyncIterator[ChatCompletionChunk]]:
         """Run ``request`` on ``source`` and yield an iterator of OpenAI stream chunks.
 
-        Errors in the request, and :class:`~swiftclient.errors.OverloadedError`, surface on
+        Errors in the request, and :class:`~local_engine.errors.OverloadedError`, surface on
         entry; leaving the block aborts the engine request (its KV blocks are freed).
         """
         prepared = await anyio.to_thread.run_sync(self.prepare, request)
@@ -308,18 +302,10 @@ class ChatService:
 async def _add(
     source: OutputSource, prepared: PreparedRequest
 ) -> AsyncIterator[AsyncIterator[RequestOutput]]:
-    """Add the request to the engine (its ValueErrors become ConfigurationErrors)."""
-    async with AsyncExitStack() as stack:
-        try:
-            outputs = await stack.enter_async_context(
-                source.stream(
-                    prepared.prompt.token_ids, prepared.params, cache_salt=prepared.cache_salt
-                )
-            )
-        except ConfigurationError:
-            raise
-        except ValueError as exc:
-            raise ConfigurationError(f"the engine refused the request: {exc}") from exc
+    """Add the request to the engine (which raises InvalidRequestError for a bad one)."""
+    async with source.stream(
+        prepared.prompt.token_ids, prepared.params, cache_salt=prepared.cache_salt
+    ) as outputs:
         yield outputs
 
 

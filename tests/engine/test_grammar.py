@@ -635,7 +635,7 @@ def _late_failure_request(stream: bool = False) -> dict[str, Any]:
 async def test_chat_service_raises_a_typed_error_for_a_grammar_that_fails_mid_reply(
     tiny: TinyModel,
 ) -> None:
-    from local_engine.service import GrammarFailedError
+    from local_engine.errors import GrammarFailedError
 
     engine = tiny.engine()
     service = ChatService(engine)
