@@ -386,6 +386,8 @@ class LocalBackend:
             return errors.EngineError(str(exc))
         if isinstance(exc, InvalidRequestError | errors.ConfigurationError):
             return errors.BadRequestError(str(exc), status_code=400, backend=self.name)
+        if isinstance(exc, EngineConfigError):  # e.g. llguidance missing for a grammar
+            return errors.ConfigurationError(str(exc))
         return errors.EngineError(f"the engine failed: {exc!r}")
 
 
