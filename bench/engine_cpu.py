@@ -107,6 +107,7 @@ from local_engine.cpu_memory import MMAP_THRESHOLD, TRIM_THRESHOLD, malloc_tunin
 from local_engine.cpu_threads import SPIN_COUNT_ENV, WAIT_POLICY_ENV, openmp_setup
 from local_engine.default_model import ensure_default_model
 from local_engine.engine import Engine, EngineConfig, SamplingParams
+from local_engine.process import apply_process_settings
 from local_engine.quant import linear
 from local_engine.runner import RunnerOutput
 from local_engine.scheduler import SchedulerOutput
@@ -961,12 +962,12 @@ def malloc_line() -> str:
     peer in this process runs under them."""
     tuning = malloc_tuning()
     if tuning is None:
-        return "glibc defaults (no CPU engine tuned it)"
+        return "glibc defaults (not tuned)"
     if not tuning.applied:
         return f"left as it is ({tuning.reason})"
     return (
         f"freed tensor memory kept (mmap threshold {MMAP_THRESHOLD >> 20} MiB, trim threshold "
-        f"{TRIM_THRESHOLD >> 20} MiB), set by the engine for the whole process: every peer "
+        f"{TRIM_THRESHOLD >> 20} MiB), set by this script for the whole process: every peer "
         "here runs under it"
     )
 
@@ -1234,6 +1235,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.threads < 1 or args.spec_threads < 1:
         parser.error("--threads and --spec-threads must be >= 1")
     torch.set_num_threads(args.threads)
+    # This script owns its process and steps its engines on the main thread: keep freed
+    # tensor memory for the next step (an Engine never sets process-wide state itself).
+    apply_process_settings(EngineConfig(), steps_on_main_thread=True)
     torch.manual_seed(0)
     hf_logging: Any = transformers.logging
     hf_logging.set_verbosity_error()

@@ -37,8 +37,8 @@ import anyio.to_thread
 from anyio.abc import TaskGroup
 
 from local_engine.engine import Engine, RequestOutput, StepTokens
+from local_engine.errors import EngineError
 from local_engine.sampler import SamplingParams
-from swiftclient.errors import EngineError
 
 if TYPE_CHECKING:
     from local_engine.metrics import StepObserver

@@ -8,6 +8,13 @@ and constructing a ``LocalBackend`` stay light. The model is loaded in a
 worker thread when the backend is entered (``async with AsyncClient(LocalBackend(...))``) or
 warmed up; the engine's driver task runs inside that ``async with`` block.
 
+The engine raises its own errors (:mod:`local_engine.errors`); this adapter maps them once
+onto swiftclient's: a refused request (``InvalidRequestError``) is ``BadRequestError`` (400,
+as over HTTP), a full queue ``OverloadedError``, an engine failure ``EngineError``, bad
+settings or model files ``ConfigurationError``. Loading the model applies the engine
+config's process-wide settings (CPU threads, malloc) once
+(:func:`local_engine.process.apply_process_settings`).
+
 Request mapping (prompt, sampling parameters, ``extra_body`` keys, the prefix-cache salt) is
 described in :mod:`local_engine.service`; in short: ``extra_body`` may carry ``top_k``,
 ``min_p``, ``ignore_eos``, ``stop_token_ids``, ``cache_salt`` and ``chat_template_kwargs``, and
@@ -27,6 +34,12 @@ from typing import TYPE_CHECKING, Literal
 import anyio
 import anyio.to_thread
 
+from local_engine.errors import (
+    EngineConfigError,
+    EngineError,
+    InvalidRequestError,
+    OverloadedError,
+)
 from swiftclient import Deadline, RequestOptions, errors
 from swiftclient.backends import check_backend_name
 from swiftclient.types import ChatCompletion, ChatCompletionChunk, ChatRequest
@@ -242,9 +255,21 @@ class LocalBackend:
             raise errors.ConfigurationError(_NOT_RUNNING.format(name=self.name))
         return self._async_engine, self._service
 
+    def serving(self) -> tuple[AsyncEngine, ChatService]:
+        """The running engine and the chat service over it, for a server that maps the
+        engine's own errors itself (:mod:`local_engine.server`) rather than through this
+        adapter; ConfigurationError outside ``async with``."""
+        return self._running()
+
     # ------------------------------------------------------------------ loading
 
     def _resolve_model_dir(self) -> Path:
+        try:
+            return self._find_model_dir()
+        except EngineConfigError as exc:
+            raise errors.ConfigurationError(str(exc)) from exc
+
+    def _find_model_dir(self) -> Path:
         from local_engine.default_model import (
             DEFAULT_MODEL_NAME,
             DEFAULT_MODELS,
@@ -270,6 +295,7 @@ class LocalBackend:
         try:
             from local_engine.engine import Engine, EngineConfig
             from local_engine.generation import read_sampling_defaults
+            from local_engine.process import apply_process_settings
             from local_engine.service import ChatService
         except ImportError as exc:
             raise errors.ConfigurationError(
@@ -278,28 +304,30 @@ class LocalBackend:
             ) from exc
         path = self._resolve_model_dir()
         try:
-            config = self._engine_config
+            config = self._engine_config or EngineConfig()
             if self._quantization is not None:
-                config = dataclasses.replace(
-                    config or EngineConfig(), quantization=self._quantization
-                )
+                config = dataclasses.replace(config, quantization=self._quantization)
             if self._dtype is not None:
-                config = dataclasses.replace(config or EngineConfig(), dtype=self._dtype)
+                config = dataclasses.replace(config, dtype=self._dtype)
             if self._device is not None:
-                config = dataclasses.replace(config or EngineConfig(), device=self._device)
+                config = dataclasses.replace(config, device=self._device)
+            # This backend steps its engine in worker threads (AsyncEngine).
+            apply_process_settings(config, steps_on_main_thread=False)
             engine = Engine.from_pretrained(path, config)
+            defaults = read_sampling_defaults(path) if self._generation_config == "auto" else {}
+            service = ChatService(
+                engine,
+                default_max_tokens=self._default_max_tokens,
+                chat_template=self._chat_template,
+                tool_format=self._tool_format,
+                sampling_defaults=defaults,
+            )
+        except EngineConfigError as exc:
+            raise errors.ConfigurationError(str(exc)) from exc
         except OSError as exc:
             raise errors.ConfigurationError(f"cannot load the model in {path}: {exc}") from exc
         except (RuntimeError, MemoryError) as exc:
             raise errors.EngineError(f"loading the model in {path} failed: {exc!r}") from exc
-        defaults = read_sampling_defaults(path) if self._generation_config == "auto" else {}
-        service = ChatService(
-            engine,
-            default_max_tokens=self._default_max_tokens,
-            chat_template=self._chat_template,
-            tool_format=self._tool_format,
-            sampling_defaults=defaults,
-        )
         return path, service
 
     async def list_models(self) -> list[str]:
@@ -380,9 +408,9 @@ class LocalBackend:
                 chunks = await stack.enter_async_context(
                     service.stream(async_engine, request, include_usage=usage)
                 )
-            except errors.ConfigurationError as exc:
-                raise self._bad_request(exc) from exc
-            yield chunks
+            except (ValueError, EngineError) as exc:
+                raise self._client_error(exc) from exc
+            yield _ClientErrors(chunks, self)
 
     async def complete(
         self, request: ChatRequest, deadline: Deadline, options: RequestOptions | None = None
@@ -391,9 +419,37 @@ class LocalBackend:
         async_engine, service = self._running()
         try:
             return await service.complete(async_engine, request)
-        except errors.ConfigurationError as exc:
-            raise self._bad_request(exc) from exc
+        except (ValueError, EngineError) as exc:
+            raise self._client_error(exc) from exc
 
-    def _bad_request(self, exc: errors.ConfigurationError) -> errors.BadRequestError:
-        """A request the engine refuses is the same error as over HTTP: a 400."""
-        return errors.BadRequestError(str(exc), status_code=400, backend=self.name)
+    def _client_error(self, exc: ValueError | EngineError) -> errors.SwiftClientError:
+        """The engine's error as swiftclient's; a refused request is the same error as over
+        HTTP: a 400."""
+        if isinstance(exc, OverloadedError):
+            return errors.OverloadedError(str(exc))
+        if isinstance(exc, EngineError):
+            return errors.EngineError(str(exc))
+        if isinstance(exc, InvalidRequestError | errors.ConfigurationError):
+            return errors.BadRequestError(str(exc), status_code=400, backend=self.name)
+        if isinstance(exc, EngineConfigError):  # e.g. llguidance missing for a grammar
+            return errors.ConfigurationError(str(exc))
+        return errors.EngineError(f"the engine failed: {exc!r}")
+
+
+class _ClientErrors:
+    """A chunk iterator whose engine errors come out as swiftclient's."""
+
+    __slots__ = ("_backend", "_chunks")
+
+    def __init__(self, chunks: AsyncIterator[ChatCompletionChunk], backend: LocalBackend) -> None:
+        self._chunks = chunks
+        self._backend = backend
+
+    def __aiter__(self) -> _ClientErrors:
+        return self
+
+    async def __anext__(self) -> ChatCompletionChunk:
+        try:
+            return await self._chunks.__anext__()
+        except (ValueError, EngineError) as exc:
+            raise self._backend._client_error(exc) from exc

@@ -4,7 +4,7 @@ Supported families are Llama (including llama3 rope scaling), Qwen2 (qkv bias, o
 sliding window), Qwen3 (per-head q/k RMSNorm) and Mistral (sliding window). Both the
 transformers 4.x layout (``rope_theta`` + ``rope_scaling``) and the 5.x layout
 (``rope_parameters``) are understood. Anything else raises
-:class:`swiftclient.errors.ConfigurationError` with the reason.
+:class:`~local_engine.errors.EngineConfigError` with the reason.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from swiftclient.errors import ConfigurationError
+from local_engine.errors import EngineConfigError
 
 __all__ = ["SUPPORTED_FAMILIES", "ModelConfig", "RopeScaling", "normalize_dtype_name"]
 
@@ -51,11 +51,11 @@ def normalize_dtype_name(name: str) -> str:
     """Map a dtype spelling (``"bf16"``, ``"torch.float16"``, ...) to a canonical torch name.
 
     Raises:
-        ConfigurationError: the name is not one of float32, bfloat16 or float16.
+        EngineConfigError: the name is not one of float32, bfloat16 or float16.
     """
     canonical = _DTYPE_ALIASES.get(name.strip().lower())
     if canonical is None:
-        raise ConfigurationError(
+        raise EngineConfigError(
             f"unsupported dtype {name!r}: expected one of float32, bfloat16, float16"
         )
     return canonical
@@ -102,11 +102,11 @@ class ModelConfig:
         """Read ``config.json`` (and ``generation_config.json`` when present) from a model dir.
 
         Raises:
-            ConfigurationError: the directory or config is missing, unreadable or unsupported.
+            EngineConfigError: the directory or config is missing, unreadable or unsupported.
         """
         root = Path(path)
         if not root.is_dir():
-            raise ConfigurationError(f"model path {str(root)!r} is not a directory")
+            raise EngineConfigError(f"model path {str(root)!r} is not a directory")
         config = _read_json(root / "config.json", required=True)
         generation = _read_json(root / "generation_config.json", required=False)
         return cls.from_dict(config, generation)
@@ -118,13 +118,13 @@ class ModelConfig:
         """Build a config from parsed ``config.json`` (+ optional ``generation_config.json``).
 
         Raises:
-            ConfigurationError: unknown family, missing or inconsistent fields.
+            EngineConfigError: unknown family, missing or inconsistent fields.
         """
         family = _family(config)
         if config.get("hidden_act", "silu") != "silu":
-            raise ConfigurationError(f"unsupported hidden_act {config.get('hidden_act')!r}")
+            raise EngineConfigError(f"unsupported hidden_act {config.get('hidden_act')!r}")
         if config.get("mlp_bias", False):
-            raise ConfigurationError("mlp_bias=true is not supported")
+            raise EngineConfigError("mlp_bias=true is not supported")
         hidden = _positive_int(config, "hidden_size")
         heads = _positive_int(config, "num_attention_heads")
         kv_heads = _positive_int(config, "num_key_value_heads", default=heads)
@@ -132,12 +132,12 @@ class ModelConfig:
         default_head_dim = 128 if family == "qwen3" else hidden // heads
         head_dim = _positive_int(config, "head_dim", default=default_head_dim)
         if heads % kv_heads != 0:
-            raise ConfigurationError(
+            raise EngineConfigError(
                 f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads "
                 f"({kv_heads})"
             )
         if head_dim % 2 != 0:
-            raise ConfigurationError(f"head_dim must be even for rotary embeddings, got {head_dim}")
+            raise EngineConfigError(f"head_dim must be even for rotary embeddings, got {head_dim}")
         max_positions = _positive_int(
             config, "max_position_embeddings", default=_DEFAULT_MAX_POSITIONS[family]
         )
@@ -174,27 +174,27 @@ class ModelConfig:
 def _read_json(path: Path, *, required: bool) -> dict[str, Any]:
     if not path.is_file():
         if required:
-            raise ConfigurationError(f"{path.name} not found in {str(path.parent)!r}")
+            raise EngineConfigError(f"{path.name} not found in {str(path.parent)!r}")
         return {}
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigurationError(f"cannot read {str(path)!r}: {exc}") from exc
+        raise EngineConfigError(f"cannot read {str(path)!r}: {exc}") from exc
     if not isinstance(data, dict):
-        raise ConfigurationError(f"{str(path)!r} does not hold a JSON object")
+        raise EngineConfigError(f"{str(path)!r} does not hold a JSON object")
     return data
 
 
 def _family(config: Mapping[str, Any]) -> str:
     model_type = config.get("model_type")
     if model_type not in SUPPORTED_FAMILIES:
-        raise ConfigurationError(
+        raise EngineConfigError(
             f"unsupported model_type {model_type!r}: the local engine runs "
             f"{', '.join(SUPPORTED_FAMILIES)}"
         )
     architectures = config.get("architectures") or []
     if architectures and not any(_ARCHITECTURES.get(a) == model_type for a in architectures):
-        raise ConfigurationError(
+        raise EngineConfigError(
             f"unsupported architectures {architectures!r} for model_type {model_type!r}: "
             f"expected a causal LM ({', '.join(sorted(_ARCHITECTURES))})"
         )
@@ -205,32 +205,32 @@ def _positive_int(config: Mapping[str, Any], key: str, *, default: int | None = 
     value = config.get(key)
     if value is None:
         if default is None:
-            raise ConfigurationError(f"config.json lacks required field {key!r}")
+            raise EngineConfigError(f"config.json lacks required field {key!r}")
         value = default
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ConfigurationError(f"config field {key!r} must be a positive integer, got {value!r}")
+        raise EngineConfigError(f"config field {key!r} must be a positive integer, got {value!r}")
     return value
 
 
 def _rope(config: Mapping[str, Any], max_positions: int) -> tuple[float, RopeScaling | None]:
     params = config.get("rope_parameters") or config.get("rope_scaling") or {}
     if not isinstance(params, Mapping):
-        raise ConfigurationError(f"rope settings must be an object, got {params!r}")
+        raise EngineConfigError(f"rope settings must be an object, got {params!r}")
     if params and all(isinstance(v, Mapping) for v in params.values()):
-        raise ConfigurationError("per-layer-type rope parameters are not supported")
+        raise EngineConfigError("per-layer-type rope parameters are not supported")
     theta = float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
     rope_type = params.get("rope_type", params.get("type", "default"))
     partial = params.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
     if partial != 1.0:
-        raise ConfigurationError(f"partial_rotary_factor={partial!r} is not supported")
+        raise EngineConfigError(f"partial_rotary_factor={partial!r} is not supported")
     if rope_type not in _ROPE_TYPES:
-        raise ConfigurationError(
+        raise EngineConfigError(
             f"unsupported rope type {rope_type!r}: expected one of {', '.join(_ROPE_TYPES)}"
         )
     if rope_type == "default":
         return theta, None
     if "factor" not in params:
-        raise ConfigurationError(f"rope type {rope_type!r} needs a 'factor'")
+        raise EngineConfigError(f"rope type {rope_type!r} needs a 'factor'")
     scaling = RopeScaling(
         rope_type=rope_type,
         factor=float(params["factor"]),
@@ -241,7 +241,7 @@ def _rope(config: Mapping[str, Any], max_positions: int) -> tuple[float, RopeSca
         ),
     )
     if scaling.factor <= 0 or scaling.high_freq_factor <= scaling.low_freq_factor:
-        raise ConfigurationError(f"invalid rope scaling parameters {dict(params)!r}")
+        raise EngineConfigError(f"invalid rope scaling parameters {dict(params)!r}")
     return theta, scaling
 
 
@@ -260,11 +260,11 @@ def _sliding_windows(
     layer_types = config.get("layer_types")
     if layer_types is not None:
         if not isinstance(layer_types, list) or len(layer_types) != num_layers:
-            raise ConfigurationError("layer_types must list one entry per hidden layer")
+            raise EngineConfigError("layer_types must list one entry per hidden layer")
         return tuple(window if t == "sliding_attention" else None for t in layer_types)
     first = config.get("max_window_layers", 28)
     if not isinstance(first, int):
-        raise ConfigurationError(f"max_window_layers must be an integer, got {first!r}")
+        raise EngineConfigError(f"max_window_layers must be an integer, got {first!r}")
     return tuple(window if i >= first else None for i in range(num_layers))
 
 
@@ -272,7 +272,7 @@ def _window(value: Any) -> int | None:
     if value is None:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ConfigurationError(f"sliding_window must be a positive integer, got {value!r}")
+        raise EngineConfigError(f"sliding_window must be a positive integer, got {value!r}")
     return value
 
 
@@ -281,5 +281,5 @@ def _token_ids(value: Any, key: str) -> tuple[int, ...]:
         return ()
     items = value if isinstance(value, list) else [value]
     if not all(isinstance(i, int) and not isinstance(i, bool) for i in items):
-        raise ConfigurationError(f"{key} must be an integer or a list of integers, got {value!r}")
+        raise EngineConfigError(f"{key} must be an integer or a list of integers, got {value!r}")
     return tuple(dict.fromkeys(items))

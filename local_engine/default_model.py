@@ -33,10 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from swiftclient.errors import ConfigurationError
+from local_engine.errors import EngineConfigError
 
 from ._default_corpus import CORPUS
-from .templates import CHATML_TOOLS_TEMPLATE
 
 __all__ = [
     "DEFAULT_MODEL_NAME",
@@ -124,7 +123,7 @@ def _spec(name: str) -> DefaultModelSpec:
     try:
         return DEFAULT_MODELS[name]
     except KeyError:
-        raise ConfigurationError(
+        raise EngineConfigError(
             f"unknown random-weight model {name!r}; choose one of {sorted(DEFAULT_MODELS)}"
         ) from None
 
@@ -133,10 +132,10 @@ def embedded_model_dir(name: str = DEFAULT_MODEL_NAME) -> Path:
     """The directory of the trained model shipped in the package.
 
     Raises:
-        ConfigurationError: an unknown name, or an installation that lacks the model files.
+        EngineConfigError: an unknown name, or an installation that lacks the model files.
     """
     if name != DEFAULT_MODEL_NAME:
-        raise ConfigurationError(
+        raise EngineConfigError(
             f"unknown embedded model {name!r}; the package ships {DEFAULT_MODEL_NAME!r}"
         )
     path = _EMBEDDED_ROOT / name
@@ -146,7 +145,7 @@ def embedded_model_dir(name: str = DEFAULT_MODEL_NAME) -> Path:
         if not (path / f).is_file()
     ]
     if missing:
-        raise ConfigurationError(
+        raise EngineConfigError(
             f"the embedded model {name!r} is incomplete in {path} (missing {missing}); "
             "reinstall swiftclient-llm or run scripts/train_default_model.py"
         )
@@ -174,13 +173,13 @@ def find_default_model(name: str = DEFAULT_MODEL_NAME) -> Path:
     random-weight model from :data:`DEFAULT_MODELS` (generated on first use).
 
     Raises:
-        ConfigurationError: an unknown name.
+        EngineConfigError: an unknown name.
     """
     if name == DEFAULT_MODEL_NAME:
         return embedded_model_dir()
     if name not in DEFAULT_MODELS:
         known = ", ".join([DEFAULT_MODEL_NAME, *sorted(DEFAULT_MODELS)])
-        raise ConfigurationError(f"unknown model name {name!r}; choose one of {known}")
+        raise EngineConfigError(f"unknown model name {name!r}; choose one of {known}")
     return ensure_default_model(name)
 
 
@@ -207,7 +206,7 @@ def ensure_default_model(
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     if not _is_current(target, spec):
-        raise ConfigurationError(f"could not install the default model into {target}")
+        raise EngineConfigError(f"could not install the default model into {target}")
     return target
 
 
@@ -260,6 +259,8 @@ def _train_tokenizer() -> Any:
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
     from tokenizers.trainers import BpeTrainer
 
+    from .templates import CHATML_TOOLS_TEMPLATE  # the chat layer's, only when training
+
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tokenizer.decoder = decoders.ByteLevel()
@@ -281,6 +282,8 @@ def _train_tokenizer() -> Any:
 
 def tokenizer_config(ids: dict[str, int]) -> dict[str, Any]:
     """``tokenizer_config.json`` for a ChatML tokenizer with the given special-token ids."""
+    from .templates import CHATML_TOOLS_TEMPLATE  # the chat layer's, only when generating
+
     added = {
         str(token_id): {
             "content": token,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import operator
-import threading
 import uuid
 from collections import deque
 from collections.abc import Sequence as SequenceABC
@@ -16,8 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from local_engine.attention import get_attention_backend
-from local_engine.cpu_memory import tune_malloc
-from local_engine.cpu_threads import log_openmp_setup, set_num_threads
+from local_engine.errors import (
+    EngineConfigError,
+    EngineError,
+    InvalidRequestError,
+    OverloadedError,
+)
 from local_engine.kv_cache import BlockPool
 from local_engine.model import DecoderModel
 from local_engine.quant import Quantization, check_quantization
@@ -28,9 +31,8 @@ from local_engine.sequence import Sequence, SequenceStatus
 from local_engine.spec import SpecStats, SpeculativeConfig, Speculator, make_proposer
 from local_engine.step_buffers import plan_step_buffers
 from local_engine.stop import StopChecker
-from local_engine.structured import StructuredOutput
+from local_engine.structured import GrammarVerdict, StructuredOutput
 from local_engine.tokenizer import Tokenizer
-from swiftclient.errors import ConfigurationError, EngineError, OverloadedError
 
 __all__ = [
     "Engine",
@@ -57,10 +59,13 @@ class EngineConfig:
     :meth:`Engine.from_pretrained` loads the model (``quantization="int8"``: int8 weights
     with per-channel scales, bfloat16 activations unless ``dtype`` says float16). ``seed``
     fixes the sampling noise of requests without their own seed.
-    ``num_threads`` sets torch's CPU threads (``torch.set_num_threads``, which is
-    process-wide) when the engine is built; ``None`` keeps torch's count (``OMP_NUM_THREADS``,
-    else the CPUs this process may use). How idle threads wait is set before torch loads,
-    from the environment: see :mod:`local_engine.cpu_threads`.
+    ``num_threads`` and ``tune_malloc`` are process-wide settings, which the engine never
+    applies: whoever owns the process does, once, with
+    :func:`local_engine.process.apply_process_settings` (``LocalBackend`` when it loads its
+    model, and so the server; a script stepping an engine itself calls it).
+    ``num_threads`` sets torch's CPU threads (``torch.set_num_threads``); ``None`` keeps
+    torch's count (``OMP_NUM_THREADS``, else the CPUs this process may use). How idle threads
+    wait is set before torch loads, from the environment: see :mod:`local_engine.cpu_threads`.
     ``static_buffers`` keeps step inputs in persistent (pinned, on CUDA) buffers and
     ``cuda_graphs`` replays decode steps from CUDA graphs; ``None`` means on for a CUDA
     model (graphs with the Triton attention backend), off elsewhere
@@ -73,12 +78,12 @@ class EngineConfig:
     that host work is well under 1% of a step, so a second thread has nothing to win.
     ``tune_malloc`` keeps the memory of freed CPU tensors in the process for the next step
     instead of returning it to the kernel (glibc ``mallopt``, process-wide and for good;
-    :mod:`local_engine.cpu_memory`). ``None`` applies it at the engine's first step taken on
-    the main thread, for a CPU model: the heap that step allocates from is the one that gave
-    memory back (:class:`~local_engine.async_engine.AsyncEngine` steps in worker threads,
-    whose heaps keep theirs, so there it changes nothing). ``True`` applies it when the
-    engine is built (a warning says why where it cannot be); ``False`` leaves the allocator
-    as it is, and cannot undo another engine's setting.
+    :mod:`local_engine.cpu_memory`). ``None`` applies it where the owner says its engine
+    steps on the main thread of a CPU process: the heap that step allocates from is the one
+    that gave memory back (:class:`~local_engine.async_engine.AsyncEngine` steps in worker
+    threads, whose heaps keep theirs, so there it changes nothing). ``True`` applies it (a
+    warning says why where it cannot); ``False`` leaves the allocator as it is, and cannot
+    undo an earlier setting.
     """
 
     block_size: int = 16
@@ -116,16 +121,16 @@ class EngineConfig:
         self.quantization = check_quantization(self.quantization)
         for name in ("static_buffers", "cuda_graphs", "overlap_output", "tune_malloc"):
             if not isinstance(getattr(self, name), bool | None):  # 0 and 1 are not bools here
-                raise ConfigurationError(f"{name} must be None or a bool")
+                raise EngineConfigError(f"{name} must be None or a bool")
         if self.speculative is not None and not isinstance(self.speculative, SpeculativeConfig):
-            raise ConfigurationError(
+            raise EngineConfigError(
                 f"speculative must be a SpeculativeConfig, got {type(self.speculative).__name__}"
             )
 
 
 def _positive(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigurationError(f"{name} must be a positive int, got {value!r}")
+        raise EngineConfigError(f"{name} must be a positive int, got {value!r}")
 
 
 @dataclass
@@ -136,6 +141,9 @@ class RequestOutput:
     ``logprobs`` covers ``new_token_ids`` when the request asked for them, else None.
     With speculative decoding one step may bring several tokens; ``spec`` counts the
     request's draft tokens so far and how many were accepted (None when it never had any).
+    ``finish_reason`` is ``"stop"``, ``"length"``, ``"abort"`` or ``"error"``: the request's
+    grammar failed while decoding (a limit of the grammar library), so its text so far does
+    not follow it; ``error`` says why.
     """
 
     request_id: str
@@ -148,6 +156,7 @@ class RequestOutput:
     num_generated_tokens: int
     logprobs: list[TokenLogprob] | None = None
     spec: SpecStats | None = None
+    error: str | None = None
 
 
 @dataclass
@@ -162,6 +171,8 @@ class GenerationResult:
     num_cached_tokens: int = 0
     logprobs: list[TokenLogprob] | None = None
     spec: SpecStats | None = None
+    error: str | None = None
+    """Why the request's grammar failed (``finish_reason == "error"``), else None."""
 
 
 @dataclass(slots=True)
@@ -178,12 +189,13 @@ class _Tokens:
 
     req: _Request
     tokens: list[int]
-    reason: str | None  # stop token, max_tokens or completed grammar: already released
+    reason: str | None  # stop token, max_tokens, grammar done or failed: already released
     num_prompt_tokens: int
     num_cached_tokens: int
     num_generated_tokens: int
     logprob: TokenLogprob | None
     spec: SpecStats | None
+    error: str | None = None  # why the grammar failed (reason "error")
 
 
 @dataclass(slots=True)
@@ -204,7 +216,7 @@ class Engine:
         *,
         draft_model: DecoderModel | None = None,
     ) -> None:
-        """Size the KV cache, build scheduler and runner. ConfigurationError on bad sizes.
+        """Size the KV cache, build scheduler and runner. EngineConfigError on bad sizes.
 
         ``draft_model`` is the proposer of ``config.speculative.method == "draft"`` (given
         here, or loaded from ``draft_model`` by :meth:`from_pretrained`).
@@ -212,10 +224,6 @@ class Engine:
         self.config = config = config if config is not None else EngineConfig()
         self.model = model
         self.tokenizer = tokenizer
-        if config.num_threads is not None:
-            set_num_threads(config.num_threads)
-        if model.device.type == "cpu":
-            log_openmp_setup()
         if config.attention_backend != "auto":
             model.set_attention_backend(
                 get_attention_backend(config.attention_backend, device=model.device)
@@ -225,14 +233,14 @@ class Engine:
         if num_blocks is None:
             num_blocks = config.kv_cache_memory // (model.kv_bytes_per_token() * bs)
             if num_blocks < 1:
-                raise ConfigurationError(
+                raise EngineConfigError(
                     f"kv_cache_memory={config.kv_cache_memory} bytes holds no block of {bs} tokens"
                 )
         max_positions = model.config.max_position_embeddings
         if config.max_model_len is None:
             self.max_model_len = min(max_positions, num_blocks * bs)
         elif config.max_model_len > max_positions:
-            raise ConfigurationError(
+            raise EngineConfigError(
                 f"max_model_len={config.max_model_len} exceeds the model's "
                 f"max_position_embeddings={max_positions}"
             )
@@ -246,7 +254,7 @@ class Engine:
                 max_num_batched_tokens=config.max_num_batched_tokens,
             )
         except ValueError as exc:
-            raise ConfigurationError(str(exc)) from exc
+            raise EngineConfigError(str(exc)) from exc
         buffers, cuda_graphs = plan_step_buffers(
             model,
             static_buffers=config.static_buffers,
@@ -302,13 +310,6 @@ class Engine:
                 config.speculative, proposer, sampler, eos_token_ids=self.eos_token_ids
             )
             self.runner.verify = self.speculator.verify
-        # The malloc setting (EngineConfig.tune_malloc), decided last so that an engine
-        # that fails to build leaves the process alone.
-        self._tune_malloc_on_main = config.tune_malloc is None and model.device.type == "cpu"
-        if config.tune_malloc:
-            tuning = tune_malloc()
-            if not tuning.applied:
-                logger.warning("tune_malloc=True had no effect: %s", tuning.reason)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, config: EngineConfig | None = None) -> Engine:
@@ -367,33 +368,34 @@ class Engine:
         """Queue a request; return its id.
 
         Raises:
-            ValueError: empty or out-of-vocabulary prompt, prompt + ``max_tokens`` over
-                ``max_model_len``, stop strings or a grammar without a tokenizer, a
-                duplicate id; :class:`~local_engine.grammar.GrammarError` (a ValueError)
-                for a grammar that cannot be compiled.
+            InvalidRequestError: empty or out-of-vocabulary prompt, prompt + ``max_tokens``
+                over ``max_model_len``, stop strings or a grammar without a tokenizer, a
+                duplicate id; :class:`~local_engine.grammar.GrammarError` (one too) for a
+                grammar that cannot be compiled, or ``params`` that are not
+                :class:`SamplingParams`. A ``ValueError``.
             OverloadedError: ``max_waiting`` requests are already queued.
         """
         if not isinstance(params, SamplingParams):
-            raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
+            raise InvalidRequestError(f"params must be SamplingParams, got {type(params).__name__}")
         vocab = self.model.config.vocab_size
         try:
             prompt = [operator.index(t) for t in prompt_ids]
         except TypeError as exc:
-            raise ValueError(f"prompt_ids must be ints in [0, {vocab})") from exc
+            raise InvalidRequestError(f"prompt_ids must be ints in [0, {vocab})") from exc
         if not prompt:
-            raise ValueError("prompt_ids must not be empty")
+            raise InvalidRequestError("prompt_ids must not be empty")
         if min(prompt) < 0 or max(prompt) >= vocab:
-            raise ValueError(f"prompt_ids must be ints in [0, {vocab})")
+            raise InvalidRequestError(f"prompt_ids must be ints in [0, {vocab})")
         total = len(prompt) + params.max_tokens
         if total > self.max_model_len:
-            raise ValueError(
+            raise InvalidRequestError(
                 f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) = {total} "
                 f"exceeds max_model_len ({self.max_model_len})"
             )
         if request_id is None:
             request_id = uuid.uuid4().hex
         elif request_id in self._requests:
-            raise ValueError(f"request id {request_id!r} is already in use")
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
         detok = self.tokenizer.detokenizer() if self.tokenizer is not None else None
         stop = StopChecker(params, self.eos_token_ids, detok)
         if self.scheduler.num_waiting >= self.config.max_waiting:
@@ -403,7 +405,7 @@ class Engine:
             )
         if params.grammar is not None:
             if self.structured is None:
-                raise ValueError("a grammar needs an engine with a tokenizer")
+                raise InvalidRequestError("a grammar needs an engine with a tokenizer")
             self.structured.add(request_id, params.grammar)
         seq = Sequence(request_id, prompt, params, cache_salt=cache_salt)
         self.scheduler.add(seq)
@@ -458,9 +460,6 @@ class Engine:
         nothing else: adds and aborts go between steps.
         """
         self._release_stopped()
-        if self._tune_malloc_on_main and threading.current_thread() is threading.main_thread():
-            self._tune_malloc_on_main = False
-            tune_malloc()
         if self.speculator is not None:
             self.speculator.propose(self.scheduler.running)
         batch = self.scheduler.schedule()
@@ -493,11 +492,16 @@ class Engine:
         released), and snapshot what its output needs."""
         req = self._requests[seq.request_id]
         reason: str | None = None
+        error: str | None = None
         before = seq.num_generated_tokens - len(tokens)
         for n, token in enumerate(tokens, start=1):
             reason = req.stop.check(token, before + n)
-            if reason is None and self._grammar_done(seq, token):
-                reason = "stop"
+            verdict = self._grammar_verdict(seq, token)
+            if verdict == "error":
+                reason = "error"
+                error = self._grammar_error(seq)
+            elif reason is None:
+                reason = verdict
             if reason is not None:
                 if n < len(tokens):
                     del seq.token_ids[len(seq.token_ids) - len(tokens) + n :]
@@ -514,6 +518,7 @@ class Engine:
             seq.num_generated_tokens,
             logprob,
             spec,
+            error,
         )
         if reason is not None:
             self._release(req)
@@ -558,15 +563,22 @@ class Engine:
                     num_generated_tokens=item.num_generated_tokens - dropped,
                     logprobs=[item.logprob] if item.logprob is not None else None,
                     spec=item.spec,
+                    error=item.error if reason == "error" else None,
                 )
             )
         return outputs
 
-    def _grammar_done(self, seq: Sequence, token: int) -> bool:
-        """Advance a constrained request's grammar; True once the reply is complete."""
+    def _grammar_verdict(self, seq: Sequence, token: int) -> GrammarVerdict:
+        """Advance a constrained request's grammar: ``"stop"`` once the reply is complete,
+        ``"error"`` when the grammar failed (the reply cannot be valid), else None."""
         if seq.params.grammar is None or self.structured is None:
-            return False
+            return None
         return self.structured.accept(seq.request_id, token)
+
+    def _grammar_error(self, seq: Sequence) -> str:
+        structured = self.structured
+        reason = structured.error(seq.request_id) if structured is not None else ""
+        return reason or "the grammar library gave no reason"
 
     def generate(
         self,
@@ -608,6 +620,7 @@ class Engine:
                         res.logprobs.extend(out.logprobs)
                     if out.finished:
                         res.finish_reason = out.finish_reason
+                        res.error = out.error
         finally:
             self.abort_all()
         for rid, res in results.items():

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from swiftclient.errors import ConfigurationError
+from local_engine.errors import EngineConfigError
 
 from .weight_rows import QuantizedRows
 
@@ -62,17 +62,17 @@ def check_fp8_device(device: torch.device) -> None:
     """Raise unless ``device`` is a CUDA GPU that runs fp8 matmuls.
 
     Raises:
-        ConfigurationError: a CPU (or other) device, or a GPU older than compute
+        EngineConfigError: a CPU (or other) device, or a GPU older than compute
             capability 8.9, or a torch without ``_scaled_mm``.
     """
     if device.type != "cuda":
-        raise ConfigurationError(
+        raise EngineConfigError(
             f"fp8 weights need a CUDA GPU with fp8 tensor cores (compute capability 8.9+, "
             f"e.g. an H100 or H200), not {device.type}; on CPU use quantization='int8'"
         )
     capability = torch.cuda.get_device_capability(device)
     if capability < _MIN_CAPABILITY or not hasattr(torch, "_scaled_mm"):
-        raise ConfigurationError(
+        raise EngineConfigError(
             f"fp8 weights need compute capability 8.9 or newer and torch._scaled_mm; "
             f"this GPU has {capability[0]}.{capability[1]}: use dtype='bfloat16' instead"
         )
@@ -89,11 +89,11 @@ class Fp8Weight(nn.Module):
         """Allocate (uninitialized) codes and scales.
 
         Raises:
-            ConfigurationError: a dimension that is not a multiple of 16.
+            EngineConfigError: a dimension that is not a multiple of 16.
         """
         super().__init__()
         if out_features % _MULTIPLE or in_features % _MULTIPLE:
-            raise ConfigurationError(
+            raise EngineConfigError(
                 f"fp8 weights need dimensions that are multiples of {_MULTIPLE}, "
                 f"got {out_features}x{in_features}"
             )
@@ -117,10 +117,10 @@ class Fp8Weight(nn.Module):
         """``x [T, in_features] @ W.T (+ bias)``: ``x`` quantized per token, bfloat16 out.
 
         Raises:
-            ConfigurationError: ``x`` is not a 2-D bfloat16 tensor.
+            EngineConfigError: ``x`` is not a 2-D bfloat16 tensor.
         """
         if x.dim() != 2 or x.dtype != torch.bfloat16:
-            raise ConfigurationError(
+            raise EngineConfigError(
                 f"fp8 linear takes 2-D bfloat16 inputs, got {x.dtype} {tuple(x.shape)}"
             )
         codes, scales = quantize_fp8_rows(x)

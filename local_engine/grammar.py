@@ -20,7 +20,11 @@ OpenAI request fields:
 JSON is generated without free whitespace, with ``", "`` and ``": "`` separators (what
 ``json.dumps`` and the chat templates write), so a reply cannot pad itself with blanks.
 llguidance is imported only when a grammar is built; without it a request that needs one is
-a :class:`~swiftclient.errors.ConfigurationError` naming the ``local`` extra.
+an :class:`~local_engine.errors.EngineConfigError` naming the ``local`` extra.
+
+Part of the engine core, so it imports nothing from swiftclient: requests, tools and response
+formats are read through the few attributes it needs (:class:`ChatFields`, :class:`ToolLike`),
+which swiftclient's ``ChatRequest``, ``Tool`` and ``ResponseFormat`` have.
 """
 
 from __future__ import annotations
@@ -28,15 +32,15 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from swiftclient.errors import ConfigurationError
-from swiftclient.types import ChatRequest, ResponseFormat, Tool, ToolChoice
+from local_engine.errors import EngineConfigError, InvalidRequestError
 
 if TYPE_CHECKING:
     from types import ModuleType
 
 __all__ = [
+    "ChatFields",
     "Grammar",
     "GrammarError",
     "GrammarKind",
@@ -46,6 +50,7 @@ __all__ = [
     "request_grammar",
     "response_format_grammar",
     "tool_call_grammar",
+    "ToolLike",
 ]
 
 GrammarKind = Literal["json_object", "json_schema", "tool_call"]
@@ -57,12 +62,63 @@ _JSON_OPTIONS: dict[str, Any] = {
 }
 
 
-class GrammarError(ConfigurationError):
-    """A schema or tool definition that cannot be compiled into a grammar.
+class GrammarError(InvalidRequestError):
+    """A schema or tool definition that cannot be compiled into a grammar (or that fails on
+    the text it forces from the start).
 
-    A :class:`~swiftclient.errors.ConfigurationError` (so also a ``ValueError``): the local
-    server answers it with a 400.
+    An :class:`~local_engine.errors.InvalidRequestError` (so also a ``ValueError``): the
+    local server answers it with a 400.
     """
+
+
+class _Function(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def parameters(self) -> dict[str, Any] | None: ...
+
+
+class ToolLike(Protocol):
+    """A tool offered to the model (swiftclient's ``Tool``): its function's name and
+    parameter schema."""
+
+    @property
+    def function(self) -> _Function: ...
+
+
+class _Named(Protocol):
+    @property
+    def function(self) -> Any: ...
+
+
+class _SchemaSpec(Protocol):
+    @property
+    def schema_(self) -> Mapping[str, Any] | bool | None: ...
+
+
+class _ResponseFormat(Protocol):
+    @property
+    def type(self) -> str: ...
+
+    @property
+    def json_schema(self) -> _SchemaSpec | None: ...
+
+
+class ChatFields(Protocol):
+    """The fields of a chat request (swiftclient's ``ChatRequest``) that decide its grammar."""
+
+    @property
+    def tools(self) -> Sequence[ToolLike] | None: ...
+
+    @property
+    def tool_choice(self) -> str | _Named | None: ...
+
+    @property
+    def parallel_tool_calls(self) -> bool | None: ...
+
+    @property
+    def response_format(self) -> _ResponseFormat | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,11 +136,11 @@ class Grammar:
 
 
 def llguidance_module() -> ModuleType:
-    """Import llguidance, or raise a ConfigurationError that says how to install it."""
+    """Import llguidance, or raise an EngineConfigError that says how to install it."""
     try:
         import llguidance
     except ImportError as exc:
-        raise ConfigurationError(
+        raise EngineConfigError(
             "constrained decoding (JSON mode, json_schema, forced tool calls) in the local "
             "engine needs llguidance: pip install 'swiftclient-llm[local]'"
         ) from exc
@@ -122,7 +178,7 @@ def json_schema_grammar(schema: Mapping[str, Any] | bool) -> Grammar:
     return Grammar(_schema_grammar(schema, "the response_format JSON schema"), "json_schema")
 
 
-def response_format_grammar(response_format: ResponseFormat | None) -> Grammar | None:
+def response_format_grammar(response_format: _ResponseFormat | None) -> Grammar | None:
     """The grammar for a ``response_format``, or None for plain text (a schema's objects
     closed by :func:`closed_objects`)."""
     if response_format is None or response_format.type == "text":
@@ -168,7 +224,7 @@ def closed_objects(schema: Any, *, close: bool = True) -> Any:
     return node
 
 
-def _call_schema(tool: Tool, arguments_key: str, defs: dict[str, Any]) -> dict[str, Any]:
+def _call_schema(tool: ToolLike, arguments_key: str, defs: dict[str, Any]) -> dict[str, Any]:
     """One tool's call object; its ``$defs`` move to ``defs`` (the combined schema's root,
     where its ``#/$defs/...`` references point once it is nested)."""
     fn = tool.function
@@ -200,7 +256,7 @@ def _literal(text: str, added_tokens: Mapping[str, int]) -> str:
 
 
 def tool_call_grammar(
-    tools: Sequence[Tool],
+    tools: Sequence[ToolLike],
     *,
     tool_format: str,
     parallel: bool = True,
@@ -210,14 +266,14 @@ def tool_call_grammar(
 
     ``added_tokens`` (the tokenizer's added tokens, text to id) says which markers, such as
     ``<tool_call>``, are single tokens. GrammarError when a tool's parameter schema cannot be
-    compiled, or when there are no tools; ConfigurationError for a format that has no grammar
+    compiled, or when there are no tools; EngineConfigError for a format that has no grammar
     ("none").
     """
     added = added_tokens or {}
     if not tools:
         raise GrammarError("a forced tool call needs at least one tool")
     if tool_format not in ("hermes", "llama3"):
-        raise ConfigurationError(f"tool calls in the {tool_format!r} format cannot be forced")
+        raise EngineConfigError(f"tool calls in the {tool_format!r} format cannot be forced")
     key = "arguments" if tool_format == "hermes" else "parameters"
     defs: dict[str, Any] = {}
     schemas = [_call_schema(tool, key, defs) for tool in tools]
@@ -241,16 +297,18 @@ def tool_call_grammar(
     return Grammar(str(llguidance_module().LLMatcher.grammar_from_lark(lark)), "tool_call")
 
 
-def _forced_tools(tools: list[Tool] | None, choice: str | ToolChoice | None) -> list[Tool] | None:
-    if not tools:
+def _forced_tools(
+    tools: Sequence[ToolLike] | None, choice: str | _Named | None
+) -> list[ToolLike] | None:
+    if not tools or choice is None:
         return None
-    if isinstance(choice, ToolChoice):
+    if not isinstance(choice, str):  # a named tool
         return [t for t in tools if t.function.name == choice.function.name] or None
     return list(tools) if choice == "required" else None
 
 
 def request_grammar(
-    request: ChatRequest, tool_format: str, *, added_tokens: Mapping[str, int] | None = None
+    request: ChatFields, tool_format: str, *, added_tokens: Mapping[str, int] | None = None
 ) -> Grammar | None:
     """The grammar a chat request's reply must follow, or None when it is free text.
 

@@ -3,7 +3,7 @@
 Each HF tensor name maps onto a slice of one of the model's fused parameters (q/k/v rows of
 ``qkv_weight``, gate/up rows of ``gate_up_weight``, ...). All shard headers are checked
 before any tensor is read: a missing, unexpected or misshapen weight raises
-:class:`~swiftclient.errors.ConfigurationError` naming it. Tensors are copied one at a time
+:class:`~local_engine.errors.EngineConfigError` naming it. Tensors are copied one at a time
 into preallocated parameters, converting dtype on the way; with ``quantization="int8"`` the
 projection weights are quantized as they are read (see :mod:`local_engine.quant`).
 """
@@ -18,7 +18,7 @@ from typing import cast
 import torch
 from safetensors import SafetensorError, safe_open
 
-from swiftclient.errors import ConfigurationError
+from local_engine.errors import EngineConfigError
 
 from .config import ModelConfig, normalize_dtype_name
 from .fp8 import Fp8Rows, Fp8Weight
@@ -43,7 +43,7 @@ def resolve_dtype(
     except that quantized weights turn a float32 checkpoint's into bfloat16).
 
     Raises:
-        ConfigurationError: an unsupported dtype.
+        EngineConfigError: an unsupported dtype.
     """
     if dtype is None or dtype == "auto":
         name = config.dtype
@@ -71,7 +71,7 @@ def load_model(
     precision as they are read; activations then default to bfloat16.
 
     Raises:
-        ConfigurationError: the directory, config or weights are missing, unsupported or
+        EngineConfigError: the directory, config or weights are missing, unsupported or
             do not match the config; an unknown ``quantization``, or int8 with float32.
     """
     quantization = check_quantization(quantization)
@@ -100,18 +100,18 @@ def _weight_files(root: Path) -> list[Path]:
             weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
             names = sorted(set(weight_map.values()))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise ConfigurationError(f"cannot read {str(index)!r}: {exc}") from exc
+            raise EngineConfigError(f"cannot read {str(index)!r}: {exc}") from exc
         files = [root / name for name in names]
         missing = [f.name for f in files if not f.is_file()]
         if missing:
-            raise ConfigurationError(f"{_INDEX_FILE} lists missing shard files: {missing}")
+            raise EngineConfigError(f"{_INDEX_FILE} lists missing shard files: {missing}")
         return files
     single = root / "model.safetensors"
     if single.is_file():
         return [single]
     files = sorted(root.glob("*.safetensors"))
     if not files:
-        raise ConfigurationError(
+        raise EngineConfigError(
             f"no *.safetensors weights in {str(root)!r} (PyTorch .bin checkpoints are not "
             "supported; re-save with safetensors)"
         )
@@ -124,7 +124,7 @@ def _tensor_shapes(file: Path) -> dict[str, tuple[int, ...]]:
         with safe_open(str(file), framework="pt", device="cpu") as handle:
             return {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}
     except (OSError, SafetensorError) as exc:
-        raise ConfigurationError(f"cannot read weights file {str(file)!r}: {exc}") from exc
+        raise EngineConfigError(f"cannot read weights file {str(file)!r}: {exc}") from exc
 
 
 def _check_names(
@@ -135,12 +135,12 @@ def _check_names(
     for file, shapes in shapes_by_file.items():
         for name, shape in shapes.items():
             if name in targets and targets[name][1] != shape:
-                raise ConfigurationError(
+                raise EngineConfigError(
                     f"weight {name!r} in {file.name} has shape {shape}, expected "
                     f"{targets[name][1]} from config.json"
                 )
             if name in seen:
-                raise ConfigurationError(
+                raise EngineConfigError(
                     f"weight {name!r} appears in both {seen[name].name} and {file.name}"
                 )
             seen[name] = file
@@ -150,13 +150,13 @@ def _check_names(
             if name not in targets and not ignorable:
                 unexpected.append(name)
     if unexpected:
-        raise ConfigurationError(
+        raise EngineConfigError(
             f"checkpoint has {len(unexpected)} weights the {config.family} config does not "
             f"use, e.g. {sorted(unexpected)[:5]}"
         )
     missing = sorted(set(targets) - set(seen))
     if missing:
-        raise ConfigurationError(
+        raise EngineConfigError(
             f"checkpoint lacks {len(missing)} weights the {config.family} config needs, "
             f"e.g. {missing[:5]}"
         )

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from swiftclient.errors import ConfigurationError
+from local_engine.errors import EngineConfigError
 
 from .attention import AttentionBackend, AttentionMetadata, get_attention_backend
 from .attention.cpu import CPUPagedAttention
@@ -289,7 +289,7 @@ class DecoderModel(nn.Module):
         """Allocate an uninitialized model on ``device`` (dtype defaults to ``config.dtype``).
 
         Raises:
-            ConfigurationError: an unknown ``quantization``, ``"fp8"`` without a capable GPU,
+            EngineConfigError: an unknown ``quantization``, ``"fp8"`` without a capable GPU,
                 or ``"int8"`` with float32
                 activations (the int8 kernels take bfloat16 or float16).
         """
@@ -298,7 +298,7 @@ class DecoderModel(nn.Module):
         dev = torch.device(device)
         self.quantization = check_quantization(quantization)
         if self.quantization is not None and dtype not in (torch.bfloat16, torch.float16):
-            raise ConfigurationError(
+            raise EngineConfigError(
                 f"{self.quantization} weights run with bfloat16 or float16 activations, not "
                 f"{str(dtype).removeprefix('torch.')}; use dtype='bfloat16' (or leave it unset)"
             )
@@ -306,7 +306,7 @@ class DecoderModel(nn.Module):
         if fp8:
             check_fp8_device(dev)
             if dtype != torch.bfloat16:
-                raise ConfigurationError("fp8 weights run with bfloat16 activations")
+                raise EngineConfigError("fp8 weights run with bfloat16 activations")
         scratch = DequantScratch() if self.quantization == "int8" else None
         self.config = config
         self.attention: AttentionBackend = attention or get_attention_backend("auto", device=dev)
@@ -357,10 +357,10 @@ class DecoderModel(nn.Module):
         """Run the new tokens ``[T]`` at ``positions`` ``[T]``; return hidden ``[T, hidden]``.
 
         Raises:
-            ConfigurationError: ``kv_caches`` does not hold one tensor per layer.
+            EngineConfigError: ``kv_caches`` does not hold one tensor per layer.
         """
         if len(kv_caches) != len(self._layer_seq):
-            raise ConfigurationError(
+            raise EngineConfigError(
                 f"expected {len(self._layer_seq)} KV cache tensors, got {len(kv_caches)}"
             )
         meta.derived.clear()
@@ -380,10 +380,10 @@ class DecoderModel(nn.Module):
         """Allocate a zeroed paged cache: per layer ``[2, num_blocks, block_size, kv, hd]``.
 
         Raises:
-            ConfigurationError: a non-positive size.
+            EngineConfigError: a non-positive size.
         """
         if num_blocks <= 0 or block_size <= 0:
-            raise ConfigurationError(
+            raise EngineConfigError(
                 f"num_blocks and block_size must be positive, got {num_blocks} and {block_size}"
             )
         shape = (2, num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim)

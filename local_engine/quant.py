@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from swiftclient.errors import ConfigurationError
+from local_engine.errors import EngineConfigError
 
 from .fp8 import Fp8Weight
 from .weight_rows import QuantizedRows
@@ -54,7 +54,7 @@ def check_quantization(value: object) -> Quantization | None:
     """Return ``value`` as a quantization method, or None for none.
 
     Raises:
-        ConfigurationError: anything but None or one of :data:`QUANTIZATION_METHODS`.
+        EngineConfigError: anything but None or one of :data:`QUANTIZATION_METHODS`.
     """
     if value is None:
         return None
@@ -62,7 +62,7 @@ def check_quantization(value: object) -> Quantization | None:
         return "int8"
     if value == "fp8":  # GPU only: see local_engine.fp8
         return "fp8"
-    raise ConfigurationError(
+    raise EngineConfigError(
         f"unknown quantization {value!r}: expected None or one of {', '.join(QUANTIZATION_METHODS)}"
     )
 
@@ -149,10 +149,10 @@ class Int8Weight(nn.Module):
         """``x [T, in_features] @ W.T (+ bias)`` in ``x``'s dtype, the scales' dtype.
 
         Raises:
-            ConfigurationError: ``x`` is not 2-D or not in the scales' dtype.
+            EngineConfigError: ``x`` is not 2-D or not in the scales' dtype.
         """
         if x.dim() != 2 or x.dtype != self.dtype:
-            raise ConfigurationError(
+            raise EngineConfigError(
                 f"int8 linear takes 2-D {self.dtype} inputs, got {x.dtype} {tuple(x.shape)}"
             )
         if self._packed_ok and x.shape[0] <= DEQUANT_ROWS and x.stride(1) == 1:

@@ -49,7 +49,6 @@ import anyio.to_thread
 import click
 import pydantic
 
-from swiftclient import Deadline, Timeout
 from swiftclient.asgi import (
     SSE_DONE,
     App,
@@ -64,15 +63,13 @@ from swiftclient.asgi import (
 )
 from swiftclient.cli import run_command
 from swiftclient.errors import (
-    BadRequestError,
     ConfigurationError,
-    EngineError,
-    OverloadedError,
     redact,
 )
 from swiftclient.types import ChatCompletion, ChatCompletionChunk, ChatRequest, StreamOptions
 
 from .backend import LocalBackend
+from .errors import EngineConfigError, EngineError, GrammarFailedError, OverloadedError
 from .service import EXTRA_BODY_KEYS
 from .tracing import ServerTracer
 
@@ -92,7 +89,6 @@ _log = logging.getLogger("local_engine.server")
 access_log = logging.getLogger("local_engine.server.access")
 """One INFO line per request: client, method, path, status, tokens, TTFT and duration."""
 _ACCESS: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("local_engine_access")
-_UNLIMITED = Timeout(total=None, connect=None, pool=None, first_token=None, idle=None)
 _RETRY_AFTER = "1"
 _THREAD_PARSE_BYTES = 64 * 1024  # bodies larger than this are parsed in a worker thread
 _MODEL_PREFIX = "/v1/models/"
@@ -192,11 +188,15 @@ def _completion_json(completion: ChatCompletion) -> dict[str, Any]:
 
 
 def _engine_error(exc: Exception) -> RequestError:
-    """Map a failure of the backend onto a status (bad input 400, overload 503, else 500)."""
+    """Map an error of the engine onto a status, the one place that does: a refused request
+    (:class:`~local_engine.errors.InvalidRequestError`, a ``ValueError``) 400, overload 503,
+    a grammar that failed mid-reply 500 with its reason, any other failure 500."""
     if isinstance(exc, OverloadedError):
         return RequestError(503, f"the server is overloaded: {exc}", "server_overloaded")
-    if isinstance(exc, ValueError | BadRequestError):
+    if isinstance(exc, ValueError):
         return RequestError(400, str(exc), "invalid_request")
+    if isinstance(exc, GrammarFailedError):
+        return RequestError(500, str(exc), "grammar_failed")
     return RequestError(500, "the engine failed while serving the request", "engine_error")
 
 
@@ -460,14 +460,14 @@ class LocalServer:
             await _send_error(writer, error)
             return
         self._note_ignored(writer, ignored)
-        deadline = Deadline(_UNLIMITED)
+        engine, service = self.backend.serving()
         recording = span.is_recording()
         if recording:
             self._tracer.request(span, chat, self.model_name)
         if not stream:
             try:
-                completion = await self.backend.complete(chat, deadline)
-            except (ValueError, BadRequestError, EngineError) as exc:
+                completion = await service.complete(engine, chat)
+            except (ValueError, EngineError) as exc:
                 await _send_error(writer, _engine_error(exc))
                 return
             if recording:
@@ -481,7 +481,8 @@ class LocalServer:
             await writer.send_json(200, _completion_json(completion))
             return
         try:
-            async with self.backend.stream(chat, deadline) as chunks:
+            # always with usage, for the access line; dropped below unless the client asked
+            async with service.stream(engine, chat, include_usage=True) as chunks:
                 await writer.start_stream(200, {"cache-control": "no-cache"})
                 async for chunk in chunks:
                     _access_chunk(chunk)
@@ -492,7 +493,7 @@ class LocalServer:
                     await writer.write(_chunk_bytes(chunk))
                     if recording:
                         _note(reply, chunk)
-        except (ValueError, BadRequestError, EngineError) as exc:
+        except (ValueError, EngineError) as exc:
             failure = _engine_error(exc)
             if not writer.started:
                 await _send_error(writer, failure)
@@ -556,7 +557,7 @@ class LocalServer:
                 async for chunk in chunks:
                     _access_text_chunk(chunk)
                     await writer.write(sse_event(chunk))
-        except (ValueError, BadRequestError, EngineError) as exc:
+        except (ValueError, EngineError) as exc:
             failure = _engine_error(exc)
             if not writer.started:
                 await _send_error(writer, failure)
@@ -889,28 +890,31 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
     """The engine settings the command line asks for (ConfigurationError when they clash)."""
     from .engine import EngineConfig, SpeculativeConfig
 
-    speculative = None
-    if args.speculative is not None:
-        speculative = SpeculativeConfig(
-            method=args.speculative,
-            draft_model=args.draft_model,
-            num_speculative_tokens=args.num_speculative_tokens,
-        )
-    elif args.draft_model is not None:
+    if args.speculative is None and args.draft_model is not None:
         raise ConfigurationError("--draft-model needs --speculative draft")
-    return EngineConfig(
-        kv_cache_memory=args.kv_cache_mib * 2**20,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len,
-        max_waiting=args.max_waiting,
-        dtype=args.dtype,
-        device=args.device,
-        num_threads=args.threads,
-        tune_malloc=args.tune_malloc,
-        quantization=args.quantization,
-        speculative=speculative,
-    )
+    try:
+        speculative = None
+        if args.speculative is not None:
+            speculative = SpeculativeConfig(
+                method=args.speculative,
+                draft_model=args.draft_model,
+                num_speculative_tokens=args.num_speculative_tokens,
+            )
+        return EngineConfig(
+            kv_cache_memory=args.kv_cache_mib * 2**20,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_model_len=args.max_model_len,
+            max_waiting=args.max_waiting,
+            dtype=args.dtype,
+            device=args.device,
+            num_threads=args.threads,
+            tune_malloc=args.tune_malloc,
+            quantization=args.quantization,
+            speculative=speculative,
+        )
+    except EngineConfigError as exc:
+        raise ConfigurationError(str(exc)) from exc
 
 
 def _build(args: argparse.Namespace) -> LocalServer:

@@ -11,8 +11,10 @@ Mapping:
   ``extra_body["chat_template_kwargs"]``);
 - ``response_format`` (``json_object``, ``json_schema``) and a forced ``tool_choice``
   (``"required"`` or a named tool) become a grammar the reply is decoded under
-  (:mod:`local_engine.grammar`); one that cannot be compiled is a
-  :class:`~local_engine.grammar.GrammarError` (a ConfigurationError: 400 from the server);
+  (:mod:`local_engine.grammar`); one that cannot be compiled, or that fails on the text it
+  forces from the start, is a :class:`~local_engine.grammar.GrammarError` (an
+  InvalidRequestError: 400 from the server); one that fails later, partway through a reply,
+  is a :class:`~local_engine.errors.GrammarFailedError` (500 from the server), never a reply;
 - ``temperature``, ``top_p``, ``max_completion_tokens`` (else ``max_tokens``), ``stop``,
   ``seed``, ``presence_penalty``, ``frequency_penalty``, ``logprobs`` and ``top_logprobs``
   map one to one. A field the request leaves unset takes the model's default
@@ -34,6 +36,10 @@ Mapping:
   KV blocks through the prefix cache (see :func:`_fan_out`); usage counts the prompt once
   and every choice's tokens. A non-empty ``logit_bias`` is refused; ``parallel_tool_calls``,
   ``metadata``, ``service_tier`` and ``reasoning_effort`` have no effect.
+
+Errors are the engine's own (:mod:`local_engine.errors`): every request the engine or this
+layer refuses is an :class:`~local_engine.errors.InvalidRequestError`, which the server
+answers with 400 and ``LocalBackend`` raises as ``BadRequestError``.
 """
 
 from __future__ import annotations
@@ -51,17 +57,22 @@ import anyio
 import anyio.to_thread
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from swiftclient.errors import ConfigurationError, EngineError
 from swiftclient.types import ChatCompletion, ChatCompletionChunk, ChatRequest, Usage
 
 from .chat import ChatFormatter, ChatPrompt, CompletionStream, build_completion, make_usage
 from .engine import Engine, RequestOutput
+from .errors import EngineConfigError, EngineError, GrammarFailedError, InvalidRequestError
 from .grammar import Grammar, request_grammar
 from .sampling_params import SamplingParams, TokenLogprob
 from .tokenizer import Tokenizer
 from .tool_calls import tool_call_marker
 
-__all__ = ["EXTRA_BODY_KEYS", "ChatService", "OutputSource", "PreparedRequest"]
+__all__ = [
+    "EXTRA_BODY_KEYS",
+    "ChatService",
+    "OutputSource",
+    "PreparedRequest",
+]
 
 EXTRA_BODY_KEYS = frozenset(
     {
@@ -126,21 +137,21 @@ def _extra(request: ChatRequest) -> dict[str, Any]:
         )
     for flag in ("ignore_eos", "continuous_usage_stats"):
         if flag in extra and not isinstance(extra[flag], bool):
-            raise ConfigurationError(f"extra_body[{flag!r}] must be a boolean")
+            raise InvalidRequestError(f"extra_body[{flag!r}] must be a boolean")
     salt = extra.get("cache_salt")
     if salt is not None and (not isinstance(salt, str) or not salt):
-        raise ConfigurationError("extra_body['cache_salt'] must be a non-empty string")
+        raise InvalidRequestError("extra_body['cache_salt'] must be a non-empty string")
     stop_ids = extra.get("stop_token_ids")
     if stop_ids is not None and not isinstance(stop_ids, list | tuple):
-        raise ConfigurationError("extra_body['stop_token_ids'] must be a list of token ids")
+        raise InvalidRequestError("extra_body['stop_token_ids'] must be a list of token ids")
     return extra
 
 
 def _check_supported(request: ChatRequest) -> None:
     if request.n is not None and request.n > MAX_N:
-        raise ConfigurationError(f"n={request.n} is over the local engine's limit of {MAX_N}")
+        raise InvalidRequestError(f"n={request.n} is over the local engine's limit of {MAX_N}")
     if request.logit_bias:
-        raise ConfigurationError("logit_bias is not supported by the local engine")
+        raise InvalidRequestError("logit_bias is not supported by the local engine")
 
 
 class ChatService:
@@ -159,16 +170,16 @@ class ChatService:
         tool_format: str | None = None,
         sampling_defaults: Mapping[str, float | int] | None = None,
     ) -> None:
-        """Bind the engine and its tokenizer; ConfigurationError when it has no tokenizer.
+        """Bind the engine and its tokenizer; EngineConfigError when it has no tokenizer.
 
         ``sampling_defaults`` (see :func:`~local_engine.generation.read_sampling_defaults`)
         fill the sampling fields a request leaves unset."""
         if engine.tokenizer is None:
-            raise ConfigurationError(
+            raise EngineConfigError(
                 "the model has no tokenizer (tokenizer.json): chat needs one to render prompts"
             )
         if isinstance(default_max_tokens, bool) or default_max_tokens < 1:
-            raise ConfigurationError(
+            raise EngineConfigError(
                 f"default_max_tokens must be a positive int, got {default_max_tokens!r}"
             )
         self.engine = engine
@@ -198,7 +209,7 @@ class ChatService:
         limit = self.max_model_len
         room = limit - prompt_tokens
         if room < 1:
-            raise ConfigurationError(
+            raise InvalidRequestError(
                 f"the prompt is {prompt_tokens} tokens, but this model's context "
                 f"(max_model_len) is {limit} tokens, leaving no room for a reply"
             )
@@ -208,7 +219,7 @@ class ChatService:
             default = int(defaults.get("max_new_tokens", self.default_max_tokens))
             max_tokens = min(self.default_max_tokens, default, room)
         elif max_tokens > room:
-            raise ConfigurationError(
+            raise InvalidRequestError(
                 f"the prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds "
                 f"this model's context (max_model_len) of {limit} tokens; "
                 f"ask for at most {room} tokens"
@@ -236,7 +247,7 @@ class ChatService:
                 banned_token_ids=banned,
             )
         except ValueError as exc:
-            raise ConfigurationError(f"invalid sampling parameters: {exc}") from exc
+            raise InvalidRequestError(f"invalid sampling parameters: {exc}") from exc
 
     def _markup_ids(self, prompt: ChatPrompt) -> tuple[int, ...]:
         """The token that opens a tool call, when no tools were offered and the marker is
@@ -263,14 +274,14 @@ class ChatService:
         limit = self.max_prompt_bytes
         chars = sum(len(message.text()) for message in request.messages)
         if chars > limit:  # characters never outnumber bytes
-            raise ConfigurationError(
+            raise InvalidRequestError(
                 f"the messages hold {chars} characters, more than this model's context "
                 f"(max_model_len {self.max_model_len} tokens) can hold ({limit} bytes at most)"
             )
         try:
             prompt = self.formatter.prepare(request, max_bytes=limit)
         except RecursionError as exc:
-            raise ConfigurationError("the request nests too deeply to render") from exc
+            raise InvalidRequestError("the request nests too deeply to render") from exc
         grammar = self._grammar(request, prompt)
         params = self._params(
             request, extra, len(prompt.token_ids), grammar, self._markup_ids(prompt)
@@ -286,14 +297,14 @@ class ChatService:
         extra = _extra(request)
         if isinstance(prompt, str):
             if len(prompt) > self.max_prompt_bytes:
-                raise ConfigurationError(
+                raise InvalidRequestError(
                     f"the prompt holds {len(prompt)} characters, more than this model's "
                     f"context (max_model_len {self.max_model_len} tokens) can hold"
                 )
             try:
                 prompt.encode("utf-8")
             except UnicodeEncodeError as exc:
-                raise ConfigurationError(f"the prompt is not valid Unicode text: {exc}") from exc
+                raise InvalidRequestError(f"the prompt is not valid Unicode text: {exc}") from exc
             text, ids = prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
         else:
             ids = list(prompt)
@@ -301,10 +312,10 @@ class ChatService:
             if any(
                 isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in ids
             ):
-                raise ConfigurationError(f"prompt token ids must be ints in [0, {vocab})")
+                raise InvalidRequestError(f"prompt token ids must be ints in [0, {vocab})")
             text = self.tokenizer.decode(ids, skip_special_tokens=False)
         if not ids:
-            raise ConfigurationError("the prompt is empty")
+            raise InvalidRequestError("the prompt is empty")
         params = self._params(request, extra, len(ids))
         salt = extra.get("cache_salt") or request.user or None
         return PreparedRequest(ChatPrompt(text, ids, "none"), params, salt)
@@ -313,7 +324,7 @@ class ChatService:
         self, source: OutputSource, prepared: PreparedRequest
     ) -> AbstractAsyncContextManager[AsyncIterator[RequestOutput]]:
         """Add a prepared request to ``source`` and yield its raw engine outputs (the
-        engine's ValueErrors become ConfigurationErrors); leaving the block aborts it."""
+        engine's request errors are InvalidRequestErrors); leaving the block aborts it."""
         return _add(source, prepared)
 
     def _grammar(self, request: ChatRequest, prompt: ChatPrompt) -> Grammar | None:
@@ -426,18 +437,10 @@ def _pick(value: Any, default: Any, fallback: Any) -> Any:
 async def _add(
     source: OutputSource, prepared: PreparedRequest
 ) -> AsyncIterator[AsyncIterator[RequestOutput]]:
-    """Add the request to the engine (its ValueErrors become ConfigurationErrors)."""
-    async with AsyncExitStack() as stack:
-        try:
-            outputs = await stack.enter_async_context(
-                source.stream(
-                    prepared.prompt.token_ids, prepared.params, cache_salt=prepared.cache_salt
-                )
-            )
-        except ConfigurationError:
-            raise
-        except ValueError as exc:
-            raise ConfigurationError(f"the engine refused the request: {exc}") from exc
+    """Add the request to the engine (which raises InvalidRequestError for a bad one)."""
+    async with source.stream(
+        prepared.prompt.token_ids, prepared.params, cache_salt=prepared.cache_salt
+    ) as outputs:
         yield outputs
 
 
@@ -558,6 +561,11 @@ def _usage(finals: Sequence[RequestOutput]) -> Usage:
 def _check_output(out: RequestOutput) -> None:
     if out.finish_reason == "abort":
         raise EngineError("the local engine shut down before the request finished")
+    if out.finish_reason == "error":
+        raise GrammarFailedError(
+            "the reply's grammar (response_format or forced tool call) failed while decoding, "
+            f"so the reply would not follow it: {out.error}; simplify the schema"
+        )
 
 
 class _ChunkIterator:

@@ -27,8 +27,8 @@ import torch
 
 from local_engine.attention import AttentionMetadata
 from local_engine.attention.base import slot_mapping
+from local_engine.errors import EngineConfigError, EngineError
 from local_engine.model import DecoderModel
-from swiftclient.errors import ConfigurationError, EngineError
 
 __all__ = [
     "DEFAULT_GRAPH_BUCKETS",
@@ -72,7 +72,7 @@ def plan_step_buffers(
     backend is graph-safe, i.e. the Triton one), elsewhere both off.
 
     Raises:
-        ConfigurationError: graphs asked for without a CUDA model, without static buffers,
+        EngineConfigError: graphs asked for without a CUDA model, without static buffers,
             or with an attention backend that reads host values each step.
     """
     on_cuda = model.device.type == "cuda"
@@ -81,11 +81,11 @@ def plan_step_buffers(
     graphs = on_cuda and static and graph_safe if cuda_graphs is None else cuda_graphs
     if graphs:
         if not on_cuda:
-            raise ConfigurationError(f"cuda_graphs needs a CUDA model, not {model.device.type}")
+            raise EngineConfigError(f"cuda_graphs needs a CUDA model, not {model.device.type}")
         if not static:
-            raise ConfigurationError("cuda_graphs needs static_buffers")
+            raise EngineConfigError("cuda_graphs needs static_buffers")
         if not graph_safe:
-            raise ConfigurationError("cuda_graphs needs the 'triton' attention backend")
+            raise EngineConfigError("cuda_graphs needs the 'triton' attention backend")
     if not static:
         return None, False
     buffers = StepBuffers(

@@ -82,13 +82,14 @@ class StopChecker:
         finish_reason)``.
 
         A stop string may end the request here (``"stop"``), also when ``reason`` is
-        ``"length"``; a stop token adds no text; an ending flushes the held text.
+        ``"length"`` (not when it is ``"error"``, a failed grammar, which stays the reason);
+        a stop token adds no text; an ending flushes the held text.
         """
         if reason == "stop" and token_id in self._stop_ids:
             return self._finish(""), "stop"
         piece = self._detok.push(token_id) if self._detok is not None else ""
         text, stopped = self._scan(piece, final=reason is not None)
-        return text, "stop" if stopped else reason
+        return text, "stop" if stopped and reason != "error" else reason
 
     def finish(self) -> str:
         """Release held text when the request ends for another reason (e.g. abort)."""

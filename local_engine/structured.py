@@ -11,6 +11,15 @@ Requests without a grammar share the batch untouched.
 
 Compiling a grammar for the tokenizer (:meth:`StructuredOutput.compile`) is cached by grammar
 text (least recently used first out); each request gets its own copy of the compiled matcher.
+
+llguidance never raises for a grammar it cannot follow: a matcher that hits one of its limits
+(a lexer or parser too complex, a regex too large) enters an error state for good, and from
+then on allows only the end token. So :meth:`StructuredOutput.compile` walks a copy of a new
+matcher through the text its grammar forces from the start, refusing (GrammarError) a
+grammar that fails there, before any decoding; a matcher that fails later, mid-reply, makes
+:meth:`StructuredOutput.accept` answer ``"error"`` with llguidance's reason
+(:meth:`StructuredOutput.error`), and the engine ends the request with the ``"error"``
+finish, never as a complete reply.
 """
 
 from __future__ import annotations
@@ -21,7 +30,7 @@ from collections import OrderedDict
 from collections.abc import Collection
 from collections.abc import Sequence as SequenceABC
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -29,11 +38,18 @@ from local_engine.grammar import Grammar, GrammarError, llguidance_module
 from local_engine.sequence import Sequence
 from local_engine.tokenizer import Tokenizer
 
-__all__ = ["StructuredOutput", "TokenMask"]
+__all__ = ["GrammarVerdict", "StructuredOutput", "TokenMask"]
 
 logger = logging.getLogger(__name__)
 
 _CACHE_SIZE = 64
+_PROBE_TOKENS = 256
+"""Forced tokens a new grammar is walked through before it is accepted (its first limit
+errors show within a few; the cap keeps a grammar that forces a long text cheap to check)."""
+
+GrammarVerdict = Literal["stop", "error"] | None
+"""What a sampled token did to a request's grammar: None (more may follow), ``"stop"`` (the
+reply is complete) or ``"error"`` (the grammar failed; the reply is not valid)."""
 
 
 class TokenMask:
@@ -123,8 +139,8 @@ class StructuredOutput:
             llg = llguidance_module()
             tokenizer = self._llg_tokenizer()
         matcher = llg.LLMatcher(tokenizer, grammar.text, log_level=0)
-        if matcher.is_error():
-            error = matcher.get_error()
+        error = matcher.get_error() if matcher.is_error() else _probe(matcher)
+        if error:
             raise GrammarError(f"the {_describe(grammar)} cannot be compiled: {error}")
         with self._lock:
             self._compiled[grammar.text] = matcher
@@ -173,24 +189,31 @@ class StructuredOutput:
         pairs = [(m, i) for i, m in enumerate(matchers)]
         self._executor.unsafe_compute_mask_ptr(pairs, bitmask.data_ptr(), row_bytes, len(pairs))
 
-    def accept(self, request_id: str, token_id: int) -> bool:
-        """Advance a request's matcher by its sampled token; True when the reply must end.
+    def accept(self, request_id: str, token_id: int) -> GrammarVerdict:
+        """Advance a request's matcher by its sampled token.
 
-        It must end when the grammar is complete (nothing more may follow) or, which the
-        mask prevents, when the token broke the grammar (logged as a warning).
+        ``"stop"`` when the grammar is complete (nothing more may follow); ``"error"`` when
+        the matcher failed, in computing this step's mask or in taking the token (a limit of
+        llguidance's, or a token the mask should have kept out): the reply so far is not
+        valid, and :meth:`error` says why. None while more may follow.
         """
         matcher = self._matchers.get(request_id)
         if matcher is None:
-            return False
-        if not matcher.consume_token(token_id):
+            return None
+        if matcher.is_error() or not matcher.consume_token(token_id) or matcher.is_error():
             logger.warning(
-                "request %s: token %d does not follow its grammar (%s); ending the reply",
+                "request %s: its grammar failed at token %d: %s",
                 request_id,
                 token_id,
-                matcher.get_error(),
+                self.error(request_id),
             )
-            return True
-        return bool(matcher.is_stopped())
+            return "error"
+        return "stop" if matcher.is_stopped() else None
+
+    def error(self, request_id: str) -> str:
+        """Why a request's matcher failed, in one line ("" when it did not, or is gone)."""
+        matcher = self._matchers.get(request_id)
+        return _first_line(matcher.get_error()) if matcher is not None else ""
 
     def close(self) -> None:
         """Stop the mask worker thread, e.g. when the engine is put away; requests keep their
@@ -198,6 +221,28 @@ class StructuredOutput:
         worker, self._worker = self._worker, None
         if worker is not None:
             worker.shutdown(wait=True)
+
+
+def _first_line(error: str) -> str:
+    """llguidance's error without the parser-state dump that follows its first line."""
+    return error.strip().split("\n", 1)[0].strip()
+
+
+def _probe(matcher: Any) -> str:
+    """Walk a copy of a new matcher through the tokens its grammar forces from the start,
+    and compute the mask there; llguidance's error ("" when none) where it fails."""
+    probe = matcher.deep_copy()
+    budget = _PROBE_TOKENS
+    while budget > 0 and not probe.is_error():
+        forced = probe.compute_ff_tokens()[:budget]
+        if not forced:
+            probe.compute_bitmask()
+            break
+        budget -= len(forced)
+        for token in forced:
+            if not probe.consume_token(token):
+                break
+    return _first_line(probe.get_error()) if probe.is_error() else ""
 
 
 def _describe(grammar: Grammar) -> str:

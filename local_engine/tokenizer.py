@@ -21,7 +21,7 @@ from typing import Any
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import decoders
 
-from swiftclient.errors import ConfigurationError
+from local_engine.errors import EngineConfigError
 
 from .config import _read_json, _token_ids
 
@@ -92,12 +92,12 @@ def _load_chat_template(path: Path, config: Mapping[str, Any]) -> str | dict[str
                 and isinstance(entry.get("name"), str)
                 and isinstance(entry.get("template"), str)
             ):
-                raise ConfigurationError(
+                raise EngineConfigError(
                     "tokenizer_config.json chat_template list entries need 'name' and 'template'"
                 )
             named[entry["name"]] = entry["template"]
         return named
-    raise ConfigurationError("tokenizer_config.json chat_template must be a string or a list")
+    raise EngineConfigError("tokenizer_config.json chat_template must be a string or a list")
 
 
 _GIL_FREE_CHARS = 16_384
@@ -152,11 +152,11 @@ class Tokenizer:
         root = Path(path)
         tokenizer_file = root / "tokenizer.json"
         if not tokenizer_file.is_file():
-            raise ConfigurationError(f"no tokenizer.json in {root}")
+            raise EngineConfigError(f"no tokenizer.json in {root}")
         try:
             backend = _HFTokenizer.from_file(str(tokenizer_file))
         except Exception as exc:  # the Rust side raises bare Exception subclasses
-            raise ConfigurationError(f"cannot load {tokenizer_file}: {exc}") from exc
+            raise EngineConfigError(f"cannot load {tokenizer_file}: {exc}") from exc
         config = _read_json(root / "tokenizer_config.json", required=False)
         legacy_map = _read_json(root / "special_tokens_map.json", required=False)
         special: dict[str, str] = {}

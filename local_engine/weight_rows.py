@@ -6,7 +6,7 @@ from typing import Protocol
 
 import torch
 
-from swiftclient.errors import ConfigurationError
+from local_engine.errors import EngineConfigError
 
 __all__ = ["QuantizedRows"]
 
@@ -41,11 +41,11 @@ class QuantizedRows:
         (:data:`CHUNK_VALUES` values) at a time.
 
         Raises:
-            ConfigurationError: ``src`` has another shape.
+            EngineConfigError: ``src`` has another shape.
         """
         expected = (self.stop - self.start, self.weight.qweight.shape[1])
         if tuple(src.shape) != expected:
-            raise ConfigurationError(f"expected a {expected} weight, got {tuple(src.shape)}")
+            raise EngineConfigError(f"expected a {expected} weight, got {tuple(src.shape)}")
         step = max(1, CHUNK_VALUES // max(1, expected[1]))
         with torch.no_grad():
             for lo in range(0, expected[0], step):

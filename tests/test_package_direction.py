@@ -2,13 +2,19 @@
 swiftclient never imports ``local_engine`` (it finds the engine through entry points).
 
 Checked on the source with ``ast``, so an import inside a function, under ``TYPE_CHECKING``
-or in a module no test imports is caught as well.
+or in a module no test imports is caught as well. The engine core (everything but the
+OpenAI-compatible layer: service, server, backend adapter and the chat formatting and
+telemetry they use) does not depend on swiftclient at all: each core module is imported in
+a fresh interpreter where importing swiftclient fails.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -215,3 +221,138 @@ def test_without_the_local_engine_the_local_provider_names_the_extra(
     with pytest.raises(ConfigurationError, match=r"swiftclient-llm\[local\]"):
         local_server()
     assert cli.main(["serve"]) == 2
+
+
+# The engine core: what runs a model, and its helpers. Each imports nothing from swiftclient.
+CORE_MODULES = [
+    "local_engine",
+    "local_engine.errors",
+    "local_engine.config",
+    "local_engine.loader",
+    "local_engine.model",
+    "local_engine.fp8",
+    "local_engine.quant",
+    "local_engine.weight_rows",
+    "local_engine.attention",
+    "local_engine.attention.base",
+    "local_engine.attention.cpu",
+    "local_engine.attention.native",
+    "local_engine.attention.reference",
+    "local_engine.attention.triton_backend",
+    "local_engine.kv_cache",
+    "local_engine.scheduler",
+    "local_engine.sequence",
+    "local_engine.sampling_params",
+    "local_engine.sampler",
+    "local_engine.stop",
+    "local_engine.grammar",
+    "local_engine.structured",
+    "local_engine.tokenizer",
+    "local_engine.step_buffers",
+    "local_engine.runner",
+    "local_engine.spec",
+    "local_engine.spec.config",
+    "local_engine.spec.draft",
+    "local_engine.spec.ngram",
+    "local_engine.spec.speculator",
+    "local_engine.spec.verify",
+    "local_engine.cpu_threads",
+    "local_engine.cpu_memory",
+    "local_engine.process",
+    "local_engine.default_model",
+    "local_engine.engine",
+    "local_engine.async_engine",
+]
+# The OpenAI-compatible layer, which may speak swiftclient (its public contract).
+ADAPTER_MODULES = {
+    "local_engine.__main__",
+    "local_engine.backend",
+    "local_engine.builtin_tools",
+    "local_engine.chat",
+    "local_engine.metrics",
+    "local_engine.server",
+    "local_engine.service",
+    "local_engine.templates",
+    "local_engine.tool_calls",
+    "local_engine.tracing",
+    "local_engine._default_corpus",
+    "local_engine.attention.triton_kernels",  # needs triton; imported by the backend lazily
+}
+
+# Imports each of ``sys.argv[1:]`` with swiftclient blocked (an import that reaches it fails,
+# and the next module is tried); prints the failures and what got loaded of ``watched``.
+_BLOCKED_IMPORT = """
+import importlib, json, sys
+
+class _NoSwiftclient:
+    def find_spec(self, name, path=None, target=None):
+        if name == "swiftclient" or name.startswith("swiftclient."):
+            raise ImportError(f"the engine core imported {name}")
+        return None
+
+sys.meta_path.insert(0, _NoSwiftclient())
+failed = {}
+for module in sys.argv[1:]:
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        failed[module] = str(exc)
+watched = ("swiftclient", "httpx", "tenacity", "opentelemetry", "pydantic", "torch")
+loaded = sorted(m for m in watched if m in sys.modules)
+print(json.dumps({"failed": failed, "loaded": loaded}))
+"""
+
+
+def _import_blocked(*modules: str) -> tuple[dict[str, str], list[str]]:
+    """Import ``modules`` in a fresh interpreter where importing swiftclient fails: the
+    modules that failed (with why), and the watched packages that got loaded."""
+    out = subprocess.run(
+        [sys.executable, "-c", _BLOCKED_IMPORT, *modules],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    return report["failed"], report["loaded"]
+
+
+def test_every_engine_module_is_core_or_adapter() -> None:
+    found = set()
+    for path in _modules(ENGINE):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        found.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    known = set(CORE_MODULES) | ADAPTER_MODULES
+    assert found == known, f"new: {sorted(found - known)}; gone: {sorted(known - found)}"
+
+
+def test_the_engine_core_imports_nothing_from_swiftclient() -> None:
+    pytest.importorskip("torch")
+    failed, loaded = _import_blocked(*CORE_MODULES)
+    assert failed == {}
+    assert "swiftclient" not in loaded
+
+
+def test_the_scheduler_loads_no_client_machinery() -> None:
+    failed, loaded = _import_blocked("local_engine.scheduler")
+    assert failed == {}
+    assert loaded == [], loaded  # no httpx, tenacity, opentelemetry, pydantic (nor torch)
+
+
+def test_the_block_catches_a_module_that_imports_swiftclient() -> None:
+    failed, loaded = _import_blocked("local_engine.service", "local_engine.kv_cache")
+    assert list(failed) == ["local_engine.service"]
+    assert "the engine core imported swiftclient" in failed["local_engine.service"]
+    assert "swiftclient" not in loaded
+
+
+def test_the_server_reaches_the_engine_without_a_client_deadline() -> None:
+    tree = ast.parse((ENGINE / "server.py").read_text(), filename="server.py")
+    imported = {
+        name
+        for _, module, names in _imports(tree)
+        if module == "swiftclient" or module.startswith("swiftclient.")
+        for name in names
+    }
+    assert not imported & {"Deadline", "Timeout"}, imported

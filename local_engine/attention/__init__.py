@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from swiftclient.errors import ConfigurationError
+from local_engine.errors import EngineConfigError
 
 from .base import AttentionBackend, AttentionMetadata, build_attention_metadata
 from .cpu import CPUPagedAttention
@@ -43,7 +43,7 @@ def get_attention_backend(
       reference path either way.
 
     Raises:
-        ConfigurationError: ``name`` is not a known backend, ``"cpu"`` was asked for and
+        EngineConfigError: ``name`` is not a known backend, ``"cpu"`` was asked for and
             the kernel cannot be built here, or ``"triton"`` without triton installed.
     """
     if name == "reference":
@@ -57,12 +57,12 @@ def get_attention_backend(
     if name == "cpu":
         kernel = load_paged_decode()
         if kernel is None:
-            raise ConfigurationError(
+            raise EngineConfigError(
                 "the 'cpu' attention backend needs its native kernel, which could not be "
                 f"built here (no working C compiler, or {DISABLE_ENV}=0); use 'auto' or "
                 "'reference'"
             )
         return CPUPagedAttention(kernel)
-    raise ConfigurationError(
+    raise EngineConfigError(
         f"unknown attention backend {name!r}: expected one of {', '.join(BACKEND_NAMES)}"
     )

@@ -14,7 +14,7 @@ from typing import Protocol
 
 import torch
 
-from swiftclient.errors import ConfigurationError
+from local_engine.errors import EngineConfigError
 
 __all__ = ["AttentionBackend", "AttentionMetadata", "build_attention_metadata", "slot_mapping"]
 
@@ -103,21 +103,21 @@ def build_attention_metadata(
     """Build step metadata from host lists (one entry per sequence in the batch).
 
     Raises:
-        ConfigurationError: lengths disagree, a query is longer than its context, or a
+        EngineConfigError: lengths disagree, a query is longer than its context, or a
             block table is too short for its context.
     """
     if not (len(block_tables) == len(context_lens) == len(query_lens)) or not block_tables:
-        raise ConfigurationError(
+        raise EngineConfigError(
             "block_tables, context_lens and query_lens must be non-empty and equal in length"
         )
     if block_size <= 0:
-        raise ConfigurationError(f"block_size must be positive, got {block_size}")
+        raise EngineConfigError(f"block_size must be positive, got {block_size}")
     starts = [0]
     for table, ctx, qlen in zip(block_tables, context_lens, query_lens, strict=True):
         if not 0 < qlen <= ctx:
-            raise ConfigurationError(f"query_len {qlen} must be in 1..context_len ({ctx})")
+            raise EngineConfigError(f"query_len {qlen} must be in 1..context_len ({ctx})")
         if len(table) * block_size < ctx:
-            raise ConfigurationError(f"{len(table)} blocks cannot hold {ctx} tokens")
+            raise EngineConfigError(f"{len(table)} blocks cannot hold {ctx} tokens")
         starts.append(starts[-1] + qlen)
     slots = slot_mapping(block_tables, context_lens, query_lens, block_size=block_size)
     width = max(len(t) for t in block_tables)

@@ -18,7 +18,7 @@ from types import ModuleType
 
 import torch
 
-from swiftclient.errors import ConfigurationError
+from local_engine.errors import EngineConfigError
 
 from .base import AttentionMetadata
 
@@ -36,7 +36,7 @@ def _kernels() -> ModuleType:
     try:
         return importlib.import_module("local_engine.attention.triton_kernels")
     except ImportError as exc:
-        raise ConfigurationError(
+        raise EngineConfigError(
             "the 'triton' attention backend needs the triton package "
             "(pip install triton; it comes with CUDA builds of torch)"
         ) from exc
@@ -55,14 +55,14 @@ class TritonPagedAttention:
                 default when None.
 
         Raises:
-            ConfigurationError: triton is missing, or ``num_splits`` is not a power of two.
+            EngineConfigError: triton is missing, or ``num_splits`` is not a power of two.
         """
         self._k = _kernels()
         splits = self._k.DEFAULT_NUM_SPLITS if num_splits is None else num_splits
         if isinstance(splits, bool) or not isinstance(splits, int) or splits < 1:
-            raise ConfigurationError(f"num_splits must be a positive power of two, got {splits!r}")
+            raise EngineConfigError(f"num_splits must be a positive power of two, got {splits!r}")
         if splits & (splits - 1):
-            raise ConfigurationError(f"num_splits must be a power of two, got {splits}")
+            raise EngineConfigError(f"num_splits must be a power of two, got {splits}")
         self.num_splits: int = splits
 
     def forward(
@@ -79,7 +79,7 @@ class TritonPagedAttention:
         """Write ``k``/``v`` into ``kv_cache`` and attend; see :class:`AttentionBackend`.
 
         Raises:
-            ConfigurationError: CPU tensors without the interpreter, or a block size that
+            EngineConfigError: CPU tensors without the interpreter, or a block size that
                 is not a power of two of at least 16.
         """
         self._check(q, kv_cache)
@@ -107,13 +107,13 @@ class TritonPagedAttention:
 
     def _check(self, q: torch.Tensor, kv_cache: torch.Tensor) -> None:
         if q.device.type != "cuda" and not self._k.INTERPRETING:
-            raise ConfigurationError(
+            raise EngineConfigError(
                 "the 'triton' attention backend runs on CUDA tensors (or on CPU under "
                 f"TRITON_INTERPRET=1), not on {q.device.type}"
             )
         block_size = kv_cache.shape[2]
         if block_size < _MIN_BLOCK or block_size & (block_size - 1):
-            raise ConfigurationError(
+            raise EngineConfigError(
                 f"the 'triton' attention backend needs a block_size that is a power of two "
                 f"of at least {_MIN_BLOCK}, got {block_size}"
             )

@@ -7,10 +7,10 @@ lookup (:class:`NgramProposer`) or a smaller draft model with its own KV cache
 
 from __future__ import annotations
 
+from local_engine.errors import EngineConfigError
 from local_engine.model import DecoderModel
 from local_engine.sampler import Sampler
 from local_engine.tokenizer import Tokenizer
-from swiftclient.errors import ConfigurationError
 
 from .config import SPECULATIVE_METHODS, SpeculativeConfig, SpeculativeMethod
 from .draft import DraftProposer
@@ -51,16 +51,16 @@ def make_proposer(
     (:func:`spacing_classes`).
 
     Raises:
-        ConfigurationError: ``"draft"`` without a draft model, or one whose vocabulary
+        EngineConfigError: ``"draft"`` without a draft model, or one whose vocabulary
             differs from the target's.
     """
     if config.method == "ngram":
         classes = spacing_classes(tokenizer) if tokenizer is not None else None
         return NgramProposer(config.ngram_min, config.ngram_max, classes)
     if draft_model is None:
-        raise ConfigurationError("speculative method 'draft' needs a draft model")
+        raise EngineConfigError("speculative method 'draft' needs a draft model")
     if draft_model.config.vocab_size != target.config.vocab_size:
-        raise ConfigurationError(
+        raise EngineConfigError(
             f"the draft model's vocabulary ({draft_model.config.vocab_size} tokens) differs "
             f"from the target's ({target.config.vocab_size})"
         )

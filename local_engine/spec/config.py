@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, get_args
 
-from swiftclient.errors import ConfigurationError
+from local_engine.errors import EngineConfigError
 
 __all__ = ["SPECULATIVE_METHODS", "SpeculativeConfig", "SpeculativeMethod"]
 
@@ -44,22 +44,22 @@ class SpeculativeConfig:
 
     def __post_init__(self) -> None:
         if self.method not in SPECULATIVE_METHODS:
-            raise ConfigurationError(
+            raise EngineConfigError(
                 f"unknown speculative method {self.method!r}: expected one of "
                 f"{', '.join(SPECULATIVE_METHODS)}"
             )
         for name in ("num_speculative_tokens", "ngram_min", "ngram_max", "max_backoff_steps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigurationError(f"{name} must be a positive int, got {value!r}")
+                raise EngineConfigError(f"{name} must be a positive int, got {value!r}")
         if self.ngram_min > self.ngram_max:
-            raise ConfigurationError(
+            raise EngineConfigError(
                 f"ngram_min ({self.ngram_min}) must not exceed ngram_max ({self.ngram_max})"
             )
         accepted = self.min_accepted
         if isinstance(accepted, bool) or not isinstance(accepted, int | float) or accepted < 0:
-            raise ConfigurationError(f"min_accepted must be a number >= 0, got {accepted!r}")
+            raise EngineConfigError(f"min_accepted must be a number >= 0, got {accepted!r}")
         if self.method == "draft" and self.draft_model is None:
-            raise ConfigurationError("speculative method 'draft' needs draft_model (a directory)")
+            raise EngineConfigError("speculative method 'draft' needs draft_model (a directory)")
         if self.method == "ngram" and self.draft_model is not None:
-            raise ConfigurationError("draft_model is only used by the speculative method 'draft'")
+            raise EngineConfigError("draft_model is only used by the speculative method 'draft'")

@@ -116,17 +116,33 @@ class StructuredOutput(Generic[T]):
     response_format: ResponseFormat
 
     def parse(self, completion: ChatCompletion) -> T:
-        """Validate the completion's text (a reply fenced in a Markdown code block too)."""
+        """Validate the completion's text (a reply fenced in a Markdown code block too).
+
+        StructuredOutputError when it does not validate; for a reply cut off by the token
+        limit (``finish_reason == "length"``) the error says so and how to fix it.
+        """
         raw = completion.text
         fenced = _FENCED.match(raw)
         try:
             return self.adapter.validate_json(fenced.group(1) if fenced else raw)
         except pydantic.ValidationError as exc:
-            raise errors.StructuredOutputError(
-                f"the reply does not validate as {self.name}: {validation_summary(exc)}",
-                raw=raw,
-                completion=completion,
-            ) from exc
+            summary = validation_summary(exc)
+            if completion.finish_reason == "length":
+                message = (
+                    f"the reply was cut off {_where(completion)} (finish_reason 'length') "
+                    f"before a whole {self.name} was written: raise max_tokens to give it "
+                    f"room ({summary})"
+                )
+            else:
+                message = f"the reply does not validate as {self.name}: {summary}"
+            raise errors.StructuredOutputError(message, raw=raw, completion=completion) from exc
+
+
+def _where(completion: ChatCompletion) -> str:
+    """Where a reply cut off by its token limit ended: at how many tokens, when known."""
+    usage = completion.usage
+    tokens = usage.completion_tokens if usage is not None else 0
+    return f"at {tokens} tokens" if tokens else "at its token limit"
 
 
 def _build(tp: Any) -> StructuredOutput[Any]:

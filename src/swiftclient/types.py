@@ -13,7 +13,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from ._cost import CallCost
 
@@ -239,7 +246,8 @@ class ChatRequest(BaseModel):
     """A chat-completion request, as sent on the wire.
 
     Unknown keyword arguments are rejected; put provider-specific fields in ``extra_body``,
-    which is merged into the JSON body as is.
+    which is merged into the JSON body as is. A ``tool_choice`` that requires a tool
+    (``"required"`` or a named tool) needs ``tools``, and a named tool must be one of them.
     """
 
     model_config = _REQUEST
@@ -275,6 +283,28 @@ class ChatRequest(BaseModel):
     def _non_empty(cls, value: list[Message]) -> list[Message]:
         if not value:
             raise ValueError("messages must hold at least one message")
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _chosen_tool_offered(
+        cls, value: Literal["none", "auto", "required"] | ToolChoice | None, info: ValidationInfo
+    ) -> Literal["none", "auto", "required"] | ToolChoice | None:
+        # As OpenAI answers 400: a call that must use a tool needs the tools it may use.
+        if "tools" not in info.data:  # tools itself was invalid, and is reported
+            return value
+        tools: list[Tool] = info.data["tools"] or []
+        if value == "required" and not tools:
+            raise ValueError("tool_choice='required' needs tools: pass tools=[...]")
+        if isinstance(value, ToolChoice):
+            name = value.function.name
+            if not tools:
+                raise ValueError(f"tool_choice names the tool {name!r}, but no tools are given")
+            if all(tool.function.name != name for tool in tools):
+                offered = ", ".join(repr(tool.function.name) for tool in tools)
+                raise ValueError(
+                    f"tool_choice names the tool {name!r}, which is not in tools ({offered})"
+                )
         return value
 
     @field_validator("model")

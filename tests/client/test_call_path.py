@@ -433,6 +433,30 @@ async def test_structured_output_error_names_the_failing_fields() -> None:
     assert wrong_shape.value.raw.startswith("```json")
 
 
+def _cut_off_body(words: list[str], usage: bool) -> list[bytes]:
+    """A stream whose reply ends at the token limit (finish_reason "length")."""
+    parts = stream_body(words, usage=usage)
+    at = parts.index(chunk(finish="stop"))
+    return [*parts[:at], chunk(finish="length"), *parts[at + 1 :]]
+
+
+@pytest.mark.parametrize(("usage", "where"), [(True, "at 3 tokens"), (False, "at its token limit")])
+async def test_a_reply_cut_off_at_max_tokens_says_so(usage: bool, where: str) -> None:
+    script = Script()
+    script.add(parts=_cut_off_body(['{"city": ', '"Par', "is"], usage=usage))
+    script.add(parts=_cut_off_body([PARIS], usage=usage))  # complete although cut off: fine
+    async with make(script) as client:
+        with pytest.raises(StructuredOutputError) as cut:
+            await client.chat("w", response_model=Weather, max_tokens=3)
+        assert await client.chat("w", response_model=Weather) == Weather(city="Paris", celsius=21.5)
+    message = str(cut.value)
+    assert message.startswith(
+        f"the reply was cut off {where} (finish_reason 'length') before a whole Weather was "
+        "written: raise max_tokens to give it room (Invalid JSON: EOF while parsing"
+    )
+    assert cut.value.raw == '{"city": "Paris'
+
+
 class NotAModel:
     pass
 

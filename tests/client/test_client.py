@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
+from typing import Any
 
 import anyio
 import pydantic
@@ -232,6 +234,39 @@ async def test_bad_parameters_raise_configuration_error() -> None:
             await client.chat("x", max_token=3)
         with pytest.raises(ConfigurationError):
             await client.chat("x", model="")
+
+
+_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize(
+    ("params", "fragment"),
+    [
+        ({"tool_choice": "required"}, "tool_choice='required' needs tools"),
+        ({"tool_choice": "required", "tools": []}, "tool_choice='required' needs tools"),
+        (
+            {"tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+            "names the tool 'get_weather', but no tools are given",
+        ),
+        (
+            {"tool_choice": {"type": "function", "function": {"name": "f"}}, "tools": [_TOOL]},
+            "names the tool 'f', which is not in tools ('get_weather')",
+        ),
+    ],
+)
+async def test_a_tool_choice_without_its_tool_is_refused_before_sending(
+    params: dict[str, Any], fragment: str
+) -> None:
+    script = Script()
+    async with make(script) as client:
+        for stream in (False, True):
+            with pytest.raises(ConfigurationError, match=re.escape(fragment)):
+                await client.chat("x", stream=stream, **params)
+        chosen = {"type": "function", "function": {"name": "get_weather"}}
+        for choice in ("auto", "none", "required", chosen):  # with the tool: sent as asked
+            await client.chat("x", tools=[_TOOL], tool_choice=choice)
+    sent = [json.loads(r.content)["tool_choice"] for r in script.requests]
+    assert sent == ["auto", "none", "required", chosen]
 
 
 async def test_non_streamed_path() -> None:

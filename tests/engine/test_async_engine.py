@@ -12,10 +12,10 @@ import pytest
 
 from local_engine.async_engine import AsyncEngine
 from local_engine.engine import Engine, EngineConfig, RequestOutput, StepTokens
+from local_engine.errors import EngineError, OverloadedError
 from local_engine.loader import load_model
 from local_engine.model import DecoderModel
 from local_engine.sampler import SamplingParams
-from swiftclient.errors import EngineError, OverloadedError
 
 from .tiny import make_tiny_model
 

@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from local_engine.engine import EngineConfig
-from swiftclient.errors import ConfigurationError
+from local_engine.errors import EngineConfigError
 
 pytestmark = pytest.mark.skipif(
     platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
@@ -56,33 +56,31 @@ print(json.dumps({
 }))
 """
 
-# An engine built with tune_malloc=<argv[1]>, then stepped once on the main thread or on a
-# worker thread (argv[2]); prints malloc_tuning() after the build and after the step.
+# An engine built with tune_malloc=<argv[1]> and stepped once on the main thread: the engine
+# itself never tunes malloc. Then the process owner applies the config's settings, saying
+# whether its engine steps on the main thread (argv[2]). Prints malloc_tuning() after the
+# build, after the step and after apply_process_settings().
 _ENGINE = """
-import json, logging, sys, threading
+import json, logging, sys
 from pathlib import Path
 import local_engine
 from local_engine.cpu_memory import malloc_tuning
 from local_engine.engine import Engine, EngineConfig
+from local_engine.process import apply_process_settings
 from local_engine.sampler import SamplingParams
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
 path = Path(local_engine.__file__).parent / "models" / "swift-tiny"
-setting = json.loads(sys.argv[1])
-engine = Engine.from_pretrained(path, EngineConfig(num_blocks=8, tune_malloc=setting))
+config = EngineConfig(num_blocks=8, tune_malloc=json.loads(sys.argv[1]))
+engine = Engine.from_pretrained(path, config)
 def state():
     tuning = malloc_tuning()
     return None if tuning is None else tuning.applied
 built = state()
-def step():
-    engine.add_request([1, 2, 3], SamplingParams(max_tokens=1))
-    engine.step()
-if sys.argv[2] == "worker":
-    worker = threading.Thread(target=step)
-    worker.start()
-    worker.join()
-else:
-    step()
-print(json.dumps({"built": built, "stepped": state()}))
+engine.add_request([1, 2, 3], SamplingParams(max_tokens=1))
+engine.step()
+stepped = state()
+apply_process_settings(config, steps_on_main_thread=sys.argv[2] == "main")
+print(json.dumps({"built": built, "stepped": stepped, "applied": state()}))
 """
 
 
@@ -134,28 +132,28 @@ def test_the_users_own_thresholds_win(env: dict[str, str]) -> None:
 
 
 @pytest.mark.parametrize(
-    ("setting", "where", "built", "stepped"),
+    ("setting", "where", "applied"),
     [
-        (None, "main", None, True),  # applied at the first step on the main thread
-        (None, "worker", None, None),  # AsyncEngine's case: a worker thread's heap
-        (True, "worker", True, True),  # applied when built
-        (False, "main", None, None),
+        (None, "main", True),  # a script stepping its engine on the main thread
+        (None, "worker", None),  # AsyncEngine's case (LocalBackend, the server): no effect
+        (True, "worker", True),
+        (False, "main", None),
     ],
 )
-def test_where_an_engine_tunes_malloc(
-    setting: bool | None, where: str, built: bool | None, stepped: bool | None
+def test_the_process_owner_tunes_malloc_never_the_engine(
+    setting: bool | None, where: str, applied: bool | None
 ) -> None:
     report, _ = _run(_ENGINE, json.dumps(setting), where)
-    assert report == {"built": built, "stepped": stepped}
+    assert report == {"built": None, "stepped": None, "applied": applied}
 
 
 def test_tune_malloc_true_without_effect_warns() -> None:
     report, stderr = _run(_ENGINE, "true", "main", GLIBC_TUNABLES="glibc.malloc.trim_threshold=0")
-    assert report == {"built": False, "stepped": False}
+    assert report == {"built": None, "stepped": None, "applied": False}
     assert "tune_malloc=True had no effect: the environment sets malloc thresholds" in stderr
 
 
 def test_tune_malloc_is_validated() -> None:
-    with pytest.raises(ConfigurationError, match="tune_malloc must be None or a bool"):
+    with pytest.raises(EngineConfigError, match="tune_malloc must be None or a bool"):
         EngineConfig(tune_malloc="yes")  # type: ignore[arg-type]
     assert EngineConfig(tune_malloc=False).tune_malloc is False

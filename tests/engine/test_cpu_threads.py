@@ -14,7 +14,7 @@ import pytest
 
 from local_engine.cpu_threads import DEFAULTS, SPIN_COUNT_ENV, WAIT_POLICY_ENV
 from local_engine.engine import EngineConfig
-from swiftclient.errors import ConfigurationError
+from local_engine.errors import EngineConfigError
 
 _REPORT = (
     "import json, os, sys\n"
@@ -96,6 +96,22 @@ def test_torch_loaded_first_is_logged_once(torch_first: bool) -> None:
 
 
 def test_num_threads_is_validated() -> None:
-    with pytest.raises(ConfigurationError, match="num_threads"):
+    with pytest.raises(EngineConfigError, match="num_threads"):
         EngineConfig(num_threads=0)
     assert EngineConfig(num_threads=1).num_threads == 1
+
+
+@pytest.mark.anyio
+async def test_local_backend_applies_the_thread_setting_when_it_loads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import local_engine.process
+    from local_engine import LocalBackend
+
+    # torch's thread count is per OpenMP thread, and the model loads in a worker thread, so
+    # what the backend sets is seen where it sets it.
+    seen: list[int] = []
+    monkeypatch.setattr(local_engine.process, "set_num_threads", seen.append)
+    config = EngineConfig(num_blocks=8, num_threads=3, tune_malloc=False)
+    await LocalBackend(engine_config=config).warmup()
+    assert seen == [3]

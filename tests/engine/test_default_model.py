@@ -29,9 +29,9 @@ from local_engine.default_model import (
     ensure_default_model,
     find_default_model,
 )
+from local_engine.errors import EngineConfigError
 from local_engine.loader import load_model
 from local_engine.tokenizer import Tokenizer
-from swiftclient.errors import ConfigurationError
 from swiftclient.types import Message, Tool
 
 
@@ -118,9 +118,9 @@ def test_stale_cache_is_rebuilt(model_dir: Path, tmp_path: Path) -> None:
 
 
 def test_unknown_model_name(tmp_path: Path) -> None:
-    with pytest.raises(ConfigurationError, match="unknown random-weight model"):
+    with pytest.raises(EngineConfigError, match="unknown random-weight model"):
         ensure_default_model("swift-huge", cache_dir=tmp_path)
-    with pytest.raises(ConfigurationError, match="unknown model name 'swift-huge'"):
+    with pytest.raises(EngineConfigError, match="unknown model name 'swift-huge'"):
         find_default_model("swift-huge")
     assert find_default_model() == embedded_model_dir()
     assert find_default_model("swift-tiny") == embedded_model_dir()

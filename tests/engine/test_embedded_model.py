@@ -14,9 +14,9 @@ from safetensors import safe_open
 from local_engine import LocalBackend, default_model
 from local_engine.builtin_tools import TOOLS, UNITS, run_tool
 from local_engine.default_model import DEFAULT_MODEL_NAME, embedded_model_dir
+from local_engine.errors import EngineConfigError
 from local_engine.tokenizer import Tokenizer
 from swiftclient import AsyncClient
-from swiftclient.errors import ConfigurationError
 from swiftclient.types import ChatCompletion
 
 # Held-out conversations (never trained on) written by
@@ -48,9 +48,9 @@ def test_a_missing_model_file_is_a_clear_error(
 ) -> None:
     (tmp_path / DEFAULT_MODEL_NAME).mkdir()
     monkeypatch.setattr(default_model, "_EMBEDDED_ROOT", tmp_path)
-    with pytest.raises(ConfigurationError, match="incomplete"):
+    with pytest.raises(EngineConfigError, match="incomplete"):
         embedded_model_dir()
-    with pytest.raises(ConfigurationError, match="unknown embedded model"):
+    with pytest.raises(EngineConfigError, match="unknown embedded model"):
         embedded_model_dir("swift-huge")
 
 

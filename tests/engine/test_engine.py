@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from local_engine.engine import Engine, EngineConfig, GenerationResult
+from local_engine.errors import EngineConfigError, OverloadedError
 from local_engine.loader import load_model
 from local_engine.model import DecoderModel
 from local_engine.sampler import SamplingParams
-from swiftclient.errors import ConfigurationError, OverloadedError
 
 from .tiny import make_tiny_model, write_char_tokenizer
 
@@ -176,9 +176,9 @@ def test_kv_cache_sized_from_memory(model: DecoderModel) -> None:
     assert engine.max_model_len == 160  # capped by the pool (max_position_embeddings 256)
     big = Engine(model, EngineConfig(num_blocks=100))
     assert big.max_model_len == 256
-    with pytest.raises(ConfigurationError):
+    with pytest.raises(EngineConfigError):
         Engine(model, EngineConfig(kv_cache_memory=per_block - 1))
-    with pytest.raises(ConfigurationError):
+    with pytest.raises(EngineConfigError):
         Engine(model, EngineConfig(num_blocks=4, max_model_len=10_000))
 
 
@@ -230,11 +230,11 @@ def test_generate_feeds_more_prompts_than_max_waiting(model: DecoderModel) -> No
 
 
 def test_bad_config_rejected(model: DecoderModel) -> None:
-    with pytest.raises(ConfigurationError, match="block_size"):
+    with pytest.raises(EngineConfigError, match="block_size"):
         EngineConfig(block_size=0)
-    with pytest.raises(ConfigurationError, match="max_num_seqs"):
+    with pytest.raises(EngineConfigError, match="max_num_seqs"):
         EngineConfig(max_num_seqs=0)
-    with pytest.raises(ConfigurationError, match="max_num_batched_tokens"):
+    with pytest.raises(EngineConfigError, match="max_num_batched_tokens"):
         Engine(model, EngineConfig(num_blocks=8, max_num_seqs=8, max_num_batched_tokens=4))
 
 
@@ -242,7 +242,7 @@ def test_bad_config_rejected(model: DecoderModel) -> None:
 @pytest.mark.parametrize("value", [0, 1, "yes"])
 def test_switches_take_only_bools_or_none(name: str, value: object) -> None:
     """0 and 1 compare equal to False and True but are not switches: a typo caught early."""
-    with pytest.raises(ConfigurationError, match=f"{name} must be None or a bool"):
+    with pytest.raises(EngineConfigError, match=f"{name} must be None or a bool"):
         EngineConfig(**{name: value})  # type: ignore[arg-type]
     assert getattr(EngineConfig(**{name: True}), name) is True  # type: ignore[arg-type]
 
@@ -276,13 +276,17 @@ def test_from_pretrained_with_tokenizer_streams_text_and_stops(
     assert streamed == full.text[:cut]
 
 
-def test_num_threads_sets_torchs_thread_count(model: DecoderModel) -> None:
+def test_num_threads_is_set_by_the_process_owner_not_the_engine(model: DecoderModel) -> None:
+    from local_engine.process import apply_process_settings
+
     before = torch.get_num_threads()
     target = 2 if before == 1 else 1
     try:
-        engine_for(model, num_threads=target)
+        engine = engine_for(model, num_threads=target)
+        assert torch.get_num_threads() == before  # an engine never sets process state
+        apply_process_settings(engine.config)  # whoever owns the process does, once
         assert torch.get_num_threads() == target
-        engine_for(model)  # None leaves the count alone
+        apply_process_settings(engine_for(model).config)  # None leaves the count alone
         assert torch.get_num_threads() == target
     finally:
         torch.set_num_threads(before)

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from local_engine import LocalBackend
 from local_engine.engine import EngineConfig
+from local_engine.errors import EngineConfigError
 from local_engine.fp8 import (
     FP8_DTYPE,
     FP8_MAX,
@@ -66,21 +67,21 @@ def test_fp8_linear_matches_its_reference_and_the_dense_matmul(rows: int) -> Non
 
 
 def test_fp8_rejects_bad_shapes_and_inputs() -> None:
-    with pytest.raises(ConfigurationError, match="multiples of 16"):
+    with pytest.raises(EngineConfigError, match="multiples of 16"):
         Fp8Weight(48, 40, device=torch.device("cpu"))
     weight = Fp8Weight(16, 16, device=torch.device("cpu"))
-    with pytest.raises(ConfigurationError, match="bfloat16"):
+    with pytest.raises(EngineConfigError, match="bfloat16"):
         weight.linear(torch.zeros(2, 16))
-    with pytest.raises(ConfigurationError, match="expected"):
+    with pytest.raises(EngineConfigError, match="expected"):
         weight.rows(0, 8).copy_(torch.zeros(4, 16))
 
 
 def test_fp8_needs_a_capable_gpu(tmp_path: Path) -> None:
     assert check_quantization("fp8") == "fp8"
-    with pytest.raises(ConfigurationError, match="CUDA GPU with fp8 tensor cores"):
+    with pytest.raises(EngineConfigError, match="CUDA GPU with fp8 tensor cores"):
         check_fp8_device(torch.device("cpu"))
     path = make_tiny_model(tmp_path, "qwen3")
-    with pytest.raises(ConfigurationError, match="fp8"):
+    with pytest.raises(EngineConfigError, match="fp8"):
         load_model(path, quantization="fp8")
     with pytest.raises(ConfigurationError, match="expected None, 'int8' or 'fp8'"):
         LocalBackend(path, quantization="fp4")  # type: ignore[arg-type]

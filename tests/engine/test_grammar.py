@@ -8,6 +8,7 @@ grammar, not the model.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -568,3 +569,127 @@ async def test_client_response_model_on_the_local_engine_always_validates(
         bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}}
         with pytest.raises(BadRequestError, match="cannot be compiled"):
             await client.chat("Rate it.", response_format=bad)
+
+
+# ---------------------------------------------------------------------- grammar limits
+#
+# llguidance never raises for a grammar it cannot follow: a matcher that hits one of its
+# limits enters an error state and from then on allows only the end token. Such a reply
+# once came back as '{"' or 'null' with finish_reason "stop".
+
+_NODE = {"type": "object", "properties": {"child": {"$ref": "#/$defs/node"}}, "required": ["child"]}
+_TOO_LONG = {"type": "string", "pattern": "^a{1000000}$"}
+_FAILS_AT_ONCE = {
+    "recursive required $ref": {"$ref": "#/$defs/node", "$defs": {"node": _NODE}},
+    "pattern a{1000000}": _TOO_LONG,
+}
+# The same limits behind a free choice (true or false): the grammar builds and its forced
+# start is fine, and it fails whatever the model picks, a few tokens into the reply.
+_FAILS_MID_REPLY = {
+    "recursive required $ref": {
+        "type": "object",
+        "properties": {"k": {"type": "boolean"}, "r": {"$ref": "#/$defs/node"}},
+        "required": ["k", "r"],
+        "$defs": {"node": _NODE},
+    },
+    "pattern a{1000000}": {
+        "type": "object",
+        "properties": {"k": {"type": "boolean"}, "r": _TOO_LONG},
+        "required": ["k", "r"],
+    },
+}
+
+
+@pytest.mark.parametrize("schema", _FAILS_AT_ONCE.values(), ids=_FAILS_AT_ONCE.keys())
+def test_a_grammar_that_fails_on_its_forced_start_is_refused_before_decoding(
+    engine: Engine, tiny: TinyModel, schema: dict[str, Any]
+) -> None:
+    grammar = json_schema_grammar(schema)
+    with pytest.raises(GrammarError, match=r"cannot be compiled: (lexer|parser) error"):
+        engine.add_request(_prompt(tiny), SamplingParams(grammar=grammar))
+    assert not engine.has_unfinished()
+    assert engine.structured is not None and engine.structured.num_active == 0
+
+
+@pytest.mark.parametrize("schema", _FAILS_MID_REPLY.values(), ids=_FAILS_MID_REPLY.keys())
+def test_a_grammar_that_fails_mid_reply_ends_with_an_error_not_a_stop(
+    micro: Engine, tiny: TinyModel, schema: dict[str, Any]
+) -> None:
+    grammar = json_schema_grammar(schema)
+    params = [SamplingParams(max_tokens=40, seed=seed, grammar=grammar) for seed in range(3)]
+    results = micro.generate([_prompt(tiny)] * 3, params)
+    for result in results:
+        assert result.finish_reason == "error", result.text
+        assert result.error is not None and re.search(r"(lexer|parser) error", result.error)
+        assert "<state>" not in result.error  # the reason, without llguidance's state dump
+        assert result.text.startswith('{"k": ')
+    assert micro.structured is not None and micro.structured.num_active == 0
+
+
+def _late_failure_request(stream: bool = False) -> dict[str, Any]:
+    body = _json_schema_body(_FAILS_MID_REPLY["recursive required $ref"])
+    return {**body, "stream": stream, "seed": 1}
+
+
+@pytest.mark.anyio
+async def test_chat_service_raises_a_typed_error_for_a_grammar_that_fails_mid_reply(
+    tiny: TinyModel,
+) -> None:
+    from local_engine.errors import GrammarFailedError
+
+    engine = tiny.engine()
+    service = ChatService(engine)
+    request = ChatRequest.model_validate(_late_failure_request())
+    async with AsyncEngine(engine) as running:
+        with pytest.raises(GrammarFailedError, match="failed while decoding.*parser error"):
+            await service.complete(running, request)
+        texts: list[str] = []
+        with pytest.raises(GrammarFailedError, match="failed while decoding"):
+            async with service.stream(running, request) as chunks:
+                async for chunk in chunks:
+                    assert chunk.choices[0].finish_reason is None  # never a finished reply
+                    texts.append(chunk.choices[0].delta.content or "")
+        assert "".join(texts).startswith('{"k": ')
+
+
+@pytest.mark.anyio
+async def test_server_refuses_or_fails_a_grammar_it_cannot_follow(tiny: TinyModel) -> None:
+    from .test_server import serve
+
+    async with serve(tiny.engine()) as served:
+        for name, schema in _FAILS_AT_ONCE.items():
+            bad = await served.http.post("/v1/chat/completions", json=_json_schema_body(schema))
+            assert bad.status_code == 400, name
+            assert "cannot be compiled" in bad.json()["error"]["message"]
+        late = await served.http.post("/v1/chat/completions", json=_late_failure_request())
+        assert late.status_code == 500
+        error = late.json()["error"]
+        assert error["code"] == "grammar_failed"
+        assert "failed while decoding" in error["message"]
+        streamed = await served.http.post(
+            "/v1/chat/completions", json=_late_failure_request(stream=True)
+        )
+        events = [line for line in streamed.text.splitlines() if line.startswith("data: ")]
+        assert streamed.status_code == 200  # the stream had begun: the error is its last event
+        assert '"grammar_failed"' in events[-1] and "[DONE]" not in streamed.text
+        assert all('"finish_reason":"stop"' not in e.replace(" ", "") for e in events)
+        await served.settle()
+
+
+@pytest.mark.anyio
+async def test_client_on_the_local_engine_sees_a_typed_error_not_broken_json(
+    tiny: TinyModel,
+) -> None:
+    from local_engine import LocalBackend
+    from swiftclient import AsyncClient
+    from swiftclient.errors import BadRequestError, EngineError
+
+    schema = _FAILS_MID_REPLY["pattern a{1000000}"]
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    at_once = {"type": "json_schema", "json_schema": {"name": "x", "schema": _TOO_LONG}}
+    async with AsyncClient(LocalBackend.from_engine(tiny.engine()), model="tiny") as client:
+        for stream in (False, True):
+            with pytest.raises(EngineError, match="failed while decoding"):
+                await client.chat("Rate it.", response_format=fmt, max_tokens=30, stream=stream)
+            with pytest.raises(BadRequestError, match="cannot be compiled"):
+                await client.chat("Rate it.", response_format=at_once, stream=stream)

@@ -12,8 +12,8 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from local_engine.config import ModelConfig, RopeScaling
+from local_engine.errors import EngineConfigError
 from local_engine.loader import load_model
-from swiftclient.errors import ConfigurationError
 
 from .paged import PagedRunner
 from .tiny import TINY_WINDOW, make_tiny_model
@@ -159,17 +159,17 @@ def test_qwen_sliding_layers_without_layer_types() -> None:
     ],
 )
 def test_config_rejects_unsupported(changes: dict[str, Any], match: str) -> None:
-    with pytest.raises(ConfigurationError, match=match):
+    with pytest.raises(EngineConfigError, match=match):
         ModelConfig.from_dict(_llama_dict(**changes))
 
 
 def test_missing_or_broken_config(tmp_path: Path) -> None:
-    with pytest.raises(ConfigurationError, match="config.json not found"):
+    with pytest.raises(EngineConfigError, match="config.json not found"):
         load_model(tmp_path)
-    with pytest.raises(ConfigurationError, match="not a directory"):
+    with pytest.raises(EngineConfigError, match="not a directory"):
         load_model(tmp_path / "nope")
     (tmp_path / "config.json").write_text("{not json")
-    with pytest.raises(ConfigurationError, match="cannot read"):
+    with pytest.raises(EngineConfigError, match="cannot read"):
         ModelConfig.from_pretrained(tmp_path)
 
 
@@ -218,7 +218,7 @@ def test_explicit_fp32_override_of_bf16_config(tmp_path: Path) -> None:
     path = make_tiny_model(tmp_path, "llama")
     _edit_config(path, dtype="bfloat16")
     assert load_model(path, dtype=torch.float32).dtype == torch.float32
-    with pytest.raises(ConfigurationError, match="unsupported dtype"):
+    with pytest.raises(EngineConfigError, match="unsupported dtype"):
         load_model(path, dtype="int4")
 
 
@@ -234,14 +234,14 @@ def _rewrite_weights(path: Path, drop: str | None = None, add: str | None = None
 def test_missing_weight_is_named(tmp_path: Path) -> None:
     path = make_tiny_model(tmp_path, "llama")
     _rewrite_weights(path, drop="model.layers.1.self_attn.k_proj.weight")
-    with pytest.raises(ConfigurationError, match=r"lacks 1 weights.*layers\.1\.self_attn\.k_proj"):
+    with pytest.raises(EngineConfigError, match=r"lacks 1 weights.*layers\.1\.self_attn\.k_proj"):
         load_model(path)
 
 
 def test_unexpected_weight_is_named(tmp_path: Path) -> None:
     path = make_tiny_model(tmp_path, "llama")
     _rewrite_weights(path, add="model.layers.0.mlp.extra.weight")
-    with pytest.raises(ConfigurationError, match=r"does not\s+use.*mlp\.extra"):
+    with pytest.raises(EngineConfigError, match=r"does not\s+use.*mlp\.extra"):
         load_model(path)
 
 
@@ -255,7 +255,7 @@ def test_shape_mismatch_with_config(tmp_path: Path) -> None:
     path = make_tiny_model(tmp_path, "llama")
     _edit_config(path, intermediate_size=96)
     with pytest.raises(
-        ConfigurationError, match=r"mlp\.\w+_proj\.weight.*has shape \(\d+, \d+\), expected"
+        EngineConfigError, match=r"mlp\.\w+_proj\.weight.*has shape \(\d+, \d+\), expected"
     ):
         load_model(path)
 
@@ -264,17 +264,17 @@ def test_missing_weights_files(tmp_path: Path) -> None:
     path = make_tiny_model(tmp_path, "llama", max_shard_size="40KB")
     shard = sorted(path.glob("*.safetensors"))[0]
     shard.unlink()
-    with pytest.raises(ConfigurationError, match="missing shard"):
+    with pytest.raises(EngineConfigError, match="missing shard"):
         load_model(path)
     (path / "model.safetensors.index.json").unlink()
     for file in path.glob("*.safetensors"):
         file.unlink()
-    with pytest.raises(ConfigurationError, match=r"no \*\.safetensors"):
+    with pytest.raises(EngineConfigError, match=r"no \*\.safetensors"):
         load_model(path)
 
 
 def test_corrupt_weights_file(tmp_path: Path) -> None:
     path = make_tiny_model(tmp_path, "llama")
     (path / "model.safetensors").write_bytes(b"\x00garbage")
-    with pytest.raises(ConfigurationError, match="cannot read weights"):
+    with pytest.raises(EngineConfigError, match="cannot read weights"):
         load_model(path)

@@ -20,9 +20,9 @@ from local_engine.attention import (
 )
 from local_engine.attention.native import load_paged_decode
 from local_engine.config import RopeScaling
+from local_engine.errors import EngineConfigError
 from local_engine.loader import load_model
 from local_engine.model import DecoderLayer, DecoderModel, rope_inverse_frequencies
-from swiftclient.errors import ConfigurationError
 
 from .paged import PagedRunner
 from .tiny import FAMILIES, TINY_WINDOW, make_tiny_model
@@ -225,7 +225,7 @@ def test_kv_cache_layout_and_size(llama: DecoderModel) -> None:
     assert all(c.shape == (2, 8, 4, cfg.num_kv_heads, cfg.head_dim) for c in caches)
     assert all(c.dtype == torch.float32 and not c.any() for c in caches)
     assert llama.kv_bytes_per_token() == 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 4
-    with pytest.raises(ConfigurationError):
+    with pytest.raises(EngineConfigError):
         llama.make_kv_cache(num_blocks=0, block_size=4)
 
 
@@ -233,27 +233,27 @@ def test_forward_rejects_wrong_cache_count(llama: DecoderModel) -> None:
     meta = build_attention_metadata([[0]], [1], [1], block_size=4)
     one = torch.zeros(1, dtype=torch.int64)
     caches: list[Any] = llama.make_kv_cache(4, 4)[:1]
-    with pytest.raises(ConfigurationError, match="KV cache"):
+    with pytest.raises(EngineConfigError, match="KV cache"):
         llama(one, one, caches, meta)
 
 
 def test_attention_backend_selection() -> None:
     assert isinstance(get_attention_backend(), CPUPagedAttention)  # SDPA where no kernel
     if load_paged_decode() is None:
-        with pytest.raises(ConfigurationError, match="native kernel"):
+        with pytest.raises(EngineConfigError, match="native kernel"):
             get_attention_backend("cpu")
     else:
         assert isinstance(get_attention_backend("cpu"), CPUPagedAttention)
     reference = get_attention_backend("reference")
     assert type(reference) is ReferenceAttention
-    with pytest.raises(ConfigurationError, match="unknown attention backend"):
+    with pytest.raises(EngineConfigError, match="unknown attention backend"):
         get_attention_backend("flash-magic")
 
 
 def test_metadata_rejects_inconsistent_layout() -> None:
-    with pytest.raises(ConfigurationError, match="query_len"):
+    with pytest.raises(EngineConfigError, match="query_len"):
         build_attention_metadata([[0]], [2], [3], block_size=4)
-    with pytest.raises(ConfigurationError, match="cannot hold"):
+    with pytest.raises(EngineConfigError, match="cannot hold"):
         build_attention_metadata([[0]], [5], [1], block_size=4)
 
 

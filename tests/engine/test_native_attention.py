@@ -29,7 +29,7 @@ from local_engine.attention.native import (
     open_library,
     torch_uses_gomp,
 )
-from swiftclient.errors import ConfigurationError
+from local_engine.errors import EngineConfigError
 
 from .paged import scattered_tables
 
@@ -215,7 +215,7 @@ def test_no_compiler_means_reference_attention(
     assert backend.kernel is None
     assert "paged-decode kernel unavailable" in caplog.text
     assert not list(tmp_path.glob("kernels/*"))
-    with pytest.raises(ConfigurationError, match="could not be built"):
+    with pytest.raises(EngineConfigError, match="could not be built"):
         get_attention_backend("cpu")
 
 

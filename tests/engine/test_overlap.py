@@ -16,9 +16,9 @@ import pytest
 
 from local_engine.async_engine import AsyncEngine
 from local_engine.engine import Engine, EngineConfig, RequestOutput, StepTokens
+from local_engine.errors import EngineConfigError
 from local_engine.sampler import SamplingParams
 from local_engine.spec import SpeculativeConfig
-from swiftclient.errors import ConfigurationError
 
 from .stepping import step_rounds
 from .tiny import make_tiny_model, write_char_tokenizer
@@ -192,7 +192,7 @@ def test_aborting_a_request_a_stop_string_ended_frees_its_blocks_once(model_dir:
 
 
 def test_overlap_output_is_on_for_cuda_models_unless_set(model_dir: Path) -> None:
-    with pytest.raises(ConfigurationError, match="overlap_output"):
+    with pytest.raises(EngineConfigError, match="overlap_output"):
         EngineConfig(overlap_output=1)  # type: ignore[arg-type]
     assert make_engine(model_dir).overlap_output is False  # a CPU model
     assert make_engine(model_dir, overlap_output=True).overlap_output is True

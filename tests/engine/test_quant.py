@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from local_engine import LocalBackend, weight_rows
 from local_engine.engine import Engine, EngineConfig
+from local_engine.errors import EngineConfigError
 from local_engine.fp8 import Fp8Weight
 from local_engine.loader import load_model
 from local_engine.model import DecoderLayer
@@ -171,11 +172,11 @@ def test_int8_linear_rejects_other_inputs() -> None:
     weight = Int8Weight(
         16, 32, dtype=torch.bfloat16, device=torch.device("cpu"), scratch=DequantScratch()
     )
-    with pytest.raises(ConfigurationError, match="bfloat16"):
+    with pytest.raises(EngineConfigError, match="bfloat16"):
         weight.linear(torch.randn(2, 32))
-    with pytest.raises(ConfigurationError, match="2-D"):
+    with pytest.raises(EngineConfigError, match="2-D"):
         weight.linear(torch.randn(1, 2, 32).to(torch.bfloat16))
-    with pytest.raises(ConfigurationError, match="expected a"):
+    with pytest.raises(EngineConfigError, match="expected a"):
         weight.rows(0, 8).copy_(torch.randn(4, 32))
 
 
@@ -190,17 +191,17 @@ def test_engine_generates_with_int8(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("bad", ["int4", "INT8", 8, ""])
 def test_bad_quantization_is_a_configuration_error(bad: object, tmp_path: Path) -> None:
-    with pytest.raises(ConfigurationError, match="quantization"):
+    with pytest.raises(EngineConfigError, match="quantization"):
         check_quantization(bad)
-    with pytest.raises(ConfigurationError, match="quantization"):
+    with pytest.raises(EngineConfigError, match="quantization"):
         EngineConfig(quantization=bad)  # type: ignore[arg-type]
-    with pytest.raises(ConfigurationError, match="quantization"):
+    with pytest.raises(ConfigurationError, match="quantization"):  # swiftclient's, from the adapter
         LocalBackend(quantization=bad)  # type: ignore[arg-type]
 
 
 def test_int8_with_float32_activations_is_refused(tmp_path: Path) -> None:
     path = make_tiny_model(tmp_path, "llama")
-    with pytest.raises(ConfigurationError, match="bfloat16 or float16"):
+    with pytest.raises(EngineConfigError, match="bfloat16 or float16"):
         load_model(path, dtype="float32", quantization="int8")
-    with pytest.raises(ConfigurationError, match="quantization"):
+    with pytest.raises(EngineConfigError, match="quantization"):
         load_model(path, quantization="fp8")  # type: ignore[arg-type]

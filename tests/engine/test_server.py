@@ -363,6 +363,36 @@ async def test_invalid_requests_are_400_and_the_server_keeps_serving(
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error" and error["code"] == code
     assert fragment in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "fragment"),
+    [
+        ({"tool_choice": "required"}, "tool_choice='required' needs tools"),
+        (
+            {"tool_choice": {"type": "function", "function": {"name": "f"}}},
+            "names the tool 'f', but no tools are given",
+        ),
+        (
+            {
+                "tool_choice": {"type": "function", "function": {"name": "g"}},
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+            },
+            "names the tool 'g', which is not in tools ('f')",
+        ),
+    ],
+)
+async def test_a_tool_choice_without_its_tool_is_400_as_on_openai(
+    served: Served, fields: dict[str, Any], fragment: str
+) -> None:
+    for stream in (False, True):
+        body = {"model": "tiny-test", "messages": HI, "stream": stream, **fields}
+        response = await served.http.post("/v1/chat/completions", json=body)
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["code"] == "invalid_request" and error["param"] == "tool_choice"
+        assert fragment in error["message"]
+    await served.settle()
     assert (await served.http.get("/health")).status_code == 200
 
 

@@ -13,6 +13,7 @@ import torch
 
 from local_engine import LocalBackend
 from local_engine.engine import Engine, EngineConfig, GenerationResult
+from local_engine.errors import EngineConfigError
 from local_engine.kv_cache import BlockPool
 from local_engine.loader import load_model
 from local_engine.model import DecoderModel
@@ -487,20 +488,20 @@ def test_rejection_sampling_keeps_the_target_distribution(
 
 
 def test_config_is_checked(model: DecoderModel, other: DecoderModel, tmp_path: Path) -> None:
-    with pytest.raises(ConfigurationError, match="unknown speculative method"):
+    with pytest.raises(EngineConfigError, match="unknown speculative method"):
         SpeculativeConfig(method="medusa")  # type: ignore[arg-type]
-    with pytest.raises(ConfigurationError, match="num_speculative_tokens"):
+    with pytest.raises(EngineConfigError, match="num_speculative_tokens"):
         SpeculativeConfig(num_speculative_tokens=0)
-    with pytest.raises(ConfigurationError, match="ngram_min"):
+    with pytest.raises(EngineConfigError, match="ngram_min"):
         SpeculativeConfig(ngram_min=5, ngram_max=3)
-    with pytest.raises(ConfigurationError, match="needs draft_model"):
+    with pytest.raises(EngineConfigError, match="needs draft_model"):
         SpeculativeConfig(method="draft")
-    with pytest.raises(ConfigurationError, match="needs a draft model"):
+    with pytest.raises(EngineConfigError, match="needs a draft model"):
         engine_for(model, DRAFT)
     small = load_model(make_tiny_model(tmp_path / "v", "llama", vocab_size=64))
-    with pytest.raises(ConfigurationError, match="vocabulary"):
+    with pytest.raises(EngineConfigError, match="vocabulary"):
         engine_for(model, DRAFT, small)
-    with pytest.raises(ConfigurationError, match="SpeculativeConfig"):
+    with pytest.raises(EngineConfigError, match="SpeculativeConfig"):
         EngineConfig(speculative="ngram")  # type: ignore[arg-type]
 
 

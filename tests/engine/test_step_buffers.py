@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from local_engine.engine import Engine, EngineConfig, GenerationResult, SamplingParams
+from local_engine.errors import EngineConfigError, EngineError
 from local_engine.step_buffers import (
     DecodeGraphs,
     StepBuffers,
@@ -22,7 +23,6 @@ from local_engine.step_buffers import (
     graph_buckets,
     plan_step_buffers,
 )
-from swiftclient.errors import ConfigurationError, EngineError
 
 from .tiny import make_tiny_model
 
@@ -135,11 +135,11 @@ def test_plan_follows_the_device_and_rejects_graphs_without_cuda(tmp_path: Path)
     assert engine.runner.buffers is None and engine.runner.graphs is None  # CPU default
     sizes = {"max_num_seqs": 4, "max_num_batched_tokens": 16, "max_model_len": 64}
     for static in (None, True, False):
-        with pytest.raises(ConfigurationError, match="cuda_graphs"):
+        with pytest.raises(EngineConfigError, match="cuda_graphs"):
             plan_step_buffers(
                 engine.model, static_buffers=static, cuda_graphs=True, block_size=16, **sizes
             )
-    with pytest.raises(ConfigurationError, match="static_buffers"):
+    with pytest.raises(EngineConfigError, match="static_buffers"):
         EngineConfig(static_buffers="yes")  # type: ignore[arg-type]
 
 

@@ -20,8 +20,8 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.trainers import BpeTrainer
 
 from local_engine import tokenizer as tokenizer_module
+from local_engine.errors import EngineConfigError
 from local_engine.tokenizer import _BYTE_LEVEL, IncrementalDetokenizer, Tokenizer
-from swiftclient.errors import ConfigurationError
 
 _TEXT = [
     "The quick brown fox jumps over the lazy dog, again and again.",
@@ -171,13 +171,13 @@ def test_chat_template_sources(tmp_path: Path) -> None:
 
 
 def test_from_dir_errors(tmp_path: Path) -> None:
-    with pytest.raises(ConfigurationError, match="no tokenizer.json"):
+    with pytest.raises(EngineConfigError, match="no tokenizer.json"):
         Tokenizer.from_dir(tmp_path)
     (tmp_path / "tokenizer.json").write_text("{not json")
-    with pytest.raises(ConfigurationError):
+    with pytest.raises(EngineConfigError):
         Tokenizer.from_dir(tmp_path)
     bad = _write_dir(tmp_path / "bad", _byte_level(), {"chat_template": 5})
-    with pytest.raises(ConfigurationError, match="chat_template"):
+    with pytest.raises(EngineConfigError, match="chat_template"):
         Tokenizer.from_dir(bad)
 
 

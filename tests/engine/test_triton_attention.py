@@ -23,7 +23,7 @@ from local_engine.attention import (
     get_attention_backend,
 )
 from local_engine.engine import Engine, EngineConfig, SamplingParams
-from swiftclient.errors import ConfigurationError
+from local_engine.errors import EngineConfigError
 
 from .tiny import make_tiny_model
 
@@ -156,13 +156,13 @@ def test_decode_of_an_empty_row_is_zero(kernels: ModuleType, device: str) -> Non
 def test_bad_settings_are_configuration_errors(triton_backend: object, device: str) -> None:
     from local_engine.attention.triton_backend import TritonPagedAttention
 
-    with pytest.raises(ConfigurationError, match="power of two"):
+    with pytest.raises(EngineConfigError, match="power of two"):
         TritonPagedAttention(num_splits=3)
     cache = torch.zeros(2, 4, 8, KV_HEADS, DIM, device=device)
     meta = build_attention_metadata([[0]], [1], [1], block_size=8, device=device)
     x = torch.zeros(1, HEADS, DIM, device=device)
     kv = torch.zeros(1, KV_HEADS, DIM, device=device)
-    with pytest.raises(ConfigurationError, match="block_size"):
+    with pytest.raises(EngineConfigError, match="block_size"):
         triton_backend.forward(x, kv, kv, cache, meta, scale=1.0, sliding_window=None)  # type: ignore[attr-defined]
 
 
