@@ -20,10 +20,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from swiftclient.errors import EngineError
 from swiftclient.types import ChatRequest
 
 from .engine import RequestOutput
+from .errors import EngineError
 from .service import ChatService, OutputSource, PreparedRequest
 from .tokenizer import Tokenizer
 
