@@ -3,6 +3,7 @@
 Endpoints: ``POST /v1/chat/completions`` (streamed as server-sent events or not; usage with
 ``prompt_tokens_details.cached_tokens``; ``stream_options.include_usage`` honoured),
 ``POST /v1/completions`` (the legacy text API, :mod:`local_engine.completions`),
+``POST /v1/responses`` (the Responses API, stateless: :mod:`local_engine.responses`),
 ``GET /v1/models`` and ``GET /v1/models/{id}``, ``GET /health`` and ``GET /metrics`` (the
 engine's metrics in Prometheus text format, see :mod:`local_engine.metrics`). Requests are
 mapped exactly as :class:`~local_engine.backend.LocalBackend` maps them (the server runs
@@ -70,6 +71,14 @@ from swiftclient.types import ChatCompletion, ChatCompletionChunk, ChatRequest, 
 
 from .backend import LocalBackend
 from .errors import EngineConfigError, EngineError, GrammarFailedError, OverloadedError
+from .responses import (
+    ResponseEcho,
+    ResponseEvents,
+    ResponsesRequestError,
+    chat_fields,
+    event_bytes,
+    response_body,
+)
 from .service import EXTRA_BODY_KEYS
 from .tracing import ServerTracer
 
@@ -280,6 +289,7 @@ class LocalServer:
             {
                 "/v1/chat/completions": ("POST", self._chat),
                 "/v1/completions": ("POST", self._text),
+                "/v1/responses": ("POST", self._responses),
                 "/v1/models": ("GET", self._models),
                 "/health": ("GET", self._health),
                 "/metrics": ("GET", self._metrics),
@@ -567,6 +577,74 @@ class LocalServer:
             )
             return
         await writer.write(SSE_DONE)
+
+    async def _responses(self, request: Request, writer: ResponseWriter) -> None:
+        """``POST /v1/responses``: the Responses API, stateless (:mod:`local_engine.responses`)."""
+        writer.headers["x-request-id"] = f"req_{secrets.token_hex(12)}"
+        ignored: list[str] = []
+        try:
+            if len(request.body) > _THREAD_PARSE_BYTES:
+                chat, echo = await anyio.to_thread.run_sync(self._parse_responses, request, ignored)
+            else:
+                chat, echo = self._parse_responses(request, ignored)
+        except RequestError as error:
+            self._note_ignored(writer, ignored)
+            await _send_error(writer, error)
+            return
+        self._note_ignored(writer, ignored)
+        engine, service = self.backend.serving()
+        if not chat.stream:
+            try:
+                completion = await service.complete(engine, chat)
+            except (ValueError, EngineError) as exc:
+                await _send_error(writer, _engine_error(exc))
+                return
+            _access_usage(completion.usage)
+            await writer.send_json(200, response_body(completion, echo))
+            return
+        events = ResponseEvents(echo)
+        try:
+            async with service.stream(engine, chat, include_usage=True) as chunks:
+                await writer.start_stream(200, {"cache-control": "no-cache"})
+                for event in events.start():
+                    await writer.write(event_bytes(event))
+                async for chunk in chunks:
+                    _access_chunk(chunk)
+                    for event in events.feed(chunk):
+                        await writer.write(event_bytes(event))
+        except (ValueError, EngineError) as exc:
+            failure = _engine_error(exc)
+            if not writer.started:
+                await _send_error(writer, failure)
+                return
+            await writer.write(event_bytes(events.fail(failure.code, redact(failure.message))))
+
+    def _parse_responses(
+        self, request: Request, ignored: list[str]
+    ) -> tuple[ChatRequest, ResponseEcho]:
+        """A ``/v1/responses`` body as a chat request and what its response echoes."""
+        try:
+            body = request.json()
+        except ValueError as exc:
+            raise RequestError(400, f"the body is not valid JSON: {exc}", "invalid_json") from exc
+        if not isinstance(body, dict):
+            raise RequestError(400, "the request body must be a JSON object", "invalid_request")
+        try:
+            fields, echoed = chat_fields(body, ignored)
+        except ResponsesRequestError as exc:
+            raise RequestError(400, str(exc), "invalid_request", exc.param) from exc
+        chat = parse_chat_body(fields, ignored)
+        if chat.model not in self.served_model_names:
+            raise self._unknown_model(chat.model)
+        try:
+            self._check_limit(chat)
+        except RequestError as exc:
+            asked = chat.max_new_tokens()
+            message = f"max_output_tokens={asked} is over this server's limit"
+            raise RequestError(
+                400, f"{message} of {self._max_tokens_limit}", exc.code, "max_output_tokens"
+            ) from exc
+        return chat, ResponseEcho(chat.model, echoed)
 
     def _check_limit(self, chat: ChatRequest) -> None:
         """400 when the request asks for more tokens than ``max_tokens_limit``."""
