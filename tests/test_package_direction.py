@@ -272,6 +272,7 @@ ADAPTER_MODULES = {
     "local_engine.chat",
     "local_engine.completions",
     "local_engine.metrics",
+    "local_engine.responses",
     "local_engine.server",
     "local_engine.service",
     "local_engine.templates",
