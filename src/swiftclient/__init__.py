@@ -19,6 +19,7 @@ from ._sync import Client, SyncChatStream
 from .backends.base import Backend, RequestOptions
 from .backends.http import HTTPBackend
 from .backends.replicas import ReplicaBackend, ReplicaStats
+from .backends.responses import ResponsesBackend
 from .conversation import Conversation, PrefixBrokenWarning
 from .errors import (
     APIConnectionError,
@@ -123,6 +124,7 @@ __all__ = [
     "ReplicaStats",
     "RequestOptions",
     "ResponseTooLarge",
+    "ResponsesBackend",
     "RetryPolicy",
     "RetryThrottle",
     "RouterLike",

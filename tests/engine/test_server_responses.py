@@ -19,8 +19,10 @@ import pydantic
 import pytest
 
 from local_engine.server import IGNORED_FIELDS_HEADER
+from swiftclient import AsyncClient, HTTPBackend, ResponsesBackend, RetryPolicy
 
 from ..conformance.tiny_local import TinyModel, load_tiny_model
+from .test_server import KEY as KEY_TINY
 from .test_server import Served, serve
 
 openai = pytest.importorskip("openai")
@@ -169,6 +171,31 @@ async def test_the_stream_is_named_events_without_a_done_marker(served: Served) 
     for block in blocks:
         name, data = block.split("\n")
         assert name.removeprefix("event: ") == json.loads(data.removeprefix("data: "))["type"]
+    await served.settle()
+
+
+@pytest.mark.anyio
+async def test_the_responses_backend_gets_what_the_chat_backend_gets(served: Served) -> None:
+    """swiftclient's own Responses wire against the server: the same greedy reply, finish
+    reason and usage as over chat completions, plain and streamed."""
+    url = served.server.base_url
+    backends = {
+        "chat": HTTPBackend(url, api_key=KEY_TINY, name="chat"),
+        "resp": ResponsesBackend(url, api_key=KEY_TINY, name="resp"),
+    }
+    settings: Any = {"max_tokens": 6, "temperature": 0.0, "extra_body": {"ignore_eos": True}}
+    async with AsyncClient(backends=backends, retry=RetryPolicy.none()) as client:
+        chat = await client.chat("Hi there", model="chat/tiny-test", **settings)
+        resp = await client.chat("Hi there", model="resp/tiny-test", **settings)
+        async with client.stream("Hi there", model="resp/tiny-test", **settings) as stream:
+            streamed = await stream.final()
+    for reply in (resp, streamed):
+        assert reply.choices[0].message.content == chat.choices[0].message.content
+        assert reply.choices[0].finish_reason == chat.choices[0].finish_reason == "length"
+        assert reply.usage is not None and chat.usage is not None
+        assert reply.usage.completion_tokens == chat.usage.completion_tokens == 6
+        assert reply.usage.prompt_tokens == chat.usage.prompt_tokens
+    assert resp.id.startswith("resp_")
     await served.settle()
 
 

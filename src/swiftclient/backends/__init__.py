@@ -3,6 +3,7 @@
 from .base import Backend, RequestOptions, check_backend_name
 from .http import HTTPBackend
 from .replicas import ReplicaBackend, ReplicaStats
+from .responses import ResponsesBackend
 
 __all__ = [
     "Backend",
@@ -10,5 +11,6 @@ __all__ = [
     "ReplicaBackend",
     "ReplicaStats",
     "RequestOptions",
+    "ResponsesBackend",
     "check_backend_name",
 ]

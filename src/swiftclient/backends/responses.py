@@ -1,0 +1,451 @@
+"""The OpenAI Responses API (``POST /responses``) as a second OpenAI wire, stateless.
+
+:class:`ResponsesBackend` is an :class:`~swiftclient.backends.http.HTTPBackend` (the same
+transport, pool, deadline, retries, telemetry and error mapping) that sends the chat
+contract as a Responses request and decodes the reply back into the same
+:class:`~swiftclient.types.ChatCompletion` and chunk stream:
+
+- messages become ``input`` items (system and developer messages keep their role; text and
+  image parts become ``input_text`` / ``input_image``; an assistant's ``tool_calls`` become
+  ``function_call`` items and tool messages ``function_call_output`` items); tools the flat
+  function form; ``tool_choice`` the Responses form; ``response_format`` ``text.format``;
+  ``max_completion_tokens`` (else ``max_tokens``) ``max_output_tokens``;
+  ``reasoning_effort`` ``reasoning.effort``; ``store`` is false (nothing kept on the
+  provider's side); other fields pass as they are;
+- a ``message`` item's text is the content, ``function_call`` items the tool calls (their
+  ``call_id`` the call id), reasoning text ``reasoning_content``; ``status: incomplete``
+  for ``max_output_tokens`` is ``finish_reason="length"``; usage maps ``input_tokens``,
+  ``input_tokens_details.cached_tokens``, ``output_tokens`` and reasoning tokens;
+- the event stream (``response.output_text.delta``, ``response.output_item.added`` for a
+  call, ``response.function_call_arguments.delta``, reasoning deltas, then
+  ``response.completed`` / ``response.incomplete``) decodes into the same chunks, the usage
+  chunk last; ``response.failed`` and ``error`` events are a
+  :class:`~swiftclient.StreamError`.
+
+Not carried yet: encrypted reasoning items across turns and ``previous_response_id``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, cast
+
+import anyio
+import httpx
+
+from .. import errors
+from .._deadline import Deadline
+from .._sse import EventTooLarge, SSEDecoder
+from .._wire import encode_request
+from ..types import ChatCompletion, ChatCompletionChunk, ChatRequest
+from .base import RequestOptions
+from .http import _END_BYTES, _END_GRACE, HTTPBackend, _inband_error, _Response, _stream_error
+
+__all__ = ["ResponsesBackend", "chat_completion", "responses_body"]
+
+# chat fields with no Responses counterpart of the same name (mapped or dropped)
+_CHAT_ONLY = frozenset(
+    {
+        "messages",
+        "tools",
+        "tool_choice",
+        "response_format",
+        "max_tokens",
+        "max_completion_tokens",
+        "stream_options",
+        "logprobs",
+        "reasoning_effort",
+    }
+)
+
+
+def responses_body(chat: dict[str, Any]) -> dict[str, Any]:
+    """A chat-completions request body as a Responses request body."""
+    body: dict[str, Any] = {k: v for k, v in chat.items() if k not in _CHAT_ONLY}
+    body["input"] = _input(chat.get("messages") or [])
+    tools = chat.get("tools")
+    if tools:
+        body["tools"] = [{"type": "function", **tool["function"]} for tool in tools]
+    choice = chat.get("tool_choice")
+    if isinstance(choice, dict):
+        body["tool_choice"] = {"type": "function", "name": choice["function"]["name"]}
+    elif choice is not None:
+        body["tool_choice"] = choice
+    fmt = chat.get("response_format")
+    if fmt is not None and fmt.get("type") != "text":
+        if fmt["type"] == "json_schema":
+            body["text"] = {"format": {"type": "json_schema", **fmt.get("json_schema", {})}}
+        else:
+            body["text"] = {"format": {"type": fmt["type"]}}
+    limit = chat.get("max_completion_tokens") or chat.get("max_tokens")
+    if limit is not None:
+        body["max_output_tokens"] = limit
+    if chat.get("reasoning_effort") is not None:
+        body["reasoning"] = {"effort": chat["reasoning_effort"]}
+    if chat.get("logprobs") and "top_logprobs" not in body:
+        body["top_logprobs"] = 0
+    body.setdefault("store", False)
+    return body
+
+
+def _input(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    for message in messages:
+        role = message["role"]
+        content = message.get("content")
+        if role == "tool":
+            output = content if isinstance(content, str) else _text_of(content)
+            items.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": message["tool_call_id"],
+                    "output": output,
+                }
+            )
+            continue
+        if role == "assistant":
+            text = content if isinstance(content, str) or content is None else _text_of(content)
+            if text:
+                items.append({"role": "assistant", "content": text})
+            for call in message.get("tool_calls") or ():
+                function = call["function"]
+                items.append(
+                    {
+                        "type": "function_call",
+                        "call_id": call["id"],
+                        "name": function["name"],
+                        "arguments": function.get("arguments") or "",
+                    }
+                )
+            continue
+        items.append({"role": role, "content": _parts(content)})
+    return items
+
+
+def _text_of(parts: Any) -> str:
+    return "".join(p.get("text", "") for p in parts or () if p.get("type") == "text")
+
+
+def _parts(content: Any) -> Any:
+    if not isinstance(content, list):
+        return content
+    parts: list[dict[str, Any]] = []
+    for part in content:
+        if part.get("type") == "image_url":
+            image = part["image_url"]
+            item = {"type": "input_image", "image_url": image["url"]}
+            if image.get("detail"):
+                item["detail"] = image["detail"]
+            parts.append(item)
+        else:
+            parts.append({"type": "input_text", "text": part.get("text", "")})
+    return parts
+
+
+def _usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not usage:
+        return None
+    input_details = usage.get("input_tokens_details") or {}
+    output_details = usage.get("output_tokens_details") or {}
+    prompt = int(usage.get("input_tokens") or 0)
+    completion = int(usage.get("output_tokens") or 0)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": int(usage.get("total_tokens") or prompt + completion),
+        "prompt_tokens_details": {"cached_tokens": input_details.get("cached_tokens")},
+        "completion_tokens_details": {"reasoning_tokens": output_details.get("reasoning_tokens")},
+    }
+
+
+def _finish_reason(response: dict[str, Any], called: bool) -> str:
+    details = response.get("incomplete_details") or {}
+    if response.get("status") == "incomplete":
+        reason = details.get("reason")
+        return "content_filter" if reason == "content_filter" else "length"
+    return "tool_calls" if called else "stop"
+
+
+def chat_completion(response: dict[str, Any]) -> ChatCompletion:
+    """A ``response`` object as a chat completion (one choice)."""
+    texts: list[str] = []
+    refusals: list[str] = []
+    reasoning: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for item in response.get("output") or ():
+        kind = item.get("type")
+        if kind == "message":
+            for part in item.get("content") or ():
+                if part.get("type") == "output_text":
+                    texts.append(part.get("text", ""))
+                elif part.get("type") == "refusal":
+                    refusals.append(part.get("refusal", ""))
+        elif kind == "function_call":
+            function = {"name": item["name"], "arguments": item.get("arguments") or ""}
+            calls.append({"id": item["call_id"], "type": "function", "function": function})
+        elif kind == "reasoning":
+            for part in (item.get("content") or []) + (item.get("summary") or []):
+                reasoning.append(part.get("text", ""))
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}
+    if refusals:
+        message["refusal"] = "".join(refusals)
+    if calls:
+        message["tool_calls"] = calls
+    if reasoning:
+        message["reasoning_content"] = "".join(reasoning)
+    return ChatCompletion.model_validate(
+        {
+            "id": response.get("id", ""),
+            "created": int(response.get("created_at") or 0),
+            "model": response.get("model", ""),
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "finish_reason": _finish_reason(response, bool(calls)),
+                }
+            ],
+            "usage": _usage(response.get("usage")),
+        }
+    )
+
+
+class _Encoding:
+    """Encodes a call's chat request as a Responses body (over the call's own encoding,
+    so canonical bytes and the derived ``prompt_cache_key`` carry over)."""
+
+    __slots__ = ("_inner",)
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def encode(self, request: ChatRequest, **options: Any) -> bytes:
+        encode = self._inner.encode if self._inner is not None else encode_request
+        chat = json.loads(encode(request, **options))
+        return json.dumps(responses_body(chat), separators=(",", ":")).encode()
+
+
+class ResponsesBackend(HTTPBackend):
+    """An :class:`HTTPBackend` that speaks the Responses API (``{base_url}/responses``).
+
+    Takes :class:`HTTPBackend`'s arguments. Stateless: every call sends the whole
+    conversation and ``store: false``.
+    """
+
+    def __init__(self, base_url: str, api_key: str | None = None, **options: Any) -> None:
+        """See :class:`HTTPBackend`."""
+        super().__init__(base_url, api_key, **options)
+        self._url = f"{self.base_url}/responses"
+
+    def _options(self, options: RequestOptions | None) -> RequestOptions:
+        options = options or RequestOptions()
+        return dataclasses.replace(options, encoding=cast(Any, _Encoding(options.encoding)))
+
+    async def complete(
+        self, request: ChatRequest, deadline: Deadline, options: RequestOptions | None = None
+    ) -> ChatCompletion:
+        """Run a non-streamed call."""
+        response = await self._send(request, deadline, self._options(options), stream=False)
+        try:
+            body = await self._read_body(response, self.max_body_bytes)
+        finally:
+            if not response.close_nowait():
+                await response.aclose()
+        inband = _inband_error(self, body)
+        if inband is not None:
+            raise inband
+        try:
+            data = json.loads(body)
+            if data.get("status") == "failed":
+                raise _stream_error(self, json.dumps({"error": data.get("error")}).encode())
+            return chat_completion(data)
+        except errors.StreamError:
+            raise
+        except (ValueError, KeyError, TypeError, AttributeError):
+            pass
+        raise errors.APIResponseValidationError(
+            f"{self.name}: response body is not a Responses API response", backend=self.name
+        )
+
+    @asynccontextmanager
+    async def stream(
+        self, request: ChatRequest, deadline: Deadline, options: RequestOptions | None = None
+    ) -> AsyncIterator[AsyncIterator[ChatCompletionChunk]]:
+        """Open a streamed call; the connection is released when the block exits."""
+        response = await self._send(request, deadline, self._options(options), stream=True)
+        try:
+            content_type = response.headers.get("content-type", "").lower()
+            if "event-stream" not in content_type and (
+                "json" in content_type or "html" in content_type
+            ):
+                raise await self._not_a_stream(response, content_type)
+            events = _EventStream(response, self)
+            yield events
+            if events.complete:
+                await events.settle(min(_END_GRACE, deadline.remaining()))
+        finally:
+            await response.aclose()
+
+
+class _EventStream:
+    """Decodes a Responses event stream into chat chunks."""
+
+    def __init__(self, response: _Response, backend: ResponsesBackend) -> None:
+        self._response = response
+        self._backend = backend
+        self._decoder = SSEDecoder(max_event_bytes=backend.max_event_bytes)
+        self._pending: deque[ChatCompletionChunk] = deque()
+        self._calls: dict[int, int] = {}  # output_index -> tool call index
+        self._streamed: set[int] = set()  # output indexes whose arguments came as deltas
+        self._id = ""
+        self._model = ""
+        self._created = 0
+        self._done = False
+        self.complete = False
+        """The terminal event arrived."""
+
+    def __aiter__(self) -> _EventStream:
+        return self
+
+    async def __anext__(self) -> ChatCompletionChunk:
+        while not self._pending:
+            if self._done:
+                raise StopAsyncIteration
+            await self._fill()
+        return self._pending.popleft()
+
+    async def _fill(self) -> None:
+        backend = self._backend
+        failure: errors.SwiftClientError | None = None
+        try:
+            raw = await self._response.read()
+        except httpx.HTTPError as exc:
+            failure = backend._error(exc)
+            raw = b""
+        if failure is not None:
+            self._done = True
+            raise failure
+        if not raw:
+            self._done = True
+            raise errors.APIConnectionError(
+                f"{backend.name}: stream ended before the response completed",
+                backend=backend.name,
+            )
+        try:
+            events = self._decoder.feed(raw)
+        except EventTooLarge as exc:
+            self._done = True
+            raise backend._too_large("an SSE event", exc.limit) from None
+        for event in events:
+            if self._done:
+                return
+            try:
+                data = json.loads(event.data)
+            except ValueError:
+                self._done = True
+                raise errors.APIResponseValidationError(
+                    f"{backend.name}: a stream event is not JSON", backend=backend.name
+                ) from None
+            self._event(data)
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> None:
+        self._pending.append(
+            ChatCompletionChunk.model_validate(
+                {
+                    "id": self._id,
+                    "created": self._created,
+                    "model": self._model,
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+                }
+            )
+        )
+
+    def _event(self, data: dict[str, Any]) -> None:
+        kind = data.get("type")
+        if kind == "response.created":
+            response = data.get("response") or {}
+            self._id = response.get("id", "")
+            self._model = response.get("model", "")
+            self._created = int(response.get("created_at") or 0)
+            self._chunk({"role": "assistant", "content": ""})
+        elif kind == "response.output_text.delta":
+            self._chunk({"content": data.get("delta", "")})
+        elif kind in ("response.reasoning_text.delta", "response.reasoning_summary_text.delta"):
+            self._chunk({"reasoning_content": data.get("delta", "")})
+        elif kind == "response.output_item.added":
+            item = data.get("item") or {}
+            if item.get("type") == "function_call":
+                index = self._calls[data.get("output_index", 0)] = len(self._calls)
+                function = {"name": item.get("name", ""), "arguments": item.get("arguments", "")}
+                call = {
+                    "index": index,
+                    "id": item.get("call_id"),
+                    "type": "function",
+                    "function": function,
+                }
+                self._chunk({"tool_calls": [call]})
+        elif kind == "response.function_call_arguments.delta":
+            known = self._calls.get(data.get("output_index", 0))
+            if known is not None:
+                self._streamed.add(data.get("output_index", 0))
+                call = {"index": known, "function": {"arguments": data.get("delta", "")}}
+                self._chunk({"tool_calls": [call]})
+        elif kind == "response.output_item.done":
+            # a server that sends a call's arguments whole, with no deltas
+            item = data.get("item") or {}
+            at = data.get("output_index", 0)
+            known = self._calls.get(at)
+            if known is not None and at not in self._streamed and item.get("arguments"):
+                self._streamed.add(at)
+                call = {"index": known, "function": {"arguments": item["arguments"]}}
+                self._chunk({"tool_calls": [call]})
+        elif kind in ("response.completed", "response.incomplete"):
+            response = data.get("response") or {}
+            self._chunk({}, _finish_reason(response, bool(self._calls)))
+            usage = _usage(response.get("usage"))
+            if usage is not None:
+                self._pending.append(
+                    ChatCompletionChunk.model_validate(
+                        {
+                            "id": self._id,
+                            "created": self._created,
+                            "model": self._model,
+                            "choices": [],
+                            "usage": usage,
+                        }
+                    )
+                )
+            self._done = True
+            self.complete = True
+        elif kind == "response.failed":
+            self._done = True
+            error = (data.get("response") or {}).get("error")
+            raise _stream_error(self._backend, json.dumps({"error": error}).encode())
+        elif kind == "error":
+            self._done = True
+            error = {k: data.get(k) for k in ("message", "code", "param")}
+            raise _stream_error(self._backend, json.dumps({"error": error}).encode())
+
+    async def settle(self, limit: float) -> None:
+        """After the terminal event: read the body's end if it comes within ``limit`` seconds
+        (and a few KiB), so the connection goes back to the pool. Never raises."""
+        if limit <= 0 or self._response.body.at_end():
+            return
+        size = 0
+        with anyio.move_on_after(limit):
+            try:
+                while data := await self._response.read():
+                    size += len(data)
+                    if size > _END_BYTES:
+                        return
+            except httpx.HTTPError:
+                pass
+
+    async def aclose(self) -> None:
+        """Release the connection."""
+        self._done = True
+        await self._response.aclose()
