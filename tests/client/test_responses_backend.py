@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from swiftclient import (
+    APIResponseValidationError,
     AsyncClient,
     BadRequestError,
     ResponsesBackend,
@@ -393,3 +394,35 @@ async def test_a_plain_call_and_an_error_status() -> None:
     async with _client(json.dumps(refused).encode(), [], status=400) as client:
         with pytest.raises(BadRequestError, match="previous_response_id"):
             await client.chat("hi", model="r/m")
+
+
+async def test_a_malformed_event_is_a_validation_error_that_quotes_nothing() -> None:
+    secret = "sk-leaked-in-an-event"
+    bad = _sse(
+        {
+            "type": "response.created",
+            "sequence_number": 0,
+            "response": _response("in_progress", []),
+        },
+        {
+            "type": "response.output_item.added",
+            "output_index": 0,
+            "item": {"type": "function_call"},
+        },
+        {
+            "type": "response.function_call_arguments.delta",
+            "output_index": 0,
+            "delta": {"k": secret},
+        },
+    )
+    async with _client(bad, []) as client:
+        with pytest.raises(APIResponseValidationError, match="not a Responses API event") as caught:
+            async with client.stream("hi", model="r/m") as stream:
+                _ = [chunk async for chunk in stream]
+    error: BaseException | None = caught.value
+    while error is not None:
+        assert secret not in str(error)
+        error = error.__cause__ or error.__context__
+    assert (
+        repr(_backend(b"", [])) == "ResponsesBackend(name='r', base_url='https://api.example/v1')"
+    )

@@ -241,6 +241,9 @@ class ResponsesBackend(HTTPBackend):
         super().__init__(base_url, api_key, **options)
         self._url = f"{self.base_url}/responses"
 
+    def __repr__(self) -> str:
+        return "Responses" + super().__repr__().removeprefix("HTTP")
+
     def _options(self, options: RequestOptions | None) -> RequestOptions:
         options = options or RequestOptions()
         return dataclasses.replace(options, encoding=cast(Any, _Encoding(options.encoding)))
@@ -265,8 +268,8 @@ class ResponsesBackend(HTTPBackend):
             return chat_completion(data)
         except errors.StreamError:
             raise
-        except (ValueError, KeyError, TypeError, AttributeError):
-            pass
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+            pass  # not a response object: the error below, with no body quoted
         raise errors.APIResponseValidationError(
             f"{self.name}: response body is not a Responses API response", backend=self.name
         )
@@ -345,12 +348,24 @@ class _EventStream:
                 return
             try:
                 data = json.loads(event.data)
-            except ValueError:
+                if not isinstance(data, dict):
+                    raise ValueError
+            except (ValueError, RecursionError):
                 self._done = True
                 raise errors.APIResponseValidationError(
                     f"{backend.name}: a stream event is not JSON", backend=backend.name
                 ) from None
-            self._event(data)
+            malformed = False
+            try:
+                self._event(data)
+            except (KeyError, TypeError, AttributeError, ValueError):
+                malformed = True  # pydantic's errors quote the event: kept off the chain
+            if malformed:
+                self._done = True
+                raise errors.APIResponseValidationError(
+                    f"{backend.name}: a stream event is not a Responses API event",
+                    backend=backend.name,
+                )
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> None:
         self._pending.append(
