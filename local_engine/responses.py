@@ -23,7 +23,8 @@ Request mapping:
   map as on chat;
 - the server keeps no state: ``store`` is accepted and nothing is stored (the response says
   ``store: false``); ``previous_response_id``, ``conversation``, item references, stored
-  ``prompt`` templates and ``background`` need server-side state and are refused (400);
+  ``prompt`` templates and ``background`` need server-side state and are refused (400), as
+  is ``n`` other than 1 (a response is one reply);
 - other fields are ignored, as the chat endpoint ignores them (named in the
   ``x-ignored-fields`` header).
 
@@ -72,7 +73,7 @@ _SAME = ("temperature", "top_p", "user", "metadata", "parallel_tool_calls", "ser
 # chat fields and vLLM extensions a Responses client may send as extra body fields
 _PASSED = frozenset({"seed", "stop", "presence_penalty", "frequency_penalty"}) | EXTRA_BODY_KEYS
 # fields accepted with nothing to do: no state is kept, nothing is truncated, no obfuscation
-_ACCEPTED = frozenset({"store", "truncation", "stream_options", "prompt_cache_key", "model"})
+_ACCEPTED = frozenset({"store", "truncation", "stream_options", "prompt_cache_key", "model", "n"})
 _LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
 
@@ -144,6 +145,13 @@ def chat_fields(
                 f"responses ({why}); send the whole conversation in `input`",
                 name,
             )
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise ResponsesRequestError(
+            f"n={n} is not supported: a response is one reply (use /v1/chat/completions for "
+            "several choices)",
+            "n",
+        )
     if body.get("background"):
         raise ResponsesRequestError(
             "background responses are not supported: this local server is stateless",

@@ -1,8 +1,10 @@
-"""One backend contract, three backends: the ``target`` fixture runs each conformance test on
+"""One backend contract, four backends: the ``target`` fixture runs each conformance test on
 
 - ``fake``: :class:`HTTPBackend` against the scripted loopback :class:`FakeProvider`;
 - ``local_http``: :class:`HTTPBackend` against :class:`LocalServer` (the local engine served
   over HTTP in this process, on a free port);
+- ``local_responses``: :class:`ResponsesBackend` against the same server's ``/v1/responses``
+  (the Responses wire on both sides);
 - ``local``: :class:`LocalBackend` in process.
 
 The local paths run the embedded tiny default model (random weights), generated once per
@@ -25,11 +27,12 @@ from local_engine.server import LocalServer
 from swiftclient import AsyncClient
 from swiftclient.backends.base import Backend
 from swiftclient.backends.http import HTTPBackend
+from swiftclient.backends.responses import ResponsesBackend
 from swiftclient.testing import FakeProvider, Reply
 
 from .tiny_local import CountingEngine, TinyModel, load_tiny_model
 
-KINDS = ("fake", "local_http", "local")
+KINDS = ("fake", "local_http", "local_responses", "local")
 MODEL = "tiny"
 RELEASE_LIMIT = 30.0  # seconds; a bound on waiting for cleanup, not a speed assertion
 LONG_REPLY_TOKENS = 1000
@@ -101,11 +104,12 @@ async def target(
             http = HTTPBackend(fake.base_url, "sk-conformance", name="fake")
             client = AsyncClient(http, model=MODEL)
             found = Target(kind, client, http, fake=fake)
-        elif kind == "local_http":
+        elif kind in ("local_http", "local_responses"):
             engine = tiny_model.engine()
             served = LocalBackend.from_engine(engine, default_max_tokens=64)
             server = await stack.enter_async_context(LocalServer(served, port=0, model_name=MODEL))
-            http = HTTPBackend(server.base_url, name="localhttp")
+            wire = ResponsesBackend if kind == "local_responses" else HTTPBackend
+            http = wire(server.base_url, name=kind.replace("_", ""))
             client = AsyncClient(http, model=MODEL)
             found = Target(kind, client, http, server=server, engine=engine)
         else:

@@ -135,6 +135,7 @@ def test_tool_choice_text_format_and_logprobs_map_to_chat_fields() -> None:
         ({"previous_response_id": "resp_1"}, "previous_response_id", "stateless"),
         ({"conversation": "conv_1"}, "conversation", "stateless"),
         ({"background": True}, "background", "stateless"),
+        ({"n": 2}, "n", "n=2 is not supported"),
         ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0]", "stateless"),
         ({"tools": [{"type": "web_search"}]}, "tools[0].type", "only function tools"),
         ({"tool_choice": {"type": "allowed_tools"}}, "tool_choice", "tool_choice must be"),
