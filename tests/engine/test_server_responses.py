@@ -315,3 +315,72 @@ async def test_openai_agents_default_responses_model_runs_a_tool(
         assert streamed.final_output and len(calls) == 2
     finally:
         await client.close()
+
+
+def test_the_sdk_stream_helper_accumulates_the_reply(oa: Any) -> None:
+    """openai's ``responses.stream`` checks the events' order and ids as it builds its
+    snapshot; it must end with the same call the plain reply makes."""
+    with oa.responses.stream(model="default", input=WEATHER, tools=[TOOL]) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_response()
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    [call] = final.output
+    assert call.type == "function_call" and call.name == "get_weather"
+    assert set(json.loads(call.arguments)) == {"city"}
+
+
+# third-party clients' own deprecation notices are theirs, not the server's
+THIRD_PARTY_WARNINGS = [
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::PendingDeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::pydantic.warnings.PydanticDeprecatedSince20"),
+    pytest.mark.filterwarnings("ignore:.*Pydantic serializer warnings.*:UserWarning"),
+    pytest.mark.filterwarnings("ignore:.*using the `ReadOnly` qualifier.*:UserWarning"),
+]
+
+
+def _third_party(test: Any) -> Any:
+    for mark in THIRD_PARTY_WARNINGS:
+        test = mark(test)
+    return test
+
+
+@_third_party
+def test_langchain_use_responses_api(base_url: str) -> None:
+    langchain_openai = pytest.importorskip("langchain_openai")
+    llm = langchain_openai.ChatOpenAI(
+        model="default", base_url=base_url, api_key=KEY, use_responses_api=True, max_retries=0
+    )
+    assert llm.invoke("hi").text
+    weather = {"type": "function", "function": {k: v for k, v in TOOL.items() if k != "type"}}
+    called = llm.bind_tools([weather]).invoke(WEATHER)
+    assert [call["name"] for call in called.tool_calls] == ["get_weather"]
+    assert "".join(chunk.text for chunk in llm.stream("hi"))
+
+
+@_third_party
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # pydantic-ai calls asyncio directly
+async def test_pydantic_ai_responses_model_runs_a_tool(base_url: str, anyio_backend: str) -> None:
+    pydantic_ai = pytest.importorskip("pydantic_ai")
+    from pydantic_ai.models.openai import OpenAIResponsesModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=KEY, max_retries=0, timeout=LIMIT)
+    try:
+        model = OpenAIResponsesModel("default", provider=OpenAIProvider(openai_client=client))
+        agent = pydantic_ai.Agent(model)
+        cities: list[str] = []
+
+        @agent.tool_plain
+        def get_weather(city: str) -> str:
+            """Current weather for a city."""
+            cities.append(city)
+            return f"21 C in {city}"
+
+        result = await agent.run(WEATHER)
+        assert cities and result.output
+        kinds = [part.part_kind for m in result.all_messages() for part in m.parts]
+        assert "tool-call" in kinds and "tool-return" in kinds
+    finally:
+        await client.close()
