@@ -372,12 +372,12 @@ async def test_pydantic_ai_responses_model_runs_a_tool(base_url: str, anyio_back
         agent = pydantic_ai.Agent(model)
         cities: list[str] = []
 
-        @agent.tool_plain
         def get_weather(city: str) -> str:
             """Current weather for a city."""
             cities.append(city)
             return f"21 C in {city}"
 
+        agent.tool_plain(get_weather)
         result = await agent.run(WEATHER)
         assert cities and result.output
         kinds = [part.part_kind for m in result.all_messages() for part in m.parts]
