@@ -580,6 +580,16 @@ class LocalServer:
 
     async def _responses(self, request: Request, writer: ResponseWriter) -> None:
         """``POST /v1/responses``: the Responses API, stateless (:mod:`local_engine.responses`)."""
+        span = self._tracer.start(request.headers)
+        reply: dict[str, Any] = {}
+        try:
+            await self._respond(request, writer, span, reply)
+        finally:
+            self._tracer.end(span, status=writer.status or 499, **reply)
+
+    async def _respond(
+        self, request: Request, writer: ResponseWriter, span: Span, reply: dict[str, Any]
+    ) -> None:
         writer.headers["x-request-id"] = f"req_{secrets.token_hex(12)}"
         ignored: list[str] = []
         try:
@@ -593,12 +603,22 @@ class LocalServer:
             return
         self._note_ignored(writer, ignored)
         engine, service = self.backend.serving()
+        recording = span.is_recording()
+        if recording:
+            self._tracer.request(span, chat, self.model_name)
         if not chat.stream:
             try:
                 completion = await service.complete(engine, chat)
             except (ValueError, EngineError) as exc:
                 await _send_error(writer, _engine_error(exc))
                 return
+            if recording:
+                reply.update(
+                    response_id=echo.id,
+                    model=completion.model,
+                    usage=completion.usage,
+                    finish_reason=completion.finish_reason,
+                )
             _access_usage(completion.usage)
             await writer.send_json(200, response_body(completion, echo))
             return
@@ -612,6 +632,9 @@ class LocalServer:
                     _access_chunk(chunk)
                     for event in events.feed(chunk):
                         await writer.write(event_bytes(event))
+                    if recording:
+                        _note(reply, chunk)
+                        reply["response_id"] = echo.id
         except (ValueError, EngineError) as exc:
             failure = _engine_error(exc)
             if not writer.started:

@@ -16,7 +16,7 @@ from opentelemetry.trace import SpanKind
 from local_engine import LocalBackend
 from local_engine.metrics import EngineStats
 from local_engine.server import LocalServer
-from swiftclient import AsyncClient, HTTPBackend, RetryPolicy
+from swiftclient import AsyncClient, HTTPBackend, ResponsesBackend, RetryPolicy
 from swiftclient.telemetry import SERVER_TPOT_BUCKETS, SERVER_TTFT_BUCKETS
 
 from ..conformance.tiny_local import TinyModel, load_tiny_model
@@ -89,6 +89,33 @@ async def test_the_server_span_joins_the_callers_trace_through_traceparent(
         assert got["gen_ai.usage.output_tokens"] == 5
         assert got["http.response.status_code"] == 200
     assert {attrs(s)["gen_ai.request.stream"] for s in servers} == {True, False}
+
+
+async def test_the_responses_route_has_the_same_server_span(tiny: TinyModel, otel: Otel) -> None:
+    backend = LocalBackend.from_engine(tiny.engine())
+    async with LocalServer(
+        backend, port=0, model_name="tiny-test", tracer_provider=otel.tracer_provider
+    ) as server:
+        wire = ResponsesBackend(server.base_url, name="srv")
+        async with AsyncClient(
+            wire, model="tiny-test", retry=RetryPolicy.none(), telemetry=otel.telemetry()
+        ) as client:
+            completion = await client.chat("hello there", stream=False, **FIXED)
+            async with client.stream("hello again", **FIXED) as stream:
+                await stream.final()
+        with anyio.fail_after(LIMIT):
+            await server.wait_idle()
+    servers = [s for s in otel.finished() if s.kind is SpanKind.SERVER]
+    assert len(servers) == 2
+    for server_span in servers:
+        assert server_span.name == "chat tiny-test"
+        assert server_span.parent is not None and server_span.parent.is_remote
+        got = attrs(server_span)
+        assert got["gen_ai.usage.output_tokens"] == 5
+        assert got["http.response.status_code"] == 200
+        assert str(got["gen_ai.response.id"]).startswith("resp_")
+    assert {attrs(s)["gen_ai.request.stream"] for s in servers} == {True, False}
+    assert completion.id in {attrs(s)["gen_ai.response.id"] for s in servers}
 
 
 async def test_a_refused_request_ends_its_server_span_with_the_status(
