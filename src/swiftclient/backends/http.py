@@ -28,9 +28,9 @@ import pydantic
 import pydantic_core
 
 from .. import errors
+from .._canonical import encode as encode_request
 from .._deadline import Deadline, running_loop
 from .._sse import EventTooLarge, ServerSentEvent, SSEDecoder
-from .._wire import encode_request
 from ..types import MAX_CHOICES, MAX_TOOL_CALLS, ChatCompletion, ChatCompletionChunk, ChatRequest
 from ._errors import TransportError, to_public
 from ._httpx import HttpxTransport
