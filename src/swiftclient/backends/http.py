@@ -28,11 +28,11 @@ import pydantic
 import pydantic_core
 
 from .. import errors
+from .._canonical import encode as encode_request
 from .._deadline import Deadline, running_loop
 from .._sse import EventTooLarge, ServerSentEvent, SSEDecoder
-from .._wire import encode_request
 from ..types import MAX_CHOICES, MAX_TOOL_CALLS, ChatCompletion, ChatCompletionChunk, ChatRequest
-from ._errors import map_httpx_error
+from ._errors import TransportError, to_public
 from ._httpx import HttpxTransport
 from ._network import Cert, Verify, env_proxy, keepalive_options, ssl_context
 from .base import RequestOptions, Transport, TransportResponse, check_backend_name
@@ -483,17 +483,17 @@ class HTTPBackend:
             sent = await transport.send(method, url, headers, body, connect)
         except BaseException as exc:
             slots.release()
-            if not isinstance(exc, httpx.HTTPError):
+            if not isinstance(exc, TransportError):
                 raise
             error = self._error(exc)
         else:
             return _Response(sent, slots)
         raise error  # outside the except block: the chain keeps no transport exception
 
-    def _error(self, exc: Exception) -> errors.SwiftClientError:
+    def _error(self, exc: TransportError) -> errors.SwiftClientError:
         """The swiftclient error for a transport failure, with a scrubbed stand-in as its
         cause; raise it outside the ``except`` block, so ``exc`` stays off the chain."""
-        return map_httpx_error(exc, backend=self.name, secrets=self._secrets)
+        return to_public(exc, backend=self.name, secrets=self._secrets)
 
     async def _read_body(self, response: _Response, limit: int) -> bytes:
         """The whole body; :class:`~swiftclient.ResponseTooLarge` past ``limit`` bytes."""
@@ -512,7 +512,7 @@ class HTTPBackend:
                 parts.append(data)
                 if at_end():  # the whole body is here: no read just to see it end
                     break
-        except httpx.HTTPError as exc:
+        except TransportError as exc:
             error = self._error(exc)
         else:
             return parts[0] if len(parts) == 1 else b"".join(parts)
@@ -528,7 +528,7 @@ class HTTPBackend:
         try:
             while len(buffer) <= _MAX_ERROR_BODY and (data := await response.read()):
                 buffer += data
-        except httpx.HTTPError:
+        except TransportError:
             pass
         body_bytes = bytes(buffer)
         text = body_bytes.decode("utf-8", "replace")[:500]
@@ -753,7 +753,7 @@ class _ChunkStream:
         raw: bytes | None
         try:
             raw = await self._read()
-        except httpx.HTTPError as exc:
+        except TransportError as exc:
             self._done = True
             error = backend._error(exc)
             raw = None
@@ -799,7 +799,7 @@ class _ChunkStream:
                     size += len(data)
                     if size > _END_BYTES:
                         return
-            except httpx.HTTPError:
+            except TransportError:
                 pass
 
     async def aclose(self) -> None:
