@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import pydantic_core
 
@@ -182,10 +182,21 @@ def _messages(request: ChatRequest) -> tuple[list[dict[str, Any]], list[dict[str
     return system, out
 
 
-def _output_tool(request: ChatRequest) -> dict[str, Any] | None:
+def _native_schema(request: ChatRequest, structured: str) -> dict[str, Any] | None:
+    """The schema sent as ``output_config.format`` (the API's own structured outputs), when
+    the backend uses them and the request has a ``json_schema`` response format."""
+    fmt = request.response_format
+    if structured != "native" or fmt is None or fmt.type != "json_schema":
+        return None
+    if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+        return None
+    return fmt.json_schema.schema_
+
+
+def _output_tool(request: ChatRequest, structured: str = "tool") -> dict[str, Any] | None:
     """The forced tool that stands for a JSON response format, if the request has one."""
     fmt = request.response_format
-    if fmt is None or fmt.type == "text":
+    if fmt is None or fmt.type == "text" or _native_schema(request, structured) is not None:
         return None
     if fmt.type == "json_schema" and fmt.json_schema is not None:
         spec = fmt.json_schema
@@ -202,10 +213,10 @@ def _output_tool(request: ChatRequest) -> dict[str, Any] | None:
     }
 
 
-def output_names(request: ChatRequest) -> frozenset[str]:
+def output_names(request: ChatRequest, structured: str = "tool") -> frozenset[str]:
     """The name of the tool that stands for ``request``'s JSON response format (its input
     is the answer's content), or an empty set."""
-    output = _output_tool(request)
+    output = _output_tool(request, structured)
     return frozenset() if output is None else frozenset((str(output["name"]),))
 
 
@@ -222,12 +233,15 @@ def encode_messages_request(
     stream: bool,
     max_tokens: int = DEFAULT_MAX_TOKENS,
     exact: bool = False,
+    structured: str = "tool",
 ) -> bytes:
     """The ``/v1/messages`` body for ``request`` (see docs/providers.md for the mapping).
 
     ``max_tokens`` is used when the request sets no limit. With ``exact`` False, tools are
     sorted by name and their schemas put in canonical order, as on the OpenAI wire, so
-    equal requests give equal bytes (the prompt cache keys on them). ``extra_body`` (for
+    equal requests give equal bytes (the prompt cache keys on them). A ``json_schema``
+    response format goes as a forced tool (``structured="tool"``) or as the API's own
+    ``output_config.format`` (``structured="native"``). ``extra_body`` (for
     ``thinking``, ``top_k``, ``cache_control`` and other Anthropic fields) is merged last.
     """
     _unsupported(request)
@@ -256,7 +270,15 @@ def encode_messages_request(
         tools.append(entry)
     if not exact:
         tools.sort(key=lambda entry: str(entry["name"]))
-    output = _output_tool(request)
+    output = _output_tool(request, structured)
+    native = _native_schema(request, structured)
+    if native is not None:
+        body["output_config"] = {
+            "format": {
+                "type": "json_schema",
+                "schema": native if exact else canonical_schema(native),
+            }
+        }
     choice = request.tool_choice
     tool_choice: dict[str, Any] | None = None
     if output is not None:
@@ -677,6 +699,10 @@ class AnthropicBackend(HTTPBackend):
         name: the backend's name in model strings, spans and errors.
         version: the ``anthropic-version`` header.
         max_tokens: the ``max_tokens`` sent when a request sets none (the API requires it).
+        structured_output: how a ``json_schema`` response format (``response_model=``) is
+            asked for: ``"tool"`` (default; every model) forces a tool whose input is the
+            answer; ``"native"`` sends the API's ``output_config.format`` (models with
+            structured outputs).
         **kwargs: :class:`~swiftclient.HTTPBackend` options.
 
     Extended thinking: pass ``extra_body={"thinking": {"type": "enabled", "budget_tokens":
@@ -696,8 +722,11 @@ class AnthropicBackend(HTTPBackend):
         version: str = ANTHROPIC_VERSION,
         max_tokens: int = DEFAULT_MAX_TOKENS,
         headers: Mapping[str, str] | None = None,
+        structured_output: Literal["tool", "native"] = "tool",
         **kwargs: Any,
     ) -> None:
+        if structured_output not in ("tool", "native"):
+            raise errors.ConfigurationError('structured_output must be "tool" or "native"')
         if max_tokens < 1:
             raise errors.ConfigurationError("max_tokens must be at least 1")
         if kwargs.get("prompt_cache_key"):
@@ -710,6 +739,7 @@ class AnthropicBackend(HTTPBackend):
         merged.update({k.lower(): v for k, v in (headers or {}).items()})
         super().__init__(root, api_key, name=name, headers=merged, **kwargs)
         self.max_tokens = max_tokens
+        self.structured_output = structured_output
 
     def __repr__(self) -> str:
         shown = self.base_url.split("?", 1)[0]
@@ -720,13 +750,18 @@ class AnthropicBackend(HTTPBackend):
 
     def _encode(self, request: ChatRequest, stream: bool, encoding: CallEncoding | None) -> bytes:
         return encode_messages_request(
-            request, stream=stream, max_tokens=self.max_tokens, exact=self._exact
+            request,
+            stream=stream,
+            max_tokens=self.max_tokens,
+            exact=self._exact,
+            structured=self.structured_output,
         )
 
     def _chunk_stream(
         self, response: _Response, deadline: Deadline, request: ChatRequest
     ) -> _ChunkStream:
-        return _MessageStream(response, self, deadline, output_names(request))
+        output = output_names(request, self.structured_output)
+        return _MessageStream(response, self, deadline, output)
 
     async def complete(
         self, request: ChatRequest, deadline: Deadline, options: RequestOptions | None = None
@@ -738,4 +773,4 @@ class AnthropicBackend(HTTPBackend):
         finally:
             if not response.close_nowait():
                 await response.aclose()
-        return decode_message(body, self, output_names(request))
+        return decode_message(body, self, output_names(request, self.structured_output))
