@@ -262,10 +262,13 @@ class FakeProvider:
                 self._idle = None
 
     async def _messages(self, request: Request, writer: ResponseWriter) -> None:
-        """Anthropic's Messages API: the key in ``x-api-key``, errors in its shape."""
+        """Anthropic's Messages API: the key in ``x-api-key`` (or as a bearer token, as
+        newer SDKs send it), errors in its shape."""
         key = self._api_key
-        if key is not None and not hmac.compare_digest(
-            request.headers.get("x-api-key", "").encode(), key.encode()
+        if (
+            key is not None
+            and not hmac.compare_digest(request.headers.get("x-api-key", "").encode(), key.encode())
+            and not self._router.authorized(request)
         ):
             body = messages_error(401, "invalid x-api-key")
             await writer.send_json(401, body)
