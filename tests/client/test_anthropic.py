@@ -442,7 +442,7 @@ EXPECTED_DELTAS: list[dict[str, Any]] = [
     },
     {"tool_calls": [{"index": 0, "function": {"arguments": '{"city": "San'}}]},
     {"tool_calls": [{"index": 0, "function": {"arguments": ' Francisco"}'}}]},
-    {},
+    {},  # the finish chunk; the usage chunk (no choices) follows
 ]
 
 
@@ -453,6 +453,12 @@ def replay_backend(body: bytes, status: int = 200) -> AnthropicBackend:
     return AnthropicBackend(
         "http://replay.test", api_key=KEY, transport=httpx.MockTransport(handler)
     )
+
+
+def deltas(chunks: list[ChatCompletionChunk]) -> list[dict[str, Any]]:
+    """Each chunk's delta, the final usage chunk (no choices) left off."""
+    assert chunks[-1].usage is not None and not chunks[-1].choices
+    return [delta_of(chunk) for chunk in chunks[:-1]]
 
 
 def delta_of(chunk: ChatCompletionChunk) -> dict[str, Any]:
@@ -469,10 +475,10 @@ async def test_a_documented_example_stream_decodes_to_the_expected_chunks() -> N
             async for chunk in stream:
                 chunks.append(chunk)
             completion = await stream.final()
-    assert [delta_of(c) for c in chunks] == EXPECTED_DELTAS
+    assert deltas(chunks) == EXPECTED_DELTAS
     assert all(c.id == "msg_replay_1" and c.model == "claude-replay" for c in chunks)
+    assert chunks[-2].choices[0].finish_reason == "tool_calls"
     last = chunks[-1]
-    assert last.choices[0].finish_reason == "tool_calls"
     assert last.usage is not None
     assert (last.usage.prompt_tokens, last.usage.completion_tokens) == (525, 89)
     assert (last.usage.cached_tokens, last.usage.cache_write_tokens) == (400, 100)
@@ -493,7 +499,7 @@ def test_the_decoder_is_sans_io() -> None:
         if chunk is not None:
             chunks.append(chunk)
     assert decoder.done
-    assert [delta_of(c) for c in chunks] == EXPECTED_DELTAS
+    assert deltas(chunks) == EXPECTED_DELTAS
 
 
 async def test_an_overloaded_error_event_mid_stream_is_retryable() -> None:

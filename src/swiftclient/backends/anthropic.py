@@ -478,7 +478,8 @@ class MessageDecoder:
     ``thinking_delta`` pieces ``reasoning_content``; each finished ``thinking`` /
     ``redacted_thinking`` block is handed out whole (signature included) as the delta field
     ``thinking_blocks`` (every block so far, so the latest value is the full list).
-    ``message_delta`` carries the finish reason and the usage; ``message_stop`` ends it.
+    ``message_delta`` gives the finish chunk; ``message_stop`` ends the message with a
+    usage chunk (no choices), as an OpenAI stream with ``include_usage`` ends.
     """
 
     __slots__ = (
@@ -490,6 +491,7 @@ class MessageDecoder:
         "_model",
         "_output",
         "_thinking",
+        "_usage",
         "done",
     )
 
@@ -503,6 +505,7 @@ class MessageDecoder:
         self._calls = 0
         self._answered = False
         self._thinking: list[dict[str, Any]] = []
+        self._usage: Usage | None = None
         self.done = False
         """``message_stop`` was seen: the message is whole."""
 
@@ -533,16 +536,13 @@ class MessageDecoder:
             late = data.get("usage")
             if isinstance(late, dict):  # cumulative counts: the latest win
                 counts.update({k: v for k, v in late.items() if v is not None})
+            self._usage = _usage(counts)
             finish = _finish(delta.get("stop_reason"), self._answered and not self._calls)
-            return _chunk(
-                self._id,
-                self._model,
-                ChoiceDelta(),
-                finish_reason=finish,
-                usage=_usage(counts),
-            )
+            return _chunk(self._id, self._model, ChoiceDelta(), finish_reason=finish)
         if kind == "message_stop":
             self.done = True
+            if self._usage is not None:  # the usage chunk, last and choice-less as on OpenAI
+                return _chunk(self._id, self._model, usage=self._usage)
         return None
 
     def _start(self, data: dict[str, Any]) -> ChatCompletionChunk | None:
@@ -671,16 +671,15 @@ class _MessageStream(_ChunkStream):
                     f"{backend.name}: stream event {kind or '?'} is not valid: {summary}",
                     backend=backend.name,
                 )
-            if decoder.done:
+            if decoder.done:  # the message is whole only at message_stop
                 self._finished = True
                 self._done = True
                 self.complete = True
                 events.clear()
-                return None
+                return chunk
             if chunk is None:
                 continue
             if chunk.choices and chunk.choices[0].finish_reason is not None:
-                self._finished = True
                 self.finished.add(0)
             return chunk
         return None
