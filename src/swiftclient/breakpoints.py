@@ -30,6 +30,7 @@ __all__ = [
     "TTL",
     "Breakpoint",
     "BreakpointPlan",
+    "CacheBreakpointWarning",
     "Segment",
     "plan_breakpoints",
 ]
@@ -40,6 +41,11 @@ DEFAULT_LIMIT = 4
 DEFAULT_MIN_TOKENS = 1024
 """The shortest cacheable prefix of most Claude models (some need 2048 or 4096)."""
 _RANK: dict[str, int] = {"5m": 0, "1h": 1}
+
+
+class CacheBreakpointWarning(UserWarning):
+    """The caller's cache breakpoints had to be changed: merged past the limit, or a TTL
+    lengthened to keep longer TTLs first."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -613,3 +613,108 @@ async def test_the_official_sdk_parses_every_answer_of_the_fake() -> None:
             assert caught.value.body["error"]["type"] == "overloaded_error"
         finally:
             await sdk.close()
+
+
+# --------------------------------------------------------------------------- cache breakpoints
+
+LONG = "word " * 2000  # about 2,500 tokens by the planner's estimate
+
+
+def marked(body: dict[str, Any]) -> list[Any]:
+    """Every block of a Messages body that carries ``cache_control``, with its marker."""
+    found: list[Any] = []
+    for tool in body.get("tools", []):
+        if "cache_control" in tool:
+            found.append(("tool", tool["name"], tool["cache_control"]))
+    system = body.get("system")
+    for block in system if isinstance(system, list) else []:
+        if "cache_control" in block:
+            found.append(("system", block["text"][:5], block["cache_control"]))
+    for index, message in enumerate(body["messages"]):
+        content = message["content"]
+        for block in content if isinstance(content, list) else []:
+            if "cache_control" in block:
+                found.append((index, block.get("text", block["type"])[:5], block["cache_control"]))
+    return found
+
+
+def test_breakpoints_go_on_the_tools_the_static_prefix_the_history_and_the_last_turn() -> None:
+    from swiftclient.backends.anthropic import CachePlanning
+
+    tools = [{"type": "function", "function": {"name": "big", "parameters": {"description": LONG}}}]
+    request = ChatRequest.model_validate(
+        {
+            "model": "claude-test",
+            "tools": tools,
+            "messages": [
+                {"role": "system", "content": LONG},
+                {"role": "user", "content": "first question"},
+                {"role": "assistant", "content": "first answer"},
+                {"role": "user", "content": "second question"},
+            ],
+        }
+    )
+    planning = CachePlanning(static_ttl="1h")
+    body = json.loads(encode_messages_request(request, stream=False, cache=planning))
+    ephemeral = {"type": "ephemeral"}
+    hour = {"type": "ephemeral", "ttl": "1h"}
+    assert marked(body) == [
+        ("tool", "big", hour),
+        ("system", "word ", hour),
+        (1, "first", ephemeral),  # the history before the final user turn
+        (2, "secon", ephemeral),  # the last message
+    ]
+    # without planning the body carries no breakpoint and keeps plain strings
+    plain = json.loads(encode_messages_request(request, stream=False))
+    assert marked(plain) == [] and plain["system"] == LONG
+
+
+def test_short_prompts_get_no_planned_breakpoint() -> None:
+    from swiftclient.backends.anthropic import CachePlanning
+
+    request = ChatRequest(
+        model="m", messages=[{"role": "system", "content": "hi"}, {"role": "user", "content": "x"}]
+    )
+    body = json.loads(encode_messages_request(request, stream=False, cache=CachePlanning()))
+    assert marked(body) == []
+
+
+def test_the_callers_breakpoints_are_always_sent_and_merged_past_four() -> None:
+    from swiftclient.breakpoints import CacheBreakpointWarning
+
+    marker = {"type": "ephemeral"}
+    messages: list[dict[str, Any]] = []
+    for i in range(6):
+        messages += [
+            {"role": "user", "content": f"q{i} " + LONG, "cache_control": marker},
+            {"role": "assistant", "content": f"a{i}"},
+        ]
+    messages.append({"role": "user", "content": "last"})
+    request = ChatRequest.model_validate({"model": "m", "messages": messages})
+    with pytest.warns(CacheBreakpointWarning, match="merged"):
+        body = json.loads(encode_messages_request(request, stream=False))
+    found = marked(body)
+    assert len(found) == 4
+    assert all(index % 2 == 0 and marker == {"type": "ephemeral"} for index, _, marker in found)
+    assert found[-1][0] == 10  # the last one the caller set is kept where it was
+
+
+async def test_a_backend_with_cache_breakpoints_sends_them_and_counts_cache_usage() -> None:
+    from swiftclient.prompt_cache import static, turn
+
+    usage = ReplyUsage(prompt_tokens=3000, cached_tokens=2500, cache_write_tokens=400)
+    async with FakeProvider(Reply(text="ok", usage=usage)) as fake:
+        backend = AnthropicBackend(fake.base_url, api_key=KEY, cache_breakpoints=True)
+        async with AsyncClient(backends={"a": backend}, model="a/claude") as client:
+            completion = await client.chat(
+                [
+                    turn({"role": "user", "content": "now?"}),
+                    static({"role": "user", "content": LONG}),
+                ]
+            )
+            stats = client.cache_stats()
+    body = fake.requests[-1].body
+    # the static document goes first (layout marks) and is the cached prefix
+    assert body["messages"][0]["content"][0]["cache_control"] == {"type": "ephemeral"}
+    assert completion.usage is not None and completion.usage.cached_tokens == 2500
+    assert stats["a"].cached_tokens == 2500

@@ -13,7 +13,9 @@ What is translated and what is lost is written in docs/providers.md.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import pydantic_core
@@ -21,6 +23,14 @@ import pydantic_core
 from .. import errors
 from .._canonical import CallEncoding, canonical_schema
 from .._deadline import Deadline
+from ..breakpoints import (
+    DEFAULT_LIMIT,
+    DEFAULT_MIN_TOKENS,
+    TTL,
+    CacheBreakpointWarning,
+    Segment,
+    plan_breakpoints,
+)
 from ..types import (
     AssistantMessage,
     ChatCompletion,
@@ -48,6 +58,7 @@ __all__ = [
     "DEFAULT_MAX_TOKENS",
     "OUTPUT_TOOL",
     "AnthropicBackend",
+    "CachePlanning",
     "MessageDecoder",
     "decode_message",
     "encode_messages_request",
@@ -117,15 +128,17 @@ def _tool_input(arguments: str, name: str) -> Any:
         ) from exc
 
 
-def _assistant_blocks(message: Message) -> list[dict[str, Any]] | str:
+def _assistant_blocks(message: Message, as_blocks: bool = False) -> list[dict[str, Any]] | str:
     extra = message.__pydantic_extra__ or {}
     thinking = extra.get("thinking_blocks")
     blocks: list[dict[str, Any]] = []
     if isinstance(thinking, list):
         blocks.extend(block for block in thinking if isinstance(block, dict))
     text = _text_blocks(message.content)
-    if not blocks and not message.tool_calls and isinstance(message.content, str):
-        return message.content
+    content = message.content
+    if not blocks and not message.tool_calls and isinstance(content, str):
+        if not (as_blocks and content):
+            return content
     blocks.extend(text)
     for call in message.tool_calls or ():
         blocks.append(
@@ -146,16 +159,34 @@ def _tool_result(message: Message) -> dict[str, Any]:
     return result
 
 
-def _messages(request: ChatRequest) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """``(system blocks, messages)``: system and developer messages lifted to ``system``;
-    tool results (and a user message right after them) kept together in one user turn."""
+# Where one request message landed: in ``system`` or ``messages``, and the block that a
+# cache breakpoint on it would mark (None: it has no block that may carry one).
+_Anchor = tuple[bool, dict[str, Any] | None]
+
+
+def _last_markable(blocks: list[dict[str, Any]]) -> dict[str, Any] | None:
+    if blocks and blocks[-1].get("type") not in _THINKING:
+        return blocks[-1]
+    return None
+
+
+def _messages(
+    request: ChatRequest, as_blocks: bool = False
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[_Anchor]]:
+    """``(system blocks, messages, anchors)``: system and developer messages lifted to
+    ``system``; tool results (and a user message right after them) kept together in one
+    user turn; ``anchors`` has one entry per request message (see ``_Anchor``).
+    ``as_blocks``: every content as a list of blocks (breakpoints need blocks)."""
     system: list[dict[str, Any]] = []
     out: list[dict[str, Any]] = []
+    anchors: list[_Anchor] = []
     merge_user = False  # the last user turn holds tool results: later ones join it
     for message in request.messages:
         role = message.role
         if role in ("system", "developer"):
-            system.extend(_text_blocks(message.content))
+            added = _text_blocks(message.content)
+            system.extend(added)
+            anchors.append((True, _last_markable(added)))
             continue
         if role == "tool":
             block = _tool_result(message)
@@ -164,22 +195,26 @@ def _messages(request: ChatRequest) -> tuple[list[dict[str, Any]], list[dict[str
             else:
                 out.append({"role": "user", "content": [block]})
                 merge_user = True
+            anchors.append((False, block))
             continue
         if role == "user":
-            if merge_user:
-                out[-1]["content"].extend(_text_blocks(message.content))
+            content = message.content
+            if merge_user or as_blocks or not isinstance(content, str):
+                added = _text_blocks(content)
+                if merge_user:
+                    out[-1]["content"].extend(added)
+                else:
+                    out.append({"role": "user", "content": added})
+                anchors.append((False, _last_markable(added)))
             else:
-                content = message.content
-                out.append(
-                    {
-                        "role": "user",
-                        "content": content if isinstance(content, str) else _text_blocks(content),
-                    }
-                )
+                out.append({"role": "user", "content": content})
+                anchors.append((False, None))
             continue
         merge_user = False
-        out.append({"role": "assistant", "content": _assistant_blocks(message)})
-    return system, out
+        blocks = _assistant_blocks(message, as_blocks)
+        out.append({"role": "assistant", "content": blocks})
+        anchors.append((False, _last_markable(blocks) if isinstance(blocks, list) else None))
+    return system, out, anchors
 
 
 def _native_schema(request: ChatRequest, structured: str) -> dict[str, Any] | None:
@@ -213,6 +248,99 @@ def _output_tool(request: ChatRequest, structured: str = "tool") -> dict[str, An
     }
 
 
+@dataclass(frozen=True, slots=True)
+class CachePlanning:
+    """How :func:`encode_messages_request` places ``cache_control`` breakpoints.
+
+    ``static``: how many leading messages the layout marks made static (None: the leading
+    system / developer messages); ``static_ttl``: the TTL of the tools' and the static
+    prefix's breakpoints (``"1h"`` writes cost 2x the input price, ``"5m"`` 1.25x);
+    ``min_tokens``: the model's minimum cacheable prefix; ``limit``: the API's maximum.
+    The conversation's last message and the one before the final user turn get ``5m``
+    breakpoints, so an agent loop's next call reads the whole history from the cache.
+    A breakpoint the caller set (a message's ``cache_control``) is always kept.
+    """
+
+    static: int | None = None
+    static_ttl: TTL = "5m"
+    min_tokens: int = DEFAULT_MIN_TOKENS
+    limit: int = DEFAULT_LIMIT
+    auto: bool = True
+    """False: only the caller's own breakpoints are placed (kept within the limit)."""
+
+
+def _tokens(block: Any) -> int:
+    """A rough token count of a block: its JSON size over four."""
+    return len(pydantic_core.to_json(block)) // 4
+
+
+def _user_ttl(message: Message) -> TTL | None:
+    extra = message.__pydantic_extra__ or {}
+    marker = extra.get("cache_control")
+    if not isinstance(marker, dict):
+        return None
+    return "1h" if marker.get("ttl") == "1h" else "5m"
+
+
+def _place_breakpoints(
+    request: ChatRequest,
+    cache: CachePlanning,
+    *,
+    user_tools: int,
+    tools: list[dict[str, Any]],
+    anchors: list[_Anchor],
+) -> None:
+    """Mark the blocks the planner chooses with ``cache_control`` (in place)."""
+    messages = request.messages
+    static = cache.static
+    if static is None:
+        static = 0
+        for message in messages:
+            if message.role not in ("system", "developer"):
+                break
+            static += 1
+    static = min(static, len(messages))
+    last_user = max((i for i, m in enumerate(messages) if m.role == "user"), default=-1)
+    ends: dict[int, TTL] = {}
+    if cache.auto:
+        if static:
+            ends[static - 1] = cache.static_ttl
+        if last_user > 0:
+            ends.setdefault(last_user - 1, "5m")
+        ends.setdefault(len(messages) - 1, "5m")
+    # The cache order: tools, then the system blocks, then the messages.
+    order = [i for i, (in_system, _) in enumerate(anchors) if in_system]
+    order += [i for i, (in_system, _) in enumerate(anchors) if not in_system]
+    targets: list[dict[str, Any] | None] = []
+    segments: list[Segment] = []
+    if user_tools:
+        targets.append(tools[user_tools - 1])
+        size = sum(_tokens(tool) for tool in tools[:user_tools])
+        segments.append(Segment(size, end=cache.static_ttl if cache.auto else None))
+    for i in order:
+        block = anchors[i][1]
+        targets.append(block)
+        size = _tokens(block) if block is not None else 0
+        markable = block is not None
+        segments.append(
+            Segment(
+                size,
+                end=ends.get(i) if markable else None,
+                user=_user_ttl(messages[i]) if markable else None,
+            )
+        )
+    plan = plan_breakpoints(segments, limit=cache.limit, min_tokens=cache.min_tokens)
+    for note in plan.warnings:
+        warnings.warn(note, CacheBreakpointWarning, stacklevel=4)
+    for point in plan.breakpoints:
+        target = targets[point.position]
+        if target is not None:
+            marker: dict[str, Any] = {"type": "ephemeral"}
+            if point.ttl == "1h":
+                marker["ttl"] = "1h"
+            target["cache_control"] = marker
+
+
 def output_names(request: ChatRequest, structured: str = "tool") -> frozenset[str]:
     """The name of the tool that stands for ``request``'s JSON response format (its input
     is the answer's content), or an empty set."""
@@ -234,6 +362,7 @@ def encode_messages_request(
     max_tokens: int = DEFAULT_MAX_TOKENS,
     exact: bool = False,
     structured: str = "tool",
+    cache: CachePlanning | None = None,
 ) -> bytes:
     """The ``/v1/messages`` body for ``request`` (see docs/providers.md for the mapping).
 
@@ -241,11 +370,15 @@ def encode_messages_request(
     sorted by name and their schemas put in canonical order, as on the OpenAI wire, so
     equal requests give equal bytes (the prompt cache keys on them). A ``json_schema``
     response format goes as a forced tool (``structured="tool"``) or as the API's own
-    ``output_config.format`` (``structured="native"``). ``extra_body`` (for
+    ``output_config.format`` (``structured="native"``). With ``cache``, ``cache_control``
+    breakpoints are placed by :func:`~swiftclient.breakpoints.plan_breakpoints` (see
+    :class:`CachePlanning`). ``extra_body`` (for
     ``thinking``, ``top_k``, ``cache_control`` and other Anthropic fields) is merged last.
     """
     _unsupported(request)
-    system, messages = _messages(request)
+    if cache is None and any(_user_ttl(message) for message in request.messages):
+        cache = CachePlanning(auto=False)  # the caller's own breakpoints still go out
+    system, messages, anchors = _messages(request, as_blocks=cache is not None)
     body: dict[str, Any] = {"model": request.model}
     extra_body = request.extra_body or {}
     limit = request.max_new_tokens()
@@ -255,9 +388,6 @@ def encode_messages_request(
         if isinstance(thinking, dict) and isinstance(thinking.get("budget_tokens"), int):
             limit += thinking["budget_tokens"]
     body["max_tokens"] = limit
-    if system:
-        only = len(system) == 1 and set(system[0]) == {"type", "text"}
-        body["system"] = system[0]["text"] if only else system
     body["messages"] = messages
     tools: list[dict[str, Any]] = []
     for tool in request.tools or ():
@@ -292,6 +422,13 @@ def encode_messages_request(
         # thinking on, which forbids forcing), the model is left to choose.
         if not request.tools and not thinking_on:
             tool_choice = {"type": "tool", "name": output["name"]}
+    if cache is not None:
+        _place_breakpoints(
+            request, cache, user_tools=len(request.tools or ()), tools=tools, anchors=anchors
+        )
+    if system:
+        only = len(system) == 1 and set(system[0]) == {"type", "text"}
+        body["system"] = system[0]["text"] if only else system
     if tools:
         body["tools"] = tools
     if tool_choice is None and choice is not None:
@@ -702,6 +839,14 @@ class AnthropicBackend(HTTPBackend):
             asked for: ``"tool"`` (default; every model) forces a tool whose input is the
             answer; ``"native"`` sends the API's ``output_config.format`` (models with
             structured outputs).
+        cache_breakpoints: place ``cache_control`` breakpoints on every request (at most
+            four: the tools, the static prefix that layout marks or leading system messages
+            make, the history before the last user turn, the last message), skipping
+            prefixes under ``min_cache_tokens``; see :class:`CachePlanning`. Breakpoints
+            set by the caller (a message's ``cache_control``) are always sent.
+        static_ttl: the TTL of the tools' and static prefix's breakpoints, ``"5m"`` or
+            ``"1h"``.
+        min_cache_tokens: the model's minimum cacheable prefix (1024 for most models).
         **kwargs: :class:`~swiftclient.HTTPBackend` options.
 
     Extended thinking: pass ``extra_body={"thinking": {"type": "enabled", "budget_tokens":
@@ -722,6 +867,9 @@ class AnthropicBackend(HTTPBackend):
         max_tokens: int = DEFAULT_MAX_TOKENS,
         headers: Mapping[str, str] | None = None,
         structured_output: Literal["tool", "native"] = "tool",
+        cache_breakpoints: bool = False,
+        static_ttl: TTL = "5m",
+        min_cache_tokens: int = DEFAULT_MIN_TOKENS,
         **kwargs: Any,
     ) -> None:
         if structured_output not in ("tool", "native"):
@@ -739,6 +887,11 @@ class AnthropicBackend(HTTPBackend):
         super().__init__(root, api_key, name=name, headers=merged, **kwargs)
         self.max_tokens = max_tokens
         self.structured_output = structured_output
+        self.cache_breakpoints = cache_breakpoints
+        if static_ttl not in ("5m", "1h"):
+            raise errors.ConfigurationError('static_ttl must be "5m" or "1h"')
+        self._static_ttl: TTL = static_ttl
+        self._min_cache_tokens = min_cache_tokens
 
     def __repr__(self) -> str:
         shown = self.base_url.split("?", 1)[0]
@@ -754,6 +907,17 @@ class AnthropicBackend(HTTPBackend):
             max_tokens=self.max_tokens,
             exact=self._exact,
             structured=self.structured_output,
+            cache=self._cache_planning(request, encoding),
+        )
+
+    def _cache_planning(
+        self, request: ChatRequest, encoding: CallEncoding | None
+    ) -> CachePlanning | None:
+        if not self.cache_breakpoints:
+            return None
+        static = encoding.prefix(request).static if encoding is not None else None
+        return CachePlanning(
+            static=static, static_ttl=self._static_ttl, min_tokens=self._min_cache_tokens
         )
 
     def _chunk_stream(
