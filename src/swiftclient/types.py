@@ -143,15 +143,6 @@ class Message(BaseModel):
     refusal: str | None = None
     """An assistant message's refusal (instead of content)."""
 
-    @model_validator(mode="before")
-    @classmethod
-    def _signed_thinking(cls, data: Any) -> Any:
-        # A reply's Anthropic thinking blocks are not a field here but must go back as they
-        # came (the API checks their signatures): read as the reply's request fields.
-        if isinstance(data, AssistantMessage) and data.thinking_blocks is not None:
-            return data.request_fields()
-        return data
-
     @model_validator(mode="after")
     def _well_formed(self) -> Message:
         role, content = self.role, self.content
