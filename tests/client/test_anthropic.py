@@ -16,20 +16,27 @@ import pytest
 
 from swiftclient import (
     AnthropicBackend,
+    APIConnectionError,
     AsyncClient,
     AuthenticationError,
     ConfigurationError,
+    HTTPBackend,
     InternalServerError,
     OverloadedError,
     ProviderOverloadedError,
+    RateLimitError,
     RetryPolicy,
     StreamError,
 )
 from swiftclient.backends.anthropic import (
     DEFAULT_MAX_TOKENS,
+    CachePlanning,
     MessageDecoder,
+    decode_message,
     encode_messages_request,
 )
+from swiftclient.breakpoints import CacheBreakpointWarning
+from swiftclient.prompt_cache import static, turn
 from swiftclient.providers import from_env, preset
 from swiftclient.testing import FakeProvider, Reply, ReplyUsage
 from swiftclient.types import ChatCompletionChunk, ChatRequest
@@ -516,8 +523,6 @@ async def test_an_overloaded_error_event_mid_stream_is_retryable() -> None:
 
 
 async def test_a_stream_cut_before_message_stop_is_a_connection_error() -> None:
-    from swiftclient import APIConnectionError
-
     body = EXAMPLE_STREAM.split(b"event: message_delta")[0]
     backend = replay_backend(body)
     async with AsyncClient(backends={"a": backend}, model="a/claude") as client:
@@ -639,8 +644,6 @@ def marked(body: dict[str, Any]) -> list[Any]:
 
 
 def test_breakpoints_go_on_the_tools_the_static_prefix_the_history_and_the_last_turn() -> None:
-    from swiftclient.backends.anthropic import CachePlanning
-
     tools = [{"type": "function", "function": {"name": "big", "parameters": {"description": LONG}}}]
     request = ChatRequest.model_validate(
         {
@@ -670,8 +673,6 @@ def test_breakpoints_go_on_the_tools_the_static_prefix_the_history_and_the_last_
 
 
 def test_short_prompts_get_no_planned_breakpoint() -> None:
-    from swiftclient.backends.anthropic import CachePlanning
-
     request = ChatRequest(
         model="m", messages=[{"role": "system", "content": "hi"}, {"role": "user", "content": "x"}]
     )
@@ -680,8 +681,6 @@ def test_short_prompts_get_no_planned_breakpoint() -> None:
 
 
 def test_the_callers_breakpoints_are_always_sent_and_merged_past_four() -> None:
-    from swiftclient.breakpoints import CacheBreakpointWarning
-
     marker = {"type": "ephemeral"}
     messages: list[dict[str, Any]] = []
     for i in range(6):
@@ -700,8 +699,6 @@ def test_the_callers_breakpoints_are_always_sent_and_merged_past_four() -> None:
 
 
 async def test_a_backend_with_cache_breakpoints_sends_them_and_counts_cache_usage() -> None:
-    from swiftclient.prompt_cache import static, turn
-
     usage = ReplyUsage(prompt_tokens=3000, cached_tokens=2500, cache_write_tokens=400)
     async with FakeProvider(Reply(text="ok", usage=usage)) as fake:
         backend = AnthropicBackend(fake.base_url, api_key=KEY, cache_breakpoints=True)
@@ -718,3 +715,77 @@ async def test_a_backend_with_cache_breakpoints_sends_them_and_counts_cache_usag
     assert body["messages"][0]["content"][0]["cache_control"] == {"type": "ephemeral"}
     assert completion.usage is not None and completion.usage.cached_tokens == 2500
     assert stats["a"].cached_tokens == 2500
+
+
+# --------------------------------------------------------------------------- more of the wire
+
+
+def test_redacted_and_empty_signed_thinking_blocks_are_kept_byte_for_byte() -> None:
+    redacted = {"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix/LafPsn4a"}
+    empty = {"type": "thinking", "thinking": "", "signature": "EuYBCkQYAiJA"}
+    body = {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-test",
+        "content": [empty, redacted, {"type": "text", "text": "Done."}],
+        "stop_reason": "max_tokens",
+        "stop_sequence": None,
+        "usage": {"input_tokens": 10, "output_tokens": 5},
+    }
+    backend = AnthropicBackend("http://unused.test", api_key=KEY)
+    completion = decode_message(json.dumps(body).encode(), backend)
+    message = completion.choices[0].message
+    assert message.thinking_blocks == [empty, redacted]
+    assert message.reasoning_content is None and message.content == "Done."
+    assert completion.finish_reason == "length"
+    request = ChatRequest(
+        model="m",
+        messages=[
+            {"role": "user", "content": "q"},
+            message.to_message(),
+            {"role": "user", "content": "r"},
+        ],
+    )
+    sent = json.loads(encode_messages_request(request, stream=False))["messages"][1]["content"]
+    assert sent == [empty, redacted, {"type": "text", "text": "Done."}]
+
+
+async def test_rate_limit_headers_reach_the_error_that_policies_see() -> None:
+    limited = Reply(
+        status=429,
+        retry_after=7,
+        headers={"anthropic-ratelimit-requests-remaining": "0"},
+        error_message="Number of requests has exceeded your rate limit",
+    )
+    async with FakeProvider() as fake, client_for(fake) as client:
+        fake.script(limited)
+        with pytest.raises(RateLimitError) as caught:
+            await client.chat(messages="hi", retry=RetryPolicy.none())
+    error = caught.value
+    assert error.headers["anthropic-ratelimit-requests-remaining"] == "0"
+    assert RetryPolicy().wait_seconds(1, error) == 7.0
+    assert error.body["error"]["type"] == "rate_limit_error"
+
+
+async def test_a_call_falls_back_across_wires() -> None:
+    async with FakeProvider() as claude, FakeProvider(Reply(text="from openai")) as gpt:
+        claude.script(Reply(status=529, error_message="Overloaded"))
+        backends = {
+            "anthropic": AnthropicBackend(claude.base_url, api_key=KEY),
+            "openai": HTTPBackend(gpt.base_url, api_key="sk-openai-test-key"),
+        }
+        async with AsyncClient(backends=backends) as client:
+            completion = await client.chat(
+                messages="hi",
+                model=["anthropic/claude-test", "openai/gpt-test"],
+                retry=RetryPolicy.none(),
+            )
+    assert completion.text == "from openai"
+    assert completion.timing is not None
+    assert [(a.backend, a.outcome) for a in completion.timing.attempts] == [
+        ("anthropic", "error"),
+        ("openai", "ok"),
+    ]
+    assert claude.requests[0].path == "/v1/messages"
+    assert gpt.requests[0].path == "/v1/chat/completions"
