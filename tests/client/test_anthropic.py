@@ -38,7 +38,8 @@ from swiftclient.backends.anthropic import (
 from swiftclient.breakpoints import CacheBreakpointWarning
 from swiftclient.prompt_cache import static, turn
 from swiftclient.providers import from_env, preset
-from swiftclient.testing import FakeProvider, Reply, ReplyUsage
+from swiftclient.testing import CacheSimulation, FakeProvider, Reply, ReplyUsage
+from swiftclient.testing._prompt_cache import prompt_blocks
 from swiftclient.types import ChatCompletionChunk, ChatRequest
 
 pytestmark = pytest.mark.anyio
@@ -789,3 +790,73 @@ async def test_a_call_falls_back_across_wires() -> None:
     ]
     assert claude.requests[0].path == "/v1/messages"
     assert gpt.requests[0].path == "/v1/chat/completions"
+
+
+# --------------------------------------------------------------------------- cache simulation
+
+
+def oracle_and_total(bodies: list[dict[str, Any]], min_tokens: int) -> tuple[int, int]:
+    """The most prompt tokens any cache could have served over these calls (each call's
+    longest block prefix shared with an earlier call, when long enough), and all of them."""
+    seen: list[list[tuple[str, int]]] = []
+    best_total = total = 0
+    for body in bodies:
+        blocks = [(identity, tokens) for identity, tokens, _ in prompt_blocks(body)]
+        total += sum(tokens for _, tokens in blocks)
+        best = 0
+        for earlier in seen:
+            shared = 0
+            for (a, tokens), (b, _) in zip(blocks, earlier, strict=False):
+                if a != b:
+                    break
+                shared += tokens
+            best = max(best, shared)
+        best_total += best if best >= min_tokens else 0
+        seen.append(blocks)
+    return best_total, total
+
+
+@pytest.mark.parametrize("planned", [True, False], ids=["planner", "no-breakpoints"])
+async def test_multi_turn_calls_reach_the_oracles_cached_share(planned: bool) -> None:
+    async with FakeProvider() as fake:
+        fake.prompt_cache = CacheSimulation(min_tokens=1024)
+        backend = AnthropicBackend(fake.base_url, api_key=KEY, cache_breakpoints=planned)
+        async with AsyncClient(backends={"a": backend}, model="a/claude") as client:
+            messages: list[Any] = [{"role": "system", "content": LONG}]
+            read = prompt = 0
+            for turn_number in range(8):
+                messages.append({"role": "user", "content": f"question number {turn_number}"})
+                completion = await client.chat(messages, stream=turn_number % 2 == 0)
+                assert completion.usage is not None
+                read += completion.usage.cached_tokens
+                prompt += completion.usage.prompt_tokens
+                messages.append(completion.choices[0].message)
+    oracle, total = oracle_and_total([r.body for r in fake.requests], 1024)
+    assert prompt == total  # usage counts every input token, cached or not
+    if planned:
+        assert read >= 0.9 * oracle > 0
+    else:
+        assert read == 0
+
+
+def test_the_cache_simulation_honours_ttls_and_prefixes() -> None:
+    now = [0.0]
+    cache = CacheSimulation(min_tokens=3, clock=lambda: now[0])
+
+    def body(ttl: str | None, question: str) -> dict[str, Any]:
+        marker: dict[str, Any] = {"type": "ephemeral"}
+        if ttl:
+            marker["ttl"] = ttl
+        system = [{"type": "text", "text": "one two three four", "cache_control": marker}]
+        return {"system": system, "messages": [{"role": "user", "content": question}]}
+
+    assert cache.usage(body(None, "a b")) == {
+        "input_tokens": 2,
+        "cache_creation_input_tokens": 4,
+        "cache_read_input_tokens": 0,
+    }
+    assert cache.usage(body(None, "c"))["cache_read_input_tokens"] == 4  # same prefix
+    now[0] += 301  # five minutes passed since the last read
+    assert cache.usage(body("1h", "c"))["cache_read_input_tokens"] == 0
+    now[0] += 3000  # the 1h entry is still there
+    assert cache.usage(body(None, "c"))["cache_read_input_tokens"] == 4

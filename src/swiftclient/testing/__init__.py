@@ -13,6 +13,7 @@ From synchronous code: ``with FakeProvider().run_in_thread() as fake: ...``; fro
 """
 
 from ._fake import FakeProvider, RecordedRequest
+from ._prompt_cache import CacheSimulation
 from ._reply import Reply, ReplyUsage
 
-__all__ = ["FakeProvider", "RecordedRequest", "Reply", "ReplyUsage"]
+__all__ = ["CacheSimulation", "FakeProvider", "RecordedRequest", "Reply", "ReplyUsage"]

@@ -31,6 +31,7 @@ from ._events import (
     plan_reply,
 )
 from ._messages import messages_body, messages_error, messages_events, messages_prompt_tokens
+from ._prompt_cache import CacheSimulation
 from ._reply import Reply
 
 __all__ = ["FakeProvider", "RecordedRequest"]
@@ -92,6 +93,9 @@ class FakeProvider:
         self.models: list[str] = list(models) if models is not None else [model]
         """The model ids ``GET /v1/models`` lists (default: ``model`` alone)."""
         self._api_key = api_key
+        self.prompt_cache: CacheSimulation | None = None
+        """Set to a :class:`~swiftclient.testing.CacheSimulation` to simulate Anthropic's
+        prompt cache on ``/v1/messages`` (usage from it unless a reply sets ``usage``)."""
         self._queue: deque[Reply] = deque()
         router = Router(
             {
@@ -295,15 +299,17 @@ class FakeProvider:
             model = body["model"] if isinstance(body.get("model"), str) else self.model
             plan = plan_reply(reply, body, f"call_{seq}")
             prompt = messages_prompt_tokens(body)
+            cache = self.prompt_cache
+            cached = cache.usage(body) if cache is not None else None
             message_id = f"msg_fake_{seq}"
             if body.get("stream") is True:
                 head, steps, tail = messages_events(
-                    plan, reply, message_id=message_id, model=model, prompt=prompt
+                    plan, reply, message_id=message_id, model=model, prompt=prompt, cached=cached
                 )
                 await _stream_messages(reply, head, steps, tail, writer, headers)
             else:
                 result = messages_body(
-                    plan, reply, message_id=message_id, model=model, prompt=prompt
+                    plan, reply, message_id=message_id, model=model, prompt=prompt, cached=cached
                 )
                 await _complete(reply, plan, result, writer, headers)
         except anyio.get_cancelled_exc_class():

@@ -75,7 +75,11 @@ def _stop_reason(plan: Plan) -> str:
     return _STOP.get(plan.finish_reason, plan.finish_reason)
 
 
-def _usage(plan: Plan, reply: Reply, prompt: int) -> dict[str, Any]:
+def _usage(
+    plan: Plan, reply: Reply, prompt: int, simulated: dict[str, int] | None = None
+) -> dict[str, Any]:
+    if simulated is not None and reply.usage is None:  # the cache simulation's counts
+        return {**simulated, "output_tokens": plan.usage["completion_tokens"]}
     spec = reply.usage
     cached = spec.cached_tokens if spec is not None and spec.cached_tokens is not None else 0
     written = (
@@ -103,7 +107,13 @@ def _tool_id(call_id: str) -> str:
 
 
 def messages_body(
-    plan: Plan, reply: Reply, *, message_id: str, model: str, prompt: int
+    plan: Plan,
+    reply: Reply,
+    *,
+    message_id: str,
+    model: str,
+    prompt: int,
+    cached: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """The ``message`` body of a non-streamed reply."""
     content: list[dict[str, Any]] = []
@@ -129,17 +139,23 @@ def messages_body(
         "content": content,
         "stop_reason": _stop_reason(plan),
         "stop_sequence": None,
-        "usage": _usage(plan, reply, prompt),
+        "usage": _usage(plan, reply, prompt, cached),
     }
 
 
 def messages_events(
-    plan: Plan, reply: Reply, *, message_id: str, model: str, prompt: int
+    plan: Plan,
+    reply: Reply,
+    *,
+    message_id: str,
+    model: str,
+    prompt: int,
+    cached: dict[str, int] | None = None,
 ) -> tuple[bytes, list[bytes], bytes]:
     """``(head, steps, tail)`` of a streamed reply: ``message_start`` (and the first
     block's start), one step per content or argument delta (block starts and stops ride
     along), then the last block's stop, ``message_delta`` and ``message_stop``."""
-    usage = _usage(plan, reply, prompt)
+    usage = _usage(plan, reply, prompt, cached)
     start_usage = {**usage, "output_tokens": 1}
     head = _event(
         "message_start",
