@@ -51,7 +51,7 @@ from ..types import (
     Usage,
 )
 from .base import RequestOptions
-from .http import HTTPBackend, _ChunkStream, _Response
+from .http import HTTPBackend, _ChunkStream, _deadline_exceeded, _Response
 
 __all__ = [
     "ANTHROPIC_VERSION",
@@ -936,4 +936,7 @@ class AnthropicBackend(HTTPBackend):
         finally:
             if not response.close_nowait():
                 await response.aclose()
-        return decode_message(body, self, output_names(request, self.structured_output))
+        completion = decode_message(body, self, output_names(request, self.structured_output))
+        if deadline.now() >= deadline.at:  # parsing took the call past its deadline
+            raise _deadline_exceeded(self, deadline)
+        return completion
