@@ -320,7 +320,7 @@ def _place_breakpoints(
     for i in order:
         block = anchors[i][1]
         targets.append(block)
-        size = _tokens(block) if block is not None else 0
+        size = _tokens(messages[i].model_dump(mode="json", exclude_none=True))
         markable = block is not None
         segments.append(
             Segment(
