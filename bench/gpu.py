@@ -65,6 +65,7 @@ from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 from local_engine.async_engine import AsyncEngine
 from local_engine.attention import build_attention_metadata
 from local_engine.engine import Engine, EngineConfig, SamplingParams
+from local_engine.errors import EngineConfigError
 from local_engine.loader import load_model
 from local_engine.model import DecoderModel
 from local_engine.tokenizer import Tokenizer
@@ -347,7 +348,7 @@ def check_correctness(path: Path, s: Settings, rng: random.Random) -> None:
     del hf16
     try:
         ours8 = load_model(path, dtype="bfloat16", device=s.device, quantization="fp8")
-    except ConfigurationError as exc:
+    except (ConfigurationError, EngineConfigError) as exc:
         print(f"\nfp8 weights: not measured here ({exc})")
         return
     fp8 = [model_logits(ours8, p) for p in prompts]

@@ -130,9 +130,11 @@ def _qk_rope(
 def _swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` from the fused gate/up projection's output ``[T, 2 * I]``; on CPU
     in one native pass where the kernel loads."""
-    if (kernel := _cpu_kernel(gate_up)) is not None and (
-        out := kernel.silu_mul(gate_up, torch.get_num_threads())
-    ) is not None:
+    if (
+        (kernel := _cpu_kernel(gate_up)) is not None
+        and kernel.vector_activation  # a build without AVX-512 BW/VL declines: skip the call
+        and (out := kernel.silu_mul(gate_up, torch.get_num_threads())) is not None
+    ):
         return out
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate, inplace=True).mul_(up)

@@ -964,27 +964,28 @@ def command(**options: Any) -> int:
     none, the embedded default model. Runs until SIGINT or SIGTERM.
     """
     args = argparse.Namespace(**options)
-    if args.access_log:
-        _print_access_lines()
+    handler = _print_access_lines() if args.access_log else None
     try:
         _build(args).run()
     except OSError as exc:
         raise click.ClickException(f"cannot serve on {args.host}:{args.port}: {exc}") from exc
     except KeyboardInterrupt:
         pass
+    finally:
+        if handler is not None:  # the stream it writes to may not outlive this command
+            access_log.removeHandler(handler)
     print("stopped", flush=True)
     return 0
 
 
-def _print_access_lines() -> None:
-    """Send the access lines to stderr (once per process)."""
-    if any(getattr(h, "_swiftclient_access", False) for h in access_log.handlers):
-        return
+def _print_access_lines() -> logging.Handler:
+    """Send the access lines to this command's stderr while it serves; the handler, for
+    the command to remove when it ends."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
-    handler._swiftclient_access = True  # type: ignore[attr-defined]
     access_log.addHandler(handler)
     access_log.setLevel(logging.INFO)
+    return handler
 
 
 def _engine_config(args: argparse.Namespace) -> EngineConfig:

@@ -16,6 +16,7 @@ from ._policies import PolicyHub
 from ._retry import RetryPolicy
 from ._stream import ChatStream
 from ._sync import Client, SyncChatStream
+from .backends.anthropic import AnthropicBackend
 from .backends.base import Backend, RequestOptions
 from .backends.http import HTTPBackend
 from .backends.replicas import ReplicaBackend, ReplicaStats
@@ -40,6 +41,7 @@ from .errors import (
     OverloadedError,
     PermissionDeniedError,
     PoolTimeout,
+    ProviderOverloadedError,
     RateLimited,
     RateLimitError,
     ResponseTooLarge,
@@ -74,6 +76,7 @@ __all__ = [
     "APIResponseValidationError",
     "APIStatusError",
     "APITimeoutError",
+    "AnthropicBackend",
     "AssistantMessage",
     "AsyncClient",
     "Attempt",
@@ -118,6 +121,7 @@ __all__ = [
     "Price",
     "Pricing",
     "PromptPrefix",
+    "ProviderOverloadedError",
     "RateLimitError",
     "RateLimited",
     "ReplicaBackend",

@@ -45,7 +45,6 @@ __all__ = [
     "SCHEMA_KEYWORD_ORDER",
     "CallEncoding",
     "PromptPrefix",
-    "body",
     "cache_key",
     "canonical_schema",
     "encode",
@@ -222,24 +221,6 @@ def _sorted_map(value: Mapping[str, Any]) -> dict[str, Any]:
 
 _EXCLUDE = {"extra_body", "stream", "stream_options"}
 _EXCLUDE_TOOLS = {*_EXCLUDE, "tools"}  # canonical tools come from their own memo
-
-
-def body(
-    request: ChatRequest,
-    *,
-    stream: bool,
-    include_usage: bool = True,
-    exact: bool = False,
-    prompt_cache_key: str | None = None,
-) -> dict[str, Any]:
-    """The JSON-ready body for ``request``: canonical (see the module) unless ``exact``,
-    which keeps the caller's orders (fields still in the contract's order, ``None`` left
-    out, ``extra_body`` merged last). ``prompt_cache_key`` is sent when the request names
-    none itself. The dict may share parts with a memo: read it, do not change it."""
-    data, tools = _body(request, stream, include_usage, exact, prompt_cache_key)
-    if tools:
-        data["tools"] = [tool for tool, _ in tools]
-    return data
 
 
 _CanonicalTools = list[tuple[dict[str, Any], bytes]]

@@ -90,6 +90,9 @@ def _messages(messages: MessagesInput) -> tuple[list[Message], int | None]:
         if isinstance(message, Marked):
             ordered, static = arrange(messages)
             return _messages(ordered)[0], static
+        if isinstance(message, AssistantMessage):
+            out.append(message.to_message())  # its thinking blocks go back too
+            continue
         try:
             out.append(Message.model_validate(message))
         except pydantic.ValidationError as exc:
@@ -123,9 +126,13 @@ def _call_key() -> str:
 
 
 def _has_marks(messages: list[Any]) -> bool:
-    """Whether any message carries a layout mark (then the messages are arranged first)."""
+    """Whether any message carries a layout mark (then the messages are arranged first), or
+    is a reply with Anthropic thinking blocks (then it is read by its request fields, which
+    send them back)."""
     for message in messages:
-        if isinstance(message, Marked):
+        if isinstance(message, Marked) or (
+            isinstance(message, AssistantMessage) and message.thinking_blocks is not None
+        ):
             return True
     return False
 

@@ -415,6 +415,8 @@ _STATUS_CLASSES: dict[int, type[APIStatusError]] = {
 
 def status_error_class(status_code: int) -> type[APIStatusError]:
     """Return the exception class for an HTTP error status."""
+    if status_code == 529:
+        return ProviderOverloadedError
     if status_code >= 500:
         return InternalServerError
     return _STATUS_CLASSES.get(status_code, APIStatusError)
@@ -438,3 +440,8 @@ class EngineError(SwiftClientError):
 
 class OverloadedError(EngineError):
     """The engine's waiting queue is full; try again later."""
+
+
+class ProviderOverloadedError(InternalServerError, OverloadedError):
+    """A provider says it is overloaded: HTTP 529, or Anthropic's ``overloaded_error`` in a
+    stream. Retried like a 503; ``except OverloadedError`` catches it with the engine's."""

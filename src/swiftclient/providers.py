@@ -1,8 +1,9 @@
 """Provider presets and configuration from the environment.
 
-Every preset is a plain :class:`HTTPBackend` for an OpenAI-compatible API; none is treated
-specially. ``local`` selects the bundled engine (the ``local`` extra), which swiftclient
-never imports: it is found through the ``swiftclient.backends`` entry point named ``local``.
+Every preset is a plain :class:`HTTPBackend` for an OpenAI-compatible API, except
+``anthropic``, an :class:`~swiftclient.AnthropicBackend` on the native Messages API.
+``local`` selects the bundled engine (the ``local`` extra), which swiftclient never imports:
+it is found through the ``swiftclient.backends`` entry point named ``local``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, cast
 
+from .backends.anthropic import AnthropicBackend
 from .backends.base import Backend
 from .backends.http import HTTPBackend
 from .errors import ConfigurationError
@@ -88,6 +90,9 @@ class Preset:
     key_env: str | None
     key_required: bool = True
     prompt_cache_key: bool = False
+    wire: str = "chat"
+    """``chat`` (OpenAI Chat Completions: :class:`HTTPBackend`) or ``messages``
+    (Anthropic's Messages API: :class:`~swiftclient.AnthropicBackend`)."""
 
 
 PRESETS: dict[str, Preset] = {
@@ -96,6 +101,7 @@ PRESETS: dict[str, Preset] = {
     "deepseek": Preset("https://api.deepseek.com/v1", "DEEPSEEK_API_KEY"),
     "vllm": Preset("http://127.0.0.1:8000/v1", "VLLM_API_KEY", key_required=False),
     "sglang": Preset("http://127.0.0.1:30000/v1", "SGLANG_API_KEY", key_required=False),
+    "anthropic": Preset("https://api.anthropic.com/v1", "ANTHROPIC_API_KEY", wire="messages"),
 }
 
 
@@ -109,9 +115,9 @@ def preset(
     **kwargs: Any,
 ) -> Backend:
     """Build the backend for a named provider (``oxlo``, ``openai``, ``deepseek``, ``vllm``,
-    ``sglang``, or ``local``). Keys come from the argument or the preset's variable; other
-    keyword arguments (``name=`` included: the backend's name in model strings) go to the
-    backend."""
+    ``sglang``, ``anthropic``, or ``local``). Keys come from the argument or the preset's
+    variable; other keyword arguments (``name=`` included: the backend's name in model
+    strings) go to the backend."""
     env = os.environ if environ is None else environ
     if name == "local":
         local_backend = _local_entry_point(BACKENDS_GROUP)
@@ -125,6 +131,10 @@ def preset(
     if spec.key_required and not key:
         raise ConfigurationError(
             f"provider {name!r} needs an API key: pass api_key= or set {spec.key_env}"
+        )
+    if spec.wire == "messages":
+        return AnthropicBackend(
+            base_url or spec.base_url, key, name=kwargs.pop("name", name), **kwargs
         )
     kwargs.setdefault("prompt_cache_key", spec.prompt_cache_key)
     return HTTPBackend(base_url or spec.base_url, key, name=kwargs.pop("name", name), **kwargs)

@@ -408,10 +408,14 @@ class AssistantMessage(BaseModel):
     SGLang, vLLM's older releases)."""
     reasoning: str | None = None
     """Reasoning text, where the provider sends it as ``reasoning`` (vLLM, OpenRouter)."""
+    thinking_blocks: list[dict[str, Any]] | None = None
+    """Anthropic's ``thinking`` and ``redacted_thinking`` blocks, exactly as received
+    (signatures included); sent back on the next turn by :meth:`request_fields`."""
 
     def request_fields(self) -> dict[str, Any]:
         """The fields a request's assistant message carries: ``role``, ``content``,
-        ``tool_calls`` and ``refusal`` when set.
+        ``tool_calls``, ``refusal`` and ``thinking_blocks`` (Anthropic's signed thinking,
+        which must go back unchanged) when set.
 
         Reasoning text and provider-specific response fields are left out: providers reject
         or ignore them in requests (DeepSeek answers 400 to ``reasoning_content``). To send
@@ -422,6 +426,8 @@ class AssistantMessage(BaseModel):
             fields["tool_calls"] = self.tool_calls
         if self.refusal is not None:
             fields["refusal"] = self.refusal
+        if self.thinking_blocks is not None:
+            fields["thinking_blocks"] = self.thinking_blocks
         return fields
 
     def to_message(self) -> Message:

@@ -101,3 +101,17 @@ class Script:
             return httpx.Response(status, headers=h, stream=_Body(parts, stall, self.closed))
 
         return httpx.MockTransport(handler)
+
+
+async def settle(fake: Any, requests: int, limit: float = 30.0) -> None:
+    """Wait until ``fake`` (a FakeProvider) has received ``requests`` chat requests and
+    answered or dropped all of them. The fake serves on its own thread, so a request the
+    client already gave up on may reach it only after the call returned: waiting for idle
+    alone could look before that request arrived. ``limit`` bounds the wait (never a speed
+    assertion)."""
+    with anyio.fail_after(limit):
+        while True:
+            await fake.wait_until_idle()
+            if len(fake.requests) >= requests:
+                return
+            await anyio.sleep(0.01)

@@ -33,8 +33,8 @@ from swiftclient import (
     Timeout,
 )
 from swiftclient._canonical import canonical_schema
+from swiftclient._canonical import encode as encode_request
 from swiftclient._structured import _strict_schema, structured_output
-from swiftclient._wire import encode_request
 from swiftclient.testing import FakeProvider, Reply
 
 from .mock import Script, chunk, stream_body

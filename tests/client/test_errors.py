@@ -1,89 +1,10 @@
-"""Exception tree, the single httpx mapping, and secret redaction."""
+"""Exception tree and secret redaction (the transport mapping: test_transport_errors.py)."""
 
 from __future__ import annotations
 
-import inspect
-
-import httpx
 import pytest
 
 from swiftclient import errors
-from swiftclient.backends._errors import HTTPX_ERROR_MAP, map_httpx_error
-
-
-def _httpx_exception_classes() -> set[type[Exception]]:
-    """Every exception class httpx defines: its public ones and all their httpx subclasses."""
-    found: set[type[Exception]] = set()
-    todo = [
-        obj
-        for _, obj in inspect.getmembers(httpx)
-        if inspect.isclass(obj)
-        and issubclass(obj, Exception)
-        and obj.__module__.startswith("httpx")
-    ]
-    while todo:
-        cls = todo.pop()
-        if cls not in found and cls.__module__.startswith("httpx"):
-            found.add(cls)
-            todo.extend(cls.__subclasses__())
-    return found
-
-
-def test_every_httpx_exception_class_is_mapped_directly() -> None:
-    # Reaching a mapped parent is not enough: each class httpx defines must be mapped on
-    # purpose, so a class mapped only through its root (say ReadTimeout through HTTPError)
-    # fails here.
-    classes = _httpx_exception_classes()
-    assert {httpx.HTTPError, httpx.ReadTimeout, httpx.StreamClosed} <= classes
-    missing = sorted(cls.__name__ for cls in classes if cls not in HTTPX_ERROR_MAP)
-    assert not missing, f"httpx exception classes without their own mapping: {missing}"
-
-
-def test_every_mapping_entry_is_what_the_mapper_returns() -> None:
-    for cls, target in HTTPX_ERROR_MAP.items():
-        if cls is httpx.HTTPStatusError:
-            continue  # built from a response; covered by the status-class test below
-        mapped = map_httpx_error(cls.__new__(cls), backend="b")  # some take no arguments
-        assert type(mapped) is target, cls
-
-
-@pytest.mark.parametrize(
-    ("exc", "expected"),
-    [
-        (httpx.ConnectTimeout("t"), errors.ConnectTimeout),
-        (httpx.ReadTimeout("t"), errors.APITimeoutError),
-        (httpx.PoolTimeout("t"), errors.PoolTimeout),
-        (httpx.ConnectError("c"), errors.APIConnectionError),
-        (httpx.ReadError("r"), errors.APIConnectionError),
-        (httpx.RemoteProtocolError("p"), errors.APIConnectionError),
-        (httpx.DecodingError("d"), errors.APIResponseValidationError),
-        (httpx.UnsupportedProtocol("u"), errors.ConfigurationError),
-        (httpx.InvalidURL("u"), errors.ConfigurationError),
-    ],
-)
-def test_mapping_targets(exc: Exception, expected: type[Exception]) -> None:
-    mapped = map_httpx_error(exc, backend="b")
-    assert type(mapped) is expected
-
-
-def test_status_error_mapping_uses_status_classes() -> None:
-    request = httpx.Request("POST", "http://x")
-    for status, cls in [
-        (400, errors.BadRequestError),
-        (401, errors.AuthenticationError),
-        (403, errors.PermissionDeniedError),
-        (404, errors.NotFoundError),
-        (409, errors.ConflictError),
-        (422, errors.UnprocessableEntityError),
-        (429, errors.RateLimitError),
-        (503, errors.InternalServerError),
-        (418, errors.APIStatusError),
-    ]:
-        response = httpx.Response(status, request=request)
-        exc = httpx.HTTPStatusError("boom", request=request, response=response)
-        mapped = map_httpx_error(exc, backend="b")
-        assert type(mapped) is cls
-        assert isinstance(mapped, errors.APIStatusError) and mapped.status_code == status
 
 
 def test_tree_shape() -> None:
@@ -103,13 +24,6 @@ def test_redaction_masks_keys_and_bearer_tokens() -> None:
     assert "abcdef123456" not in out
     assert "ABCDEFGHIJKLMNOP" not in out
     assert "hunter2" not in out
-
-
-def test_mapped_message_never_carries_the_key() -> None:
-    exc = httpx.ConnectError("failed with Authorization: Bearer my-very-secret-key-value")
-    mapped = map_httpx_error(exc, backend="b", secrets=("my-very-secret-key-value",))
-    assert "my-very-secret-key-value" not in str(mapped)
-    assert "my-very-secret-key-value" not in repr(mapped)
 
 
 def test_new_timeouts_and_size_error_sit_in_the_tree() -> None:

@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
-import anyio
 import httpx2
 import openai
 import pydantic
@@ -22,6 +21,8 @@ from swiftclient import AsyncClient, Hedge, HTTPBackend, RetryPolicy
 from swiftclient.routing import Router
 from swiftclient.testing import FakeProvider, Reply
 from swiftclient.transports import AsyncTransport
+
+from .mock import settle
 
 pytestmark = [
     pytest.mark.anyio,
@@ -82,8 +83,7 @@ async def setup() -> AsyncIterator[tuple[dict[str, FakeProvider], openai.AsyncOp
 
 
 async def slow_was_cancelled(fakes: dict[str, FakeProvider]) -> None:
-    with anyio.fail_after(RELEASE_LIMIT):
-        await fakes["slow"].wait_until_idle()
+    await settle(fakes["slow"], 1, RELEASE_LIMIT)
     assert len(fakes["slow"].requests) == fakes["slow"].cancelled == 1
     assert fakes["quick"].cancelled == 0
 

@@ -7,7 +7,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from swiftclient._wire import encode_request
+from swiftclient._canonical import encode as encode_request
 from swiftclient.types import ChatCompletion, ChatCompletionChunk, ChatRequest, Message, Timing
 
 

@@ -1,6 +1,7 @@
-"""One backend contract, four backends: the ``target`` fixture runs each conformance test on
+"""One backend contract, five backends: the ``target`` fixture runs each conformance test on
 
 - ``fake``: :class:`HTTPBackend` against the scripted loopback :class:`FakeProvider`;
+- ``fake_messages``: :class:`AnthropicBackend` against the same fake's ``/v1/messages``;
 - ``local_http``: :class:`HTTPBackend` against :class:`LocalServer` (the local engine served
   over HTTP in this process, on a free port);
 - ``local_responses``: :class:`ResponsesBackend` against the same server's ``/v1/responses``
@@ -24,7 +25,7 @@ import pytest
 from local_engine import LocalBackend
 from local_engine.default_model import RANDOM_MODEL_NAME, ensure_default_model
 from local_engine.server import LocalServer
-from swiftclient import AsyncClient
+from swiftclient import AnthropicBackend, AsyncClient
 from swiftclient.backends.base import Backend
 from swiftclient.backends.http import HTTPBackend
 from swiftclient.backends.responses import ResponsesBackend
@@ -32,7 +33,7 @@ from swiftclient.testing import FakeProvider, Reply
 
 from .tiny_local import CountingEngine, TinyModel, load_tiny_model
 
-KINDS = ("fake", "local_http", "local_responses", "local")
+KINDS = ("fake", "fake_messages", "local_http", "local_responses", "local")
 MODEL = "tiny"
 RELEASE_LIMIT = 30.0  # seconds; a bound on waiting for cleanup, not a speed assertion
 LONG_REPLY_TOKENS = 1000
@@ -102,6 +103,11 @@ async def target(
         if kind == "fake":
             fake = await stack.enter_async_context(FakeProvider())
             http = HTTPBackend(fake.base_url, "sk-conformance", name="fake")
+            client = AsyncClient(http, model=MODEL)
+            found = Target(kind, client, http, fake=fake)
+        elif kind == "fake_messages":
+            fake = await stack.enter_async_context(FakeProvider())
+            http = AnthropicBackend(fake.base_url, "sk-conformance", name="fakemessages")
             client = AsyncClient(http, model=MODEL)
             found = Target(kind, client, http, fake=fake)
         elif kind in ("local_http", "local_responses"):

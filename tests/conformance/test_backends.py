@@ -164,10 +164,20 @@ async def test_replies_appended_to_the_conversation_continue_it(
         messages, tools=[WEATHER_TOOL], max_tokens=4, stream=stream, **FIXED
     )
     assert third.usage is not None and third.usage.prompt_tokens > second.usage.prompt_tokens
-    if target.fake is not None:
+    if target.kind == "fake":
         sent = target.fake.requests[-1].body["messages"]
         assert sent[1] == {"role": "assistant", "content": first.text}
         assert sent[3] == {"role": "assistant", "tool_calls": [call.model_dump()]}
+    elif target.kind == "fake_messages":  # the same turns on Anthropic's wire
+        sent = target.fake.requests[-1].body["messages"]
+        assert sent[1] == {"role": "assistant", "content": first.text}
+        tool_use = {"type": "tool_use", "id": "call_1", "name": "get_weather"}
+        assert sent[3] == {
+            "role": "assistant",
+            "content": [{**tool_use, "input": {"city": "Paris"}}],
+        }
+        result = {"type": "tool_result", "tool_use_id": "call_1", "content": '{"celsius": 21}'}
+        assert sent[4] == {"role": "user", "content": [result]}
     await target.assert_released()
 
 

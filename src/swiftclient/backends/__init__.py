@@ -1,11 +1,13 @@
 """Backends: the seam between policies and wire protocols."""
 
+from .anthropic import AnthropicBackend
 from .base import Backend, RequestOptions, check_backend_name
 from .http import HTTPBackend
 from .replicas import ReplicaBackend, ReplicaStats
 from .responses import ResponsesBackend
 
 __all__ = [
+    "AnthropicBackend",
     "Backend",
     "HTTPBackend",
     "ReplicaBackend",

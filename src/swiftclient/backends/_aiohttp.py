@@ -2,8 +2,8 @@
 
 aiohttp's connector does far less Python work per request and per chunk than httpx's on
 asyncio. This module speaks :class:`~swiftclient.backends.base.Transport` through aiohttp's
-public API only, and turns aiohttp failures into the matching httpx exceptions, so the one
-httpx -> swiftclient mapping (``_errors.py``) covers every transport.
+public API only, and maps aiohttp's failures to the seam's transport errors
+(``_errors.py``) in one table, :data:`AIOHTTP_ERRORS`.
 
 A pooled connection may have been closed by the server while it sat idle, its FIN not yet
 seen by the event loop when a request takes it (a server that closes after every response
@@ -23,43 +23,77 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
-import httpx
 import yarl
 
+from ._errors import (
+    ConnectError,
+    ConnectTimeout,
+    InvalidURL,
+    ProtocolError,
+    ReadError,
+    ReadTimeout,
+    TransportError,
+    WriteError,
+)
 from .base import TransportResponse
 
-__all__ = ["AiohttpTransport"]
+__all__ = ["AIOHTTP_ERRORS", "AiohttpTransport", "map_aiohttp_error"]
 
 SocketFactory = Callable[[Any], socket.socket]
 
 _CUT_SHORT = "the connection closed before the response body was complete"
 _DISCONNECTED = "the server closed the connection without a response"
+_NOT_HTTP = "not an http(s) URL ({})"
+
+# Every aiohttp exception class (a test walks aiohttp's tree), and the OS errors aiohttp
+# lets through: the transport error it is, and the message (``{}``: the exception's own).
+# Messages say what happened, not aiohttp's parser internals. Redirects are never
+# followed, uploads are one piece of bytes and no websocket is opened, so the classes for
+# those are mapped for completeness only.
+AIOHTTP_ERRORS: dict[type[BaseException], tuple[type[TransportError], str]] = {
+    aiohttp.ClientError: (ProtocolError, "{}"),
+    aiohttp.ClientResponseError: (ProtocolError, "malformed response: {}"),
+    aiohttp.ContentTypeError: (ProtocolError, "malformed response: {}"),
+    aiohttp.WSServerHandshakeError: (ProtocolError, "malformed response: {}"),
+    aiohttp.ClientHttpProxyError: (ConnectError, "the proxy refused the tunnel: {}"),
+    aiohttp.TooManyRedirects: (ProtocolError, "malformed response: {}"),
+    aiohttp.ClientConnectionError: (ReadError, "{}"),
+    aiohttp.ClientConnectionResetError: (ReadError, "the connection was reset ({})"),
+    aiohttp.ClientOSError: (ReadError, "{}"),
+    aiohttp.ClientConnectorError: (ConnectError, "{}"),
+    aiohttp.ClientConnectorDNSError: (ConnectError, "{}"),
+    aiohttp.ClientProxyConnectionError: (ConnectError, "{}"),
+    aiohttp.client_exceptions.UnixClientConnectorError: (ConnectError, "{}"),
+    aiohttp.ClientSSLError: (ConnectError, "{}"),
+    aiohttp.ClientConnectorSSLError: (ConnectError, "{}"),
+    aiohttp.ClientConnectorCertificateError: (ConnectError, "{}"),
+    aiohttp.ServerConnectionError: (ReadError, "{}"),
+    aiohttp.ServerDisconnectedError: (ProtocolError, _DISCONNECTED),
+    aiohttp.ServerTimeoutError: (ReadError, "{}"),
+    aiohttp.ConnectionTimeoutError: (ConnectTimeout, "opening a connection timed out ({})"),
+    aiohttp.SocketTimeoutError: (ReadTimeout, "{}"),
+    aiohttp.ServerFingerprintMismatch: (ConnectError, "{}"),
+    aiohttp.ClientPayloadError: (ProtocolError, _CUT_SHORT),
+    aiohttp.UploadAbortedError: (WriteError, "{}"),
+    aiohttp.InvalidURL: (ConnectError, "invalid URL ({})"),
+    aiohttp.InvalidUrlClientError: (ConnectError, "invalid URL ({})"),
+    aiohttp.InvalidUrlRedirectClientError: (ProtocolError, "malformed redirect: {}"),
+    aiohttp.RedirectClientError: (ProtocolError, "malformed redirect: {}"),
+    aiohttp.NonHttpUrlClientError: (InvalidURL, _NOT_HTTP),
+    aiohttp.NonHttpUrlRedirectClientError: (ProtocolError, "malformed redirect: {}"),
+    ConnectionResetError: (ReadError, "the connection was reset ({})"),
+    OSError: (ReadError, "{}"),
+}
 
 
-def map_aiohttp_error(exc: BaseException) -> httpx.TransportError | None:
-    """The httpx exception httpx itself would raise for an aiohttp/OS failure (None: not
-    a transport failure). Messages say what happened, not aiohttp's parser internals."""
-    message = str(exc) or type(exc).__name__
-    if isinstance(exc, aiohttp.ConnectionTimeoutError):
-        return httpx.ConnectTimeout(f"opening a connection timed out ({message})")
-    if isinstance(exc, aiohttp.SocketTimeoutError):
-        return httpx.ReadTimeout(message)
-    if isinstance(exc, aiohttp.ClientProxyConnectionError):
-        return httpx.ProxyError(message)
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return httpx.ConnectError(message)
-    if isinstance(exc, aiohttp.ClientPayloadError):
-        return httpx.RemoteProtocolError(_CUT_SHORT)
-    if isinstance(exc, aiohttp.ServerDisconnectedError):
-        return httpx.RemoteProtocolError(_DISCONNECTED)
-    if isinstance(exc, aiohttp.ClientResponseError):
-        return httpx.RemoteProtocolError(f"malformed response: {exc.message}")
-    if isinstance(exc, aiohttp.ClientConnectionResetError | ConnectionResetError):
-        return httpx.ReadError(f"the connection was reset ({message})")
-    if isinstance(exc, aiohttp.ClientOSError | OSError):
-        return httpx.ReadError(message)
-    if isinstance(exc, aiohttp.ClientError):
-        return httpx.NetworkError(message)
+def map_aiohttp_error(exc: BaseException) -> TransportError | None:
+    """The transport error for an aiohttp or OS failure (None: not a transport failure)."""
+    for cls in type(exc).__mro__:
+        entry = AIOHTTP_ERRORS.get(cls)
+        if entry is not None:
+            error, template = entry
+            detail = exc.message if isinstance(exc, aiohttp.ClientResponseError) else str(exc)
+            return error(template.format(detail or type(exc).__name__))
     return None
 
 

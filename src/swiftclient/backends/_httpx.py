@@ -10,6 +10,9 @@ one the server closes while the request is on its way (its keep-alive timeout fi
 request arrives) fails the request before any of the response. Such a request, on a reused
 connection, is sent again at once (httpcore's ``trace`` extension says whether the request
 opened its connection), as the aiohttp transport does.
+
+httpx's exceptions become the seam's transport errors (``_errors.py``) in one table,
+:data:`HTTPX_ERRORS`.
 """
 
 from __future__ import annotations
@@ -19,9 +22,75 @@ from collections.abc import AsyncIterator, Mapping
 import httpx
 
 from ..errors import ConfigurationError
+from ._errors import (
+    ConnectError,
+    ConnectTimeout,
+    DecodingError,
+    InvalidURL,
+    PoolTimeout,
+    ProtocolError,
+    ReadError,
+    ReadTimeout,
+    TransportError,
+    WriteError,
+    WriteTimeout,
+)
 from .base import TransportResponse
 
-__all__ = ["HttpxTransport"]
+__all__ = ["HTTPX_ERRORS", "HttpxTransport", "map_httpx_error"]
+
+# Every httpx exception a request can raise (a test walks httpx's tree): ``HTTPError`` and
+# its subclasses, and ``InvalidURL``. httpx's ``StreamError`` family and ``CookieConflict``
+# mean misuse of httpx's own objects, not a failed request: they are not mapped. Statuses
+# are returned, never raised, and redirects never followed: those classes are mapped for
+# completeness only.
+HTTPX_ERRORS: dict[type[Exception], type[TransportError]] = {
+    httpx.HTTPError: ProtocolError,
+    httpx.HTTPStatusError: ProtocolError,
+    httpx.RequestError: ProtocolError,
+    httpx.TooManyRedirects: ProtocolError,
+    httpx.DecodingError: DecodingError,
+    httpx.TransportError: ProtocolError,
+    httpx.UnsupportedProtocol: InvalidURL,
+    httpx.ProxyError: ConnectError,
+    httpx.TimeoutException: ReadTimeout,
+    httpx.ConnectTimeout: ConnectTimeout,
+    httpx.ReadTimeout: ReadTimeout,
+    httpx.WriteTimeout: WriteTimeout,
+    httpx.PoolTimeout: PoolTimeout,
+    httpx.NetworkError: ReadError,
+    httpx.ConnectError: ConnectError,
+    httpx.ReadError: ReadError,
+    httpx.WriteError: WriteError,
+    httpx.CloseError: ReadError,
+    httpx.ProtocolError: ProtocolError,
+    httpx.LocalProtocolError: ProtocolError,
+    httpx.RemoteProtocolError: ProtocolError,
+    httpx.InvalidURL: InvalidURL,
+}
+_CAUGHT = (httpx.HTTPError, httpx.InvalidURL)
+
+
+def _detail(exc: BaseException) -> str:
+    """The first non-empty message along the exception's cause chain (httpx often re-raises
+    with an empty message, the reason being in the lower layer's exception)."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            break
+        if str(seen):
+            return str(seen)
+        seen = seen.__cause__ or seen.__context__
+    return type(exc).__name__
+
+
+def map_httpx_error(exc: Exception) -> TransportError:
+    """The transport error for an httpx exception (one of :data:`_CAUGHT`)."""
+    for cls in type(exc).__mro__:
+        error = HTTPX_ERRORS.get(cls)
+        if error is not None:
+            return error(_detail(exc))
+    return ProtocolError(_detail(exc))
 
 
 class _Body:
@@ -56,6 +125,8 @@ class _Body:
                     return data
         except StopAsyncIteration:
             return b""
+        except _CAUGHT as exc:
+            raise map_httpx_error(exc) from exc
 
     def close_nowait(self) -> bool:
         """httpx closes responses asynchronously: always False."""
@@ -145,7 +216,10 @@ class HttpxTransport:
         if target is None:
             if len(self._urls) > 64:
                 self._urls.clear()
-            parsed = httpx.URL(url)
+            try:
+                parsed = httpx.URL(url)
+            except _CAUGHT as exc:
+                raise map_httpx_error(exc) from exc
             target = self._urls[url] = (parsed, parsed.netloc.decode("ascii"))
         parsed, host = target
         timeout = {"connect": connect, "read": None, "write": connect, "pool": None}
@@ -163,9 +237,9 @@ class HttpxTransport:
             )
             try:
                 response = await self._transport.handle_async_request(request)
-            except httpx.TransportError as exc:
+            except _CAUGHT as exc:
                 if resends == _MAX_RESENDS or not probe.died_unanswered(exc):
-                    raise
+                    raise map_httpx_error(exc) from exc
                 resends += 1
                 continue
             break

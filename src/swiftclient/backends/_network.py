@@ -32,29 +32,17 @@ def keepalive_options() -> list[tuple[int, int, int]]:
 
 def env_proxy(url: str) -> str | None:
     """The proxy the environment names for ``url`` (``HTTPS_PROXY``, ``HTTP_PROXY``,
-    ``ALL_PROXY``, lower case too), or None when there is none or ``NO_PROXY`` exempts it."""
+    ``ALL_PROXY``, lower case too), or None when there is none or ``NO_PROXY`` exempts it
+    (the standard library's rule, read with its proxies: ``*``, the host itself, or a
+    parent domain)."""
     proxies = urllib.request.getproxies()
     parts = urlsplit(url)
-    if _no_proxy(parts.hostname or "", proxies.get("no", "")):
+    if urllib.request.proxy_bypass(parts.hostname or ""):
         return None
     proxy = proxies.get(parts.scheme) or proxies.get("all")
     if proxy and "://" not in proxy:
         proxy = f"http://{proxy}"  # as httpx reads a bare host:port
     return proxy or None
-
-
-def _no_proxy(host: str, no_proxy: str) -> bool:
-    """True when ``NO_PROXY`` exempts ``host``: ``*``, the host itself, or a parent domain
-    (``example.com`` and ``.example.com`` both cover ``api.example.com``)."""
-    host = host.lower()
-    for entry in no_proxy.split(","):
-        name = entry.strip().lower().removeprefix("*").lstrip(".")
-        if entry.strip() == "*":
-            return True
-        name = name.rsplit(":", 1)[0] if name.count(":") == 1 else name
-        if name and (host == name or host.endswith("." + name)):
-            return True
-    return False
 
 
 def ssl_context(verify: Verify, cert: Cert | None, trust_env: bool) -> ssl.SSLContext:

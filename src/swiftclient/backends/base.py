@@ -120,9 +120,10 @@ class ResponseBody(Protocol):
     """The body-read protocol of an HTTP transport's response.
 
     :meth:`read` returns the next body bytes as they arrive (any size, ``b""`` at the end),
-    with content-encoding already undone; failures are raised as httpx exceptions, which the
-    backend maps to swiftclient's once. :meth:`aclose` releases the connection: back to the
-    pool when the body was read to its end, else closed (unread bytes make it unusable).
+    with content-encoding already undone; failures are raised as the seam's transport errors
+    (``backends/_errors.py``), which the backend maps to swiftclient's once. :meth:`aclose`
+    releases the connection: back to the pool when the body was read to its end, else
+    closed (unread bytes make it unusable).
     """
 
     async def read(self) -> bytes:
@@ -160,8 +161,10 @@ class Transport(Protocol):
     The backend builds the request itself (method, absolute URL, every header, the body
     bytes) and bounds the wait for a pooled connection itself; a transport only opens or
     reuses a connection (within ``connect`` seconds when given) and returns the response
-    once its head has arrived, raising httpx exceptions for failures. Redirects, cookies and
-    auth flows are not a transport's business.
+    once its head has arrived. Failures are raised as the seam's transport errors
+    (``backends/_errors.py``: connect, pool, read, write, protocol, decoding, invalid URL),
+    whatever library the transport runs on. Redirects, cookies and auth flows are not a
+    transport's business.
     """
 
     async def send(

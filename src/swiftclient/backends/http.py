@@ -28,11 +28,12 @@ import pydantic
 import pydantic_core
 
 from .. import errors
+from .._canonical import CallEncoding
+from .._canonical import encode as encode_request
 from .._deadline import Deadline, running_loop
 from .._sse import EventTooLarge, ServerSentEvent, SSEDecoder
-from .._wire import encode_request
 from ..types import MAX_CHOICES, MAX_TOOL_CALLS, ChatCompletion, ChatCompletionChunk, ChatRequest
-from ._errors import map_httpx_error
+from ._errors import TransportError, to_public
 from ._httpx import HttpxTransport
 from ._network import Cert, Verify, env_proxy, keepalive_options, ssl_context
 from .base import RequestOptions, Transport, TransportResponse, check_backend_name
@@ -151,6 +152,10 @@ class HTTPBackend:
             providers that take the field (the ``openai`` preset turns it on).
     """
 
+    _path = "/chat/completions"
+    """The endpoint under ``base_url`` that requests go to (a subclass speaking another wire
+    names its own)."""
+
     def __init__(
         self,
         base_url: str,
@@ -197,7 +202,7 @@ class HTTPBackend:
         if headers:
             base_headers.update({k.lower(): v for k, v in headers.items()})
         if api_key:
-            base_headers["authorization"] = f"Bearer {api_key}"
+            base_headers.update(self._auth_headers(api_key))
         self._headers = base_headers
         self._stream_headers = {**base_headers, "accept": "text/event-stream"}
         self._max_connections = max_connections
@@ -216,7 +221,7 @@ class HTTPBackend:
         self._secrets = (api_key, proxy_password, *errors.header_secrets(base_headers))
         self.max_body_bytes = max_body_bytes
         self.max_event_bytes = max_event_bytes
-        self._url = f"{self.base_url}/chat/completions"
+        self._url = f"{self.base_url}{self._path}"
         self._exact = not canonical
         self._cache_key = prompt_cache_key
         self._transport: Transport | None = None
@@ -443,13 +448,7 @@ class HTTPBackend:
                 if options.idempotency_key:
                     headers["idempotency-key"] = options.idempotency_key
                 headers.update(options.headers)
-        body = (encoding.encode if encoding is not None else encode_request)(
-            request,
-            stream=stream,
-            include_usage=self._stream_usage,
-            exact=self._exact,
-            derive_cache_key=self._cache_key,
-        )
+        body = self._encode(request, stream, encoding)
         slots = self._slots
         assert slots is not None
         try:
@@ -467,6 +466,26 @@ class HTTPBackend:
                 await response.aclose()
         return response
 
+    def _auth_headers(self, api_key: str) -> dict[str, str]:
+        """The headers that carry ``api_key`` (a bearer token on this wire)."""
+        return {"authorization": f"Bearer {api_key}"}
+
+    def _encode(self, request: ChatRequest, stream: bool, encoding: CallEncoding | None) -> bytes:
+        """The request's body bytes on this backend's wire."""
+        return (encoding.encode if encoding is not None else encode_request)(
+            request,
+            stream=stream,
+            include_usage=self._stream_usage,
+            exact=self._exact,
+            derive_cache_key=self._cache_key,
+        )
+
+    def _chunk_stream(
+        self, response: _Response, deadline: Deadline, request: ChatRequest
+    ) -> _ChunkStream:
+        """The chunk iterator that decodes a streamed ``response`` on this backend's wire."""
+        return _ChunkStream(response, self, deadline, request.n or 1)
+
     async def _exchange(
         self,
         method: str,
@@ -483,17 +502,17 @@ class HTTPBackend:
             sent = await transport.send(method, url, headers, body, connect)
         except BaseException as exc:
             slots.release()
-            if not isinstance(exc, httpx.HTTPError):
+            if not isinstance(exc, TransportError):
                 raise
             error = self._error(exc)
         else:
             return _Response(sent, slots)
         raise error  # outside the except block: the chain keeps no transport exception
 
-    def _error(self, exc: Exception) -> errors.SwiftClientError:
+    def _error(self, exc: TransportError) -> errors.SwiftClientError:
         """The swiftclient error for a transport failure, with a scrubbed stand-in as its
         cause; raise it outside the ``except`` block, so ``exc`` stays off the chain."""
-        return map_httpx_error(exc, backend=self.name, secrets=self._secrets)
+        return to_public(exc, backend=self.name, secrets=self._secrets)
 
     async def _read_body(self, response: _Response, limit: int) -> bytes:
         """The whole body; :class:`~swiftclient.ResponseTooLarge` past ``limit`` bytes."""
@@ -512,7 +531,7 @@ class HTTPBackend:
                 parts.append(data)
                 if at_end():  # the whole body is here: no read just to see it end
                     break
-        except httpx.HTTPError as exc:
+        except TransportError as exc:
             error = self._error(exc)
         else:
             return parts[0] if len(parts) == 1 else b"".join(parts)
@@ -528,7 +547,7 @@ class HTTPBackend:
         try:
             while len(buffer) <= _MAX_ERROR_BODY and (data := await response.read()):
                 buffer += data
-        except httpx.HTTPError:
+        except TransportError:
             pass
         body_bytes = bytes(buffer)
         text = body_bytes.decode("utf-8", "replace")[:500]
@@ -558,7 +577,7 @@ class HTTPBackend:
                 "json" in content_type or "html" in content_type
             ):
                 raise await self._not_a_stream(response, content_type)
-            chunks = _ChunkStream(response, self, deadline, request.n or 1)
+            chunks = self._chunk_stream(response, deadline, request)
             yield chunks
             if chunks.complete and chunks.open:
                 await chunks.settle(min(_END_GRACE, deadline.remaining()))
@@ -753,7 +772,7 @@ class _ChunkStream:
         raw: bytes | None
         try:
             raw = await self._read()
-        except httpx.HTTPError as exc:
+        except TransportError as exc:
             self._done = True
             error = backend._error(exc)
             raw = None
@@ -799,7 +818,7 @@ class _ChunkStream:
                     size += len(data)
                     if size > _END_BYTES:
                         return
-            except httpx.HTTPError:
+            except TransportError:
                 pass
 
     async def aclose(self) -> None:

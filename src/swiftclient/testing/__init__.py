@@ -17,6 +17,14 @@ From synchronous code: ``with FakeProvider().run_in_thread() as fake: ...``; fro
 
 from ._fake import FakeProvider, RecordedRequest
 from ._limits import ProviderLimits
+from ._prompt_cache import CacheSimulation
 from ._reply import Reply, ReplyUsage
 
-__all__ = ["FakeProvider", "ProviderLimits", "RecordedRequest", "Reply", "ReplyUsage"]
+__all__ = [
+    "CacheSimulation",
+    "FakeProvider",
+    "ProviderLimits",
+    "RecordedRequest",
+    "Reply",
+    "ReplyUsage",
+]

@@ -7,6 +7,8 @@ or in plain synchronous code drive the very same server.
 
 from __future__ import annotations
 
+import hmac
+import json
 from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -30,6 +32,8 @@ from ._events import (
     plan_reply,
 )
 from ._limits import ProviderLimits
+from ._messages import messages_body, messages_error, messages_events, messages_prompt_tokens
+from ._prompt_cache import CacheSimulation
 from ._reply import Reply
 
 __all__ = ["FakeProvider", "RecordedRequest"]
@@ -56,8 +60,9 @@ class FakeProvider:
     """An OpenAI-compatible provider on a loopback port, for tests.
 
     ``async with FakeProvider() as fake:`` serves ``fake.base_url`` (ending in ``/v1``):
-    ``POST /v1/chat/completions`` (streamed or not) and ``GET /v1/models`` (``model``, or
-    every id in ``models``). Each chat request
+    ``POST /v1/chat/completions`` (streamed or not), Anthropic's ``POST /v1/messages``
+    (streamed or not, its own event and error shapes, the key in ``x-api-key``) and
+    ``GET /v1/models`` (``model``, or every id in ``models``). Each chat request
     consumes the next :class:`Reply` queued with :meth:`script`, or ``fake.default`` once the
     queue is empty. Every request is recorded in ``fake.requests`` and every response carries
     an ``x-request-id``. With ``api_key`` set, requests need ``Authorization: Bearer <key>``.
@@ -100,13 +105,18 @@ class FakeProvider:
         self.models: list[str] = list(models) if models is not None else [model]
         """The model ids ``GET /v1/models`` lists (default: ``model`` alone)."""
         self._api_key = api_key
+        self.prompt_cache: CacheSimulation | None = None
+        """Set to a :class:`~swiftclient.testing.CacheSimulation` to simulate Anthropic's
+        prompt cache on ``/v1/messages`` (usage from it unless a reply sets ``usage``)."""
         self._queue: deque[Reply] = deque()
         router = Router(
             {
                 "/v1/chat/completions": ("POST", self._chat),
                 "/v1/models": ("GET", self._models),
+                "/v1/messages": ("POST", self._messages),
             },
             api_key=api_key,
+            public=frozenset({"/v1/messages"}),  # keyed by x-api-key: checked by the handler
         )
         self._router = router
         self._app = App(self._handle)
@@ -284,6 +294,102 @@ class FakeProvider:
             if not self.in_flight and self._idle is not None:
                 self._idle.set()
                 self._idle = None
+
+    async def _messages(self, request: Request, writer: ResponseWriter) -> None:
+        """Anthropic's Messages API: the key in ``x-api-key`` (or as a bearer token, as
+        newer SDKs send it), errors in its shape."""
+        key = self._api_key
+        if (
+            key is not None
+            and not hmac.compare_digest(request.headers.get("x-api-key", "").encode(), key.encode())
+            and not self._router.authorized(request)
+        ):
+            body = messages_error(401, "invalid x-api-key")
+            await writer.send_json(401, body)
+            return
+        body = _BODY.get()
+        if (
+            not isinstance(body, dict)
+            or not isinstance(body.get("messages"), list)
+            or not isinstance(body.get("max_tokens"), int)
+        ):
+            message = "The body must be a JSON object with messages and max_tokens."
+            await writer.send_json(400, messages_error(400, message))
+            return
+        seq = self._seq
+        reply = self._queue.popleft() if self._queue else self.default
+        headers = reply.response_headers()
+        self.in_flight += 1
+        try:
+            if reply.is_error:
+                await _sleep(reply.ttft)
+                message = reply.error_message or f"Scripted error {reply.status}."
+                await writer.send_json(reply.status, messages_error(reply.status, message), headers)
+                return
+            model = body["model"] if isinstance(body.get("model"), str) else self.model
+            plan = plan_reply(reply, body, f"call_{seq}")
+            prompt = messages_prompt_tokens(body)
+            cache = self.prompt_cache
+            cached = cache.usage(body) if cache is not None else None
+            message_id = f"msg_fake_{seq}"
+            if body.get("stream") is True:
+                head, steps, tail = messages_events(
+                    plan, reply, message_id=message_id, model=model, prompt=prompt, cached=cached
+                )
+                await _stream_messages(reply, head, steps, tail, writer, headers)
+            else:
+                result = messages_body(
+                    plan, reply, message_id=message_id, model=model, prompt=prompt, cached=cached
+                )
+                await _complete(reply, plan, result, writer, headers)
+        except anyio.get_cancelled_exc_class():
+            self.cancelled += 1
+            raise
+        finally:
+            self.in_flight -= 1
+            if not self.in_flight and self._idle is not None:
+                self._idle.set()
+                self._idle = None
+
+
+async def _stream_messages(
+    reply: Reply,
+    head: bytes,
+    steps: list[bytes],
+    tail: bytes,
+    writer: ResponseWriter,
+    headers: dict[str, str],
+) -> None:
+    """Send a Messages event stream with the reply's timing and faults (counted in steps)."""
+    await writer.start_stream(200, {**headers, "cache-control": "no-cache"})
+    await _sleep(reply.ttft)
+    pending: list[bytes] = [head]
+    for i in range(len(steps) + 1):
+        if i == reply.drop_after:
+            await _flush(writer, pending)
+            await writer.abort()
+            return
+        if i == reply.stall_after:
+            await _flush(writer, pending)
+            await _stall(writer, reply.keepalive_comments)
+        if i == reply.malformed_after:
+            pending.append(b'event: content_block_delta\ndata: {"type": "content_block\n\n')
+        if i == reply.error_event_after:
+            message = reply.error_message or "The server had an error while generating."
+            error = messages_error(500, message)
+            pending.append(b"event: error\ndata: " + json.dumps(error).encode() + b"\n\n")
+            await _flush(writer, pending)
+            await writer.end()
+            return
+        if i == len(steps):
+            break
+        if i and reply.token_delay:
+            await _flush(writer, pending)
+            await anyio.sleep(reply.token_delay)
+        pending.append(steps[i])
+    pending.append(tail)
+    await _flush(writer, pending)
+    await writer.end()
 
 
 async def _sleep(seconds: float) -> None:

@@ -19,6 +19,9 @@ class ReplyUsage(BaseModel):
     prompt_tokens: int | None = Field(default=None, ge=0)
     completion_tokens: int | None = Field(default=None, ge=0)
     cached_tokens: int | None = Field(default=None, ge=0)
+    cache_write_tokens: int | None = Field(default=None, ge=0)
+    """Prompt tokens written to the cache (``cache_creation_input_tokens`` on the Messages
+    route; the OpenAI route has no such field)."""
 
 
 class Reply(BaseModel):
@@ -69,6 +72,9 @@ class Reply(BaseModel):
     error_event_after: int | None = Field(default=None, ge=0)
     usage: ReplyUsage | None = None
     finish_reason: str | None = None
+    thinking: str | None = None
+    """Extended-thinking text the Messages route (``/v1/messages``) sends first, as a signed
+    ``thinking`` block (the OpenAI route ignores it)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> Reply:
