@@ -27,23 +27,23 @@ Not carried yet: encrypted reasoning items across turns and ``previous_response_
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections import deque
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Any, cast
-
-import anyio
-import httpx
+from typing import Any
 
 from .. import errors
+from .._canonical import CallEncoding
 from .._deadline import Deadline
-from .._sse import EventTooLarge, SSEDecoder
-from .._wire import encode_request
 from ..types import ChatCompletion, ChatCompletionChunk, ChatRequest
 from .base import RequestOptions
-from .http import _END_BYTES, _END_GRACE, HTTPBackend, _inband_error, _Response, _stream_error
+from .http import (
+    HTTPBackend,
+    _ChunkStream,
+    _deadline_exceeded,
+    _inband_error,
+    _Response,
+    _stream_error,
+)
 
 __all__ = ["ResponsesBackend", "chat_completion", "responses_body"]
 
@@ -214,21 +214,6 @@ def chat_completion(response: dict[str, Any]) -> ChatCompletion:
     )
 
 
-class _Encoding:
-    """Encodes a call's chat request as a Responses body (over the call's own encoding,
-    so canonical bytes and the derived ``prompt_cache_key`` carry over)."""
-
-    __slots__ = ("_inner",)
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-
-    def encode(self, request: ChatRequest, **options: Any) -> bytes:
-        encode = self._inner.encode if self._inner is not None else encode_request
-        chat = json.loads(encode(request, **options))
-        return json.dumps(responses_body(chat), separators=(",", ":")).encode()
-
-
 class ResponsesBackend(HTTPBackend):
     """An :class:`HTTPBackend` that speaks the Responses API (``{base_url}/responses``).
 
@@ -236,23 +221,26 @@ class ResponsesBackend(HTTPBackend):
     conversation and ``store: false``.
     """
 
-    def __init__(self, base_url: str, api_key: str | None = None, **options: Any) -> None:
-        """See :class:`HTTPBackend`."""
-        super().__init__(base_url, api_key, **options)
-        self._url = f"{self.base_url}/responses"
+    _path = "/responses"
 
     def __repr__(self) -> str:
         return "Responses" + super().__repr__().removeprefix("HTTP")
 
-    def _options(self, options: RequestOptions | None) -> RequestOptions:
-        options = options or RequestOptions()
-        return dataclasses.replace(options, encoding=cast(Any, _Encoding(options.encoding)))
+    def _encode(self, request: ChatRequest, stream: bool, encoding: CallEncoding | None) -> bytes:
+        # the chat body first (canonical bytes and the derived prompt_cache_key carry over)
+        chat = json.loads(super()._encode(request, stream, encoding))
+        return json.dumps(responses_body(chat), separators=(",", ":")).encode()
+
+    def _chunk_stream(
+        self, response: _Response, deadline: Deadline, request: ChatRequest
+    ) -> _ChunkStream:
+        return _EventStream(response, self, deadline)
 
     async def complete(
         self, request: ChatRequest, deadline: Deadline, options: RequestOptions | None = None
     ) -> ChatCompletion:
         """Run a non-streamed call."""
-        response = await self._send(request, deadline, self._options(options), stream=False)
+        response = await self._send(request, deadline, options, stream=False)
         try:
             body = await self._read_body(response, self.max_body_bytes)
         finally:
@@ -261,104 +249,54 @@ class ResponsesBackend(HTTPBackend):
         inband = _inband_error(self, body)
         if inband is not None:
             raise inband
+        completion: ChatCompletion | None = None
         try:
             data = json.loads(body)
             if data.get("status") == "failed":
                 raise _stream_error(self, json.dumps({"error": data.get("error")}).encode())
-            return chat_completion(data)
+            completion = chat_completion(data)
         except errors.StreamError:
             raise
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             pass  # not a response object: the error below, with no body quoted
-        raise errors.APIResponseValidationError(
-            f"{self.name}: response body is not a Responses API response", backend=self.name
-        )
-
-    @asynccontextmanager
-    async def stream(
-        self, request: ChatRequest, deadline: Deadline, options: RequestOptions | None = None
-    ) -> AsyncIterator[AsyncIterator[ChatCompletionChunk]]:
-        """Open a streamed call; the connection is released when the block exits."""
-        response = await self._send(request, deadline, self._options(options), stream=True)
-        try:
-            content_type = response.headers.get("content-type", "").lower()
-            if "event-stream" not in content_type and (
-                "json" in content_type or "html" in content_type
-            ):
-                raise await self._not_a_stream(response, content_type)
-            events = _EventStream(response, self)
-            yield events
-            if events.complete:
-                await events.settle(min(_END_GRACE, deadline.remaining()))
-        finally:
-            await response.aclose()
+        if completion is None:
+            raise errors.APIResponseValidationError(
+                f"{self.name}: response body is not a Responses API response", backend=self.name
+            )
+        if deadline.now() >= deadline.at:  # parsing took the call past its deadline
+            raise _deadline_exceeded(self, deadline)
+        return completion
 
 
-class _EventStream:
-    """Decodes a Responses event stream into chat chunks."""
+class _EventStream(_ChunkStream):
+    """The HTTP backend's chunk stream, decoding Responses API events instead of OpenAI
+    chunks: bytes, SSE framing, bounds, deadline checks and closing are the parent's."""
 
-    def __init__(self, response: _Response, backend: ResponsesBackend) -> None:
-        self._response = response
-        self._backend = backend
-        self._decoder = SSEDecoder(max_event_bytes=backend.max_event_bytes)
+    __slots__ = ("_calls", "_created", "_id", "_model", "_pending", "_streamed")
+
+    def __init__(self, response: _Response, backend: ResponsesBackend, deadline: Deadline) -> None:
+        super().__init__(response, backend, deadline, 1)
         self._pending: deque[ChatCompletionChunk] = deque()
         self._calls: dict[int, int] = {}  # output_index -> tool call index
         self._streamed: set[int] = set()  # output indexes whose arguments came as deltas
         self._id = ""
         self._model = ""
         self._created = 0
-        self._done = False
-        self.complete = False
-        """The terminal event arrived."""
 
-    def __aiter__(self) -> _EventStream:
-        return self
-
-    async def __anext__(self) -> ChatCompletionChunk:
-        while not self._pending:
-            if self._done:
-                raise StopAsyncIteration
-            await self._fill()
-        return self._pending.popleft()
-
-    async def _fill(self) -> None:
+    def next_nowait(self) -> ChatCompletionChunk | None:
+        """The next chunk already received, or None when the next one needs I/O (or the end)."""
+        pending = self._pending
+        events = self._events
         backend = self._backend
-        failure: errors.SwiftClientError | None = None
-        try:
-            raw = await self._response.read()
-        except httpx.HTTPError as exc:
-            failure = backend._error(exc)
-            raw = b""
-        if failure is not None:
-            self._done = True
-            raise failure
-        if not raw:
-            self._done = True
-            raise errors.APIConnectionError(
-                f"{backend.name}: stream ended before the response completed",
-                backend=backend.name,
-            )
-        try:
-            events = self._decoder.feed(raw)
-        except EventTooLarge as exc:
-            self._done = True
-            raise backend._too_large("an SSE event", exc.limit) from None
-        for event in events:
-            if self._done:
-                return
+        while not pending and events and not self.complete:
+            event = events.popleft()
+            malformed = False
             try:
                 data = json.loads(event.data)
                 if not isinstance(data, dict):
                     raise ValueError
-            except (ValueError, RecursionError):
-                self._done = True
-                raise errors.APIResponseValidationError(
-                    f"{backend.name}: a stream event is not JSON", backend=backend.name
-                ) from None
-            malformed = False
-            try:
                 self._event(data)
-            except (KeyError, TypeError, AttributeError, ValueError):
+            except (KeyError, TypeError, AttributeError, ValueError, RecursionError):
                 malformed = True  # pydantic's errors quote the event: kept off the chain
             if malformed:
                 self._done = True
@@ -366,6 +304,9 @@ class _EventStream:
                     f"{backend.name}: a stream event is not a Responses API event",
                     backend=backend.name,
                 )
+        if self.complete:
+            events.clear()
+        return pending.popleft() if pending else None
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> None:
         self._pending.append(
@@ -421,6 +362,7 @@ class _EventStream:
         elif kind in ("response.completed", "response.incomplete"):
             response = data.get("response") or {}
             self._chunk({}, _finish_reason(response, bool(self._calls)))
+            self.finished.add(0)
             usage = _usage(response.get("usage"))
             if usage is not None:
                 self._pending.append(
@@ -434,7 +376,7 @@ class _EventStream:
                         }
                     )
                 )
-            self._done = True
+            self._finished = True
             self.complete = True
         elif kind == "response.failed":
             self._done = True
@@ -444,23 +386,3 @@ class _EventStream:
             self._done = True
             error = {k: data.get(k) for k in ("message", "code", "param")}
             raise _stream_error(self._backend, json.dumps({"error": error}).encode())
-
-    async def settle(self, limit: float) -> None:
-        """After the terminal event: read the body's end if it comes within ``limit`` seconds
-        (and a few KiB), so the connection goes back to the pool. Never raises."""
-        if limit <= 0 or self._response.body.at_end():
-            return
-        size = 0
-        with anyio.move_on_after(limit):
-            try:
-                while data := await self._response.read():
-                    size += len(data)
-                    if size > _END_BYTES:
-                        return
-            except httpx.HTTPError:
-                pass
-
-    async def aclose(self) -> None:
-        """Release the connection."""
-        self._done = True
-        await self._response.aclose()
