@@ -183,7 +183,13 @@ async def test_the_responses_backend_gets_what_the_chat_backend_gets(served: Ser
         "chat": HTTPBackend(url, api_key=KEY_TINY, name="chat"),
         "resp": ResponsesBackend(url, api_key=KEY_TINY, name="resp"),
     }
-    settings: Any = {"max_tokens": 6, "temperature": 0.0, "extra_body": {"ignore_eos": True}}
+    settings: Any = {
+        "max_tokens": 6,
+        "temperature": 0.0,
+        "logprobs": True,
+        "top_logprobs": 2,
+        "extra_body": {"ignore_eos": True},
+    }
     async with AsyncClient(backends=backends, retry=RetryPolicy.none()) as client:
         chat = await client.chat("Hi there", model="chat/tiny-test", **settings)
         resp = await client.chat("Hi there", model="resp/tiny-test", **settings)
@@ -195,6 +201,8 @@ async def test_the_responses_backend_gets_what_the_chat_backend_gets(served: Ser
         assert reply.usage is not None and chat.usage is not None
         assert reply.usage.completion_tokens == chat.usage.completion_tokens == 6
         assert reply.usage.prompt_tokens == chat.usage.prompt_tokens
+        assert reply.choices[0].logprobs == chat.choices[0].logprobs
+        assert len((reply.choices[0].logprobs or {})["content"]) == 6
     assert resp.id.startswith("resp_")
     await served.settle()
 

@@ -10,10 +10,13 @@ contract as a Responses request and decodes the reply back into the same
   ``function_call`` items and tool messages ``function_call_output`` items); tools the flat
   function form; ``tool_choice`` the Responses form; ``response_format`` ``text.format``;
   ``max_completion_tokens`` (else ``max_tokens``) ``max_output_tokens``;
-  ``reasoning_effort`` ``reasoning.effort``; ``store`` is false (nothing kept on the
-  provider's side); other fields pass as they are;
+  ``reasoning_effort`` ``reasoning.effort``; ``logprobs`` ``include`` of
+  ``message.output_text.logprobs`` (``top_logprobs`` as it is); ``store`` is false (nothing
+  kept on the provider's side); other fields pass as they are (``n`` too: a provider
+  without it refuses it);
 - a ``message`` item's text is the content, ``function_call`` items the tool calls (their
-  ``call_id`` the call id), reasoning text ``reasoning_content``; ``status: incomplete``
+  ``call_id`` the call id), reasoning text ``reasoning_content``, the text's logprobs
+  ``logprobs.content``; ``status: incomplete``
   for ``max_output_tokens`` is ``finish_reason="length"``; usage maps ``input_tokens``,
   ``input_tokens_details.cached_tokens``, ``output_tokens`` and reasoning tokens;
 - the event stream (``response.output_text.delta``, ``response.output_item.added`` for a
@@ -63,6 +66,9 @@ _CHAT_ONLY = frozenset(
 )
 
 
+_LOGPROBS = "message.output_text.logprobs"
+
+
 def responses_body(chat: dict[str, Any]) -> dict[str, Any]:
     """A chat-completions request body as a Responses request body."""
     body: dict[str, Any] = {k: v for k, v in chat.items() if k not in _CHAT_ONLY}
@@ -86,8 +92,9 @@ def responses_body(chat: dict[str, Any]) -> dict[str, Any]:
         body["max_output_tokens"] = limit
     if chat.get("reasoning_effort") is not None:
         body["reasoning"] = {"effort": chat["reasoning_effort"]}
-    if chat.get("logprobs") and "top_logprobs" not in body:
-        body["top_logprobs"] = 0
+    if chat.get("logprobs"):
+        body["include"] = [*body.get("include", ()), _LOGPROBS]
+        body.setdefault("top_logprobs", 0)
     body.setdefault("store", False)
     return body
 
@@ -176,12 +183,14 @@ def chat_completion(response: dict[str, Any]) -> ChatCompletion:
     refusals: list[str] = []
     reasoning: list[str] = []
     calls: list[dict[str, Any]] = []
+    logprobs: list[Any] = []
     for item in response.get("output") or ():
         kind = item.get("type")
         if kind == "message":
             for part in item.get("content") or ():
                 if part.get("type") == "output_text":
                     texts.append(part.get("text", ""))
+                    logprobs.extend(part.get("logprobs") or ())
                 elif part.get("type") == "refusal":
                     refusals.append(part.get("refusal", ""))
         elif kind == "function_call":
@@ -207,6 +216,7 @@ def chat_completion(response: dict[str, Any]) -> ChatCompletion:
                     "index": 0,
                     "message": message,
                     "finish_reason": _finish_reason(response, bool(calls)),
+                    "logprobs": {"content": logprobs} if logprobs else None,
                 }
             ],
             "usage": _usage(response.get("usage")),
@@ -308,14 +318,19 @@ class _EventStream(_ChunkStream):
             events.clear()
         return pending.popleft() if pending else None
 
-    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> None:
+    def _chunk(
+        self, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None
+    ) -> None:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        if logprobs:
+            choice["logprobs"] = {"content": logprobs}
         self._pending.append(
             ChatCompletionChunk.model_validate(
                 {
                     "id": self._id,
                     "created": self._created,
                     "model": self._model,
-                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+                    "choices": [choice],
                 }
             )
         )
@@ -329,7 +344,7 @@ class _EventStream(_ChunkStream):
             self._created = int(response.get("created_at") or 0)
             self._chunk({"role": "assistant", "content": ""})
         elif kind == "response.output_text.delta":
-            self._chunk({"content": data.get("delta", "")})
+            self._chunk({"content": data.get("delta", "")}, logprobs=data.get("logprobs"))
         elif kind in ("response.reasoning_text.delta", "response.reasoning_summary_text.delta"):
             self._chunk({"reasoning_content": data.get("delta", "")})
         elif kind == "response.output_item.added":
