@@ -17,6 +17,7 @@ from typing import Any, cast
 from .backends.anthropic import AnthropicBackend
 from .backends.base import Backend
 from .backends.http import HTTPBackend
+from .backends.responses import ResponsesBackend
 from .errors import ConfigurationError
 
 __all__ = [
@@ -92,7 +93,8 @@ class Preset:
     prompt_cache_key: bool = False
     wire: str = "chat"
     """``chat`` (OpenAI Chat Completions: :class:`HTTPBackend`) or ``messages``
-    (Anthropic's Messages API: :class:`~swiftclient.AnthropicBackend`)."""
+    (Anthropic's Messages API: :class:`~swiftclient.AnthropicBackend`). A ``chat`` preset
+    may be asked for ``wire="responses"`` (:class:`~swiftclient.ResponsesBackend`)."""
 
 
 PRESETS: dict[str, Preset] = {
@@ -112,12 +114,14 @@ def preset(
     api_key: str | None = None,
     base_url: str | None = None,
     environ: Mapping[str, str] | None = None,
+    wire: str | None = None,
     **kwargs: Any,
 ) -> Backend:
     """Build the backend for a named provider (``oxlo``, ``openai``, ``deepseek``, ``vllm``,
     ``sglang``, ``anthropic``, or ``local``). Keys come from the argument or the preset's
     variable; other keyword arguments (``name=`` included: the backend's name in model
-    strings) go to the backend."""
+    strings) go to the backend. ``wire="responses"`` makes an OpenAI-compatible preset speak
+    the Responses API (:class:`~swiftclient.ResponsesBackend`) instead of Chat Completions."""
     env = os.environ if environ is None else environ
     if name == "local":
         local_backend = _local_entry_point(BACKENDS_GROUP)
@@ -127,6 +131,12 @@ def preset(
     if spec is None:
         known = ", ".join(sorted([*PRESETS, "local"]))
         raise ConfigurationError(f"unknown provider {name!r}; known providers: {known}")
+    chosen = spec.wire if wire is None else wire
+    if chosen != spec.wire and (spec.wire, chosen) != ("chat", "responses"):
+        raise ConfigurationError(
+            f"provider {name!r} speaks the {spec.wire!r} wire; wire={wire!r} is not one it "
+            "offers (an OpenAI-compatible preset takes 'chat' or 'responses')"
+        )
     key = api_key or (env.get(spec.key_env) if spec.key_env else None)
     if spec.key_required and not key:
         raise ConfigurationError(
@@ -137,7 +147,8 @@ def preset(
             base_url or spec.base_url, key, name=kwargs.pop("name", name), **kwargs
         )
     kwargs.setdefault("prompt_cache_key", spec.prompt_cache_key)
-    return HTTPBackend(base_url or spec.base_url, key, name=kwargs.pop("name", name), **kwargs)
+    kind = ResponsesBackend if chosen == "responses" else HTTPBackend
+    return kind(base_url or spec.base_url, key, name=kwargs.pop("name", name), **kwargs)
 
 
 def from_env(environ: Mapping[str, str] | None = None, **kwargs: Any) -> Backend:

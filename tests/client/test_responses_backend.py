@@ -14,6 +14,8 @@ from swiftclient import (
     APIResponseValidationError,
     AsyncClient,
     BadRequestError,
+    ConfigurationError,
+    HTTPBackend,
     ResponsesBackend,
     RetryPolicy,
     StreamError,
@@ -21,6 +23,7 @@ from swiftclient import (
 )
 from swiftclient._deadline import Deadline
 from swiftclient.backends.responses import chat_completion, responses_body
+from swiftclient.providers import preset
 from swiftclient.types import ChatRequest
 
 pytestmark = pytest.mark.anyio
@@ -426,3 +429,37 @@ async def test_a_malformed_event_is_a_validation_error_that_quotes_nothing() -> 
     assert (
         repr(_backend(b"", [])) == "ResponsesBackend(name='r', base_url='https://api.example/v1')"
     )
+
+
+def test_an_openai_compatible_preset_speaks_responses_on_request() -> None:
+    backend = preset("openai", wire="responses", api_key="sk-preset-0123456789")
+    assert isinstance(backend, ResponsesBackend) and backend.name == "openai"
+    assert backend.base_url == "https://api.openai.com/v1"
+    chat = preset("openai", wire="chat", api_key="sk-preset-0123456789")
+    assert type(chat) is HTTPBackend
+    with pytest.raises(ConfigurationError, match="'messages' wire"):
+        preset("anthropic", wire="responses", api_key="sk-ant-0123456789")
+    with pytest.raises(ConfigurationError, match="wire='messages'"):
+        preset("vllm", wire="messages")
+
+
+async def test_the_preset_derives_prompt_cache_key_on_the_responses_wire() -> None:
+    seen: list[dict[str, Any]] = []
+    output = [{"type": "message", "content": [{"type": "output_text", "text": "ok"}]}]
+    body = json.dumps(_response("completed", output, USAGE)).encode()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        return httpx.Response(200, content=body, headers={"content-type": "application/json"})
+
+    backend = preset(
+        "openai",
+        wire="responses",
+        api_key="sk-preset-0123456789",
+        transport=httpx.MockTransport(handler),
+    )
+    system = {"role": "system", "content": "You are terse. " * 20}
+    async with AsyncClient(backend, model="gpt-4.1", retry=RetryPolicy.none()) as client:
+        await client.chat([system, {"role": "user", "content": "hi"}], stream=False)
+    assert seen[0]["prompt_cache_key"] and seen[0]["store"] is False
+    assert seen[0]["input"][0] == system
