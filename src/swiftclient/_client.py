@@ -7,7 +7,7 @@ import os
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from types import TracebackType
-from typing import Any, Protocol, TypeVar, overload
+from typing import Any, Literal, Protocol, TypeVar, overload
 
 import anyio
 import pydantic
@@ -23,7 +23,7 @@ from ._policies import PolicyHub, prompt_chars
 from ._retry import RetryPolicy
 from ._stream import Call, ChatStream
 from ._structured import structured_output, validation_summary
-from .admission import Admission, Limits
+from .admission import Admission, Limits, TargetHealth
 from .backends.base import Backend, RequestOptions, enter_backends
 from .conversation import Conversation
 from .hedging import Hedge
@@ -330,10 +330,31 @@ class AsyncClient:
             if warm is not None:
                 await warm(connections)
 
-    def health(self) -> dict[str, str]:
+    @overload
+    def health(self, *, detail: Literal[False] = False) -> dict[str, str]: ...
+
+    @overload
+    def health(self, *, detail: Literal[True]) -> dict[str, TargetHealth]: ...
+
+    def health(self, *, detail: bool = False) -> dict[str, str] | dict[str, TargetHealth]:
         """Circuit-breaker state per target seen so far: ``{"backend/model": "closed" |
-        "open" | "half_open"}`` (empty without breakers)."""
-        return self.policies.health()
+        "open" | "half_open"}`` (empty without breakers).
+
+        ``detail=True``: a :class:`~swiftclient.admission.TargetHealth` per target, its
+        breaker state and, with admission (``limits=``), its
+        :class:`~swiftclient.admission.Headroom` (docs/rate-limits.md)."""
+        return self._health_any(detail)
+
+    def _health_any(self, detail: bool) -> dict[str, str] | dict[str, TargetHealth]:
+        """:meth:`health` under one signature (the sync client runs it on its loop)."""
+        breakers = self.policies.health()
+        if not detail:
+            return breakers
+        headroom = {} if self.admission is None else self.admission.headroom()
+        return {
+            name: TargetHealth(breakers.get(name), headroom.get(name))
+            for name in {**breakers, **headroom}
+        }
 
     @property
     def pricing(self) -> Pricing | None:

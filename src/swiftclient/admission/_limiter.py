@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import anyio
 
@@ -29,9 +29,11 @@ __all__ = [
     "CHARS_PER_TOKEN",
     "Admission",
     "Clock",
+    "Headroom",
     "Limits",
     "Permit",
     "SystemClock",
+    "TargetHealth",
     "estimate_tokens",
 ]
 
@@ -154,6 +156,7 @@ class _Gate:
     in_flight: int = 0
     blocked_limit: str | None = None
     blocked_until: float = -math.inf
+    throttled: int = 0
 
     def head(self) -> _Waiter | None:
         queue = self.queue
@@ -174,6 +177,40 @@ class _Gate:
             return configured
         learned = max(1, math.floor(self.aimd))
         return learned if configured is None else min(configured, learned)
+
+
+class Headroom(NamedTuple):
+    """A target's capacity as this process sees it now (:meth:`Admission.headroom`).
+
+    ``requests`` and ``tokens`` are what their buckets hold (``None``: no such limit is
+    configured or learned); with a :class:`~swiftclient.admission.RedisStore` they are what
+    this process's last take left, refilled since (other processes' takes are not in it).
+    """
+
+    concurrency: int | None
+    """The concurrency limit in force (configured or learned; ``None``: none)."""
+    in_flight: int
+    """Requests this process has admitted and not settled."""
+    waiting: int
+    """Requests of this process queued for capacity."""
+    requests: float | None
+    """Requests left in the requests-per-minute bucket."""
+    tokens: float | None
+    """Tokens left in the tokens-per-minute bucket."""
+    rest: float
+    """Seconds left of a ``Retry-After`` rest (0: none)."""
+    throttled: int
+    """Responses answered 429 that this process has seen on the target."""
+
+
+class TargetHealth(NamedTuple):
+    """One target's state in ``client.health(detail=True)``."""
+
+    breaker: str | None
+    """Its circuit breaker's state (``"closed"``, ``"open"``, ``"half_open"``; ``None``:
+    the client has no breaker on it yet)."""
+    headroom: Headroom | None
+    """Its capacity (``None``: the client has no admission, or never asked for it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -401,6 +438,8 @@ class Admission:
                 learned = False
                 if gate.limits.learn and lowered:
                     learned = await self._learn(gate, target, lowered)
+                if status == 429:
+                    gate.throttled += 1
                 if status == 429 and not learned and gate.limits.learn:
                     self._decrease(gate, permit)
                 elif status is not None and 200 <= status < 300:
@@ -480,6 +519,31 @@ class Admission:
         """Requests admitted by this process and not settled yet."""
         gate = self._gates.get(target)
         return 0 if gate is None else gate.in_flight
+
+    def headroom(self) -> dict[str, Headroom]:
+        """The capacity of every target this process has asked for, by ``"backend/model"``
+        (read without waiting: from this process's view of the store)."""
+        peek = getattr(self._store, "peek_now", None)
+        out: dict[str, Headroom] = {}
+        for target, gate in self._gates.items():
+            costs = self._costs(gate, 0, 0)
+            levels: dict[str, float] = {}
+            rest = 0.0
+            if peek is not None:
+                try:
+                    levels, rest = peek(target, costs)
+                except RuntimeError:  # no event loop running: no clock to read
+                    pass
+            out[target] = Headroom(
+                concurrency=gate.concurrency(),
+                in_flight=gate.in_flight,
+                waiting=sum(1 for *_, w in gate.queue if not w.dead),
+                requests=levels.get("requests"),
+                tokens=levels.get("tokens"),
+                rest=rest,
+                throttled=gate.throttled,
+            )
+        return out
 
 
 _DEFAULT_LIMITS = Limits()
