@@ -90,14 +90,17 @@ class Limits:
 
     Args:
         concurrency: requests in flight at once (``None``: no limit but what AIMD learns).
-        rpm: requests per minute.
-        tpm: tokens per minute (input estimate plus ``max_tokens`` when the call sets it).
+        rpm: requests per minute (per ``window``).
+        tpm: tokens per minute (per ``window``; input estimate plus ``max_tokens`` when the
+            call sets it).
         learn: take limits from the provider's rate-limit headers and halve concurrency on
             a bare 429. A learned limit never raises a configured one.
         chars_per_token: the estimate of input tokens before sending.
         lease_ttl: seconds after which a concurrency slot whose holder never released it
             (a crashed process) is free again.
         max_retry_after: the longest rest a ``Retry-After`` may impose on a target.
+        window: the seconds ``rpm`` and ``tpm`` count over (60: per minute; 1 for a
+            provider that limits per second, or shorter to time-scale a test or a bench).
 
     Raises:
         ConfigurationError: a limit is not a positive number.
@@ -110,6 +113,7 @@ class Limits:
     chars_per_token: float = CHARS_PER_TOKEN
     lease_ttl: float = 300.0
     max_retry_after: float = DEFAULT_MAX_PUSHBACK
+    window: float = 60.0
 
     def __post_init__(self) -> None:
         if self.concurrency is not None and (
@@ -127,6 +131,7 @@ class Limits:
         check_number("Limits.chars_per_token", self.chars_per_token, positive=True)
         check_number("Limits.lease_ttl", self.lease_ttl, positive=True)
         check_number("Limits.max_retry_after", self.max_retry_after, positive=False)
+        check_number("Limits.window", self.window, positive=True)
 
 
 @dataclass(slots=True)
@@ -294,9 +299,9 @@ class Admission:
         specs: dict[str, _Spec] = {}
         limits = gate.limits
         if limits.rpm is not None:
-            specs["requests"] = _Spec(limits.rpm, limits.rpm / 60.0)
+            specs["requests"] = _Spec(limits.rpm, limits.rpm / limits.window)
         if limits.tpm is not None:
-            specs["tokens"] = _Spec(limits.tpm, limits.tpm / 60.0)
+            specs["tokens"] = _Spec(limits.tpm, limits.tpm / limits.window)
         for kind, learned in gate.learned.items():
             mine = specs.get(kind)
             if mine is None or learned.capacity < mine.capacity:
