@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextvars
 import json
+import logging
 import math
 import os
 import statistics
@@ -160,7 +161,7 @@ class TimedAdmission(Admission):
 def _admission(job: dict[str, Any], store: RedisStore | None) -> Admission | None:
     if job["mode"] == "off":
         return None
-    limits = Limits(rpm=job["rpm"], tpm=job["tpm"], window=job["window"])
+    limits = Limits(rpm=job["rpm"], tpm=job["tpm"], window=job["window"], learn=job["learn"])
     return TimedAdmission(limits, store=store)
 
 
@@ -173,6 +174,9 @@ async def _load(job: dict[str, Any]) -> dict[str, Any]:
     e2e: list[float] = []
     failures: dict[str, int] = {}
     async with AsyncClient(backend, model="m", limits=admission, timeout=job["timeout"]) as client:
+        if store is not None:
+            await store.leases("warmup")  # connect before the start
+        await client.warmup(4)
         await anyio.sleep(max(0.0, job["go_at"] - time.time()))
         start = anyio.current_time()
 
@@ -234,45 +238,74 @@ async def _cpu(job: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def worker(job: dict[str, Any]) -> None:
-    """A client process: say READY, wait for GO, run, print the result as JSON."""
+class _Fallbacks(logging.Handler):
+    """Counts the admission store's warnings (Redis failed: per-process limits for a while)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += 1
+
+
+def worker() -> None:
+    """A client process: for each job line on stdin (JSON with ``go_at``), run it and print
+    its result as one JSON line; READY first, once the imports are done."""
+    fallbacks = _Fallbacks()
+    logging.getLogger("swiftclient.admission").addHandler(fallbacks)
     print("READY", flush=True)
-    line = sys.stdin.readline().split()
-    job["go_at"] = float(line[1]) if len(line) > 1 else time.time()
-    run = _cpu if job["kind"] == "cpu" else _load
-    result = anyio.run(run, job, backend="asyncio")
-    print(json.dumps(result), flush=True)
+    for line in sys.stdin:
+        job = json.loads(line)
+        fallbacks.count = 0
+        run = _cpu if job["kind"] == "cpu" else _load
+        result = anyio.run(run, job, backend="asyncio")
+        result["fallbacks"] = fallbacks.count
+        print(json.dumps(result), flush=True)
 
 
-def run_processes(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Start one process per job, start them together once all are ready, collect."""
-    procs = []
-    for job in jobs:
-        procs.append(
+class Pool:
+    """Client processes, started once and reused by every row."""
+
+    def __init__(self, size: int) -> None:
+        self.procs = [
             subprocess.Popen(
-                [sys.executable, __file__, "--worker", json.dumps(job)],
+                [sys.executable, __file__, "--worker"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,
                 cwd=ROOT,
             )
-        )
-    for proc in procs:
-        assert proc.stdout is not None
-        if proc.stdout.readline().strip() != "READY":
-            raise RuntimeError("a client process did not start")
-    go_at = time.time() + 0.3
-    for proc in procs:
-        assert proc.stdin is not None
-        proc.stdin.write(f"GO {go_at}\n")
-        proc.stdin.flush()
-    results = []
-    for proc in procs:
-        out, _ = proc.communicate(timeout=300)
-        if proc.returncode != 0:
-            raise RuntimeError(f"a client process failed ({proc.returncode})")
-        results.append(json.loads(out.strip().splitlines()[-1]))
-    return results
+            for _ in range(size)
+        ]
+        for proc in self.procs:
+            assert proc.stdout is not None
+            if proc.stdout.readline().strip() != "READY":
+                raise RuntimeError("a client process did not start")
+
+    def run(self, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Run ``jobs`` on the first ``len(jobs)`` processes, started together."""
+        go_at = time.time() + 0.3
+        procs = self.procs[: len(jobs)]
+        for proc, job in zip(procs, jobs, strict=True):
+            assert proc.stdin is not None
+            proc.stdin.write(json.dumps({**job, "go_at": go_at}) + "\n")
+            proc.stdin.flush()
+        results = []
+        for proc in procs:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"a client process failed ({proc.wait()})")
+            results.append(json.loads(line))
+        return results
+
+    def close(self) -> None:
+        for proc in self.procs:
+            assert proc.stdin is not None
+            proc.stdin.close()
+        for proc in self.procs:
+            proc.wait(30)
 
 
 # ---------------------------------------------------------------------- rows
@@ -289,6 +322,7 @@ class Row:
     e2e_p99: float
     refused: float
     offered: int
+    fallbacks: int
 
 
 def p99(values: list[float]) -> float:
@@ -298,7 +332,15 @@ def p99(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
 
 
-def run_row(settings: Settings, mode: str, n: int, redis_url: str, rate_factor: float) -> Row:
+def run_row(
+    pool: Pool,
+    settings: Settings,
+    mode: str,
+    n: int,
+    redis_url: str,
+    rate_factor: float,
+    learn: bool = True,
+) -> Row:
     """N processes, each offering ``rate_factor`` x the limit, in ``mode``."""
     limits = LoggedLimits(rpm=settings.rpm, tpm=settings.tpm, window=settings.window)
     reply = Reply(tokens=REPLY_TOKENS, ttft=settings.ttft)
@@ -317,9 +359,10 @@ def run_row(settings: Settings, mode: str, n: int, redis_url: str, rate_factor: 
             "rate": rate,
             "duration": duration,
             "timeout": settings.window,
+            "learn": learn,
         }
         go = time.monotonic()
-        results = run_processes([dict(job) for _ in range(n)])
+        results = pool.run([job] * n)
     log = limits.log
     first = min((at for at, _ in log), default=go)
     measured = [allowed for at, allowed in log if first <= at < first + duration]
@@ -341,31 +384,46 @@ def run_row(settings: Settings, mode: str, n: int, redis_url: str, rate_factor: 
         e2e_p99=p99(e2e),
         refused=ratio(refused, offered),
         offered=offered,
+        fallbacks=sum(1 for r in results if r["fallbacks"]),
     )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke run, a few seconds")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--no-learn",
+        action="store_true",
+        help="diagnosis: admission keeps to its configured limits, ignoring the headers",
+    )
     args = parser.parse_args(argv)
     if args.worker:
-        worker(json.loads(args.worker))
+        worker()
         return 0
     settings = QUICK if args.quick else FULL
     started = time.monotonic()
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    if args.no_learn:
+        print("diagnosis: Limits(learn=False), admission ignores the rate-limit headers")
     print(
         f"provider: L={settings.rpm} requests and T={settings.tpm} tokens per "
         f"W={settings.window:g} s window (stands for a minute), {settings.ttft * 1000:g} ms per "
         f"request; {settings.windows} windows measured; each process offers 2x L"
     )
+    learn = not args.no_learn
     with redis_server() as redis_url:
-        unloaded = run_row(settings, "off", 1, redis_url, 0.25)
-        rows = [
-            run_row(settings, mode, n, redis_url, 2.0) for n in settings.fleet for mode in MODES
-        ]
-        cpu = run_cpu(settings, redis_url)
+        pool = Pool(max(settings.fleet))
+        try:
+            unloaded = run_row(pool, settings, "off", 1, redis_url, 0.25, learn)
+            rows = [
+                run_row(pool, settings, mode, n, redis_url, 2.0, learn)
+                for n in settings.fleet
+                for mode in MODES
+            ]
+            cpu = run_cpu(pool, settings, redis_url)
+        finally:
+            pool.close()
     base = unloaded.p99
     print()
     print(f"unloaded provider p99 (1 process at 0.25x L, no admission): {base * 1000:.1f} ms")
@@ -381,12 +439,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{ratio(r.p99, base):.2f}",
             f"{r.e2e_p99 * 1000:.1f}",
             f"{r.refused * 100:.1f}",
+            r.fallbacks,
         ]
         for r in rows
     ]
     headers = [
         "mode", "N", "goodput % of L", "429 %", "min share / fair", "admitted p99 ms",
-        "p99 / unloaded", "e2e p99 ms", "refused by admission %",
+        "p99 / unloaded", "e2e p99 ms", "refused by admission %", "store fell back",
     ]  # fmt: skip
     print(markdown_table(headers, table))
     goal = next((r for r in rows if r.mode == "redis" and r.n == max(settings.fleet)), None)
@@ -439,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_cpu(settings: Settings, redis_url: str) -> dict[str, Any]:
+def run_cpu(pool: Pool, settings: Settings, redis_url: str) -> dict[str, Any]:
     """The single-process row: one client process against an unlimited provider."""
     with FakeProvider(Reply(tokens=REPLY_TOKENS)).run_in_thread() as fake:
         job = {
@@ -449,7 +508,7 @@ def run_cpu(settings: Settings, redis_url: str) -> dict[str, Any]:
             "prefix": f"bench-{uuid.uuid4().hex}:",
             "calls": settings.cpu_calls,
         }
-        return run_processes([job])[0]
+        return pool.run([job])[0]
 
 
 if __name__ == "__main__":
