@@ -14,7 +14,7 @@ import pydantic
 
 from . import _batch, errors
 from ._accounting import Accounting
-from ._attempt import AttemptObserver, Hooks, Target
+from ._attempt import AttemptObserver, AttemptRun, Hooks, Target
 from ._batch import BatchProgress, BatchRequest, BatchResult
 from ._canonical import CallEncoding, leading_static
 from ._cost import HedgeStats, Pricing
@@ -281,8 +281,17 @@ class AsyncClient:
             limits if isinstance(limits, Admission | None) else Admission(limits)
         )
         """Rate limits every attempt waits for (``None``: none); see ``limits``."""
+        if self.admission is not None and self.admission.store.shared:
+            self.policies.on_breaker_change(self._share_breaker)
         self._closed = False
         self._stack: AsyncExitStack | None = None
+
+    def _share_breaker(self, attempt: AttemptRun, old: str, new: str) -> None:
+        """A breaker opened: rest its target on the shared admission store for the
+        breaker's cooldown (every process then refuses it; docs/rate-limits.md)."""
+        if new == "open" and self.admission is not None:
+            name = attempt.target.name
+            self.admission.breaker_opened(name, self.policies.open_left(name))
 
     def __repr__(self) -> str:
         return f"AsyncClient(backends={sorted(self._backends)}, default={self._default!r})"

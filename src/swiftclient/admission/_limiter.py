@@ -269,6 +269,7 @@ class Admission:
         self._gates: dict[str, _Gate] = {}
         self._seq = itertools.count()
         self._prefix = uuid.uuid4().hex[:12]
+        self._opened: list[tuple[str, float]] = []
 
     def __repr__(self) -> str:
         return f"Admission(targets={len(self._gates)}, store={self._store!r})"
@@ -417,6 +418,14 @@ class Admission:
             backend=target.partition("/")[0],
         )
 
+    def breaker_opened(self, target: str, seconds: float) -> None:
+        """A circuit breaker of this process opened on ``target`` for ``seconds``. With a
+        shared store, the next :meth:`settle` rests the target there for that long, so
+        every process's admission refuses it (``RateLimited``, limit ``retry_after``) and
+        its fallback moves on; with a store of this process only, nothing happens."""
+        if self._store.shared and seconds > 0:
+            self._opened.append((target, seconds))
+
     # ------------------------------------------------------------------ settling
 
     async def settle(
@@ -450,6 +459,9 @@ class Admission:
                 elif status is not None and 200 <= status < 300:
                     self._increase(gate)
                 await self._correct(gate, permit, total_tokens, input_tokens, output_tokens)
+                opened, self._opened = self._opened, []
+                for name, seconds in opened:
+                    await store.block(name, seconds)
             finally:
                 gate.in_flight -= 1
                 gate.wake()
