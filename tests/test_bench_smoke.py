@@ -108,3 +108,15 @@ def test_engine_breakdown_quick_run_prints_both_workloads() -> None:
     assert text.count("of its matmul-plus-attention ceiling") == 2
     assert text.count("profiled run") == 2
     assert "rest (sampling, scheduling, inputs, Python)" in text
+
+
+def test_rate_limits_quick_run_prints_every_mode_and_the_goals() -> None:
+    """bench/rate_limits.py --quick: client processes in each mode against the limited fake
+    provider, a Redis server of its own, and the single-process CPU row."""
+    text = quick_run("rate_limits.py")
+    for mode in ("| off ", "| memory ", "| redis "):
+        assert text.count(mode) == 2  # the fleet table and the single-process table
+    assert "goodput % of L" in text and "min share / fair" in text and "p99 / unloaded" in text
+    assert "Goals, Redis-shared admission at N=2:" in text
+    assert text.count("PASS") + text.count("FAIL") == 5  # four fleet goals and the CPU goal
+    assert "load average before:" in text and "load average after:" in text

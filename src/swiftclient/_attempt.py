@@ -549,9 +549,21 @@ class AttemptRun:
         tokens = inputs + (self.request.max_new_tokens() or 0)
         left = self._deadline.remaining()
         timeout = 0.0 if self.record.trigger == "hedge" else None if left == math.inf else left
-        self._permit = await admission.acquire(
-            name, tokens=tokens, input_tokens=inputs, timeout=timeout
-        )
+        trace = self._call.trace
+        if trace is None:
+            self._permit = await admission.acquire(
+                name, tokens=tokens, input_tokens=inputs, timeout=timeout
+            )
+        else:
+            start = self._now()
+            try:
+                self._permit = await admission.acquire(
+                    name, tokens=tokens, input_tokens=inputs, timeout=timeout
+                )
+            except errors.RateLimited:
+                trace.admitted(self, self._now() - start, True)
+                raise
+            trace.admitted(self, self._permit.waited, False)
         self.options = dataclasses.replace(self.options, on_response=self._on_response)
 
     def _on_response(self, status: int, headers: Mapping[str, str]) -> None:

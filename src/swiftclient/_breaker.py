@@ -100,6 +100,14 @@ class CircuitBreaker:
             return "open"
         return self._state
 
+    def open_left(self, now: float) -> float:
+        """Seconds until the breaker, open because requests failed, lets probes through
+        (0 when it is not open that way; a :meth:`block_until` rest does not count)."""
+        self._advance(now)
+        if self._state != "open":
+            return 0.0
+        return max(0.0, self._opened_at + self.cooldown - now)
+
     def failure_counts(self, now: float) -> tuple[int, int]:
         """``(calls, failures)`` in the window at time ``now`` (the closed state's tally)."""
         self._expire(now)

@@ -7,14 +7,14 @@ import os
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from types import TracebackType
-from typing import Any, Protocol, TypeVar, overload
+from typing import Any, Literal, Protocol, TypeVar, overload
 
 import anyio
 import pydantic
 
 from . import _batch, errors
 from ._accounting import Accounting
-from ._attempt import AttemptObserver, Hooks, Target
+from ._attempt import AttemptObserver, AttemptRun, Hooks, Target
 from ._batch import BatchProgress, BatchRequest, BatchResult
 from ._canonical import CallEncoding, leading_static
 from ._cost import HedgeStats, Pricing
@@ -23,7 +23,7 @@ from ._policies import PolicyHub, prompt_chars
 from ._retry import RetryPolicy
 from ._stream import Call, ChatStream
 from ._structured import structured_output, validation_summary
-from .admission import Admission, Limits
+from .admission import Admission, Limits, TargetHealth
 from .backends.base import Backend, RequestOptions, enter_backends
 from .conversation import Conversation
 from .hedging import Hedge
@@ -288,8 +288,17 @@ class AsyncClient:
             limits if isinstance(limits, Admission | None) else Admission(limits)
         )
         """Rate limits every attempt waits for (``None``: none); see ``limits``."""
+        if self.admission is not None and self.admission.store.shared:
+            self.policies.on_breaker_change(self._share_breaker)
         self._closed = False
         self._stack: AsyncExitStack | None = None
+
+    def _share_breaker(self, attempt: AttemptRun, old: str, new: str) -> None:
+        """A breaker opened: rest its target on the shared admission store for the
+        breaker's cooldown (every process then refuses it; docs/rate-limits.md)."""
+        if new == "open" and self.admission is not None:
+            name = attempt.target.name
+            self.admission.breaker_opened(name, self.policies.open_left(name))
 
     def __repr__(self) -> str:
         return f"AsyncClient(backends={sorted(self._backends)}, default={self._default!r})"
@@ -337,10 +346,31 @@ class AsyncClient:
             if warm is not None:
                 await warm(connections)
 
-    def health(self) -> dict[str, str]:
+    @overload
+    def health(self, *, detail: Literal[False] = False) -> dict[str, str]: ...
+
+    @overload
+    def health(self, *, detail: Literal[True]) -> dict[str, TargetHealth]: ...
+
+    def health(self, *, detail: bool = False) -> dict[str, str] | dict[str, TargetHealth]:
         """Circuit-breaker state per target seen so far: ``{"backend/model": "closed" |
-        "open" | "half_open"}`` (empty without breakers)."""
-        return self.policies.health()
+        "open" | "half_open"}`` (empty without breakers).
+
+        ``detail=True``: a :class:`~swiftclient.admission.TargetHealth` per target, its
+        breaker state and, with admission (``limits=``), its
+        :class:`~swiftclient.admission.Headroom` (docs/rate-limits.md)."""
+        return self._health_any(detail)
+
+    def _health_any(self, detail: bool) -> dict[str, str] | dict[str, TargetHealth]:
+        """:meth:`health` under one signature (the sync client runs it on its loop)."""
+        breakers = self.policies.health()
+        if not detail:
+            return breakers
+        headroom = {} if self.admission is None else self.admission.headroom()
+        return {
+            name: TargetHealth(breakers.get(name), headroom.get(name))
+            for name in {**breakers, **headroom}
+        }
 
     @property
     def pricing(self) -> Pricing | None:

@@ -188,6 +188,15 @@ class PolicyHub:
         if self._budget is not None:
             self._budget.on_call(self._clock())
 
+    def open_left(self, name: str) -> float:
+        """Seconds target ``name``'s breaker stays open because requests failed (0: it is
+        not, or its breaker cannot say: it has no ``open_left``)."""
+        breaker = self._breakers.get(name)
+        open_left = getattr(breaker, "open_left", None)
+        if open_left is None:
+            return 0.0
+        return float(open_left(self._clock()))
+
     def health(self) -> dict[str, str]:
         """Breaker state of every target seen so far, by ``"backend/model"``."""
         now = self._clock()

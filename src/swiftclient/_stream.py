@@ -93,6 +93,11 @@ class CallObserver(AttemptObserver, Protocol):
         """A hedge was due but the budget or the throttle refused it."""
         ...
 
+    def admitted(self, attempt: AttemptRun, waited: float, refused: bool) -> None:
+        """``attempt`` waited ``waited`` seconds for admission, and was let through or
+        ``refused`` (:class:`~swiftclient.RateLimited`: nothing was sent)."""
+        ...
+
     def end(self, call: Call, exc: BaseException | None) -> None:
         """The call finished (called once), with the error it raised, if any."""
         ...

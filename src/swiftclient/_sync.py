@@ -33,7 +33,7 @@ from collections.abc import (
 )
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from types import TracebackType
-from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+from typing import Any, Concatenate, Generic, Literal, ParamSpec, TypeVar, overload
 
 import anyio
 import anyio.from_thread
@@ -48,7 +48,7 @@ from ._deadline import Timeout
 from ._policies import PolicyHub
 from ._retry import RetryPolicy
 from ._stream import ChatStream
-from .admission import Admission, Limits
+from .admission import Admission, Limits, TargetHealth
 from .backends.base import Backend
 from .hedging import Hedge
 from .telemetry import Telemetry
@@ -630,7 +630,18 @@ class Client:
         return self._loop.aclient.pricing
 
     warmup = _blocking(AsyncClient.warmup)
-    health = _on_loop(AsyncClient.health)
+
+    @overload
+    def health(self, *, detail: Literal[False] = False) -> dict[str, str]: ...
+
+    @overload
+    def health(self, *, detail: Literal[True]) -> dict[str, TargetHealth]: ...
+
+    def health(self, *, detail: bool = False) -> dict[str, str] | dict[str, TargetHealth]:
+        """See :meth:`AsyncClient.health`."""
+        return self._health(detail)
+
+    _health = _on_loop(AsyncClient._health_any)
     stats = _on_loop(AsyncClient.stats)
     cache_stats = _on_loop(AsyncClient.cache_stats)
     resolve = _on_loop(AsyncClient.resolve)

@@ -18,6 +18,10 @@ docs/telemetry.md):
   ``gen_ai.client.operation.time_per_output_chunk`` with the conventions' bucket
   boundaries, and counters of retries, hedges sent and won, circuit-state changes and
   cached input tokens;
+- with admission control (docs/rate-limits.md), the time each attempt waited for capacity:
+  an event ``swiftclient.admission`` on the attempt's span and the histogram
+  ``swiftclient.client.admission.wait``; and the counter ``swiftclient.client.throttled`` of
+  responses answered 429 (with or without admission);
 - a W3C ``traceparent`` (through the configured propagators) on every attempt's request,
   so a server that extracts it joins the caller's trace.
 
@@ -53,6 +57,7 @@ if TYPE_CHECKING:
     from .types import Message, ToolCall, Usage
 
 __all__ = [
+    "ADMISSION_WAIT_BUCKETS",
     "CAPTURE_CONTENT_ENV",
     "DURATION_BUCKETS",
     "SEMCONV_SCHEMA_URL",
@@ -85,6 +90,12 @@ SERVER_TPOT_BUCKETS: Final = (
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
 )  # fmt: skip
 """Seconds: ``gen_ai.server.time_per_output_token``."""
+ADMISSION_WAIT_BUCKETS: Final = (
+    0.0, 0.001, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24,
+    20.48, 40.96, 81.92,
+)  # fmt: skip
+"""Seconds: ``swiftclient.client.admission.wait`` (most calls wait not at all: 0 is a
+bucket of its own)."""
 
 _OPERATION = "chat"
 _RECHECK_SECONDS = 1.0
@@ -244,6 +255,17 @@ class _Instruments:
             "swiftclient.client.cached_tokens",
             unit="{token}",
             description="Input tokens the provider served from its prompt cache.",
+        )
+        self.admission_wait = meter.create_histogram(
+            "swiftclient.client.admission.wait",
+            unit="s",
+            description="Time an attempt waited for admission (rate limits) before sending.",
+            explicit_bucket_boundaries_advisory=ADMISSION_WAIT_BUCKETS,
+        )
+        self.throttled = meter.create_counter(
+            "swiftclient.client.throttled",
+            unit="{response}",
+            description="Responses answered 429 Too Many Requests, by target.",
         )
 
 
@@ -446,6 +468,25 @@ class CallTrace:
         if self.recording:
             self.span.add_event("swiftclient.hedge.refused")
 
+    def admitted(self, attempt: AttemptRun, waited: float, refused: bool) -> None:
+        """An event on the attempt's span and a histogram sample: the seconds ``attempt``
+        waited for admission, and whether it was let through or ``refused``."""
+        outcome = "refused" if refused else "admitted"
+        span = self._attempts.get(attempt.number)
+        if span is not None:
+            span.add_event(
+                "swiftclient.admission",
+                {"swiftclient.admission.wait": waited, "swiftclient.admission.outcome": outcome},
+            )
+        if self.metered:
+            self._telemetry.instruments.admission_wait.record(
+                waited,
+                {
+                    "swiftclient.target": attempt.target.name,
+                    "swiftclient.admission.outcome": outcome,
+                },
+            )
+
     def skipped(self, targets: Sequence[Target]) -> None:
         """Targets left out of a round because their circuit breaker is open."""
         if self.recording:
@@ -574,7 +615,12 @@ class CallTrace:
             )
 
     def on_end(self, attempt: AttemptRun) -> None:
-        """End the attempt's span with its outcome."""
+        """End the attempt's span with its outcome; count a 429."""
+        error = attempt.error
+        if self.metered and error is not None and getattr(error, "status_code", None) == 429:
+            self._telemetry.instruments.throttled.add(
+                1, {"swiftclient.target": attempt.target.name}
+            )
         span = self._attempts.pop(attempt.number, None)
         if span is None:
             return
@@ -585,7 +631,6 @@ class CallTrace:
             attributes["gen_ai.response.time_to_first_chunk"] = record.ttft
         if attempt.usage is not None:
             attributes.update(_usage_attributes(attempt.usage))
-        error = attempt.error
         if outcome == "failed" and error is not None:
             kind = error_type(error)
             attributes["error.type"] = kind

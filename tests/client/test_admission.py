@@ -138,6 +138,7 @@ def test_estimate_tokens_rounds_up() -> None:
         {"rpm": math.inf},
         {"chars_per_token": 0},
         {"lease_ttl": 0},
+        {"window": 0},
     ],
 )
 def test_bad_limits_are_refused(kwargs: dict[str, float]) -> None:
@@ -276,6 +277,19 @@ async def test_a_wait_that_fits_is_admitted_when_the_bucket_refills() -> None:
         assert got == []
         await clock.advance(1)
     assert got == [pytest.approx(30.0)]
+
+
+@pytest.mark.anyio
+async def test_a_shorter_window_refills_in_that_window() -> None:
+    a, clock = admission(Limits(rpm=2, window=1.0))  # 2 a second: one more per 0.5 s
+    await a.acquire(T)
+    await a.acquire(T)
+    with pytest.raises(RateLimited) as caught:
+        await a.acquire(T, timeout=0.1)
+    assert caught.value.reset_after == pytest.approx(0.5)
+    await clock.advance(0.5)
+    permit = await a.acquire(T, timeout=0)
+    assert permit.waited == 0
 
 
 @pytest.mark.anyio

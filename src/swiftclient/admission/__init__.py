@@ -20,9 +20,11 @@ from ._limiter import (
     CHARS_PER_TOKEN,
     Admission,
     Clock,
+    Headroom,
     Limits,
     Permit,
     SystemClock,
+    TargetHealth,
     estimate_tokens,
 )
 from ._redis import RedisStore
@@ -34,6 +36,7 @@ __all__ = [
     "Admit",
     "BucketCost",
     "Clock",
+    "Headroom",
     "Limits",
     "MemoryStore",
     "Observed",
@@ -42,6 +45,7 @@ __all__ = [
     "RedisStore",
     "StateStore",
     "SystemClock",
+    "TargetHealth",
     "estimate_tokens",
     "parse_duration",
     "parse_rate_limit_headers",

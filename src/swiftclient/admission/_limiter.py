@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import anyio
 
@@ -29,9 +29,11 @@ __all__ = [
     "CHARS_PER_TOKEN",
     "Admission",
     "Clock",
+    "Headroom",
     "Limits",
     "Permit",
     "SystemClock",
+    "TargetHealth",
     "estimate_tokens",
 ]
 
@@ -88,14 +90,17 @@ class Limits:
 
     Args:
         concurrency: requests in flight at once (``None``: no limit but what AIMD learns).
-        rpm: requests per minute.
-        tpm: tokens per minute (input estimate plus ``max_tokens`` when the call sets it).
+        rpm: requests per minute (per ``window``).
+        tpm: tokens per minute (per ``window``; input estimate plus ``max_tokens`` when the
+            call sets it).
         learn: take limits from the provider's rate-limit headers and halve concurrency on
             a bare 429. A learned limit never raises a configured one.
         chars_per_token: the estimate of input tokens before sending.
         lease_ttl: seconds after which a concurrency slot whose holder never released it
             (a crashed process) is free again.
         max_retry_after: the longest rest a ``Retry-After`` may impose on a target.
+        window: the seconds ``rpm`` and ``tpm`` count over (60: per minute; 1 for a
+            provider that limits per second, or shorter to time-scale a test or a bench).
 
     Raises:
         ConfigurationError: a limit is not a positive number.
@@ -108,6 +113,7 @@ class Limits:
     chars_per_token: float = CHARS_PER_TOKEN
     lease_ttl: float = 300.0
     max_retry_after: float = DEFAULT_MAX_PUSHBACK
+    window: float = 60.0
 
     def __post_init__(self) -> None:
         if self.concurrency is not None and (
@@ -125,6 +131,7 @@ class Limits:
         check_number("Limits.chars_per_token", self.chars_per_token, positive=True)
         check_number("Limits.lease_ttl", self.lease_ttl, positive=True)
         check_number("Limits.max_retry_after", self.max_retry_after, positive=False)
+        check_number("Limits.window", self.window, positive=True)
 
 
 @dataclass(slots=True)
@@ -154,6 +161,7 @@ class _Gate:
     in_flight: int = 0
     blocked_limit: str | None = None
     blocked_until: float = -math.inf
+    throttled: int = 0
 
     def head(self) -> _Waiter | None:
         queue = self.queue
@@ -174,6 +182,40 @@ class _Gate:
             return configured
         learned = max(1, math.floor(self.aimd))
         return learned if configured is None else min(configured, learned)
+
+
+class Headroom(NamedTuple):
+    """A target's capacity as this process sees it now (:meth:`Admission.headroom`).
+
+    ``requests`` and ``tokens`` are what their buckets hold (``None``: no such limit is
+    configured or learned); with a :class:`~swiftclient.admission.RedisStore` they are what
+    this process's last take left, refilled since (other processes' takes are not in it).
+    """
+
+    concurrency: int | None
+    """The concurrency limit in force (configured or learned; ``None``: none)."""
+    in_flight: int
+    """Requests this process has admitted and not settled."""
+    waiting: int
+    """Requests of this process queued for capacity."""
+    requests: float | None
+    """Requests left in the requests-per-minute bucket."""
+    tokens: float | None
+    """Tokens left in the tokens-per-minute bucket."""
+    rest: float
+    """Seconds left of a ``Retry-After`` rest (0: none)."""
+    throttled: int
+    """Responses answered 429 that this process has seen on the target."""
+
+
+class TargetHealth(NamedTuple):
+    """One target's state in ``client.health(detail=True)``."""
+
+    breaker: str | None
+    """Its circuit breaker's state (``"closed"``, ``"open"``, ``"half_open"``; ``None``:
+    the client has no breaker on it yet)."""
+    headroom: Headroom | None
+    """Its capacity (``None``: the client has no admission, or never asked for it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,6 +269,7 @@ class Admission:
         self._gates: dict[str, _Gate] = {}
         self._seq = itertools.count()
         self._prefix = uuid.uuid4().hex[:12]
+        self._opened: list[tuple[str, float]] = []
 
     def __repr__(self) -> str:
         return f"Admission(targets={len(self._gates)}, store={self._store!r})"
@@ -257,9 +300,9 @@ class Admission:
         specs: dict[str, _Spec] = {}
         limits = gate.limits
         if limits.rpm is not None:
-            specs["requests"] = _Spec(limits.rpm, limits.rpm / 60.0)
+            specs["requests"] = _Spec(limits.rpm, limits.rpm / limits.window)
         if limits.tpm is not None:
-            specs["tokens"] = _Spec(limits.tpm, limits.tpm / 60.0)
+            specs["tokens"] = _Spec(limits.tpm, limits.tpm / limits.window)
         for kind, learned in gate.learned.items():
             mine = specs.get(kind)
             if mine is None or learned.capacity < mine.capacity:
@@ -375,6 +418,14 @@ class Admission:
             backend=target.partition("/")[0],
         )
 
+    def breaker_opened(self, target: str, seconds: float) -> None:
+        """A circuit breaker of this process opened on ``target`` for ``seconds``. With a
+        shared store, the next :meth:`settle` rests the target there for that long, so
+        every process's admission refuses it (``RateLimited``, limit ``retry_after``) and
+        its fallback moves on; with a store of this process only, nothing happens."""
+        if self._store.shared and seconds > 0:
+            self._opened.append((target, seconds))
+
     # ------------------------------------------------------------------ settling
 
     async def settle(
@@ -401,11 +452,16 @@ class Admission:
                 learned = False
                 if gate.limits.learn and lowered:
                     learned = await self._learn(gate, target, lowered)
+                if status == 429:
+                    gate.throttled += 1
                 if status == 429 and not learned and gate.limits.learn:
                     self._decrease(gate, permit)
                 elif status is not None and 200 <= status < 300:
                     self._increase(gate)
                 await self._correct(gate, permit, total_tokens, input_tokens, output_tokens)
+                opened, self._opened = self._opened, []
+                for name, seconds in opened:
+                    await store.block(name, seconds)
             finally:
                 gate.in_flight -= 1
                 gate.wake()
@@ -480,6 +536,31 @@ class Admission:
         """Requests admitted by this process and not settled yet."""
         gate = self._gates.get(target)
         return 0 if gate is None else gate.in_flight
+
+    def headroom(self) -> dict[str, Headroom]:
+        """The capacity of every target this process has asked for, by ``"backend/model"``
+        (read without waiting: from this process's view of the store)."""
+        peek = getattr(self._store, "peek_now", None)
+        out: dict[str, Headroom] = {}
+        for target, gate in self._gates.items():
+            costs = self._costs(gate, 0, 0)
+            levels: dict[str, float] = {}
+            rest = 0.0
+            if peek is not None:
+                try:
+                    levels, rest = peek(target, costs)
+                except RuntimeError:  # no event loop running: no clock to read
+                    pass
+            out[target] = Headroom(
+                concurrency=gate.concurrency(),
+                in_flight=gate.in_flight,
+                waiting=sum(1 for *_, w in gate.queue if not w.dead),
+                requests=levels.get("requests"),
+                tokens=levels.get("tokens"),
+                rest=rest,
+                throttled=gate.throttled,
+            )
+        return out
 
 
 _DEFAULT_LIMITS = Limits()

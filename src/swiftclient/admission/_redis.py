@@ -88,14 +88,15 @@ if limit >= 0 then
     redis.call('PEXPIRE', KEYS[2], math.ceil(ttl * 1000) + 1000)
   end
 end
+local left = {1}
 for i = 0, n - 1 do
   local kind = ARGV[2 + 4 * i]
   local spent = math.min(tonumber(ARGV[3 + 4 * i]), tonumber(ARGV[4 + 4 * i]))
-  redis.call('HSET', KEYS[1], 'l:' .. kind, tostring(levels[i + 1] - spent), 't:' .. kind,
-             tostring(now))
+  left[i + 2] = tostring(levels[i + 1] - spent)
+  redis.call('HSET', KEYS[1], 'l:' .. kind, left[i + 2], 't:' .. kind, tostring(now))
 end
 if n > 0 then redis.call('PEXPIRE', KEYS[1], 3600000) end
-return {1}
+return left
 """
 )
 
@@ -206,6 +207,7 @@ class RedisStore:
         self._down_until = -math.inf
         self._warned = False
         self._cache: dict[str, tuple[float, float, int]] = {}
+        self._levels: dict[str, tuple[float, dict[str, float]]] = {}
         self._portal_cm: AbstractContextManager[anyio.from_thread.BlockingPortal] | None = None
         self._portal: anyio.from_thread.BlockingPortal | None = None
         self._portal_lock = threading.Lock()
@@ -300,12 +302,21 @@ class RedisStore:
             args.extend((cost.kind, repr(cost.cost), repr(cost.capacity), repr(cost.rate)))
         args.extend((-1 if concurrency is None else concurrency, holder or "", repr(ttl)))
 
+        seen: dict[str, float] = {}
+
         async def remote() -> Admit:
+            # may run on the helper loop (trio): its clock is not the caller's
             reply = await self._eval("take", _TAKE, self._keys(key), args)
             if int(reply[0]) == 1:
+                for cost, value in zip(costs, reply[1:], strict=False):
+                    seen[cost.kind] = float(_text(value))
                 return Admit(True)
             limit = _text(reply[1])
             wait = _text(reply[2])
+            if wait and limit != "retry_after":
+                for cost in costs:
+                    if cost.kind == limit and math.isfinite(float(wait)):
+                        seen[limit] = min(cost.cost, cost.capacity) - float(wait) * cost.rate
             return Admit(False, limit, float(wait) if wait else None)
 
         def local() -> Admit:
@@ -313,7 +324,10 @@ class RedisStore:
                 key, costs, concurrency=concurrency, holder=holder, ttl=ttl
             )
 
-        return await self._run(remote, (), local)
+        admit = await self._run(remote, (), local)
+        if seen:
+            self._levels[key] = (anyio.current_time(), seen)
+        return admit
 
     async def release(self, key: str, holder: str) -> None:
         """See :meth:`~swiftclient.admission.StateStore.release`."""
@@ -380,6 +394,26 @@ class RedisStore:
     async def leases(self, key: str) -> int:
         """See :meth:`~swiftclient.admission.StateStore.leases` (cached briefly)."""
         return (await self._read(key))[1]
+
+    def peek_now(self, key: str, costs: Sequence[BucketCost]) -> tuple[dict[str, float], float]:
+        """What this process last saw of ``key`` (the levels a take left, refilled since;
+        the rest from the read cache), without asking the server: other processes' takes
+        since then are not in it. The fallback's own state while degraded."""
+        now = anyio.current_time()
+        if now < self._down_until:
+            return self._fallback.peek_now(key, costs)
+        seen_at, seen = self._levels.get(key, (now, {}))
+        levels: dict[str, float] = {}
+        for cost in costs:
+            level = seen.get(cost.kind)
+            levels[cost.kind] = (
+                cost.capacity
+                if level is None
+                else min(cost.capacity, level + max(0.0, now - seen_at) * cost.rate)
+            )
+        cached = self._cache.get(key)
+        rest = 0.0 if cached is None else max(0.0, cached[1] - (now - cached[0]))
+        return levels, rest
 
     async def aclose(self) -> None:
         """Close the connections the store opened, and its helper loop on trio."""

@@ -256,5 +256,15 @@ class MemoryStore:
         """See :meth:`StateStore.leases`."""
         return self.leases_now(key)
 
+    def peek_now(self, key: str, costs: Sequence[BucketCost]) -> tuple[dict[str, float], float]:
+        """The level of each bucket in ``costs`` now (what a take could have), and the
+        seconds left of ``key``'s rest; changes nothing."""
+        entry = self._entries.get(key)
+        now = self._clock()
+        if entry is None:
+            return {cost.kind: cost.capacity for cost in costs}, 0.0
+        levels = {cost.kind: refill(entry.buckets.get(cost.kind), cost, now) for cost in costs}
+        return levels, max(0.0, entry.blocked_until - now)
+
     async def aclose(self) -> None:
         """Nothing to release."""
