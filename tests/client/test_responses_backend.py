@@ -463,3 +463,22 @@ async def test_the_preset_derives_prompt_cache_key_on_the_responses_wire() -> No
         await client.chat([system, {"role": "user", "content": "hi"}], stream=False)
     assert seen[0]["prompt_cache_key"] and seen[0]["store"] is False
     assert seen[0]["input"][0] == system
+
+
+async def test_server_side_state_is_opt_in_through_extra_body() -> None:
+    seen: list[dict[str, Any]] = []
+    output = [{"type": "message", "content": [{"type": "output_text", "text": "ok"}]}]
+    body = json.dumps(_response("completed", output, USAGE)).encode()
+    request = ChatRequest.model_validate(
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "and then?"}],
+            "extra_body": {"store": True, "previous_response_id": "resp_7"},
+        }
+    )
+    async with _backend(body, seen) as backend:
+        reply = await backend.complete(request, Deadline(Timeout(total=60)))
+    assert reply.id == "resp_7"  # the id to chain the next call to
+    assert seen[0]["body"]["store"] is True
+    assert seen[0]["body"]["previous_response_id"] == "resp_7"
+    assert seen[0]["body"]["input"] == [{"role": "user", "content": "and then?"}]

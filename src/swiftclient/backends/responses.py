@@ -25,7 +25,8 @@ contract as a Responses request and decodes the reply back into the same
   chunk last; ``response.failed`` and ``error`` events are a
   :class:`~swiftclient.StreamError`.
 
-Not carried yet: encrypted reasoning items across turns and ``previous_response_id``.
+Not carried yet: encrypted reasoning items across turns. Server-side state is opt-in:
+``extra_body={"store": True, "previous_response_id": ...}`` passes through.
 """
 
 from __future__ import annotations
