@@ -58,6 +58,23 @@ async def test_limits_learned_from_headers_keep_calls_from_the_429(stream_chat: 
     assert client.admission is not None and client.admission.in_flight("fake/m") == 0
 
 
+async def test_a_learned_limit_equal_to_the_configured_one_keeps_the_providers_refill() -> None:
+    # Configured 2 a second, learned 2 a minute with none left: the provider's slower refill
+    # wins (the learned spec used to lose a tie in capacity, and the 3rd call met a 429).
+    limits = ProviderLimits(rpm=2, window=60.0, clock=Ticker())
+    async with FakeProvider(Reply(tokens=2), rate_limits=limits) as fake:
+        backend = HTTPBackend(fake.base_url, name="fake")
+        async with AsyncClient(
+            backend, model="m", limits=Limits(rpm=2, window=1.0), timeout=5.0
+        ) as client:
+            await client.chat("hi")
+            await client.chat("hi")
+            with pytest.raises(RateLimited):
+                await client.chat("hi")
+    assert fake.rate_limited == 0
+    assert len(fake.requests) == 2
+
+
 async def test_without_limits_the_same_calls_meet_the_429() -> None:
     limits = ProviderLimits(rpm=2, window=60.0, clock=Ticker())
     async with FakeProvider(Reply(tokens=2), rate_limits=limits) as fake:

@@ -305,8 +305,13 @@ class Admission:
             specs["tokens"] = _Spec(limits.tpm, limits.tpm / limits.window)
         for kind, learned in gate.learned.items():
             mine = specs.get(kind)
-            if mine is None or learned.capacity < mine.capacity:
-                specs[kind] = learned
+            # the stricter of the two on each axis: a learned limit never raises a configured
+            # one, and a provider's slower refill (its reset time) is never sped up by ours
+            specs[kind] = (
+                learned
+                if mine is None
+                else _Spec(min(learned.capacity, mine.capacity), min(learned.rate, mine.rate))
+            )
         amounts = {"requests": 1, "tokens": tokens, "input_tokens": input_tokens}
         return [
             BucketCost(kind, float(amounts.get(kind, 0)), spec.capacity, spec.rate)
