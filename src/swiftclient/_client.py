@@ -221,6 +221,19 @@ class AsyncClient:
         telemetry: Telemetry | None | NotGiven = NOT_GIVEN,
         limits: Limits | Mapping[str, Limits] | Admission | None = None,
     ) -> None:
+        if isinstance(backend, str):
+            raise errors.ConfigurationError(
+                f"backend must be a Backend, got the string {backend!r}: for a URL pass "
+                "HTTPBackend(url) (or AsyncClient() to read the environment)"
+            )
+        if model is not None and not isinstance(model, str):
+            raise errors.ConfigurationError(
+                f"model must be a string (a default model name), got {type(model).__name__}"
+            )
+        if backends is not None and not isinstance(backends, Mapping):
+            raise errors.ConfigurationError(
+                f"backends must be a mapping of name to Backend, got {type(backends).__name__}"
+            )
         named: dict[str, Backend] = dict(backends or {})
         if backend is not None:
             named.setdefault(backend.name, backend)
@@ -419,6 +432,10 @@ class AsyncClient:
         """
         if model is None or isinstance(model, str):
             return [self._target(model)]
+        if not isinstance(model, Sequence):
+            raise errors.ConfigurationError(
+                f"model must be a string or a list of strings, got {type(model).__name__}"
+            )
         if not model:
             raise errors.ConfigurationError("model=[] names no target")
         out: list[Target] = []

@@ -453,3 +453,26 @@ def test_a_uvloop_clock_is_read_through_time_monotonic_only_when_it_is_that_cloc
         loop.close()
         _deadline._SAME_CLOCK.pop(Loop, None)
     assert got == (time.monotonic if offset == 0.0 else loop.time)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"backend": "http://127.0.0.1:8000/v1"}, "HTTPBackend(url)"),
+        ({"model": 123}, "model must be a string"),
+        ({"backends": [HTTPBackend("http://127.0.0.1:8000/v1")]}, "backends must be a mapping"),
+    ],
+)
+def test_wrong_constructor_arguments_are_configuration_errors(
+    kwargs: dict[str, Any], message: str
+) -> None:
+    kwargs.setdefault("backend", HTTPBackend("http://127.0.0.1:8000/v1"))
+    with pytest.raises(ConfigurationError, match=re.escape(message)):
+        AsyncClient(**kwargs)
+
+
+@pytest.mark.anyio
+async def test_a_model_that_is_not_a_string_or_a_list_is_refused() -> None:
+    async with AsyncClient(HTTPBackend("http://127.0.0.1:8000/v1"), model="m") as client:
+        with pytest.raises(ConfigurationError, match="model must be a string or a list"):
+            await client.chat("hi", model=123)  # type: ignore[arg-type]

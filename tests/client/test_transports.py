@@ -19,7 +19,7 @@ import openai
 import pydantic
 import pytest
 
-from swiftclient import AsyncClient, Client, Hedge, HTTPBackend, RetryPolicy
+from swiftclient import AsyncClient, Client, ConfigurationError, Hedge, HTTPBackend, RetryPolicy
 from swiftclient.routing import Router
 from swiftclient.testing import FakeProvider, Reply
 from swiftclient.transports import AsyncHttpxTransport, AsyncTransport, HttpxTransport, Transport
@@ -322,3 +322,17 @@ async def test_the_sdk_over_the_embedded_engine_needs_no_server(anyio_backend: s
             text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
         assert text
         await sdk.close()
+
+
+def test_a_transport_refuses_the_other_kind_of_client() -> None:
+    backend = HTTPBackend("http://127.0.0.1:8000/v1")
+    with Client(backend, model="m") as blocking:
+        with pytest.raises(ConfigurationError, match="blocking Client goes with"):
+            AsyncTransport(blocking)  # type: ignore[arg-type]
+        with pytest.raises(ConfigurationError, match="blocking Client goes with"):
+            AsyncHttpxTransport(blocking)  # type: ignore[arg-type]
+    asynchronous = AsyncClient(backend, model="m")
+    with pytest.raises(ConfigurationError, match="AsyncClient goes with"):
+        Transport(asynchronous)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="AsyncClient goes with"):
+        HttpxTransport(asynchronous)  # type: ignore[arg-type]

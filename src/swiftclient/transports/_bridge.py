@@ -25,7 +25,36 @@ if TYPE_CHECKING:
     from .._client import AsyncClient
     from .._sync import Client
 
-__all__ = ["body_classes", "handle", "handle_async"]
+__all__ = ["async_client", "body_classes", "handle", "handle_async", "sync_client"]
+
+
+def async_client(client: object, transport: str) -> AsyncClient:
+    """``client`` if it is an :class:`~swiftclient.AsyncClient`, else a clear error (an
+    async transport over a blocking client would fail only at the first request)."""
+    from .._client import AsyncClient
+
+    if not isinstance(client, AsyncClient):
+        hint = " (a blocking Client goes with the blocking transport)" if _is_sync(client) else ""
+        raise errors.ConfigurationError(
+            f"{transport} takes an AsyncClient, got {type(client).__name__}{hint}"
+        )
+    return client
+
+
+def sync_client(client: object, transport: str) -> Client:
+    """``client`` if it is a blocking :class:`~swiftclient.Client`, else a clear error."""
+    if not _is_sync(client):
+        hint = " (an AsyncClient goes with the async transport)" if client is not None else ""
+        raise errors.ConfigurationError(
+            f"{transport} takes a blocking Client, got {type(client).__name__}{hint}"
+        )
+    return client  # type: ignore[return-value]
+
+
+def _is_sync(client: object) -> bool:
+    from .._sync import Client
+
+    return isinstance(client, Client)
 
 
 def _response(module: Any, reply: Reply, request: Any) -> Any:

@@ -8,7 +8,7 @@ import httpx
 
 from .._client import AsyncClient
 from .._sync import Client
-from ._bridge import body_classes, handle, handle_async
+from ._bridge import async_client, body_classes, handle, handle_async, sync_client
 
 __all__ = ["AsyncHttpxTransport", "HttpxTransport"]
 
@@ -20,7 +20,7 @@ class AsyncHttpxTransport(httpx.AsyncBaseTransport):
     ``httpx.AsyncClient(transport=AsyncHttpxTransport(client))``."""
 
     def __init__(self, client: AsyncClient) -> None:
-        self.client = client
+        self.client = async_client(client, "AsyncHttpxTransport")
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """Answer one request through the client."""
@@ -34,7 +34,7 @@ class HttpxTransport(httpx.BaseTransport):
     :class:`~swiftclient.Client`."""
 
     def __init__(self, client: Client) -> None:
-        self.client = client
+        self.client = sync_client(client, "HttpxTransport")
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         """Answer one request through the client (safe from many threads at once)."""

@@ -7,7 +7,7 @@ import httpx2
 
 from .._client import AsyncClient
 from .._sync import Client
-from ._bridge import body_classes, handle, handle_async
+from ._bridge import async_client, body_classes, handle, handle_async, sync_client
 
 __all__ = ["AsyncTransport", "Transport"]
 
@@ -25,7 +25,7 @@ class AsyncTransport(httpx2.AsyncBaseTransport):
     """
 
     def __init__(self, client: AsyncClient) -> None:
-        self.client = client
+        self.client = async_client(client, "AsyncTransport")
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         """Answer one request through the client."""
@@ -38,7 +38,7 @@ class Transport(httpx2.BaseTransport):
     :class:`~swiftclient.Client`: ``http_client=httpx2.Client(transport=Transport(client))``."""
 
     def __init__(self, client: Client) -> None:
-        self.client = client
+        self.client = sync_client(client, "Transport")
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
         """Answer one request through the client (safe from many threads at once)."""
