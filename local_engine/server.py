@@ -39,7 +39,7 @@ import logging
 import secrets
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -447,13 +447,23 @@ class LocalServer:
             self._ignored_seen.update(new)
             _log.warning("ignoring request fields this server does not use: %s", ", ".join(new))
 
-    async def _chat(self, request: Request, writer: ResponseWriter) -> None:
+    async def _traced(
+        self,
+        answer: Callable[[Request, ResponseWriter, Span, dict[str, Any]], Awaitable[None]],
+        request: Request,
+        writer: ResponseWriter,
+    ) -> None:
+        """Run ``answer`` under a SERVER span in the caller's trace; ``answer`` notes what
+        the reply was in the dict it is given, for the span's attributes."""
         span = self._tracer.start(request.headers)
         reply: dict[str, Any] = {}
         try:
-            await self._answer(request, writer, span, reply)
+            await answer(request, writer, span, reply)
         finally:
             self._tracer.end(span, status=writer.status or 499, **reply)
+
+    async def _chat(self, request: Request, writer: ResponseWriter) -> None:
+        await self._traced(self._answer, request, writer)
 
     async def _answer(
         self, request: Request, writer: ResponseWriter, span: Span, reply: dict[str, Any]
@@ -580,12 +590,7 @@ class LocalServer:
 
     async def _responses(self, request: Request, writer: ResponseWriter) -> None:
         """``POST /v1/responses``: the Responses API, stateless (:mod:`local_engine.responses`)."""
-        span = self._tracer.start(request.headers)
-        reply: dict[str, Any] = {}
-        try:
-            await self._respond(request, writer, span, reply)
-        finally:
-            self._tracer.end(span, status=writer.status or 499, **reply)
+        await self._traced(self._respond, request, writer)
 
     async def _respond(
         self, request: Request, writer: ResponseWriter, span: Span, reply: dict[str, Any]

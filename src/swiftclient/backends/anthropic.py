@@ -930,12 +930,7 @@ class AnthropicBackend(HTTPBackend):
         self, request: ChatRequest, deadline: Deadline, options: RequestOptions | None = None
     ) -> ChatCompletion:
         """Run a non-streamed message."""
-        response = await self._send(request, deadline, options, stream=False)
-        try:
-            body = await self._read_body(response, self.max_body_bytes)
-        finally:
-            if not response.close_nowait():
-                await response.aclose()
+        body = await self._whole_body(request, deadline, options)
         completion = decode_message(body, self, output_names(request, self.structured_output))
         if deadline.now() >= deadline.at:  # parsing took the call past its deadline
             raise _deadline_exceeded(self, deadline)

@@ -596,10 +596,12 @@ class HTTPBackend:
             f"{self.name}: expected an event stream, got {content_type!r}", backend=self.name
         )
 
-    async def complete(
-        self, request: ChatRequest, deadline: Deadline, options: RequestOptions | None = None
-    ) -> ChatCompletion:
-        """Run a non-streamed completion."""
+    async def _whole_body(
+        self, request: ChatRequest, deadline: Deadline, options: RequestOptions | None
+    ) -> bytes:
+        """Send ``request`` non-streamed and read its whole body (the connection goes back
+        or is closed either way); a large body is checked for its shape before anything
+        validates it. Every wire's ``complete`` starts here."""
         response = await self._send(request, deadline, options, stream=False)
         try:
             body = await self._read_body(response, self.max_body_bytes)
@@ -608,6 +610,13 @@ class HTTPBackend:
                 await response.aclose()
         if len(body) > _SCAN_FROM and body.count(b",") >= _SCAN_COMMAS:
             _check_shape(self, body, "the response body")
+        return body
+
+    async def complete(
+        self, request: ChatRequest, deadline: Deadline, options: RequestOptions | None = None
+    ) -> ChatCompletion:
+        """Run a non-streamed completion."""
+        body = await self._whole_body(request, deadline, options)
         error: errors.APIError | None
         try:
             completion: ChatCompletion = _validate_completion(body)

@@ -251,12 +251,7 @@ class ResponsesBackend(HTTPBackend):
         self, request: ChatRequest, deadline: Deadline, options: RequestOptions | None = None
     ) -> ChatCompletion:
         """Run a non-streamed call."""
-        response = await self._send(request, deadline, options, stream=False)
-        try:
-            body = await self._read_body(response, self.max_body_bytes)
-        finally:
-            if not response.close_nowait():
-                await response.aclose()
+        body = await self._whole_body(request, deadline, options)
         inband = _inband_error(self, body)
         if inband is not None:
             raise inband
