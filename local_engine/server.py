@@ -121,7 +121,10 @@ def _validation_message(exc: pydantic.ValidationError) -> tuple[str, str | None]
     loc = ".".join(str(part) for part in first["loc"])
     more = exc.error_count() - 1
     suffix = f" (and {more} more error{'s' if more > 1 else ''})" if more else ""
-    return f"invalid request: {loc}: {first['msg']}{suffix}", loc or None
+    message = first["msg"]
+    if first["type"] == "value_error":  # our own validators' words, without pydantic's label
+        message = message.removeprefix("Value error, ")
+    return f"invalid request: {loc}: {message}{suffix}", loc or None
 
 
 def parse_chat_body(body: Any, ignored: list[str] | None = None) -> ChatRequest:

@@ -182,6 +182,7 @@ def from_env(environ: Mapping[str, str] | None = None, **kwargs: Any) -> Backend
         kwargs.setdefault("prompt_cache_key", openai.prompt_cache_key)
         return HTTPBackend(openai.base_url, key, name="openai", **kwargs)
     raise ConfigurationError(
-        "no backend configured: pass backend=... to AsyncClient, or set SWIFTCLIENT_PROVIDER "
-        "(oxlo, openai, deepseek, vllm, sglang, local), SWIFTCLIENT_BASE_URL, or OPENAI_API_KEY"
+        "no backend configured: pass a backend to the client (AsyncClient or Client), or set "
+        "SWIFTCLIENT_PROVIDER (oxlo, openai, deepseek, vllm, sglang, local), "
+        "SWIFTCLIENT_BASE_URL, or OPENAI_API_KEY"
     )
