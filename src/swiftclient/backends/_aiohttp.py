@@ -235,31 +235,25 @@ class AiohttpTransport:
             if len(self._urls) > 64:
                 self._urls.clear()
             target = self._urls[url] = yarl.URL(url)
-        timeout = _client_timeout(connect)
+        send = functools.partial(
+            session.request,
+            method,
+            target,
+            headers=headers,
+            data=body or None,
+            allow_redirects=False,
+            timeout=_client_timeout(connect),
+        )
         try:
             try:
-                response = await session.request(
-                    method,
-                    target,
-                    headers=headers,
-                    data=body or None,
-                    allow_redirects=False,
-                    timeout=timeout,
-                )
+                response = await send()
             except Exception as exc:
                 if not (_REUSED.get() and _unanswered(exc)):
                     raise
                 # The pooled connection was dead: send again, at once, on a new one.
                 fresh = _FRESH.set(True)
                 try:
-                    response = await session.request(
-                        method,
-                        target,
-                        headers=headers,
-                        data=body or None,
-                        allow_redirects=False,
-                        timeout=timeout,
-                    )
+                    response = await send()
                 finally:
                     _FRESH.reset(fresh)
         except Exception as exc:
