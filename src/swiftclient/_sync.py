@@ -339,7 +339,26 @@ class _Pump(Generic[Item]):
         self.done = threading.Event()
         self._stopped = False
         self._scope: anyio.CancelScope | None = None
-        self.future = loop.submit(self._run)
+
+    def start(self) -> None:
+        """Start the task on the loop (returns once the portal has spawned it). Interrupted
+        while the portal spawns it (a ``KeyboardInterrupt``), the task is stopped: a stop
+        scheduled after the spawn runs after it on the loop, and one scheduled before it
+        marks the pump stopped before the task's first step."""
+        try:
+            self._loop.submit(self._run)
+        except BaseException:
+            self.stop()
+            raise
+
+    def open(self) -> None:
+        """Wait until the source is entered (raises what entering it raised); interrupted
+        while waiting, or anywhere in here, the task is stopped."""
+        try:
+            self.opened()
+        except BaseException:
+            self.stop()
+            raise
 
     async def _run(self) -> None:
         put = self.items.put
@@ -431,10 +450,13 @@ class SyncChatStream:
         pump = self._pump
         if pump is None:
             stream = self._stream
-            pump = self._pump = _Pump(self._loop, lambda: stream)
-            # Dropped unfinished, the stream still gives its connection back.
+            pump = _Pump(self._loop, lambda: stream)
+            # Dropped unfinished, the stream still gives its connection back (registered
+            # before the task starts, so no interrupt can leave a task nobody stops).
             self._finalizer = weakref.finalize(self, pump.stop)
-            pump.opened()
+            pump.start()
+            self._pump = pump
+            pump.open()
         return pump
 
     def __enter__(self) -> SyncChatStream:
@@ -507,8 +529,10 @@ class _BatchResults(AbstractContextManager[Iterator[BatchResult]]):
         self._pump: _Pump[BatchResult] | None = None
 
     def __enter__(self) -> Iterator[BatchResult]:
-        pump = self._pump = _Pump(self._loop, self._source)
-        pump.opened()
+        pump = _Pump(self._loop, self._source)
+        pump.start()
+        self._pump = pump
+        pump.open()
         return self._results(pump)
 
     @staticmethod

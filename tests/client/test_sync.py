@@ -14,9 +14,10 @@ import sys
 import textwrap
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
 
 import anyio
 import pydantic
@@ -398,6 +399,66 @@ def test_ctrl_c_in_the_calling_thread_cancels_the_call_and_the_loop_serves_on() 
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == "ok"
         assert done.stderr == ""
+
+
+class _Held:
+    """A backend whose calls hold until cancelled, with events for entered and released."""
+
+    name = "held"
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.released = threading.Event()
+
+    def stream(self, request: object, deadline: object, options: object = None) -> Any:
+        return self._held()
+
+    async def complete(self, request: object, deadline: object, options: object = None) -> Any:
+        async with self._held():
+            raise AssertionError("unreachable")
+
+    @asynccontextmanager
+    async def _held(self) -> AsyncIterator[Any]:
+        self.entered.set()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            self.released.set()
+        yield  # pragma: no cover
+
+    async def aclose(self) -> None:
+        pass
+
+
+def test_an_interrupt_while_the_task_is_spawned_still_stops_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Ctrl-C that lands while the portal spawns the stream's task (before the caller
+    waits for the opening) still stops the task: before, nothing did, and the call ran on
+    the loop for ever (seen as a flaky Ctrl-C test on a loaded CI machine)."""
+    import swiftclient._sync as sync_module
+
+    spawn = sync_module._Loop.submit
+
+    held = _Held()
+
+    def spawn_then_interrupt(self: Any, func: Any) -> Any:
+        spawn(self, func)
+        assert held.entered.wait(RELEASE_LIMIT)  # the call holds the backend: now Ctrl-C
+        raise KeyboardInterrupt
+
+    with fake(Reply(text="fine")) as provider:
+        with Client(
+            backends={"held": held, "fake": HTTPBackend(provider.base_url, name="fake")},
+            retry=NO_RETRY,
+        ) as client:
+            monkeypatch.setattr(sync_module._Loop, "submit", spawn_then_interrupt)
+            with pytest.raises(KeyboardInterrupt):
+                with client.stream("hi", model="held/m") as stream:
+                    list(stream)
+            monkeypatch.undo()
+            assert held.released.wait(RELEASE_LIMIT), "the interrupted task runs on"
+            assert client.chat("hi", model="fake/m").text == "fine"
 
 
 _FORK_SCRIPT = """

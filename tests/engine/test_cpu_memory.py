@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 
@@ -23,8 +24,8 @@ pytestmark = pytest.mark.skipif(
     reason="the settings are glibc's",
 )
 
-# Page faults per round of three 16 MiB tensors written and freed, before and after
-# tune_malloc(): a round after the first should find its memory still mapped. Transparent
+# Page faults in each of 11 rounds of three 16 MiB tensors written and freed, before and
+# after tune_malloc(): a round after the first should find its memory still mapped. Transparent
 # huge pages are off for the process (prctl PR_SET_THP_DISABLE), so that every 4 KiB page
 # faults on its own and the count does not depend on the host's huge-page policy.
 _FAULTS = """
@@ -33,15 +34,17 @@ ctypes.CDLL(None).prctl(41, 1, 0, 0, 0)
 import torch
 from local_engine.cpu_memory import malloc_tuning, tune_malloc
 
-def faults(rounds=10):
+def faults(rounds=11):
     def once():
         a = torch.ones(4 << 20); b = torch.ones(4 << 20); c = torch.ones(4 << 20)
         del a, b, c
     once()
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    counts = []
     for _ in range(rounds):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         once()
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / rounds
+        counts.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    return counts
 
 default = faults()
 first_seen = malloc_tuning()
@@ -109,12 +112,17 @@ def test_freed_tensor_memory_is_kept_for_the_next_allocation() -> None:
     report, _ = _run(_FAULTS)
     assert report["first_seen"] is False  # importing the engine does not tune the allocator
     assert report["applied"] is True and report["same"] is True
-    # Without the settings the heap gives the freed top back and every round faults its
-    # pages in again (thousands); with them a round faults (almost) none.
+    # Without the settings the heap gives the freed top back until glibc's adaptive
+    # thresholds have grown, and those rounds fault a whole round's pages in again (12,288
+    # of 4 KiB; seen: two to six such rounds of eleven); with them a typical round faults
+    # (almost) none. A round or two may still fault after the switch while the heap settles
+    # (seen once on a loaded CI machine: 16,384 faults over ten rounds), so the test takes
+    # the median round for the tuned side and the total for both.
     default, tuned = report["default"], report["tuned"]
-    assert isinstance(default, float) and isinstance(tuned, float)
-    assert default > 1000
-    assert tuned < default / 10
+    assert isinstance(default, list) and isinstance(tuned, list)
+    assert sum(default) > 10_000, default
+    assert statistics.median(tuned) < 1_000, tuned
+    assert sum(tuned) < sum(default) / 2, (default, tuned)
 
 
 @pytest.mark.parametrize(
