@@ -17,10 +17,11 @@ them): an HTTP transport that answers the SDK's requests with a swiftclient clie
 
 ``AsyncTransport`` / ``Transport`` are for ``httpx2`` (openai-python 3.x, anthropic 1.x);
 ``AsyncHttpxTransport`` / ``HttpxTransport`` for plain ``httpx``. The blocking ones take a
-blocking :class:`~swiftclient.Client`. Chat Completions requests (``POST .../chat/completions``)
-and OpenAI Responses requests (``POST .../responses``, stateless: translated into the
-client's chat call by :mod:`swiftclient.wire.responses`) are served; other paths answer 404.
-See docs/integrations.md.
+blocking :class:`~swiftclient.Client`. Served: Chat Completions (``POST .../chat/completions``),
+OpenAI Responses (``POST .../responses``, stateless) and Anthropic Messages
+(``POST .../messages``, for ``anthropic.AsyncAnthropic(http_client=...)``); the last two are
+translated into the client's chat call and back by :mod:`swiftclient.wire`. Other paths
+answer 404. See docs/integrations.md.
 """
 
 from ._httpx import AsyncHttpxTransport, HttpxTransport

@@ -1,5 +1,5 @@
 """What every transport shares: reading an SDK's request (Chat Completions, or a Responses
-request translated by :mod:`swiftclient.wire.responses`), running it through the client,
+or Messages request translated by :mod:`swiftclient.wire`), running it through the client,
 and writing the answer (JSON, SSE or an error) as the request's wire would.
 
 No HTTP library is imported here; the adapters (``_httpx``, ``_httpx2``) build their own
@@ -19,7 +19,7 @@ import pydantic_core
 from .. import errors
 from ..asgi._wire import error_body
 from ..types import Attempt, ChatCompletion, ChatCompletionChunk, ChatRequest, Timing
-from ..wire import responses
+from ..wire import messages, responses
 
 __all__ = [
     "CHAT",
@@ -27,6 +27,7 @@ __all__ = [
     "SSE",
     "Encoder",
     "Exchange",
+    "MessagesWire",
     "Reply",
     "Wire",
     "chunk_event",
@@ -113,27 +114,30 @@ def parse(method: str, path: str, body: bytes) -> Exchange | Reply:
     something the transport does not serve (a path other than ``.../chat/completions`` or
     ``.../responses``, a body that is not a request of that wire)."""
     route = path.rstrip("/")
+    fail = _error
     if route.endswith("/chat/completions"):
         reader = _chat_exchange
     elif route.endswith("/responses"):
         reader = _responses_exchange
+    elif route.endswith("/messages"):
+        reader, fail = _messages_exchange, _messages_error
     else:
         return _error(
             404,
-            "swiftclient's transport serves POST /chat/completions and POST /responses, "
-            f"not {path}",
+            "swiftclient's transport serves POST /chat/completions, POST /responses and "
+            f"POST /messages, not {path}",
         )
     if method != "POST":
-        return _error(405, f"{method} {path}: only POST is served")
+        return fail(405, f"{method} {path}: only POST is served")
     try:
         data = pydantic_core.from_json(body) if body else None
     except ValueError:
-        return _error(400, "the request body is not JSON")
+        return fail(400, "the request body is not JSON")
     if not isinstance(data, dict):
-        return _error(400, "the request body must be a JSON object")
+        return fail(400, "the request body must be a JSON object")
     model = data.get("model")
     if model is not None and not isinstance(model, str):
-        return _error(400, "model must be a string", param="model")
+        return fail(400, "model must be a string", param="model")
     return reader(data)
 
 
@@ -180,8 +184,28 @@ def _responses_exchange(data: dict[str, Any]) -> Exchange | Reply:
     return Exchange(model, fields["messages"], stream, params, wire)
 
 
+def _messages_exchange(data: dict[str, Any]) -> Exchange | Reply:
+    """A Messages request as a chat call (:func:`swiftclient.wire.messages.chat_fields`)."""
+    ignored: list[str] = []
+    try:
+        fields = messages.chat_fields(data, ignored)
+    except messages.MessagesRequestError as exc:
+        return _messages_error(400, str(exc))
+    stream = fields.get("stream") is True
+    params = _split(fields)
+    if stream:
+        params["stream_options"] = {"include_usage": True}  # message_delta has usage
+    model = data.get("model") or None
+    return Exchange(model, fields["messages"], stream, params, MessagesWire(model, ignored))
+
+
 def _error(status: int, message: str, *, param: str | None = None) -> Reply:
     body = error_body(status, message, param=param)
+    return Reply(status, [("content-type", _JSON)], pydantic_core.to_json(body))
+
+
+def _messages_error(status: int, message: str, *, param: str | None = None) -> Reply:
+    body = messages.messages_error(status, message)
     return Reply(status, [("content-type", _JSON)], pydantic_core.to_json(body))
 
 
@@ -352,6 +376,86 @@ class ResponsesWire:
     def encoder(self) -> Encoder:
         """The stream's Responses events."""
         return _ResponsesEncoder(self._echo)
+
+
+class _MessagesEncoder:
+    """A chat stream as the Messages event stream (``message_start`` first)."""
+
+    __slots__ = ("_events",)
+
+    def __init__(self, model: str) -> None:
+        self._events = messages.MessageEvents(model)
+
+    @staticmethod
+    def _bytes(events: list[tuple[str, dict[str, Any]]]) -> bytes:
+        return b"".join(messages.event_bytes(kind, data) for kind, data in events)
+
+    def chunk(self, chunk: ChatCompletionChunk) -> bytes:
+        return self._bytes(self._events.feed(chunk))
+
+    def end(self) -> bytes:
+        return self._bytes(self._events.end())
+
+    def fail(self, exc: errors.SwiftClientError) -> bytes:
+        return self._bytes([self._events.fail(_messages_status(exc), str(exc))])
+
+
+def _messages_status(exc: errors.SwiftClientError) -> int:
+    """The status of a failure on the Messages wire: as on chat, but an overloaded engine
+    is Anthropic's 529 ``overloaded_error``."""
+    if isinstance(exc, errors.OverloadedError) and not isinstance(exc, errors.APIStatusError):
+        return 529
+    return _status_of(exc)
+
+
+def _provider_message(body: Any) -> str | None:
+    """The message of a provider's error body, in OpenAI's or Anthropic's shape."""
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return str(error["message"])
+    if isinstance(error, str):
+        return error
+    return None
+
+
+class MessagesWire:
+    """Anthropic's Messages API: a ``message`` body, or its event stream
+    (:mod:`swiftclient.wire.messages`); errors in Anthropic's shape."""
+
+    __slots__ = ("_model", "headers")
+
+    def __init__(self, model: str | None, ignored: list[str]) -> None:
+        """Answer a request for ``model``; name the ``ignored`` fields."""
+        self._model = model or ""
+        self.headers: list[tuple[str, str]] = (
+            [("x-ignored-fields", ", ".join(ignored))] if ignored else []
+        )
+
+    def completion(self, completion: ChatCompletion) -> Reply:
+        """The completion as a ``message`` body."""
+        body = pydantic_core.to_json(messages.message_body(completion, self._model))
+        headers = [("content-type", _JSON), *_call_headers(completion.timing), *self.headers]
+        return Reply(200, headers, body)
+
+    def error(self, exc: errors.SwiftClientError) -> Reply:
+        """The failure in Anthropic's error shape: the provider's status, headers and
+        message when it answered with an error, else a status for what went wrong."""
+        status = _messages_status(exc)
+        headers = [("content-type", _JSON), *self.headers]
+        message = str(exc)
+        if isinstance(exc, errors.APIStatusError):
+            headers.extend(
+                (name, value)
+                for name, value in exc.headers.items()
+                if name not in _HOP_BY_HOP and name != "content-type"
+            )
+            message = _provider_message(exc.body) or message
+        body = pydantic_core.to_json(messages.messages_error(status, message))
+        return Reply(status, headers, body)
+
+    def encoder(self) -> Encoder:
+        """The stream's Messages events."""
+        return _MessagesEncoder(self._model)
 
 
 class SSE:
