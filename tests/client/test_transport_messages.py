@@ -307,3 +307,18 @@ async def test_messages_over_the_embedded_engine_with_a_tool(anyio_backend: str)
         )
         assert answered.content
         await sdk.close()
+
+
+@pytest.mark.anyio
+async def test_leaving_a_messages_stream_early_releases_the_connection() -> None:
+    async with FakeProvider(Reply(text="one two three", stall_after=1)) as fake:
+        backend = HTTPBackend(fake.base_url)
+        async with AsyncClient(backend, model="m") as client:
+            sdk = sdk_for(client)
+            async with sdk.messages.stream(model="m", max_tokens=9, messages=USER) as stream:
+                async for _ in stream.text_stream:
+                    break
+            await settle(fake, 1, RELEASE_LIMIT)
+            assert fake.cancelled == 1
+            assert backend.pool_stats()["in_use"] == 0
+            await sdk.close()

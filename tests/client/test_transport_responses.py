@@ -352,3 +352,25 @@ def test_a_stream_without_a_usage_chunk_still_completes() -> None:
     assert closing[-1]["response"]["usage"]["total_tokens"] == 4
     assert closing[-1]["response"]["output"][0]["content"][0]["text"] == "hi"
     assert events.end() == []
+
+
+@pytest.mark.anyio
+async def test_leaving_a_responses_stream_early_releases_the_connection() -> None:
+    async with FakeProvider(Reply(text="one two three", stall_after=1)) as fake:
+        backend = HTTPBackend(fake.base_url)
+        async with AsyncClient(backend, model="m") as client:
+            sdk = openai.AsyncOpenAI(
+                base_url="http://swiftclient.invalid/v1",
+                api_key="unused",
+                http_client=httpx2.AsyncClient(transport=AsyncTransport(client)),
+                max_retries=0,
+            )
+            stream = await sdk.responses.create(model="m", input="hi", stream=True)
+            async with stream:
+                async for event in stream:
+                    if event.type == "response.output_text.delta":
+                        break
+            await settle(fake, 1, RELEASE_LIMIT)
+            assert fake.cancelled == 1
+            assert backend.pool_stats()["in_use"] == 0
+            await sdk.close()
