@@ -36,12 +36,10 @@ from swiftclient.testing import FakeProvider, Reply
 from swiftclient.types import ChatCompletionChunk, ChatRequest
 
 from ..otel import Otel, attrs, points, recording
-from .mock import Script, chunk, sse
-from .test_hedging import Gated
+from .mock import FAST_RETRY, Gated, Script, chunk, sse
 
 pytestmark = pytest.mark.anyio
 KEY = "sk-telemetry-secret-0123456789"
-FAST_RETRY = RetryPolicy(max_attempts=3, initial_backoff=0.0, max_backoff=0.0)
 
 
 @pytest.fixture
