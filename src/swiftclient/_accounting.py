@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from . import errors
 from ._attempt import noop_hook
 from ._cost import AttemptRecord, CallCost, HedgeStats, Pricing
+from ._outcome import Outcome
 from ._policies import prompt_chars
 
 if TYPE_CHECKING:
@@ -91,7 +92,7 @@ class Accounting:
 
     def on_end(self, attempt: AttemptRun) -> None:
         """Note the ended attempt under its call's id."""
-        outcome = attempt.outcome
+        outcome: Outcome = attempt.outcome
         error = attempt.error
         sent = True
         if outcome == "failed" and error is not None:

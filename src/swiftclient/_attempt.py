@@ -21,6 +21,7 @@ import anyio
 
 from . import errors
 from ._deadline import Deadline, ReadTimer, Timeout, deadline_watch, running_loop
+from ._outcome import OUTCOME_OF, Outcome
 from ._retry import retry_after_seconds
 from .backends.base import Backend, BufferedChunkIterator, RequestOptions
 from .types import Attempt, ChatCompletion, ChatCompletionChunk, ChatRequest, Usage
@@ -32,23 +33,14 @@ if TYPE_CHECKING:
 __all__ = [
     "AttemptObserver",
     "AttemptRun",
-    "Outcome",
     "Target",
     "deadline_exceeded",
 ]
 
-Outcome = Literal["won", "lost", "cancelled", "failed", "pending"]
 _Limit = Literal["deadline", "idle", "first_token"]
 _CLOSE_GRACE = 5.0
 _current_task = asyncio.current_task
 _cancelled = anyio.get_cancelled_exc_class
-_OUTCOMES: dict[str, Outcome] = {
-    "ok": "won",
-    "error": "failed",
-    "cancelled": "cancelled",
-    "lost": "lost",
-    "pending": "pending",
-}
 
 
 class Target(NamedTuple):
@@ -267,7 +259,7 @@ class AttemptRun:
     def outcome(self) -> Outcome:
         """``won``, ``lost`` (another attempt committed), ``cancelled``, ``failed`` or
         ``pending``."""
-        return _OUTCOMES[self.record.outcome]
+        return OUTCOME_OF[self.record.outcome]
 
     @property
     def status_code(self) -> int | None:

@@ -458,6 +458,8 @@ class AsyncClient:
         hedge: Hedge | None | NotGiven,
         task: str | None,
         params: dict[str, Any],
+        *,
+        streamed: bool,
     ) -> Call:
         if self._closed:
             raise errors.ConfigurationError("this AsyncClient is closed")
@@ -501,6 +503,7 @@ class AsyncClient:
             Deadline(limits),
             retry or self.retry,
             options,
+            streamed=streamed,
             hedge=hedge,
             observers=self._observers if several else self._plain_observers,
             hooks=self._hooks if several else self._plain_hooks,
@@ -532,7 +535,9 @@ class AsyncClient:
         content token wins and the others are cancelled; without, they are tried in order
         until one works (docs/hedging.md).
         """
-        return ChatStream(self._call(messages, model, timeout, retry, hedge, task, params))
+        return ChatStream(
+            self._call(messages, model, timeout, retry, hedge, task, params, streamed=True)
+        )
 
     @overload
     async def chat(
@@ -593,8 +598,8 @@ class AsyncClient:
                 raise errors.ConfigurationError("pass response_model or response_format, not both")
             structured = structured_output(response_model)
             params["response_format"] = structured.response_format
-        call = self._call(messages, model, timeout, retry, hedge, task, params)
         use_stream = self.stream_chat if stream is None else stream
+        call = self._call(messages, model, timeout, retry, hedge, task, params, streamed=use_stream)
         if use_stream:
             async with ChatStream(call) as chat_stream:
                 completion = await chat_stream.final()

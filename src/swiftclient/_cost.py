@@ -24,13 +24,12 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from fnmatch import fnmatchcase
-from typing import Literal
 
+from ._outcome import Outcome
 from .errors import ConfigurationError
 
-__all__ = ["AttemptRecord", "CallCost", "HedgeStats", "Outcome", "Price", "Pricing"]
+__all__ = ["AttemptRecord", "CallCost", "HedgeStats", "Price", "Pricing"]
 
-Outcome = Literal["won", "lost", "cancelled", "failed", "pending"]
 
 _CHARS_PER_TOKEN = 4
 """Prompt-size estimate when no usage is known: about four characters per token."""

@@ -131,6 +131,7 @@ class Call:
         "request",
         "_round_targets",
         "started",
+        "streamed",
         "targets",
         "timing",
         "trace",
@@ -146,6 +147,7 @@ class Call:
         policy: RetryPolicy,
         options: RequestOptions,
         *,
+        streamed: bool,
         hedge: Hedge | None = None,
         observers: tuple[AttemptObserver, ...] = (),
         hooks: Hooks | None = None,
@@ -161,6 +163,9 @@ class Call:
         self.deadline = deadline
         self.policy = policy
         self.options = options
+        self.streamed = streamed
+        """Whether the caller asked for a stream (``client.stream``, or ``chat`` streaming
+        under the hood): fixed when the call is made, whatever reply it ends with."""
         self.hedge = hedge
         self.observers = observers
         self.hooks = Hooks.of(observers) if hooks is None else hooks

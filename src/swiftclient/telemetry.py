@@ -505,7 +505,7 @@ class CallTrace:
         if self.recording:
             attributes: dict[str, Any] = {
                 "swiftclient.attempts": len(timing.attempts),
-                "gen_ai.request.stream": not isinstance(call.reply, ChatCompletion),
+                "gen_ai.request.stream": call.streamed,
             }
             if reply is not None:
                 if reply.id:

@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from ._cost import CallCost
+from ._outcome import AttemptOutcome
 
 __all__ = [
     "AssistantMessage",
@@ -466,7 +467,7 @@ class Attempt:
     trigger: Literal["first", "hedge", "fallback", "retry"] = "first"
     """Why it started: the call's first attempt, a hedge (the hedge delay passed), a
     fallback (an earlier attempt failed) or a retry (the first of a later round)."""
-    outcome: Literal["ok", "error", "cancelled", "lost", "pending"] = "pending"
+    outcome: AttemptOutcome = "pending"
     """``ok`` (committed and finished), ``error``, ``cancelled``, ``lost`` (another attempt
     committed first; this one was cancelled or discarded) or ``pending``."""
 

@@ -1,4 +1,4 @@
-"""A clock for admission tests: time moves only when the test says so."""
+"""Clocks for admission tests: time moves only when the test says so."""
 
 from __future__ import annotations
 
@@ -42,3 +42,13 @@ class FakeClock:
         for _, timer in due:
             timer.set()
         await anyio.wait_all_tasks_blocked()
+
+
+class Ticker:
+    """A bare clock function: calling it reads ``t``, which the test sets."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t

@@ -32,7 +32,7 @@ from swiftclient import (
 from swiftclient._accounting import Accounting
 from swiftclient.testing import Reply
 
-from .test_hedging import HELD, client_for, providers
+from .mock import HELD, client_for, providers
 
 pytestmark = pytest.mark.anyio
 PER_TOKEN = Pricing({"*": Price(per_input_token=0.001, per_output_token=0.002)})

@@ -23,17 +23,10 @@ from swiftclient import (
 from swiftclient.admission import Admission, Limits
 from swiftclient.testing import FakeProvider, ProviderLimits, Reply
 
+from .fakeclock import Ticker
 from .mock import Script, stream_body
 
 pytestmark = pytest.mark.anyio
-
-
-class Ticker:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 @pytest.mark.parametrize("stream_chat", [True, False])

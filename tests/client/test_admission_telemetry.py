@@ -22,18 +22,11 @@ from swiftclient.admission import Admission, Headroom, Limits, RedisStore, Targe
 from swiftclient.testing import FakeProvider, ProviderLimits, Reply
 
 from ..otel import Otel, attrs, points, recording
+from .fakeclock import Ticker
 from .redisserver import redis_url
 
 __all__ = ["redis_url"]  # the fixture, re-exported for pytest
 pytestmark = pytest.mark.anyio
-
-
-class Ticker:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 @pytest.fixture

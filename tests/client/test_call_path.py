@@ -7,7 +7,6 @@ import dataclasses
 import json
 import sys
 import typing
-from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -20,7 +19,6 @@ from swiftclient import (
     AssistantMessage,
     AsyncClient,
     BadRequestError,
-    ChatCompletion,
     ChatRequest,
     ConfigurationError,
     DeadlineExceeded,
@@ -37,8 +35,7 @@ from swiftclient._canonical import encode as encode_request
 from swiftclient._structured import _strict_schema, structured_output
 from swiftclient.testing import FakeProvider, Reply
 
-from .mock import Script, chunk, stream_body
-from .test_client import KEY, make
+from .mock import KEY, TOOL_LOOP_ANSWER, Script, chunk, mock_client, stream_body, tool_loop
 
 pytestmark = pytest.mark.anyio
 _CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
@@ -65,7 +62,7 @@ async def test_a_per_call_number_keeps_the_clients_first_token_limit() -> None:
     for _ in range(3):
         script.add(parts=[chunk(role="assistant"), b": keep-alive\n\n"], stall=True)
     limits = Timeout(total=60, first_token=0.3, idle=None)
-    async with make(script, timeout=limits) as client:
+    async with mock_client(script, timeout=limits) as client:
         with pytest.raises(FirstTokenTimeout):
             await client.chat("hi", timeout=20)
     assert len(script.requests) == 3
@@ -98,7 +95,7 @@ async def test_malformed_messages_are_refused_before_sending(
     message: dict[str, Any], match: str
 ) -> None:
     script = Script()
-    async with make(script) as client:
+    async with mock_client(script) as client:
         conversation = [{"role": "user", "content": "first"}, message]
         with pytest.raises(ConfigurationError, match=r"messages\[1\]") as info:
             await client.chat(conversation)
@@ -113,7 +110,7 @@ async def test_malformed_messages_are_refused_before_sending(
 @pytest.mark.parametrize("messages", [123, None, {"role": "user", "content": "hi"}, b"hi"])
 async def test_messages_of_the_wrong_type_are_a_configuration_error(messages: Any) -> None:
     script = Script()
-    async with make(script) as client:
+    async with mock_client(script) as client:
         with pytest.raises(ConfigurationError, match="messages must be a string"):
             await client.chat(messages)
         with pytest.raises(ConfigurationError, match="messages must be a string"):
@@ -142,7 +139,7 @@ async def test_every_valid_message_shape_is_sent() -> None:
         {"role": "assistant", "audio": {"id": "audio_1"}},
     ]
     script = Script()
-    async with make(script) as client:
+    async with mock_client(script) as client:
         await client.chat(conversation)
     sent = json.loads(script.requests[0].content)["messages"]
     assert sent[3] == {"role": "assistant", "tool_calls": [_CALL]}
@@ -174,59 +171,6 @@ def test_a_reply_validates_as_a_request_message() -> None:
     assert body["messages"] == [{"role": "assistant", "refusal": "I can't help with that."}]
 
 
-def _weather(city: str) -> dict[str, Any]:
-    return {"city": city, "celsius": 21.5}
-
-
-def _add(a: int, b: int) -> dict[str, Any]:
-    return {"sum": a + b}
-
-
-_TOOLS: dict[str, Callable[..., dict[str, Any]]] = {"get_weather": _weather, "add": _add}
-_TOOL_SCHEMAS = [
-    {
-        "type": "function",
-        "function": {
-            "name": name,
-            "parameters": {
-                "type": "object",
-                "properties": properties,
-                "required": list(properties),
-            },
-        },
-    }
-    for name, properties in [
-        ("get_weather", {"city": {"type": "string"}}),
-        ("add", {"a": {"type": "number"}, "b": {"type": "number"}}),
-    ]
-]
-
-
-TOOL_LOOP_ANSWER = "It is 21.5 degrees in Paris."
-
-
-async def tool_loop(client: AsyncClient, *, stream: bool, **params: Any) -> list[ChatCompletion]:
-    """Three turns of the usual agent loop (a weather call, an add call, an answer), each
-    reply appended to the conversation as it came out; returns the three completions."""
-    messages: list[AssistantMessage | dict[str, Any]] = [
-        {"role": "user", "content": "How warm is Paris, plus 1.5?"}
-    ]
-    completions = []
-    for _ in range(3):
-        completion = await client.chat(messages, tools=_TOOL_SCHEMAS, stream=stream, **params)
-        completions.append(completion)
-        messages.append(completion.choices[0].message)
-        for call in completion.tool_calls:
-            result = _TOOLS[call.function.name](**json.loads(call.function.arguments))
-            messages.append(
-                {"role": "tool", "tool_call_id": call.id, "content": json.dumps(result)}
-            )
-    names = [[c.function.name for c in completion.tool_calls] for completion in completions]
-    assert names == [["get_weather"], ["add"], []]
-    assert completions[-1].text == TOOL_LOOP_ANSWER
-    return completions
-
-
 @pytest.mark.parametrize("stream", [True, False], ids=["streamed", "plain"])
 async def test_a_three_turn_tool_loop_appends_the_replies_as_they_come(stream: bool) -> None:
     async with FakeProvider() as fake:
@@ -253,7 +197,7 @@ async def test_a_three_turn_tool_loop_appends_the_replies_as_they_come(stream: b
 @pytest.mark.parametrize("stream", [True, False], ids=["streamed", "plain"])
 async def test_an_error_after_retries_carries_its_attempts(stream: bool) -> None:
     script = Script().add(500).add(502).add(503)
-    async with make(script) as client:
+    async with mock_client(script) as client:
         with pytest.raises(InternalServerError) as info:
             await client.chat("hi", stream=stream)
     error = info.value
@@ -270,7 +214,7 @@ async def test_an_error_after_retries_carries_its_attempts(stream: bool) -> None
 @pytest.mark.parametrize("stream", [True, False], ids=["streamed", "plain"])
 async def test_an_error_on_the_first_attempt_says_nothing_of_retries(stream: bool) -> None:
     script = Script().add(400)
-    async with make(script) as client:
+    async with mock_client(script) as client:
         with pytest.raises(BadRequestError) as info:
             await client.chat("hi", stream=stream)
     assert [a.status_code for a in info.value.attempts] == [400]
@@ -281,13 +225,13 @@ async def test_timeouts_retried_and_a_stall_after_a_retry_say_how_many_attempts(
     script = Script()
     for _ in range(3):
         script.add(parts=[chunk(role="assistant"), b": keep-alive\n\n"], stall=True)
-    async with make(script, timeout=Timeout(total=60, first_token=0.3, idle=None)) as client:
+    async with mock_client(script, timeout=Timeout(total=60, first_token=0.3, idle=None)) as client:
         with pytest.raises(FirstTokenTimeout, match=r"\(after 3 attempts\)$") as first:
             await client.chat("hi")
     assert [a.error for a in first.value.attempts] == ["FirstTokenTimeout"] * 3
 
     script = Script().add(503).add(parts=[chunk(role="assistant"), chunk("a")], stall=True)
-    async with make(script, timeout=Timeout(total=60, idle=0.3)) as client:
+    async with mock_client(script, timeout=Timeout(total=60, idle=0.3)) as client:
         async with client.stream("hi") as stream:
             with pytest.raises(StreamStalled, match=r"\(after 2 attempts\)$") as stalled:
                 async for _ in stream:
@@ -303,7 +247,7 @@ async def test_deadline_messages_read_the_same_streamed_and_not() -> None:
 
     limits = Timeout(total=0.3, idle=None)
     script = Script().add(parts=[chunk(role="assistant")], stall=True)
-    async with make(script, timeout=limits) as client:
+    async with mock_client(script, timeout=limits) as client:
         with pytest.raises(DeadlineExceeded) as streamed:
             await client.chat("hi")
     plain = HTTPBackend(
@@ -380,7 +324,7 @@ async def test_response_model_takes_models_typeddicts_dataclasses_and_lists(
         script = _replies(reply)
     else:
         script = Script().add(parts=[json.dumps(_plain_completion(reply)).encode()])
-    async with make(script) as client:
+    async with mock_client(script) as client:
         result = await client.chat("weather", response_model=response_model, stream=stream)
     assert result == expected
     sent = json.loads(script.requests[0].content)["response_format"]
@@ -411,13 +355,13 @@ def _plain_completion(text: str) -> dict[str, Any]:
 )
 async def test_a_reply_fenced_in_a_code_block_is_accepted(reply: str) -> None:
     script = _replies(reply)
-    async with make(script) as client:
+    async with mock_client(script) as client:
         assert await client.chat("w", response_model=Weather) == Weather(city="Paris", celsius=21.5)
 
 
 async def test_structured_output_error_names_the_failing_fields() -> None:
     script = _replies('{"city": 5}', "Sure! Here it is: {", f"```json\n[{PARIS}]\n```")
-    async with make(script) as client:
+    async with mock_client(script) as client:
         with pytest.raises(StructuredOutputError) as fields:
             await client.chat("w", response_model=Weather)
         with pytest.raises(StructuredOutputError, match="Invalid JSON") as not_json:
@@ -445,7 +389,7 @@ async def test_a_reply_cut_off_at_max_tokens_says_so(usage: bool, where: str) ->
     script = Script()
     script.add(parts=_cut_off_body(['{"city": ', '"Par', "is"], usage=usage))
     script.add(parts=_cut_off_body([PARIS], usage=usage))  # complete although cut off: fine
-    async with make(script) as client:
+    async with mock_client(script) as client:
         with pytest.raises(StructuredOutputError) as cut:
             await client.chat("w", response_model=Weather, max_tokens=3)
         assert await client.chat("w", response_model=Weather) == Weather(city="Paris", celsius=21.5)
@@ -476,7 +420,7 @@ async def test_response_model_refuses_what_cannot_be_structured_output(
     response_model: Any, match: str
 ) -> None:
     script = Script()
-    async with make(script) as client:
+    async with mock_client(script) as client:
         with pytest.raises(ConfigurationError, match=match):
             await client.chat("w", response_model=response_model)
     assert script.requests == []

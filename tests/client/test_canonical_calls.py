@@ -8,15 +8,14 @@ from typing import Any
 
 import pytest
 
-from swiftclient import AsyncClient, HTTPBackend, RetryPolicy, _canonical
+from swiftclient import AsyncClient, HTTPBackend, _canonical
 from swiftclient._canonical import cache_key, prompt_prefix
 from swiftclient.providers import from_env, preset
 from swiftclient.types import ChatRequest
 
-from .mock import Script
+from .mock import Script, mock_client
 
 pytestmark = pytest.mark.anyio
-FAST = RetryPolicy(max_attempts=3, initial_backoff=0.0, max_backoff=0.0)
 SYSTEM = {"role": "system", "content": "You are a careful assistant."}
 TOOLS = [
     {"type": "function", "function": {"name": "zeta", "parameters": {"required": ["b", "a"]}}},
@@ -25,8 +24,7 @@ TOOLS = [
 
 
 def _client(script: Script, **backend: Any) -> AsyncClient:
-    http = HTTPBackend("http://mock/v1", "k", name="mock", transport=script.transport(), **backend)
-    return AsyncClient(http, model="m", retry=FAST)
+    return mock_client(script, backend=backend)
 
 
 async def test_retries_send_the_bytes_built_once(monkeypatch: pytest.MonkeyPatch) -> None:

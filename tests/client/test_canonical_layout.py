@@ -22,7 +22,7 @@ from swiftclient.prompt_cache import (
 )
 from swiftclient.types import ChatRequest, Usage
 
-from .mock import Script, chunk, sse
+from .mock import Script, chunk, mock_client, sse
 
 SYSTEM = {"role": "system", "content": "You are a careful assistant."}
 DOCS = {"role": "user", "content": "Reference: the manual, chapter 1."}
@@ -30,8 +30,7 @@ NOW = {"role": "system", "content": "The time is 2026-12-01T02:03:04Z."}
 
 
 def _client(script: Script, **backend: Any) -> AsyncClient:
-    http = HTTPBackend("http://mock/v1", "k", name="mock", transport=script.transport(), **backend)
-    return AsyncClient(http, model="m")
+    return mock_client(script, retry=None, backend=backend)
 
 
 def _sent(script: Script, index: int = -1) -> dict[str, Any]:

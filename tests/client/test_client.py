@@ -22,7 +22,6 @@ from swiftclient import (
     HTTPBackend,
     InternalServerError,
     RateLimitError,
-    RetryPolicy,
     StreamError,
     StreamStalled,
     StructuredOutputError,
@@ -31,21 +30,14 @@ from swiftclient import (
 from swiftclient.providers import from_env, preset
 from swiftclient.types import Timing
 
-from .mock import Script, chunk, sse, stream_body
+from .mock import FAST_RETRY, KEY, Script, chunk, mock_client, sse, stream_body
 
 pytestmark = pytest.mark.anyio
-FAST = RetryPolicy(max_attempts=3, initial_backoff=0.0, max_backoff=0.0)
-KEY = "sk-test-SECRETSECRETSECRET"
-
-
-def make(script: Script, **kwargs: object) -> AsyncClient:
-    backend = HTTPBackend("http://mock/v1", KEY, name="mock", transport=script.transport())
-    return AsyncClient(backend, model="m", retry=FAST, **kwargs)  # type: ignore[arg-type]
 
 
 async def test_chat_streams_and_measures() -> None:
     script = Script()
-    async with make(script) as client:
+    async with mock_client(script) as client:
         completion = await client.chat([{"role": "user", "content": "hi"}], temperature=0)
     assert completion.text == "Hello world"
     assert completion.usage is not None and completion.usage.completion_tokens == 2
@@ -60,7 +52,7 @@ async def test_chat_streams_and_measures() -> None:
 
 async def test_stream_text_and_final_and_early_exit_closes() -> None:
     script = Script()
-    async with make(script) as client:
+    async with mock_client(script) as client:
         async with client.stream("hi") as stream:
             texts = [t async for t in stream.text()]
             final = await stream.final()
@@ -93,7 +85,7 @@ async def test_tool_call_deltas_are_merged() -> None:
         b"data: [DONE]\n\n",
     ]
     script = Script().add(parts=parts)
-    async with make(script) as client:
+    async with mock_client(script) as client:
         completion = await client.chat("weather?")
     calls = completion.tool_calls
     assert [c.function.name for c in calls] == ["get_weather", "t"]
@@ -104,7 +96,7 @@ async def test_tool_call_deltas_are_merged() -> None:
 
 async def test_retries_5xx_then_succeeds_with_one_idempotency_key() -> None:
     script = Script().add(503).add(429, headers={"retry-after-ms": "1"}).add()
-    async with make(script) as client:
+    async with mock_client(script) as client:
         completion = await client.chat("hi")
     assert completion.text == "ok"
     attempts = completion.timing.attempts if completion.timing else []
@@ -116,7 +108,7 @@ async def test_retries_5xx_then_succeeds_with_one_idempotency_key() -> None:
 
 async def test_400_is_never_retried_and_carries_body() -> None:
     script = Script().add(400).add()
-    async with make(script) as client:
+    async with mock_client(script) as client:
         with pytest.raises(BadRequestError) as info:
             await client.chat("hi")
     assert len(script.requests) == 1
@@ -130,7 +122,7 @@ async def test_x_should_retry_overrides_status() -> None:
         .add(400, headers={"x-should-retry": "true"})
         .add(500, headers={"x-should-retry": "false"})
     )
-    async with make(script) as client:
+    async with mock_client(script) as client:
         with pytest.raises(InternalServerError):
             await client.chat("hi")
     assert len(script.requests) == 2
@@ -138,7 +130,7 @@ async def test_x_should_retry_overrides_status() -> None:
 
 async def test_retry_after_past_the_deadline_is_not_waited_for() -> None:
     script = Script().add(429, headers={"retry-after": "30"}).add()
-    async with make(script, timeout=Timeout(total=5)) as client:
+    async with mock_client(script, timeout=Timeout(total=5)) as client:
         with pytest.raises(RateLimitError):
             await client.chat("hi")
     assert len(script.requests) == 1
@@ -146,7 +138,7 @@ async def test_retry_after_past_the_deadline_is_not_waited_for() -> None:
 
 async def test_exhausted_retries_raise_last_error() -> None:
     script = Script().add(500).add(502).add(503).add()
-    async with make(script) as client:
+    async with mock_client(script) as client:
         with pytest.raises(InternalServerError) as info:
             await client.chat("hi")
     assert info.value.status_code == 503 and len(script.requests) == 3
@@ -154,7 +146,7 @@ async def test_exhausted_retries_raise_last_error() -> None:
 
 async def test_idle_timeout_raises_stream_stalled_after_content() -> None:
     script = Script().add(parts=[chunk(role="assistant"), chunk("a")], stall=True)
-    async with make(script, timeout=Timeout(total=60, idle=0.3)) as client:
+    async with mock_client(script, timeout=Timeout(total=60, idle=0.3)) as client:
         async with client.stream("hi") as stream:
             with pytest.raises(StreamStalled):
                 async for _ in stream:
@@ -167,7 +159,7 @@ async def test_first_token_timeout_is_retried_then_raised() -> None:
     script = Script()
     for _ in range(3):
         script.add(parts=[chunk(role="assistant"), b": keep-alive\n\n"], stall=True)
-    async with make(script, timeout=Timeout(total=60, first_token=0.3, idle=None)) as client:
+    async with mock_client(script, timeout=Timeout(total=60, first_token=0.3, idle=None)) as client:
         with pytest.raises(FirstTokenTimeout):
             await client.chat("hi")
     assert len(script.requests) == 3
@@ -175,7 +167,7 @@ async def test_first_token_timeout_is_retried_then_raised() -> None:
 
 async def test_total_deadline_bounds_everything() -> None:
     script = Script().add(parts=[chunk(role="assistant")], stall=True)
-    async with make(script, timeout=Timeout(total=0.3, idle=None)) as client:
+    async with mock_client(script, timeout=Timeout(total=0.3, idle=None)) as client:
         with pytest.raises(DeadlineExceeded):
             await client.chat("hi")
 
@@ -183,14 +175,14 @@ async def test_total_deadline_bounds_everything() -> None:
 async def test_in_band_error_event_is_typed() -> None:
     parts = [chunk("a"), sse({"error": {"message": "overloaded", "type": "server_error"}})]
     script = Script().add(parts=parts)
-    async with make(script) as client:
+    async with mock_client(script) as client:
         with pytest.raises(StreamError, match="overloaded"):
             await client.chat("hi")
 
 
 async def test_stream_that_ends_without_finish_is_an_error_and_retried_before_content() -> None:
     script = Script().add(parts=[chunk(role="assistant")]).add()
-    async with make(script) as client:
+    async with mock_client(script) as client:
         completion = await client.chat("hi")
     assert completion.text == "ok" and len(script.requests) == 2
 
@@ -203,7 +195,7 @@ class Weather(pydantic.BaseModel):
 async def test_response_model_validates_and_reports_raw_text() -> None:
     good = stream_body(['{"city": "Paris", ', '"celsius": 21.5}'])
     script = Script().add(parts=good).add(parts=stream_body(["not json"]))
-    async with make(script) as client:
+    async with mock_client(script) as client:
         weather = await client.chat("weather", response_model=Weather)
         assert weather == Weather(city="Paris", celsius=21.5)
         body = json.loads(script.requests[0].content)
@@ -229,7 +221,7 @@ async def test_model_routing_by_backend_prefix() -> None:
 
 
 async def test_bad_parameters_raise_configuration_error() -> None:
-    async with make(Script()) as client:
+    async with mock_client(Script()) as client:
         with pytest.raises(ConfigurationError, match="max_token"):
             await client.chat("x", max_token=3)
         with pytest.raises(ConfigurationError):
@@ -258,7 +250,7 @@ async def test_a_tool_choice_without_its_tool_is_refused_before_sending(
     params: dict[str, Any], fragment: str
 ) -> None:
     script = Script()
-    async with make(script) as client:
+    async with mock_client(script) as client:
         for stream in (False, True):
             with pytest.raises(ConfigurationError, match=re.escape(fragment)):
                 await client.chat("x", stream=stream, **params)
@@ -350,7 +342,7 @@ async def test_streamed_calls_keep_unknown_fields_like_non_streamed_ones() -> No
         b"data: [DONE]\n\n",
     ]
     script = Script().add(parts=parts)
-    async with make(script) as client:
+    async with mock_client(script) as client:
         completion = await client.chat("hi")
     dumped = completion.model_dump()
     assert dumped["provider"] == "p1" and dumped["citations"] == ["a"]
@@ -366,7 +358,7 @@ async def test_error_body_echoing_the_key_is_redacted() -> None:
         return httpx.Response(401, json={"error": {"message": f"bad key {KEY}", "echo": [KEY]}})
 
     backend = HTTPBackend("http://x/v1", KEY, transport=httpx.MockTransport(handler))
-    async with AsyncClient(backend, model="m", retry=FAST) as client:
+    async with AsyncClient(backend, model="m", retry=FAST_RETRY) as client:
         with pytest.raises(AuthenticationError) as info:
             await client.chat("hi")
     assert KEY not in str(info.value) and KEY not in repr(info.value)

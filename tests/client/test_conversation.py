@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swiftclient import AsyncClient, Conversation, HTTPBackend, PrefixBrokenWarning
+from swiftclient import AsyncClient, Conversation, PrefixBrokenWarning
 from swiftclient.prompt_cache import diagnose
 from swiftclient.types import AssistantMessage, Message
 
-from .mock import Script, chunk
+from .mock import Script, chunk, mock_client
 
 pytestmark = pytest.mark.anyio
 TOOLS = [
@@ -26,8 +26,7 @@ TOOLS = [
 
 
 def _client(script: Script) -> AsyncClient:
-    backend = HTTPBackend("http://mock/v1", "k", name="mock", transport=script.transport())
-    return AsyncClient(backend, model="m")
+    return mock_client(script, retry=None)
 
 
 def _tool_call_reply(name: str = "weather") -> list[bytes]:

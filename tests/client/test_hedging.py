@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
 import anyio._backends._asyncio
@@ -21,44 +20,22 @@ from swiftclient import (
     AttemptRun,
     BadRequestError,
     ChatCompletion,
-    ChatCompletionChunk,
-    ChatRequest,
     ConfigurationError,
-    Deadline,
     DeadlineExceeded,
     FirstTokenTimeout,
     Hedge,
     HTTPBackend,
     InternalServerError,
-    RequestOptions,
     RetryPolicy,
     Timeout,
 )
 from swiftclient.hedging import _Race, fallback, is_fatal, race
 from swiftclient.testing import FakeProvider, Reply
 
+from .mock import HELD, NO_RETRY, Gated, Recorder, client_for, providers
+
 pytestmark = pytest.mark.anyio
-NO_RETRY = RetryPolicy.none()
-HELD = Reply(stall_after=0)  # headers sent, then nothing until the client leaves
 RELEASE_LIMIT = 30.0  # seconds; bounds waiting for cleanup, never a speed assertion
-
-
-@asynccontextmanager
-async def providers(*names: str) -> AsyncIterator[dict[str, FakeProvider]]:
-    """One FakeProvider per target name, each answering its own name as text by default."""
-    fakes: dict[str, FakeProvider] = {}
-    async with AsyncExitStack() as stack:
-        for name in names:
-            fakes[name] = await stack.enter_async_context(
-                FakeProvider(Reply(text=f"from {name}"), model=name)
-            )
-        yield fakes
-
-
-def client_for(fakes: dict[str, FakeProvider], **kwargs: object) -> AsyncClient:
-    backends = {name: HTTPBackend(fake.base_url, name=name) for name, fake in fakes.items()}
-    kwargs.setdefault("retry", NO_RETRY)
-    return AsyncClient(backends=backends, **kwargs)  # type: ignore[arg-type]
 
 
 def outcomes(completion: ChatCompletion) -> list[tuple[str, str]]:
@@ -258,75 +235,6 @@ def test_fatal_errors() -> None:
 
 
 # --------------------------------------------------------------------------- gated backend
-
-
-def _chunk(text: str, model: str) -> ChatCompletionChunk:
-    return ChatCompletionChunk.model_validate(
-        {
-            "id": "c",
-            "object": "chat.completion.chunk",
-            "created": 0,
-            "model": model,
-            "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}],
-        }
-    )
-
-
-class Gated:
-    """A backend whose replies wait for ``gate``; counts streams opened and closed."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.gate = anyio.Event()
-        self.opened = anyio.Event()
-        self.open = 0
-        self.closed = 0
-
-    @asynccontextmanager
-    async def stream(
-        self, request: ChatRequest, deadline: Deadline, options: RequestOptions | None = None
-    ) -> AsyncIterator[AsyncIterator[ChatCompletionChunk]]:
-        self.open += 1
-        self.opened.set()
-        try:
-            yield self._chunks(request.model)
-        finally:
-            self.closed += 1
-
-    async def _chunks(self, model: str) -> AsyncIterator[ChatCompletionChunk]:
-        await self.gate.wait()
-        yield _chunk(f"{self.name} one", model)
-        yield _chunk(" two", model)
-
-    async def complete(
-        self, request: ChatRequest, deadline: Deadline, options: RequestOptions | None = None
-    ) -> ChatCompletion:
-        raise NotImplementedError
-
-    async def aclose(self) -> None:
-        pass
-
-
-class Recorder:
-    """An AttemptObserver that writes down every event."""
-
-    def __init__(self) -> None:
-        self.events: list[tuple[str, str, str]] = []
-
-    def _add(self, event: str, attempt: AttemptRun) -> None:
-        self.events.append((event, attempt.target.backend.name, attempt.outcome))
-
-    def on_start(self, attempt: AttemptRun) -> None:
-        self._add("start", attempt)
-
-    def on_first_token(self, attempt: AttemptRun) -> None:
-        self._add("first_token", attempt)
-
-    def on_commit(self, attempt: AttemptRun) -> None:
-        self._add("commit", attempt)
-
-    def on_end(self, attempt: AttemptRun) -> None:
-        self._add("end", attempt)
 
 
 async def test_the_first_target_wins_when_it_answers_before_the_hedge_delay() -> None:

@@ -24,7 +24,7 @@ from swiftclient import (
 )
 from swiftclient._deadline import DeadlineWatch, deadline_watch
 
-from .test_hedging import Gated, Recorder
+from .mock import Gated, Recorder
 
 pytestmark = pytest.mark.anyio
 

@@ -19,13 +19,14 @@ from swiftclient import (
 )
 from swiftclient.testing import FakeProvider, Reply
 
+from .mock import FAST_RETRY
+
 pytestmark = pytest.mark.anyio
-FAST = RetryPolicy(max_attempts=3, initial_backoff=0.0, max_backoff=0.0)
 
 
 def client_for(fake: FakeProvider, **kwargs: object) -> tuple[AsyncClient, HTTPBackend]:
     backend = HTTPBackend(fake.base_url, "sk-test-key-1234567890", name="fake", max_connections=32)
-    client = AsyncClient(backend, model="fake-model", retry=FAST, **kwargs)  # type: ignore[arg-type]
+    client = AsyncClient(backend, model="fake-model", retry=FAST_RETRY, **kwargs)  # type: ignore[arg-type]
     return client, backend
 
 

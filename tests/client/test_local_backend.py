@@ -18,7 +18,7 @@ from swiftclient.errors import BadRequestError, ConfigurationError, EngineError
 from swiftclient.types import ChatRequest, Message, Tool
 
 from ..conformance.tiny_local import ReplyScriptEngine, TinyModel, load_tiny_model
-from .test_call_path import TOOL_LOOP_ANSWER, tool_loop
+from .mock import TOOL_LOOP_ANSWER, tool_loop
 
 LIMIT = 30.0  # seconds; a bound on waiting for the engine to settle, not a speed assertion
 MODEL = "tiny"

@@ -21,7 +21,7 @@ from swiftclient._policies import prompt_chars
 from swiftclient.testing import Reply
 from swiftclient.types import ChatRequest
 
-from .test_hedging import HELD, Gated, providers
+from .mock import FAST_RETRY, HELD, Gated, providers
 
 pytestmark = pytest.mark.anyio
 
@@ -202,7 +202,7 @@ async def test_the_budget_hears_a_call_once_however_many_rounds_it_takes() -> No
     budget = Budget(True)
     async with providers("a", "b") as fakes:
         backends = {name: HTTPBackend(fake.base_url, name=name) for name, fake in fakes.items()}
-        retry = RetryPolicy(max_attempts=3, initial_backoff=0.0, max_backoff=0.0)
+        retry = FAST_RETRY
         async with AsyncClient(
             backends=backends, retry=retry, policies=PolicyHub(budget=budget)
         ) as client:

@@ -36,12 +36,10 @@ from swiftclient.testing import FakeProvider, Reply
 from swiftclient.types import ChatCompletionChunk, ChatRequest
 
 from ..otel import Otel, attrs, points, recording
-from .mock import Script, chunk, sse
-from .test_hedging import Gated
+from .mock import FAST_RETRY, Gated, Script, chunk, sse
 
 pytestmark = pytest.mark.anyio
 KEY = "sk-telemetry-secret-0123456789"
-FAST_RETRY = RetryPolicy(max_attempts=3, initial_backoff=0.0, max_backoff=0.0)
 
 
 @pytest.fixture
@@ -332,6 +330,45 @@ async def test_a_non_streamed_call_records_no_chunk_metrics(otel: Otel) -> None:
     assert got["gen_ai.request.stream"] is False
     assert got["gen_ai.usage.output_tokens"] == 1
     assert "gen_ai.response.time_to_first_chunk" not in got
+
+
+_WHOLE = json.dumps(
+    {
+        "id": "x",
+        "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
+    }
+).encode()
+
+
+@pytest.mark.parametrize(
+    ("streamed", "fails"), [(False, True), (True, True), (False, False), (True, False)]
+)
+async def test_the_call_span_says_whether_the_call_was_streamed_whether_or_not_it_failed(
+    otel: Otel, streamed: bool, fails: bool
+) -> None:
+    # The span reads the call's own record, not the type of whatever reply it got to:
+    # a non-streamed call that failed before any reply is still not a stream.
+    if fails:
+        script = Script().add(status=400)
+    elif streamed:
+        script = Script().add(parts=_usage_stream(["ok"]))
+    else:
+        script = Script().add(parts=[_WHOLE], headers={"content-type": "application/json"})
+    async with _client(script, otel) as client:
+        if fails and streamed:
+            with pytest.raises(BadRequestError):
+                async with client.stream("hi"):
+                    pass
+        elif fails:
+            with pytest.raises(BadRequestError):
+                await client.chat("hi", stream=False)
+        else:
+            completion = await client.chat("hi", stream=streamed)
+            assert completion.text == ("ok" if streamed else "hi")
+    got = attrs(otel.call_span())
+    assert got["gen_ai.request.stream"] is streamed
+    assert ("error.type" in got) is fails
 
 
 # --------------------------------------------------------------------------- privacy

@@ -23,18 +23,18 @@ from swiftclient import (
 )
 from swiftclient.testing import FakeProvider, Reply
 
+from .mock import FAST_RETRY
 from .rawserver import RawRequest, raw_server, send_all
 
 pytestmark = pytest.mark.anyio
 KEY = "sk-test-key-1234567890"
-THREE_TRIES = RetryPolicy(max_attempts=3, initial_backoff=0.0, max_backoff=0.0)
 LIMIT = 256 * 1024
 SENT_AT_MOST = 64 * 1024 * 1024  # the server gives up after this much, client or not
 
 
 def _client(base_url: str, **backend: object) -> tuple[AsyncClient, HTTPBackend]:
     http = HTTPBackend(base_url, KEY, name="raw", **backend)  # type: ignore[arg-type]
-    return AsyncClient(http, model="m", retry=THREE_TRIES), http
+    return AsyncClient(http, model="m", retry=FAST_RETRY), http
 
 
 async def _endless(stream: anyio.abc.ByteStream, head: bytes, first: bytes) -> None:

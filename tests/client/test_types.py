@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import json
+from typing import get_args
 
 import pytest
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from swiftclient._canonical import encode as encode_request
-from swiftclient.types import ChatCompletion, ChatCompletionChunk, ChatRequest, Message, Timing
+from swiftclient._outcome import OUTCOME_OF, AttemptOutcome, Outcome
+from swiftclient.types import (
+    Attempt,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatRequest,
+    Message,
+    Timing,
+)
 
 
 def test_request_accepts_openai_style_dicts() -> None:
@@ -113,3 +122,12 @@ def test_timing_percentiles() -> None:
     assert timing.itl_p95 is not None and 0.94 < timing.itl_p95 < 0.96
     assert Timing().itl_p50 is None
     assert "ttft=-" in Timing().summary()
+
+
+def test_an_attempts_end_has_one_spelling_per_vocabulary_and_one_map_between_them() -> None:
+    assert set(OUTCOME_OF) == set(get_args(AttemptOutcome))
+    assert sorted(OUTCOME_OF.values()) == sorted(get_args(Outcome))  # one to one
+    # The two public spellings differ only here; the others are spelled alike.
+    assert {k: v for k, v in OUTCOME_OF.items() if k != v} == {"ok": "won", "error": "failed"}
+    schema = TypeAdapter(Attempt).json_schema()["properties"]["outcome"]
+    assert schema["enum"] == list(get_args(AttemptOutcome))
