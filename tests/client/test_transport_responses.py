@@ -25,7 +25,7 @@ from swiftclient.routing import Router
 from swiftclient.testing import FakeProvider, Reply
 from swiftclient.transports import AsyncTransport, Transport
 
-from .mock import settle
+from .mock import providers, settle
 
 # The openai SDK leaves its own SSE async generators for the event loop to finalize when a
 # stream ends; on trio that is a warning about the SDK's generators, not ours.
@@ -62,12 +62,7 @@ async def setup() -> AsyncIterator[tuple[dict[str, FakeProvider], openai.AsyncOp
     """Fakes ``slow`` and ``quick`` behind one client (``quick`` the default backend, the
     alias ``fast`` racing both, hedged) and an openai SDK client over the transport."""
     async with AsyncExitStack() as stack:
-        fakes = {
-            name: await stack.enter_async_context(
-                FakeProvider(Reply(text=f"from {name}"), model=name)
-            )
-            for name in ("slow", "quick")
-        }
+        fakes = await stack.enter_async_context(providers("slow", "quick"))
         client = await stack.enter_async_context(
             AsyncClient(
                 backends={n: HTTPBackend(f.base_url, name=n) for n, f in fakes.items()},
