@@ -29,12 +29,12 @@ __all__ = [
     "Exchange",
     "MessagesWire",
     "Reply",
+    "ResponsesWire",
     "Wire",
     "chunk_event",
     "completion_reply",
     "error_event",
     "error_reply",
-    "ResponsesWire",
     "parse",
     "sse_sync",
     "stream_headers",
@@ -111,8 +111,9 @@ class Reply:
 
 def parse(method: str, path: str, body: bytes) -> Exchange | Reply:
     """The exchange a request asks for, or the error :class:`Reply` when it asks for
-    something the transport does not serve (a path other than ``.../chat/completions`` or
-    ``.../responses``, a body that is not a request of that wire)."""
+    something the transport does not serve (a path other than ``.../chat/completions``,
+    ``.../responses`` or ``.../messages``, a body that is not a request of that wire), in
+    the error shape of the path's wire."""
     route = path.rstrip("/")
     fail = _error
     if route.endswith("/chat/completions"):
