@@ -5,7 +5,8 @@ Endpoints: ``POST /v1/chat/completions`` (streamed as server-sent events or not;
 ``POST /v1/completions`` (the legacy text API, :mod:`local_engine.completions`),
 ``POST /v1/responses`` (the Responses API, stateless: :mod:`local_engine.responses`),
 ``POST /v1/messages`` (Anthropic's Messages API, stateless: :mod:`local_engine.messages`;
-the key in ``x-api-key`` or as a bearer token, errors in Anthropic's shape),
+the key in ``x-api-key`` or as a bearer token, errors in Anthropic's shape) and
+``POST /v1/messages/count_tokens``,
 ``GET /v1/models`` and ``GET /v1/models/{id}``, ``GET /health`` and ``GET /metrics`` (the
 engine's metrics in Prometheus text format, see :mod:`local_engine.metrics`). Requests are
 mapped exactly as :class:`~local_engine.backend.LocalBackend` maps them (the server runs
@@ -299,13 +300,14 @@ class LocalServer:
                 "/v1/completions": ("POST", self._text),
                 "/v1/responses": ("POST", self._responses),
                 "/v1/messages": ("POST", self._messages),
+                "/v1/messages/count_tokens": ("POST", self._count_tokens),
                 "/v1/models": ("GET", self._models),
                 "/health": ("GET", self._health),
                 "/metrics": ("GET", self._metrics),
             },
             api_key=self._api_key,
             # /v1/messages takes Anthropic's x-api-key too: its handler checks the key
-            public=frozenset({"/health", "/metrics", "/v1/messages"}),
+            public=frozenset({"/health", "/metrics", "/v1/messages", "/v1/messages/count_tokens"}),
         )
         self._router = router
         self.app = App(self._route, max_body_bytes=max_body_bytes, write_timeout=write_timeout)
@@ -746,6 +748,28 @@ class LocalServer:
                 return
             await writer.write(named_event(events.fail(failure.status, redact(failure.message))))
 
+    async def _count_tokens(self, request: Request, writer: ResponseWriter) -> None:
+        """``POST /v1/messages/count_tokens``: the prompt tokens a Messages request would
+        take (its body without ``max_tokens``), ``{"input_tokens": N}``."""
+        request_id = f"req_{secrets.token_hex(12)}"
+        writer.headers["x-request-id"] = writer.headers["request-id"] = request_id
+        if not self._messages_authorized(request):
+            await writer.send_json(401, messages_error(401, "invalid x-api-key"))
+            return
+        ignored: list[str] = []
+        try:
+            chat = self._parse_messages(request, ignored, counting=True)
+            _, service = self.backend.serving()
+            prepared = await anyio.to_thread.run_sync(service.prepare, chat)
+        except RequestError as error:
+            await _send_messages_error(writer, error)
+            return
+        except (ValueError, EngineError) as exc:
+            await _send_messages_error(writer, _engine_error(exc))
+            return
+        self._note_ignored(writer, ignored)
+        await writer.send_json(200, {"input_tokens": len(prepared.prompt.token_ids)})
+
     def _messages_authorized(self, request: Request) -> bool:
         """The key in Anthropic's ``x-api-key`` header or as a bearer token."""
         key = self._api_key
@@ -754,14 +778,19 @@ class LocalServer:
         given = request.headers.get("x-api-key", "")
         return hmac.compare_digest(given.encode(), key.encode())
 
-    def _parse_messages(self, request: Request, ignored: list[str]) -> ChatRequest:
-        """A ``/v1/messages`` body as a streaming-aware chat request."""
+    def _parse_messages(
+        self, request: Request, ignored: list[str], *, counting: bool = False
+    ) -> ChatRequest:
+        """A ``/v1/messages`` body as a streaming-aware chat request (``counting``: a
+        ``count_tokens`` body, which has no ``max_tokens``)."""
         try:
             body = request.json()
         except ValueError as exc:
             raise RequestError(400, f"the body is not valid JSON: {exc}", "invalid_json") from exc
         if not isinstance(body, dict):
             raise RequestError(400, "the request body must be a JSON object", "invalid_request")
+        if counting:
+            body = {**body, "max_tokens": 1, "stream": False}
         try:
             fields = messages_chat_fields(body, ignored)
         except MessagesRequestError as exc:

@@ -215,6 +215,12 @@ def test_chunks_become_the_messages_event_stream() -> None:
     assert got[7]["delta"] == {"type": "input_json_delta", "partial_json": '{"city":"Oslo"}'}
     assert got[9]["delta"] == {"stop_reason": "tool_use", "stop_sequence": None}
     assert got[9]["usage"]["output_tokens"] == 7 and events.closed
+    broken = MessageEvents("m")
+    broken.feed(_chunk(ChoiceDelta(content="par")))
+    assert broken.fail(500, "the engine failed") == {
+        "type": "error",
+        "error": {"type": "api_error", "message": "the engine failed"},
+    }
 
 
 # ---------------------------------------------------------------------- the tiny model
@@ -315,6 +321,22 @@ async def test_errors_are_anthropics_shape(served: Served) -> None:
     assert raw.headers["request-id"].startswith("req_")
     bad = await served.http.post("/v1/messages", content=b"{not json")
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
+    await served.settle()
+
+
+@pytest.mark.anyio
+async def test_count_tokens_counts_the_prompt_a_message_would_take(served: Served) -> None:
+    sdk = _sdk(served)
+    hi: Any = [{"role": "user", "content": "Hi there"}]
+    try:
+        counted = await sdk.messages.count_tokens(model="tiny-test", messages=hi)
+        longer = await sdk.messages.count_tokens(model="tiny-test", system="Be brief.", messages=hi)
+        reply = await sdk.messages.create(model="tiny-test", max_tokens=1, messages=hi)
+    finally:
+        await sdk.close()
+    usage = reply.usage
+    assert counted.input_tokens == usage.input_tokens + (usage.cache_read_input_tokens or 0)
+    assert longer.input_tokens > counted.input_tokens
     await served.settle()
 
 
