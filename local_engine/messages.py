@@ -32,9 +32,9 @@ Request mapping:
 
 Reply mapping: reasoning text (when the model gives any) becomes a ``thinking`` block with
 an empty signature, text a ``text`` block, each tool call a ``tool_use`` block (its id the
-engine's call id, its ``input`` the parsed arguments). ``stop_reason`` is ``end_turn``
-(also when a stop sequence ended the reply: the engine does not say which string matched, so
-``stop_sequence`` stays null), ``max_tokens`` or ``tool_use``. Usage counts
+engine's call id, its ``input`` the parsed arguments). ``stop_reason`` is ``end_turn``,
+``stop_sequence`` (with ``stop_sequence`` the string that matched, which the engine reports
+as the choice's ``stop_reason``), ``max_tokens`` or ``tool_use``. Usage counts
 ``input_tokens`` (prompt tokens not read from the prefix cache),
 ``cache_read_input_tokens`` (those read from it), ``cache_creation_input_tokens`` (0: the
 local cache is automatic) and ``output_tokens``. The stream is named server-sent events:
@@ -51,6 +51,8 @@ import json
 import secrets
 from collections.abc import Mapping
 from typing import Any
+
+from pydantic import BaseModel
 
 from swiftclient.types import ChatCompletion, ChatCompletionChunk, ToolCallDelta, Usage
 
@@ -422,6 +424,19 @@ def _stop_reason(finish_reason: str | None) -> str:
     return _STOP_REASONS.get(finish_reason or "stop", "end_turn")
 
 
+def _stop_string(choice: BaseModel) -> str | None:
+    """The stop sequence that ended a choice (the engine's ``stop_reason``), else None."""
+    matched = (choice.model_extra or {}).get("stop_reason")
+    return matched if isinstance(matched, str) else None
+
+
+def _stop_fields(finish_reason: str | None, matched: str | None) -> dict[str, Any]:
+    """``stop_reason`` and ``stop_sequence`` of a message."""
+    if finish_reason == "stop" and matched is not None:
+        return {"stop_reason": "stop_sequence", "stop_sequence": matched}
+    return {"stop_reason": _stop_reason(finish_reason), "stop_sequence": None}
+
+
 def message_body(completion: ChatCompletion, model: str) -> dict[str, Any]:
     """A whole chat completion as a Messages ``message`` object."""
     choice = completion.choices[0]
@@ -451,8 +466,7 @@ def message_body(completion: ChatCompletion, model: str) -> dict[str, Any]:
         "role": "assistant",
         "model": model,
         "content": content,
-        "stop_reason": _stop_reason(finish),
-        "stop_sequence": None,
+        **_stop_fields(finish, _stop_string(choice)),
         "usage": _usage(completion.usage),
     }
 
@@ -474,6 +488,7 @@ class MessageEvents:
         self._open: str | None = None  # the kind of the block being streamed
         self._calls: dict[int, int] = {}  # tool call index -> block index
         self._finish: str | None = None
+        self._matched: str | None = None
         self.started = False
         self.closed = False
 
@@ -512,6 +527,7 @@ class MessageEvents:
                 events.extend(self._call(call))
             if choice.finish_reason is not None:
                 self._finish = choice.finish_reason
+                self._matched = _stop_string(choice)
         if chunk.usage is not None and not chunk.choices:
             events.extend(self._close(chunk.usage))
         return events
@@ -574,7 +590,7 @@ class MessageEvents:
         events.append(
             {
                 "type": "message_delta",
-                "delta": {"stop_reason": _stop_reason(finish), "stop_sequence": None},
+                "delta": _stop_fields(finish, self._matched),
                 "usage": _usage(usage),
             }
         )

@@ -16,6 +16,7 @@ import sys
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from local_engine.messages import MessageEvents, MessagesRequestError, chat_fields
@@ -460,3 +461,30 @@ def test_a_forced_tool_is_json_under_its_schema(sdk: Any) -> None:
     [block] = forced.content
     assert block.type == "tool_use" and list(block.input) == ["city"]
     assert len(block.input["city"]) <= 12
+
+
+def test_a_stop_sequence_is_reported_with_the_string_that_matched(sdk: Any, base_url: str) -> None:
+    ask: Any = {
+        "model": "default",
+        "max_tokens": 40,
+        "messages": [{"role": "user", "content": "Hello!"}],
+        **SDK_GREEDY,
+    }
+    free = sdk.messages.create(**ask)
+    assert free.stop_reason == "end_turn" and free.stop_sequence is None
+    text = free.content[0].text
+    word = text.split()[2]  # a word of the greedy reply, past its start
+    stopped = sdk.messages.create(**ask, stop_sequences=["never-said", word])
+    assert stopped.stop_reason == "stop_sequence" and stopped.stop_sequence == word
+    assert stopped.content[0].text == text[: text.index(word)]
+    with sdk.messages.stream(**ask, stop_sequences=[word]) as stream:
+        final = stream.get_final_message()
+    assert final.stop_reason == "stop_sequence" and final.stop_sequence == word
+    # the chat route says which string matched as vLLM does: the choice's stop_reason
+    chat = httpx.post(
+        f"{base_url}/chat/completions",
+        json={"model": "default", "messages": ask["messages"], "stop": [word], **GREEDY},
+        headers={"authorization": f"Bearer {KEY}"},
+        timeout=LIMIT,
+    )
+    assert chat.json()["choices"][0]["stop_reason"] == word
