@@ -157,6 +157,8 @@ class RequestOutput:
     logprobs: list[TokenLogprob] | None = None
     spec: SpecStats | None = None
     error: str | None = None
+    stop_string: str | None = None
+    """The stop string that ended the request (``finish_reason == "stop"``), else None."""
 
 
 @dataclass
@@ -564,6 +566,7 @@ class Engine:
                     logprobs=[item.logprob] if item.logprob is not None else None,
                     spec=item.spec,
                     error=item.error if reason == "error" else None,
+                    stop_string=req.stop.stopped_by if reason == "stop" else None,
                 )
             )
         return outputs

@@ -4,6 +4,9 @@ Endpoints: ``POST /v1/chat/completions`` (streamed as server-sent events or not;
 ``prompt_tokens_details.cached_tokens``; ``stream_options.include_usage`` honoured),
 ``POST /v1/completions`` (the legacy text API, :mod:`local_engine.completions`),
 ``POST /v1/responses`` (the Responses API, stateless: :mod:`local_engine.responses`),
+``POST /v1/messages`` (Anthropic's Messages API, stateless: :mod:`local_engine.messages`;
+the key in ``x-api-key`` or as a bearer token, errors in Anthropic's shape) and
+``POST /v1/messages/count_tokens``,
 ``GET /v1/models`` and ``GET /v1/models/{id}``, ``GET /health`` and ``GET /metrics`` (the
 engine's metrics in Prometheus text format, see :mod:`local_engine.metrics`). Requests are
 mapped exactly as :class:`~local_engine.backend.LocalBackend` maps them (the server runs
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextvars
+import hmac
 import logging
 import secrets
 import sys
@@ -71,6 +75,8 @@ from swiftclient.types import ChatCompletion, ChatCompletionChunk, ChatRequest, 
 
 from .backend import LocalBackend
 from .errors import EngineConfigError, EngineError, GrammarFailedError, OverloadedError
+from .messages import MessageEvents, MessagesRequestError, message_body, messages_error, named_event
+from .messages import chat_fields as messages_chat_fields
 from .responses import (
     ResponseEcho,
     ResponseEvents,
@@ -293,12 +299,15 @@ class LocalServer:
                 "/v1/chat/completions": ("POST", self._chat),
                 "/v1/completions": ("POST", self._text),
                 "/v1/responses": ("POST", self._responses),
+                "/v1/messages": ("POST", self._messages),
+                "/v1/messages/count_tokens": ("POST", self._count_tokens),
                 "/v1/models": ("GET", self._models),
                 "/health": ("GET", self._health),
                 "/metrics": ("GET", self._metrics),
             },
             api_key=self._api_key,
-            public=frozenset({"/health", "/metrics"}),
+            # /v1/messages takes Anthropic's x-api-key too: its handler checks the key
+            public=frozenset({"/health", "/metrics", "/v1/messages", "/v1/messages/count_tokens"}),
         )
         self._router = router
         self.app = App(self._route, max_body_bytes=max_body_bytes, write_timeout=write_timeout)
@@ -677,6 +686,125 @@ class LocalServer:
             ) from exc
         return chat, ResponseEcho(chat.model, echoed)
 
+    async def _messages(self, request: Request, writer: ResponseWriter) -> None:
+        """``POST /v1/messages``: Anthropic's Messages API, stateless
+        (:mod:`local_engine.messages`)."""
+        await self._traced(self._message, request, writer)
+
+    async def _message(
+        self, request: Request, writer: ResponseWriter, span: Span, reply: dict[str, Any]
+    ) -> None:
+        request_id = f"req_{secrets.token_hex(12)}"
+        writer.headers["x-request-id"] = writer.headers["request-id"] = request_id
+        if not self._messages_authorized(request):
+            await writer.send_json(401, messages_error(401, "invalid x-api-key"))
+            return
+        ignored: list[str] = []
+        try:
+            if len(request.body) > _THREAD_PARSE_BYTES:
+                chat = await anyio.to_thread.run_sync(self._parse_messages, request, ignored)
+            else:
+                chat = self._parse_messages(request, ignored)
+        except RequestError as error:
+            self._note_ignored(writer, ignored)
+            await _send_messages_error(writer, error)
+            return
+        self._note_ignored(writer, ignored)
+        engine, service = self.backend.serving()
+        recording = span.is_recording()
+        if recording:
+            self._tracer.request(span, chat, self.model_name)
+        if not chat.stream:
+            try:
+                completion = await service.complete(engine, chat)
+            except (ValueError, EngineError) as exc:
+                await _send_messages_error(writer, _engine_error(exc))
+                return
+            body = message_body(completion, chat.model)
+            if recording:
+                reply.update(
+                    response_id=body["id"],
+                    model=completion.model,
+                    usage=completion.usage,
+                    finish_reason=completion.finish_reason,
+                )
+            _access_usage(completion.usage)
+            await writer.send_json(200, body)
+            return
+        events = MessageEvents(chat.model)
+        try:
+            async with service.stream(engine, chat, include_usage=True) as chunks:
+                await writer.start_stream(200, {"cache-control": "no-cache"})
+                async for chunk in chunks:
+                    _access_chunk(chunk)
+                    for event in events.feed(chunk):
+                        await writer.write(named_event(event))
+                    if recording:
+                        _note(reply, chunk)
+        except (ValueError, EngineError) as exc:
+            failure = _engine_error(exc)
+            if not writer.started:
+                await _send_messages_error(writer, failure)
+                return
+            await writer.write(named_event(events.fail(failure.status, redact(failure.message))))
+
+    async def _count_tokens(self, request: Request, writer: ResponseWriter) -> None:
+        """``POST /v1/messages/count_tokens``: the prompt tokens a Messages request would
+        take (its body without ``max_tokens``), ``{"input_tokens": N}``."""
+        request_id = f"req_{secrets.token_hex(12)}"
+        writer.headers["x-request-id"] = writer.headers["request-id"] = request_id
+        if not self._messages_authorized(request):
+            await writer.send_json(401, messages_error(401, "invalid x-api-key"))
+            return
+        ignored: list[str] = []
+        try:
+            chat = self._parse_messages(request, ignored, counting=True)
+            _, service = self.backend.serving()
+            prepared = await anyio.to_thread.run_sync(service.prepare, chat)
+        except RequestError as error:
+            await _send_messages_error(writer, error)
+            return
+        except (ValueError, EngineError) as exc:
+            await _send_messages_error(writer, _engine_error(exc))
+            return
+        self._note_ignored(writer, ignored)
+        await writer.send_json(200, {"input_tokens": len(prepared.prompt.token_ids)})
+
+    def _messages_authorized(self, request: Request) -> bool:
+        """The key in Anthropic's ``x-api-key`` header or as a bearer token."""
+        key = self._api_key
+        if key is None or self._router.authorized(request):
+            return True
+        given = request.headers.get("x-api-key", "")
+        return hmac.compare_digest(given.encode(), key.encode())
+
+    def _parse_messages(
+        self, request: Request, ignored: list[str], *, counting: bool = False
+    ) -> ChatRequest:
+        """A ``/v1/messages`` body as a streaming-aware chat request (``counting``: a
+        ``count_tokens`` body, which has no ``max_tokens``)."""
+        try:
+            body = request.json()
+        except ValueError as exc:
+            raise RequestError(400, f"the body is not valid JSON: {exc}", "invalid_json") from exc
+        if not isinstance(body, dict):
+            raise RequestError(400, "the request body must be a JSON object", "invalid_request")
+        if counting:
+            body = {**body, "max_tokens": 1, "stream": False}
+        try:
+            fields = messages_chat_fields(body, ignored)
+        except MessagesRequestError as exc:
+            raise RequestError(400, str(exc), "invalid_request", exc.param) from exc
+        if fields.get("stream"):
+            # usage on every chunk: message_start reports the prompt's size up front
+            fields["stream_options"] = {"include_usage": True}
+            fields["continuous_usage_stats"] = True
+        chat = parse_chat_body(fields, ignored)
+        if chat.model not in self.served_model_names:
+            raise self._unknown_model(chat.model)
+        self._check_limit(chat)
+        return chat
+
     def _check_limit(self, chat: ChatRequest) -> None:
         """400 when the request asks for more tokens than ``max_tokens_limit``."""
         limit = self._max_tokens_limit
@@ -800,6 +928,12 @@ async def _send_error(writer: ResponseWriter, error: RequestError) -> None:
         param=error.param,
         headers=extra,
     )
+
+
+async def _send_messages_error(writer: ResponseWriter, error: RequestError) -> None:
+    """:func:`_send_error` in Anthropic's error shape (the ``/v1/messages`` route)."""
+    extra = {"retry-after": _RETRY_AFTER} if error.status == 503 else None
+    await writer.send_json(error.status, messages_error(error.status, redact(error.message)), extra)
 
 
 # ---------------------------------------------------------------------- command line

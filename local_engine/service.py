@@ -56,6 +56,7 @@ from typing import Any, Protocol
 import anyio
 import anyio.to_thread
 from anyio.streams.memory import MemoryObjectReceiveStream
+from pydantic import BaseModel
 
 from swiftclient.types import ChatCompletion, ChatCompletionChunk, ChatRequest, Usage
 
@@ -397,6 +398,8 @@ class ChatService:
             )
             choice = completion.choices[0]
             choice.index = index
+            if out.stop_string is not None:
+                _stop_reason(choice, out.stop_string)
             if prepared.params.logprobs:
                 choice.logprobs = {"content": logprobs[index]}
             choices.append(choice)
@@ -686,6 +689,11 @@ class _ChunkIterator:
             prompt_tokens=out.num_prompt_tokens,
             completion_tokens=out.num_generated_tokens,
         )
+        if out.stop_string is not None:  # on the finish chunk: which stop string ended it
+            for chunk in closing:
+                for choice in chunk.choices:
+                    if choice.finish_reason is not None:
+                        _stop_reason(choice, out.stop_string)
         self._attach_logprobs(closing[0], index)
         self._pending.extend(_indexed(c, index) for c in closing)
         if len(self._finals) < self._n:
@@ -704,6 +712,13 @@ class _ChunkIterator:
         if self._held_logprobs[index] and chunk.choices:
             chunk.choices[0].logprobs = {"content": self._held_logprobs[index]}
             self._held_logprobs[index] = []
+
+
+def _stop_reason(choice: BaseModel, stop: str) -> None:
+    """Say which stop string ended a choice, as vLLM does: its ``stop_reason`` field."""
+    extra = choice.__pydantic_extra__
+    if extra is not None:
+        extra["stop_reason"] = stop
 
 
 def _indexed(chunk: ChatCompletionChunk, index: int) -> ChatCompletionChunk:

@@ -54,6 +54,8 @@ class StopChecker:
         self._detok = detokenizer
         self._held = ""  # decoded but not yet emitted
         self.num_tokens = 0  # tokens taken by push()
+        self.stopped_by: str | None = None
+        """The stop string that ended the request (None: none did)."""
 
     def push(self, token_id: int) -> tuple[str, str | None]:
         """Take the next generated token; return ``(new_text, finish_reason)``: :meth:`check`
@@ -105,13 +107,18 @@ class StopChecker:
         buf = self._held + piece
         stops = self._params.stop
         if stops:
-            cut = min((i for i in (buf.find(s) for s in stops) if i >= 0), default=-1)
-            if cut >= 0:
+            found = [(i, stop) for i, stop in ((buf.find(s), s) for s in stops) if i >= 0]
+            if found:
+                cut, self.stopped_by = min(found, key=_position)
                 self._held = ""
                 return buf[:cut], True
         keep = 0 if final or not stops else _held_suffix(buf, stops)
         self._held = buf[len(buf) - keep :] if keep else ""
         return buf[: len(buf) - keep], False
+
+
+def _position(found: tuple[int, str]) -> int:
+    return found[0]
 
 
 def _held_suffix(text: str, stops: tuple[str, ...]) -> int:

@@ -271,6 +271,7 @@ ADAPTER_MODULES = {
     "local_engine.builtin_tools",
     "local_engine.chat",
     "local_engine.completions",
+    "local_engine.messages",
     "local_engine.metrics",
     "local_engine.responses",
     "local_engine.server",

@@ -110,6 +110,9 @@ class Accounting:
                 sent,
                 None if usage is None else usage.prompt_tokens,
                 0 if usage is None else usage.completion_tokens,
+                0 if usage is None else usage.cached_tokens,
+                0 if usage is None else usage.cache_write_tokens,
+                0 if usage is None else usage.cache_write_1h_tokens,
             ),
         )
         key = attempt.call_id

@@ -1,7 +1,9 @@
 """Provider presets and configuration from the environment.
 
 Every preset is a plain :class:`HTTPBackend` for an OpenAI-compatible API, except
-``anthropic``, an :class:`~swiftclient.AnthropicBackend` on the native Messages API.
+``anthropic``, an :class:`~swiftclient.AnthropicBackend` on the native Messages API, and
+``azure``, an :class:`~swiftclient.backends.azure.AzureBackend` (Azure OpenAI's deployment
+URLs and ``api-key`` header).
 ``local`` selects the bundled engine (the ``local`` extra), which swiftclient never imports:
 it is found through the ``swiftclient.backends`` entry point named ``local``.
 """
@@ -15,12 +17,14 @@ from importlib.metadata import entry_points
 from typing import Any, cast
 
 from .backends.anthropic import AnthropicBackend
+from .backends.azure import DEFAULT_AZURE_API_VERSION, AzureBackend
 from .backends.base import Backend
 from .backends.http import HTTPBackend
 from .backends.responses import ResponsesBackend
 from .errors import ConfigurationError
 
 __all__ = [
+    "AZURE_API_VERSION_ENV",
     "BACKENDS_GROUP",
     "PRESETS",
     "SERVERS_GROUP",
@@ -92,9 +96,14 @@ class Preset:
     key_required: bool = True
     prompt_cache_key: bool = False
     wire: str = "chat"
-    """``chat`` (OpenAI Chat Completions: :class:`HTTPBackend`) or ``messages``
-    (Anthropic's Messages API: :class:`~swiftclient.AnthropicBackend`). A ``chat`` preset
-    may be asked for ``wire="responses"`` (:class:`~swiftclient.ResponsesBackend`)."""
+    """``chat`` (OpenAI Chat Completions: :class:`HTTPBackend`), ``messages``
+    (Anthropic's Messages API: :class:`~swiftclient.AnthropicBackend`) or ``azure`` (Chat
+    Completions on Azure's deployment URLs: :class:`~swiftclient.backends.azure.AzureBackend`).
+    A ``chat`` preset may be asked for ``wire="responses"``
+    (:class:`~swiftclient.ResponsesBackend`)."""
+    base_url_env: str | None = None
+    """The variable that holds the base URL where it is per account (Azure's resource
+    endpoint); ``base_url`` is then only a template."""
 
 
 PRESETS: dict[str, Preset] = {
@@ -104,7 +113,18 @@ PRESETS: dict[str, Preset] = {
     "vllm": Preset("http://127.0.0.1:8000/v1", "VLLM_API_KEY", key_required=False),
     "sglang": Preset("http://127.0.0.1:30000/v1", "SGLANG_API_KEY", key_required=False),
     "anthropic": Preset("https://api.anthropic.com/v1", "ANTHROPIC_API_KEY", wire="messages"),
+    "gemini": Preset("https://generativelanguage.googleapis.com/v1beta/openai", "GEMINI_API_KEY"),
+    "azure": Preset(
+        "https://RESOURCE.openai.azure.com",
+        "AZURE_OPENAI_API_KEY",
+        wire="azure",
+        base_url_env="AZURE_OPENAI_ENDPOINT",
+    ),
 }
+
+AZURE_API_VERSION_ENV = ("AZURE_OPENAI_API_VERSION", "OPENAI_API_VERSION")
+"""Where the ``azure`` preset reads its ``api-version`` when ``api_version=`` is not given
+(the first set wins; ``OPENAI_API_VERSION`` is the official SDK's variable)."""
 
 
 def preset(
@@ -118,10 +138,16 @@ def preset(
     **kwargs: Any,
 ) -> Backend:
     """Build the backend for a named provider (``oxlo``, ``openai``, ``deepseek``, ``vllm``,
-    ``sglang``, ``anthropic``, or ``local``). Keys come from the argument or the preset's
-    variable; other keyword arguments (``name=`` included: the backend's name in model
-    strings) go to the backend. ``wire="responses"`` makes an OpenAI-compatible preset speak
-    the Responses API (:class:`~swiftclient.ResponsesBackend`) instead of Chat Completions."""
+    ``sglang``, ``anthropic``, ``gemini``, ``azure``, or ``local``). Keys come from the
+    argument or the preset's variable; other keyword arguments (``name=`` included: the
+    backend's name in model strings) go to the backend. ``wire="responses"`` makes an
+    OpenAI-compatible preset speak the Responses API (:class:`~swiftclient.ResponsesBackend`)
+    instead of Chat Completions.
+
+    ``azure`` takes its endpoint from ``base_url=`` or ``AZURE_OPENAI_ENDPOINT``, its key
+    from ``AZURE_OPENAI_API_KEY``, and ``api_version=`` (else ``AZURE_OPENAI_API_VERSION``,
+    else ``OPENAI_API_VERSION``, else :data:`~swiftclient.backends.azure.DEFAULT_AZURE_API_VERSION`)
+    and ``deployment=`` (else the call's model names the deployment)."""
     env = os.environ if environ is None else environ
     if name == "local":
         local_backend = _local_entry_point(BACKENDS_GROUP)
@@ -131,6 +157,8 @@ def preset(
     if spec is None:
         known = ", ".join(sorted([*PRESETS, "local"]))
         raise ConfigurationError(f"unknown provider {name!r}; known providers: {known}")
+    if spec.wire == "azure":
+        return _azure(name, spec, env, api_key, base_url, wire, kwargs)
     chosen = spec.wire if wire is None else wire
     if chosen != spec.wire and (spec.wire, chosen) != ("chat", "responses"):
         raise ConfigurationError(
@@ -149,6 +177,42 @@ def preset(
     kwargs.setdefault("prompt_cache_key", spec.prompt_cache_key)
     kind = ResponsesBackend if chosen == "responses" else HTTPBackend
     return kind(base_url or spec.base_url, key, name=kwargs.pop("name", name), **kwargs)
+
+
+def _azure(
+    name: str,
+    spec: Preset,
+    env: Mapping[str, str],
+    api_key: str | None,
+    base_url: str | None,
+    wire: str | None,
+    kwargs: dict[str, Any],
+) -> Backend:
+    """The ``azure`` preset's backend (see :func:`preset`)."""
+    if wire not in (None, "chat", "azure"):
+        raise ConfigurationError(
+            f"provider {name!r} speaks Chat Completions on Azure's deployment URLs; "
+            f"wire={wire!r} is not one it offers"
+        )
+    endpoint = base_url or (env.get(spec.base_url_env) if spec.base_url_env else None)
+    if not endpoint:
+        raise ConfigurationError(
+            f"provider {name!r} needs its endpoint: pass base_url= "
+            f"(https://RESOURCE.openai.azure.com) or set {spec.base_url_env}"
+        )
+    key = api_key or (env.get(spec.key_env) if spec.key_env else None)
+    credential_header = any(
+        header.lower() in ("api-key", "authorization") for header in kwargs.get("headers") or {}
+    )
+    if not key and not credential_header:
+        raise ConfigurationError(
+            f"provider {name!r} needs an API key: pass api_key= or set {spec.key_env} "
+            '(or pass an Entra ID token as headers={"authorization": "Bearer ..."})'
+        )
+    version = kwargs.pop("api_version", None) or next(
+        (env[var] for var in AZURE_API_VERSION_ENV if env.get(var)), DEFAULT_AZURE_API_VERSION
+    )
+    return AzureBackend(endpoint, key, api_version=version, name=kwargs.pop("name", name), **kwargs)
 
 
 def from_env(environ: Mapping[str, str] | None = None, **kwargs: Any) -> Backend:

@@ -391,6 +391,18 @@ class Usage(BaseModel):
         written = extra.get("cache_creation_input_tokens")
         return written if isinstance(written, int) and not isinstance(written, bool) else 0
 
+    @property
+    def cache_write_1h_tokens(self) -> int:
+        """Of :attr:`cache_write_tokens`, those written with a 1-hour TTL (Anthropic's
+        ``cache_creation.ephemeral_1h_input_tokens``); 0 when the provider does not say.
+        The rest were written with the 5-minute TTL."""
+        extra = self.__pydantic_extra__ or {}
+        split = extra.get("cache_creation")
+        if not isinstance(split, dict):
+            return 0
+        written = split.get("ephemeral_1h_input_tokens")
+        return written if isinstance(written, int) and not isinstance(written, bool) else 0
+
 
 class AssistantMessage(BaseModel):
     """The message a choice carries.

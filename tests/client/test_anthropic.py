@@ -23,6 +23,8 @@ from swiftclient import (
     HTTPBackend,
     InternalServerError,
     OverloadedError,
+    Price,
+    Pricing,
     ProviderOverloadedError,
     RateLimitError,
     RetryPolicy,
@@ -278,6 +280,43 @@ async def test_cache_usage_is_normalized() -> None:
             assert counted.cached_tokens == 60
             assert counted.cache_write_tokens == 30
             assert counted.total_tokens == 100 + counted.completion_tokens
+
+
+async def test_cache_writes_per_ttl_and_reads_are_priced_on_the_call_and_in_stats() -> None:
+    usage = ReplyUsage(
+        prompt_tokens=10_000,
+        cached_tokens=6_000,
+        cache_write_tokens=3_000,
+        cache_write_1h_tokens=1_000,
+    )
+    claude = Price.anthropic(per_input_token=3e-6, per_output_token=15e-6)
+    async with FakeProvider() as fake:
+        async with AsyncClient(
+            backends={"anthropic": AnthropicBackend(fake.base_url, api_key=KEY)},
+            model="anthropic/claude-test",
+            pricing=Pricing({"anthropic/*": claude}),
+        ) as client:
+            for stream in (False, True):
+                fake.script(Reply(text="ok", usage=usage))
+                completion = await client.chat(messages="hi", stream=stream)
+                counted = completion.usage
+                assert counted is not None and counted.cache_write_1h_tokens == 1_000
+                assert completion.timing is not None and completion.timing.cost is not None
+                cost = completion.timing.cost
+                assert (cost.cache_read_tokens, cost.cache_write_tokens) == (6_000, 3_000)
+                assert cost.cache_savings == pytest.approx(6_000 * 2.7e-6)
+                assert cost.cache_write_cost == pytest.approx(2_000 * 3.75e-6 + 1_000 * 6e-6)
+                assert cost.cost == pytest.approx(
+                    1_000 * 3e-6
+                    + 6_000 * 0.3e-6
+                    + 2_000 * 3.75e-6
+                    + 1_000 * 6e-6
+                    + counted.completion_tokens * 15e-6
+                )
+            stats = client.stats()
+    assert (stats.cache_read_tokens, stats.cache_write_tokens) == (12_000, 6_000)
+    assert stats.cache_savings == pytest.approx(2 * 6_000 * 2.7e-6)
+    assert stats.cache_write_cost == pytest.approx(2 * (2_000 * 3.75e-6 + 1_000 * 6e-6))
 
 
 @pytest.mark.parametrize("thinking", ["Let me think about it.", ""])
@@ -854,9 +893,15 @@ def test_the_cache_simulation_honours_ttls_and_prefixes() -> None:
         "input_tokens": 2,
         "cache_creation_input_tokens": 4,
         "cache_read_input_tokens": 0,
+        "cache_creation": {"ephemeral_5m_input_tokens": 4, "ephemeral_1h_input_tokens": 0},
     }
     assert cache.usage(body(None, "c"))["cache_read_input_tokens"] == 4  # same prefix
     now[0] += 301  # five minutes passed since the last read
-    assert cache.usage(body("1h", "c"))["cache_read_input_tokens"] == 0
+    written_1h = cache.usage(body("1h", "c"))
+    assert written_1h["cache_read_input_tokens"] == 0
+    assert written_1h["cache_creation"] == {
+        "ephemeral_5m_input_tokens": 0,
+        "ephemeral_1h_input_tokens": 4,
+    }
     now[0] += 3000  # the 1h entry is still there
     assert cache.usage(body(None, "c"))["cache_read_input_tokens"] == 4

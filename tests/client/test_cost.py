@@ -76,6 +76,8 @@ def test_a_plain_call_wastes_nothing() -> None:
         wasted_output_tokens=0,
         cost=call.cost,
         wasted_cost=0.0,
+        cache_savings=0.0,
+        cache_write_cost=0.0,
     )
     assert call.cost == pytest.approx(0.2)
 
@@ -188,3 +190,104 @@ def test_stats_add_up_calls() -> None:
     stats.reset()
     assert stats == HedgeStats()
     assert stats.extra_request_ratio == 0.0 and stats.hedge_win_ratio == 0.0
+
+
+# --------------------------------------------------------------------------- prompt caching
+
+CLAUDE = Price.anthropic(per_input_token=3e-6, per_output_token=15e-6)
+
+
+def test_the_anthropic_price_carries_the_documented_cache_multipliers() -> None:
+    assert CLAUDE.per_cache_read_token == pytest.approx(0.3e-6)
+    assert CLAUDE.per_cache_write_5m_token == pytest.approx(3.75e-6)
+    assert CLAUDE.per_cache_write_1h_token == pytest.approx(6e-6)
+    custom = Price.anthropic(1.0, 2.0, cache_write_5m=1.5, cache_write_1h=3.0, cache_read=0.2)
+    assert (custom.per_cache_read_token, custom.per_cache_write_5m_token) == (0.2, 1.5)
+    assert custom.per_cache_write_1h_token == 3.0
+    with pytest.raises(ConfigurationError, match="cache_read"):
+        Price.anthropic(1.0, 2.0, cache_read=-0.1)
+    with pytest.raises(ConfigurationError, match="per_cache_read_token"):
+        Price(per_cache_read_token=math.nan)
+
+
+def test_cache_reads_and_writes_per_ttl_are_priced_apart() -> None:
+    # 10,000 prompt tokens: 6,000 read, 3,000 written (1,000 of them for an hour), 1,000 plain
+    cost = CLAUDE.cost(10_000, 500, 6_000, 3_000, 1_000)
+    expected = (
+        1_000 * 3e-6  # plain input
+        + 6_000 * 0.3e-6  # reads at 0.1x
+        + 2_000 * 3.75e-6  # 5-minute writes at 1.25x
+        + 1_000 * 6e-6  # 1-hour writes at 2x
+        + 500 * 15e-6
+    )
+    assert cost == pytest.approx(expected)
+    saved, written = CLAUDE.cache_figures(10_000, 6_000, 3_000, 1_000)
+    assert saved == pytest.approx(6_000 * 2.7e-6)
+    assert written == pytest.approx(2_000 * 3.75e-6 + 1_000 * 6e-6)
+
+
+def test_a_price_without_cache_prices_bills_cached_tokens_as_input() -> None:
+    # Not every provider discounts cached input the same way: nothing is assumed.
+    assert PER_TOKEN.cost(100, 50, cache_read_tokens=80, cache_write_tokens=20) == (
+        PER_TOKEN.cost(100, 50)
+    )
+    assert PER_TOKEN.cache_figures(100, 80, 20) == (0.0, pytest.approx(20 * 0.001))
+    # OpenAI-style: cached input at its own price, no write premium
+    openai = Price(per_input_token=2.5e-6, per_cache_read_token=1.25e-6)
+    assert openai.cost(1_000, 0, cache_read_tokens=800) == pytest.approx(
+        200 * 2.5e-6 + 800 * 1.25e-6
+    )
+
+
+def test_counts_beyond_the_prompt_are_never_billed_twice() -> None:
+    # reads and writes past the prompt's size are clamped to it
+    assert CLAUDE.cost(100, 0, 80, 80, 500) == pytest.approx(80 * 0.3e-6 + 20 * 6e-6)
+
+
+def test_a_call_counts_what_caching_saved_and_what_writes_cost() -> None:
+    pricing = Pricing({"claude/*": CLAUDE, "open/*": PER_TOKEN})
+    attempts = [
+        AttemptRecord("claude/sonnet", "lost", output_tokens=2),  # estimated: no cache info
+        AttemptRecord(
+            "claude/sonnet",
+            "won",
+            hedge=True,
+            input_tokens=10_000,
+            output_tokens=500,
+            cache_read_tokens=6_000,
+            cache_write_tokens=3_000,
+            cache_write_1h_tokens=1_000,
+        ),
+    ]
+    call = CallCost.from_attempts(attempts, pricing=pricing)
+    assert (call.cache_read_tokens, call.cache_write_tokens) == (6_000, 3_000)
+    assert call.cache_savings == pytest.approx(6_000 * 2.7e-6)
+    assert call.cache_write_cost == pytest.approx(2_000 * 3.75e-6 + 1_000 * 6e-6)
+    winner = CLAUDE.cost(10_000, 500, 6_000, 3_000, 1_000)
+    loser = CLAUDE.cost(10_000, 2)  # the winner's prompt, all of it at the input price
+    assert call.cost == pytest.approx(winner + loser)
+    assert call.wasted_cost == pytest.approx(loser)
+    unpriced = CallCost.from_attempts(attempts)
+    assert unpriced.cache_read_tokens == 6_000
+    assert unpriced.cache_savings is None and unpriced.cache_write_cost is None
+
+
+def test_stats_add_up_cache_savings_and_write_costs() -> None:
+    pricing = Pricing({"claude/*": CLAUDE})
+    first = AttemptRecord(
+        "claude/x", "won", input_tokens=5_000, cache_write_tokens=4_000, output_tokens=10
+    )
+    second = AttemptRecord(
+        "claude/x", "won", input_tokens=5_100, cache_read_tokens=4_000, output_tokens=10
+    )
+    stats = HedgeStats()
+    stats.extend(CallCost.from_attempts([a], pricing=pricing) for a in (first, second))
+    stats.add(CallCost.from_attempts([second]))  # unpriced: tokens counted, no money
+    assert (stats.cache_read_tokens, stats.cache_write_tokens) == (8_000, 4_000)
+    assert stats.cache_savings == pytest.approx(4_000 * 2.7e-6)
+    assert stats.cache_write_cost == pytest.approx(4_000 * 3.75e-6)
+    snap = stats.snapshot()
+    assert snap["cache_savings"] == stats.cache_savings
+    assert snap["cache_write_tokens"] == 4_000
+    stats.reset()
+    assert stats.cache_savings == 0.0 and stats.cache_read_tokens == 0

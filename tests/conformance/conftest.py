@@ -1,4 +1,4 @@
-"""One backend contract, five backends: the ``target`` fixture runs each conformance test on
+"""One backend contract, six backends: the ``target`` fixture runs each conformance test on
 
 - ``fake``: :class:`HTTPBackend` against the scripted loopback :class:`FakeProvider`;
 - ``fake_messages``: :class:`AnthropicBackend` against the same fake's ``/v1/messages``;
@@ -6,6 +6,8 @@
   over HTTP in this process, on a free port);
 - ``local_responses``: :class:`ResponsesBackend` against the same server's ``/v1/responses``
   (the Responses wire on both sides);
+- ``local_messages``: :class:`AnthropicBackend` against the same server's ``/v1/messages``
+  (Anthropic's Messages wire on both sides);
 - ``local``: :class:`LocalBackend` in process.
 
 The local paths run the embedded tiny default model (random weights), generated once per
@@ -33,7 +35,7 @@ from swiftclient.testing import FakeProvider, Reply
 
 from .tiny_local import CountingEngine, TinyModel, load_tiny_model
 
-KINDS = ("fake", "fake_messages", "local_http", "local_responses", "local")
+KINDS = ("fake", "fake_messages", "local_http", "local_responses", "local_messages", "local")
 MODEL = "tiny"
 RELEASE_LIMIT = 30.0  # seconds; a bound on waiting for cleanup, not a speed assertion
 LONG_REPLY_TOKENS = 1000
@@ -110,11 +112,13 @@ async def target(
             http = AnthropicBackend(fake.base_url, "sk-conformance", name="fakemessages")
             client = AsyncClient(http, model=MODEL)
             found = Target(kind, client, http, fake=fake)
-        elif kind in ("local_http", "local_responses"):
+        elif kind in ("local_http", "local_responses", "local_messages"):
             engine = tiny_model.engine()
             served = LocalBackend.from_engine(engine, default_max_tokens=64)
             server = await stack.enter_async_context(LocalServer(served, port=0, model_name=MODEL))
-            wire = ResponsesBackend if kind == "local_responses" else HTTPBackend
+            wire = {"local_responses": ResponsesBackend, "local_messages": AnthropicBackend}.get(
+                kind, HTTPBackend
+            )
             http = wire(server.base_url, name=kind.replace("_", ""))
             client = AsyncClient(http, model=MODEL)
             found = Target(kind, client, http, server=server, engine=engine)

@@ -1,6 +1,7 @@
 """Backends: the seam between policies and wire protocols."""
 
 from .anthropic import AnthropicBackend
+from .azure import AzureBackend
 from .base import Backend, RequestOptions, check_backend_name
 from .http import HTTPBackend
 from .replicas import ReplicaBackend, ReplicaStats
@@ -8,6 +9,7 @@ from .responses import ResponsesBackend
 
 __all__ = [
     "AnthropicBackend",
+    "AzureBackend",
     "Backend",
     "HTTPBackend",
     "ReplicaBackend",

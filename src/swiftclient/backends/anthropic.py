@@ -464,7 +464,8 @@ def encode_messages_request(
 def _usage(raw: Mapping[str, Any]) -> Usage:
     """Anthropic usage as the project's :class:`Usage`: ``prompt_tokens`` counts every
     input token (uncached, cache reads and cache writes, which Anthropic reports apart);
-    ``cached_tokens`` the reads; ``cache_write_tokens`` the writes."""
+    ``cached_tokens`` the reads; ``cache_write_tokens`` the writes; ``cache_creation`` (the
+    writes per TTL, ``cache_write_1h_tokens``) is kept as the API sent it."""
 
     def count(key: str) -> int:
         value = raw.get(key)
@@ -472,6 +473,7 @@ def _usage(raw: Mapping[str, Any]) -> Usage:
 
     read = count("cache_read_input_tokens")
     written = count("cache_creation_input_tokens")
+    split = raw.get("cache_creation")
     prompt = count("input_tokens") + read + written
     completion = count("output_tokens")
     return Usage.model_validate(
@@ -482,6 +484,7 @@ def _usage(raw: Mapping[str, Any]) -> Usage:
             "prompt_tokens_details": PromptTokensDetails(cached_tokens=read),
             "cache_read_input_tokens": read,
             "cache_creation_input_tokens": written,
+            **({"cache_creation": dict(split)} if isinstance(split, dict) else {}),
         }
     )
 

@@ -155,6 +155,9 @@ class HTTPBackend:
     _path = "/chat/completions"
     """The endpoint under ``base_url`` that requests go to (a subclass speaking another wire
     names its own)."""
+    _url_of: Callable[[str], str] | None = None
+    """Where a request for a model goes, for a subclass whose URL depends on the model
+    (Azure's deployment URLs); ``None``: every request goes to ``base_url + _path``."""
 
     def __init__(
         self,
@@ -222,6 +225,7 @@ class HTTPBackend:
         self.max_body_bytes = max_body_bytes
         self.max_event_bytes = max_event_bytes
         self._url = f"{self.base_url}{self._path}"
+        self._models_url = f"{self.base_url}/models"
         self._exact = not canonical
         self._cache_key = prompt_cache_key
         self._transport: Transport | None = None
@@ -350,7 +354,7 @@ class HTTPBackend:
         self._open()
         slots = self._slots
         assert slots is not None
-        url = f"{self.base_url}/models"
+        url = self._models_url
 
         async def one() -> None:
             try:
@@ -383,7 +387,7 @@ class HTTPBackend:
         with anyio.move_on_after(timeout) as scope:
             await slots.acquire()
             response = await self._exchange(
-                "GET", f"{self.base_url}/models", self._headers, b"", timeout, slots
+                "GET", self._models_url, self._headers, b"", timeout, slots
             )
             try:
                 if response.status >= 400:
@@ -456,7 +460,8 @@ class HTTPBackend:
         except anyio.WouldBlock:
             await self._acquire(deadline)
         connect = deadline.bound(deadline.timeout.connect)
-        response = await self._exchange("POST", self._url, headers, body, connect, slots)
+        url = self._url if self._url_of is None else self._url_of(request.model)
+        response = await self._exchange("POST", url, headers, body, connect, slots)
         if options is not None and options.on_response is not None:
             options.on_response(response.status, response.headers)
         if response.status >= 400:

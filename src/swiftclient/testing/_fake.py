@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import re
 from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -42,6 +43,12 @@ _CREATED = 1_700_000_000  # a fixed timestamp keeps every reply deterministic
 _KEEPALIVE_COMMENT = b": keep-alive\n\n"
 _ERROR_CODES = {401: "invalid_api_key", 404: "not_found", 429: "rate_limit_exceeded"}
 _BODY: ContextVar[Any] = ContextVar("fake_provider_body")  # the request's body, parsed once
+_AZURE_CHAT = re.compile(r"/openai/deployments/[^/]+/chat/completions/?")
+_AZURE_401 = (
+    "Access denied due to invalid subscription key or wrong API endpoint. Make sure to "
+    "provide a valid key for an active subscription and use a correct regional API "
+    "endpoint for your resource."
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +69,11 @@ class FakeProvider:
     ``async with FakeProvider() as fake:`` serves ``fake.base_url`` (ending in ``/v1``):
     ``POST /v1/chat/completions`` (streamed or not), Anthropic's ``POST /v1/messages``
     (streamed or not, its own event and error shapes, the key in ``x-api-key``) and
-    ``GET /v1/models`` (``model``, or every id in ``models``). Each chat request
+    ``GET /v1/models`` (``model``, or every id in ``models``). Chat Completions are also
+    served where the ``gemini`` and ``azure`` presets send them: Google's
+    ``POST /v1beta/openai/chat/completions`` and Azure OpenAI's
+    ``POST /openai/deployments/{deployment}/chat/completions?api-version=...`` (the key in
+    ``api-key``; Azure's 401 and 404 bodies). Each chat request
     consumes the next :class:`Reply` queued with :meth:`script`, or ``fake.default`` once the
     queue is empty. Every request is recorded in ``fake.requests`` and every response carries
     an ``x-request-id``. With ``api_key`` set, requests need ``Authorization: Bearer <key>``.
@@ -114,6 +125,7 @@ class FakeProvider:
                 "/v1/chat/completions": ("POST", self._chat),
                 "/v1/models": ("GET", self._models),
                 "/v1/messages": ("POST", self._messages),
+                "/v1beta/openai/chat/completions": ("POST", self._chat),  # Google's
             },
             api_key=api_key,
             public=frozenset({"/v1/messages"}),  # keyed by x-api-key: checked by the handler
@@ -223,9 +235,31 @@ class FakeProvider:
         writer.headers["x-request-id"] = f"req_fake_{self._seq:06d}"
         token = _BODY.set(body)  # each request is served in its own task (its own context)
         try:
-            await self._router(request, writer)
+            if _AZURE_CHAT.fullmatch(request.path):
+                await self._azure(request, writer)
+            else:
+                await self._router(request, writer)
         finally:
             _BODY.reset(token)
+
+    async def _azure(self, request: Request, writer: ResponseWriter) -> None:
+        """Azure OpenAI's deployment route: the key in ``api-key``, an ``api-version``
+        required, errors in Azure's shape; then the chat handler."""
+        if request.method != "POST":
+            await writer.send_error(405, "Use POST.", headers={"allow": "POST"})
+            return
+        key = self._api_key
+        if key is not None and not hmac.compare_digest(
+            request.headers.get("api-key", "").encode(), key.encode()
+        ):
+            await writer.send_json(401, {"error": {"code": "401", "message": _AZURE_401}})
+            return
+        if not any(
+            part.startswith("api-version=") and part[12:] for part in request.query.split("&")
+        ):
+            await writer.send_json(404, {"error": {"code": "404", "message": "Resource not found"}})
+            return
+        await self._chat(request, writer)
 
     async def _models(self, request: Request, writer: ResponseWriter) -> None:
         listed = [

@@ -56,7 +56,7 @@ def _stop_reason(plan: Plan) -> str:
 
 
 def _usage(
-    plan: Plan, reply: Reply, prompt: int, simulated: dict[str, int] | None = None
+    plan: Plan, reply: Reply, prompt: int, simulated: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     if simulated is not None and reply.usage is None:  # the cache simulation's counts
         return {**simulated, "output_tokens": plan.usage["completion_tokens"]}
@@ -65,12 +65,22 @@ def _usage(
     written = (
         spec.cache_write_tokens if spec is not None and spec.cache_write_tokens is not None else 0
     )
+    written_1h = (
+        spec.cache_write_1h_tokens
+        if spec is not None and spec.cache_write_1h_tokens is not None
+        else 0
+    )
+    written_1h = min(written_1h, written)
     if spec is not None and spec.prompt_tokens is not None:
         prompt = spec.prompt_tokens
     return {
         "input_tokens": max(0, prompt - cached - written),
         "cache_creation_input_tokens": written,
         "cache_read_input_tokens": cached,
+        "cache_creation": {
+            "ephemeral_5m_input_tokens": written - written_1h,
+            "ephemeral_1h_input_tokens": written_1h,
+        },
         "output_tokens": plan.usage["completion_tokens"],
     }
 
@@ -93,7 +103,7 @@ def messages_body(
     message_id: str,
     model: str,
     prompt: int,
-    cached: dict[str, int] | None = None,
+    cached: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The ``message`` body of a non-streamed reply."""
     content: list[dict[str, Any]] = []
@@ -130,7 +140,7 @@ def messages_events(
     message_id: str,
     model: str,
     prompt: int,
-    cached: dict[str, int] | None = None,
+    cached: dict[str, Any] | None = None,
 ) -> tuple[bytes, list[bytes], bytes]:
     """``(head, steps, tail)`` of a streamed reply: ``message_start`` (and the first
     block's start), one step per content or argument delta (block starts and stops ride

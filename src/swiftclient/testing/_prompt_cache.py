@@ -6,7 +6,8 @@ tokens). A ``cache_control`` breakpoint writes the prefix up to its block (when 
 ``min_tokens`` long) for its TTL; a request reads the longest cached prefix that ends at
 one of its breakpoints or at one of the 20 blocks before each (the API's lookback). Reads
 refresh an entry's TTL. Usage is reported the Messages way: ``cache_read_input_tokens``,
-``cache_creation_input_tokens`` (from the read point to the last breakpoint written) and
+``cache_creation_input_tokens`` (from the read point to the last breakpoint written, split
+per TTL in ``cache_creation``: a prefix up to a 1-hour breakpoint is a 1-hour write) and
 ``input_tokens`` (the rest).
 """
 
@@ -82,7 +83,7 @@ class CacheSimulation:
     clock: Callable[[], float] = time.monotonic
     entries: dict[str, float] = field(default_factory=dict)
 
-    def usage(self, body: dict[str, Any]) -> dict[str, int]:
+    def usage(self, body: dict[str, Any]) -> dict[str, Any]:
         """Serve ``body``'s prompt from the cache and write its breakpoints; the Messages
         usage counts of its input (``output_tokens`` left to the caller)."""
         now = self.clock()
@@ -109,15 +110,21 @@ class CacheSimulation:
         if read_at >= 0:
             key = prefixes[read_at][0]
             self.entries[key] = max(self.entries[key], now + _TTL_SECONDS["5m"])
-        written_to = read
+        written_to = written_1h_to = read
         for index, ttl in breakpoints:
             key, length = prefixes[index]
             if length < self.min_tokens:
                 continue
             self.entries[key] = max(self.entries.get(key, 0.0), now + _TTL_SECONDS[ttl])
             written_to = max(written_to, length)
+            if ttl == "1h":
+                written_1h_to = max(written_1h_to, length)
         return {
             "input_tokens": total - written_to,
             "cache_creation_input_tokens": written_to - read,
             "cache_read_input_tokens": read,
+            "cache_creation": {
+                "ephemeral_5m_input_tokens": written_to - written_1h_to,
+                "ephemeral_1h_input_tokens": written_1h_to - read,
+            },
         }
