@@ -69,6 +69,7 @@ from .tool_calls import tool_call_marker
 
 __all__ = [
     "EXTRA_BODY_KEYS",
+    "ChatChunks",
     "ChatService",
     "OutputSource",
     "PreparedRequest",
@@ -343,8 +344,9 @@ class ChatService:
     @asynccontextmanager
     async def stream(
         self, source: OutputSource, request: ChatRequest, *, include_usage: bool = True
-    ) -> AsyncIterator[AsyncIterator[ChatCompletionChunk]]:
-        """Run ``request`` on ``source`` and yield an iterator of OpenAI stream chunks.
+    ) -> AsyncIterator[ChatChunks]:
+        """Run ``request`` on ``source`` and yield an iterator of OpenAI stream chunks
+        (:class:`ChatChunks`: :meth:`ChatChunks.usage_so_far` counts the tokens so far).
 
         Errors in the request, and :class:`~swiftclient.errors.OverloadedError`, surface on
         entry; leaving the block aborts the engine request (its KV blocks are freed). With
@@ -356,7 +358,7 @@ class ChatService:
         )
         n = request.n or 1
         async with _fan_out(source, prepared, n) as outputs:
-            chunks = _ChunkIterator(
+            chunks = ChatChunks(
                 self, outputs, request.model, prepared, include_usage, continuous=continuous
             )
             yield chunks.open(n, request.model, prepared)
@@ -568,7 +570,7 @@ def _check_output(out: RequestOutput) -> None:
         )
 
 
-class _ChunkIterator:
+class ChatChunks:
     """A request's engine outputs as OpenAI chunks: role, content, tool calls, finish, usage.
 
     Chunking rule: one content chunk per engine output whose new text is not empty (a step
@@ -623,7 +625,7 @@ class _ChunkIterator:
         self._pending: deque[ChatCompletionChunk] = deque()
         self._done = False
 
-    def open(self, n: int, model: str, prepared: PreparedRequest) -> _ChunkIterator:
+    def open(self, n: int, model: str, prepared: PreparedRequest) -> ChatChunks:
         """Serve ``n`` choices (their streams share the first one's id and timestamp)."""
         first = self._streams[0]
         for _ in range(1, n):
@@ -642,7 +644,7 @@ class _ChunkIterator:
             self._pending.append(_indexed(stream.start(), index))
         return self
 
-    def __aiter__(self) -> _ChunkIterator:
+    def __aiter__(self) -> ChatChunks:
         return self
 
     async def __anext__(self) -> ChatCompletionChunk:
@@ -657,10 +659,12 @@ class _ChunkIterator:
             self._absorb(index, out)
         chunk = self._pending.popleft()
         if self._continuous and chunk.choices:
-            chunk.usage = self._running_usage()
+            chunk.usage = self.usage_so_far()
         return chunk
 
-    def _running_usage(self) -> Usage:
+    def usage_so_far(self) -> Usage:
+        """The tokens of the prompt and those generated so far (every choice's), as a
+        stream cut short reports them (a client that disconnected, say)."""
         outs = list(self._latest.values())
         if not outs:
             return make_usage(self._prompt_tokens, 0)
