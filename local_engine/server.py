@@ -212,7 +212,7 @@ def _engine_error(exc: Exception) -> RequestError:
     if isinstance(exc, OverloadedError):
         return RequestError(503, f"the server is overloaded: {exc}", "server_overloaded")
     if isinstance(exc, ValueError):
-        return RequestError(400, str(exc), "invalid_request")
+        return RequestError(400, str(exc), "invalid_request", getattr(exc, "param", None))
     if isinstance(exc, GrammarFailedError):
         return RequestError(500, str(exc), "grammar_failed")
     return RequestError(500, "the engine failed while serving the request", "engine_error")
@@ -554,7 +554,8 @@ class LocalServer:
             try:
                 fields, prompt, echo = text_request_fields(body)
             except ValueError as exc:
-                raise RequestError(400, str(exc), "invalid_request") from exc
+                param = getattr(exc, "param", None)
+                raise RequestError(400, str(exc), "invalid_request", param) from exc
             chat = parse_chat_body(fields, ignored)
             if chat.model not in self.served_model_names:
                 raise self._unknown_model(chat.model)

@@ -138,21 +138,26 @@ def _extra(request: ChatRequest) -> dict[str, Any]:
         )
     for flag in ("ignore_eos", "continuous_usage_stats"):
         if flag in extra and not isinstance(extra[flag], bool):
-            raise InvalidRequestError(f"extra_body[{flag!r}] must be a boolean")
+            param = "stream_options." + flag if flag == "continuous_usage_stats" else flag
+            raise InvalidRequestError(f"extra_body[{flag!r}] must be a boolean", param)
     salt = extra.get("cache_salt")
     if salt is not None and (not isinstance(salt, str) or not salt):
-        raise InvalidRequestError("extra_body['cache_salt'] must be a non-empty string")
+        raise InvalidRequestError(
+            "extra_body['cache_salt'] must be a non-empty string", "cache_salt"
+        )
     stop_ids = extra.get("stop_token_ids")
     if stop_ids is not None and not isinstance(stop_ids, list | tuple):
-        raise InvalidRequestError("extra_body['stop_token_ids'] must be a list of token ids")
+        raise InvalidRequestError(
+            "extra_body['stop_token_ids'] must be a list of token ids", "stop_token_ids"
+        )
     return extra
 
 
 def _check_supported(request: ChatRequest) -> None:
     if request.n is not None and request.n > MAX_N:
-        raise InvalidRequestError(f"n={request.n} is over the local engine's limit of {MAX_N}")
+        raise InvalidRequestError(f"n={request.n} is over the local engine's limit of {MAX_N}", "n")
     if request.logit_bias:
-        raise InvalidRequestError("logit_bias is not supported by the local engine")
+        raise InvalidRequestError("logit_bias is not supported by the local engine", "logit_bias")
 
 
 class ChatService:
@@ -223,7 +228,8 @@ class ChatService:
             raise InvalidRequestError(
                 f"the prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds "
                 f"this model's context (max_model_len) of {limit} tokens; "
-                f"ask for at most {room} tokens"
+                f"ask for at most {room} tokens",
+                "max_completion_tokens" if request.max_completion_tokens else "max_tokens",
             )
         try:
             return SamplingParams(
@@ -248,7 +254,9 @@ class ChatService:
                 banned_token_ids=banned,
             )
         except ValueError as exc:
-            raise InvalidRequestError(f"invalid sampling parameters: {exc}") from exc
+            raise InvalidRequestError(
+                f"invalid sampling parameters: {exc}", _sampling_param(str(exc), request)
+            ) from exc
 
     def _markup_ids(self, prompt: ChatPrompt) -> tuple[int, ...]:
         """The token that opens a tool call, when no tools were offered and the marker is
@@ -277,7 +285,8 @@ class ChatService:
         if chars > limit:  # characters never outnumber bytes
             raise InvalidRequestError(
                 f"the messages hold {chars} characters, more than this model's context "
-                f"(max_model_len {self.max_model_len} tokens) can hold ({limit} bytes at most)"
+                f"(max_model_len {self.max_model_len} tokens) can hold ({limit} bytes at most)",
+                "messages",
             )
         try:
             prompt = self.formatter.prepare(request, max_bytes=limit)
@@ -300,12 +309,15 @@ class ChatService:
             if len(prompt) > self.max_prompt_bytes:
                 raise InvalidRequestError(
                     f"the prompt holds {len(prompt)} characters, more than this model's "
-                    f"context (max_model_len {self.max_model_len} tokens) can hold"
+                    f"context (max_model_len {self.max_model_len} tokens) can hold",
+                    "prompt",
                 )
             try:
                 prompt.encode("utf-8")
             except UnicodeEncodeError as exc:
-                raise InvalidRequestError(f"the prompt is not valid Unicode text: {exc}") from exc
+                raise InvalidRequestError(
+                    f"the prompt is not valid Unicode text: {exc}", "prompt"
+                ) from exc
             text, ids = prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
         else:
             ids = list(prompt)
@@ -313,10 +325,12 @@ class ChatService:
             if any(
                 isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in ids
             ):
-                raise InvalidRequestError(f"prompt token ids must be ints in [0, {vocab})")
+                raise InvalidRequestError(
+                    f"prompt token ids must be ints in [0, {vocab})", "prompt"
+                )
             text = self.tokenizer.decode(ids, skip_special_tokens=False)
         if not ids:
-            raise InvalidRequestError("the prompt is empty")
+            raise InvalidRequestError("the prompt is empty", "prompt")
         params = self._params(request, extra, len(ids))
         salt = extra.get("cache_salt") or request.user or None
         return PreparedRequest(ChatPrompt(text, ids, "none"), params, salt)
@@ -421,6 +435,34 @@ class ChatService:
             "logprob": logprob,
             "bytes": list(self.tokenizer.token_bytes(token_id)),
         }
+
+
+_SAMPLING_FIELDS = frozenset(
+    {
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "min_tokens",
+        "repetition_penalty",
+        "seed",
+        "stop",
+        "stop_token_ids",
+        "presence_penalty",
+        "frequency_penalty",
+        "logprobs",
+        "top_logprobs",
+    }
+)
+
+
+def _sampling_param(message: str, request: ChatRequest) -> str | None:
+    """The request field a :class:`SamplingParams` error names first (its messages start
+    with the field: ``"top_k must be >= 0, got -5"``), or None."""
+    name = message.split(" ", 1)[0]
+    if name == "max_tokens":
+        return "max_completion_tokens" if request.max_completion_tokens else "max_tokens"
+    return name if name in _SAMPLING_FIELDS else None
 
 
 def _top_k(value: Any) -> Any:

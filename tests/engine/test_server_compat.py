@@ -325,14 +325,16 @@ async def test_legacy_completions(served: Served) -> None:
         model="tiny-test", prompt="x", extra_body={"ignore_eos": True}
     )
     assert default.usage is not None and default.usage.completion_tokens == 16  # OpenAI's default
-    for bad in (
-        {"prompt": ["a", "b"]},
-        {"prompt": "a", "suffix": "z"},
-        {"prompt": ""},
-        {"prompt": "a", "n": 2},
+    for bad, param in (
+        ({"prompt": ["a", "b"]}, "prompt"),
+        ({"prompt": "a", "suffix": "z"}, "suffix"),
+        ({"prompt": ""}, "prompt"),
+        ({"prompt": "a", "n": 2}, "n"),
+        ({"prompt": "a", "logprobs": -1}, "logprobs"),
     ):
         response = await served.http.post("/v1/completions", json={"model": "tiny-test", **bad})
         assert response.status_code == 400, bad
+        assert response.json()["error"]["param"] == param, bad
 
 
 @pytest.mark.anyio
