@@ -23,7 +23,7 @@ from typing import Any
 from swiftclient.types import ChatRequest
 
 from .engine import RequestOutput
-from .errors import EngineError
+from .errors import EngineError, InvalidRequestError
 from .service import ChatService, OutputSource, PreparedRequest
 from .tokenizer import Tokenizer
 
@@ -45,26 +45,33 @@ class TextRequest:
 def text_request_fields(body: dict[str, Any]) -> tuple[dict[str, Any], str | list[int], bool]:
     """Split a ``/v1/completions`` body into chat-request fields, the prompt and ``echo``.
 
-    Raises ValueError naming a prompt or field the server cannot serve.
+    Raises InvalidRequestError (a ValueError) naming a prompt or field the server cannot
+    serve, with the field as its ``param``.
     """
     fields = dict(body)
     prompt = _single_prompt(fields.pop("prompt", None))
     echo = fields.pop("echo", False)
     if not isinstance(echo, bool):
-        raise ValueError("echo must be a boolean")
+        raise InvalidRequestError("echo must be a boolean", "echo")
     suffix = fields.pop("suffix", None)
     if suffix:
-        raise ValueError("suffix is not supported by the local engine")
+        raise InvalidRequestError("suffix is not supported by the local engine", "suffix")
     n = fields.get("n")
     if n is not None and n != 1:
-        raise ValueError("n > 1 is not supported on /v1/completions (use /v1/chat/completions)")
+        raise InvalidRequestError(
+            "n > 1 is not supported on /v1/completions (use /v1/chat/completions)", "n"
+        )
     best_of = fields.pop("best_of", None)
     if best_of is not None and best_of != fields.get("n", 1):
-        raise ValueError("best_of is not supported by the local engine (only best_of == n)")
+        raise InvalidRequestError(
+            "best_of is not supported by the local engine (only best_of == n)", "best_of"
+        )
     logprobs = fields.pop("logprobs", None)
     if logprobs is not None:
         if isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0:
-            raise ValueError("logprobs must be a non-negative int (alternatives per token)")
+            raise InvalidRequestError(
+                "logprobs must be a non-negative int (alternatives per token)", "logprobs"
+            )
         fields["logprobs"] = True
         fields["top_logprobs"] = logprobs
     fields.setdefault("max_tokens", LEGACY_DEFAULT_MAX_TOKENS)
@@ -82,8 +89,10 @@ def _single_prompt(prompt: Any) -> str | list[int]:
             return list(prompt)
         if len(prompt) == 1 and isinstance(prompt[0], str | list):
             return _single_prompt(prompt[0])
-        raise ValueError("one prompt per request: send a string or a list of token ids")
-    raise ValueError("prompt must be a non-empty string or list of token ids")
+        raise InvalidRequestError(
+            "one prompt per request: send a string or a list of token ids", "prompt"
+        )
+    raise InvalidRequestError("prompt must be a non-empty string or list of token ids", "prompt")
 
 
 def _completion_id() -> str:

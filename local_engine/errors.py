@@ -29,7 +29,15 @@ __all__ = [
 
 
 class InvalidRequestError(ValueError):
-    """A request the engine refuses as it is; sending it again will not help (a 400)."""
+    """A request the engine refuses as it is; sending it again will not help (a 400).
+
+    ``param`` names the offending request field when there is one (``"n"``, ``"messages"``),
+    as OpenAI's error objects name it.
+    """
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class EngineConfigError(ValueError):

@@ -30,6 +30,7 @@ which swiftclient's ``ChatRequest``, ``Tool`` and ``ResponseFormat`` have.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -43,6 +44,7 @@ __all__ = [
     "ChatFields",
     "Grammar",
     "GrammarError",
+    "schema_problem",
     "GrammarKind",
     "closed_objects",
     "json_object_grammar",
@@ -69,6 +71,62 @@ class GrammarError(InvalidRequestError):
     An :class:`~local_engine.errors.InvalidRequestError` (so also a ``ValueError``): the
     local server answers it with a 400.
     """
+
+
+_COMPILE_PREFIX = re.compile(r"^at \d+\(\d+\): failed to compile JSON schema: ")
+_EXPLAINED: tuple[tuple[re.Pattern[str], str], ...] = (
+    (
+        re.compile(r"Unknown format: (.+)"),
+        "it uses a string format the local engine does not support ({0!r})",
+    ),
+    (
+        re.compile(r"Pointer '([^']*)' does not exist"),
+        "a $ref points at '#{0}', which the schema does not define",
+    ),
+    (
+        re.compile(r"Resource '([^']*)' is not present"),
+        "a $ref points outside the schema ({0!r}); only references within the schema are followed",
+    ),
+    (re.compile(r"Invalid type: (.+)"), "{0!r} is not a JSON schema type"),
+    (re.compile(r"Unsatisfiable schema: (.+)"), "no JSON value satisfies it ({0})"),
+    (re.compile(r"Expected (.+) for '([^']+)', got (.+)"), "{1} must be: {0} (got {2})"),
+    (
+        re.compile(r"(?:lexer|parser) error: "),
+        "it is too large for the local engine's grammar "
+        "(a very long pattern or repetition, or a $ref that must recurse, say)",
+    ),
+)
+
+
+def schema_problem(error: str) -> str:
+    """What a grammar-compiler error says is wrong with a schema, in this library's words.
+
+    llguidance's message (its first line: what follows is its grammar listing and parser
+    state, internal) is recognised for the common cases (keywords it does not support, an
+    unknown ``format``, a ``pattern`` it cannot compile, a ``$ref`` to nothing, an
+    unsatisfiable or too-large schema), with the offending keyword or value kept; any other
+    message is passed on, first line only.
+    """
+    text = _COMPILE_PREFIX.sub("", error.strip())
+    first = text.split("\n", 1)[0].strip()
+    keys = re.match(r"Unimplemented keys?: \[(.*)\]", first)
+    if keys:
+        names = re.findall(r'"([^"]*)"', keys.group(1)) or [keys.group(1)]
+        which = "JSON schema keywords" if len(names) > 1 else "a JSON schema keyword"
+        return f"it uses {which} the local engine does not support ({', '.join(names)})"
+    if first.startswith("regex parse error"):
+        why = [line.strip()[7:] for line in text.splitlines() if line.strip().startswith("error: ")]
+        detail = f" ({why[0]})" if why else ""
+        return f"a pattern is not a regular expression the local engine supports{detail}"
+    for pattern, explained in _EXPLAINED:
+        found = pattern.match(first)
+        if found:
+            return explained.format(*found.groups())
+    if len(first) > 200:
+        first = first[:200] + "..."
+    return (
+        f"the grammar compiler refused it ({first})" if first else "the grammar compiler refused it"
+    )
 
 
 class _Function(Protocol):
@@ -152,7 +210,9 @@ def _schema_grammar(schema: Mapping[str, Any] | bool, what: str) -> str:
     try:
         return str(llg.LLMatcher.grammar_from_json_schema(_plain(schema), overrides=_JSON_OPTIONS))
     except (ValueError, TypeError) as exc:
-        raise GrammarError(f"{what} cannot be compiled into a grammar: {exc}") from exc
+        raise GrammarError(
+            f"{what} cannot be compiled: {schema_problem(str(exc))}", "response_format"
+        ) from exc
 
 
 def _plain(schema: Mapping[str, Any] | bool) -> Any:

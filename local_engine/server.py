@@ -14,7 +14,8 @@ one), and ``extra_body`` fields such as ``top_k``, ``min_tokens``, ``repetition_
 ``ignore_eos`` or ``cache_salt`` arrive as top-level JSON fields, as OpenAI clients send
 them. Other unknown fields are ignored, as vLLM ignores them: the ``x-ignored-fields``
 response header names them and each name is logged once. One access line per request goes
-to the ``local_engine.server.access`` logger (``access_log=False`` turns it off).
+to the ``local_engine.server.access`` logger (``access_log=False`` turns it off), with the
+tokens generated even when a stream is cut short.
 
 Models: a request must name the served model (``model_name``, by default the model
 directory's name) or the alias ``default``; any other name gets 404 ``model_not_found``, as
@@ -43,7 +44,7 @@ import logging
 import secrets
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -71,7 +72,12 @@ from swiftclient.errors import (
     ConfigurationError,
     redact,
 )
-from swiftclient.types import ChatCompletion, ChatCompletionChunk, ChatRequest, StreamOptions
+from swiftclient.types import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatRequest,
+    StreamOptions,
+)
 
 from .backend import LocalBackend
 from .errors import EngineConfigError, EngineError, GrammarFailedError, OverloadedError
@@ -92,7 +98,7 @@ if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import Span, TracerProvider
 
-    from .engine import EngineConfig
+    from .engine import EngineConfig, RequestOutput
 
 __all__ = ["LocalServer", "RequestError", "command", "main", "parse_chat_body"]
 
@@ -212,7 +218,7 @@ def _engine_error(exc: Exception) -> RequestError:
     if isinstance(exc, OverloadedError):
         return RequestError(503, f"the server is overloaded: {exc}", "server_overloaded")
     if isinstance(exc, ValueError):
-        return RequestError(400, str(exc), "invalid_request")
+        return RequestError(400, str(exc), "invalid_request", getattr(exc, "param", None))
     if isinstance(exc, GrammarFailedError):
         return RequestError(500, str(exc), "grammar_failed")
     return RequestError(500, "the engine failed while serving the request", "engine_error")
@@ -516,15 +522,18 @@ class LocalServer:
             # always with usage, for the access line; dropped below unless the client asked
             async with service.stream(engine, chat, include_usage=True) as chunks:
                 await writer.start_stream(200, {"cache-control": "no-cache"})
-                async for chunk in chunks:
-                    _access_chunk(chunk)
-                    if chunk.usage is not None and not usage:
-                        if not chunk.choices:
-                            continue  # the usage chunk the client did not ask for
-                        chunk.usage = None
-                    await writer.write(_chunk_bytes(chunk))
-                    if recording:
-                        _note(reply, chunk)
+                try:
+                    async for chunk in chunks:
+                        _access_chunk(chunk)
+                        if chunk.usage is not None and not usage:
+                            if not chunk.choices:
+                                continue  # the usage chunk the client did not ask for
+                            chunk.usage = None
+                        await writer.write(_chunk_bytes(chunk))
+                        if recording:
+                            _note(reply, chunk)
+                finally:  # also when cut short (the client left): the tokens until then
+                    _access_usage(chunks.usage_so_far())
         except (ValueError, EngineError) as exc:
             failure = _engine_error(exc)
             if not writer.started:
@@ -554,7 +563,8 @@ class LocalServer:
             try:
                 fields, prompt, echo = text_request_fields(body)
             except ValueError as exc:
-                raise RequestError(400, str(exc), "invalid_request") from exc
+                param = getattr(exc, "param", None)
+                raise RequestError(400, str(exc), "invalid_request", param) from exc
             chat = parse_chat_body(fields, ignored)
             if chat.model not in self.served_model_names:
                 raise self._unknown_model(chat.model)
@@ -580,7 +590,7 @@ class LocalServer:
                 await writer.start_stream(200, {"cache-control": "no-cache"})
                 chunks = text_chunks(
                     service,
-                    outputs,
+                    _CountedOutputs(outputs),
                     parsed,
                     prepared,
                     include_usage=usage,
@@ -643,15 +653,18 @@ class LocalServer:
         try:
             async with service.stream(engine, chat, include_usage=True) as chunks:
                 await writer.start_stream(200, {"cache-control": "no-cache"})
-                for event in events.start():
-                    await writer.write(event_bytes(event))
-                async for chunk in chunks:
-                    _access_chunk(chunk)
-                    for event in events.feed(chunk):
+                try:
+                    for event in events.start():
                         await writer.write(event_bytes(event))
-                    if recording:
-                        _note(reply, chunk)
-                        reply["response_id"] = echo.id
+                    async for chunk in chunks:
+                        _access_chunk(chunk)
+                        for event in events.feed(chunk):
+                            await writer.write(event_bytes(event))
+                        if recording:
+                            _note(reply, chunk)
+                            reply["response_id"] = echo.id
+                finally:  # also when cut short (the client left): the tokens until then
+                    _access_usage(chunks.usage_so_far())
         except (ValueError, EngineError) as exc:
             failure = _engine_error(exc)
             if not writer.started:
@@ -865,6 +878,27 @@ class _UsageView:
     @property
     def completion_tokens(self) -> int:
         return int(self.data["completion_tokens"])
+
+
+class _CountedOutputs:
+    """A request's engine outputs, each noting its token counts for the access line (a
+    streamed legacy completion carries usage only when asked, and not when cut short)."""
+
+    __slots__ = ("_outputs",)
+
+    def __init__(self, outputs: AsyncIterator[RequestOutput]) -> None:
+        self._outputs = outputs
+
+    def __aiter__(self) -> _CountedOutputs:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        out = await self._outputs.__anext__()
+        access = _ACCESS.get(None)
+        if access is not None:
+            access["prompt_tokens"] = out.num_prompt_tokens
+            access["completion_tokens"] = out.num_generated_tokens
+        return out
 
 
 def _access_text_chunk(chunk: dict[str, Any]) -> None:

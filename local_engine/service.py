@@ -70,6 +70,7 @@ from .tool_calls import tool_call_marker
 
 __all__ = [
     "EXTRA_BODY_KEYS",
+    "ChatChunks",
     "ChatService",
     "OutputSource",
     "PreparedRequest",
@@ -138,21 +139,26 @@ def _extra(request: ChatRequest) -> dict[str, Any]:
         )
     for flag in ("ignore_eos", "continuous_usage_stats"):
         if flag in extra and not isinstance(extra[flag], bool):
-            raise InvalidRequestError(f"extra_body[{flag!r}] must be a boolean")
+            param = "stream_options." + flag if flag == "continuous_usage_stats" else flag
+            raise InvalidRequestError(f"extra_body[{flag!r}] must be a boolean", param)
     salt = extra.get("cache_salt")
     if salt is not None and (not isinstance(salt, str) or not salt):
-        raise InvalidRequestError("extra_body['cache_salt'] must be a non-empty string")
+        raise InvalidRequestError(
+            "extra_body['cache_salt'] must be a non-empty string", "cache_salt"
+        )
     stop_ids = extra.get("stop_token_ids")
     if stop_ids is not None and not isinstance(stop_ids, list | tuple):
-        raise InvalidRequestError("extra_body['stop_token_ids'] must be a list of token ids")
+        raise InvalidRequestError(
+            "extra_body['stop_token_ids'] must be a list of token ids", "stop_token_ids"
+        )
     return extra
 
 
 def _check_supported(request: ChatRequest) -> None:
     if request.n is not None and request.n > MAX_N:
-        raise InvalidRequestError(f"n={request.n} is over the local engine's limit of {MAX_N}")
+        raise InvalidRequestError(f"n={request.n} is over the local engine's limit of {MAX_N}", "n")
     if request.logit_bias:
-        raise InvalidRequestError("logit_bias is not supported by the local engine")
+        raise InvalidRequestError("logit_bias is not supported by the local engine", "logit_bias")
 
 
 class ChatService:
@@ -223,7 +229,8 @@ class ChatService:
             raise InvalidRequestError(
                 f"the prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds "
                 f"this model's context (max_model_len) of {limit} tokens; "
-                f"ask for at most {room} tokens"
+                f"ask for at most {room} tokens",
+                "max_completion_tokens" if request.max_completion_tokens else "max_tokens",
             )
         try:
             return SamplingParams(
@@ -248,7 +255,9 @@ class ChatService:
                 banned_token_ids=banned,
             )
         except ValueError as exc:
-            raise InvalidRequestError(f"invalid sampling parameters: {exc}") from exc
+            raise InvalidRequestError(
+                f"invalid sampling parameters: {exc}", _sampling_param(str(exc), request)
+            ) from exc
 
     def _markup_ids(self, prompt: ChatPrompt) -> tuple[int, ...]:
         """The token that opens a tool call, when no tools were offered and the marker is
@@ -277,7 +286,8 @@ class ChatService:
         if chars > limit:  # characters never outnumber bytes
             raise InvalidRequestError(
                 f"the messages hold {chars} characters, more than this model's context "
-                f"(max_model_len {self.max_model_len} tokens) can hold ({limit} bytes at most)"
+                f"(max_model_len {self.max_model_len} tokens) can hold ({limit} bytes at most)",
+                "messages",
             )
         try:
             prompt = self.formatter.prepare(request, max_bytes=limit)
@@ -300,12 +310,15 @@ class ChatService:
             if len(prompt) > self.max_prompt_bytes:
                 raise InvalidRequestError(
                     f"the prompt holds {len(prompt)} characters, more than this model's "
-                    f"context (max_model_len {self.max_model_len} tokens) can hold"
+                    f"context (max_model_len {self.max_model_len} tokens) can hold",
+                    "prompt",
                 )
             try:
                 prompt.encode("utf-8")
             except UnicodeEncodeError as exc:
-                raise InvalidRequestError(f"the prompt is not valid Unicode text: {exc}") from exc
+                raise InvalidRequestError(
+                    f"the prompt is not valid Unicode text: {exc}", "prompt"
+                ) from exc
             text, ids = prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
         else:
             ids = list(prompt)
@@ -313,10 +326,12 @@ class ChatService:
             if any(
                 isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in ids
             ):
-                raise InvalidRequestError(f"prompt token ids must be ints in [0, {vocab})")
+                raise InvalidRequestError(
+                    f"prompt token ids must be ints in [0, {vocab})", "prompt"
+                )
             text = self.tokenizer.decode(ids, skip_special_tokens=False)
         if not ids:
-            raise InvalidRequestError("the prompt is empty")
+            raise InvalidRequestError("the prompt is empty", "prompt")
         params = self._params(request, extra, len(ids))
         salt = extra.get("cache_salt") or request.user or None
         return PreparedRequest(ChatPrompt(text, ids, "none"), params, salt)
@@ -344,8 +359,9 @@ class ChatService:
     @asynccontextmanager
     async def stream(
         self, source: OutputSource, request: ChatRequest, *, include_usage: bool = True
-    ) -> AsyncIterator[AsyncIterator[ChatCompletionChunk]]:
-        """Run ``request`` on ``source`` and yield an iterator of OpenAI stream chunks.
+    ) -> AsyncIterator[ChatChunks]:
+        """Run ``request`` on ``source`` and yield an iterator of OpenAI stream chunks
+        (:class:`ChatChunks`: :meth:`ChatChunks.usage_so_far` counts the tokens so far).
 
         Errors in the request, and :class:`~swiftclient.errors.OverloadedError`, surface on
         entry; leaving the block aborts the engine request (its KV blocks are freed). With
@@ -357,7 +373,7 @@ class ChatService:
         )
         n = request.n or 1
         async with _fan_out(source, prepared, n) as outputs:
-            chunks = _ChunkIterator(
+            chunks = ChatChunks(
                 self, outputs, request.model, prepared, include_usage, continuous=continuous
             )
             yield chunks.open(n, request.model, prepared)
@@ -422,6 +438,34 @@ class ChatService:
             "logprob": logprob,
             "bytes": list(self.tokenizer.token_bytes(token_id)),
         }
+
+
+_SAMPLING_FIELDS = frozenset(
+    {
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "min_tokens",
+        "repetition_penalty",
+        "seed",
+        "stop",
+        "stop_token_ids",
+        "presence_penalty",
+        "frequency_penalty",
+        "logprobs",
+        "top_logprobs",
+    }
+)
+
+
+def _sampling_param(message: str, request: ChatRequest) -> str | None:
+    """The request field a :class:`SamplingParams` error names first (its messages start
+    with the field: ``"top_k must be >= 0, got -5"``), or None."""
+    name = message.split(" ", 1)[0]
+    if name == "max_tokens":
+        return "max_completion_tokens" if request.max_completion_tokens else "max_tokens"
+    return name if name in _SAMPLING_FIELDS else None
 
 
 def _top_k(value: Any) -> Any:
@@ -571,7 +615,7 @@ def _check_output(out: RequestOutput) -> None:
         )
 
 
-class _ChunkIterator:
+class ChatChunks:
     """A request's engine outputs as OpenAI chunks: role, content, tool calls, finish, usage.
 
     Chunking rule: one content chunk per engine output whose new text is not empty (a step
@@ -626,7 +670,7 @@ class _ChunkIterator:
         self._pending: deque[ChatCompletionChunk] = deque()
         self._done = False
 
-    def open(self, n: int, model: str, prepared: PreparedRequest) -> _ChunkIterator:
+    def open(self, n: int, model: str, prepared: PreparedRequest) -> ChatChunks:
         """Serve ``n`` choices (their streams share the first one's id and timestamp)."""
         first = self._streams[0]
         for _ in range(1, n):
@@ -645,7 +689,7 @@ class _ChunkIterator:
             self._pending.append(_indexed(stream.start(), index))
         return self
 
-    def __aiter__(self) -> _ChunkIterator:
+    def __aiter__(self) -> ChatChunks:
         return self
 
     async def __anext__(self) -> ChatCompletionChunk:
@@ -660,10 +704,12 @@ class _ChunkIterator:
             self._absorb(index, out)
         chunk = self._pending.popleft()
         if self._continuous and chunk.choices:
-            chunk.usage = self._running_usage()
+            chunk.usage = self.usage_so_far()
         return chunk
 
-    def _running_usage(self) -> Usage:
+    def usage_so_far(self) -> Usage:
+        """The tokens of the prompt and those generated so far (every choice's), as a
+        stream cut short reports them (a client that disconnected, say)."""
         outs = list(self._latest.values())
         if not outs:
             return make_usage(self._prompt_tokens, 0)

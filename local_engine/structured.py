@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 import torch
 
-from local_engine.grammar import Grammar, GrammarError, llguidance_module
+from local_engine.grammar import Grammar, GrammarError, llguidance_module, schema_problem
 from local_engine.sequence import Sequence
 from local_engine.tokenizer import Tokenizer
 
@@ -141,7 +141,9 @@ class StructuredOutput:
         matcher = llg.LLMatcher(tokenizer, grammar.text, log_level=0)
         error = matcher.get_error() if matcher.is_error() else _probe(matcher)
         if error:
-            raise GrammarError(f"the {_describe(grammar)} cannot be compiled: {error}")
+            problem = schema_problem(error)
+            param = "tools" if grammar.kind == "tool_call" else "response_format"
+            raise GrammarError(f"the {_describe(grammar)} cannot be compiled: {problem}", param)
         with self._lock:
             self._compiled[grammar.text] = matcher
             if len(self._compiled) > _CACHE_SIZE:

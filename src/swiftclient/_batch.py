@@ -43,9 +43,10 @@ __all__ = [
     "run_batch",
 ]
 
-BatchRequest = ChatRequest | Mapping[str, Any]
-"""One batch entry: a :class:`ChatRequest`, or the keyword arguments of
-``client.stream(...)`` as a mapping (``messages`` required; ``model``, ``timeout``,
+BatchRequest = ChatRequest | str | Mapping[str, Any]
+"""One batch entry: a :class:`ChatRequest`, a string (one user message, as
+``client.chat("hi")`` takes it: the same as ``{"messages": "hi"}``), or the keyword arguments
+of ``client.stream(...)`` as a mapping (``messages`` required; ``model``, ``timeout``,
 ``retry``, ``hedge``, ``task`` and request fields such as ``tools`` optional)."""
 
 _CALL_ONLY = frozenset({"timeout", "retry", "hedge", "task"})
@@ -214,10 +215,12 @@ def _entry(item: BatchRequest, defaults: Mapping[str, Any], index: int) -> _Entr
     if isinstance(item, ChatRequest):
         fields = item.model_dump(exclude_none=True, exclude=set(_NOT_FROM_REQUEST))
         return _Entry(item.messages, {**defaults, "model": item.model, **fields})
+    if isinstance(item, str):
+        item = {"messages": item}  # one user message, as chat("hi") takes it
     if not isinstance(item, Mapping):
         raise ConfigurationError(
-            f"batch requests[{index}] must be a ChatRequest or a mapping of chat arguments, "
-            f"got {type(item).__name__}"
+            f"batch requests[{index}] must be a ChatRequest, a string (one user message) or "
+            f"a mapping of chat arguments, got {type(item).__name__}"
         )
     if "messages" not in item:
         raise ConfigurationError(f"batch requests[{index}] has no 'messages'")

@@ -255,13 +255,24 @@ async def test_empty_batch_and_bad_arguments() -> None:
         with pytest.raises(ConfigurationError, match="concurrency"):
             await client.batch([{"messages": "hi"}], concurrency=0)
         with pytest.raises(ConfigurationError, match="iterable of requests"):
-            await client.batch({"messages": "hi"})  # type: ignore[arg-type]
+            await client.batch({"messages": "hi"})
         with pytest.raises(ConfigurationError, match="no 'messages'"):
             await client.batch([{"model": "m"}])
         with pytest.raises(ConfigurationError, match="not batch arguments"):
             await client.batch([{"messages": "hi", "stream": True}])
-        with pytest.raises(ConfigurationError, match="ChatRequest or a mapping"):
-            await client.batch(["hi"])  # type: ignore[list-item]
+        with pytest.raises(ConfigurationError, match="a string .one user message. or a mapping"):
+            await client.batch([42])  # type: ignore[list-item]
+        with pytest.raises(ConfigurationError, match="iterable of requests"):
+            await client.batch("hi")  # one string is not a batch of one-letter requests
+
+
+async def test_a_string_entry_is_one_user_message_as_chat_takes_it() -> None:
+    backend = Scripted()
+    async with _client(backend) as client:
+        results = await client.batch(["hi", {"messages": "there"}], max_tokens=3)
+        assert [result.unwrap().text for result in results] == ["re: hi", "re: there"]
+        async with client.batch_iter(["again"]) as finished:
+            assert [result.unwrap().text async for result in finished] == ["re: again"]
 
 
 async def test_defaults_apply_to_mapping_entries() -> None:

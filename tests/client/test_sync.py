@@ -121,8 +121,9 @@ def test_the_sync_client_offers_the_async_surface() -> None:
         assert [r.index for r in results] == [0, 1, 2]
         assert all(r.unwrap().text == "Hello there" for r in results)
         assert len(progress) == 3
-        with client.batch_iter([{"messages": "a"}, {"messages": "b"}]) as finished:
+        with client.batch_iter([{"messages": "a"}, "b"]) as finished:  # a string: one message
             assert sorted(r.index for r in finished) == [0, 1]
+        assert client.batch(["a"])[0].unwrap().text == "Hello there"
 
         assert client.health() == {}
         assert client.stats().calls == 0  # unpriced one-target calls are not accounted

@@ -519,6 +519,57 @@ async def test_server_answers_an_uncompilable_schema_with_400(tiny: TinyModel) -
         await served.settle()
 
 
+_EXPLAINED_SCHEMAS = {
+    '{"type": "object", "propertyNames": {"pattern": "^a"}}': (
+        "it uses a JSON schema keyword the local engine does not support (propertyNames)"
+    ),
+    '{"if": {"type": "string"}, "then": {"minLength": 3}}': (
+        "it uses JSON schema keywords the local engine does not support (if, then)"
+    ),
+    '{"type": "string", "format": "shoe-size"}': (
+        "it uses a string format the local engine does not support ('shoe-size')"
+    ),
+    '{"type": "string", "pattern": "(?<=a)b"}': (
+        "a pattern is not a regular expression the local engine supports (look-around"
+    ),
+    '{"type": "object", "properties": {"a": {"$ref": "#/$defs/gone"}}}': (
+        "a $ref points at '#/$defs/gone', which the schema does not define"
+    ),
+    '{"type": "strin"}': "'strin' is not a JSON schema type",
+}
+
+
+@pytest.mark.anyio
+async def test_an_uncompilable_schema_is_explained_in_the_libraries_words(
+    tiny: TinyModel,
+) -> None:
+    """The 400 says what is wrong with the schema (the keyword kept), with none of
+    llguidance's own wording or its grammar listing, and names the field in ``param``."""
+    from .test_server import serve
+
+    async with serve(tiny.engine()) as served:
+        for schema, reason in _EXPLAINED_SCHEMAS.items():
+            body = _json_schema_body(json.loads(schema))
+            bad = await served.http.post("/v1/chat/completions", json=body)
+            assert bad.status_code == 400, schema
+            error = bad.json()["error"]
+            assert error["message"].startswith(
+                f"the response_format JSON schema cannot be compiled: {reason}"
+            ), error
+            assert error["param"] == "response_format"
+            for internal in ("Unimplemented", "Unknown format", "regex parse", "Pointer", "\n"):
+                assert internal not in error["message"], error
+        tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "strin"}}}
+        body = {**_json_schema_body({}), "tools": [tool], "tool_choice": "required"}
+        del body["response_format"]
+        bad = await served.http.post("/v1/chat/completions", json=body)
+        error = bad.json()["error"]
+        assert bad.status_code == 400 and error["param"] == "tools"
+        assert error["message"] == (
+            "the tools' parameter schema cannot be compiled: 'strin' is not a JSON schema type"
+        )  # not the tool-call grammar's listing (its token ids, %json, x-guidance)
+
+
 def _mask_workers() -> set[threading.Thread]:
     return {t for t in threading.enumerate() if t.name.startswith("swift-grammar-masks")}
 
@@ -605,7 +656,7 @@ def test_a_grammar_that_fails_on_its_forced_start_is_refused_before_decoding(
     engine: Engine, tiny: TinyModel, schema: dict[str, Any]
 ) -> None:
     grammar = json_schema_grammar(schema)
-    with pytest.raises(GrammarError, match=r"cannot be compiled: (lexer|parser) error"):
+    with pytest.raises(GrammarError, match=r"cannot be compiled: it is too large for the local"):
         engine.add_request(_prompt(tiny), SamplingParams(grammar=grammar))
     assert not engine.has_unfinished()
     assert engine.structured is not None and engine.structured.num_active == 0

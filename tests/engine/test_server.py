@@ -323,38 +323,35 @@ _HI = b'{"model": "tiny-test", "messages": [{"role": "user", "content": "hi"}], 
 
 
 @pytest.mark.parametrize(
-    ("body", "code", "fragment"),
+    ("body", "code", "fragment", "param"),
     [
-        (b"{not json", "invalid_json", "not valid JSON"),
-        (b"[1, 2]", "invalid_request", "JSON object"),
-        (b"{}", "invalid_request", "model"),
-        (b'{"model": "tiny-test", "messages": "hi"}', "invalid_request", "messages"),
-        (b'{"model": "tiny-test", "messages": []}', "invalid_request", "at least one"),
-        (b'{"model": "tiny-test", "messages": [{"role": "robot"}]}', "invalid_request", "role"),
+        (b"{not json", "invalid_json", "not valid JSON", None),
+        (b"[1, 2]", "invalid_request", "JSON object", None),
+        (b"{}", "invalid_request", "model", "model"),
+        (b'{"model": "tiny-test", "messages": "hi"}', "invalid_request", "messages", "messages"),
+        (b'{"model": "tiny-test", "messages": []}', "invalid_request", "at least one", "messages"),
+        (
+            b'{"model": "tiny-test", "messages": [{"role": "robot"}]}',
+            "invalid_request",
+            "role",
+            "messages.0.role",
+        ),
         (
             b'{"model": "tiny-test", "messages": [{"role": "user"}]}',
             "invalid_request",
             "needs content",
+            "messages.0",
         ),
-        (
-            _HI + b'"n": 17}',
-            "invalid_request",
-            "n=17",
-        ),
-        (
-            _HI + b'"top_k": "x"}',
-            "invalid_request",
-            "top_k",
-        ),
-        (
-            _HI + b'"temperature": 9}',
-            "invalid_request",
-            "temperature",
-        ),
+        (_HI + b'"n": 17}', "invalid_request", "n=17", "n"),  # over the engine's limit
+        (_HI + b'"top_k": "x"}', "invalid_request", "top_k", "top_k"),
+        (_HI + b'"min_p": 3}', "invalid_request", "min_p", "min_p"),
+        (_HI + b'"cache_salt": ""}', "invalid_request", "cache_salt", "cache_salt"),
+        (_HI + b'"logit_bias": {"1": 2}}', "invalid_request", "logit_bias", "logit_bias"),
+        (_HI + b'"temperature": 9}', "invalid_request", "temperature", "temperature"),
     ],
 )
 async def test_invalid_requests_are_400_and_the_server_keeps_serving(
-    served: Served, body: bytes, code: str, fragment: str
+    served: Served, body: bytes, code: str, fragment: str, param: str | None
 ) -> None:
     response = await served.http.post(
         "/v1/chat/completions", content=body, headers={"content-type": "application/json"}
@@ -363,6 +360,7 @@ async def test_invalid_requests_are_400_and_the_server_keeps_serving(
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error" and error["code"] == code
     assert fragment in error["message"]
+    assert error.get("param") == param  # OpenAI's error objects name the offending field
 
 
 @pytest.mark.parametrize(

@@ -7,10 +7,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 import torch
@@ -24,7 +26,7 @@ from local_engine.service import ChatService
 from swiftclient.types import ChatRequest
 
 from ..conformance.tiny_local import TinyModel, load_tiny_model
-from .test_server import HI, Served, serve
+from .test_server import HI, LIMIT, Served, serve
 
 pytestmark = [
     pytest.mark.filterwarnings(
@@ -323,14 +325,16 @@ async def test_legacy_completions(served: Served) -> None:
         model="tiny-test", prompt="x", extra_body={"ignore_eos": True}
     )
     assert default.usage is not None and default.usage.completion_tokens == 16  # OpenAI's default
-    for bad in (
-        {"prompt": ["a", "b"]},
-        {"prompt": "a", "suffix": "z"},
-        {"prompt": ""},
-        {"prompt": "a", "n": 2},
+    for bad, param in (
+        ({"prompt": ["a", "b"]}, "prompt"),
+        ({"prompt": "a", "suffix": "z"}, "suffix"),
+        ({"prompt": ""}, "prompt"),
+        ({"prompt": "a", "n": 2}, "n"),
+        ({"prompt": "a", "logprobs": -1}, "logprobs"),
     ):
         response = await served.http.post("/v1/completions", json={"model": "tiny-test", **bad})
         assert response.status_code == 400, bad
+        assert response.json()["error"]["param"] == param, bad
 
 
 @pytest.mark.anyio
@@ -363,6 +367,67 @@ async def test_every_request_gets_an_access_line(
             await quiet.http.get("/health")
         assert not [r for r in caplog.records if r.name == "local_engine.server.access"]
     assert _parse("--no-access-log").access_log is False and _parse().access_log is True
+
+
+class _AccessLines(logging.Handler):
+    """The access lines, from the server's thread; ``wait`` blocks for the next one."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+        self._arrived = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+        self._arrived.set()
+
+    def wait(self) -> str:
+        assert self._arrived.wait(LIMIT), "no access line"
+        self._arrived.clear()
+        return self.lines[-1]
+
+
+def _has_text(event: dict[str, Any]) -> bool:
+    """Whether a streamed chat, legacy completion or Responses event carries text."""
+    if event.get("type") == "response.output_text.delta":
+        return bool(event["delta"])
+    choices = event.get("choices") or [{}]
+    return bool(choices[0].get("text") or choices[0].get("delta", {}).get("content"))
+
+
+@pytest.mark.anyio
+async def test_a_stream_cut_short_still_reports_its_tokens(served: Served) -> None:
+    long = {"model": "tiny-test", "stream": True, "max_tokens": 1000, "ignore_eos": True}
+    bodies = {
+        "/v1/chat/completions": {**long, "messages": HI},
+        "/v1/completions": {**long, "prompt": "Once upon a time"},
+        "/v1/responses": {**long, "input": "Hi there", "max_output_tokens": 1000},
+    }
+    lines = _AccessLines()
+    logger = logging.getLogger("local_engine.server.access")
+    logger.addHandler(lines)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        for path, body in bodies.items():
+            if path == "/v1/responses":
+                del body["max_tokens"]
+            texts = 0
+            async with served.http.stream("POST", path, json=body) as response:
+                assert response.status_code == 200
+                async for line in response.aiter_lines():
+                    texts += line.startswith("data: {") and _has_text(json.loads(line[6:]))
+                    if texts == 3:
+                        break  # and disconnect
+            line = await anyio.to_thread.run_sync(lines.wait)
+            assert f'"POST {path}" 200 ' in line
+            tokens = dict(part.split("=") for part in line.split() if "=" in part)
+            assert int(tokens["prompt_tokens"]) > 0, line
+            assert 3 <= int(tokens["completion_tokens"]) < 1000, line  # each text a token or more
+            await served.settle()
+    finally:
+        logger.removeHandler(lines)
+        logger.setLevel(level)
 
 
 def test_serve_takes_the_model_as_m_like_chat_and_bench(tiny: TinyModel) -> None:
