@@ -69,8 +69,9 @@ async def start_cost(iterations: int) -> tuple[float, float]:
     (timed over ``iterations`` calls each, best of five), as ``(with, without)``."""
     import time
 
-    from swiftclient import Deadline, RequestOptions, RetryPolicy, Target, Timeout
+    from swiftclient import RetryPolicy, Timeout
     from swiftclient._stream import Call
+    from swiftclient.extend import Deadline, RequestOptions, Target
     from swiftclient.types import ChatRequest, Message
 
     backend = HTTPBackend(BASE_URL, API_KEY, transport=_httpx_transport("request"))

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 import swiftclient
+import swiftclient.extend
 from swiftclient import cli, providers
 from swiftclient.cli._common import TargetOptions, build_target
 from swiftclient.errors import ConfigurationError
@@ -171,13 +172,13 @@ def test_the_direction_check_catches_each_kind_of_reach(source: str, expected: s
 
 def test_public_contract_is_accepted() -> None:
     for module, name in [
-        ("swiftclient", "Deadline"),
+        ("swiftclient.extend", "Deadline"),
         ("swiftclient", "errors"),
         ("swiftclient.types", "ChatRequest"),
         ("swiftclient.backends", "check_backend_name"),
     ]:
         assert _public_name(module, name), (module, name)
-    assert "Deadline" in swiftclient.__all__ and "Timeout" in swiftclient.__all__
+    assert "Deadline" in swiftclient.extend.__all__ and "Timeout" in swiftclient.__all__
 
 
 def test_swiftclient_finds_the_local_engine_through_its_entry_points() -> None:
