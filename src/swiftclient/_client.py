@@ -405,11 +405,6 @@ class AsyncClient:
 
     # ------------------------------------------------------------------ resolution
 
-    def resolve(self, model: str | None) -> tuple[Backend, str]:
-        """Split a model string into (backend, the backend's model name)."""
-        target = self._target(model)
-        return target.backend, target.model
-
     def _target(self, model: str | None) -> Target:
         """The target a model string names, labelled with the backend's registered name."""
         if model is None:

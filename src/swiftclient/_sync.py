@@ -668,7 +668,6 @@ class Client:
     _health = _on_loop(AsyncClient._health_any)
     stats = _on_loop(AsyncClient.stats)
     cache_stats = _on_loop(AsyncClient.cache_stats)
-    resolve = _on_loop(AsyncClient.resolve)
     targets = _on_loop(AsyncClient.targets)
 
     # ------------------------------------------------------------------ calls
