@@ -42,9 +42,10 @@ from anyio.from_thread import BlockingPortal
 from . import errors
 from ._attempt import AttemptObserver
 from ._batch import BatchProgress, BatchRequest, BatchResult
-from ._client import NOT_GIVEN, AsyncClient, MessagesInput, ModelInput, NotGiven, RouterLike
+from ._client import NOT_GIVEN, AsyncClient, ModelInput, NotGiven, RouterLike
 from ._cost import Pricing
 from ._deadline import Timeout
+from ._messages import MessagesInput
 from ._policies import PolicyHub
 from ._retry import RetryPolicy
 from ._stream import ChatStream
