@@ -87,7 +87,9 @@ async def start_cost(iterations: int) -> tuple[float, float]:
         for _ in range(5):
             start = time.process_time()
             for _ in range(iterations):
-                Call(targets, request, deadline, policy, options, tracer=tracer).begin()
+                Call(
+                    targets, request, deadline, policy, options, streamed=True, tracer=tracer
+                ).begin()
             times.append((time.process_time() - start) / iterations)
         return min(times)
 
