@@ -289,12 +289,13 @@ def test_the_sync_sdk_through_a_blocking_client(flavour: str) -> None:
         sdk.close()
 
 
-def test_paths_other_than_chat_completions_answer_404() -> None:
+def test_paths_the_transport_does_not_serve_answer_404() -> None:
     with sync_providers("p") as fakes, Client(HTTPBackend(fakes["p"].base_url)) as client:
         http = httpx2.Client(transport=Transport(client))
-        response = http.post("http://x/v1/responses", json={"model": "m", "input": "hi"})
+        response = http.post("http://x/v1/embeddings", json={"model": "m", "input": "hi"})
         assert response.status_code == 404
-        assert "chat/completions" in response.json()["error"]["message"]
+        assert "/chat/completions" in response.json()["error"]["message"]
+        assert "/responses" in response.json()["error"]["message"]
         assert fakes["p"].requests == []
         http.close()
 

@@ -13,6 +13,7 @@ import hashlib
 import json
 from typing import Any
 
+from ..wire.messages import STOP_REASONS, error_type, messages_error
 from ._events import Plan, split_words
 from ._reply import Reply
 
@@ -23,27 +24,6 @@ __all__ = [
     "messages_events",
     "messages_prompt_tokens",
 ]
-
-_STOP = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens"}
-_ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    529: "overloaded_error",
-}
-
-
-def error_type(status: int) -> str:
-    """Anthropic's error ``type`` for an HTTP status."""
-    return _ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
-
-
-def messages_error(status: int, message: str) -> dict[str, Any]:
-    """An Anthropic error body."""
-    return {"type": "error", "error": {"type": error_type(status), "message": message}}
 
 
 def _event(kind: str, data: dict[str, Any]) -> bytes:
@@ -72,7 +52,7 @@ def messages_prompt_tokens(body: dict[str, Any]) -> int:
 
 
 def _stop_reason(plan: Plan) -> str:
-    return _STOP.get(plan.finish_reason, plan.finish_reason)
+    return STOP_REASONS.get(plan.finish_reason, plan.finish_reason)
 
 
 def _usage(

@@ -17,7 +17,10 @@ them): an HTTP transport that answers the SDK's requests with a swiftclient clie
 
 ``AsyncTransport`` / ``Transport`` are for ``httpx2`` (openai-python 3.x, anthropic 1.x);
 ``AsyncHttpxTransport`` / ``HttpxTransport`` for plain ``httpx``. The blocking ones take a
-blocking :class:`~swiftclient.Client`. Chat Completions requests are served; other paths
+blocking :class:`~swiftclient.Client`. Served: Chat Completions (``POST .../chat/completions``),
+OpenAI Responses (``POST .../responses``, stateless) and Anthropic Messages
+(``POST .../messages``, for ``anthropic.AsyncAnthropic(http_client=...)``); the last two are
+translated into the client's chat call and back by :mod:`swiftclient.wire`. Other paths
 answer 404. See docs/integrations.md.
 """
 

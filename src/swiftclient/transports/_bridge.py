@@ -11,15 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .. import errors
-from ._core import (
-    SSE,
-    Reply,
-    completion_reply,
-    error_reply,
-    parse,
-    sse_sync,
-    stream_headers,
-)
+from ._core import SSE, Reply, parse, sse_sync, stream_headers
 
 if TYPE_CHECKING:
     from .._client import AsyncClient
@@ -101,20 +93,21 @@ async def handle_async(client: AsyncClient, request: Any, module: Any, body: typ
     wanted = parse(request.method, request.url.path, await request.aread())
     if isinstance(wanted, Reply):
         return _response(module, wanted, request)
+    wire = wanted.wire
     try:
         if not wanted.stream:
             completion = await client.chat(
                 wanted.messages, model=wanted.model, response_model=None, **wanted.params
             )
-            return _response(module, completion_reply(completion), request)
+            return _response(module, wire.completion(completion), request)
         stream = client.stream(wanted.messages, model=wanted.model, **wanted.params)
         await stream.__aenter__()  # up to the first token: a failure is still a status
     except errors.SwiftClientError as exc:
-        return _response(module, error_reply(exc), request)
+        return _response(module, wire.error(exc), request)
     return module.Response(
         200,
-        headers=stream_headers(stream.timing),
-        stream=body(SSE(stream), stream.aclose),
+        headers=[*stream_headers(stream.timing), *wire.headers],
+        stream=body(SSE(stream, wire.encoder()), stream.aclose),
         request=request,
     )
 
@@ -124,19 +117,20 @@ def handle(client: Client, request: Any, module: Any, body: type[Any]) -> Any:
     wanted = parse(request.method, request.url.path, request.read())
     if isinstance(wanted, Reply):
         return _response(module, wanted, request)
+    wire = wanted.wire
     try:
         if not wanted.stream:
             completion = client.chat(
                 wanted.messages, model=wanted.model, response_model=None, **wanted.params
             )
-            return _response(module, completion_reply(completion), request)
+            return _response(module, wire.completion(completion), request)
         stream = client.stream(wanted.messages, model=wanted.model, **wanted.params)
         stream.__enter__()
     except errors.SwiftClientError as exc:
-        return _response(module, error_reply(exc), request)
+        return _response(module, wire.error(exc), request)
     return module.Response(
         200,
-        headers=stream_headers(stream.timing),
-        stream=body(sse_sync(stream), stream.close),
+        headers=[*stream_headers(stream.timing), *wire.headers],
+        stream=body(sse_sync(stream, wire.encoder()), stream.close),
         request=request,
     )

@@ -1,15 +1,17 @@
-"""What every transport shares: reading an SDK's Chat Completions request, running it
-through the client, and writing the answer (JSON, SSE or an error) as the wire would.
+"""What every transport shares: reading an SDK's request (Chat Completions, or a Responses
+or Messages request translated by :mod:`swiftclient.wire`), running it through the client,
+and writing the answer (JSON, SSE or an error) as the request's wire would.
 
 No HTTP library is imported here; the adapters (``_httpx``, ``_httpx2``) build their own
-request and response objects around these pieces.
+request and response objects around these pieces. A wire is a :class:`Wire`: how a whole
+completion, a failed call and a stream (an :class:`Encoder`) are written on it.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import pydantic
 import pydantic_core
@@ -17,12 +19,18 @@ import pydantic_core
 from .. import errors
 from ..asgi._wire import error_body
 from ..types import Attempt, ChatCompletion, ChatCompletionChunk, ChatRequest, Timing
+from ..wire import messages, responses
 
 __all__ = [
+    "CHAT",
     "DONE",
     "SSE",
+    "Encoder",
     "Exchange",
+    "MessagesWire",
     "Reply",
+    "ResponsesWire",
+    "Wire",
     "chunk_event",
     "completion_reply",
     "error_event",
@@ -43,16 +51,53 @@ _HOP_BY_HOP = frozenset(
 )
 
 
+class Encoder(Protocol):
+    """Writes one stream on a wire: the bytes each chunk brings (possibly none), the end,
+    or a failure after the stream began."""
+
+    def chunk(self, chunk: ChatCompletionChunk) -> bytes:
+        """The SSE bytes of one chunk (empty when the chunk brings nothing to send)."""
+        ...
+
+    def end(self) -> bytes:
+        """The bytes that end the stream."""
+        ...
+
+    def fail(self, exc: errors.SwiftClientError) -> bytes:
+        """The in-band error that ends a stream which broke off."""
+        ...
+
+
+class Wire(Protocol):
+    """How a call's answer is written on one wire."""
+
+    headers: list[tuple[str, str]]
+    """Headers every answer carries (``x-ignored-fields``)."""
+
+    def completion(self, completion: ChatCompletion) -> Reply:
+        """A finished completion as the wire's 200 answer."""
+        ...
+
+    def error(self, exc: errors.SwiftClientError) -> Reply:
+        """A failed call as the wire's error answer."""
+        ...
+
+    def encoder(self) -> Encoder:
+        """A new stream's encoder."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class Exchange:
-    """A Chat Completions request as the client runs it: ``client.chat`` / ``client.stream``
-    arguments (``params`` are :class:`ChatRequest` fields; fields the contract does not know
-    travel in ``extra_body``)."""
+    """A request as the client runs it: ``client.chat`` / ``client.stream`` arguments
+    (``params`` are :class:`ChatRequest` fields; fields the contract does not know travel
+    in ``extra_body``), and the :class:`Wire` its answer is written on."""
 
     model: str | None
     messages: list[Any]
     stream: bool
     params: dict[str, Any]
+    wire: Wire
 
 
 @dataclass(slots=True)
@@ -66,21 +111,40 @@ class Reply:
 
 def parse(method: str, path: str, body: bytes) -> Exchange | Reply:
     """The exchange a request asks for, or the error :class:`Reply` when it asks for
-    something the transport does not serve (a path other than ``.../chat/completions``, a
-    body that is not a Chat Completions request)."""
-    if not path.rstrip("/").endswith("/chat/completions"):
-        return _error(404, f"swiftclient's transport serves POST /chat/completions, not {path}")
+    something the transport does not serve (a path other than ``.../chat/completions``,
+    ``.../responses`` or ``.../messages``, a body that is not a request of that wire), in
+    the error shape of the path's wire."""
+    route = path.rstrip("/")
+    fail = _error
+    if route.endswith("/chat/completions"):
+        reader = _chat_exchange
+    elif route.endswith("/responses"):
+        reader = _responses_exchange
+    elif route.endswith("/messages"):
+        reader, fail = _messages_exchange, _messages_error
+    else:
+        return _error(
+            404,
+            "swiftclient's transport serves POST /chat/completions, POST /responses and "
+            f"POST /messages, not {path}",
+        )
     if method != "POST":
-        return _error(405, f"{method} {path}: only POST is served")
+        return fail(405, f"{method} {path}: only POST is served")
     try:
         data = pydantic_core.from_json(body) if body else None
     except ValueError:
-        return _error(400, "the request body is not JSON")
-    if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
-        return _error(400, "the request body must be a JSON object with messages")
+        return fail(400, "the request body is not JSON")
+    if not isinstance(data, dict):
+        return fail(400, "the request body must be a JSON object")
     model = data.get("model")
     if model is not None and not isinstance(model, str):
-        return _error(400, "model must be a string")
+        return fail(400, "model must be a string", param="model")
+    return reader(data)
+
+
+def _split(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A chat body's fields other than model, messages and stream, as ``client.chat``
+    parameters: :class:`ChatRequest` fields as they are, the others in ``extra_body``."""
     params: dict[str, Any] = {}
     extra: dict[str, Any] = {}
     for name, value in data.items():
@@ -92,16 +156,58 @@ def parse(method: str, path: str, body: bytes) -> Exchange | Reply:
         extra.update(data["extra_body"])
     if extra:
         params["extra_body"] = extra
-    return Exchange(model or None, data["messages"], data.get("stream") is True, params)
+    return params
 
 
-def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> Reply:
-    out = [("content-type", _JSON)]
-    if headers:
-        out.extend(
-            (k, v) for k, v in headers.items() if k not in _HOP_BY_HOP and k != "content-type"
-        )
-    return Reply(status, out, pydantic_core.to_json(error_body(status, message)))
+def _chat_exchange(data: dict[str, Any]) -> Exchange | Reply:
+    if not isinstance(data.get("messages"), list):
+        return _error(400, "the request body must be a JSON object with messages")
+    stream = data.get("stream") is True
+    return Exchange(data.get("model") or None, data["messages"], stream, _split(data), CHAT)
+
+
+def _responses_exchange(data: dict[str, Any]) -> Exchange | Reply:
+    """A Responses request as a chat call (:func:`swiftclient.wire.responses.chat_fields`);
+    a stateful or unknown feature is a 400 naming its ``param``."""
+    ignored: list[str] = []
+    try:
+        fields, echoed = responses.chat_fields(data, ignored)
+    except responses.ResponsesRequestError as exc:
+        return _error(400, str(exc), param=exc.param)
+    stream = fields.get("stream") is True
+    params = _split(fields)
+    if "tools" not in params:
+        params.pop("parallel_tool_calls", None)  # chat providers refuse it without tools
+    if stream:
+        params["stream_options"] = {"include_usage": True}  # response.completed has usage
+    model = data.get("model") or None
+    wire = ResponsesWire(responses.ResponseEcho(model or "", echoed), ignored)
+    return Exchange(model, fields["messages"], stream, params, wire)
+
+
+def _messages_exchange(data: dict[str, Any]) -> Exchange | Reply:
+    """A Messages request as a chat call (:func:`swiftclient.wire.messages.chat_fields`)."""
+    ignored: list[str] = []
+    try:
+        fields = messages.chat_fields(data, ignored)
+    except messages.MessagesRequestError as exc:
+        return _messages_error(400, str(exc))
+    stream = fields.get("stream") is True
+    params = _split(fields)
+    if stream:
+        params["stream_options"] = {"include_usage": True}  # message_delta has usage
+    model = data.get("model") or None
+    return Exchange(model, fields["messages"], stream, params, MessagesWire(model, ignored))
+
+
+def _error(status: int, message: str, *, param: str | None = None) -> Reply:
+    body = error_body(status, message, param=param)
+    return Reply(status, [("content-type", _JSON)], pydantic_core.to_json(body))
+
+
+def _messages_error(status: int, message: str, *, param: str | None = None) -> Reply:
+    body = messages.messages_error(status, message)
+    return Reply(status, [("content-type", _JSON)], pydantic_core.to_json(body))
 
 
 def _status_of(exc: BaseException) -> int:
@@ -183,40 +289,216 @@ def stream_headers(timing: Timing) -> list[tuple[str, str]]:
     ]
 
 
+class _ChatEncoder:
+    __slots__ = ()
+
+    def chunk(self, chunk: ChatCompletionChunk) -> bytes:
+        return chunk_event(chunk)
+
+    def end(self) -> bytes:
+        return DONE
+
+    def fail(self, exc: errors.SwiftClientError) -> bytes:
+        return error_event(exc)
+
+
+class _ChatWire:
+    """Chat Completions: the client's own types, written as the provider would."""
+
+    __slots__ = ("headers",)
+
+    def __init__(self) -> None:
+        self.headers: list[tuple[str, str]] = []
+
+    def completion(self, completion: ChatCompletion) -> Reply:
+        return completion_reply(completion)
+
+    def error(self, exc: errors.SwiftClientError) -> Reply:
+        return error_reply(exc)
+
+    def encoder(self) -> Encoder:
+        return _ChatEncoder()
+
+
+CHAT: Wire = _ChatWire()
+"""The Chat Completions wire (stateless, so one for every exchange)."""
+
+
+class _ResponsesEncoder:
+    """A chat stream as the Responses event stream (``response.created`` first)."""
+
+    __slots__ = ("_events", "_started")
+
+    def __init__(self, echo: responses.ResponseEcho) -> None:
+        self._events = responses.ResponseEvents(echo)
+        self._started = False
+
+    def _bytes(self, events: list[dict[str, Any]]) -> bytes:
+        if not self._started:
+            self._started = True
+            events = [*self._events.start(), *events]
+        return b"".join(responses.event_bytes(event) for event in events)
+
+    def chunk(self, chunk: ChatCompletionChunk) -> bytes:
+        return self._bytes(self._events.feed(chunk))
+
+    def end(self) -> bytes:
+        return self._bytes(self._events.end())
+
+    def fail(self, exc: errors.SwiftClientError) -> bytes:
+        return self._bytes([self._events.fail(type(exc).__name__, str(exc))])
+
+
+class ResponsesWire:
+    """OpenAI's Responses API: a ``response`` object, or its named event stream
+    (:mod:`swiftclient.wire.responses`); errors in OpenAI's shape, as on chat."""
+
+    __slots__ = ("_echo", "headers")
+
+    def __init__(self, echo: responses.ResponseEcho, ignored: list[str]) -> None:
+        """Answer for the request ``echo`` describes; name the ``ignored`` fields."""
+        self._echo = echo
+        self.headers: list[tuple[str, str]] = (
+            [("x-ignored-fields", ", ".join(ignored))] if ignored else []
+        )
+
+    def completion(self, completion: ChatCompletion) -> Reply:
+        """The completion as a ``response`` object."""
+        body = pydantic_core.to_json(responses.response_body(completion, self._echo))
+        headers = [("content-type", _JSON), *_call_headers(completion.timing), *self.headers]
+        return Reply(200, headers, body)
+
+    def error(self, exc: errors.SwiftClientError) -> Reply:
+        """The failure as on chat (the same error shape)."""
+        reply = error_reply(exc)
+        reply.headers.extend(self.headers)
+        return reply
+
+    def encoder(self) -> Encoder:
+        """The stream's Responses events."""
+        return _ResponsesEncoder(self._echo)
+
+
+class _MessagesEncoder:
+    """A chat stream as the Messages event stream (``message_start`` first)."""
+
+    __slots__ = ("_events",)
+
+    def __init__(self, model: str) -> None:
+        self._events = messages.MessageEvents(model)
+
+    @staticmethod
+    def _bytes(events: list[tuple[str, dict[str, Any]]]) -> bytes:
+        return b"".join(messages.event_bytes(kind, data) for kind, data in events)
+
+    def chunk(self, chunk: ChatCompletionChunk) -> bytes:
+        return self._bytes(self._events.feed(chunk))
+
+    def end(self) -> bytes:
+        return self._bytes(self._events.end())
+
+    def fail(self, exc: errors.SwiftClientError) -> bytes:
+        return self._bytes([self._events.fail(_messages_status(exc), str(exc))])
+
+
+def _messages_status(exc: errors.SwiftClientError) -> int:
+    """The status of a failure on the Messages wire: as on chat, but an overloaded engine
+    is Anthropic's 529 ``overloaded_error``."""
+    if isinstance(exc, errors.OverloadedError) and not isinstance(exc, errors.APIStatusError):
+        return 529
+    return _status_of(exc)
+
+
+def _provider_message(body: Any) -> str | None:
+    """The message of a provider's error body, in OpenAI's or Anthropic's shape."""
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return str(error["message"])
+    if isinstance(error, str):
+        return error
+    return None
+
+
+class MessagesWire:
+    """Anthropic's Messages API: a ``message`` body, or its event stream
+    (:mod:`swiftclient.wire.messages`); errors in Anthropic's shape."""
+
+    __slots__ = ("_model", "headers")
+
+    def __init__(self, model: str | None, ignored: list[str]) -> None:
+        """Answer a request for ``model``; name the ``ignored`` fields."""
+        self._model = model or ""
+        self.headers: list[tuple[str, str]] = (
+            [("x-ignored-fields", ", ".join(ignored))] if ignored else []
+        )
+
+    def completion(self, completion: ChatCompletion) -> Reply:
+        """The completion as a ``message`` body."""
+        body = pydantic_core.to_json(messages.message_body(completion, self._model))
+        headers = [("content-type", _JSON), *_call_headers(completion.timing), *self.headers]
+        return Reply(200, headers, body)
+
+    def error(self, exc: errors.SwiftClientError) -> Reply:
+        """The failure in Anthropic's error shape: the provider's status, headers and
+        message when it answered with an error, else a status for what went wrong."""
+        status = _messages_status(exc)
+        headers = [("content-type", _JSON), *self.headers]
+        message = str(exc)
+        if isinstance(exc, errors.APIStatusError):
+            headers.extend(
+                (name, value)
+                for name, value in exc.headers.items()
+                if name not in _HOP_BY_HOP and name != "content-type"
+            )
+            message = _provider_message(exc.body) or message
+        body = pydantic_core.to_json(messages.messages_error(status, message))
+        return Reply(status, headers, body)
+
+    def encoder(self) -> Encoder:
+        """The stream's Messages events."""
+        return _MessagesEncoder(self._model)
+
+
 class SSE:
-    """The stream's events, one per chunk as it arrives, then ``[DONE]``; a failure after
-    the stream began becomes an error event. An iterator object, not an async generator,
-    so that leaving it early leaves nothing for the event loop to finalize."""
+    """The stream's events as its wire writes them, one write per chunk as it arrives (a
+    chunk that brings nothing to send is skipped), then the wire's end; a failure after the
+    stream began becomes the wire's in-band error. An iterator object, not an async
+    generator, so that leaving it early leaves nothing for the event loop to finalize."""
 
-    __slots__ = ("_chunks", "_ended")
+    __slots__ = ("_chunks", "_encoder", "_ended")
 
-    def __init__(self, chunks: AsyncIterator[ChatCompletionChunk]) -> None:
+    def __init__(self, chunks: AsyncIterator[ChatCompletionChunk], encoder: Encoder) -> None:
         self._chunks = chunks
+        self._encoder = encoder
         self._ended = False
 
     def __aiter__(self) -> SSE:
         return self
 
     async def __anext__(self) -> bytes:
-        if self._ended:
-            raise StopAsyncIteration
-        try:
-            chunk = await self._chunks.__anext__()
-        except StopAsyncIteration:
-            self._ended = True
-            return DONE
-        except errors.SwiftClientError as exc:
-            self._ended = True
-            return error_event(exc)
-        return chunk_event(chunk)
+        while not self._ended:
+            try:
+                chunk = await self._chunks.__anext__()
+            except StopAsyncIteration:
+                self._ended = True
+                return self._encoder.end()
+            except errors.SwiftClientError as exc:
+                self._ended = True
+                return self._encoder.fail(exc)
+            data = self._encoder.chunk(chunk)
+            if data:
+                return data
+        raise StopAsyncIteration
 
 
-def sse_sync(chunks: Iterator[ChatCompletionChunk]) -> Iterator[bytes]:
-    """:func:`sse` for a blocking stream."""
+def sse_sync(chunks: Iterator[ChatCompletionChunk], encoder: Encoder) -> Iterator[bytes]:
+    """:class:`SSE` for a blocking stream."""
     try:
         for chunk in chunks:
-            yield chunk_event(chunk)
+            data = encoder.chunk(chunk)
+            if data:
+                yield data
     except errors.SwiftClientError as exc:
-        yield error_event(exc)
+        yield encoder.fail(exc)
         return
-    yield DONE
+    yield encoder.end()

@@ -15,7 +15,8 @@ _ASYNC_BODY, _SYNC_BODY = body_classes(httpx2)
 
 
 class AsyncTransport(httpx2.AsyncBaseTransport):
-    """An ``httpx2`` transport that answers Chat Completions requests with ``client``.
+    """An ``httpx2`` transport that answers Chat Completions, Responses and Anthropic
+    Messages requests with ``client``.
 
     The SDK's ``model`` is resolved by the client (backends, aliases, routes); the call runs
     with everything the client does (one deadline, retries, hedging and fallback,

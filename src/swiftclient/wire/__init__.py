@@ -1,0 +1,11 @@
+"""The server side of the wires other than Chat Completions, over the chat contract.
+
+- :mod:`swiftclient.wire.responses`: OpenAI's Responses API (``/v1/responses``), stateless;
+- :mod:`swiftclient.wire.messages`: Anthropic's Messages API (``/v1/messages``).
+
+Each translates a request of its wire into a chat request and the chat answer (a whole
+completion, or the stream's chunks) back into its wire's body or event stream. The SDK
+transports (:mod:`swiftclient.transports`) use them to answer the ``openai`` and
+``anthropic`` SDKs with a swiftclient client, and the local engine's server its
+``/v1/responses``. Nothing here does I/O; the modules need only :mod:`swiftclient.types`.
+"""

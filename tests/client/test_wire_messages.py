@@ -1,0 +1,157 @@
+"""The Messages translation (:mod:`swiftclient.wire.messages`) on its own: request blocks
+into chat fields, completions and chunks into ``message`` bodies and events."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from swiftclient.types import ChatCompletion, ChatCompletionChunk, ChatRequest
+from swiftclient.wire.messages import (
+    MessageEvents,
+    MessagesRequestError,
+    chat_fields,
+    message_body,
+)
+
+SIGNED = {"type": "thinking", "thinking": "hmm", "signature": "sig"}
+
+
+def _chat(body: dict[str, Any]) -> tuple[ChatRequest, list[str]]:
+    ignored: list[str] = []
+    fields = chat_fields({"model": "m", "max_tokens": 9, **body}, ignored)
+    return ChatRequest.model_validate(fields), ignored
+
+
+def test_blocks_become_chat_messages() -> None:
+    chat, ignored = _chat(
+        {
+            "system": [{"type": "text", "text": "One."}, {"type": "text", "text": "Two."}],
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "Look", "cache_control": {"type": "ephemeral"}},
+                        {
+                            "type": "image",
+                            "source": {"type": "base64", "media_type": "image/png", "data": "QQ=="},
+                        },
+                        {"type": "image", "source": {"type": "url", "url": "https://x/y.png"}},
+                    ],
+                },
+                {
+                    "role": "assistant",
+                    "content": [
+                        SIGNED,
+                        {"type": "thinking", "thinking": "unsigned", "signature": ""},
+                        {"type": "text", "text": "Calling."},
+                        {"type": "tool_use", "id": "t1", "name": "f", "input": {"a": 1}},
+                    ],
+                },
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "t1",
+                            "content": [{"type": "text", "text": "boom"}],
+                            "is_error": True,
+                        }
+                    ],
+                },
+            ],
+            "container": "c1",
+        }
+    )
+    system, user, assistant, tool = chat.model_dump(exclude_none=True)["messages"]
+    assert system == {"role": "system", "content": "One.\n\nTwo."}
+    urls = [p["image_url"]["url"] for p in user["content"] if p["type"] == "image_url"]
+    assert urls == ["data:image/png;base64,QQ==", "https://x/y.png"]
+    assert assistant["content"] == "Calling."
+    assert assistant["tool_calls"][0]["function"] == {"name": "f", "arguments": '{"a": 1}'}
+    assert assistant["thinking_blocks"] == [SIGNED]  # the unsigned block is dropped
+    assert tool == {"role": "tool", "tool_call_id": "t1", "content": "Error: boom"}
+    assert ignored == ["container"]
+
+
+def test_tools_choice_and_output_format() -> None:
+    schema = {"type": "object", "properties": {"x": {"type": "integer"}}}
+    chat, _ = _chat(
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"name": "f", "input_schema": schema}],
+            "tool_choice": {"type": "tool", "name": "f", "disable_parallel_tool_use": True},
+            "output_config": {"format": {"type": "json_schema", "schema": schema}},
+        }
+    )
+    dumped = chat.model_dump(exclude_none=True, by_alias=True)
+    assert dumped["tools"][0]["function"] == {"name": "f", "parameters": schema}
+    assert dumped["tool_choice"] == {"type": "function", "function": {"name": "f"}}
+    assert dumped["parallel_tool_calls"] is False
+    assert dumped["response_format"]["json_schema"]["schema"] == schema
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"max_tokens": None}, "max_tokens"),
+        ({"tools": [{"type": "bash_20250124", "name": "bash"}]}, "tools[0].type"),
+        ({"tool_choice": {"type": "sometimes"}}, "tool_choice"),
+        ({"messages": [{"role": "user", "content": [{"type": "document"}]}]}, None),
+    ],
+)
+def test_what_cannot_be_a_chat_call_is_refused(body: dict[str, Any], param: str | None) -> None:
+    request = {"model": "m", "max_tokens": 9, "messages": [{"role": "user", "content": "x"}]}
+    with pytest.raises(MessagesRequestError) as refused:
+        chat_fields({**request, **body}, [])
+    if param is not None:
+        assert refused.value.param == param
+
+
+def test_a_body_counts_cache_reads_and_writes_apart() -> None:
+    completion = ChatCompletion.model_validate(
+        {
+            "id": "c",
+            "created": 0,
+            "model": "m",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "hi", "reasoning_content": "r"},
+                    "finish_reason": "length",
+                }
+            ],
+            "usage": {
+                "prompt_tokens": 100,
+                "completion_tokens": 5,
+                "total_tokens": 105,
+                "prompt_tokens_details": {"cached_tokens": 60},
+                "cache_creation_input_tokens": 30,
+            },
+        }
+    )
+    body = message_body(completion, "claude")
+    assert body["id"].startswith("msg_") and body["stop_reason"] == "max_tokens"
+    assert [block["type"] for block in body["content"]] == ["thinking", "text"]
+    assert body["usage"] == {
+        "input_tokens": 10,
+        "cache_creation_input_tokens": 30,
+        "cache_read_input_tokens": 60,
+        "output_tokens": 5,
+    }
+
+
+def test_an_empty_stream_is_still_a_whole_message() -> None:
+    events = MessageEvents("m")
+    usage_only = ChatCompletionChunk.model_validate(
+        {
+            "id": "c",
+            "created": 0,
+            "model": "m",
+            "choices": [],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 0, "total_tokens": 3},
+        }
+    )
+    kinds = [kind for kind, _ in [*events.feed(usage_only), *events.end()]]
+    assert kinds == ["message_start", "message_delta", "message_stop"]
