@@ -69,8 +69,9 @@ async def start_cost(iterations: int) -> tuple[float, float]:
     (timed over ``iterations`` calls each, best of five), as ``(with, without)``."""
     import time
 
-    from swiftclient import Deadline, RequestOptions, RetryPolicy, Target, Timeout
+    from swiftclient import RetryPolicy, Timeout
     from swiftclient._stream import Call
+    from swiftclient.extend import Deadline, RequestOptions, Target
     from swiftclient.types import ChatRequest, Message
 
     backend = HTTPBackend(BASE_URL, API_KEY, transport=_httpx_transport("request"))
@@ -86,7 +87,9 @@ async def start_cost(iterations: int) -> tuple[float, float]:
         for _ in range(5):
             start = time.process_time()
             for _ in range(iterations):
-                Call(targets, request, deadline, policy, options, tracer=tracer).begin()
+                Call(
+                    targets, request, deadline, policy, options, streamed=True, tracer=tracer
+                ).begin()
             times.append((time.process_time() - start) / iterations)
         return min(times)
 

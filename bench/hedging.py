@@ -57,15 +57,8 @@ from _hedge_server import hedge_server_process
 from _tail import TailModel
 from _util import markdown_table, ratio, verdict
 
-from swiftclient import (
-    AsyncClient,
-    Hedge,
-    HTTPBackend,
-    PolicyHub,
-    RetryPolicy,
-    SwiftClientError,
-    Timeout,
-)
+from swiftclient import AsyncClient, Hedge, HTTPBackend, RetryPolicy, SwiftClientError, Timeout
+from swiftclient.extend import PolicyHub
 
 STRATEGIES = ("none", "fixed", "adaptive", "all")
 REPLICAS = 4

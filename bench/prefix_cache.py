@@ -81,13 +81,12 @@ from swiftclient import (
     AsyncClient,
     ChatCompletion,
     ChatRequest,
-    Deadline,
     HTTPBackend,
     ReplicaBackend,
-    RequestOptions,
     RetryPolicy,
     Timeout,
 )
+from swiftclient.extend import Deadline, RequestOptions
 
 try:  # layout marks (issue 10, item 2); without them the timestamp stays where the app put it
     from swiftclient.prompt_cache import static, turn

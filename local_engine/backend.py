@@ -40,8 +40,9 @@ from local_engine.errors import (
     InvalidRequestError,
     OverloadedError,
 )
-from swiftclient import Deadline, RequestOptions, errors
+from swiftclient import errors
 from swiftclient.backends import check_backend_name
+from swiftclient.extend import Deadline, RequestOptions
 from swiftclient.types import ChatCompletion, ChatCompletionChunk, ChatRequest
 
 if TYPE_CHECKING:

@@ -293,3 +293,33 @@ def test_quickstart_quotes_the_error_of_a_preset_without_its_key() -> None:
         preset("oxlo", environ={})
     quickstart = " ".join((ROOT / "docs" / "quickstart.md").read_text(encoding="utf-8").split())
     assert f"ConfigurationError: {caught.value}" in quickstart
+
+
+def _layout_modules(text: str) -> list[str]:
+    """The module paths the Layout block of docs/architecture.md lists, in order: each
+    indented line's first word under a ``src/swiftclient/`` or ``local_engine/`` heading."""
+    block = text.split("## Layout", 1)[1].split("```", 2)[1]
+    listed: list[str] = []
+    root = ""
+    for line in block.splitlines():
+        if not line.strip():
+            continue
+        if not line.startswith(" "):
+            head = line.split()[0]
+            root = head if head in ("src/swiftclient/", "local_engine/") else ""
+        elif root and line.split()[0].endswith(".py"):
+            listed.append(root + line.split()[0])
+    return listed
+
+
+def test_the_architecture_layout_lists_every_module_once() -> None:
+    listed = _layout_modules((ROOT / "docs" / "architecture.md").read_text(encoding="utf-8"))
+    tree = [
+        path.relative_to(ROOT).as_posix()
+        for base in (ROOT / "src" / "swiftclient", ROOT / "local_engine")
+        for path in base.rglob("*.py")
+    ]
+    assert sorted(listed) == sorted(set(listed)), "listed twice"
+    assert set(listed) == set(tree), (
+        f"missing: {sorted(set(tree) - set(listed))}; gone: {sorted(set(listed) - set(tree))}"
+    )

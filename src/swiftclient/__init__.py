@@ -1,23 +1,20 @@
 """swiftclient: a fast, dependable async client for OpenAI-compatible LLM APIs.
 
-``await AsyncClient(...).chat(messages, model=...)``; see the README for a tour.
+``await AsyncClient(...).chat(messages, model=...)``; see the README for a tour. The
+machinery behind the call path (attempt observers, the policy hub, deadlines), for whoever
+extends swiftclient, is in :mod:`swiftclient.extend`.
 """
 
-from ._attempt import AttemptObserver, AttemptRun, Target
 from ._batch import BatchProgress, BatchResult
-from ._breaker import CircuitBreaker
-from ._budget import HedgeBudget, RetryThrottle
 from ._canonical import PromptPrefix
-from ._client import NOT_GIVEN, AsyncClient, NotGiven, RouterLike
+from ._client import AsyncClient
 from ._cost import CallCost, HedgeStats, Price, Pricing
-from ._deadline import Deadline, Timeout
-from ._estimator import LatencyEstimator, prompt_bucket
-from ._policies import PolicyHub
+from ._deadline import Timeout
 from ._retry import RetryPolicy
 from ._stream import ChatStream
 from ._sync import Client, SyncChatStream
 from .backends.anthropic import AnthropicBackend
-from .backends.base import Backend, RequestOptions
+from .backends.base import Backend
 from .backends.http import HTTPBackend
 from .backends.replicas import ReplicaBackend, ReplicaStats
 from .backends.responses import ResponsesBackend
@@ -70,7 +67,6 @@ from .types import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "NOT_GIVEN",
     "APIConnectionError",
     "APIError",
     "APIResponseValidationError",
@@ -80,8 +76,6 @@ __all__ = [
     "AssistantMessage",
     "AsyncClient",
     "Attempt",
-    "AttemptObserver",
-    "AttemptRun",
     "AuthenticationError",
     "Backend",
     "BadRequestError",
@@ -93,28 +87,22 @@ __all__ = [
     "ChatCompletionChunk",
     "ChatRequest",
     "ChatStream",
-    "CircuitBreaker",
     "Client",
     "ConfigurationError",
     "ConflictError",
     "ConnectTimeout",
     "Conversation",
-    "Deadline",
     "DeadlineExceeded",
     "EngineError",
     "FirstTokenTimeout",
     "HTTPBackend",
     "Hedge",
-    "HedgeBudget",
     "HedgeStats",
     "InternalServerError",
-    "LatencyEstimator",
     "Message",
     "NotFoundError",
-    "NotGiven",
     "OverloadedError",
     "PermissionDeniedError",
-    "PolicyHub",
     "PoolTimeout",
     "PrefixBreak",
     "PrefixBrokenWarning",
@@ -126,18 +114,14 @@ __all__ = [
     "RateLimited",
     "ReplicaBackend",
     "ReplicaStats",
-    "RequestOptions",
     "ResponseTooLarge",
     "ResponsesBackend",
     "RetryPolicy",
-    "RetryThrottle",
-    "RouterLike",
     "StreamError",
     "StreamStalled",
     "StructuredOutputError",
     "SwiftClientError",
     "SyncChatStream",
-    "Target",
     "Telemetry",
     "Timeout",
     "Timing",
@@ -147,5 +131,4 @@ __all__ = [
     "Usage",
     "VolatilePrefixWarning",
     "__version__",
-    "prompt_bucket",
 ]

@@ -27,6 +27,7 @@ import anyio
 import pydantic
 
 from ._canonical import prompt_prefix
+from ._messages import request_messages
 from .errors import ConfigurationError
 from .types import ChatCompletion, ChatRequest
 
@@ -236,8 +237,6 @@ def _entry(item: BatchRequest, defaults: Mapping[str, Any], index: int) -> _Entr
 def _prefix_key(entry: _Entry, default_model: str | None) -> bytes | None:
     """The entry's canonical prompt bytes (model first, in layout order), or None when it is
     not a valid request (it then fails on its own when sent, with the client's error)."""
-    from ._client import request_messages  # the client imports this module
-
     fields = {k: v for k, v in entry.kwargs.items() if k not in _CALL_ONLY}
     model = fields.pop("model", None) or default_model
     if not isinstance(model, str):

@@ -19,6 +19,7 @@ from ._batch import BatchProgress, BatchRequest, BatchResult
 from ._canonical import CallEncoding, leading_static
 from ._cost import HedgeStats, Pricing
 from ._deadline import Deadline, Timeout
+from ._messages import MessagesInput, has_marks, validated_messages
 from ._policies import PolicyHub, prompt_chars
 from ._retry import RetryPolicy
 from ._stream import Call, ChatStream
@@ -27,16 +28,13 @@ from .admission import Admission, Limits, TargetHealth
 from .backends.base import Backend, RequestOptions, enter_backends
 from .conversation import Conversation
 from .hedging import Hedge
-from .prompt_cache import CacheAccounting, CacheUsage, Marked, PrefixLint, arrange
+from .prompt_cache import CacheAccounting, CacheUsage, PrefixLint
 from .telemetry import Telemetry
-from .types import AssistantMessage, ChatCompletion, ChatRequest, Message
+from .types import ChatCompletion, ChatRequest
 
 __all__ = ["AsyncClient", "NOT_GIVEN", "NotGiven", "RouterLike"]
 
 T = TypeVar("T")
-MessagesInput = (
-    str | Conversation | Sequence[Message | AssistantMessage | Mapping[str, Any] | Marked]
-)
 ModelInput = str | Sequence[str] | None
 
 
@@ -70,38 +68,6 @@ class NotGiven:
 NOT_GIVEN = NotGiven()
 
 
-def _messages(messages: MessagesInput) -> tuple[list[Message], int | None]:
-    """The validated messages in layout order, and how many lead as static when layout marks
-    (:mod:`swiftclient.prompt_cache`) said so (None: no marks)."""
-    if isinstance(messages, str):
-        return [Message(role="user", content=messages)], None
-    if isinstance(messages, Conversation):
-        return messages.request_messages(), messages.static
-    if not isinstance(messages, Sequence) or isinstance(messages, bytes | bytearray):
-        raise errors.ConfigurationError(
-            "messages must be a string, a Conversation or a list of messages, "
-            f"got {type(messages).__name__}"
-        )
-    out: list[Message] = []
-    for index, message in enumerate(messages):
-        if isinstance(message, Message):
-            out.append(message)
-            continue
-        if isinstance(message, Marked):
-            ordered, static = arrange(messages)
-            return _messages(ordered)[0], static
-        if isinstance(message, AssistantMessage):
-            out.append(message.to_message())  # its thinking blocks go back too
-            continue
-        try:
-            out.append(Message.model_validate(message))
-        except pydantic.ValidationError as exc:
-            raise errors.ConfigurationError(
-                f"invalid message messages[{index}]: {validation_summary(exc)}"
-            ) from exc
-    return out, None
-
-
 class _CallKeys:
     """Idempotency keys: a random prefix drawn once per process (96 bits) and a counter,
     unique without a random draw per call; a forked child draws a new prefix."""
@@ -123,26 +89,6 @@ if hasattr(os, "register_at_fork"):
 def _call_key() -> str:
     """A new call's idempotency key (the same for all of its attempts)."""
     return f"swiftclient-{_CallKeys.prefix}-{next(_CallKeys.counter)}"
-
-
-def _has_marks(messages: list[Any]) -> bool:
-    """Whether any message carries a layout mark (then the messages are arranged first), or
-    is a reply with Anthropic thinking blocks (then it is read by its request fields, which
-    send them back)."""
-    for message in messages:
-        if isinstance(message, Marked) or (
-            isinstance(message, AssistantMessage) and message.thinking_blocks is not None
-        ):
-            return True
-    return False
-
-
-def request_messages(messages: MessagesInput) -> tuple[list[Message], int | None, list[Any]]:
-    """What a call sends for ``messages``: the validated messages in layout order, how many
-    lead as static (None: no marks), and a :class:`Conversation`'s tools (else empty)."""
-    validated, static = _messages(messages)
-    tools = list(messages.tools) if isinstance(messages, Conversation) and messages.tools else []
-    return validated, static, tools
 
 
 def _request(model: str, messages: MessagesInput, params: dict[str, Any]) -> ChatRequest:
@@ -405,11 +351,6 @@ class AsyncClient:
 
     # ------------------------------------------------------------------ resolution
 
-    def resolve(self, model: str | None) -> tuple[Backend, str]:
-        """Split a model string into (backend, the backend's model name)."""
-        target = self._target(model)
-        return target.backend, target.model
-
     def _target(self, model: str | None) -> Target:
         """The target a model string names, labelled with the backend's registered name."""
         if model is None:
@@ -465,10 +406,10 @@ class AsyncClient:
             raise errors.ConfigurationError("this AsyncClient is closed")
         router = self.router
         static: int | None = None
-        if router is None and isinstance(messages, list) and not _has_marks(messages):
+        if router is None and isinstance(messages, list) and not has_marks(messages):
             validated: MessagesInput = messages  # validated with the request, in one pass
         else:
-            checked, static = _messages(messages)
+            checked, static = validated_messages(messages)
             validated = checked
             if isinstance(messages, Conversation) and messages.tools and "tools" not in params:
                 params["tools"] = messages.tools

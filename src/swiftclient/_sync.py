@@ -42,9 +42,10 @@ from anyio.from_thread import BlockingPortal
 from . import errors
 from ._attempt import AttemptObserver
 from ._batch import BatchProgress, BatchRequest, BatchResult
-from ._client import NOT_GIVEN, AsyncClient, MessagesInput, ModelInput, NotGiven, RouterLike
+from ._client import NOT_GIVEN, AsyncClient, ModelInput, NotGiven, RouterLike
 from ._cost import Pricing
 from ._deadline import Timeout
+from ._messages import MessagesInput
 from ._policies import PolicyHub
 from ._retry import RetryPolicy
 from ._stream import ChatStream
@@ -668,7 +669,6 @@ class Client:
     _health = _on_loop(AsyncClient._health_any)
     stats = _on_loop(AsyncClient.stats)
     cache_stats = _on_loop(AsyncClient.cache_stats)
-    resolve = _on_loop(AsyncClient.resolve)
     targets = _on_loop(AsyncClient.targets)
 
     # ------------------------------------------------------------------ calls

@@ -1,6 +1,6 @@
 """OpenTelemetry tracing and metrics for every call, on the OpenTelemetry API only.
 
-:class:`Telemetry` subscribes to the attempt hook (:class:`~swiftclient.AttemptObserver`)
+:class:`Telemetry` subscribes to the attempt hook (:class:`~swiftclient.extend.AttemptObserver`)
 and to the call's start and end; the call path never calls a tracer or a meter itself.
 Names follow the OpenTelemetry GenAI semantic conventions (the version is pinned in
 docs/telemetry.md):

@@ -18,15 +18,13 @@ import httpx
 from swiftclient import (
     AssistantMessage,
     AsyncClient,
-    AttemptRun,
     ChatCompletion,
     ChatCompletionChunk,
     ChatRequest,
-    Deadline,
     HTTPBackend,
-    RequestOptions,
     RetryPolicy,
 )
+from swiftclient.extend import AttemptRun, Deadline, RequestOptions
 from swiftclient.testing import FakeProvider, Reply
 
 KEY = "sk-test-SECRETSECRETSECRET"

@@ -15,7 +15,6 @@ import pytest
 
 from swiftclient import (
     AsyncClient,
-    AttemptRun,
     CallCost,
     ChatCompletion,
     ConfigurationError,
@@ -30,6 +29,7 @@ from swiftclient import (
     Timing,
 )
 from swiftclient._accounting import Accounting
+from swiftclient.extend import AttemptRun
 from swiftclient.testing import Reply
 
 from .mock import HELD, client_for, providers

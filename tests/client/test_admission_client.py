@@ -9,18 +9,9 @@ import anyio
 import httpx
 import pytest
 
-from swiftclient import (
-    AsyncClient,
-    AttemptRun,
-    CircuitBreaker,
-    Hedge,
-    HTTPBackend,
-    PolicyHub,
-    RateLimited,
-    RateLimitError,
-    RetryPolicy,
-)
+from swiftclient import AsyncClient, Hedge, HTTPBackend, RateLimited, RateLimitError, RetryPolicy
 from swiftclient.admission import Admission, Limits
+from swiftclient.extend import AttemptRun, CircuitBreaker, PolicyHub
 from swiftclient.testing import FakeProvider, ProviderLimits, Reply
 
 from .fakeclock import Ticker

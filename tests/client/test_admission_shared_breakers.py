@@ -8,14 +8,9 @@ import uuid
 
 import pytest
 
-from swiftclient import (
-    AsyncClient,
-    CircuitBreaker,
-    HTTPBackend,
-    PolicyHub,
-    RetryPolicy,
-)
+from swiftclient import AsyncClient, HTTPBackend, RetryPolicy
 from swiftclient.admission import Admission, Limits, MemoryStore, RedisStore, StateStore
+from swiftclient.extend import CircuitBreaker, PolicyHub
 
 from .mock import Script
 from .redisserver import redis_url

@@ -18,12 +18,11 @@ from swiftclient import (
     ChatCompletionChunk,
     ChatRequest,
     ConfigurationError,
-    Deadline,
     InternalServerError,
-    RequestOptions,
     RetryPolicy,
 )
 from swiftclient._batch import RadixTree, plan_batch
+from swiftclient.extend import Deadline, RequestOptions
 
 pytestmark = pytest.mark.anyio
 LIMIT = 30.0  # seconds: a bound on waiting for an event, never a speed assertion

@@ -150,7 +150,8 @@ def test_pushback_is_capped() -> None:
 
 
 def test_the_standard_hub_takes_its_budget_from_the_clients_hedge() -> None:
-    from swiftclient import Hedge, PolicyHub
+    from swiftclient import Hedge
+    from swiftclient.extend import PolicyHub
 
     hub = PolicyHub.standard(Hedge(budget=0.0, budget_floor=0.0, budget_burst=2.0))
     allowed = [hub.may_hedge() for _ in range(5)]

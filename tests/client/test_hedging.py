@@ -17,7 +17,6 @@ import pytest
 
 from swiftclient import (
     AsyncClient,
-    AttemptRun,
     BadRequestError,
     ChatCompletion,
     ConfigurationError,
@@ -29,6 +28,7 @@ from swiftclient import (
     RetryPolicy,
     Timeout,
 )
+from swiftclient.extend import AttemptRun
 from swiftclient.hedging import _Race, fallback, is_fatal, race
 from swiftclient.testing import FakeProvider, Reply
 

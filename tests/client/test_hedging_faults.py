@@ -14,15 +14,9 @@ from contextlib import asynccontextmanager
 import anyio
 import pytest
 
-from swiftclient import (
-    AsyncClient,
-    ChatCompletionChunk,
-    ChatRequest,
-    Deadline,
-    Hedge,
-    RequestOptions,
-)
+from swiftclient import AsyncClient, ChatCompletionChunk, ChatRequest, Hedge
 from swiftclient._deadline import DeadlineWatch, deadline_watch
+from swiftclient.extend import Deadline, RequestOptions
 
 from .mock import Gated, Recorder
 

@@ -13,8 +13,9 @@ import pytest
 
 from local_engine import LocalBackend
 from local_engine.default_model import embedded_model_dir
-from swiftclient import AsyncClient, Deadline
+from swiftclient import AsyncClient
 from swiftclient.errors import BadRequestError, ConfigurationError, EngineError
+from swiftclient.extend import Deadline
 from swiftclient.types import ChatRequest, Message, Tool
 
 from ..conformance.tiny_local import ReplyScriptEngine, TinyModel, load_tiny_model

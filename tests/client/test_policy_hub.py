@@ -8,16 +8,9 @@ from collections.abc import Hashable
 
 import pytest
 
-from swiftclient import (
-    AsyncClient,
-    BadRequestError,
-    Hedge,
-    HTTPBackend,
-    PolicyHub,
-    RetryPolicy,
-    Target,
-)
+from swiftclient import AsyncClient, BadRequestError, Hedge, HTTPBackend, RetryPolicy
 from swiftclient._policies import prompt_chars
+from swiftclient.extend import PolicyHub, Target
 from swiftclient.testing import Reply
 from swiftclient.types import ChatRequest
 

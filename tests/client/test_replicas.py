@@ -18,15 +18,14 @@ from swiftclient import (
     ChatCompletionChunk,
     ChatRequest,
     ConfigurationError,
-    Deadline,
     FirstTokenTimeout,
     InternalServerError,
     ReplicaBackend,
-    RequestOptions,
     RetryPolicy,
     Timeout,
 )
 from swiftclient.backends.replicas import prefix_fingerprint
+from swiftclient.extend import Deadline, RequestOptions
 from swiftclient.testing import FakeProvider
 
 pytestmark = pytest.mark.anyio

@@ -128,8 +128,8 @@ def test_the_sync_client_offers_the_async_surface() -> None:
         assert client.health() == {}
         assert client.stats().calls == 0  # unpriced one-target calls are not accounted
         assert client.cache_stats()["http"].requests >= 1
-        backend, name = client.resolve("http/m")
-        assert (backend.name, name) == ("http", "m")
+        target = client.targets("http/m")[0]
+        assert (target.backend.name, target.model) == ("http", "m")
         assert client.targets(["http/a", "http/b"])[1].model == "b"
         assert isinstance(client.aclient, AsyncClient)
     assert client.closed

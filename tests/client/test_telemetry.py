@@ -21,16 +21,15 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, StatusC
 from swiftclient import (
     AsyncClient,
     BadRequestError,
-    CircuitBreaker,
     Hedge,
     HTTPBackend,
-    PolicyHub,
     RetryPolicy,
     Telemetry,
     Timeout,
 )
 from swiftclient._deadline import Deadline
 from swiftclient.backends.base import RequestOptions
+from swiftclient.extend import CircuitBreaker, PolicyHub
 from swiftclient.telemetry import CAPTURE_CONTENT_ENV, DURATION_BUCKETS, TOKEN_BUCKETS
 from swiftclient.testing import FakeProvider, Reply
 from swiftclient.types import ChatCompletionChunk, ChatRequest

@@ -115,7 +115,8 @@ async def test_the_embedded_model_decodes_greedily_unless_told_otherwise() -> No
 
 
 def _deadline() -> Any:
-    from swiftclient import Deadline, Timeout
+    from swiftclient import Timeout
+    from swiftclient.extend import Deadline
 
     return Deadline(Timeout(total=None, connect=None, pool=None, first_token=None, idle=None))
 

@@ -151,7 +151,13 @@ async def test_get_metrics_serves_the_engine_in_prometheus_text(tiny: TinyModel)
     assert response.headers["content-type"].startswith("text/plain")
     samples = _samples(response.text)
     assert samples["gen_ai_server_time_to_first_token_seconds_count"] == 2
-    assert samples['gen_ai_server_time_to_first_token_seconds_bucket{le="0.001"}'] >= 0
+    # A cumulative histogram on the GenAI conventions' buckets: counts never go down from one
+    # bound to the next, and the last (+Inf) holds both requests.
+    ttft = 'gen_ai_server_time_to_first_token_seconds_bucket{le="'
+    bounds = [float(name[len(ttft) : -2]) for name in samples if name.startswith(ttft)]
+    counts = [value for name, value in samples.items() if name.startswith(ttft)]
+    assert bounds == [*SERVER_TTFT_BUCKETS, float("inf")]
+    assert counts == sorted(counts) and counts[-1] == 2
     assert samples["gen_ai_server_time_per_output_token_seconds_count"] == 2
     assert samples["gen_ai_server_request_duration_seconds_count"] == 2
     assert samples["swiftclient_engine_generation_tokens_total"] == 10
