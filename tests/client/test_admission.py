@@ -434,10 +434,24 @@ async def test_usage_over_the_estimate_is_charged() -> None:
     await clock.advance(10)
     await a.settle(permit, status=200, input_tokens=300, output_tokens=200)  # 400 more
     with pytest.raises(RateLimited) as caught:
-        await a.acquire(T, tokens=200, timeout=1)
+        await a.acquire(T, tokens=200, input_tokens=0, timeout=1)  # 200 of output
     assert caught.value.limit == "tokens"
     # 500 used, 100 short: the first 100 leave the window 60 s after they were taken
     assert caught.value.reset_after == pytest.approx(50.0)
+
+
+@pytest.mark.anyio
+async def test_input_estimates_are_scaled_by_what_the_provider_counted() -> None:
+    a, _ = admission(Limits(tpm=10_000))
+    reserved = []
+    for _ in range(30):  # the provider counts 40 input tokens where we estimate 100
+        permit = await a.acquire(T, tokens=110, input_tokens=100)
+        reserved.append(permit.input_tokens)
+        await a.settle(permit, status=200, input_tokens=40, output_tokens=10)
+    assert reserved[0] == 100  # nothing learned yet: the estimate as given
+    assert 40 <= reserved[-1] <= 42  # converged on the provider's count
+    permit = await a.acquire(T, tokens=110, input_tokens=100)
+    assert permit.tokens == permit.input_tokens + 10  # the output allowance is not scaled
 
 
 @pytest.mark.anyio

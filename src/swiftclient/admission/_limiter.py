@@ -169,6 +169,8 @@ class _Gate:
     blocked_limit: str | None = None
     blocked_until: float = -math.inf
     throttled: int = 0
+    input_scale: float = 1.0
+    """Input tokens the provider counted per estimated one (learned from usage)."""
 
     def head(self) -> _Waiter | None:
         queue = self.queue
@@ -237,6 +239,8 @@ class Permit:
     acquired_at: float
     waited: float
     """Seconds the request waited for admission."""
+    estimated_input: int = 0
+    """The caller's input estimate before this target's learned scale (0: none)."""
 
 
 class Admission:
@@ -353,7 +357,11 @@ class Admission:
         gate = self._gate(target)
         waiter = _Waiter(until)
         heapq.heappush(gate.queue, (-priority, next(self._seq), waiter))
-        inputs = tokens if input_tokens is None else input_tokens
+        estimate = tokens if input_tokens is None else input_tokens
+        # the caller's estimate (characters over chars_per_token) scaled by what this
+        # target's usage has shown: JSON framing counts as characters, not as tokens
+        inputs = math.ceil(estimate * gate.input_scale)
+        tokens = max(0, tokens - estimate) + inputs
         try:
             while True:
                 if waiter.failure is not None:
@@ -383,7 +391,7 @@ class Admission:
                     nxt = gate.head()
                     if nxt is not None:
                         nxt.event.set()
-                    return Permit(target, holder, tokens, inputs, now, now - start)
+                    return Permit(target, holder, tokens, inputs, now, now - start, estimate)
                 wait, limit = admit.wait, admit.limit or "concurrency"
                 if wait is not None and now + wait > until:
                     raise self._refused(target, limit, wait)
@@ -471,6 +479,7 @@ class Admission:
                     self._decrease(gate, permit)
                 elif status is not None and 200 <= status < 300:
                     self._increase(gate)
+                self._learn_scale(gate, permit, input_tokens)
                 await self._correct(gate, permit, total_tokens, input_tokens, output_tokens)
                 opened, self._opened = self._opened, []
                 for name, seconds in opened:
@@ -495,6 +504,15 @@ class Admission:
         if info.retry_after is not None and info.retry_after > 0:
             await self._store.block(target, min(info.retry_after, gate.limits.max_retry_after))
         return bool(info.limits) or info.retry_after is not None
+
+    @staticmethod
+    def _learn_scale(gate: _Gate, permit: Permit, counted: int | None) -> None:
+        """Move the target's input scale a fifth of the way to what this request showed
+        (the provider's input count over the caller's estimate), within [0.1, 10]."""
+        if counted is None or counted <= 0 or permit.estimated_input <= 0:
+            return
+        seen = counted / permit.estimated_input
+        gate.input_scale = min(10.0, max(0.1, 0.8 * gate.input_scale + 0.2 * seen))
 
     def _decrease(self, gate: _Gate, permit: Permit) -> None:
         """Multiplicative decrease, once per round: only a request sent after the last
