@@ -159,40 +159,96 @@ def test_limits_resolve_by_target_then_backend() -> None:
     assert a.limits_for("other/x") == Limits()
 
 
-# ---------------------------------------------------------------------- buckets (pure)
+# ---------------------------------------------------------------------- windows (pure)
 
 
 @given(
     steps=st.lists(st.tuples(st.floats(0, 5), st.floats(0, 30)), min_size=1, max_size=60),
     capacity=st.floats(1, 100),
-    rate=st.floats(0.1, 10),
+    window=st.floats(0.1, 20),
 )
-def test_a_bucket_never_grants_more_than_capacity_plus_refill(
-    steps: list[tuple[float, float]], capacity: float, rate: float
+def test_no_window_ever_holds_more_than_the_capacity(
+    steps: list[tuple[float, float]], capacity: float, window: float
 ) -> None:
     clock = FakeClock(start=0.0)
     store = MemoryStore(clock.now)
-    granted = 0.0
+    grants: list[tuple[float, float]] = []
     for dt, cost in steps:
         clock.t += dt
-        spec = BucketCost("tokens", cost, capacity, rate)
+        spec = BucketCost("tokens", cost, capacity, window)
         admit = store.take_now("k", [spec])
         if admit.granted:
-            granted += min(cost, capacity)
+            grants.append((clock.t, min(cost, capacity)))
+            in_window = sum(units for at, units in grants if at > clock.t - window + 1e-9)
+            assert in_window <= capacity + 1e-6
         else:
             assert admit.limit == "tokens" and admit.wait is not None and admit.wait > 0
-    assert granted <= capacity + rate * clock.t + 1e-6
+
+
+@given(
+    costs=st.lists(st.floats(0.5, 30), min_size=1, max_size=20),
+    gaps=st.lists(st.floats(0, 3), min_size=20, max_size=20),
+    window=st.floats(0.5, 10),
+)
+def test_a_refused_take_fits_when_it_was_told_and_not_before(
+    costs: list[float], gaps: list[float], window: float
+) -> None:
+    capacity = 40.0
+    clock = FakeClock(start=0.0)
+    store = MemoryStore(clock.now)
+    for cost, gap in zip(costs, gaps, strict=False):
+        clock.t += gap
+        spec = BucketCost("tokens", cost, capacity, window)
+        admit = store.take_now("k", [spec])
+        if not admit.granted:
+            assert admit.wait is not None and 0 < admit.wait <= window + 1e-9
+            before = clock.t
+            clock.t = before + admit.wait * 0.999
+            assert store.peek_now("k", [spec])[0]["tokens"] < cost
+            clock.t = before + admit.wait + 1e-9
+            assert store.take_now("k", [spec]).granted
+
+
+def test_a_burst_of_the_whole_capacity_is_granted_at_once() -> None:
+    clock = FakeClock()
+    store = MemoryStore(clock.now)
+    spec = BucketCost("requests", 1, 10, 60)
+    assert all(store.take_now("k", [spec]).granted for _ in range(10))
+    assert store.take_now("k", [spec]) == (False, "requests", pytest.approx(60.0))
+    clock.t += 30  # a token bucket would have refilled five by now; the window frees none
+    assert not store.take_now("k", [spec]).granted
+    clock.t += 30
+    assert all(store.take_now("k", [spec]).granted for _ in range(10))
+
+
+def test_corrections_give_back_from_the_oldest_and_never_free_below_the_provider() -> None:
+    clock = FakeClock()
+    store = MemoryStore(clock.now)
+    spec = BucketCost("tokens", 60, 100, 10)
+    assert store.take_now("k", [spec]).granted  # 60 at t=0
+    clock.t += 5
+    assert store.take_now("k", [spec._replace(cost=30)]).granted  # 30 at t=5
+    store.adjust_now("k", spec._replace(cost=-20))  # the first used 40, not 60
+    assert store.peek_now("k", [spec])[0]["tokens"] == pytest.approx(30)
+    clock.t += 5  # the first entry (40 left of it) leaves the window
+    assert store.peek_now("k", [spec])[0]["tokens"] == pytest.approx(70)
+    # the provider says 20 remain: 80 used by its count, 30 by ours: the log takes 50 more
+    store.set_level_now("k", spec._replace(cost=20))
+    assert store.peek_now("k", [spec])[0]["tokens"] == pytest.approx(20)
+    # the provider says 90 remain: less used than we logged, and nothing is freed
+    store.set_level_now("k", spec._replace(cost=90))
+    assert store.peek_now("k", [spec])[0]["tokens"] == pytest.approx(20)
 
 
 def test_a_take_is_all_or_nothing() -> None:
     clock = FakeClock()
     store = MemoryStore(clock.now)
-    requests = BucketCost("requests", 1, 10, 1)
-    tokens = BucketCost("tokens", 80, 100, 1)
+    requests = BucketCost("requests", 1, 10, 100)
+    tokens = BucketCost("tokens", 80, 100, 100)
     assert store.take_now("k", [requests, tokens]).granted
     admit = store.take_now("k", [requests, tokens])
-    assert admit == (False, "tokens", pytest.approx(60.0))
-    # the refused take left the requests bucket alone: 9 requests remain
+    assert admit == (False, "tokens", pytest.approx(100.0))
+    # the refused take left the requests limit alone: 9 requests remain
     for _ in range(9):
         assert store.take_now("k", [requests]).granted
     assert not store.take_now("k", [requests]).granted
@@ -246,7 +302,7 @@ async def test_priority_goes_ahead_of_earlier_waiters() -> None:
 
 @pytest.mark.anyio
 async def test_a_wait_that_cannot_fit_the_deadline_fails_at_once() -> None:
-    a, clock = admission(Limits(rpm=2))  # 2 at once, then one per 30 s
+    a, clock = admission(Limits(rpm=2))  # 2 at once, then none until they leave the window
     await a.acquire(T)
     await a.acquire(T)
     start = clock.now()
@@ -254,15 +310,16 @@ async def test_a_wait_that_cannot_fit_the_deadline_fails_at_once() -> None:
         await a.acquire(T, timeout=10)
     assert clock.now() == start  # no waiting at all
     err = caught.value
-    assert err.limit == "requests" and err.reset_after == pytest.approx(30.0)
+    assert err.limit == "requests" and err.reset_after == pytest.approx(60 * 1.02)
     assert err.target == T and "requests" in str(err)
     assert a.waiting(T) == 0
 
 
 @pytest.mark.anyio
-async def test_a_wait_that_fits_is_admitted_when_the_bucket_refills() -> None:
-    a, clock = admission(Limits(rpm=2))
+async def test_a_wait_that_fits_is_admitted_when_the_window_frees() -> None:
+    a, clock = admission(Limits(rpm=2, margin=0))
     await a.acquire(T)
+    await clock.advance(10)
     await a.acquire(T)
     got: list[float] = []
 
@@ -273,21 +330,21 @@ async def test_a_wait_that_fits_is_admitted_when_the_bucket_refills() -> None:
     async with anyio.create_task_group() as tg:
         tg.start_soon(call)
         await anyio.wait_all_tasks_blocked()
-        await clock.advance(29)
+        await clock.advance(49)
         assert got == []
-        await clock.advance(1)
-    assert got == [pytest.approx(30.0)]
+        await clock.advance(1)  # the first request leaves the window
+    assert got == [pytest.approx(50.0)]
 
 
 @pytest.mark.anyio
-async def test_a_shorter_window_refills_in_that_window() -> None:
-    a, clock = admission(Limits(rpm=2, window=1.0))  # 2 a second: one more per 0.5 s
+async def test_a_shorter_window_frees_in_that_window() -> None:
+    a, clock = admission(Limits(rpm=2, window=1.0))  # 2 in any second (and 2% margin)
     await a.acquire(T)
     await a.acquire(T)
     with pytest.raises(RateLimited) as caught:
         await a.acquire(T, timeout=0.1)
-    assert caught.value.reset_after == pytest.approx(0.5)
-    await clock.advance(0.5)
+    assert caught.value.reset_after == pytest.approx(1.02)
+    await clock.advance(1.02)
     permit = await a.acquire(T, timeout=0)
     assert permit.waited == 0
 
@@ -311,7 +368,7 @@ async def test_concurrency_wait_gives_up_at_the_deadline() -> None:
 
 @pytest.mark.anyio
 async def test_queued_waiters_whose_deadline_ends_before_the_reset_fail_at_once() -> None:
-    a, clock = admission(Limits(rpm=1))  # one now, the next after 60 s
+    a, clock = admission(Limits(rpm=1, margin=0))  # one now, the next after 60 s
     await a.acquire(T)
     results: dict[str, object] = {}
 
@@ -372,13 +429,29 @@ async def test_tokens_are_corrected_from_usage() -> None:
 
 @pytest.mark.anyio
 async def test_usage_over_the_estimate_is_charged() -> None:
-    a, _ = admission(Limits(tpm=600))  # 10 tokens a second
+    a, clock = admission(Limits(tpm=600, margin=0))  # 600 tokens in any minute
     permit = await a.acquire(T, tokens=100)
+    await clock.advance(10)
     await a.settle(permit, status=200, input_tokens=300, output_tokens=200)  # 400 more
     with pytest.raises(RateLimited) as caught:
-        await a.acquire(T, tokens=200, timeout=1)
+        await a.acquire(T, tokens=200, input_tokens=0, timeout=1)  # 200 of output
     assert caught.value.limit == "tokens"
-    assert caught.value.reset_after == pytest.approx(10.0)  # 100 left, 100 short
+    # 500 used, 100 short: the first 100 leave the window 60 s after they were taken
+    assert caught.value.reset_after == pytest.approx(50.0)
+
+
+@pytest.mark.anyio
+async def test_input_estimates_are_scaled_by_what_the_provider_counted() -> None:
+    a, _ = admission(Limits(tpm=10_000))
+    reserved = []
+    for _ in range(30):  # the provider counts 40 input tokens where we estimate 100
+        permit = await a.acquire(T, tokens=110, input_tokens=100)
+        reserved.append(permit.input_tokens)
+        await a.settle(permit, status=200, input_tokens=40, output_tokens=10)
+    assert reserved[0] == 100  # nothing learned yet: the estimate as given
+    assert 40 <= reserved[-1] <= 42  # converged on the provider's count
+    permit = await a.acquire(T, tokens=110, input_tokens=100)
+    assert permit.tokens == permit.input_tokens + 10  # the output allowance is not scaled
 
 
 @pytest.mark.anyio
@@ -394,7 +467,7 @@ async def test_openai_headers_are_learned() -> None:
     with pytest.raises(RateLimited) as caught:
         await a.acquire(T, timeout=0.1)
     assert caught.value.limit == "requests"
-    assert caught.value.reset_after == pytest.approx(0.6)  # 10 used, back in 6 s
+    assert caught.value.reset_after == pytest.approx(6.0)  # 10 used, all back by the reset
 
 
 @pytest.mark.anyio

@@ -48,12 +48,12 @@ async def store(request: pytest.FixtureRequest, redis_url: str) -> AsyncIterator
 @pytest.mark.anyio
 async def test_take_is_all_or_nothing(store: StateStore) -> None:
     k = key()
-    requests = BucketCost("requests", 1, 10, 1e-6)
-    tokens = BucketCost("tokens", 80, 100, 1e-6)
+    requests = BucketCost("requests", 1, 10, 1e6)
+    tokens = BucketCost("tokens", 80, 100, 1e6)
     assert (await store.take(k, [requests, tokens])).granted
     admit = await store.take(k, [requests, tokens])
     assert not admit.granted and admit.limit == "tokens" and admit.wait is not None
-    assert admit.wait > 1e6  # 60 tokens short at 1e-6 a second
+    assert admit.wait > 1e5  # 60 tokens short until the first take leaves the window
     granted = [(await store.take(k, [requests])).granted for _ in range(10)]
     assert granted == [True] * 9 + [False]  # the refused take left requests alone
 
@@ -73,14 +73,21 @@ async def test_leases_count_toward_concurrency_and_release(store: StateStore) ->
 @pytest.mark.anyio
 async def test_adjust_set_level_and_block(store: StateStore) -> None:
     k = key()
-    spec = BucketCost("tokens", 0, 100, 1e-6)
-    await store.set_level(k, spec._replace(cost=5))
+    spec = BucketCost("tokens", 0, 100, 1e6)
+    await store.set_level(k, spec._replace(cost=5))  # the provider says 5 remain: 95 used
     assert not (await store.take(k, [spec._replace(cost=10)])).granted
-    await store.adjust(k, spec._replace(cost=-20))  # give back 20: 25 now
+    await store.adjust(k, spec._replace(cost=-20))  # give back 20: 25 free now
     assert (await store.take(k, [spec._replace(cost=10)])).granted
-    await store.adjust(k, spec._replace(cost=500))  # debt, floored at -capacity
+    await store.set_level(k, spec._replace(cost=90))  # says more remain than we log: no-op
+    assert not (await store.take(k, [spec._replace(cost=16)])).granted
+    await store.adjust(k, spec._replace(cost=500))  # a debt of one window's capacity at most
     admit = await store.take(k, [spec._replace(cost=1)])
-    assert admit.limit == "tokens" and admit.wait == pytest.approx(101e6, rel=0.01)
+    # 200 logged, 101 over: only the debt's own entry leaving the window frees enough
+    assert admit.limit == "tokens" and admit.wait == pytest.approx(1e6, rel=0.01)
+    k2 = key()  # a reported usage leaves the window at the provider's reset
+    await store.set_level(k2, spec._replace(cost=0), 30.0)
+    admit = await store.take(k2, [spec._replace(cost=1)])
+    assert admit.limit == "tokens" and admit.wait is not None and 25 < admit.wait <= 30
     assert await store.blocked_for(k) == 0
     await store.block(k, 30)
     await store.block(k, 5)  # never shortens a rest

@@ -1,9 +1,10 @@
 """Admission control: keep a client under its providers' rate limits before the 429.
 
 Per target (``"backend/model"``): a concurrency limit and requests- and tokens-per-minute
-buckets, configured (:class:`Limits`) or learned from the provider's headers, with AIMD on
-a 429 that says nothing else. A request waits for capacity in a fair queue (first in, first
-out, with an optional priority) inside its own deadline, and fails with
+limits counted over a sliding window, configured (:class:`Limits`) or learned from the
+provider's headers, with AIMD on a 429 that says nothing else. A request waits for
+capacity in a fair queue (first in, first out, with an optional priority) inside its own
+deadline, and fails with
 :class:`~swiftclient.RateLimited` when the wait cannot fit. State lives in a
 :class:`StateStore`: :class:`MemoryStore` in this process by default, or
 :class:`RedisStore` shared by every process that points at one Redis server.

@@ -99,8 +99,13 @@ class Limits:
         lease_ttl: seconds after which a concurrency slot whose holder never released it
             (a crashed process) is free again.
         max_retry_after: the longest rest a ``Retry-After`` may impose on a target.
-        window: the seconds ``rpm`` and ``tpm`` count over (60: per minute; 1 for a
+        window: the seconds ``rpm`` and ``tpm`` count over, a sliding window: at most
+            ``rpm`` requests start in any ``window`` seconds (60: per minute; 1 for a
             provider that limits per second, or shorter to time-scale a test or a bench).
+            Limits learned from the provider's headers count over it too.
+        margin: the window is counted this fraction longer than ``window`` (2%: 1.2 s a
+            minute), so that a request the provider logs a little after this client admitted
+            it still falls in the window the client counted it in.
 
     Raises:
         ConfigurationError: a limit is not a positive number.
@@ -114,6 +119,7 @@ class Limits:
     lease_ttl: float = 300.0
     max_retry_after: float = DEFAULT_MAX_PUSHBACK
     window: float = 60.0
+    margin: float = 0.02
 
     def __post_init__(self) -> None:
         if self.concurrency is not None and (
@@ -132,12 +138,13 @@ class Limits:
         check_number("Limits.lease_ttl", self.lease_ttl, positive=True)
         check_number("Limits.max_retry_after", self.max_retry_after, positive=False)
         check_number("Limits.window", self.window, positive=True)
+        check_number("Limits.margin", self.margin, positive=False)
 
 
 @dataclass(slots=True)
 class _Spec:
     capacity: float
-    rate: float  # tokens per second
+    window: float  # seconds, margin included
 
 
 @dataclass(eq=False, slots=True)
@@ -162,6 +169,8 @@ class _Gate:
     blocked_limit: str | None = None
     blocked_until: float = -math.inf
     throttled: int = 0
+    input_scale: float = 1.0
+    """Input tokens the provider counted per estimated one (learned from usage)."""
 
     def head(self) -> _Waiter | None:
         queue = self.queue
@@ -187,9 +196,10 @@ class _Gate:
 class Headroom(NamedTuple):
     """A target's capacity as this process sees it now (:meth:`Admission.headroom`).
 
-    ``requests`` and ``tokens`` are what their buckets hold (``None``: no such limit is
-    configured or learned); with a :class:`~swiftclient.admission.RedisStore` they are what
-    this process's last take left, refilled since (other processes' takes are not in it).
+    ``requests`` and ``tokens`` are what their limits have free in the current window
+    (``None``: no such limit is configured or learned); with a
+    :class:`~swiftclient.admission.RedisStore` they are what this process's last take left
+    (other processes' takes since, and what left the window since, are not in it).
     """
 
     concurrency: int | None
@@ -199,9 +209,9 @@ class Headroom(NamedTuple):
     waiting: int
     """Requests of this process queued for capacity."""
     requests: float | None
-    """Requests left in the requests-per-minute bucket."""
+    """Requests free in the requests-per-minute window."""
     tokens: float | None
-    """Tokens left in the tokens-per-minute bucket."""
+    """Tokens free in the tokens-per-minute window."""
     rest: float
     """Seconds left of a ``Retry-After`` rest (0: none)."""
     throttled: int
@@ -229,6 +239,8 @@ class Permit:
     acquired_at: float
     waited: float
     """Seconds the request waited for admission."""
+    estimated_input: int = 0
+    """The caller's input estimate before this target's learned scale (0: none)."""
 
 
 class Admission:
@@ -238,7 +250,7 @@ class Admission:
         limits: one :class:`Limits` for every backend, or a mapping from backend name (or
             ``"backend/model"``) to its limits; backends not named get ``Limits()`` (learning
             only). ``None``: learning only, everywhere.
-        store: where buckets and leases live (a :class:`MemoryStore` by default).
+        store: where the usage logs and leases live (a :class:`MemoryStore` by default).
         clock: the clock (the running loop's by default).
         wall: Unix time, for HTTP-date and RFC 3339 reset headers (``time.time``).
     """
@@ -299,22 +311,22 @@ class Admission:
     def _costs(self, gate: _Gate, tokens: int, input_tokens: int) -> list[BucketCost]:
         specs: dict[str, _Spec] = {}
         limits = gate.limits
+        window = limits.window * (1.0 + limits.margin)
         if limits.rpm is not None:
-            specs["requests"] = _Spec(limits.rpm, limits.rpm / limits.window)
+            specs["requests"] = _Spec(limits.rpm, window)
         if limits.tpm is not None:
-            specs["tokens"] = _Spec(limits.tpm, limits.tpm / limits.window)
+            specs["tokens"] = _Spec(limits.tpm, window)
         for kind, learned in gate.learned.items():
             mine = specs.get(kind)
-            # the stricter of the two on each axis: a learned limit never raises a configured
-            # one, and a provider's slower refill (its reset time) is never sped up by ours
+            # a learned limit never raises a configured one
             specs[kind] = (
                 learned
                 if mine is None
-                else _Spec(min(learned.capacity, mine.capacity), min(learned.rate, mine.rate))
+                else _Spec(min(learned.capacity, mine.capacity), max(learned.window, window))
             )
         amounts = {"requests": 1, "tokens": tokens, "input_tokens": input_tokens}
         return [
-            BucketCost(kind, float(amounts.get(kind, 0)), spec.capacity, spec.rate)
+            BucketCost(kind, float(amounts.get(kind, 0)), spec.capacity, spec.window)
             for kind, spec in specs.items()
         ]
 
@@ -345,7 +357,11 @@ class Admission:
         gate = self._gate(target)
         waiter = _Waiter(until)
         heapq.heappush(gate.queue, (-priority, next(self._seq), waiter))
-        inputs = tokens if input_tokens is None else input_tokens
+        estimate = tokens if input_tokens is None else input_tokens
+        # the caller's estimate (characters over chars_per_token) scaled by what this
+        # target's usage has shown: JSON framing counts as characters, not as tokens
+        inputs = math.ceil(estimate * gate.input_scale)
+        tokens = max(0, tokens - estimate) + inputs
         try:
             while True:
                 if waiter.failure is not None:
@@ -375,7 +391,7 @@ class Admission:
                     nxt = gate.head()
                     if nxt is not None:
                         nxt.event.set()
-                    return Permit(target, holder, tokens, inputs, now, now - start)
+                    return Permit(target, holder, tokens, inputs, now, now - start, estimate)
                 wait, limit = admit.wait, admit.limit or "concurrency"
                 if wait is not None and now + wait > until:
                     raise self._refused(target, limit, wait)
@@ -463,6 +479,7 @@ class Admission:
                     self._decrease(gate, permit)
                 elif status is not None and 200 <= status < 300:
                     self._increase(gate)
+                self._learn_scale(gate, permit, input_tokens)
                 await self._correct(gate, permit, total_tokens, input_tokens, output_tokens)
                 opened, self._opened = self._opened, []
                 for name, seconds in opened:
@@ -473,17 +490,29 @@ class Admission:
 
     async def _learn(self, gate: _Gate, target: str, headers: dict[str, str]) -> bool:
         info = parse_rate_limit_headers(headers, self._wall())
+        limits = gate.limits
+        window = limits.window * (1.0 + limits.margin)
         for kind, observed in info.limits.items():
-            spec = _learned_spec(observed, gate.learned.get(kind))
+            spec = _learned_spec(observed, gate.learned.get(kind), window, limits.margin)
             if spec is None:
                 continue
             gate.learned[kind] = spec
             if observed.remaining is not None:
-                level = BucketCost(kind, observed.remaining, spec.capacity, spec.rate)
-                await self._store.set_level(target, level)
+                # what the provider counts as used is a floor under the log, never a ceiling
+                level = BucketCost(kind, observed.remaining, spec.capacity, spec.window)
+                await self._store.set_level(target, level, observed.reset_after)
         if info.retry_after is not None and info.retry_after > 0:
             await self._store.block(target, min(info.retry_after, gate.limits.max_retry_after))
         return bool(info.limits) or info.retry_after is not None
+
+    @staticmethod
+    def _learn_scale(gate: _Gate, permit: Permit, counted: int | None) -> None:
+        """Move the target's input scale a fifth of the way to what this request showed
+        (the provider's input count over the caller's estimate), within [0.1, 10]."""
+        if counted is None or counted <= 0 or permit.estimated_input <= 0:
+            return
+        seen = counted / permit.estimated_input
+        gate.input_scale = min(10.0, max(0.1, 0.8 * gate.input_scale + 0.2 * seen))
 
     def _decrease(self, gate: _Gate, permit: Permit) -> None:
         """Multiplicative decrease, once per round: only a request sent after the last
@@ -575,9 +604,11 @@ def _left(until: float, now: float) -> float | None:
     return None if until == math.inf else max(0.0, until - now)
 
 
-def _learned_spec(observed: Observed, previous: _Spec | None) -> _Spec | None:
-    """A bucket from a reported limit: capacity the limit; rate what refills the used part
-    by the reset time, else the limit per minute."""
+def _learned_spec(
+    observed: Observed, previous: _Spec | None, window: float, margin: float
+) -> _Spec | None:
+    """A limit from a reported one: its capacity, over the configured window or, when the
+    provider's reset says its window is longer, that (the margin added)."""
     limit = observed.limit if observed.limit is not None else None
     if limit is None:
         if previous is None:
@@ -585,8 +616,8 @@ def _learned_spec(observed: Observed, previous: _Spec | None) -> _Spec | None:
         limit = previous.capacity
     if limit <= 0:
         return None
-    rate = limit / 60.0
-    used = None if observed.remaining is None else limit - observed.remaining
-    if used is not None and used > 0 and observed.reset_after:
-        rate = used / observed.reset_after
-    return _Spec(limit, rate)
+    if observed.reset_after:
+        window = max(window, observed.reset_after * (1.0 + margin))
+    if previous is not None:
+        window = max(window, previous.window)
+    return _Spec(limit, window)

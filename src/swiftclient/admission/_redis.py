@@ -1,11 +1,13 @@
 """Admission state on a Redis server, shared by every process that points at it.
 
 Each operation is one Lua script (``register_script``: EVALSHA, reloaded when the server
-lost it), so a take checks and updates every bucket and the lease set atomically on the
+lost it), so a take checks and updates every limit's log and the lease set atomically on the
 server, on the server's clock (``TIME``): processes never compare their own clocks.
 
-A target's state is one hash (bucket levels and update times, the end of a rest) and one
-sorted set of leases scored by their expiry; both expire when unused. Reads
+A target's state is one hash (what each limit used within its window, the end of a rest),
+one sorted set per limit logging its uses (scored by time, trimmed to the window), and one
+sorted set of leases scored by their expiry; all expire when unused. (The log keys are named
+from the hash's key inside the scripts: one Redis server, not a cluster.) Reads
 (:meth:`RedisStore.blocked_for`, :meth:`RedisStore.leases`) go through a short local cache.
 
 When the server cannot be reached, every operation falls back to a per-process
@@ -47,11 +49,32 @@ _NOW = """
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local function level_of(key, kind, cap, rate)
-  local level = tonumber(redis.call('HGET', key, 'l:' .. kind))
-  if level == nil then return cap end
-  local at = tonumber(redis.call('HGET', key, 't:' .. kind)) or now
-  return math.min(cap, level + math.max(0, now - at) * rate)
+-- A limit's log: a sorted set of 'seq:units' members scored by when they were used, and
+-- the sum of what is in it ('u:' .. kind in the target's hash).
+local function log_of(kind) return KEYS[1] .. ':log:' .. kind end
+local function units_of(member) return tonumber(string.match(member, ':([^:]+)$')) end
+local function trim(kind, window)
+  local log = log_of(kind)
+  local used = tonumber(redis.call('HGET', KEYS[1], 'u:' .. kind)) or 0
+  local cutoff = now - window
+  local gone = redis.call('ZRANGEBYSCORE', log, '-inf', cutoff)
+  if #gone > 0 then
+    for _, member in ipairs(gone) do used = used - units_of(member) end
+    redis.call('ZREMRANGEBYSCORE', log, '-inf', cutoff)
+    if redis.call('ZCARD', log) == 0 or used < 0 then used = 0 end
+    redis.call('HSET', KEYS[1], 'u:' .. kind, tostring(used))
+  end
+  return used
+end
+local function add(kind, window, used, units, at)
+  if units <= 0 then return used end
+  local seq = redis.call('HINCRBY', KEYS[1], 'seq', 1)
+  local log = log_of(kind)
+  redis.call('ZADD', log, at or now, seq .. ':' .. tostring(units))
+  redis.call('PEXPIRE', log, math.ceil(window * 1000) + 1000)
+  used = used + units
+  redis.call('HSET', KEYS[1], 'u:' .. kind, tostring(used))
+  return used
 end
 """
 
@@ -60,28 +83,38 @@ _TAKE = (
     + """
 local blocked = tonumber(redis.call('HGET', KEYS[1], 'blocked'))
 if blocked ~= nil and now < blocked then
-  return {0, 'retry_after', tostring(blocked - now)}
+  return {0, 'retry_after', tostring(blocked - now), ''}
 end
 local n = tonumber(ARGV[1])
-local levels = {}
+local used = {}
+local longest = 0
 for i = 0, n - 1 do
   local kind = ARGV[2 + 4 * i]
   local cost = tonumber(ARGV[3 + 4 * i])
   local cap = tonumber(ARGV[4 + 4 * i])
-  local rate = tonumber(ARGV[5 + 4 * i])
-  local level = level_of(KEYS[1], kind, cap, rate)
-  local need = math.min(cost, cap) - level
-  if need > 0 then
-    if rate <= 0 then return {0, kind, 'inf'} end
-    return {0, kind, tostring(need / rate)}
+  local window = tonumber(ARGV[5 + 4 * i])
+  if window > longest then longest = window end
+  local u = trim(kind, window)
+  local excess = u + math.min(cost, cap) - cap
+  if excess > 1e-9 then
+    local entries = redis.call('ZRANGE', log_of(kind), 0, -1, 'WITHSCORES')
+    local wait = window
+    for j = 1, #entries, 2 do
+      excess = excess - units_of(entries[j])
+      if excess <= 1e-9 then
+        wait = math.max(0, tonumber(entries[j + 1]) + window - now)
+        break
+      end
+    end
+    return {0, kind, tostring(wait), tostring(cap - u)}
   end
-  levels[i + 1] = level
+  used[i + 1] = u
 end
 local base = 2 + 4 * n
 local limit = tonumber(ARGV[base])
 if limit >= 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-  if redis.call('ZCARD', KEYS[2]) >= limit then return {0, 'concurrency', ''} end
+  if redis.call('ZCARD', KEYS[2]) >= limit then return {0, 'concurrency', '', ''} end
   local ttl = tonumber(ARGV[base + 2])
   if ARGV[base + 1] ~= '' then
     redis.call('ZADD', KEYS[2], now + ttl, ARGV[base + 1])
@@ -91,11 +124,14 @@ end
 local left = {1}
 for i = 0, n - 1 do
   local kind = ARGV[2 + 4 * i]
-  local spent = math.min(tonumber(ARGV[3 + 4 * i]), tonumber(ARGV[4 + 4 * i]))
-  left[i + 2] = tostring(levels[i + 1] - spent)
-  redis.call('HSET', KEYS[1], 'l:' .. kind, left[i + 2], 't:' .. kind, tostring(now))
+  local cap = tonumber(ARGV[4 + 4 * i])
+  local spent = math.min(tonumber(ARGV[3 + 4 * i]), cap)
+  local u = add(kind, tonumber(ARGV[5 + 4 * i]), used[i + 1], spent)
+  left[i + 2] = tostring(cap - u)
 end
-if n > 0 then redis.call('PEXPIRE', KEYS[1], 3600000) end
+if n > 0 then
+  redis.call('PEXPIRE', KEYS[1], math.max(3600000, math.ceil(longest * 1000) + 1000))
+end
 return left
 """
 )
@@ -106,14 +142,36 @@ _ADJUST = (
 local kind = ARGV[1]
 local cost = tonumber(ARGV[2])
 local cap = tonumber(ARGV[3])
-local level
+local window = tonumber(ARGV[4])
+local used = trim(kind, window)
 if ARGV[5] == 'set' then
-  level = math.max(-cap, math.min(cap, cost))
+  local at = now
+  if ARGV[6] ~= '' then at = math.min(now, now + tonumber(ARGV[6]) - window) end
+  add(kind, window, used, cap - math.max(0, cost) - used, at)
+elseif cost > 0 then
+  add(kind, window, used, math.min(cost, 2 * cap - used))
 else
-  level = math.max(-cap, level_of(KEYS[1], kind, cap, tonumber(ARGV[4])) - cost)
+  -- give back from the oldest entries: they leave the window first
+  local back = -cost
+  local log = log_of(kind)
+  local entries = redis.call('ZRANGE', log, 0, -1, 'WITHSCORES')
+  for j = 1, #entries, 2 do
+    if back <= 0 then break end
+    local member = entries[j]
+    local units = units_of(member)
+    local taken = math.min(units, back)
+    back = back - taken
+    used = used - taken
+    redis.call('ZREM', log, member)
+    if units - taken > 0 then
+      local seq = string.match(member, '^([^:]+):')
+      redis.call('ZADD', log, entries[j + 1], seq .. ':' .. tostring(units - taken))
+    end
+  end
+  if used < 0 then used = 0 end
+  redis.call('HSET', KEYS[1], 'u:' .. kind, tostring(used))
 end
-redis.call('HSET', KEYS[1], 'l:' .. kind, tostring(level), 't:' .. kind, tostring(now))
-redis.call('PEXPIRE', KEYS[1], 3600000)
+redis.call('PEXPIRE', KEYS[1], math.max(3600000, math.ceil(window * 1000) + 1000))
 return 1
 """
 )
@@ -155,7 +213,8 @@ def _redis_module() -> Any:
 
 
 class RedisStore:
-    """Admission state on Redis (see the module): buckets, leases and rests shared by a fleet.
+    """Admission state on Redis (see the module): usage logs, leases and rests shared by a
+    fleet.
 
     Args:
         url: the server, ``redis://host:6379/0`` or ``unix:///path/to/redis.sock``.
@@ -299,7 +358,7 @@ class RedisStore:
         """See :meth:`~swiftclient.admission.StateStore.take`."""
         args: list[Any] = [len(costs)]
         for cost in costs:
-            args.extend((cost.kind, repr(cost.cost), repr(cost.capacity), repr(cost.rate)))
+            args.extend((cost.kind, repr(cost.cost), repr(cost.capacity), repr(cost.window)))
         args.extend((-1 if concurrency is None else concurrency, holder or "", repr(ttl)))
 
         seen: dict[str, float] = {}
@@ -313,10 +372,9 @@ class RedisStore:
                 return Admit(True)
             limit = _text(reply[1])
             wait = _text(reply[2])
-            if wait and limit != "retry_after":
-                for cost in costs:
-                    if cost.kind == limit and math.isfinite(float(wait)):
-                        seen[limit] = min(cost.cost, cost.capacity) - float(wait) * cost.rate
+            free = _text(reply[3])
+            if free:
+                seen[limit] = float(free)
             return Admit(False, limit, float(wait) if wait else None)
 
         def local() -> Admit:
@@ -339,15 +397,18 @@ class RedisStore:
         self._fallback.release_now(key, holder)
         await self._run(remote, (), lambda: None)
 
-    async def _adjust(self, key: str, cost: BucketCost, mode: str) -> None:
-        args = [cost.kind, repr(cost.cost), repr(cost.capacity), repr(cost.rate), mode]
+    async def _adjust(
+        self, key: str, cost: BucketCost, mode: str, reset: float | None = None
+    ) -> None:
+        args = [cost.kind, repr(cost.cost), repr(cost.capacity), repr(cost.window), mode]
+        args.append("" if reset is None else repr(float(reset)))
 
         async def remote() -> None:
             await self._eval("adjust", _ADJUST, self._keys(key)[:1], args)
 
         def local() -> None:
             if mode == "set":
-                self._fallback.set_level_now(key, cost)
+                self._fallback.set_level_now(key, cost, reset)
             else:
                 self._fallback.adjust_now(key, cost)
 
@@ -357,9 +418,9 @@ class RedisStore:
         """See :meth:`~swiftclient.admission.StateStore.adjust`."""
         await self._adjust(key, cost, "adjust")
 
-    async def set_level(self, key: str, cost: BucketCost) -> None:
+    async def set_level(self, key: str, cost: BucketCost, reset: float | None = None) -> None:
         """See :meth:`~swiftclient.admission.StateStore.set_level`."""
-        await self._adjust(key, cost, "set")
+        await self._adjust(key, cost, "set", reset)
 
     async def block(self, key: str, seconds: float) -> None:
         """See :meth:`~swiftclient.admission.StateStore.block`."""
@@ -396,21 +457,17 @@ class RedisStore:
         return (await self._read(key))[1]
 
     def peek_now(self, key: str, costs: Sequence[BucketCost]) -> tuple[dict[str, float], float]:
-        """What this process last saw of ``key`` (the levels a take left, refilled since;
-        the rest from the read cache), without asking the server: other processes' takes
-        since then are not in it. The fallback's own state while degraded."""
+        """What this process last saw of ``key`` (the units free after its last take; the
+        rest from the read cache), without asking the server: other processes' takes since
+        then, and what left the window since, are not in it. The fallback's own state while
+        degraded."""
         now = anyio.current_time()
         if now < self._down_until:
             return self._fallback.peek_now(key, costs)
-        seen_at, seen = self._levels.get(key, (now, {}))
-        levels: dict[str, float] = {}
-        for cost in costs:
-            level = seen.get(cost.kind)
-            levels[cost.kind] = (
-                cost.capacity
-                if level is None
-                else min(cost.capacity, level + max(0.0, now - seen_at) * cost.rate)
-            )
+        seen = self._levels.get(key, (now, {}))[1]
+        levels = {
+            cost.kind: min(cost.capacity, seen.get(cost.kind, cost.capacity)) for cost in costs
+        }
         cached = self._cache.get(key)
         rest = 0.0 if cached is None else max(0.0, cached[1] - (now - cached[0]))
         return levels, rest

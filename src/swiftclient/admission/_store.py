@@ -1,20 +1,26 @@
-"""The state admission keeps, behind one small interface: token buckets, concurrency leases
-and rests (``Retry-After``, an open breaker) per key.
+"""The state admission keeps, behind one small interface: sliding-window usage logs,
+concurrency leases and rests (``Retry-After``, an open breaker) per key.
 
 :class:`MemoryStore` keeps them in this process (the default); :class:`~swiftclient.admission.
 RedisStore` keeps them on a Redis server, so a fleet of processes shares one provider's
-limits. Every operation is atomic on the store: a take checks every bucket and the lease
+limits. Every operation is atomic on the store: a take checks every limit and the lease
 count, and takes from all of them or from none.
 
-A bucket holds ``level`` tokens (at most its capacity) and refills at ``rate`` tokens per
-second; its capacity and rate travel with each operation (the caller knows the limits), the
-store keeps only the level and when it was last updated. A level may go below zero (usage
-turned out larger than estimated): the debt is paid by refill before anything more is taken.
+A limit is ``capacity`` units (requests, tokens) in any window of ``window`` seconds: the
+store logs what each take used and when, and a take fits while the units logged within the
+last ``window`` seconds plus its own stay within the capacity. That is what "N requests per
+minute" means to a provider that counts a sliding window, and it never exceeds a provider's
+token bucket of the same capacity refilled over the same window either; a token bucket on
+the client side does (a full bucket's burst plus a window's refill is twice the limit in one
+window). Capacity and window travel with each operation (the caller knows the limits); the
+store keeps only the log. A correction (usage larger or smaller than reserved) adds to the
+log, or takes from its oldest entries, which keeps the log on the safe side.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol, runtime_checkable
@@ -25,13 +31,13 @@ __all__ = ["Admit", "BucketCost", "MemoryStore", "StateStore"]
 
 
 class BucketCost(NamedTuple):
-    """``cost`` tokens from the bucket ``kind`` whose limit is ``capacity`` tokens refilled
-    at ``rate`` tokens per second. A negative cost gives tokens back."""
+    """``cost`` units of the limit ``kind``: at most ``capacity`` units in any window of
+    ``window`` seconds. A negative cost (in a correction) gives units back."""
 
     kind: str
     cost: float
     capacity: float
-    rate: float
+    window: float
 
 
 class Admit(NamedTuple):
@@ -77,8 +83,11 @@ class StateStore(Protocol):
         """Take ``cost.cost`` (give back when negative) whatever the level: a correction."""
         ...
 
-    async def set_level(self, key: str, cost: BucketCost) -> None:
-        """Set the bucket's level to ``cost.cost`` (what the provider says remains)."""
+    async def set_level(self, key: str, cost: BucketCost, reset: float | None = None) -> None:
+        """The provider says ``cost.cost`` units remain, and (``reset``) that all it counts
+        as used is free again within that many seconds: when the log holds less than the
+        capacity less the remaining, log the difference so that it leaves the window at the
+        reset (now, without one). Never frees anything."""
         ...
 
     async def block(self, key: str, seconds: float) -> None:
@@ -98,33 +107,76 @@ class StateStore(Protocol):
         ...
 
 
-@dataclass(slots=True)
-class _Bucket:
-    level: float
-    at: float
+class _Log:
+    """What one limit used within its window: ``[at, units]`` oldest first, and their sum."""
+
+    __slots__ = ("entries", "used")
+
+    def __init__(self) -> None:
+        self.entries: deque[list[float]] = deque()
+        self.used = 0.0
+
+    def trim(self, now: float, window: float) -> float:
+        """Forget what left the window; the units still in it."""
+        entries = self.entries
+        cutoff = now - window
+        while entries and entries[0][0] <= cutoff:
+            self.used -= entries.popleft()[1]
+        if not entries:
+            self.used = 0.0
+        return self.used
+
+    def add(self, now: float, units: float) -> None:
+        """Log ``units`` used at ``now``."""
+        if units > 0:
+            self.entries.append([now, units])
+            self.used += units
+
+    def add_at(self, at: float, units: float) -> None:
+        """Log ``units`` as used at ``at`` (at or before the newest entry: kept in order)."""
+        if units <= 0:
+            return
+        entries = self.entries
+        index = len(entries)
+        while index and entries[index - 1][0] > at:
+            index -= 1
+        entries.insert(index, [at, units])
+        self.used += units
+
+    def give_back(self, units: float) -> None:
+        """Take ``units`` from the oldest entries (they leave the window first, so the log
+        never reads less than what the provider counts)."""
+        for entry in self.entries:
+            if units <= 0:
+                break
+            taken = min(entry[1], units)
+            entry[1] -= taken
+            self.used -= taken
+            units -= taken
+
+    def wait(self, now: float, cost: BucketCost) -> float:
+        """Seconds until ``cost`` fits (0: it fits now); the log is trimmed to ``now``."""
+        excess = self.used + min(cost.cost, cost.capacity) - cost.capacity
+        if excess <= 1e-9:
+            return 0.0
+        for at, units in self.entries:
+            excess -= units
+            if excess <= 1e-9:
+                return max(0.0, at + cost.window - now)
+        return cost.window
 
 
 @dataclass(slots=True)
 class _Entry:
-    buckets: dict[str, _Bucket] = field(default_factory=dict)
+    logs: dict[str, _Log] = field(default_factory=dict)
     leases: dict[str, float] = field(default_factory=dict)
     blocked_until: float = -math.inf
 
-
-def refill(bucket: _Bucket | None, cost: BucketCost, now: float) -> float:
-    """The level of ``bucket`` at ``now``: full when new, refilled since its last update."""
-    if bucket is None:
-        return cost.capacity
-    elapsed = max(0.0, now - bucket.at)
-    return min(cost.capacity, bucket.level + elapsed * cost.rate)
-
-
-def shortfall_wait(level: float, cost: BucketCost) -> float:
-    """Seconds until a bucket at ``level`` holds ``cost`` (capped at its capacity)."""
-    need = min(cost.cost, cost.capacity) - level
-    if need <= 0:
-        return 0.0
-    return math.inf if cost.rate <= 0 else need / cost.rate
+    def log(self, kind: str) -> _Log:
+        log = self.logs.get(kind)
+        if log is None:
+            log = self.logs[kind] = _Log()
+        return log
 
 
 class MemoryStore:
@@ -163,13 +215,14 @@ class MemoryStore:
         entry = self._entry(key)
         if now < entry.blocked_until:
             return Admit(False, "retry_after", entry.blocked_until - now)
-        levels: list[float] = []
+        logs: list[_Log] = []
         for cost in costs:
-            level = refill(entry.buckets.get(cost.kind), cost, now)
-            wait = shortfall_wait(level, cost)
+            log = entry.log(cost.kind)
+            log.trim(now, cost.window)
+            wait = log.wait(now, cost)
             if wait > 0:
                 return Admit(False, cost.kind, wait)
-            levels.append(level)
+            logs.append(log)
         if concurrency is not None:
             leases = entry.leases
             for name in [n for n, until in leases.items() if until <= now]:
@@ -178,8 +231,8 @@ class MemoryStore:
                 return Admit(False, "concurrency", None)
             if holder is not None:
                 leases[holder] = now + ttl
-        for cost, level in zip(costs, levels, strict=True):
-            entry.buckets[cost.kind] = _Bucket(level - min(cost.cost, cost.capacity), now)
+        for cost, log in zip(costs, logs, strict=True):
+            log.add(now, min(cost.cost, cost.capacity))
         return GRANTED
 
     async def take(
@@ -207,22 +260,30 @@ class MemoryStore:
     def adjust_now(self, key: str, cost: BucketCost) -> None:
         """:meth:`adjust` without awaiting."""
         now = self._clock()
-        entry = self._entry(key)
-        level = refill(entry.buckets.get(cost.kind), cost, now)
-        entry.buckets[cost.kind] = _Bucket(max(-cost.capacity, level - cost.cost), now)
+        log = self._entry(key).log(cost.kind)
+        log.trim(now, cost.window)
+        if cost.cost > 0:
+            log.add(
+                now, min(cost.cost, 2 * cost.capacity - log.used)
+            )  # a debt of one window at most
+        else:
+            log.give_back(-cost.cost)
 
     async def adjust(self, key: str, cost: BucketCost) -> None:
         """See :meth:`StateStore.adjust`."""
         self.adjust_now(key, cost)
 
-    def set_level_now(self, key: str, cost: BucketCost) -> None:
+    def set_level_now(self, key: str, cost: BucketCost, reset: float | None = None) -> None:
         """:meth:`set_level` without awaiting."""
-        level = max(-cost.capacity, min(cost.capacity, cost.cost))
-        self._entry(key).buckets[cost.kind] = _Bucket(level, self._clock())
+        now = self._clock()
+        log = self._entry(key).log(cost.kind)
+        used = log.trim(now, cost.window)
+        at = now if reset is None else min(now, now + reset - cost.window)
+        log.add_at(at, cost.capacity - max(0.0, cost.cost) - used)
 
-    async def set_level(self, key: str, cost: BucketCost) -> None:
+    async def set_level(self, key: str, cost: BucketCost, reset: float | None = None) -> None:
         """See :meth:`StateStore.set_level`."""
-        self.set_level_now(key, cost)
+        self.set_level_now(key, cost, reset)
 
     def block_now(self, key: str, seconds: float) -> None:
         """:meth:`block` without awaiting."""
@@ -257,13 +318,15 @@ class MemoryStore:
         return self.leases_now(key)
 
     def peek_now(self, key: str, costs: Sequence[BucketCost]) -> tuple[dict[str, float], float]:
-        """The level of each bucket in ``costs`` now (what a take could have), and the
-        seconds left of ``key``'s rest; changes nothing."""
+        """The units of each limit in ``costs`` free now (what a take could have), and the
+        seconds left of ``key``'s rest."""
         entry = self._entries.get(key)
         now = self._clock()
         if entry is None:
             return {cost.kind: cost.capacity for cost in costs}, 0.0
-        levels = {cost.kind: refill(entry.buckets.get(cost.kind), cost, now) for cost in costs}
+        levels = {
+            cost.kind: cost.capacity - entry.log(cost.kind).trim(now, cost.window) for cost in costs
+        }
         return levels, max(0.0, entry.blocked_until - now)
 
     async def aclose(self) -> None:
