@@ -155,3 +155,62 @@ def test_an_empty_stream_is_still_a_whole_message() -> None:
     )
     kinds = [kind for kind, _ in [*events.feed(usage_only), *events.end()]]
     assert kinds == ["message_start", "message_delta", "message_stop"]
+
+
+def _stop_chunk(finish: dict[str, Any], usage: dict[str, Any] | None = None) -> ChatCompletionChunk:
+    choice = {"index": 0, "delta": {"content": "Hi"}, **finish}
+    return ChatCompletionChunk.model_validate(
+        {"id": "c", "created": 0, "model": "m", "choices": [choice], "usage": usage}
+    )
+
+
+def test_a_matched_stop_string_is_the_stop_sequence_plain_and_streamed() -> None:
+    matched = {"finish_reason": "stop", "stop_reason": "END"}
+    completion = ChatCompletion.model_validate(
+        {
+            "id": "c",
+            "created": 0,
+            "model": "m",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi"}, **matched}],
+        }
+    )
+    body = message_body(completion, "m")
+    assert (body["stop_reason"], body["stop_sequence"]) == ("stop_sequence", "END")
+    counts = {"prompt_tokens": 4, "completion_tokens": 0, "total_tokens": 4}
+    events = MessageEvents("m", ping=True)
+    got = [*events.feed(_stop_chunk(matched, counts)), *events.end()]
+    assert [kind for kind, _ in got][:2] == ["message_start", "ping"]
+    assert got[0][1]["message"]["usage"]["input_tokens"] == 4
+    assert got[-2][1]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "END"}
+    plain = MessageEvents("m")  # a token id (or nothing) is no stop string
+    ended = [*plain.feed(_stop_chunk({"finish_reason": "stop", "stop_reason": 7})), *plain.end()]
+    assert [kind for kind, _ in ended][1] == "content_block_start"
+    assert ended[-2][1]["delta"] == {"stop_reason": "end_turn", "stop_sequence": None}
+
+
+def test_thinking_as_text_and_passed_fields() -> None:
+    ignored: list[str] = []
+    fields = chat_fields(
+        {
+            "model": "m",
+            "max_tokens": 9,
+            "messages": [
+                {
+                    "role": "assistant",
+                    "content": [SIGNED, {"type": "redacted_thinking", "data": "x"}],
+                }
+            ],
+            "top_k": 3,
+            "min_p": 0.1,
+            "thinking": {"type": "enabled"},
+        },
+        ignored,
+        passed=frozenset({"top_k", "min_p"}),
+        extra_body=False,
+        thinking="text",
+    )
+    assert fields["messages"] == [
+        {"role": "assistant", "content": None, "reasoning_content": "hmm"}
+    ]
+    assert (fields["top_k"], fields["min_p"], "extra_body" in fields) == (3, 0.1, False)
+    assert ignored == ["thinking"]

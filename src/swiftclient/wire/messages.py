@@ -16,8 +16,10 @@ Request mapping:
   blocks become ``tool_calls`` (their ``input`` the JSON arguments) and signed ``thinking``
   and ``redacted_thinking`` blocks the message's ``thinking_blocks`` (sent back unchanged by
   an Anthropic backend; an unsigned block, reasoning text of another provider, is
-  dropped); on user turns each ``tool_result`` block becomes a tool message (its text;
-  ``is_error`` prefixes ``Error:``), placed before the turn's other content;
+  dropped), or, for a server whose model reads its own reasoning (``thinking="text"``),
+  the thinking text its ``reasoning_content``; on user turns each ``tool_result`` block
+  becomes a tool message (its text; ``is_error`` prefixes ``Error:``), placed before the
+  turn's other content;
 - ``tools`` (``name``, ``description``, ``input_schema``): function tools; server tools
   (web search, code execution, ...) are refused; ``tool_choice`` ``auto`` / ``any`` /
   ``tool`` / ``none`` becomes ``auto`` / ``required`` / the named function / ``none``, and
@@ -32,10 +34,12 @@ Request mapping:
 Reply mapping: the message's ``thinking_blocks`` first (or its reasoning text as a
 ``thinking`` block with an empty signature), then a ``text`` block, then one
 ``tool_use`` block per tool call; ``stop_reason`` from the finish reason (``stop``
-``end_turn``, ``tool_calls`` ``tool_use``, ``length`` ``max_tokens``); usage as Anthropic
-counts it (``input_tokens`` without the cache reads and writes, which are
-``cache_read_input_tokens`` and ``cache_creation_input_tokens``). The stream is
-``message_start``, per block ``content_block_start`` / ``content_block_delta``... /
+``end_turn``, ``tool_calls`` ``tool_use``, ``length`` ``max_tokens``; ``stop_sequence``,
+with the string, where the choice's ``stop_reason`` names the stop string that matched, as
+vLLM's does); usage as Anthropic counts it (``input_tokens`` without the cache reads and
+writes, which are ``cache_read_input_tokens`` and ``cache_creation_input_tokens``). The
+stream is ``message_start`` (its usage the input counts of the first chunk; then a
+``ping`` where asked), per block ``content_block_start`` / ``content_block_delta``... /
 ``content_block_stop``, then ``message_delta`` (stop reason and usage) and
 ``message_stop``; a failure partway is an ``error`` event. Errors use Anthropic's shape,
 ``{"type": "error", "error": {"type", "message"}}``.
@@ -46,7 +50,9 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel
 
 from ..types import ChatCompletion, ChatCompletionChunk, ToolCallDelta, Usage
 
@@ -77,6 +83,7 @@ _ERROR_TYPES = {
     404: "not_found_error",
     413: "request_too_large",
     429: "rate_limit_error",
+    503: "overloaded_error",
     529: "overloaded_error",
 }
 _THINKING = frozenset({"thinking", "redacted_thinking"})
@@ -85,7 +92,6 @@ _EXTRA = ("top_k", "thinking")
 _HANDLED = frozenset(
     {
         *_SAME,
-        *_EXTRA,
         "model",
         "messages",
         "system",
@@ -129,31 +135,51 @@ class MessagesRequestError(ValueError):
 # ---------------------------------------------------------------------- request
 
 
-def chat_fields(body: Mapping[str, Any], ignored: list[str]) -> dict[str, Any]:
+def chat_fields(
+    body: Mapping[str, Any],
+    ignored: list[str],
+    *,
+    passed: frozenset[str] = frozenset(),
+    extra_body: bool = True,
+    thinking: Literal["blocks", "text"] = "blocks",
+) -> dict[str, Any]:
     """A ``/v1/messages`` body as chat-completions fields (``model``, ``messages``,
-    ``stream`` and :class:`~swiftclient.types.ChatRequest` fields, Anthropic-only ones in
-    ``extra_body``); append the names of ignored fields to ``ignored``.
+    ``stream`` and :class:`~swiftclient.types.ChatRequest` fields); append the names of
+    ignored fields to ``ignored``.
+
+    ``passed`` names fields (a server's own extensions) that go on to the chat request as
+    they are; with ``extra_body`` the Anthropic-only ``top_k`` and ``thinking`` travel in
+    ``extra_body`` (else they are ignored, unless passed). ``thinking`` says what an
+    assistant turn's thinking blocks become: ``"blocks"``, the signed ones as the message's
+    ``thinking_blocks`` (for a provider that takes them back); ``"text"``, all their text
+    as its ``reasoning_content`` (for a model that reads its own reasoning).
 
     Raises :class:`MessagesRequestError` naming a field that cannot be served.
     """
-    fields: dict[str, Any] = {"model": body.get("model")}
+    limit = body.get("max_tokens")
+    if limit is None:
+        raise MessagesRequestError("max_tokens: Field required", "max_tokens")
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise MessagesRequestError("max_tokens: must be an integer >= 1", "max_tokens")
+    fields: dict[str, Any] = {"model": body.get("model"), "max_tokens": limit}
     messages: list[dict[str, Any]] = []
     system = body.get("system")
     if system is not None:
-        messages.append({"role": "system", "content": _system(system)})
+        text = _system(system)
+        if text:
+            messages.append({"role": "system", "content": text})
     turns = body.get("messages")
-    if not isinstance(turns, list):
-        raise MessagesRequestError("messages must be a list of messages", "messages")
+    if not isinstance(turns, list) or not turns:
+        raise MessagesRequestError("messages must be a non-empty list of messages", "messages")
     for index, turn in enumerate(turns):
-        messages.extend(_turn(turn, f"messages[{index}]"))
+        messages.extend(_turn(turn, f"messages[{index}]", thinking))
     fields["messages"] = messages
-    limit = body.get("max_tokens")
-    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-        raise MessagesRequestError("max_tokens is required: a positive integer", "max_tokens")
-    fields["max_tokens"] = limit
     stops = body.get("stop_sequences")
-    if stops:
-        fields["stop"] = stops
+    if stops is not None:
+        if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+            raise MessagesRequestError("stop_sequences must be a list of strings", "stop_sequences")
+        if stops:
+            fields["stop"] = stops
     for name in _SAME:
         if body.get(name) is not None:
             fields[name] = body[name]
@@ -167,12 +193,19 @@ def chat_fields(body: Mapping[str, Any], ignored: list[str]) -> dict[str, Any]:
     if choice is not None:
         _tool_choice(choice, fields)
     _output_format(body, fields)
-    extra = {name: body[name] for name in _EXTRA if body.get(name) is not None}
-    if extra:
-        fields["extra_body"] = extra
     if body.get("stream") is True:
         fields["stream"] = True
-    ignored.extend(str(name) for name in body if name not in _HANDLED)
+    extra: dict[str, Any] = {}
+    for name, value in body.items():
+        if name in passed:
+            fields[name] = value
+        elif extra_body and name in _EXTRA:
+            if value is not None:
+                extra[name] = value
+        elif name not in _HANDLED:
+            ignored.append(str(name))
+    if extra:
+        fields["extra_body"] = extra
     return fields
 
 
@@ -231,7 +264,7 @@ def _content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
     return parts
 
 
-def _turn(turn: Any, where: str) -> list[dict[str, Any]]:
+def _turn(turn: Any, where: str, thinking: str) -> list[dict[str, Any]]:
     """One Messages turn as chat messages."""
     if not isinstance(turn, Mapping):
         raise MessagesRequestError(f"{where} must be an object", where)
@@ -246,7 +279,7 @@ def _turn(turn: Any, where: str) -> list[dict[str, Any]]:
             f"{where}.content must be a string or a list of blocks", f"{where}.content"
         )
     if role == "assistant":
-        return [_assistant(content, f"{where}.content")]
+        return [_assistant(content, f"{where}.content", thinking)]
     tools: list[dict[str, Any]] = []
     rest: list[Any] = []
     for index, block in enumerate(content):
@@ -260,10 +293,11 @@ def _turn(turn: Any, where: str) -> list[dict[str, Any]]:
     return out
 
 
-def _assistant(content: list[Any], where: str) -> dict[str, Any]:
+def _assistant(content: list[Any], where: str, as_: str) -> dict[str, Any]:
     texts: list[dict[str, Any]] = []
     calls: list[dict[str, Any]] = []
     thinking: list[dict[str, Any]] = []
+    reasoning: list[str] = []
     for index, block in enumerate(content):
         at = f"{where}[{index}]"
         kind = block.get("type") if isinstance(block, Mapping) else None
@@ -281,7 +315,10 @@ def _assistant(content: list[Any], where: str) -> dict[str, Any]:
                 }
             )
         elif kind in _THINKING:
-            if block.get("signature") or kind == "redacted_thinking":
+            if as_ == "text":  # redacted blocks are dropped: a model cannot read them
+                if kind == "thinking" and isinstance(block.get("thinking"), str):
+                    reasoning.append(block["thinking"])
+            elif block.get("signature") or kind == "redacted_thinking":
                 thinking.append(dict(block))
         else:
             texts.extend(_parts([block], where))
@@ -291,6 +328,8 @@ def _assistant(content: list[Any], where: str) -> dict[str, Any]:
         message["tool_calls"] = calls
     if thinking:
         message["thinking_blocks"] = thinking
+    if reasoning:
+        message["reasoning_content"] = "".join(reasoning)
     return message
 
 
@@ -396,6 +435,22 @@ def _stop_reason(finish_reason: str | None) -> str | None:
     return STOP_REASONS.get(finish_reason, "end_turn")
 
 
+def _stop_string(choice: BaseModel) -> str | None:
+    """The stop sequence that ended a choice (vLLM's ``stop_reason``, a string when a stop
+    string matched), else None."""
+    matched = (choice.model_extra or {}).get("stop_reason")
+    return matched if isinstance(matched, str) else None
+
+
+def _stop_fields(finish_reason: str | None, calls: bool, matched: str | None) -> dict[str, Any]:
+    """A message's ``stop_reason`` and ``stop_sequence`` (``calls``: it made tool calls)."""
+    if finish_reason == "stop" and calls:
+        finish_reason = "tool_calls"
+    if finish_reason == "stop" and matched is not None:
+        return {"stop_reason": "stop_sequence", "stop_sequence": matched}
+    return {"stop_reason": _stop_reason(finish_reason) or "end_turn", "stop_sequence": None}
+
+
 def _tool_input(arguments: str) -> Any:
     try:
         value = json.loads(arguments) if arguments.strip() else {}
@@ -417,8 +472,9 @@ def message_body(completion: ChatCompletion, model: str) -> dict[str, Any]:
     reasoning = message.reasoning_content or message.reasoning
     if not content and reasoning:  # unsigned: not sent back to a provider (see _assistant)
         content.append({"type": "thinking", "thinking": reasoning, "signature": ""})
-    if message.content or not message.tool_calls:
-        content.append({"type": "text", "text": message.content or message.refusal or ""})
+    text = message.content or message.refusal
+    if text or not message.tool_calls:
+        content.append({"type": "text", "text": text or ""})
     for call in message.tool_calls or ():
         content.append(
             {
@@ -434,8 +490,7 @@ def message_body(completion: ChatCompletion, model: str) -> dict[str, Any]:
         "role": "assistant",
         "model": model,
         "content": content,
-        "stop_reason": _stop_reason(choice.finish_reason) or "end_turn",
-        "stop_sequence": None,
+        **_stop_fields(choice.finish_reason, bool(message.tool_calls), _stop_string(choice)),
         "usage": _usage(completion.usage),
     }
 
@@ -443,16 +498,31 @@ def message_body(completion: ChatCompletion, model: str) -> dict[str, Any]:
 class MessageEvents:
     """Turns a chat stream's chunks into the Messages event stream, as ``(type, data)``.
 
-    :meth:`feed` gives the events of each chunk (``message_start`` with the first), :meth:`end`
-    the closing ones (the open block's stop, ``message_delta``, ``message_stop``),
-    :meth:`fail` the ``error`` event of a stream that broke off.
+    :meth:`feed` gives the events of each chunk (``message_start`` with the first, its usage
+    the input counts that chunk carries), :meth:`end` the closing ones (the open block's
+    stop, ``message_delta``, ``message_stop``), :meth:`fail` the ``error`` event of a stream
+    that broke off.
     """
 
-    __slots__ = ("_blocks", "_calls", "_finish", "_id", "_model", "_open", "_started", "_usage")
+    __slots__ = (
+        "_blocks",
+        "_calls",
+        "_finish",
+        "_id",
+        "_matched",
+        "_model",
+        "_open",
+        "_ping",
+        "_started",
+        "_usage",
+    )
 
-    def __init__(self, model: str) -> None:
-        """Stream a message that echoes ``model``."""
+    def __init__(self, model: str, *, ping: bool = False) -> None:
+        """Stream a message that echoes ``model`` (``ping``: a ``ping`` event follows
+        ``message_start``, as Anthropic's API sends)."""
         self._model = model
+        self._ping = ping
+        self._matched: str | None = None
         self._id = ""
         self._started = False
         self._blocks = 0  # content blocks started so far
@@ -461,9 +531,11 @@ class MessageEvents:
         self._finish: str | None = None
         self._usage: Usage | None = None
 
-    def _start(self, chunk_id: str) -> list[tuple[str, dict[str, Any]]]:
+    def _start(self, chunk_id: str, usage: Usage | None) -> list[tuple[str, dict[str, Any]]]:
         self._started = True
         self._id = message_id(chunk_id)
+        counts = _usage(usage)
+        counts["output_tokens"] = 0
         message: dict[str, Any] = {
             "id": self._id,
             "type": "message",
@@ -472,9 +544,12 @@ class MessageEvents:
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {"input_tokens": 0, "output_tokens": 0},
+            "usage": counts,
         }
-        return [("message_start", {"type": "message_start", "message": message})]
+        events = [("message_start", {"type": "message_start", "message": message})]
+        if self._ping:
+            events.append(("ping", {"type": "ping"}))
+        return events
 
     def _close(self) -> list[tuple[str, dict[str, Any]]]:
         if self._open is None:
@@ -498,7 +573,7 @@ class MessageEvents:
 
     def feed(self, chunk: ChatCompletionChunk) -> list[tuple[str, dict[str, Any]]]:
         """The events a chat chunk brings."""
-        events = [] if self._started else self._start(chunk.id)
+        events = [] if self._started else self._start(chunk.id, chunk.usage)
         for choice in chunk.choices[:1]:
             delta = choice.delta
             extra = delta.__pydantic_extra__ or {}
@@ -518,6 +593,7 @@ class MessageEvents:
                 events.extend(self._call(call))
             if choice.finish_reason is not None:
                 self._finish = choice.finish_reason
+                self._matched = _stop_string(choice)
         if chunk.usage is not None:
             self._usage = chunk.usage
         return events
@@ -569,9 +645,9 @@ class MessageEvents:
 
     def end(self) -> list[tuple[str, dict[str, Any]]]:
         """The events that end the message (``message_start`` too, for an empty stream)."""
-        events = [] if self._started else self._start("")
+        events = [] if self._started else self._start("", None)
         events.extend(self._close())
-        delta = {"stop_reason": _stop_reason(self._finish) or "end_turn", "stop_sequence": None}
+        delta = _stop_fields(self._finish, bool(self._calls), self._matched)
         events.append(
             (
                 "message_delta",
