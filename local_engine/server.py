@@ -211,6 +211,23 @@ def _completion_json(completion: ChatCompletion) -> dict[str, Any]:
     return data
 
 
+_RESPONSES_PARAMS = {
+    "max_tokens": "max_output_tokens",
+    "max_completion_tokens": "max_output_tokens",
+    "messages": "input",
+}
+"""The engine names chat fields; a ``/v1/responses`` caller sent these instead."""
+
+
+def _responses_error(exc: Exception) -> RequestError:
+    """:func:`_engine_error`, with ``param`` named as the Responses request named it."""
+    error = _engine_error(exc)
+    if error.param is not None:
+        head, dot, rest = error.param.partition(".")
+        error.param = _RESPONSES_PARAMS.get(head, head) + dot + rest
+    return error
+
+
 def _engine_error(exc: Exception) -> RequestError:
     """Map an error of the engine onto a status, the one place that does: a refused request
     (:class:`~local_engine.errors.InvalidRequestError`, a ``ValueError``) 400, overload 503,
@@ -637,7 +654,7 @@ class LocalServer:
             try:
                 completion = await service.complete(engine, chat)
             except (ValueError, EngineError) as exc:
-                await _send_error(writer, _engine_error(exc))
+                await _send_error(writer, _responses_error(exc))
                 return
             if recording:
                 reply.update(
@@ -666,7 +683,7 @@ class LocalServer:
                 finally:  # also when cut short (the client left): the tokens until then
                     _access_usage(chunks.usage_so_far())
         except (ValueError, EngineError) as exc:
-            failure = _engine_error(exc)
+            failure = _responses_error(exc)
             if not writer.started:
                 await _send_error(writer, failure)
                 return

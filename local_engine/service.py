@@ -218,7 +218,8 @@ class ChatService:
         if room < 1:
             raise InvalidRequestError(
                 f"the prompt is {prompt_tokens} tokens, but this model's context "
-                f"(max_model_len) is {limit} tokens, leaving no room for a reply"
+                f"(max_model_len) is {limit} tokens, leaving no room for a reply",
+                "messages",
             )
         defaults = self.sampling_defaults
         max_tokens = request.max_new_tokens()

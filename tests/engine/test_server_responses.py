@@ -149,6 +149,14 @@ async def test_requests_a_stateless_server_cannot_serve_are_400_with_their_param
     with pytest.raises(openai.BadRequestError, match="max_output_tokens=5000") as caught:
         await served.oa.responses.create(**ask, max_output_tokens=5000)
     assert caught.value.body["param"] == "max_output_tokens"
+    # the engine's refusals name the Responses field, not its chat name (max_tokens)
+    words = served.engine.max_model_len // 3  # about two tokens a word
+    for size, output, param in ((words, 2000, "max_output_tokens"), (words * 2, 1, "input")):
+        with pytest.raises(openai.BadRequestError, match="max_model_len") as caught:
+            await served.oa.responses.create(
+                model="tiny-test", input="word " * size, max_output_tokens=output
+            )
+        assert caught.value.body.get("param") == param, caught.value.body
     raw = await served.http.post(
         "/v1/responses", json={**ask, "max_output_tokens": 1, "safety_identifier": "u1"}
     )
