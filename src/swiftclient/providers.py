@@ -247,6 +247,6 @@ def from_env(environ: Mapping[str, str] | None = None, **kwargs: Any) -> Backend
         return HTTPBackend(openai.base_url, key, name="openai", **kwargs)
     raise ConfigurationError(
         "no backend configured: pass a backend to the client (AsyncClient or Client), or set "
-        "SWIFTCLIENT_PROVIDER (oxlo, openai, deepseek, vllm, sglang, local), "
+        f"SWIFTCLIENT_PROVIDER ({', '.join([*PRESETS, 'local'])}), "
         "SWIFTCLIENT_BASE_URL, or OPENAI_API_KEY"
     )

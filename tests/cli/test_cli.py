@@ -108,6 +108,8 @@ def test_unconfigured_error_names_the_flags_not_the_python_api(
         assert line.startswith("swiftclient: error: no backend configured")
         assert "--base-url" in line and "--backend" in line and "--local" in line
         assert "AsyncClient" not in line and "backend=" not in line
+        # every preset is named (the list once missed anthropic, gemini and azure)
+        assert all(name in line for name in ("anthropic", "gemini", "azure", "local"))
 
 
 def test_a_missing_model_says_which_flag_to_pass(

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 import click
 
 from ..errors import ConfigurationError, SwiftClientError
+from ..providers import PRESETS
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -39,7 +40,7 @@ EXIT_INTERRUPTED = 130
 LOCAL = "local"
 LOCAL_MODEL = "default"
 """The model name requests carry on the local engine (it answers to any; see server.py)."""
-_KNOWN = "oxlo, openai, deepseek, vllm, sglang, local"
+_KNOWN = ", ".join([*PRESETS, LOCAL])
 _NOT_CONFIGURED = (
     "no backend configured: pass --base-url URL (any OpenAI-compatible API), "
     f"--backend NAME ({_KNOWN}) or --local, or set SWIFTCLIENT_PROVIDER, "
