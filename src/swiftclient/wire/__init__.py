@@ -9,3 +9,18 @@ transports (:mod:`swiftclient.transports`) use them to answer the ``openai`` and
 ``anthropic`` SDKs with a swiftclient client, and the local engine's server its
 ``/v1/responses``. Nothing here does I/O; the modules need only :mod:`swiftclient.types`.
 """
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["named_event"]
+
+
+def named_event(kind: str, data: Mapping[str, Any]) -> bytes:
+    """One named server-sent event, as both wires send them: ``event: <kind>`` then its
+    data as compact JSON."""
+    payload = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return f"event: {kind}\ndata: {payload}\n\n".encode()

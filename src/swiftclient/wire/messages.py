@@ -55,6 +55,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from ..types import ChatCompletion, ChatCompletionChunk, ToolCallDelta, Usage
+from . import named_event
 
 __all__ = [
     "STOP_REASONS",
@@ -120,8 +121,7 @@ def messages_error(status: int, message: str) -> dict[str, Any]:
 
 def event_bytes(kind: str, data: Mapping[str, Any]) -> bytes:
     """One named server-sent event: ``event: <kind>`` then its JSON ``data``."""
-    payload = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-    return f"event: {kind}\ndata: {payload}\n\n".encode()
+    return named_event(kind, data)
 
 
 class MessagesRequestError(ValueError):

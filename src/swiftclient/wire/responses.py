@@ -50,13 +50,13 @@ or ``response.failed`` with its ``error`` when the engine fails partway. No ``[D
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from ..types import ChatCompletion, ChatCompletionChunk, ToolCallDelta, Usage
+from . import named_event
 
 __all__ = [
     "ResponsesRequestError",
@@ -495,8 +495,7 @@ def response_body(completion: ChatCompletion, echo: ResponseEcho) -> dict[str, A
 
 def event_bytes(event: Mapping[str, Any]) -> bytes:
     """One named server-sent event: ``event: <type>`` then its JSON ``data``."""
-    data = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
-    return f"event: {event['type']}\ndata: {data}\n\n".encode()
+    return named_event(event["type"], event)
 
 
 class _Item:
