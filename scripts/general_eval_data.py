@@ -136,7 +136,7 @@ AIRPORTS = ("Lisbon", "Dakar", "Calgary", "Busan", "Porto", "Cairo", "Denver", "
 SYSTEM_PROMPTS = (
     None,
     None,
-    "You are a helpful assistant.",
+    "You are a friendly, helpful assistant.",
     "You are an assistant with access to tools. Be brief.",
     "Keep answers short and friendly.",
     "You help people plan their day.",
@@ -170,7 +170,7 @@ WEATHER_ASKS = (
     "How warm is it in {city}?",
     "Look up {city} weather for me",
     "current weather in {city}?",
-    "Is it raining in {city}?",
+    "Is there any rain in {city} right now?",
     "I'd like to know the weather in {city}.",
 )
 WEATHER_ASKS_F = (
@@ -184,8 +184,8 @@ WEATHER_ASKS_C = (
     "How cold is it in {city}, in degrees C?",
 )
 CONVERT_ASKS = (
-    "Convert {v} {a} to {b}.",
-    "How many {b} is {v} {a}?",
+    "Convert {v} {a} over to {b}.",
+    "How many {b} would {v} {a} be?",
     "what is {v} {a} in {b}",
     "{v} {a} to {b}?",
     "Can you turn {v} {a} into {b}?",
@@ -857,9 +857,9 @@ def _structured_case(rng: random.Random, style: str) -> Case:
 def _session_case(rng: random.Random, index: int) -> Case:
     kinds = ["tool", "tool", "chat", "chat"] + rng.sample(["tool", "chat", "copy", "tool"], 2)
     rng.shuffle(kinds)
-    if kinds[0] != "chat" and rng.random() < 0.5:
-        kinds.insert(0, "chat")
-        kinds.pop()
+    if kinds[0] != "chat" and rng.random() < 0.5:  # half the sessions open with chat
+        later = kinds.index("chat")
+        kinds[0], kinds[later] = kinds[later], kinds[0]
     turns: list[dict[str, Any]] = []
     for kind in kinds:
         if kind == "tool":
