@@ -243,13 +243,18 @@ def table(rows: Sequence[dict[str, Any]]) -> tuple[str, bool]:
 
 
 def styles(rows: Sequence[dict[str, Any]]) -> str:
-    """The goal metric per task and style (which phrasings or formats fail)."""
-    keys = list(dict.fromkeys((r["task"], r["style"]) for r in rows if r["task"] != "session"))
-    parts = []
-    for task, style in keys:
-        subset = [r for r in rows if r["task"] == task and r["style"] == style]
-        parts.append(f"{task}/{style} {sum(r['ok'] for r in subset)}/{len(subset)}")
-    return "by style: " + ", ".join(parts)
+    """The goal metric per task and style (which phrasings or formats fail), a line a task."""
+    lines = []
+    for task in GOALS:
+        if task == "session":
+            continue
+        subset = [r for r in rows if r["task"] == task]
+        parts = []
+        for style in dict.fromkeys(r["style"] for r in subset):
+            hits = [r["ok"] for r in subset if r["style"] == style]
+            parts.append(f"{style} {sum(hits)}/{len(hits)}")
+        lines.append(f"  {task + ':':<13}" + ", ".join(parts))
+    return "by style:\n" + "\n".join(lines)
 
 
 def main() -> None:
