@@ -573,158 +573,148 @@ NUM: dict[str, Any] = {"type": "number"}
 BOOL: dict[str, Any] = {"type": "boolean"}
 
 
-def _book(rng: random.Random) -> tuple[str, str, dict[str, Any], dict[str, Any]]:
-    title = rng.choice(BOOK_TITLES)
-    author = f"{rng.choice(PEOPLE_FIRST)} {rng.choice(PEOPLE_LAST)}"
-    year = rng.randint(1921, 2025)
-    sentence = rng.choice(
-        (
-            f'"{title}" was written by {author} and came out in {year}.',
-            f"{author} published {title} in {year}.",
-            f"Published in {year}, {title} is a novel by {author}.",
-        )
-    )
-    return (
-        "Book",
-        sentence,
-        _obj({"title": STR, "author": STR, "year": INT}),
-        {
-            "title": title,
-            "author": author,
-            "year": year,
-        },
-    )
+@dataclass(frozen=True)
+class Record:
+    """A small schema to fill, the sentences that state a record's fields, and a draw of
+    one record (keys starting with ``_`` are words the sentences use, not fields)."""
+
+    name: str
+    schema: dict[str, Any]
+    sentences: tuple[str, ...]
+    draw: Callable[[random.Random], dict[str, Any]]
+
+    def sample(self, rng: random.Random) -> tuple[str, dict[str, Any]]:
+        """One sentence and the record it states."""
+        drawn = self.draw(rng)
+        sentence = rng.choice(self.sentences).format(**drawn)
+        return sentence, {k: v for k, v in drawn.items() if not k.startswith("_")}
 
 
-def _pet(rng: random.Random) -> tuple[str, str, dict[str, Any], dict[str, Any]]:
-    name, species, age = rng.choice(PET_NAMES), rng.choice(PETS), rng.randint(1, 19)
-    sentence = rng.choice(
-        (
-            f"Our {species} {name} turned {age} this spring.",
-            f"{name} is a {age}-year-old {species}.",
-            f"Meet {name}: {species}, {age} years old.",
-        )
-    )
-    schema = _obj({"name": STR, "species": {"type": "string", "enum": list(PETS)}, "age": INT})
-    return "Pet", sentence, schema, {"name": name, "species": species, "age": age}
+def _person_name(rng: random.Random) -> str:
+    return f"{rng.choice(PEOPLE_FIRST)} {rng.choice(PEOPLE_LAST)}"
 
 
-def _order(rng: random.Random) -> tuple[str, str, dict[str, Any], dict[str, Any]]:
-    item, quantity = rng.choice(ITEMS), rng.randint(1, 12)
-    price = round(rng.uniform(2, 180), 2)
-    sentence = rng.choice(
-        (
-            f"Please send {quantity} x {item} at {price} dollars each.",
-            f"I ordered {quantity} of the {item}, unit price {price}.",
-            f"Order: {item}, quantity {quantity}, {price} per piece.",
-        )
-    )
-    return (
-        "Order",
-        sentence,
-        _obj({"item": STR, "quantity": INT, "unit_price": NUM}),
-        {
-            "item": item,
-            "quantity": quantity,
-            "unit_price": price,
-        },
-    )
-
-
-def _meeting(rng: random.Random) -> tuple[str, str, dict[str, Any], dict[str, Any]]:
-    topic, room, people = rng.choice(TOPICS), rng.choice(ROOMS), rng.randint(2, 30)
+def _meeting(rng: random.Random) -> dict[str, Any]:
     online = rng.random() < 0.5
-    where = "on a video call" if online else "in person"
-    sentence = rng.choice(
-        (
-            f"The {topic} is in room {room} with {people} people, held {where}.",
-            f"{people} of us meet {where} in {room} for the {topic}.",
-        )
-    )
-    schema = _obj({"topic": STR, "room": STR, "attendees": INT, "online": BOOL})
-    return (
-        "Meeting",
-        sentence,
-        schema,
-        {
-            "topic": topic,
-            "room": room,
-            "attendees": people,
-            "online": online,
-        },
-    )
+    return {
+        "topic": rng.choice(TOPICS),
+        "room": rng.choice(ROOMS),
+        "attendees": rng.randint(2, 30),
+        "online": online,
+        "_where": "on a video call" if online else "in person",
+    }
 
 
-def _reading(rng: random.Random) -> tuple[str, str, dict[str, Any], dict[str, Any]]:
-    sensor = rng.choice(SENSORS)
-    value = round(rng.uniform(-30, 90), 1)
+def _reading(rng: random.Random) -> dict[str, Any]:
     ok = rng.random() < 0.6
-    state = "within range" if ok else "out of range"
-    sentence = rng.choice(
-        (
-            f"Sensor {sensor} reports {value} degrees, {state}.",
-            f"The {sensor} reading is {value}; status: {state}.",
-        )
-    )
-    return (
-        "Reading",
-        sentence,
-        _obj({"sensor": STR, "value": NUM, "in_range": BOOL}),
-        {
-            "sensor": sensor,
-            "value": value,
-            "in_range": ok,
-        },
-    )
+    return {
+        "sensor": rng.choice(SENSORS),
+        "value": round(rng.uniform(-30, 90), 1),
+        "in_range": ok,
+        "_state": "within range" if ok else "out of range",
+    }
 
 
-def _contact(rng: random.Random) -> tuple[str, str, dict[str, Any], dict[str, Any]]:
+def _contact(rng: random.Random) -> dict[str, Any]:
     first, last = rng.choice(PEOPLE_FIRST), rng.choice(PEOPLE_LAST)
     email = f"{first.lower()}.{last.lower()}@{rng.choice(WORDS[:40])}.org"
-    email = email.encode("ascii", "ignore").decode()
-    sentence = rng.choice(
-        (
-            f"You can reach {first} {last} at {email}.",
-            f"New contact - first name {first}, surname {last}, mail {email}",
-        )
-    )
-    return (
-        "Contact",
-        sentence,
-        _obj({"first_name": STR, "last_name": STR, "email": STR}),
-        {
-            "first_name": first,
-            "last_name": last,
-            "email": email,
-        },
-    )
+    return {
+        "first_name": first,
+        "last_name": last,
+        "email": email.encode("ascii", "ignore").decode(),
+    }
 
 
-def _flight(rng: random.Random) -> tuple[str, str, dict[str, Any], dict[str, Any]]:
-    code = f"{rng.choice('AZKQLT')}{rng.choice('XYBF')}{rng.randint(10, 9999)}"
+def _flight(rng: random.Random) -> dict[str, Any]:
     origin, destination = rng.sample(AIRPORTS, 2)
-    gate = rng.randint(1, 60)
-    sentence = rng.choice(
+    return {
+        "code": f"{rng.choice('AZKQLT')}{rng.choice('XYBF')}{rng.randint(10, 9999)}",
+        "origin": origin,
+        "destination": destination,
+        "gate": rng.randint(1, 60),
+    }
+
+
+RECORDS = (
+    Record(
+        "Book",
+        _obj({"title": STR, "author": STR, "year": INT}),
         (
-            f"Flight {code} from {origin} to {destination} boards at gate {gate}.",
-            f"Boarding at gate {gate}: {code}, {origin} to {destination}.",
-        )
-    )
-    schema = _obj({"code": STR, "origin": STR, "destination": STR, "gate": INT})
-    return (
-        "Flight",
-        sentence,
-        schema,
-        {
-            "code": code,
-            "origin": origin,
-            "destination": destination,
-            "gate": gate,
+            '"{title}" was written by {author} and came out in {year}.',
+            "{author} published {title} in {year}.",
+            "Published in {year}, {title} is a novel by {author}.",
+        ),
+        lambda rng: {
+            "title": rng.choice(BOOK_TITLES),
+            "author": _person_name(rng),
+            "year": rng.randint(1921, 2025),
         },
-    )
-
-
-RECORDS = (_book, _pet, _order, _meeting, _reading, _contact, _flight)
+    ),
+    Record(
+        "Pet",
+        _obj({"name": STR, "species": {"type": "string", "enum": list(PETS)}, "age": INT}),
+        (
+            "Our {species} {name} turned {age} this spring.",
+            "{name} is a {age}-year-old {species}.",
+            "Meet {name}: {species}, {age} years old.",
+        ),
+        lambda rng: {
+            "name": rng.choice(PET_NAMES),
+            "species": rng.choice(PETS),
+            "age": rng.randint(1, 19),
+        },
+    ),
+    Record(
+        "Order",
+        _obj({"item": STR, "quantity": INT, "unit_price": NUM}),
+        (
+            "Please send {quantity} x {item} at {unit_price} dollars each.",
+            "I ordered {quantity} of the {item}, unit price {unit_price}.",
+            "Order: {item}, quantity {quantity}, {unit_price} per piece.",
+        ),
+        lambda rng: {
+            "item": rng.choice(ITEMS),
+            "quantity": rng.randint(1, 12),
+            "unit_price": round(rng.uniform(2, 180), 2),
+        },
+    ),
+    Record(
+        "Meeting",
+        _obj({"topic": STR, "room": STR, "attendees": INT, "online": BOOL}),
+        (
+            "The {topic} is in room {room} with {attendees} people, held {_where}.",
+            "{attendees} of us meet {_where} in {room} for the {topic}.",
+        ),
+        _meeting,
+    ),
+    Record(
+        "Reading",
+        _obj({"sensor": STR, "value": NUM, "in_range": BOOL}),
+        (
+            "Sensor {sensor} reports {value} degrees, {_state}.",
+            "The {sensor} reading is {value}; status: {_state}.",
+        ),
+        _reading,
+    ),
+    Record(
+        "Contact",
+        _obj({"first_name": STR, "last_name": STR, "email": STR}),
+        (
+            "You can reach {first_name} {last_name} at {email}.",
+            "New contact - first name {first_name}, surname {last_name}, mail {email}",
+        ),
+        _contact,
+    ),
+    Record(
+        "Flight",
+        _obj({"code": STR, "origin": STR, "destination": STR, "gate": INT}),
+        (
+            "Flight {code} from {origin} to {destination} boards at gate {gate}.",
+            "Boarding at gate {gate}: {code}, {origin} to {destination}.",
+        ),
+        _flight,
+    ),
+)
 EXTRACT_ASKS = (
     "Extract the details from this: {s}",
     "{s}\n\nPull out the fields.",
@@ -843,13 +833,14 @@ def structured_request(style: str, name: str, schema: dict[str, Any], user: str)
 
 
 def _structured_case(rng: random.Random, style: str) -> Case:
-    name, sentence, schema, value = rng.choice(RECORDS)(rng)
+    record = rng.choice(RECORDS)
+    sentence, value = record.sample(rng)
     user = rng.choice(EXTRACT_ASKS).format(s=sentence)
     return {
         "task": "structured",
         "style": style,
-        "request": structured_request(style, name, schema, user),
-        "schema": schema,
+        "request": structured_request(style, record.name, record.schema, user),
+        "schema": record.schema,
         "expected": value,
     }
 

@@ -10,7 +10,7 @@ the expected reply and refuses a near miss.
 from __future__ import annotations
 
 import ast
-import importlib.util
+import importlib
 import json
 import re
 import subprocess
@@ -31,14 +31,12 @@ MIN_SHARED = 20  # characters: shorter strings ("weather {city}", unit names) ma
 
 @pytest.fixture(scope="module")
 def data() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "general_eval_data", SCRIPTS / "general_eval_data.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("general_eval_data", module)
-    spec.loader.exec_module(module)
-    return module
+    """scripts/general_eval_data.py, imported as eval_general imports it."""
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        return importlib.import_module("general_eval_data")
+    finally:
+        sys.path.remove(str(SCRIPTS))
 
 
 @pytest.fixture(scope="module")
