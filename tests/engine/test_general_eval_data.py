@@ -275,3 +275,59 @@ def test_malformed_replies_are_named(data: ModuleType) -> None:
     assert data.check_turn(turn, [call, reply("It is 3.")], 3.0)
     assert not data.check_turn(turn, [call, reply("It is 4.")], 3.0)
     assert not data.check_turn(turn, [reply("It is 3.")], None)
+
+
+# --------------------------------------------------------------------------- the runner
+
+
+@pytest.fixture(scope="module")
+def runner_module() -> ModuleType:
+    """scripts/eval_general.py."""
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        return importlib.import_module("eval_general")
+    finally:
+        sys.path.remove(str(SCRIPTS))
+
+
+@pytest.mark.anyio
+async def test_the_runner_answers_as_the_local_backend(
+    runner_module: ModuleType, cases: list[dict[str, Any]]
+) -> None:
+    """eval_general decodes through the request path users get: for a tool question, a
+    forced final_result tool and a JSON schema, its reply is LocalBackend's, greedy."""
+    from local_engine import LocalBackend
+    from swiftclient import AsyncClient
+
+    picked = [
+        next(c for c in cases if c["task"] == "tool_call"),
+        next(c for c in cases if c.get("style") == "final_result"),
+        next(c for c in cases if c.get("style") == "json_schema"),
+    ]
+    runner = runner_module.Runner(runner_module.DEFAULT_MODEL)
+    async with AsyncClient(LocalBackend(), model="default") as client:
+        for case in picked:
+            limit = runner_module.MAX_TOKENS[case["task"]]
+            (ours,) = runner.run([case["request"]], [limit])
+            body = dict(case["request"])
+            completion = await client.chat(
+                body.pop("messages"), temperature=0.0, max_tokens=limit, **body
+            )
+            calls = tuple((c.function.name, c.function.arguments) for c in completion.tool_calls)
+            finish = completion.choices[0].finish_reason
+            assert ours == runner_module.data.Reply(completion.text, calls, finish), case["task"]
+
+
+def test_a_session_is_played_to_its_end_or_its_first_malformed_reply(
+    runner_module: ModuleType, cases: list[dict[str, Any]]
+) -> None:
+    runner = runner_module.Runner(runner_module.DEFAULT_MODEL)
+    sessions = [c for c in cases if c["task"] == "session"][:2]
+    rows = runner_module.play_sessions(runner, sessions)
+    for row in rows:
+        assert row["ok"] == (not row["problems"])
+        assert len(row["turns"]) == 6 or (row["problems"] and row["turns"][-1]["problem"])
+        for turn in row["turns"]:
+            assert (
+                turn["replies"] and len(turn["replies"]) <= runner_module.data.MAX_TOOL_ROUNDS + 1
+            )
