@@ -725,17 +725,19 @@ EXTRACT_ASKS = (
 
 
 def valid(value: Any, schema: dict[str, Any]) -> bool:
-    """Whether ``value`` follows one of this set's small schemas (objects of scalars)."""
+    """Whether ``value`` follows one of this set's small schemas (objects of scalars), as
+    JSON Schema says: other keys are allowed unless ``additionalProperties`` is false."""
     kind = schema.get("type")
     if "enum" in schema and value not in schema["enum"]:
         return False
     if kind == "object":
         props = schema.get("properties", {})
+        closed = schema.get("additionalProperties") is False
         return (
             isinstance(value, dict)
             and set(schema.get("required", ())) <= set(value)
-            and set(value) <= set(props)
-            and all(valid(item, props[key]) for key, item in value.items())
+            and (not closed or set(value) <= set(props))
+            and all(valid(item, props[key]) for key, item in value.items() if key in props)
         )
     if kind == "string":
         return isinstance(value, str)
@@ -1006,8 +1008,13 @@ def check(case: Case, reply: Reply) -> dict[str, bool]:
         return {"ok": not reply.calls and reply.content.strip() == expected, "text": well_formed}
     if task == "structured":
         value = _parsed_value(case, reply)
-        is_valid = value is not None and valid(value, case["schema"])
-        return {"ok": is_valid and _same(value, expected), "valid": is_valid}
+        schema = case["schema"]
+        if case["style"] == "final_result":
+            schema = case["request"]["tools"][0]["function"]["parameters"]
+        is_valid = value is not None and valid(value, schema)
+        # What the caller's model class keeps: the schema's fields (pydantic ignores others).
+        fields = {k: v for k, v in value.items() if k in schema["properties"]} if is_valid else {}
+        return {"ok": is_valid and _same(fields, expected), "valid": is_valid}
     raise ValueError(f"not a single-turn task: {task!r}")
 
 

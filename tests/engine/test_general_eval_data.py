@@ -257,6 +257,14 @@ def test_a_result_answer_must_keep_the_sign_and_invent_nothing(data: ModuleType)
     assert not data.result_used(12.2, messages, data.Reply("", (("calculator", "{}"),)))
 
 
+def test_schema_validity_follows_json_schema(data: ModuleType) -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    assert data.valid({"n": 3, "extra": "x"}, schema)
+    assert not data.valid({"n": 3, "extra": "x"}, {**schema, "additionalProperties": False})
+    assert not data.valid({"n": 3.5}, schema) and not data.valid({"n": True}, schema)
+    assert not data.valid({}, schema)
+
+
 def test_malformed_replies_are_named(data: ModuleType) -> None:
     reply = data.Reply
     assert data.malformed(reply("You're welcome!")) is None
