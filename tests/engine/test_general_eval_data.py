@@ -41,6 +41,7 @@ def data() -> ModuleType:
 
 @pytest.fixture(scope="module")
 def cases(data: ModuleType) -> list[dict[str, Any]]:
+    """The whole set, built once."""
     return list(data.build())
 
 
