@@ -76,8 +76,9 @@ class Reply(BaseModel):
     usage: ReplyUsage | None = None
     finish_reason: str | None = None
     thinking: str | None = None
-    """Extended-thinking text the Messages route (``/v1/messages``) sends first, as a signed
-    ``thinking`` block (the OpenAI route ignores it)."""
+    """Reasoning text sent first: on the Messages route (``/v1/messages``) as a signed
+    ``thinking`` block, on the Responses route (``/v1/responses``) as a ``reasoning`` item
+    (summary, and encrypted content when asked for); the chat route ignores it."""
 
     @model_validator(mode="after")
     def _consistent(self) -> Reply:

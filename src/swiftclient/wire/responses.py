@@ -426,7 +426,8 @@ def _usage(usage: Usage | None) -> dict[str, Any] | None:
     return {
         "input_tokens": usage.prompt_tokens,
         "input_tokens_details": {
-            "cached_tokens": (details.cached_tokens if details else None) or 0
+            "cached_tokens": (details.cached_tokens if details else None) or 0,
+            "cache_write_tokens": usage.cache_write_tokens,
         },
         "output_tokens": usage.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
@@ -469,12 +470,17 @@ def _status(finish_reason: str | None) -> str:
     return "incomplete" if finish_reason == "length" else "completed"
 
 
-def response_body(completion: ChatCompletion, echo: ResponseEcho) -> dict[str, Any]:
-    """A whole chat completion as a ``response`` object."""
+def response_body(
+    completion: ChatCompletion,
+    echo: ResponseEcho,
+    reasoning: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """A whole chat completion as a ``response`` object; ``reasoning``: ``reasoning``
+    output items that come first (as given)."""
     choice = completion.choices[0]
     message = choice.message
     status = _status(choice.finish_reason)
-    output: list[dict[str, Any]] = []
+    output: list[dict[str, Any]] = [dict(item) for item in reasoning or ()]
     logprobs = list((choice.logprobs or {}).get("content") or [])
     if message.content or message.refusal or not message.tool_calls:
         if message.refusal and not message.content:
@@ -499,9 +505,20 @@ def event_bytes(event: Mapping[str, Any]) -> bytes:
 
 
 class _Item:
-    """An output item being streamed: a message (text) or a function call."""
+    """An output item being streamed: a message (text), a function call or a reasoning
+    item (given whole)."""
 
-    __slots__ = ("arguments", "call_id", "id", "index", "kind", "logprobs", "name", "text")
+    __slots__ = (
+        "arguments",
+        "call_id",
+        "id",
+        "index",
+        "kind",
+        "logprobs",
+        "name",
+        "reasoning",
+        "text",
+    )
 
     def __init__(self, kind: str, index: int) -> None:
         self.kind = kind
@@ -512,8 +529,11 @@ class _Item:
         self.call_id = ""
         self.name = ""
         self.arguments: list[str] = []
+        self.reasoning: dict[str, Any] = {}
 
     def snapshot(self, status: str) -> dict[str, Any]:
+        if self.kind == "reasoning":
+            return dict(self.reasoning)
         if self.kind == "message":
             return _message_item(self.id, "".join(self.text), status, list(self.logprobs))
         return _call_item(self.id, self.call_id, self.name, "".join(self.arguments), status)
@@ -602,6 +622,54 @@ class ResponseEvents:
             )
         return item, events
 
+    def reasoning(self, item: dict[str, Any]) -> list[dict[str, Any]]:
+        """The events of a whole ``reasoning`` output item (``id``, ``summary`` parts and
+        ``encrypted_content``): added, each summary part streamed as one delta, done. The
+        item is sent as given in ``response.output_item.done`` and the final response;
+        ``response.output_item.added`` carries it without its summary or encrypted content,
+        which are whole only at the end."""
+        events = self._end_current()
+        entry = _Item("reasoning", len(self._items))
+        entry.id = str(item["id"])
+        entry.reasoning = dict(item)
+        self._items.append(entry)
+        opening = {**item, "summary": []}
+        opening.pop("encrypted_content", None)
+        where = {"item_id": entry.id, "output_index": entry.index}
+        events.append(
+            self._event("response.output_item.added", output_index=entry.index, item=opening)
+        )
+        for at, part in enumerate(item.get("summary") or ()):
+            text = part.get("text", "")
+            empty = {"type": "summary_text", "text": ""}
+            events.append(
+                self._event(
+                    "response.reasoning_summary_part.added", **where, summary_index=at, part=empty
+                )
+            )
+            events.append(
+                self._event(
+                    "response.reasoning_summary_text.delta", **where, summary_index=at, delta=text
+                )
+            )
+            events.append(
+                self._event(
+                    "response.reasoning_summary_text.done", **where, summary_index=at, text=text
+                )
+            )
+            events.append(
+                self._event(
+                    "response.reasoning_summary_part.done",
+                    **where,
+                    summary_index=at,
+                    part={"type": "summary_text", "text": text},
+                )
+            )
+        events.append(
+            self._event("response.output_item.done", output_index=entry.index, item=dict(item))
+        )
+        return events
+
     def _text(self, text: str, logprobs: dict[str, Any] | None) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
         item = self._current
@@ -686,7 +754,8 @@ class ResponseEvents:
     def _close(self, usage: Usage | None) -> list[dict[str, Any]]:
         status = _status(self._finish)
         events: list[dict[str, Any]] = []
-        if not self._items:  # an empty reply is still one (empty) message
+        if all(item.kind == "reasoning" for item in self._items):
+            # an empty reply is still one (empty) message
             _, events = self._open("message")
         events.extend(self._end_current())
         self.closed = True
