@@ -334,6 +334,9 @@ class PromptTokensDetails(BaseModel):
 
     model_config = _RESPONSE
     cached_tokens: int | None = None
+    cache_write_tokens: int | None = None
+    """Prompt tokens written to the cache, where the provider reports them here (OpenAI's
+    GPT-5.6 and later models)."""
 
 
 class CompletionTokensDetails(BaseModel):
@@ -386,7 +389,11 @@ class Usage(BaseModel):
     @property
     def cache_write_tokens(self) -> int:
         """Prompt tokens written to a prompt cache, where the provider bills them apart
-        (Anthropic-style ``cache_creation_input_tokens``); else 0."""
+        (OpenAI's ``prompt_tokens_details.cache_write_tokens``, Anthropic-style
+        ``cache_creation_input_tokens``); else 0."""
+        details = self.prompt_tokens_details
+        if details is not None and details.cache_write_tokens:
+            return details.cache_write_tokens
         extra = self.__pydantic_extra__ or {}
         written = extra.get("cache_creation_input_tokens")
         return written if isinstance(written, int) and not isinstance(written, bool) else 0

@@ -173,9 +173,11 @@ def _parts(content: Any) -> Any:
             item = {"type": "input_image", "image_url": image["url"]}
             if image.get("detail"):
                 item["detail"] = image["detail"]
-            parts.append(item)
         else:
-            parts.append({"type": "input_text", "text": part.get("text", "")})
+            item = {"type": "input_text", "text": part.get("text", "")}
+        if "prompt_cache_breakpoint" in part:
+            item["prompt_cache_breakpoint"] = part["prompt_cache_breakpoint"]
+        parts.append(item)
     return parts
 
 
@@ -190,7 +192,10 @@ def _usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": int(usage.get("total_tokens") or prompt + completion),
-        "prompt_tokens_details": {"cached_tokens": input_details.get("cached_tokens")},
+        "prompt_tokens_details": {
+            "cached_tokens": input_details.get("cached_tokens"),
+            "cache_write_tokens": input_details.get("cache_write_tokens"),
+        },
         "completion_tokens_details": {"reasoning_tokens": output_details.get("reasoning_tokens")},
     }
 
@@ -267,6 +272,7 @@ class ResponsesBackend(HTTPBackend):
     """
 
     _path = "/responses"
+    _breakpoint_roles = frozenset({"system", "developer", "user"})  # input content only
 
     def __init__(
         self, base_url: str, api_key: str | None = None, *, store: bool = False, **kwargs: Any

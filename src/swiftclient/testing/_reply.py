@@ -21,7 +21,8 @@ class ReplyUsage(BaseModel):
     cached_tokens: int | None = Field(default=None, ge=0)
     cache_write_tokens: int | None = Field(default=None, ge=0)
     """Prompt tokens written to the cache (``cache_creation_input_tokens`` on the Messages
-    route; the OpenAI route has no such field)."""
+    route, ``cache_write_tokens`` in the prompt or input token details on the OpenAI
+    routes, as GPT-5.6 and later report them)."""
     cache_write_1h_tokens: int | None = Field(default=None, ge=0)
     """Of ``cache_write_tokens``, those reported as 1-hour writes (the Messages route's
     ``cache_creation.ephemeral_1h_input_tokens``; the rest are 5-minute writes)."""
