@@ -40,7 +40,13 @@ from ..breakpoints import (
     CacheBreakpointWarning,
     mark_content_breakpoints,
 )
-from ..types import MAX_CHOICES, MAX_TOOL_CALLS, ChatCompletion, ChatCompletionChunk, ChatRequest
+from ..types import (
+    MAX_CHOICES,
+    MAX_TOOL_CALLS,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatRequest,
+)
 from ._errors import TransportError, to_public
 from ._httpx import HttpxTransport
 from ._network import Cert, Verify, env_proxy, keepalive_options, ssl_context
@@ -697,6 +703,20 @@ class HTTPBackend:
         if deadline.now() >= deadline.at:  # parsing took the call past its deadline
             raise _deadline_exceeded(self, deadline)
         return completion
+
+
+def text_chunk(completion_id: str, model: str, text: str, created: int = 0) -> ChatCompletionChunk:
+    """A content chunk: the per-token path of the wires that decode their own events.
+    Validated from a dict in pydantic-core, which costs less than ``model_construct``'s
+    Python-level defaults for the three nested models."""
+    return ChatCompletionChunk.model_validate(
+        {
+            "id": completion_id,
+            "model": model,
+            "created": created,
+            "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}],
+        }
+    )
 
 
 class _ChunkStream:

@@ -40,6 +40,8 @@ import json
 from collections import deque
 from typing import Any
 
+import pydantic_core
+
 from .. import errors
 from .._canonical import CallEncoding
 from .._deadline import Deadline
@@ -52,6 +54,7 @@ from .http import (
     _inband_error,
     _Response,
     _stream_error,
+    text_chunk,
 )
 
 __all__ = ["ResponsesBackend", "chat_completion", "responses_body"]
@@ -348,7 +351,7 @@ class _EventStream(_ChunkStream):
             event = events.popleft()
             malformed = False
             try:
-                data = json.loads(event.data)
+                data = pydantic_core.from_json(event.data)
                 if not isinstance(data, dict):
                     raise ValueError
                 self._event(data)
@@ -390,7 +393,12 @@ class _EventStream(_ChunkStream):
             self._created = int(response.get("created_at") or 0)
             self._chunk({"role": "assistant", "content": ""})
         elif kind == "response.output_text.delta":
-            self._chunk({"content": data.get("delta", "")}, logprobs=data.get("logprobs"))
+            text = data.get("delta", "")
+            logprobs = data.get("logprobs")
+            if logprobs or not isinstance(text, str):
+                self._chunk({"content": text}, logprobs=logprobs)
+            else:  # the per-token path: nothing to validate
+                self._pending.append(text_chunk(self._id, self._model, text, self._created))
         elif kind in ("response.reasoning_text.delta", "response.reasoning_summary_text.delta"):
             self._chunk({"reasoning_content": data.get("delta", "")})
         elif kind == "response.output_item.added":
