@@ -852,6 +852,8 @@ class AnthropicBackend(HTTPBackend):
     """
 
     _path = "/messages"
+    provider_name = "anthropic"
+    """``gen_ai.provider.name`` on this backend's spans, whatever host serves the wire."""
 
     def __init__(
         self,
