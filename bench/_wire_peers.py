@@ -18,14 +18,13 @@ content deltas, the same denominator for every peer.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
 
-import aiohttp
 import anthropic
 import openai
 from _canned import MESSAGES, MODEL
 from _cpu_peers import API_KEY, Mode, Peer, SwiftPeer
+from _socket_peers import RawAiohttpPeer
 
 from swiftclient import AnthropicBackend, ResponsesBackend
 
@@ -42,133 +41,83 @@ TURNS: Any = MESSAGES[1:]
 TURNS_ALL: Any = MESSAGES
 
 
-class AnthropicSDKPeer:
-    """The official ``anthropic`` SDK, default http client, ``max_retries=0``."""
+class _SDKPeer:
+    """A vendor SDK: one create call, streamed (``stream=True``, iterated event by event)
+    or not; with ``helper``, streams go through the SDK's accumulating stream helper."""
 
-    name = "anthropic SDK"
+    name = ""
 
-    def __init__(self, mode: Mode, root: str) -> None:
-        self._client = anthropic.AsyncAnthropic(api_key=API_KEY, base_url=root, max_retries=0)
+    def __init__(self, mode: Mode, client: Any, helper: bool = False) -> None:
+        self._client = client
         self._mode = mode
+        self._helper = helper
+
+    async def _create(self, **options: Any) -> Any:
+        raise NotImplementedError
+
+    def _stream_helper(self) -> Any:
+        raise NotImplementedError
 
     async def run(self) -> int:
-        """One ``messages.create``, streamed or not."""
+        """One call; a stream's events are counted."""
         if self._mode == "request":
-            await self._client.messages.create(
-                model=MODEL, max_tokens=MAX_TOKENS, system=SYSTEM, messages=TURNS
-            )
+            await self._create()
             return 1
         count = 0
-        stream = await self._client.messages.create(
-            model=MODEL, max_tokens=MAX_TOKENS, system=SYSTEM, messages=TURNS, stream=True
-        )
-        async with stream:
-            async for _ in stream:
-                count += 1
-        return count
-
-    async def aclose(self) -> None:
-        """Close the SDK client."""
-        await self._client.close()
-
-
-class AnthropicHelperPeer(AnthropicSDKPeer):
-    """The ``anthropic`` SDK's ``messages.stream`` helper, which also accumulates the
-    message as swiftclient's stream does (streams only)."""
-
-    name = "anthropic SDK, messages.stream"
-
-    async def run(self) -> int:
-        """One ``messages.stream``, iterated event by event, then its final message."""
-        count = 0
-        async with self._client.messages.stream(
-            model=MODEL, max_tokens=MAX_TOKENS, system=SYSTEM, messages=TURNS
-        ) as stream:
-            async for _ in stream:
-                count += 1
-            await stream.get_final_message()
-        return count
-
-
-class OpenAIResponsesPeer:
-    """The official ``openai`` SDK's ``responses.create``, ``max_retries=0``."""
-
-    name = "openai SDK"
-
-    def __init__(self, mode: Mode, base_url: str) -> None:
-        self._client = openai.AsyncOpenAI(api_key=API_KEY, base_url=base_url, max_retries=0)
-        self._mode = mode
-
-    async def run(self) -> int:
-        """One ``responses.create``, streamed or not (``store=False``, as swiftclient sends)."""
-        if self._mode == "request":
-            await self._client.responses.create(model=MODEL, input=TURNS_ALL, store=False)
-            return 1
-        count = 0
-        stream = await self._client.responses.create(
-            model=MODEL, input=TURNS_ALL, store=False, stream=True
-        )
-        async with stream:
-            async for _ in stream:
-                count += 1
-        return count
-
-    async def aclose(self) -> None:
-        """Close the SDK client."""
-        await self._client.close()
-
-
-class RawWirePeer:
-    """Hand-written ``aiohttp`` + ``json.loads`` on one wire: the floor."""
-
-    name = "raw aiohttp"
-
-    def __init__(self, mode: Mode, url: str, body: dict[str, Any], headers: dict[str, str]):
-        self._mode = mode
-        self._url = url
-        self._headers = {**headers, "content-type": "application/json"}
-        self._body = {**body, "stream": True} if mode == "stream" else body
-        self._session: aiohttp.ClientSession | None = None
-
-    async def run(self) -> int:
-        """One POST; the body, or every ``data:`` line of the stream, goes to ``json.loads``."""
-        if self._session is None:
-            self._session = aiohttp.ClientSession()
-        data = json.dumps(self._body)
-        async with self._session.post(self._url, data=data, headers=self._headers) as response:
-            response.raise_for_status()
-            if self._mode == "request":
-                json.loads(await response.read())
-                return 1
-            count = 0
-            async for line in response.content:
-                if line.startswith(b"data: "):
-                    json.loads(line[6:])
+        if self._helper:
+            async with self._stream_helper() as stream:
+                async for _ in stream:
                     count += 1
             return count
-
-    async def aclose(self) -> None:
-        """Close the session."""
-        if self._session is not None:
-            await self._session.close()
-
-
-class OpenAIHelperPeer(OpenAIResponsesPeer):
-    """The ``openai`` SDK's ``responses.stream`` helper, which also accumulates the
-    response as swiftclient's stream does (streams only)."""
-
-    name = "openai SDK, responses.stream"
-
-    async def run(self) -> int:
-        """One ``responses.stream``, iterated event by event, then its final response."""
-        count = 0
-        async with self._client.responses.stream(
-            model=MODEL, input=TURNS_ALL, store=False
-        ) as stream:
+        stream = await self._create(stream=True)
+        async with stream:
             async for _ in stream:
                 count += 1
-            await stream.get_final_response()
         return count
+
+    async def aclose(self) -> None:
+        """Close the SDK client."""
+        await self._client.close()
+
+
+class AnthropicSDKPeer(_SDKPeer):
+    """The official ``anthropic`` SDK, default http client, ``max_retries=0``:
+    ``messages.create``, or (``helper``) the ``messages.stream`` helper, which also
+    accumulates the message as swiftclient's stream does."""
+
+    def __init__(self, mode: Mode, root: str, helper: bool = False) -> None:
+        client = anthropic.AsyncAnthropic(api_key=API_KEY, base_url=root, max_retries=0)
+        super().__init__(mode, client, helper)
+        self.name = "anthropic SDK, messages.stream" if helper else "anthropic SDK"
+
+    async def _create(self, **options: Any) -> Any:
+        return await self._client.messages.create(
+            model=MODEL, max_tokens=MAX_TOKENS, system=SYSTEM, messages=TURNS, **options
+        )
+
+    def _stream_helper(self) -> Any:
+        return self._client.messages.stream(
+            model=MODEL, max_tokens=MAX_TOKENS, system=SYSTEM, messages=TURNS
+        )
+
+
+class OpenAIResponsesPeer(_SDKPeer):
+    """The official ``openai`` SDK, ``max_retries=0``: ``responses.create`` (``store=False``,
+    as swiftclient sends), or (``helper``) the ``responses.stream`` helper, which also
+    accumulates the response."""
+
+    def __init__(self, mode: Mode, base_url: str, helper: bool = False) -> None:
+        client = openai.AsyncOpenAI(api_key=API_KEY, base_url=base_url, max_retries=0)
+        super().__init__(mode, client, helper)
+        self.name = "openai SDK, responses.stream" if helper else "openai SDK"
+
+    async def _create(self, **options: Any) -> Any:
+        return await self._client.responses.create(
+            model=MODEL, input=TURNS_ALL, store=False, **options
+        )
+
+    def _stream_helper(self) -> Any:
+        return self._client.responses.stream(model=MODEL, input=TURNS_ALL, store=False)
 
 
 def make_wire_peers(wire: Wire, mode: Mode, base_url: str) -> list[Peer]:
@@ -179,18 +128,18 @@ def make_wire_peers(wire: Wire, mode: Mode, base_url: str) -> list[Peer]:
     if wire == "messages":
         body = {"model": MODEL, "max_tokens": MAX_TOKENS, "system": SYSTEM, "messages": TURNS}
         headers = {"x-api-key": API_KEY, "anthropic-version": "2023-06-01"}
-        helper: list[Peer] = [AnthropicHelperPeer(mode, root)] if streams else []
+        helper: list[Peer] = [AnthropicSDKPeer(mode, root, helper=True)] if streams else []
         return [
             SwiftPeer(mode, AnthropicBackend(root, API_KEY)),
             AnthropicSDKPeer(mode, root),
             *helper,
-            RawWirePeer(mode, f"{base_url}/messages", body, headers),
+            RawAiohttpPeer(mode, base_url, url=f"{base_url}/messages", body=body, headers=headers),
         ]
     body = {"model": MODEL, "input": TURNS_ALL, "store": False}
-    helper = [OpenAIHelperPeer(mode, base_url)] if streams else []
+    helper = [OpenAIResponsesPeer(mode, base_url, helper=True)] if streams else []
     return [
         SwiftPeer(mode, ResponsesBackend(base_url, API_KEY)),
         OpenAIResponsesPeer(mode, base_url),
         *helper,
-        RawWirePeer(mode, f"{base_url}/responses", body, {"authorization": f"Bearer {API_KEY}"}),
+        RawAiohttpPeer(mode, base_url, url=f"{base_url}/responses", body=body),
     ]

@@ -353,36 +353,69 @@ async def _rotated_costs(
     return samples
 
 
+_SOCKET_COLUMNS = [
+    "client",
+    "µs/request best",
+    "median",
+    "best vs raw aiohttp",
+    "µs/chunk best",
+    "median",
+    "best vs raw aiohttp",
+]
+
+
+@dataclass(frozen=True)
+class _Figures:
+    """Best and median CPU per request and per chunk of each client, from round samples."""
+
+    best_req: dict[str, float]
+    med_req: dict[str, float]
+    best_chunk: dict[str, float]
+    med_chunk: dict[str, float]
+
+    @classmethod
+    def of(
+        cls, request: dict[str, list[float]], stream: dict[str, list[float]], chunks: int
+    ) -> _Figures:
+        return cls(
+            {name: min(v) for name, v in request.items()},
+            {name: statistics.median(v) for name, v in request.items()},
+            {name: min(v) / chunks for name, v in stream.items()},
+            {name: statistics.median(v) / chunks for name, v in stream.items()},
+        )
+
+    def table(self, floor: str = "raw aiohttp") -> str:
+        """One row per client (of the streams; ``-`` where it made no requests)."""
+        best_req, best_chunk = self.best_req, self.best_chunk
+        rows = []
+        for name in best_chunk:
+            request = (
+                [
+                    f"{best_req[name] * 1e6:.1f}",
+                    f"{self.med_req[name] * 1e6:.1f}",
+                    f"{ratio(best_req[name], best_req[floor]):.2f}x",
+                ]
+                if name in best_req
+                else ["-", "-", "-"]
+            )
+            rows.append(
+                [
+                    name,
+                    *request,
+                    f"{best_chunk[name] * 1e6:.2f}",
+                    f"{self.med_chunk[name] * 1e6:.2f}",
+                    f"{ratio(best_chunk[name], best_chunk[floor]):.2f}x",
+                ]
+            )
+        return markdown_table(_SOCKET_COLUMNS, rows)
+
+
 def _socket_table(request: dict[str, list[float]], stream: dict[str, list[float]]) -> str:
     floor = "raw aiohttp"
-    best_req = {name: min(v) for name, v in request.items()}
-    med_req = {name: statistics.median(v) for name, v in request.items()}
-    best_chunk = {name: min(v) / STREAM_CHUNKS for name, v in stream.items()}
-    med_chunk = {name: statistics.median(v) / STREAM_CHUNKS for name, v in stream.items()}
-    rows = [
-        [
-            name,
-            f"{best_req[name] * 1e6:.1f}",
-            f"{med_req[name] * 1e6:.1f}",
-            f"{ratio(best_req[name], best_req[floor]):.2f}x",
-            f"{best_chunk[name] * 1e6:.2f}",
-            f"{med_chunk[name] * 1e6:.2f}",
-            f"{ratio(best_chunk[name], best_chunk[floor]):.2f}x",
-        ]
-        for name in request
-    ]
-    table = markdown_table(
-        [
-            "client",
-            "µs/request best",
-            "median",
-            "best vs raw aiohttp",
-            "µs/chunk best",
-            "median",
-            "best vs raw aiohttp",
-        ],
-        rows,
-    )
+    figures = _Figures.of(request, stream, STREAM_CHUNKS)
+    table = figures.table(floor)
+    best_req, med_req = figures.best_req, figures.med_req
+    best_chunk, med_chunk = figures.best_chunk, figures.med_chunk
     req = ratio(best_req["swiftclient"], best_req[floor])
     req_med = ratio(med_req["swiftclient"], med_req[floor])
     chunk = ratio(best_chunk["swiftclient"], best_chunk[floor])
@@ -441,42 +474,10 @@ def _wire_table(
     wire: Wire, request: dict[str, list[float]], stream: dict[str, list[float]], tokens: int
 ) -> str:
     swift, floor = "swiftclient", "raw aiohttp"
-    best_req = {name: min(v) for name, v in request.items()}
-    med_req = {name: statistics.median(v) for name, v in request.items()}
-    best_chunk = {name: min(v) / tokens for name, v in stream.items()}
-    med_chunk = {name: statistics.median(v) / tokens for name, v in stream.items()}
-
-    def cells(name: str) -> list[str]:
-        if name not in best_req:
-            return ["-", "-", "-"]
-        return [
-            f"{best_req[name] * 1e6:.1f}",
-            f"{med_req[name] * 1e6:.1f}",
-            f"{ratio(best_req[name], best_req[floor]):.2f}x",
-        ]
-
-    rows = [
-        [
-            name,
-            *cells(name),
-            f"{best_chunk[name] * 1e6:.2f}",
-            f"{med_chunk[name] * 1e6:.2f}",
-            f"{ratio(best_chunk[name], best_chunk[floor]):.2f}x",
-        ]
-        for name in stream
-    ]
-    table = markdown_table(
-        [
-            "client",
-            "µs/request best",
-            "median",
-            "best vs raw aiohttp",
-            "µs/chunk best",
-            "median",
-            "best vs raw aiohttp",
-        ],
-        rows,
-    )
+    figures = _Figures.of(request, stream, tokens)
+    table = figures.table(floor)
+    best_req, med_req = figures.best_req, figures.med_req
+    best_chunk, med_chunk = figures.best_chunk, figures.med_chunk
     goals: list[list[str]] = []
     for sdk in (name for name in request if name not in (swift, floor)):
         req = ratio(best_req[sdk], best_req[swift])

@@ -192,6 +192,22 @@ class FakeProvider:
         """Wait until no chat request is being answered."""
         await self._server.acall(self._wait_idle)
 
+    @contextmanager
+    def _answering(self) -> Iterator[None]:
+        """Count one request being answered (and one cancelled, when it is); wake
+        :meth:`wait_until_idle` when the last one ends."""
+        self.in_flight += 1
+        try:
+            yield
+        except anyio.get_cancelled_exc_class():
+            self.cancelled += 1
+            raise
+        finally:
+            self.in_flight -= 1
+            if not self.in_flight and self._idle is not None:
+                self._idle.set()
+                self._idle = None
+
     async def _wait_idle(self) -> None:
         while self.in_flight:
             if self._idle is None:
@@ -302,8 +318,7 @@ class FakeProvider:
         if self._queue:
             self._queue.popleft()
         headers = {**limit_headers, **reply.response_headers()}
-        self.in_flight += 1
-        try:
+        with self._answering():
             if reply.is_error:
                 await _sleep(reply.ttft)
                 message = reply.error_message or f"Scripted error {reply.status}."
@@ -328,14 +343,6 @@ class FakeProvider:
                     plan, completion_id=completion_id, model=model, created=_CREATED
                 )
                 await _complete(reply, plan, result, writer, headers)
-        except anyio.get_cancelled_exc_class():
-            self.cancelled += 1
-            raise
-        finally:
-            self.in_flight -= 1
-            if not self.in_flight and self._idle is not None:
-                self._idle.set()
-                self._idle = None
 
     async def _messages(self, request: Request, writer: ResponseWriter) -> None:
         """Anthropic's Messages API: the key in ``x-api-key`` (or as a bearer token, as
@@ -361,8 +368,7 @@ class FakeProvider:
         seq = self._seq
         reply = self._queue.popleft() if self._queue else self.default
         headers = reply.response_headers()
-        self.in_flight += 1
-        try:
+        with self._answering():
             if reply.is_error:
                 await _sleep(reply.ttft)
                 message = reply.error_message or f"Scripted error {reply.status}."
@@ -384,14 +390,6 @@ class FakeProvider:
                     plan, reply, message_id=message_id, model=model, prompt=prompt, cached=cached
                 )
                 await _complete(reply, plan, result, writer, headers)
-        except anyio.get_cancelled_exc_class():
-            self.cancelled += 1
-            raise
-        finally:
-            self.in_flight -= 1
-            if not self.in_flight and self._idle is not None:
-                self._idle.set()
-                self._idle = None
 
     async def _responses(self, request: Request, writer: ResponseWriter) -> None:
         """OpenAI's Responses API: the request read as the local server reads it (plus
@@ -413,8 +411,7 @@ class FakeProvider:
             return
         reply = self._queue.popleft() if self._queue else self.default
         headers = reply.response_headers()
-        self.in_flight += 1
-        try:
+        with self._answering():
             if reply.is_error:
                 await _sleep(reply.ttft)
                 message = reply.error_message or f"Scripted error {reply.status}."
@@ -436,14 +433,6 @@ class FakeProvider:
                 )
             else:
                 await _complete(reply, plan, turn.body(plan, reply), writer, headers)
-        except anyio.get_cancelled_exc_class():
-            self.cancelled += 1
-            raise
-        finally:
-            self.in_flight -= 1
-            if not self.in_flight and self._idle is not None:
-                self._idle.set()
-                self._idle = None
 
 
 _MESSAGES_MALFORMED = b'event: content_block_delta\ndata: {"type": "content_block\n\n'
