@@ -370,9 +370,7 @@ class FakeProvider:
         headers = reply.response_headers()
         with self._answering():
             if reply.is_error:
-                await _sleep(reply.ttft)
-                message = reply.error_message or f"Scripted error {reply.status}."
-                await writer.send_json(reply.status, messages_error(reply.status, message), headers)
+                await _scripted_error(reply, writer, headers, messages_error)
                 return
             model = body["model"] if isinstance(body.get("model"), str) else self.model
             plan = plan_reply(reply, body, f"call_{seq}")
@@ -413,10 +411,7 @@ class FakeProvider:
         headers = reply.response_headers()
         with self._answering():
             if reply.is_error:
-                await _sleep(reply.ttft)
-                message = reply.error_message or f"Scripted error {reply.status}."
-                error = responses_error(reply.status, message, code=_ERROR_CODES.get(reply.status))
-                await writer.send_json(reply.status, error, headers)
+                await _scripted_error(reply, writer, headers, _responses_error)
                 return
             plan = plan_reply(reply, turn.chat, f"call_{self._seq}")
             if turn.stream:
@@ -482,6 +477,22 @@ async def _stream_named(
     pending.append(tail)
     await _flush(writer, pending)
     await writer.end()
+
+
+def _responses_error(status: int, message: str) -> dict[str, Any]:
+    return responses_error(status, message, code=_ERROR_CODES.get(status))
+
+
+async def _scripted_error(
+    reply: Reply,
+    writer: ResponseWriter,
+    headers: dict[str, str],
+    body: Callable[[int, str], dict[str, Any]],
+) -> None:
+    """Answer a reply's scripted error status after its ``ttft``, in a wire's error shape."""
+    await _sleep(reply.ttft)
+    message = reply.error_message or f"Scripted error {reply.status}."
+    await writer.send_json(reply.status, body(reply.status, message), headers)
 
 
 async def _sleep(seconds: float) -> None:
