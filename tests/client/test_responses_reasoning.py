@@ -181,3 +181,48 @@ async def test_the_official_sdk_types_validate_what_is_sent_and_received() -> No
             assert first.encrypted_content is not None and final.output_text == "ok"
         finally:
             await sdk.close()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+async def test_reasoning_items_pass_through_the_transport_both_ways(stream: bool) -> None:
+    # openai SDK -> swiftclient transport -> ResponsesBackend -> provider, and back: the
+    # provider's item reaches the SDK whole, and the SDK's next turn carries it back to the
+    # provider unchanged (the fake checks its encrypted content).
+    openai = pytest.importorskip("openai")
+    import httpx2
+
+    from swiftclient.transports import AsyncTransport
+
+    async with FakeProvider(api_key=KEY) as fake, client_on(fake) as client:
+        sdk = openai.AsyncOpenAI(
+            base_url="http://swiftclient.invalid/v1",
+            api_key="unused",
+            http_client=httpx2.AsyncClient(transport=AsyncTransport(client)),
+            max_retries=0,
+        )
+        try:
+            fake.script(Reply(text="42.", thinking="6 times 7."), Reply(text="Welcome."))
+            question = {"role": "user", "content": "6 x 7?"}
+            if stream:
+                async with sdk.responses.stream(
+                    model="gpt-5", input=[question], reasoning={"effort": "low"}
+                ) as events:
+                    first = await events.get_final_response()
+            else:
+                first = await sdk.responses.create(
+                    model="gpt-5", input=[question], reasoning={"effort": "low"}
+                )
+            reasoning = first.output[0]
+            assert reasoning.type == "reasoning" and reasoning.id == "rs_fake_1"
+            assert reasoning.encrypted_content is not None
+            assert first.output_text == "42."
+            item = reasoning.model_dump(mode="json", exclude_none=True)
+            history: Any = [question, item, {"role": "assistant", "content": "42."}]
+            history.append({"role": "user", "content": "Thanks"})
+            again = await sdk.responses.create(model="gpt-5", input=history)
+            assert again.output_text == "Welcome."
+        finally:
+            await sdk.close()
+    sent = fake.requests[-1].body["input"]
+    assert sent[1] == item and sent[1]["encrypted_content"] == reasoning.encrypted_content
+    assert fake.requests[-1].body["include"] == [ENCRYPTED]

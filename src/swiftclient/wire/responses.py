@@ -17,7 +17,9 @@ Request mapping:
   parts; images pass on as for chat, where a text-only model refuses them), ``function_call``
   items (consecutive calls become one assistant message, so parallel calls stay together),
   ``function_call_output`` items (tool messages) and ``reasoning`` items (their text goes
-  with the next assistant turn, for templates that render it);
+  with the next assistant turn, for templates that render it; an item with
+  ``encrypted_content`` also goes with it whole, as ``reasoning_items``, which a Responses
+  backend upstream sends back unchanged);
 - ``instructions``: a system message first; ``tools``: function tools in the flat form
   (``name``, ``description``, ``parameters``, ``strict``), any other tool type is refused;
   ``tool_choice``: ``none`` / ``auto`` / ``required`` or ``{"type": "function", "name"}``;
@@ -34,7 +36,8 @@ Request mapping:
 - other fields are ignored, as the engine's chat endpoint ignores them (the servers name
   them in the ``x-ignored-fields`` header).
 
-Reply mapping: text becomes a ``message`` item with one ``output_text`` part, each tool call
+Reply mapping: the message's ``reasoning_items`` (from a Responses provider upstream) come
+first, as received; text becomes a ``message`` item with one ``output_text`` part, each tool call
 a ``function_call`` item (``call_id`` the engine's call id); a reply cut by the token limit
 has status ``incomplete`` with ``incomplete_details.reason`` ``max_output_tokens``; usage is
 ``input_tokens`` (with ``input_tokens_details.cached_tokens``, the prefix-cache hits),
@@ -311,6 +314,7 @@ def _messages(items: Any) -> list[dict[str, Any]]:
         raise ResponsesRequestError("input must be a string or a list of items", "input")
     messages: list[dict[str, Any]] = []
     reasoning: list[str] = []
+    carried: list[dict[str, Any]] = []  # encrypted reasoning items, passed on unchanged
     for index, item in enumerate(items):
         where = f"input[{index}]"
         if not isinstance(item, Mapping):
@@ -324,7 +328,7 @@ def _messages(items: Any) -> list[dict[str, Any]]:
                 )
             message = {"role": role, "content": _content(item.get("content"), where)}
             if role == "assistant":
-                _attach_reasoning(message, reasoning)
+                _attach_reasoning(message, reasoning, carried)
             messages.append(message)
         elif kind == "function_call":
             call = {
@@ -336,11 +340,11 @@ def _messages(items: Any) -> list[dict[str, Any]]:
                 },
             }
             last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant" and not reasoning:
+            if last is not None and last["role"] == "assistant" and not (reasoning or carried):
                 last.setdefault("tool_calls", []).append(call)
             else:
                 message = {"role": "assistant", "content": None, "tool_calls": [call]}
-                _attach_reasoning(message, reasoning)
+                _attach_reasoning(message, reasoning, carried)
                 messages.append(message)
         elif kind == "function_call_output":
             output = item.get("output")
@@ -354,6 +358,8 @@ def _messages(items: Any) -> list[dict[str, Any]]:
             )
         elif kind == "reasoning":
             reasoning.extend(_reasoning_text(item))
+            if item.get("encrypted_content") is not None:
+                carried.append(dict(item))
         elif kind == "item_reference":
             raise ResponsesRequestError(
                 f"{where}: item references need stored items; this server is stateless",
@@ -374,10 +380,15 @@ def _string(item: Mapping[str, Any], key: str, where: str) -> str:
     return value
 
 
-def _attach_reasoning(message: dict[str, Any], reasoning: list[str]) -> None:
+def _attach_reasoning(
+    message: dict[str, Any], reasoning: list[str], carried: list[dict[str, Any]]
+) -> None:
     if reasoning:
         message["reasoning_content"] = "".join(reasoning)
         reasoning.clear()
+    if carried:
+        message["reasoning_items"] = list(carried)
+        carried.clear()
 
 
 def _reasoning_text(item: Mapping[str, Any]) -> list[str]:
@@ -476,10 +487,13 @@ def response_body(
     reasoning: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """A whole chat completion as a ``response`` object; ``reasoning``: ``reasoning``
-    output items that come first (as given)."""
+    output items that come first, as given (default: the message's ``reasoning_items``,
+    which a Responses provider upstream sent)."""
     choice = completion.choices[0]
     message = choice.message
     status = _status(choice.finish_reason)
+    if reasoning is None:
+        reasoning = message.reasoning_items
     output: list[dict[str, Any]] = [dict(item) for item in reasoning or ()]
     logprobs = list((choice.logprobs or {}).get("content") or [])
     if message.content or message.refusal or not message.tool_calls:
@@ -556,6 +570,7 @@ class ResponseEvents:
         self._calls: dict[int, _Item] = {}
         self._finish: str | None = None
         self._usage: Usage | None = None
+        self._reasoned = 0  # reasoning items already sent, of a stream that carries them
         self.closed = False
 
     def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
@@ -579,6 +594,13 @@ class ResponseEvents:
         events: list[dict[str, Any]] = []
         for choice in chunk.choices:
             delta = choice.delta
+            extra = delta.__pydantic_extra__
+            if extra and isinstance(extra.get("reasoning_items"), list):
+                # every item so far (a Responses provider upstream): the new ones go out
+                for item in extra["reasoning_items"][self._reasoned :]:
+                    if isinstance(item, dict) and isinstance(item.get("id"), str):
+                        events.extend(self.reasoning(item))
+                self._reasoned = len(extra["reasoning_items"])
             if delta.content:
                 events.extend(self._text(delta.content, choice.logprobs))
             for call in delta.tool_calls or ():
