@@ -118,7 +118,9 @@ async def target(
             found = Target(kind, client, http, fake=fake)
         elif kind in ("fake_messages", "fake_responses"):
             fake = await stack.enter_async_context(FakeProvider())
-            wire = AnthropicBackend if kind == "fake_messages" else ResponsesBackend
+            wire: type[HTTPBackend] = (
+                AnthropicBackend if kind == "fake_messages" else ResponsesBackend
+            )
             http = wire(fake.base_url, "sk-conformance", name=kind.replace("_", ""))
             client = AsyncClient(http, model=MODEL)
             found = Target(kind, client, http, fake=fake)

@@ -184,6 +184,7 @@ async def test_replies_appended_to_the_conversation_continue_it(
         result = {"type": "tool_result", "tool_use_id": "call_1", "content": '{"celsius": 21}'}
         assert sent[4] == {"role": "user", "content": [result]}
     elif target.kind == "fake_responses":  # the same turns as Responses input items
+        assert target.fake is not None
         sent = target.fake.requests[-1].body["input"]
         assert sent[1] == {"role": "assistant", "content": first.text}
         assert sent[3] == {
