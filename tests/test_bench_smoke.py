@@ -30,6 +30,8 @@ def test_client_overhead_quick_run_prints_its_tables() -> None:
     assert "swiftclient.Client" in text and "openai.OpenAI" in text
     for config in ("telemetry off", "no SDK", "SDK, no-op exporter"):
         assert config in text
+    for peer in ("anthropic SDK, messages.stream", "openai SDK, responses.stream"):
+        assert peer in text
 
 
 def test_server_overhead_quick_run_compares_two_trees() -> None:
