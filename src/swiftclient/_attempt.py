@@ -169,8 +169,8 @@ class AttemptRun:
         "_iterator",
         "_now",
         "_permit",
-        "_response",
         "_stack",
+        "_status",
         "_timer",
         "error",
         "first_token_at",
@@ -212,16 +212,19 @@ class AttemptRun:
         self.next_nowait: Callable[[], ChatCompletionChunk | None] | None = None
         self._stack: AsyncExitStack | None = None
         self._permit: Permit | None = None
-        self._response: tuple[int, dict[str, str]] | None = None
+        self._status: int | None = None
         self._iterator: AsyncIterator[ChatCompletionChunk] | None = None
         self._timer: ReadTimer | None = None
         self._chunk_seen = False
         self.streamed = False
         """Whether the attempt opened a stream (its first token is a content chunk), rather
         than sending one non-streamed request."""
-        self.options: RequestOptions = call.options
-        """What the attempt sends besides the request; an observer may replace it in
-        ``on_start`` (telemetry adds its trace-context headers)."""
+        self.options: RequestOptions = dataclasses.replace(
+            call.options, on_response=self._on_response
+        )
+        """What the attempt sends besides the request, with the hook that keeps its
+        response's status and headers; an observer may replace it in ``on_start``
+        (telemetry adds its trace-context headers)."""
         call.timing.attempts.append(self.record)
         for hook in call.hooks.on_start:
             hook(self)
@@ -532,8 +535,7 @@ class AttemptRun:
 
     async def _admit(self, admission: Admission) -> None:
         """Wait for capacity on the target within the call's deadline (a hedge does not
-        wait: a target with no capacity now gets no hedge), and ask the backend for the
-        response's status and rate-limit headers."""
+        wait: a target with no capacity now gets no hedge)."""
         name = self.target.name
         limits = admission.limits_for(name)
         body = _body_size(self.request, self.options, self.streamed)
@@ -556,16 +558,17 @@ class AttemptRun:
                 trace.admitted(self, self._now() - start, True)
                 raise
             trace.admitted(self, self._permit.waited, False)
-        self.options = dataclasses.replace(self.options, on_response=self._on_response)
 
     def _on_response(self, status: int, headers: Mapping[str, str]) -> None:
-        """Keep the status and the rate-limit headers of the attempt's response."""
+        """Keep the status of the attempt's response (for admission) and its rate-limit
+        and request-id headers (the record's ``headers``), values redacted."""
         kept = {}
         for name, value in headers.items():
             lowered = name.lower()
-            if lowered.startswith(_LIMIT_HEADERS) or lowered in _RETRY_HEADERS:
-                kept[lowered] = value
-        self._response = (status, kept)
+            if lowered.startswith(_LIMIT_HEADERS) or lowered in _KEPT_HEADERS:
+                kept[lowered] = errors.redact(value)
+        self._status = status
+        self.record.headers = kept
 
     async def _settle(self, usage: Usage | None) -> None:
         """Hand the admission permit back with what the response said (once)."""
@@ -573,7 +576,7 @@ class AttemptRun:
         admission = self._call.admission
         if permit is None or admission is None:
             return
-        status, headers = self._response or (None, {})
+        status, headers = self._status, self.record.headers or {}
         error = self.error
         if isinstance(error, errors.APIStatusError):
             status = error.status_code
@@ -589,7 +592,7 @@ class AttemptRun:
 
 
 _LIMIT_HEADERS = ("x-ratelimit-", "anthropic-ratelimit-")
-_RETRY_HEADERS = frozenset({"retry-after", "retry-after-ms"})
+_KEPT_HEADERS = frozenset({"retry-after", "retry-after-ms", "x-request-id", "request-id"})
 
 
 def _body_size(request: ChatRequest, options: RequestOptions, streamed: bool) -> int:
