@@ -163,6 +163,7 @@ class AttemptRun:
     (:class:`~swiftclient.types.Attempt`, appended to the call's ``Timing.attempts``)."""
 
     __slots__ = (
+        "_answer",
         "_call",
         "_chunk_seen",
         "_deadline",
@@ -170,7 +171,6 @@ class AttemptRun:
         "_now",
         "_permit",
         "_stack",
-        "_status",
         "_timer",
         "error",
         "first_token_at",
@@ -212,16 +212,14 @@ class AttemptRun:
         self.next_nowait: Callable[[], ChatCompletionChunk | None] | None = None
         self._stack: AsyncExitStack | None = None
         self._permit: Permit | None = None
-        self._status: int | None = None
         self._iterator: AsyncIterator[ChatCompletionChunk] | None = None
         self._timer: ReadTimer | None = None
         self._chunk_seen = False
         self.streamed = False
         """Whether the attempt opened a stream (its first token is a content chunk), rather
         than sending one non-streamed request."""
-        self.options: RequestOptions = dataclasses.replace(
-            call.options, on_response=self._on_response
-        )
+        self._answer = _Answer(self.record)
+        self.options: RequestOptions = dataclasses.replace(call.options, on_response=self._answer)
         """What the attempt sends besides the request, with the hook that keeps its
         response's status and headers; an observer may replace it in ``on_start``
         (telemetry adds its trace-context headers)."""
@@ -559,24 +557,13 @@ class AttemptRun:
                 raise
             trace.admitted(self, self._permit.waited, False)
 
-    def _on_response(self, status: int, headers: Mapping[str, str]) -> None:
-        """Keep the status of the attempt's response (for admission) and its rate-limit
-        and request-id headers (the record's ``headers``), values redacted."""
-        kept = {}
-        for name, value in headers.items():
-            lowered = name.lower()
-            if lowered.startswith(_LIMIT_HEADERS) or lowered in _KEPT_HEADERS:
-                kept[lowered] = errors.redact(value)
-        self._status = status
-        self.record.headers = kept
-
     async def _settle(self, usage: Usage | None) -> None:
         """Hand the admission permit back with what the response said (once)."""
         permit, self._permit = self._permit, None
         admission = self._call.admission
         if permit is None or admission is None:
             return
-        status, headers = self._status, self.record.headers or {}
+        status, headers = self._answer.status, self.record.headers or {}
         error = self.error
         if isinstance(error, errors.APIStatusError):
             status = error.status_code
@@ -589,6 +576,30 @@ class AttemptRun:
             input_tokens=usage.prompt_tokens if usage is not None else None,
             output_tokens=usage.completion_tokens if usage is not None else None,
         )
+
+
+class _Answer:
+    """The hook an attempt's backend calls with its HTTP response's status and headers
+    (``RequestOptions.on_response``): it keeps the status (for admission) and puts the
+    rate-limit and request-id headers, values redacted, on the attempt's record. A separate
+    object, not a bound method of the attempt, so the attempt's options hold no reference
+    back to it (no reference cycle: an attempt is freed as soon as its call is done)."""
+
+    __slots__ = ("record", "status")
+
+    def __init__(self, record: Attempt) -> None:
+        self.record = record
+        self.status: int | None = None
+
+    def __call__(self, status: int, headers: Mapping[str, str]) -> None:
+        """Take in the response's head."""
+        kept = {}
+        for name, value in headers.items():
+            lowered = name.lower()
+            if lowered.startswith(_LIMIT_HEADERS) or lowered in _KEPT_HEADERS:
+                kept[lowered] = errors.redact(value)
+        self.status = status
+        self.record.headers = kept
 
 
 _LIMIT_HEADERS = ("x-ratelimit-", "anthropic-ratelimit-")
