@@ -497,6 +497,13 @@ class Attempt:
     outcome: AttemptOutcome = "pending"
     """``ok`` (committed and finished), ``error``, ``cancelled``, ``lost`` (another attempt
     committed first; this one was cancelled or discarded) or ``pending``."""
+    headers: dict[str, str] | None = None
+    """The provider's rate-limit and request-id headers from this attempt's HTTP response
+    (``x-ratelimit-*``, ``anthropic-ratelimit-*``, ``retry-after``, ``retry-after-ms``,
+    ``x-request-id``, ``request-id``; names lower-cased, values redacted like an error's),
+    set when the response's head arrived, whether it was a success or an error; ``{}``
+    when it had none of them, None when no HTTP response came (the local engine, a
+    connection failure, an attempt cancelled before the answer)."""
 
 
 def _percentile(values: Sequence[float], q: int) -> float | None:
