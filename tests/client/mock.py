@@ -287,14 +287,11 @@ async def tool_loop(client: AsyncClient, *, stream: bool, **params: Any) -> list
 
 
 async def settle(fake: Any, requests: int, limit: float = 30.0) -> None:
-    """Wait until ``fake`` (a FakeProvider) has received ``requests`` chat requests and
-    answered or dropped all of them. The fake serves on its own thread, so a request the
-    client already gave up on may reach it only after the call returned: waiting for idle
-    alone could look before that request arrived. ``limit`` bounds the wait (never a speed
-    assertion)."""
+    """Wait until ``fake`` (a FakeProvider) has received ``requests`` requests and answered
+    or dropped all of them. The fake serves on its own thread, so a request the client
+    already gave up on may reach it only after the call returned: the fake checks both
+    together on its own loop (checked apart, a request could arrive between the two looks
+    and be counted while its answer was still being cancelled). ``limit`` bounds the wait
+    (never a speed assertion)."""
     with anyio.fail_after(limit):
-        while True:
-            await fake.wait_until_idle()
-            if len(fake.requests) >= requests:
-                return
-            await anyio.sleep(0.01)
+        await fake.wait_until_idle(after=requests)

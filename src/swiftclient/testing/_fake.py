@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
+from functools import partial
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -188,9 +189,12 @@ class FakeProvider:
         """TCP connections open right now."""
         return self._app.connections.open
 
-    async def wait_until_idle(self) -> None:
-        """Wait until no chat request is being answered."""
-        await self._server.acall(self._wait_idle)
+    async def wait_until_idle(self, *, after: int = 0) -> None:
+        """Wait until no chat request is being answered and, with ``after``, until at least
+        that many requests have arrived (:attr:`requests`). Both are checked together on the
+        server's own loop, so a request that arrives late (the client gave up on it, and it
+        is still on its way) is waited for rather than missed."""
+        await self._server.acall(partial(self._wait_idle, after))
 
     @contextmanager
     def _answering(self) -> Iterator[None]:
@@ -204,15 +208,19 @@ class FakeProvider:
             raise
         finally:
             self.in_flight -= 1
-            if not self.in_flight and self._idle is not None:
-                self._idle.set()
-                self._idle = None
+            if not self.in_flight:
+                self._wake_waiters()
 
-    async def _wait_idle(self) -> None:
-        while self.in_flight:
+    async def _wait_idle(self, after: int) -> None:
+        while self.in_flight or len(self.requests) < after:
             if self._idle is None:
                 self._idle = anyio.Event()
             await self._idle.wait()
+
+    def _wake_waiters(self) -> None:
+        if self._idle is not None:
+            self._idle.set()
+            self._idle = None
 
     async def __aenter__(self) -> FakeProvider:
         await self._server.astart()
@@ -256,6 +264,7 @@ class FakeProvider:
                 request.method, request.path, request.query, request.headers, body, request.body
             )
         )
+        self._wake_waiters()  # a wait_until_idle(after=...) may be waiting for this one
         writer.headers["x-request-id"] = f"req_fake_{self._seq:06d}"
         token = _BODY.set(body)  # each request is served in its own task (its own context)
         try:
