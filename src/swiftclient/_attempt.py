@@ -11,7 +11,6 @@ them.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import math
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import AsyncExitStack
@@ -557,12 +556,14 @@ class AttemptRun:
                 trace.admitted(self, self._now() - start, True)
                 raise
             trace.admitted(self, self._permit.waited, False)
-        self.options = dataclasses.replace(self.options, on_response=self._on_response)
+        self.options = self.options.with_on_response(self._on_response)
 
     def _on_response(self, status: int, headers: Mapping[str, str]) -> None:
         """Keep the status and the rate-limit headers of the attempt's response."""
         kept = {}
         for name, value in headers.items():
+            if name[:1] not in _FIRST_LETTERS:
+                continue  # most headers: no need to lower-case them
             lowered = name.lower()
             if lowered.startswith(_LIMIT_HEADERS) or lowered in _RETRY_HEADERS:
                 kept[lowered] = value
@@ -591,6 +592,7 @@ class AttemptRun:
 
 _LIMIT_HEADERS = ("x-ratelimit-", "anthropic-ratelimit-")
 _RETRY_HEADERS = frozenset({"retry-after", "retry-after-ms"})
+_FIRST_LETTERS = frozenset("xXaArR")
 
 
 def _body_size(request: ChatRequest, options: RequestOptions, streamed: bool) -> int:

@@ -8,6 +8,7 @@ it may wait, and afterwards the status, headers and usage it saw.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import logging
@@ -21,6 +22,7 @@ from typing import NamedTuple, Protocol
 import anyio
 
 from .._budget import DEFAULT_MAX_PUSHBACK, check_number
+from .._deadline import loop_time
 from ..errors import ConfigurationError, RateLimited
 from ._headers import Observed, parse_rate_limit_headers
 from ._store import Admit, BucketCost, MemoryStore, StateStore
@@ -68,11 +70,12 @@ class Clock(Protocol):
 
 
 class SystemClock:
-    """The running event loop's clock (``anyio.current_time``) and cancel-scope timeouts."""
+    """The running event loop's clock (``anyio.current_time``'s reading) and cancel-scope
+    timeouts."""
 
     def now(self) -> float:
         """The loop's time."""
-        return anyio.current_time()
+        return loop_time()
 
     async def wait(self, event: anyio.Event, timeout: float | None) -> bool:
         """Wait for ``event`` for at most ``timeout`` seconds (``None``: no limit)."""
@@ -182,6 +185,8 @@ class _Gate:
     """Whether this process holds a place in the store's line for the target."""
     specs: list[tuple[str, float, float]] | None = None
     """The limits in force (kind, capacity, window), built when they change."""
+    costs: tuple[object, tuple[int, int], tuple[BucketCost, ...]] | None = None
+    """The last costs built: for which specs and sizes (tokens, input tokens)."""
 
     def head(self) -> _Waiter | None:
         queue = self.queue
@@ -287,6 +292,8 @@ class Admission:
         self._limits = limits
         self._clock: Clock = clock or SystemClock()
         self._store: StateStore = store or MemoryStore(self._clock.now)
+        # a MemoryStore's operations never suspend: nothing can cancel them halfway
+        self._shield = not isinstance(self._store, MemoryStore)
         self._wall = wall
         self._poll = poll_interval
         self._gates: dict[str, _Gate] = {}
@@ -344,9 +351,13 @@ class Admission:
         specs = gate.specs = [(kind, spec.capacity, spec.window) for kind, spec in found.items()]
         return specs
 
-    def _costs(self, gate: _Gate, tokens: int, input_tokens: int) -> list[BucketCost]:
+    def _costs(self, gate: _Gate, tokens: int, input_tokens: int) -> tuple[BucketCost, ...]:
+        specs = self._specs(gate)
+        cached = gate.costs
+        if cached is not None and cached[0] is specs and cached[1] == (tokens, input_tokens):
+            return cached[2]  # the same limits and sizes as the last request's
         costs = []
-        for kind, capacity, window in self._specs(gate):
+        for kind, capacity, window in specs:
             if kind == "requests":
                 amount = 1.0
             elif kind == "tokens":
@@ -356,7 +367,9 @@ class Admission:
             else:
                 amount = 0.0
             costs.append(BucketCost(kind, amount, capacity, window))
-        return costs
+        made = tuple(costs)
+        gate.costs = (specs, (tokens, input_tokens), made)
+        return made
 
     # ------------------------------------------------------------------ acquiring
 
@@ -559,7 +572,7 @@ class Admission:
         gate = self._gate(permit.target)
         store = self._store
         target = permit.target
-        with anyio.CancelScope(shield=True):
+        with anyio.CancelScope(shield=True) if self._shield else _NO_SCOPE:
             try:
                 if permit.holder is not None:
                     await store.release(target, permit.holder)
@@ -576,12 +589,17 @@ class Admission:
                     self._learn_latency(gate, permit)
                 self._learn_scale(gate, permit, input_tokens)
                 await self._correct(gate, permit, total_tokens, input_tokens, output_tokens)
-                opened, self._opened = self._opened, []
-                for name, seconds in opened:
-                    await store.block(name, seconds)
+                if self._opened:
+                    opened, self._opened = self._opened, []
+                    for name, seconds in opened:
+                        await store.block(name, seconds)
             finally:
                 gate.in_flight -= 1
-                gate.wake()
+                if gate.queue:
+                    gate.wake()
+                else:  # nobody waits to re-check: forget a stale rest only
+                    gate.blocked_limit = None
+                    gate.blocked_until = -math.inf
 
     async def _learn(self, gate: _Gate, target: str, headers: dict[str, str]) -> bool:
         info = parse_rate_limit_headers(headers, self._wall())
@@ -704,6 +722,7 @@ class Admission:
 
 
 _DEFAULT_LIMITS = Limits()
+_NO_SCOPE = contextlib.nullcontext()
 
 
 def _left(until: float, now: float) -> float | None:

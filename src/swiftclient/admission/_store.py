@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol, runtime_checkable
 
-import anyio
+from .._deadline import loop_time
 
 __all__ = ["Admit", "BucketCost", "MemoryStore", "StateStore"]
 
@@ -168,13 +168,15 @@ class _Log:
     def give_back(self, units: float) -> None:
         """Take ``units`` from the oldest entries (they leave the window first, so the log
         never reads less than what the provider counts)."""
-        for entry in self.entries:
-            if units <= 0:
-                break
+        entries = self.entries
+        while units > 0 and entries:
+            entry = entries[0]
             taken = min(entry[1], units)
             entry[1] -= taken
             self.used -= taken
             units -= taken
+            if entry[1] <= 0:
+                entries.popleft()  # used up: it would only slow the next scan
 
     def wait(self, now: float, cost: BucketCost, turns: int = 1) -> float:
         """Seconds until ``turns`` takes of ``cost`` fit (0: they fit now; the last of them
@@ -269,13 +271,13 @@ class MemoryStore:
     """Admission state in this process (the default store).
 
     Args:
-        clock: seconds on a monotonic clock (``anyio.current_time`` by default, the loop's).
+        clock: seconds on a monotonic clock (the running loop's by default).
     """
 
     shared = False
 
     def __init__(self, clock: Callable[[], float] | None = None) -> None:
-        self._clock = clock or anyio.current_time
+        self._clock = clock or loop_time
         self._entries: dict[str, _Entry] = {}
 
     def __repr__(self) -> str:
