@@ -76,6 +76,14 @@ class Watched:
     async def set_level(self, key: str, cost: BucketCost, reset: float | None = None) -> None:
         await self.inner.set_level(key, cost, reset)
 
+    async def update(
+        self,
+        key: str,
+        levels: Sequence[tuple[BucketCost, float | None]] = (),
+        corrections: Sequence[BucketCost] = (),
+    ) -> None:
+        await self.inner.update(key, levels, corrections)
+
     async def block(self, key: str, seconds: float) -> None:
         await self.inner.block(key, seconds)
 
@@ -176,14 +184,15 @@ async def test_a_wait_behind_others_counts_their_turns(
     _, store = clock_and_store
     k = key()
     spec = BucketCost("requests", 1, 2, 1e6)
+    # one request the provider counted leaves the window in 100 s, one logged now in 1e6 s
+    await store.set_level(k, spec._replace(cost=1), 100.0)
     assert (await store.take(k, [spec], queue="A")).granted
-    assert (await store.take(k, [spec], queue="B")).granted
     a = await store.take(k, [spec], queue="A", queue_ttl=30.0)
     b = await store.take(k, [spec], queue="B", queue_ttl=30.0)
     assert (a.limit, a.ahead, b.limit, b.ahead) == ("requests", 0, "requests", 1)
     assert a.wait is not None and b.wait is not None
-    # A needs the first take to leave the window, B (after A's turn) the second as well
-    assert 0.9e6 < a.wait <= b.wait <= 1e6
+    # A's turn needs the first to leave; B's, after A's turn, the second as well
+    assert 90 < a.wait <= 100 and 0.9e6 < b.wait <= 1e6
 
 
 async def test_a_dead_process_stops_holding_the_line(redis_url: str) -> None:
@@ -274,3 +283,36 @@ async def test_the_client_does_not_send_a_call_that_cannot_finish() -> None:
             assert len(fake.requests) == 0  # no provider slot spent on it
             assert (await client.chat("hi")).text == "tok0 tok1"
     assert len(fake.requests) == 1
+
+
+# ---------------------------------------------------------------------- corrections
+
+
+async def test_one_update_sets_levels_then_corrects(
+    clock_and_store: tuple[FakeClock, StateStore],
+) -> None:
+    _, store = clock_and_store
+    k = key()
+    requests = BucketCost("requests", 0, 10, 1e6)
+    tokens = BucketCost("tokens", 0, 100, 1e6)
+    assert (await store.take(k, [tokens._replace(cost=50)])).granted
+    # the provider says 4 requests and 60 tokens remain, and usage was 30 tokens under:
+    # the floor (40 used) is under the log's 50 and changes nothing, then 30 go back
+    levels = [(requests._replace(cost=4), None), (tokens._replace(cost=60), None)]
+    await store.update(k, levels, [tokens._replace(cost=-30)])
+    assert (await store.take(k, [requests._replace(cost=4)])).granted
+    assert not (await store.take(k, [requests._replace(cost=1)])).granted
+    assert (await store.take(k, [tokens._replace(cost=80)])).granted  # 20 logged: 80 free
+    assert not (await store.take(k, [tokens._replace(cost=1)])).granted
+
+
+def test_used_up_log_entries_are_dropped() -> None:
+    clock = FakeClock()
+    store = MemoryStore(clock.now)
+    spec = BucketCost("tokens", 10, 1e9, 60.0)
+    for _ in range(1000):
+        assert store.take_now("k", [spec]).granted
+        store.adjust_now("k", spec._replace(cost=-10))  # used nothing after all
+    # a correction that frees an entry's every unit drops it (the log no longer grows with
+    # every request of the window, and no scan walks the empty ones)
+    assert len(store._entries["k"].logs["tokens"].entries) == 0

@@ -578,8 +578,9 @@ class Admission:
                     await store.release(target, permit.holder)
                 lowered = {k.lower(): v for k, v in headers.items()} if headers else {}
                 learned = False
+                levels: list[tuple[BucketCost, float | None]] = []
                 if gate.limits.learn and lowered:
-                    learned = await self._learn(gate, target, lowered)
+                    learned = await self._learn(gate, target, lowered, levels)
                 if status == 429:
                     gate.throttled += 1
                 if status == 429 and not learned and gate.limits.learn:
@@ -588,7 +589,12 @@ class Admission:
                     self._increase(gate)
                     self._learn_latency(gate, permit)
                 self._learn_scale(gate, permit, input_tokens)
-                await self._correct(gate, permit, total_tokens, input_tokens, output_tokens)
+                corrections = self._corrections(
+                    gate, permit, total_tokens, input_tokens, output_tokens
+                )
+                if levels or corrections:
+                    # what the response taught, in one store operation (one round trip)
+                    await store.update(target, levels, corrections)
                 if self._opened:
                     opened, self._opened = self._opened, []
                     for name, seconds in opened:
@@ -601,7 +607,14 @@ class Admission:
                     gate.blocked_limit = None
                     gate.blocked_until = -math.inf
 
-    async def _learn(self, gate: _Gate, target: str, headers: dict[str, str]) -> bool:
+    async def _learn(
+        self,
+        gate: _Gate,
+        target: str,
+        headers: dict[str, str],
+        levels: list[tuple[BucketCost, float | None]],
+    ) -> bool:
+        """Learn limits from ``headers``; append the levels they report to ``levels``."""
         info = parse_rate_limit_headers(headers, self._wall())
         limits = gate.limits
         window = limits.window * (1.0 + limits.margin)
@@ -615,7 +628,7 @@ class Admission:
             if observed.remaining is not None:
                 # what the provider counts as used is a floor under the log, never a ceiling
                 level = BucketCost(kind, observed.remaining, spec.capacity, spec.window)
-                await self._store.set_level(target, level, observed.reset_after)
+                levels.append((level, observed.reset_after))
         if info.retry_after is not None and info.retry_after > 0:
             await self._store.block(target, min(info.retry_after, gate.limits.max_retry_after))
         return bool(info.limits) or info.retry_after is not None
@@ -655,14 +668,16 @@ class Admission:
         if (configured is not None and gate.aimd >= configured) or gate.aimd > _AIMD_CEILING:
             gate.aimd = None
 
-    async def _correct(
+    def _corrections(
         self,
         gate: _Gate,
         permit: Permit,
         total: int | None,
         inputs: int | None,
         outputs: int | None,
-    ) -> None:
+    ) -> list[BucketCost]:
+        """What usage says the reservation missed by, per token limit."""
+        corrections: list[BucketCost] = []
         if total is None and inputs is not None and outputs is not None:
             total = inputs + outputs
         for kind, capacity, window in self._specs(gate):
@@ -675,8 +690,8 @@ class Admission:
             else:
                 continue
             if used is not None and used != reserved:
-                cost = BucketCost(kind, float(used - reserved), capacity, window)
-                await self._store.adjust(permit.target, cost)
+                corrections.append(BucketCost(kind, float(used - reserved), capacity, window))
+        return corrections
 
     # ------------------------------------------------------------------ reading
 

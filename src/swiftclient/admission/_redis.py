@@ -186,39 +186,51 @@ return 1
 _ADJUST = (
     _NOW
     + """
-local kind = ARGV[1]
-local cost = tonumber(ARGV[2])
-local cap = tonumber(ARGV[3])
-local window = tonumber(ARGV[4])
-local used = trim(kind, window)
-if ARGV[5] == 'set' then
-  local at = now
-  if ARGV[6] ~= '' then at = math.min(now, now + tonumber(ARGV[6]) - window) end
-  add(kind, window, used, cap - math.max(0, cost) - used, at)
-elseif cost > 0 then
-  add(kind, window, used, math.min(cost, 2 * cap - used))
-else
-  -- give back from the oldest entries: they leave the window first
-  local back = -cost
-  local log = log_of(kind)
-  local entries = redis.call('ZRANGE', log, 0, -1, 'WITHSCORES')
-  for j = 1, #entries, 2 do
-    if back <= 0 then break end
-    local member = entries[j]
-    local units = units_of(member)
-    local taken = math.min(units, back)
-    back = back - taken
-    used = used - taken
-    redis.call('ZREM', log, member)
-    if units - taken > 0 then
-      local seq = string.match(member, '^([^:]+):')
-      redis.call('ZADD', log, entries[j + 1], seq .. ':' .. tostring(units - taken))
+-- ARGV: the number of changes, then six per change: kind, cost, capacity, window, mode
+-- ('set': the provider's remaining level, with its reset in seconds or ''; else a
+-- correction), reset.
+local longest = 0
+for i = 0, tonumber(ARGV[1]) - 1 do
+  local kind = ARGV[2 + 6 * i]
+  local cost = tonumber(ARGV[3 + 6 * i])
+  local cap = tonumber(ARGV[4 + 6 * i])
+  local window = tonumber(ARGV[5 + 6 * i])
+  if window > longest then longest = window end
+  local used = trim(kind, window)
+  if ARGV[6 + 6 * i] == 'set' then
+    local at = now
+    local reset = ARGV[7 + 6 * i]
+    if reset ~= '' then at = math.min(now, now + tonumber(reset) - window) end
+    add(kind, window, used, cap - math.max(0, cost) - used, at)
+  elseif cost > 0 then
+    add(kind, window, used, math.min(cost, 2 * cap - used))
+  else
+    -- give back from the oldest entries (they leave the window first), a page at a time:
+    -- an entry used up is removed, so the next page starts where this one stopped
+    local back = -cost
+    local log = log_of(kind)
+    while back > 0 do
+      local entries = redis.call('ZRANGE', log, 0, 15, 'WITHSCORES')
+      if #entries == 0 then break end
+      for j = 1, #entries, 2 do
+        if back <= 0 then break end
+        local member = entries[j]
+        local units = units_of(member)
+        local taken = math.min(units, back)
+        back = back - taken
+        used = used - taken
+        redis.call('ZREM', log, member)
+        if units - taken > 0 then
+          local seq = string.match(member, '^([^:]+):')
+          redis.call('ZADD', log, entries[j + 1], seq .. ':' .. tostring(units - taken))
+        end
+      end
     end
+    if used < 0 then used = 0 end
+    redis.call('HSET', KEYS[1], 'u:' .. kind, tostring(used))
   end
-  if used < 0 then used = 0 end
-  redis.call('HSET', KEYS[1], 'u:' .. kind, tostring(used))
 end
-redis.call('PEXPIRE', KEYS[1], math.max(3600000, math.ceil(window * 1000) + 1000))
+redis.call('PEXPIRE', KEYS[1], math.max(3600000, math.ceil(longest * 1000) + 1000))
 return 1
 """
 )
@@ -462,30 +474,36 @@ class RedisStore:
         self._fallback.release_now(key, holder)
         await self._run(remote, (), lambda: None)
 
-    async def _adjust(
-        self, key: str, cost: BucketCost, mode: str, reset: float | None = None
+    async def update(
+        self,
+        key: str,
+        levels: Sequence[tuple[BucketCost, float | None]] = (),
+        corrections: Sequence[BucketCost] = (),
     ) -> None:
-        args = [cost.kind, repr(cost.cost), repr(cost.capacity), repr(cost.window), mode]
-        args.append("" if reset is None else repr(float(reset)))
+        """See :meth:`~swiftclient.admission.StateStore.update` (one script: one round
+        trip for all of them)."""
+        if not levels and not corrections:
+            return
+        args: list[Any] = [len(levels) + len(corrections)]
+        for cost, reset in levels:
+            args.extend((cost.kind, repr(cost.cost), repr(cost.capacity), repr(cost.window)))
+            args.extend(("set", "" if reset is None else repr(float(reset))))
+        for cost in corrections:
+            args.extend((cost.kind, repr(cost.cost), repr(cost.capacity), repr(cost.window)))
+            args.extend(("adjust", ""))
 
         async def remote() -> None:
             await self._eval("adjust", _ADJUST, self._keys(key)[:1], args)
 
-        def local() -> None:
-            if mode == "set":
-                self._fallback.set_level_now(key, cost, reset)
-            else:
-                self._fallback.adjust_now(key, cost)
-
-        await self._run(remote, (), local)
+        await self._run(remote, (), lambda: self._fallback.update_now(key, levels, corrections))
 
     async def adjust(self, key: str, cost: BucketCost) -> None:
         """See :meth:`~swiftclient.admission.StateStore.adjust`."""
-        await self._adjust(key, cost, "adjust")
+        await self.update(key, (), (cost,))
 
     async def set_level(self, key: str, cost: BucketCost, reset: float | None = None) -> None:
         """See :meth:`~swiftclient.admission.StateStore.set_level`."""
-        await self._adjust(key, cost, "set", reset)
+        await self.update(key, ((cost, reset),))
 
     async def block(self, key: str, seconds: float) -> None:
         """See :meth:`~swiftclient.admission.StateStore.block`."""

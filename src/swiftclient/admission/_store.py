@@ -112,6 +112,16 @@ class StateStore(Protocol):
         reset (now, without one). Never frees anything."""
         ...
 
+    async def update(
+        self,
+        key: str,
+        levels: Sequence[tuple[BucketCost, float | None]] = (),
+        corrections: Sequence[BucketCost] = (),
+    ) -> None:
+        """:meth:`set_level` for each ``(cost, reset)`` of ``levels``, then :meth:`adjust`
+        for each of ``corrections``: what one response taught, in one operation."""
+        ...
+
     async def block(self, key: str, seconds: float) -> None:
         """Refuse every take on ``key`` for ``seconds`` (extends a rest, never shortens)."""
         ...
@@ -371,6 +381,27 @@ class MemoryStore:
     async def adjust(self, key: str, cost: BucketCost) -> None:
         """See :meth:`StateStore.adjust`."""
         self.adjust_now(key, cost)
+
+    def update_now(
+        self,
+        key: str,
+        levels: Sequence[tuple[BucketCost, float | None]] = (),
+        corrections: Sequence[BucketCost] = (),
+    ) -> None:
+        """:meth:`update` without awaiting."""
+        for cost, reset in levels:
+            self.set_level_now(key, cost, reset)
+        for cost in corrections:
+            self.adjust_now(key, cost)
+
+    async def update(
+        self,
+        key: str,
+        levels: Sequence[tuple[BucketCost, float | None]] = (),
+        corrections: Sequence[BucketCost] = (),
+    ) -> None:
+        """See :meth:`StateStore.update`."""
+        self.update_now(key, levels, corrections)
 
     def set_level_now(self, key: str, cost: BucketCost, reset: float | None = None) -> None:
         """:meth:`set_level` without awaiting."""
