@@ -120,7 +120,7 @@ async def test_the_process_that_queued_first_is_served_first_not_the_first_to_po
     limits = Limits(concurrency=1, queue_ttl=30.0)
 
     def process() -> Admission:
-        return Admission(limits, store=store, clock=clock, poll_interval=0.05)
+        return Admission(limits, store=store, clock=clock, poll_interval=0.01)
 
     holder, first, second = process(), process(), process()
     target = key()
@@ -133,21 +133,21 @@ async def test_the_process_that_queued_first_is_served_first_not_the_first_to_po
         await admission.settle(permit, status=200)
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(call, "first", first)  # refused at t=0: polls at 0.05, 0.10, ...
+        tg.start_soon(call, "first", first)  # refused at t=0: polls at 0.010, 0.020, ...
         await store.until_takes(2)
-        await clock.advance(0.02)
-        tg.start_soon(call, "second", second)  # refused at t=0.02: polls at 0.07, ...
+        await clock.advance(0.004)
+        tg.start_soon(call, "second", second)  # refused at t=0.004: polls at 0.014, ...
         await store.until_takes(3)
-        await clock.advance(0.04)  # t=0.06: first polls, the slot is still held
+        await clock.advance(0.008)  # t=0.012: first polls, the slot is still held
         await store.until_takes(4)
         await holder.settle(held, status=200)
-        await clock.advance(0.02)  # t=0.08: second polls first once the slot is free
+        await clock.advance(0.004)  # t=0.016: second polls first once the slot is free
         await store.until_takes(5)
         assert order == []  # ... and is not served: first is ahead of it in line
-        await clock.advance(0.04)  # t=0.12: first polls and is served
+        await clock.advance(0.008)  # t=0.024: first polls and is served
         await store.until_takes(6)
         assert order == ["first"]
-        await clock.advance(0.02)  # t=0.14: second's turn
+        await clock.advance(0.004)  # t=0.028: second's turn
         await store.until_takes(7)
     assert order == ["first", "second"]
     assert await inner.leases(target) == 0

@@ -45,6 +45,10 @@ CHARS_PER_TOKEN = 4.0
 """The default estimate of characters per token (English text and JSON on BPE tokenizers
 average 3.5 to 4.5); the estimate is corrected from ``usage`` once the reply is in."""
 
+_TURN = 0.01
+"""Seconds to allow each process ahead in line for its turn when capacity is already free
+(a take and its round trip), before asking again."""
+
 _AIMD_CEILING = 1024
 """A learned concurrency limit that grows back past this is dropped (no limit)."""
 
@@ -461,7 +465,12 @@ class Admission:
                     if now >= until:
                         raise self._refused(target, limit, wait)
                     timeout_s = _left(until, now)
-                    poll = self._poll if wait is None else max(wait, 0.001)
+                    if wait is not None:
+                        poll = max(wait, 0.001)
+                    elif limit == "queue":  # capacity is free: theirs are quick turns
+                        poll = min(self._poll, _TURN * ahead)
+                    else:
+                        poll = self._poll
                     timeout_s = poll if timeout_s is None else min(timeout_s, poll)
                 elif wait is not None:
                     if now + wait > until:

@@ -419,7 +419,7 @@ class RedisStore:
         """See :meth:`~swiftclient.admission.StateStore.take`."""
         args: list[Any] = [len(costs)]
         for cost in costs:
-            args.extend((cost.kind, repr(cost.cost), repr(cost.capacity), repr(cost.window)))
+            args.extend(_cost_args(cost))
         args.extend((-1 if concurrency is None else concurrency, holder or "", repr(ttl)))
         args.extend((queue or "", repr(queue_ttl)))
 
@@ -486,10 +486,10 @@ class RedisStore:
             return
         args: list[Any] = [len(levels) + len(corrections)]
         for cost, reset in levels:
-            args.extend((cost.kind, repr(cost.cost), repr(cost.capacity), repr(cost.window)))
+            args.extend(_cost_args(cost))
             args.extend(("set", "" if reset is None else repr(float(reset))))
         for cost in corrections:
-            args.extend((cost.kind, repr(cost.cost), repr(cost.capacity), repr(cost.window)))
+            args.extend(_cost_args(cost))
             args.extend(("adjust", ""))
 
         async def remote() -> None:
@@ -574,6 +574,11 @@ class RedisStore:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+
+def _cost_args(cost: BucketCost) -> tuple[str, str, str, str]:
+    """A cost as its scripts read it: kind, cost, capacity, window."""
+    return cost.kind, repr(cost.cost), repr(cost.capacity), repr(cost.window)
 
 
 def _text(value: Any) -> str:
