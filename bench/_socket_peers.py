@@ -24,23 +24,34 @@ from _cpu_peers import API_KEY, MODEL, Mode, OpenAIPeer, Peer, RawHttpxPeer, Swi
 
 from swiftclient import HTTPBackend
 
-__all__ = ["make_socket_peers"]
+__all__ = ["RawAiohttpPeer", "make_socket_peers"]
 
 
 class RawAiohttpPeer:
-    """Hand-written ``aiohttp`` + ``json.loads``."""
+    """Hand-written ``aiohttp`` + ``json.loads``: chat completions at ``base_url`` by
+    default, or ``body`` (``"stream": true`` added for streams) POSTed to ``url`` with
+    ``headers`` (the other wires' floors, ``_wire_peers``)."""
 
     name = "raw aiohttp"
 
-    def __init__(self, mode: Mode, base_url: str) -> None:
+    def __init__(
+        self,
+        mode: Mode,
+        base_url: str,
+        *,
+        url: str | None = None,
+        body: dict[str, object] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         self._mode = mode
-        self._url = f"{base_url}/chat/completions"
-        self._headers = {"authorization": f"Bearer {API_KEY}", "content-type": "application/json"}
-        body: dict[str, object] = {"model": MODEL, "messages": MESSAGES}
-        if mode == "stream":
-            body["stream"] = True
-            body["stream_options"] = {"include_usage": True}
-        self._body = body
+        self._url = url or f"{base_url}/chat/completions"
+        given = {"authorization": f"Bearer {API_KEY}"} if headers is None else headers
+        self._headers = {**given, "content-type": "application/json"}
+        if body is None:
+            body = {"model": MODEL, "messages": MESSAGES}
+            if mode == "stream":
+                body["stream_options"] = {"include_usage": True}
+        self._body = {**body, "stream": True} if mode == "stream" else body
         self._session: aiohttp.ClientSession | None = None
 
     async def run(self) -> int:

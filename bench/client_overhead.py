@@ -7,6 +7,7 @@ Run from the repository root::
     .venv/bin/python bench/client_overhead.py --profile  # + cProfile of swiftclient's stream
     .venv/bin/python bench/client_overhead.py --telemetry  # only the telemetry rows (1c)
     .venv/bin/python bench/client_overhead.py --sync     # only the blocking-client row (1d)
+    .venv/bin/python bench/client_overhead.py --wires    # only the other wires (1e)
 
 Part 1 (CPU): process CPU time per non-streamed request and per streamed chunk, every client
 parsing the same canned bytes from an in-process mock transport (no sockets, no server).
@@ -23,6 +24,11 @@ Part 1d (blocking clients over real sockets): CPU per non-streamed request of
 ``openai.OpenAI`` (the SDK's sync client, ``max_retries=0``), both against
 ``python -m swiftclient.testing`` in another process, rounds alternating. ``--sync`` runs
 only this part.
+Part 1e (other wires over real sockets): per-request and per-chunk CPU of
+``AnthropicBackend`` against the official ``anthropic`` SDK on Anthropic's Messages wire,
+and of ``ResponsesBackend`` against the ``openai`` SDK's ``responses.create`` on the
+Responses wire, each with a raw aiohttp floor, all against ``python -m swiftclient.testing``
+in another process, rounds alternating. ``--wires`` runs only this part.
 Part 2 (load): wall time and errors of 1, 64 and 512 concurrent streams of 100 chunks against
 ``python -m swiftclient.testing`` running as a separate process.
 
@@ -32,6 +38,8 @@ Goals (PASS/FAIL printed beside each):
 - over real sockets: per-request CPU <= 1.3x raw aiohttp, per-chunk CPU <= 1.5x raw aiohttp;
 - blocking clients over real sockets: openai.OpenAI's per-request CPU >= 3x
   swiftclient.Client's;
+- other wires over real sockets: each vendor SDK's per-request CPU >= 3x swiftclient's and
+  its per-chunk CPU >= 5x (Messages: anthropic; Responses: openai's ``responses.create``);
 - telemetry without an SDK: at most 3 µs per call (measured alone) and nothing per chunk;
   with the SDK and a no-op exporter: reported;
 - 512 concurrent streams: zero errors, wall time <= 1.2x raw aiohttp's on the default
@@ -63,6 +71,7 @@ from _server import fake_provider_process
 from _socket_peers import make_socket_peers
 from _telemetry_peers import CONFIGS, start_cost, telemetry_calls, telemetry_peers
 from _util import cpu_seconds_per_call, markdown_table, ratio, verdict
+from _wire_peers import WIRES, Wire, make_wire_peers
 
 REQUEST_GOAL_VS_RAW = 1.3
 OPENAI_GOAL_FACTOR = 5.0
@@ -72,6 +81,8 @@ SOCKET_REQUEST_GOAL = 1.3
 SOCKET_CHUNK_GOAL = 1.5
 TELEMETRY_CALL_GOAL_US = 3.0
 SYNC_OPENAI_GOAL_FACTOR = 3.0
+WIRE_REQUEST_GOAL_FACTOR = 3.0
+WIRE_CHUNK_GOAL_FACTOR = 5.0
 MAX_CONNECTIONS = 512
 
 
@@ -312,16 +323,25 @@ def run_telemetry_part(settings: Settings) -> str:
 async def _socket_costs(
     mode: Mode, base_url: str, iterations: int, rounds: int
 ) -> dict[str, list[float]]:
-    """CPU seconds per call of each real-socket peer, one sample per round; the order of the
-    peers rotates every round so none always runs first or last."""
-    peers: list[Peer] = make_socket_peers(mode, base_url)
+    """CPU seconds per call of each real-socket peer, one sample per round."""
+    expected = 1 if mode == "request" else STREAM_CHUNKS
+    return await _rotated_costs(
+        make_socket_peers(mode, base_url), lambda got: got == expected, iterations, rounds
+    )
+
+
+async def _rotated_costs(
+    peers: list[Peer], parsed_ok: Callable[[int], bool], iterations: int, rounds: int
+) -> dict[str, list[float]]:
+    """CPU seconds per call of each peer, one sample per round; the order of the peers
+    rotates every round so none always runs first or last. A first untimed call of each
+    must parse what ``parsed_ok`` accepts."""
     samples: dict[str, list[float]] = {peer.name: [] for peer in peers}
     try:
-        expected = 1 if mode == "request" else STREAM_CHUNKS
         for peer in peers:
             got = await peer.run()
-            if got != expected:
-                raise RuntimeError(f"{peer.name} parsed {got} chunks, expected {expected}")
+            if not parsed_ok(got):
+                raise RuntimeError(f"{peer.name} parsed {got} chunks, not what was expected")
         warmup = max(2, iterations // 10)
         for index in range(rounds):
             shift = index % len(peers)
@@ -333,36 +353,69 @@ async def _socket_costs(
     return samples
 
 
+_SOCKET_COLUMNS = [
+    "client",
+    "µs/request best",
+    "median",
+    "best vs raw aiohttp",
+    "µs/chunk best",
+    "median",
+    "best vs raw aiohttp",
+]
+
+
+@dataclass(frozen=True)
+class _Figures:
+    """Best and median CPU per request and per chunk of each client, from round samples."""
+
+    best_req: dict[str, float]
+    med_req: dict[str, float]
+    best_chunk: dict[str, float]
+    med_chunk: dict[str, float]
+
+    @classmethod
+    def of(
+        cls, request: dict[str, list[float]], stream: dict[str, list[float]], chunks: int
+    ) -> _Figures:
+        return cls(
+            {name: min(v) for name, v in request.items()},
+            {name: statistics.median(v) for name, v in request.items()},
+            {name: min(v) / chunks for name, v in stream.items()},
+            {name: statistics.median(v) / chunks for name, v in stream.items()},
+        )
+
+    def table(self, floor: str = "raw aiohttp") -> str:
+        """One row per client (of the streams; ``-`` where it made no requests)."""
+        best_req, best_chunk = self.best_req, self.best_chunk
+        rows = []
+        for name in best_chunk:
+            request = (
+                [
+                    f"{best_req[name] * 1e6:.1f}",
+                    f"{self.med_req[name] * 1e6:.1f}",
+                    f"{ratio(best_req[name], best_req[floor]):.2f}x",
+                ]
+                if name in best_req
+                else ["-", "-", "-"]
+            )
+            rows.append(
+                [
+                    name,
+                    *request,
+                    f"{best_chunk[name] * 1e6:.2f}",
+                    f"{self.med_chunk[name] * 1e6:.2f}",
+                    f"{ratio(best_chunk[name], best_chunk[floor]):.2f}x",
+                ]
+            )
+        return markdown_table(_SOCKET_COLUMNS, rows)
+
+
 def _socket_table(request: dict[str, list[float]], stream: dict[str, list[float]]) -> str:
     floor = "raw aiohttp"
-    best_req = {name: min(v) for name, v in request.items()}
-    med_req = {name: statistics.median(v) for name, v in request.items()}
-    best_chunk = {name: min(v) / STREAM_CHUNKS for name, v in stream.items()}
-    med_chunk = {name: statistics.median(v) / STREAM_CHUNKS for name, v in stream.items()}
-    rows = [
-        [
-            name,
-            f"{best_req[name] * 1e6:.1f}",
-            f"{med_req[name] * 1e6:.1f}",
-            f"{ratio(best_req[name], best_req[floor]):.2f}x",
-            f"{best_chunk[name] * 1e6:.2f}",
-            f"{med_chunk[name] * 1e6:.2f}",
-            f"{ratio(best_chunk[name], best_chunk[floor]):.2f}x",
-        ]
-        for name in request
-    ]
-    table = markdown_table(
-        [
-            "client",
-            "µs/request best",
-            "median",
-            "best vs raw aiohttp",
-            "µs/chunk best",
-            "median",
-            "best vs raw aiohttp",
-        ],
-        rows,
-    )
+    figures = _Figures.of(request, stream, STREAM_CHUNKS)
+    table = figures.table(floor)
+    best_req, med_req = figures.best_req, figures.med_req
+    best_chunk, med_chunk = figures.best_chunk, figures.med_chunk
     req = ratio(best_req["swiftclient"], best_req[floor])
     req_med = ratio(med_req["swiftclient"], med_req[floor])
     chunk = ratio(best_chunk["swiftclient"], best_chunk[floor])
@@ -411,6 +464,93 @@ def run_socket_part(settings: Settings) -> str:
         f"and {settings.socket_streams} streams of {STREAM_CHUNKS} chunks per client, the "
         "clients' order rotating each round; µs/chunk is a whole stream's CPU over its "
         "chunks.\n\n" + _socket_table(request, stream)
+    )
+
+
+# --------------------------------------------------------------------------- part 1e: wires
+
+
+def _wire_table(
+    wire: Wire, request: dict[str, list[float]], stream: dict[str, list[float]], tokens: int
+) -> str:
+    swift, floor = "swiftclient", "raw aiohttp"
+    figures = _Figures.of(request, stream, tokens)
+    table = figures.table(floor)
+    best_req, med_req = figures.best_req, figures.med_req
+    best_chunk, med_chunk = figures.best_chunk, figures.med_chunk
+    goals: list[list[str]] = []
+    for sdk in (name for name in request if name not in (swift, floor)):
+        req = ratio(best_req[sdk], best_req[swift])
+        req_med = ratio(med_req[sdk], med_req[swift])
+        goals.append(
+            [
+                f"per-request CPU: {sdk}/swiftclient >= {WIRE_REQUEST_GOAL_FACTOR}x",
+                f"{req:.2f}x (median {req_med:.2f}x)",
+                verdict(req >= WIRE_REQUEST_GOAL_FACTOR),
+            ]
+        )
+    for sdk in (name for name in stream if name not in (swift, floor)):
+        chunk = ratio(best_chunk[sdk], best_chunk[swift])
+        chunk_med = ratio(med_chunk[sdk], med_chunk[swift])
+        goals.append(
+            [
+                f"per-chunk CPU: {sdk}/swiftclient >= {WIRE_CHUNK_GOAL_FACTOR}x",
+                f"{chunk:.2f}x (median {chunk_med:.2f}x)",
+                verdict(chunk >= WIRE_CHUNK_GOAL_FACTOR),
+            ]
+        )
+    floor_chunk = ratio(best_chunk[floor], best_chunk[swift])
+    goals.append(
+        [
+            "per-chunk CPU: raw aiohttp/swiftclient (the most any client could reach)",
+            f"{floor_chunk:.2f}x",
+            "-",
+        ]
+    )
+    verdicts = markdown_table(
+        ["goal (best of rounds; median beside it)", "measured", "verdict"], goals
+    )
+    return f"### {WIRES[wire]}\n\n{table}\n\n{verdicts}"
+
+
+def run_wires_part(settings: Settings) -> str:
+    """Measure part 1e (asyncio, server in another process) and return its markdown."""
+    tokens = STREAM_CHUNKS - 3
+    with fake_provider_process(tokens=tokens) as base_url:
+
+        async def measure_wire(wire: Wire) -> tuple[dict[str, list[float]], ...]:
+            iterations = {"request": settings.socket_requests, "stream": settings.socket_streams}
+            results = []
+            for mode in ("request", "stream"):
+                limit = 1 if mode == "request" else tokens
+
+                def parsed_ok(got: int, limit: int = limit) -> bool:
+                    return got >= limit  # every peer sees at least each content delta
+
+                peers = make_wire_peers(wire, mode, base_url)
+                results.append(
+                    await _rotated_costs(peers, parsed_ok, iterations[mode], settings.socket_rounds)
+                )
+            return tuple(results)
+
+        async def every_wire() -> list[str]:
+            sections = []
+            for wire in WIRES:
+                request, stream = await measure_wire(wire)
+                sections.append(_wire_table(wire, request, stream, tokens))
+            return sections
+
+        sections = asyncio.run(every_wire())
+    return (
+        "## CPU per request and per chunk on the other wires, over real loopback sockets "
+        "(asyncio)\n\n"
+        f"The fake provider serves each wire from another process; only this (client) "
+        f"process's CPU is counted. {settings.socket_rounds} round(s) of "
+        f"{settings.socket_requests} requests and {settings.socket_streams} streams of "
+        f"{tokens} content deltas per client, the clients' order rotating each round; "
+        "µs/chunk is a whole stream's CPU over its content deltas (the same denominator for "
+        "every client; the SDK rows iterate the raw event stream, the stream-helper rows also "
+        "accumulate the message, as swiftclient's stream does).\n\n" + "\n\n".join(sections)
     )
 
 
@@ -627,6 +767,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--sync", action="store_true", help="run only the blocking-client part (1d)"
     )
+    parser.add_argument("--wires", action="store_true", help="run only the other-wires part (1e)")
     args = parser.parse_args(argv)
     settings = QUICK if args.quick else FULL
     started = time.perf_counter()
@@ -644,10 +785,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(run_sync_part(settings) + "\n", flush=True)
         print(f"Total time: {time.perf_counter() - started:.1f} s")
         return 0
+    if args.wires:
+        print(run_wires_part(settings) + "\n", flush=True)
+        print(f"Total time: {time.perf_counter() - started:.1f} s")
+        return 0
     print(run_cpu_part(settings) + "\n", flush=True)
     print(run_telemetry_part(settings) + "\n", flush=True)
     print(run_socket_part(settings) + "\n", flush=True)
     print(run_sync_part(settings) + "\n", flush=True)
+    print(run_wires_part(settings) + "\n", flush=True)
     print(run_load_part(settings) + "\n", flush=True)
     if args.profile:
         print(profile_stream(10 if args.quick else 100) + "\n", flush=True)

@@ -59,6 +59,7 @@ import anyio
 import torch
 import torch.nn.functional as F
 import transformers
+from _gpu_features import check_features
 from _util import markdown_table, ratio, verdict
 from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
@@ -635,7 +636,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--w4-rounds", type=int, help="W4 rounds (off and on each)")
     parser.add_argument(
         "--only",
-        choices=("correctness", "w1", "w2", "w3", "w4"),
+        choices=("correctness", "w1", "w2", "w3", "w4", "features"),
         action="append",
         help="parts to run",
     )
@@ -652,7 +653,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if s.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA device here: run with --smoke for the CPU smoke run", file=sys.stderr)
         return 2
-    parts = set(args.only or ("correctness", "w1", "w2", "w3", "w4"))
+    parts = set(args.only or ("correctness", "w1", "w2", "w3", "w4", "features"))
     name = torch.cuda.get_device_name() if s.device == "cuda" else platform.processor() or "CPU"
     print(f"# local_engine GPU check ({'smoke, CPU' if args.smoke else name})\n")
     print(
@@ -681,6 +682,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "w4" in parts:
             with section("W4: host work overlapped with the model"):
                 bench_w4(path, s, rng)
+    if "features" in parts:
+        with section("5. CUDA graphs, grammar and speculative decoding (embedded model)"):
+            check_features(s.device)
     return 0
 
 

@@ -30,6 +30,8 @@ def test_client_overhead_quick_run_prints_its_tables() -> None:
     assert "swiftclient.Client" in text and "openai.OpenAI" in text
     for config in ("telemetry off", "no SDK", "SDK, no-op exporter"):
         assert config in text
+    for peer in ("anthropic SDK, messages.stream", "openai SDK, responses.stream"):
+        assert peer in text
 
 
 def test_server_overhead_quick_run_compares_two_trees() -> None:
@@ -71,6 +73,11 @@ def test_gpu_check_smoke_runs_on_cpu() -> None:
     same = next(line for line in out.splitlines() if line.startswith("| same tokens on and off"))
     assert "| overlap_output=True " in out and "| yes " in same
     assert "fp8 weights: not measured here" in out
+    features = out.split("5. CUDA graphs, grammar and speculative decoding")[1]
+    assert "CUDA graphs: not measured here" in features
+    for table in ("| grammar requests ", "| speculative (n-gram) "):
+        row = features.split(table)[1].splitlines()[2]
+        assert row.split("|")[-2].strip() == "PASS", row
 
 
 def test_engine_cpu_spec_quick_run_prints_both_workloads() -> None:

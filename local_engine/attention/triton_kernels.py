@@ -53,18 +53,18 @@ INTERPRETING = _interpreting()
 
 
 @triton.jit  # type: ignore[untyped-decorator]
-def _store_kv_kernel(
-    k_ptr: Any,
-    v_ptr: Any,
-    cache_ptr: Any,
-    slot_ptr: Any,
-    stride_kt: Any,
-    stride_kh: Any,
-    stride_vt: Any,
-    stride_vh: Any,
-    cache_half: Any,
-    head_dim: Any,
-    kv_heads: Any,
+def _store_kv_kernel(  # type: ignore[no-untyped-def]
+    k_ptr,
+    v_ptr,
+    cache_ptr,
+    slot_ptr,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    cache_half,
+    head_dim,
+    kv_heads,
     BLOCK_D: tl.constexpr,
 ) -> None:
     token = tl.program_id(0)
@@ -81,20 +81,20 @@ def _store_kv_kernel(
 
 
 @triton.jit  # type: ignore[untyped-decorator]
-def _attend_block(
-    q: Any,
-    cache_ptr: Any,
-    cache_half: Any,
-    offs: Any,
-    kv_mask: Any,
-    allowed: Any,
-    m_i: Any,
-    l_i: Any,
-    acc: Any,
-    scale: Any,
+def _attend_block(  # type: ignore[no-untyped-def]
+    q,
+    cache_ptr,
+    cache_half,
+    offs,
+    kv_mask,
+    allowed,
+    m_i,
+    l_i,
+    acc,
+    scale,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
-) -> Any:
+):
     """One online-softmax step: fold the keys/values at ``offs`` into ``(m_i, l_i, acc)``."""
     k = tl.load(cache_ptr + offs, mask=kv_mask, other=0.0)
     v = tl.load(cache_ptr + cache_half + offs, mask=kv_mask, other=0.0)
@@ -113,23 +113,23 @@ def _attend_block(
 
 
 @triton.jit  # type: ignore[untyped-decorator]
-def _decode_split_kernel(
-    q_ptr: Any,
-    cache_ptr: Any,
-    tables_ptr: Any,
-    lens_ptr: Any,
-    part_out_ptr: Any,
-    part_lse_ptr: Any,
-    stride_qt: Any,
-    stride_qh: Any,
-    table_stride: Any,
-    cache_half: Any,
-    scale: Any,
-    window: Any,
-    head_dim: Any,
-    kv_heads: Any,
-    group: Any,
-    num_heads: Any,
+def _decode_split_kernel(  # type: ignore[no-untyped-def]
+    q_ptr,
+    cache_ptr,
+    tables_ptr,
+    lens_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    stride_qt,
+    stride_qh,
+    table_stride,
+    cache_half,
+    scale,
+    window,
+    head_dim,
+    kv_heads,
+    group,
+    num_heads,
     NUM_SPLITS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_G: tl.constexpr,
@@ -147,7 +147,7 @@ def _decode_split_kernel(
     d_mask = d < head_dim
     heads = kv_head * group + g
     ctx = tl.load(lens_ptr + seq)
-    first = 0
+    first = ctx * 0  # ctx's integer type: compiled Triton keeps one type across the branch
     if window > 0:
         first = tl.maximum(ctx - window, 0)
     first_block = first // BLOCK_SIZE
@@ -200,14 +200,14 @@ def _decode_split_kernel(
 
 
 @triton.jit  # type: ignore[untyped-decorator]
-def _decode_merge_kernel(
-    part_out_ptr: Any,
-    part_lse_ptr: Any,
-    out_ptr: Any,
-    stride_ot: Any,
-    stride_oh: Any,
-    head_dim: Any,
-    num_heads: Any,
+def _decode_merge_kernel(  # type: ignore[no-untyped-def]
+    part_out_ptr,
+    part_lse_ptr,
+    out_ptr,
+    stride_ot,
+    stride_oh,
+    head_dim,
+    num_heads,
     NUM_SPLITS: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ) -> None:
@@ -234,24 +234,24 @@ def _decode_merge_kernel(
 
 
 @triton.jit  # type: ignore[untyped-decorator]
-def _prefill_kernel(
-    q_ptr: Any,
-    cache_ptr: Any,
-    tables_ptr: Any,
-    lens_ptr: Any,
-    starts_ptr: Any,
-    out_ptr: Any,
-    stride_qt: Any,
-    stride_qh: Any,
-    stride_ot: Any,
-    stride_oh: Any,
-    table_stride: Any,
-    cache_half: Any,
-    scale: Any,
-    window: Any,
-    head_dim: Any,
-    kv_heads: Any,
-    group: Any,
+def _prefill_kernel(  # type: ignore[no-untyped-def]
+    q_ptr,
+    cache_ptr,
+    tables_ptr,
+    lens_ptr,
+    starts_ptr,
+    out_ptr,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    table_stride,
+    cache_half,
+    scale,
+    window,
+    head_dim,
+    kv_heads,
+    group,
     BLOCK_M: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -285,7 +285,7 @@ def _prefill_kernel(
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         last = tl.minimum(prefix + (tile + 1) * BLOCK_M, ctx)  # one past the tile's last key
-        first = 0
+        first = prefix * 0  # prefix's integer type, as in the branch below
         if window > 0:
             first = tl.maximum(prefix + tile * BLOCK_M - window + 1, 0)
         row_stride = kv_heads * head_dim

@@ -11,6 +11,7 @@ them.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import AsyncExitStack
@@ -162,13 +163,13 @@ class AttemptRun:
     (:class:`~swiftclient.types.Attempt`, appended to the call's ``Timing.attempts``)."""
 
     __slots__ = (
+        "_answer",
         "_call",
         "_chunk_seen",
         "_deadline",
         "_iterator",
         "_now",
         "_permit",
-        "_response",
         "_stack",
         "_timer",
         "error",
@@ -211,16 +212,17 @@ class AttemptRun:
         self.next_nowait: Callable[[], ChatCompletionChunk | None] | None = None
         self._stack: AsyncExitStack | None = None
         self._permit: Permit | None = None
-        self._response: tuple[int, dict[str, str]] | None = None
         self._iterator: AsyncIterator[ChatCompletionChunk] | None = None
         self._timer: ReadTimer | None = None
         self._chunk_seen = False
         self.streamed = False
         """Whether the attempt opened a stream (its first token is a content chunk), rather
         than sending one non-streamed request."""
-        self.options: RequestOptions = call.options
-        """What the attempt sends besides the request; an observer may replace it in
-        ``on_start`` (telemetry adds its trace-context headers)."""
+        self._answer = _Answer(self.record)
+        self.options: RequestOptions = dataclasses.replace(call.options, on_response=self._answer)
+        """What the attempt sends besides the request, with the hook that keeps its
+        response's status and headers; an observer may replace it in ``on_start``
+        (telemetry adds its trace-context headers)."""
         call.timing.attempts.append(self.record)
         for hook in call.hooks.on_start:
             hook(self)
@@ -531,8 +533,7 @@ class AttemptRun:
 
     async def _admit(self, admission: Admission) -> None:
         """Wait for capacity on the target within the call's deadline (a hedge does not
-        wait: a target with no capacity now gets no hedge), and ask the backend for the
-        response's status and rate-limit headers."""
+        wait: a target with no capacity now gets no hedge)."""
         name = self.target.name
         limits = admission.limits_for(name)
         body = _body_size(self.request, self.options, self.streamed)
@@ -556,18 +557,6 @@ class AttemptRun:
                 trace.admitted(self, self._now() - start, True)
                 raise
             trace.admitted(self, self._permit.waited, False)
-        self.options = self.options.with_on_response(self._on_response)
-
-    def _on_response(self, status: int, headers: Mapping[str, str]) -> None:
-        """Keep the status and the rate-limit headers of the attempt's response."""
-        kept = {}
-        for name, value in headers.items():
-            if name[:1] not in _FIRST_LETTERS:
-                continue  # most headers: no need to lower-case them
-            lowered = name.lower()
-            if lowered.startswith(_LIMIT_HEADERS) or lowered in _RETRY_HEADERS:
-                kept[lowered] = value
-        self._response = (status, kept)
 
     async def _settle(self, usage: Usage | None) -> None:
         """Hand the admission permit back with what the response said (once)."""
@@ -575,7 +564,7 @@ class AttemptRun:
         admission = self._call.admission
         if permit is None or admission is None:
             return
-        status, headers = self._response or (None, {})
+        status, headers = self._answer.status, self.record.headers or {}
         error = self.error
         if isinstance(error, errors.APIStatusError):
             status = error.status_code
@@ -590,9 +579,32 @@ class AttemptRun:
         )
 
 
+class _Answer:
+    """The hook an attempt's backend calls with its HTTP response's status and headers
+    (``RequestOptions.on_response``): it keeps the status (for admission) and puts the
+    rate-limit and request-id headers, values redacted, on the attempt's record. A separate
+    object, not a bound method of the attempt, so the attempt's options hold no reference
+    back to it (no reference cycle: an attempt is freed as soon as its call is done)."""
+
+    __slots__ = ("record", "status")
+
+    def __init__(self, record: Attempt) -> None:
+        self.record = record
+        self.status: int | None = None
+
+    def __call__(self, status: int, headers: Mapping[str, str]) -> None:
+        """Take in the response's head."""
+        kept = {}
+        for name, value in headers.items():
+            lowered = name.lower()
+            if lowered.startswith(_LIMIT_HEADERS) or lowered in _KEPT_HEADERS:
+                kept[lowered] = errors.redact(value)
+        self.status = status
+        self.record.headers = kept
+
+
 _LIMIT_HEADERS = ("x-ratelimit-", "anthropic-ratelimit-")
-_RETRY_HEADERS = frozenset({"retry-after", "retry-after-ms"})
-_FIRST_LETTERS = frozenset("xXaArR")
+_KEPT_HEADERS = frozenset({"retry-after", "retry-after-ms", "x-request-id", "request-id"})
 
 
 def _body_size(request: ChatRequest, options: RequestOptions, streamed: bool) -> int:

@@ -18,7 +18,8 @@ every attempt the provider bills, the winner's and the losers':
 Prompt caching: a price may set what a token read from the provider's prompt cache costs
 and what a token written to it costs (per TTL: 5 minutes or 1 hour), each defaulting to the
 plain input price. :meth:`Price.anthropic` fills in Anthropic's documented multipliers
-(writes 1.25x or 2x the input price, reads 0.1x). A call's :class:`CallCost` then says how
+(writes 1.25x or 2x the input price, reads 0.1x), :meth:`Price.openai` OpenAI's (writes
+1.25x on GPT-5.6 and later, whatever the TTL; reads 0.1x). A call's :class:`CallCost` then says how
 many prompt tokens its billed attempts read from and wrote to the cache, what the reads
 saved against the full input price and what the writes cost.
 
@@ -45,6 +46,19 @@ _CHARS_PER_TOKEN = 4
 _ANTHROPIC_WRITE_5M = 1.25
 _ANTHROPIC_WRITE_1H = 2.0
 _ANTHROPIC_READ = 0.1
+_OPENAI_READ = 0.1
+_OPENAI_WRITE = 1.25
+
+
+def _check_multipliers(**multipliers: float) -> None:
+    for name, value in multipliers.items():
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value < 0
+        ):
+            raise ConfigurationError(f"{name} must be a finite number >= 0: {value!r}")
 
 
 @dataclass(frozen=True)
@@ -113,18 +127,9 @@ class Price:
         Raises:
             ConfigurationError: a price or multiplier is negative or not finite.
         """
-        for name, value in (
-            ("cache_write_5m", cache_write_5m),
-            ("cache_write_1h", cache_write_1h),
-            ("cache_read", cache_read),
-        ):
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or not math.isfinite(value)
-                or value < 0
-            ):
-                raise ConfigurationError(f"{name} must be a finite number >= 0: {value!r}")
+        _check_multipliers(
+            cache_write_5m=cache_write_5m, cache_write_1h=cache_write_1h, cache_read=cache_read
+        )
         base = cls(per_request, per_input_token, per_output_token)  # validates the prices
         return cls(
             per_request=base.per_request,
@@ -133,6 +138,40 @@ class Price:
             per_cache_read_token=base.per_input_token * cache_read,
             per_cache_write_5m_token=base.per_input_token * cache_write_5m,
             per_cache_write_1h_token=base.per_input_token * cache_write_1h,
+        )
+
+    @classmethod
+    def openai(
+        cls,
+        per_input_token: float,
+        per_output_token: float,
+        *,
+        per_request: float = 0.0,
+        cache_read: float = _OPENAI_READ,
+        cache_write: float = _OPENAI_WRITE,
+    ) -> Price:
+        """A price with OpenAI's prompt-caching multipliers of the input price.
+
+        Args:
+            per_input_token: the model's base input price per token.
+            per_output_token: its output price per token.
+            per_request: a flat price per request, if any.
+            cache_read: a cached input token costs this times the input price (0.1 on the
+                GPT-5 families; older models list their own cached-input price).
+            cache_write: a token written to the cache costs this times the input price,
+                whatever its TTL: 1.25 on GPT-5.6 and later; 1.0 (no premium) before.
+
+        Raises:
+            ConfigurationError: a price or multiplier is negative or not finite.
+        """
+        _check_multipliers(cache_read=cache_read, cache_write=cache_write)
+        return cls.anthropic(
+            per_input_token,
+            per_output_token,
+            per_request=per_request,
+            cache_write_5m=cache_write,
+            cache_write_1h=cache_write,
+            cache_read=cache_read,
         )
 
     def _cache_prices(self) -> tuple[float, float, float]:

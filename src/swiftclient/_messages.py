@@ -44,7 +44,7 @@ def validated_messages(messages: MessagesInput) -> tuple[list[Message], int | No
             ordered, static = arrange(messages)
             return validated_messages(ordered)[0], static
         if isinstance(message, AssistantMessage):
-            out.append(message.to_message())  # its thinking blocks go back too
+            out.append(message.to_message())  # its thinking blocks / reasoning items go back too
             continue
         try:
             out.append(Message.model_validate(message))
@@ -57,11 +57,12 @@ def validated_messages(messages: MessagesInput) -> tuple[list[Message], int | No
 
 def has_marks(messages: list[Any]) -> bool:
     """Whether any message carries a layout mark (then the messages are arranged first), or
-    is a reply with Anthropic thinking blocks (then it is read by its request fields, which
-    send them back)."""
+    is a reply with Anthropic thinking blocks or Responses reasoning items (then it is read
+    by its request fields, which send them back)."""
     for message in messages:
         if isinstance(message, Marked) or (
-            isinstance(message, AssistantMessage) and message.thinking_blocks is not None
+            isinstance(message, AssistantMessage)
+            and (message.thinking_blocks is not None or message.reasoning_items is not None)
         ):
             return True
     return False

@@ -1,5 +1,6 @@
 """The cache-breakpoint planner: where a wire with explicit prompt caching (Anthropic's
-``cache_control``) should place its breakpoints.
+``cache_control``, OpenAI's ``prompt_cache_breakpoint`` on GPT-5.6 and later) should place
+its breakpoints.
 
 A pure function over the canonical prompt, seen as a list of :class:`Segment` blocks in the
 API's cache order (tools, then system, then messages). A breakpoint on a block caches the
@@ -16,22 +17,28 @@ lengthens a TTL only where the order requires it (never shortens one), then spen
 remaining slots on segment ends that the layout marks (``static`` / ``session`` / ``turn``)
 or the canonical prefix (the tools, the system prompt) name, skipping prefixes below the
 minimum length and preferring the ends that cover the most.
+
+:func:`mark_content_breakpoints` applies a plan to OpenAI's wires (Chat Completions and
+Responses), where a breakpoint is a content part's ``prompt_cache_breakpoint``.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 __all__ = [
     "DEFAULT_LIMIT",
     "DEFAULT_MIN_TOKENS",
+    "OPENAI_LIMIT",
     "TTL",
     "Breakpoint",
     "BreakpointPlan",
     "CacheBreakpointWarning",
     "Segment",
+    "mark_content_breakpoints",
     "plan_breakpoints",
 ]
 
@@ -167,3 +174,92 @@ def plan_breakpoints(
                 )
             points[index] = Breakpoint(point.position, running, point.user, point.merged)
     return BreakpointPlan(tuple(points), tuple(notes))
+
+
+# --------------------------------------------------------------------- content-block wires
+
+OPENAI_LIMIT = 4
+"""Explicit breakpoints one OpenAI request writes (with ``prompt_cache_options.mode``
+``explicit``; ``implicit`` adds one of its own and writes the latest three)."""
+_OPENAI_LONG_TTL = "12h"
+_USER_MARKS = ("prompt_cache_breakpoint", "cache_control")
+
+
+def _user_mark(message: dict[str, Any]) -> TTL | None:
+    """The TTL class of a breakpoint the caller set on a message (a message-level
+    ``prompt_cache_breakpoint``, or Anthropic's ``cache_control``, so one marker means
+    "cache up to here" on every wire), else None."""
+    for key in _USER_MARKS:
+        mark = message.get(key)
+        if isinstance(mark, dict):
+            return "1h" if mark.get("ttl") in ("1h", "12h") else "5m"
+    return None
+
+
+def _message_tokens(message: dict[str, Any]) -> int:
+    return len(json.dumps(message, separators=(",", ":"))) // 4
+
+
+def mark_content_breakpoints(
+    messages: list[dict[str, Any]],
+    *,
+    static: int | None,
+    roles: frozenset[str],
+    prefix_tokens: int = 0,
+    static_ttl: TTL = "5m",
+    min_tokens: int = DEFAULT_MIN_TOKENS,
+    limit: int = OPENAI_LIMIT,
+) -> BreakpointPlan:
+    """Place OpenAI's explicit cache breakpoints on chat-form ``messages`` (in place).
+
+    The same plan as on the Messages API, from the same planner: the end of the static
+    prefix (``static`` leading messages, else the leading system / developer ones) with
+    ``static_ttl``, the history before the last user turn and the last message. A
+    breakpoint marks the last content part of a message whose role is in ``roles`` (a
+    string content becomes one text part) with ``prompt_cache_breakpoint``:
+    ``{"mode": "explicit"}``, plus ``"ttl": "12h"`` for the long TTL class (``"1h"`` in
+    the planner's terms; the short one inherits the request's TTL, 30 minutes by default).
+    A message-level ``prompt_cache_breakpoint`` or ``cache_control`` the caller set is a
+    breakpoint of theirs: kept (merged past the limit, as the planner does) and moved
+    onto the content part. ``prefix_tokens``: what comes before the messages (the tools).
+    """
+    if static is None:
+        static = 0
+        for message in messages:
+            if message.get("role") not in ("system", "developer"):
+                break
+            static += 1
+    static = min(static, len(messages))
+    last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
+    ends: dict[int, TTL] = {}
+    if static:
+        ends[static - 1] = static_ttl
+    if last_user > 0:
+        ends.setdefault(last_user - 1, "5m")
+    if messages:
+        ends.setdefault(len(messages) - 1, "5m")
+    segments: list[Segment] = []
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        markable = message.get("role") in roles and bool(content)
+        user = _user_mark(message)
+        for key in _USER_MARKS:
+            message.pop(key, None)
+        size = _message_tokens(message) + (prefix_tokens if i == 0 else 0)
+        segments.append(
+            Segment(size, end=ends.get(i) if markable else None, user=user if markable else None)
+        )
+    plan = plan_breakpoints(segments, limit=limit, min_tokens=min_tokens)
+    for point in plan.breakpoints:
+        message = messages[point.position]
+        content = message["content"]
+        parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        mark: dict[str, str] = {"mode": "explicit"}
+        if point.ttl == "1h":
+            mark["ttl"] = _OPENAI_LONG_TTL
+        parts[-1] = {**parts[-1], "prompt_cache_breakpoint": mark}
+        message["content"] = parts
+    if plan.warnings:  # in OpenAI's terms: the long TTL class is 12 hours there
+        notes = tuple(note.replace("to 1h:", f"to {_OPENAI_LONG_TTL}:") for note in plan.warnings)
+        plan = BreakpointPlan(plan.breakpoints, notes)
+    return plan

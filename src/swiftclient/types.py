@@ -334,6 +334,9 @@ class PromptTokensDetails(BaseModel):
 
     model_config = _RESPONSE
     cached_tokens: int | None = None
+    cache_write_tokens: int | None = None
+    """Prompt tokens written to the cache, where the provider reports them here (OpenAI's
+    GPT-5.6 and later models)."""
 
 
 class CompletionTokensDetails(BaseModel):
@@ -386,7 +389,11 @@ class Usage(BaseModel):
     @property
     def cache_write_tokens(self) -> int:
         """Prompt tokens written to a prompt cache, where the provider bills them apart
-        (Anthropic-style ``cache_creation_input_tokens``); else 0."""
+        (OpenAI's ``prompt_tokens_details.cache_write_tokens``, Anthropic-style
+        ``cache_creation_input_tokens``); else 0."""
+        details = self.prompt_tokens_details
+        if details is not None and details.cache_write_tokens:
+            return details.cache_write_tokens
         extra = self.__pydantic_extra__ or {}
         written = extra.get("cache_creation_input_tokens")
         return written if isinstance(written, int) and not isinstance(written, bool) else 0
@@ -424,11 +431,17 @@ class AssistantMessage(BaseModel):
     thinking_blocks: list[dict[str, Any]] | None = None
     """Anthropic's ``thinking`` and ``redacted_thinking`` blocks, exactly as received
     (signatures included); sent back on the next turn by :meth:`request_fields`."""
+    reasoning_items: list[dict[str, Any]] | None = None
+    """The Responses API's ``reasoning`` output items (``id``, ``summary``,
+    ``encrypted_content``), exactly as received; sent back on the next turn by
+    :meth:`request_fields`, so a stateless (``store: false``) conversation keeps the
+    model's reasoning."""
 
     def request_fields(self) -> dict[str, Any]:
         """The fields a request's assistant message carries: ``role``, ``content``,
-        ``tool_calls``, ``refusal`` and ``thinking_blocks`` (Anthropic's signed thinking,
-        which must go back unchanged) when set.
+        ``tool_calls``, ``refusal``, ``thinking_blocks`` (Anthropic's signed thinking,
+        which must go back unchanged) and ``reasoning_items`` (the Responses API's encrypted
+        reasoning, likewise) when set.
 
         Reasoning text and provider-specific response fields are left out: providers reject
         or ignore them in requests (DeepSeek answers 400 to ``reasoning_content``). To send
@@ -441,6 +454,8 @@ class AssistantMessage(BaseModel):
             fields["refusal"] = self.refusal
         if self.thinking_blocks is not None:
             fields["thinking_blocks"] = self.thinking_blocks
+        if self.reasoning_items is not None:
+            fields["reasoning_items"] = self.reasoning_items
         return fields
 
     def to_message(self) -> Message:
@@ -482,6 +497,13 @@ class Attempt:
     outcome: AttemptOutcome = "pending"
     """``ok`` (committed and finished), ``error``, ``cancelled``, ``lost`` (another attempt
     committed first; this one was cancelled or discarded) or ``pending``."""
+    headers: dict[str, str] | None = None
+    """The provider's rate-limit and request-id headers from this attempt's HTTP response
+    (``x-ratelimit-*``, ``anthropic-ratelimit-*``, ``retry-after``, ``retry-after-ms``,
+    ``x-request-id``, ``request-id``; names lower-cased, values redacted like an error's),
+    set when the response's head arrived, whether it was a success or an error; ``{}``
+    when it had none of them, None when no HTTP response came (the local engine, a
+    connection failure, an attempt cancelled before the answer)."""
 
 
 def _percentile(values: Sequence[float], q: int) -> float | None:

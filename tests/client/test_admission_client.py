@@ -166,25 +166,3 @@ async def test_a_hedge_is_not_sent_into_a_target_without_capacity_now() -> None:
         ("b", "hedge", "RateLimited"),
     ]
     assert completion.text == "A" and len(b.requests) == 1
-
-
-def test_on_response_is_set_and_every_other_option_kept() -> None:
-    # with_on_response builds the options by hand (replace() is slower): a field added to
-    # RequestOptions must be carried over too.
-    import dataclasses
-
-    from swiftclient.backends.base import RequestOptions
-
-    def hook(status: int, headers: object) -> None:
-        pass
-
-    values = {
-        "idempotency_key": "k",
-        "headers": {"x": "y"},
-        "encoding": object(),
-        "on_response": None,
-    }
-    assert set(values) == {f.name for f in dataclasses.fields(RequestOptions)}
-    made = RequestOptions(**values).with_on_response(hook)  # type: ignore[arg-type]
-    for name, value in values.items():
-        assert getattr(made, name) is (hook if name == "on_response" else value)

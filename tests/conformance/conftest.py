@@ -1,7 +1,8 @@
-"""One backend contract, six backends: the ``target`` fixture runs each conformance test on
+"""One backend contract, seven backends: the ``target`` fixture runs each conformance test on
 
 - ``fake``: :class:`HTTPBackend` against the scripted loopback :class:`FakeProvider`;
 - ``fake_messages``: :class:`AnthropicBackend` against the same fake's ``/v1/messages``;
+- ``fake_responses``: :class:`ResponsesBackend` against the same fake's ``/v1/responses``;
 - ``local_http``: :class:`HTTPBackend` against :class:`LocalServer` (the local engine served
   over HTTP in this process, on a free port);
 - ``local_responses``: :class:`ResponsesBackend` against the same server's ``/v1/responses``
@@ -35,7 +36,15 @@ from swiftclient.testing import FakeProvider, Reply
 
 from .tiny_local import CountingEngine, TinyModel, load_tiny_model
 
-KINDS = ("fake", "fake_messages", "local_http", "local_responses", "local_messages", "local")
+KINDS = (
+    "fake",
+    "fake_messages",
+    "fake_responses",
+    "local_http",
+    "local_responses",
+    "local_messages",
+    "local",
+)
 MODEL = "tiny"
 RELEASE_LIMIT = 30.0  # seconds; a bound on waiting for cleanup, not a speed assertion
 LONG_REPLY_TOKENS = 1000
@@ -107,9 +116,12 @@ async def target(
             http = HTTPBackend(fake.base_url, "sk-conformance", name="fake")
             client = AsyncClient(http, model=MODEL)
             found = Target(kind, client, http, fake=fake)
-        elif kind == "fake_messages":
+        elif kind in ("fake_messages", "fake_responses"):
             fake = await stack.enter_async_context(FakeProvider())
-            http = AnthropicBackend(fake.base_url, "sk-conformance", name="fakemessages")
+            wire: type[HTTPBackend] = (
+                AnthropicBackend if kind == "fake_messages" else ResponsesBackend
+            )
+            http = wire(fake.base_url, "sk-conformance", name=kind.replace("_", ""))
             client = AsyncClient(http, model=MODEL)
             found = Target(kind, client, http, fake=fake)
         elif kind in ("local_http", "local_responses", "local_messages"):

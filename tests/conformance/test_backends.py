@@ -183,6 +183,21 @@ async def test_replies_appended_to_the_conversation_continue_it(
         }
         result = {"type": "tool_result", "tool_use_id": "call_1", "content": '{"celsius": 21}'}
         assert sent[4] == {"role": "user", "content": [result]}
+    elif target.kind == "fake_responses":  # the same turns as Responses input items
+        assert target.fake is not None
+        sent = target.fake.requests[-1].body["input"]
+        assert sent[1] == {"role": "assistant", "content": first.text}
+        assert sent[3] == {
+            "type": "function_call",
+            "call_id": "call_1",
+            "name": "get_weather",
+            "arguments": '{"city": "Paris"}',
+        }
+        assert sent[4] == {
+            "type": "function_call_output",
+            "call_id": "call_1",
+            "output": '{"celsius": 21}',
+        }
     await target.assert_released()
 
 

@@ -188,7 +188,7 @@ def test_a_completion_becomes_a_response_with_items_and_usage() -> None:
     assert (function_call["call_id"], function_call["name"]) == ("call_1", "f")
     assert body["usage"] == {
         "input_tokens": 10,
-        "input_tokens_details": {"cached_tokens": 8},
+        "input_tokens_details": {"cached_tokens": 8, "cache_write_tokens": 0},
         "output_tokens": 4,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": 14,

@@ -51,7 +51,7 @@ from ..types import (
     Usage,
 )
 from .base import RequestOptions
-from .http import HTTPBackend, _ChunkStream, _deadline_exceeded, _Response
+from .http import HTTPBackend, _ChunkStream, _deadline_exceeded, _Response, text_chunk
 
 __all__ = [
     "ANTHROPIC_VERSION",
@@ -602,13 +602,6 @@ def _chunk(
     return ChatCompletionChunk(id=message_id, model=model, choices=choices, usage=usage)
 
 
-def _text_chunk(message_id: str, model: str, text: str) -> ChatCompletionChunk:
-    # The per-token path: built without validation (every value is already a str).
-    delta = ChoiceDelta.model_construct(content=text)
-    choice = ChunkChoice.model_construct(index=0, delta=delta, finish_reason=None)
-    return ChatCompletionChunk.model_construct(id=message_id, model=model, choices=[choice])
-
-
 class MessageDecoder:
     """Turns Messages API stream events, one at a time, into chat-completion chunks.
 
@@ -695,7 +688,7 @@ class MessageDecoder:
             self._blocks[index] = ("text", 0, None)
             text = block.get("text")
             if isinstance(text, str) and text:
-                return _text_chunk(self._id, self._model, text)
+                return text_chunk(self._id, self._model, text)
             return None
         if kind == "tool_use":
             name = str(block.get("name", ""))
@@ -734,13 +727,13 @@ class MessageDecoder:
         kind = delta.get("type")
         if kind == "text_delta" and where == "text":
             text = delta.get("text")
-            return _text_chunk(self._id, self._model, text) if isinstance(text, str) else None
+            return text_chunk(self._id, self._model, text) if isinstance(text, str) else None
         if kind == "input_json_delta":
             piece = delta.get("partial_json")
             if not isinstance(piece, str) or not piece:
                 return None
             if where == "output":
-                return _text_chunk(self._id, self._model, piece)
+                return text_chunk(self._id, self._model, piece)
             if where == "tool":
                 tool_delta = ToolCallDelta(index=call, function=FunctionCallDelta(arguments=piece))
                 return _chunk(self._id, self._model, ChoiceDelta(tool_calls=[tool_delta]))
@@ -859,6 +852,8 @@ class AnthropicBackend(HTTPBackend):
     """
 
     _path = "/messages"
+    provider_name = "anthropic"
+    """``gen_ai.provider.name`` on this backend's spans, whatever host serves the wire."""
 
     def __init__(
         self,

@@ -64,13 +64,6 @@ class RequestOptions:
     encoding: CallEncoding | None = None
     on_response: Callable[[int, Mapping[str, str]], None] | None = None
 
-    def with_on_response(
-        self, on_response: Callable[[int, Mapping[str, str]], None]
-    ) -> RequestOptions:
-        """These options with ``on_response`` set (``dataclasses.replace`` costs several
-        times more, and admission does this once per attempt)."""
-        return RequestOptions(self.idempotency_key, self.headers, self.encoding, on_response)
-
 
 @runtime_checkable
 class Backend(Protocol):

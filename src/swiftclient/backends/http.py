@@ -12,13 +12,15 @@ unusable).
 
 from __future__ import annotations
 
+import json
 import re
 import socket
+import warnings
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import anyio
@@ -32,7 +34,19 @@ from .._canonical import CallEncoding
 from .._canonical import encode as encode_request
 from .._deadline import Deadline, running_loop
 from .._sse import EventTooLarge, ServerSentEvent, SSEDecoder
-from ..types import MAX_CHOICES, MAX_TOOL_CALLS, ChatCompletion, ChatCompletionChunk, ChatRequest
+from ..breakpoints import (
+    DEFAULT_MIN_TOKENS,
+    OPENAI_LIMIT,
+    CacheBreakpointWarning,
+    mark_content_breakpoints,
+)
+from ..types import (
+    MAX_CHOICES,
+    MAX_TOOL_CALLS,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatRequest,
+)
 from ._errors import TransportError, to_public
 from ._httpx import HttpxTransport
 from ._network import Cert, Verify, env_proxy, keepalive_options, ssl_context
@@ -150,6 +164,16 @@ class HTTPBackend:
         prompt_cache_key: send a ``prompt_cache_key`` derived from the prompt's static
             prefix (tools and leading system messages) when a request names none; for
             providers that take the field (the ``openai`` preset turns it on).
+        cache_breakpoints: place OpenAI's explicit prompt-cache breakpoints
+            (``prompt_cache_breakpoint`` on content parts, ``prompt_cache_options.mode``
+            ``explicit``; GPT-5.6 and later models) where the breakpoint planner says:
+            the end of the static prefix, the history before the last user turn and the
+            last message, none on prefixes under ``min_cache_tokens``; a message-level
+            ``prompt_cache_breakpoint`` or ``cache_control`` you set is kept
+            (docs/prompt-caching.md).
+        cache_ttl: the static prefix's breakpoint TTL, ``"30m"`` (the API's default) or
+            ``"12h"``.
+        min_cache_tokens: the shortest prefix worth a breakpoint (1024 on OpenAI).
     """
 
     _path = "/chat/completions"
@@ -180,6 +204,9 @@ class HTTPBackend:
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         canonical: bool = True,
         prompt_cache_key: bool = False,
+        cache_breakpoints: bool = False,
+        cache_ttl: Literal["30m", "12h"] = "30m",
+        min_cache_tokens: int = DEFAULT_MIN_TOKENS,
     ) -> None:
         if not base_url or "://" not in base_url:
             raise errors.ConfigurationError("base_url must be an absolute http(s) URL")
@@ -228,6 +255,11 @@ class HTTPBackend:
         self._models_url = f"{self.base_url}/models"
         self._exact = not canonical
         self._cache_key = prompt_cache_key
+        if cache_ttl not in ("30m", "12h"):
+            raise errors.ConfigurationError('cache_ttl must be "30m" or "12h"')
+        self.cache_breakpoints = cache_breakpoints
+        self._cache_ttl = cache_ttl
+        self._min_cache_tokens = min_cache_tokens
         self._transport: Transport | None = None
         self._slots: anyio.Semaphore | None = None
         self._release_nowait = False
@@ -475,15 +507,44 @@ class HTTPBackend:
         """The headers that carry ``api_key`` (a bearer token on this wire)."""
         return {"authorization": f"Bearer {api_key}"}
 
+    _breakpoint_roles = frozenset({"system", "developer", "user", "assistant", "tool"})
+    """The roles whose content parts may carry a ``prompt_cache_breakpoint`` on this wire."""
+
     def _encode(self, request: ChatRequest, stream: bool, encoding: CallEncoding | None) -> bytes:
         """The request's body bytes on this backend's wire."""
-        return (encoding.encode if encoding is not None else encode_request)(
+        body = (encoding.encode if encoding is not None else encode_request)(
             request,
             stream=stream,
             include_usage=self._stream_usage,
             exact=self._exact,
             derive_cache_key=self._cache_key,
         )
+        if not self.cache_breakpoints:
+            return body
+        return self._with_breakpoints(body, request, encoding)
+
+    def _with_breakpoints(
+        self, body: bytes, request: ChatRequest, encoding: CallEncoding | None
+    ) -> bytes:
+        """``body`` with the planner's explicit cache breakpoints on its messages."""
+        data = json.loads(body)
+        options = data.get("prompt_cache_options")
+        implicit = isinstance(options, dict) and options.get("mode") == "implicit"
+        tools = data.get("tools")
+        plan = mark_content_breakpoints(
+            data["messages"],
+            static=encoding.prefix(request).static if encoding is not None else None,
+            roles=self._breakpoint_roles,
+            prefix_tokens=len(json.dumps(tools)) // 4 if tools else 0,
+            static_ttl="1h" if self._cache_ttl == "12h" else "5m",
+            min_tokens=self._min_cache_tokens,
+            limit=OPENAI_LIMIT - 1 if implicit else OPENAI_LIMIT,
+        )
+        for note in plan.warnings:
+            warnings.warn(note, CacheBreakpointWarning, stacklevel=5)
+        if plan.breakpoints and not implicit:
+            data["prompt_cache_options"] = {**(options or {}), "mode": "explicit"}
+        return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
 
     def _chunk_stream(
         self, response: _Response, deadline: Deadline, request: ChatRequest
@@ -642,6 +703,20 @@ class HTTPBackend:
         if deadline.now() >= deadline.at:  # parsing took the call past its deadline
             raise _deadline_exceeded(self, deadline)
         return completion
+
+
+def text_chunk(completion_id: str, model: str, text: str, created: int = 0) -> ChatCompletionChunk:
+    """A content chunk: the per-token path of the wires that decode their own events.
+    Validated from a dict in pydantic-core, which costs less than ``model_construct``'s
+    Python-level defaults for the three nested models."""
+    return ChatCompletionChunk.model_validate(
+        {
+            "id": completion_id,
+            "model": model,
+            "created": created,
+            "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}],
+        }
+    )
 
 
 class _ChunkStream:

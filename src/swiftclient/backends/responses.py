@@ -11,9 +11,9 @@ contract as a Responses request and decodes the reply back into the same
   function form; ``tool_choice`` the Responses form; ``response_format`` ``text.format``;
   ``max_completion_tokens`` (else ``max_tokens``) ``max_output_tokens``;
   ``reasoning_effort`` ``reasoning.effort``; ``logprobs`` ``include`` of
-  ``message.output_text.logprobs`` (``top_logprobs`` as it is); ``store`` is false (nothing
-  kept on the provider's side); other fields pass as they are (``n`` too: a provider
-  without it refuses it);
+  ``message.output_text.logprobs`` (``top_logprobs`` as it is); ``store`` is false unless
+  the backend is made with ``store=True`` (nothing kept on the provider's side); other
+  fields pass as they are (``n`` too: a provider without it refuses it);
 - a ``message`` item's text is the content, ``function_call`` items the tool calls (their
   ``call_id`` the call id), reasoning text ``reasoning_content``, the text's logprobs
   ``logprobs.content``; ``status: incomplete``
@@ -25,8 +25,13 @@ contract as a Responses request and decodes the reply back into the same
   chunk last; ``response.failed`` and ``error`` events are a
   :class:`~swiftclient.StreamError`.
 
-Not carried yet: encrypted reasoning items across turns. Server-side state is opt-in:
-``extra_body={"store": True, "previous_response_id": ...}`` passes through.
+Reasoning across turns, statelessly: a reasoning request (``reasoning`` set, or reasoning
+items in the conversation) that is not stored asks for ``reasoning.encrypted_content``;
+the reply's ``reasoning`` items are the message's ``reasoning_items``, exactly as received
+(streamed: each from its ``response.output_item.done``, where the encrypted content is
+whole), and an assistant message's ``reasoning_items`` go back as input items, unchanged,
+before its text and calls. Server-side state is opt-in: ``ResponsesBackend(store=True)``
+and ``extra_body={"previous_response_id": ...}``.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ from __future__ import annotations
 import json
 from collections import deque
 from typing import Any
+
+import pydantic_core
 
 from .. import errors
 from .._canonical import CallEncoding
@@ -47,6 +54,7 @@ from .http import (
     _inband_error,
     _Response,
     _stream_error,
+    text_chunk,
 )
 
 __all__ = ["ResponsesBackend", "chat_completion", "responses_body"]
@@ -68,10 +76,15 @@ _CHAT_ONLY = frozenset(
 
 
 _LOGPROBS = "message.output_text.logprobs"
+_ENCRYPTED = "reasoning.encrypted_content"
 
 
-def responses_body(chat: dict[str, Any]) -> dict[str, Any]:
-    """A chat-completions request body as a Responses request body."""
+def responses_body(chat: dict[str, Any], store: bool = False) -> dict[str, Any]:
+    """A chat-completions request body as a Responses request body.
+
+    ``store`` is sent unless the body sets it. Unstored (``store: false``), a request to a
+    reasoning model (``reasoning`` set, or reasoning items in the conversation) asks for
+    ``reasoning.encrypted_content``, so the reply's reasoning items can be sent back."""
     body: dict[str, Any] = {k: v for k, v in chat.items() if k not in _CHAT_ONLY}
     body["input"] = _input(chat.get("messages") or [])
     tools = chat.get("tools")
@@ -96,8 +109,20 @@ def responses_body(chat: dict[str, Any]) -> dict[str, Any]:
     if chat.get("logprobs"):
         body["include"] = [*body.get("include", ()), _LOGPROBS]
         body.setdefault("top_logprobs", 0)
-    body.setdefault("store", False)
+    body.setdefault("store", store)
+    if body["store"] is False and _reasons(body):
+        include = list(body.get("include") or ())
+        if _ENCRYPTED not in include:
+            body["include"] = [*include, _ENCRYPTED]
     return body
+
+
+def _reasons(body: dict[str, Any]) -> bool:
+    """Whether the request is to a reasoning model: it sets ``reasoning``, or the
+    conversation already carries reasoning items (a reasoning model answered before)."""
+    if body.get("reasoning") is not None:
+        return True
+    return any(item.get("type") == "reasoning" for item in body["input"])
 
 
 def _input(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -116,6 +141,9 @@ def _input(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             )
             continue
         if role == "assistant":
+            # reasoning items first, as received: they preceded the reply they led to
+            reasoned = message.get("reasoning_items") or ()
+            items.extend(item for item in reasoned if isinstance(item, dict))
             text = content if isinstance(content, str) or content is None else _text_of(content)
             if text:
                 items.append({"role": "assistant", "content": text})
@@ -148,9 +176,11 @@ def _parts(content: Any) -> Any:
             item = {"type": "input_image", "image_url": image["url"]}
             if image.get("detail"):
                 item["detail"] = image["detail"]
-            parts.append(item)
         else:
-            parts.append({"type": "input_text", "text": part.get("text", "")})
+            item = {"type": "input_text", "text": part.get("text", "")}
+        if "prompt_cache_breakpoint" in part:
+            item["prompt_cache_breakpoint"] = part["prompt_cache_breakpoint"]
+        parts.append(item)
     return parts
 
 
@@ -165,9 +195,18 @@ def _usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": int(usage.get("total_tokens") or prompt + completion),
-        "prompt_tokens_details": {"cached_tokens": input_details.get("cached_tokens")},
+        "prompt_tokens_details": {
+            "cached_tokens": input_details.get("cached_tokens"),
+            "cache_write_tokens": input_details.get("cache_write_tokens"),
+        },
         "completion_tokens_details": {"reasoning_tokens": output_details.get("reasoning_tokens")},
     }
+
+
+def _reasoning_text(item: dict[str, Any]) -> list[str]:
+    """A reasoning item's readable text: its reasoning text, else its summary."""
+    parts = (item.get("content") or []) + (item.get("summary") or [])
+    return [part.get("text", "") for part in parts]
 
 
 def _finish_reason(response: dict[str, Any], called: bool) -> str:
@@ -185,6 +224,7 @@ def chat_completion(response: dict[str, Any]) -> ChatCompletion:
     reasoning: list[str] = []
     calls: list[dict[str, Any]] = []
     logprobs: list[Any] = []
+    items: list[dict[str, Any]] = []
     for item in response.get("output") or ():
         kind = item.get("type")
         if kind == "message":
@@ -198,9 +238,11 @@ def chat_completion(response: dict[str, Any]) -> ChatCompletion:
             function = {"name": item["name"], "arguments": item.get("arguments") or ""}
             calls.append({"id": item["call_id"], "type": "function", "function": function})
         elif kind == "reasoning":
-            for part in (item.get("content") or []) + (item.get("summary") or []):
-                reasoning.append(part.get("text", ""))
+            items.append(item)
+            reasoning.extend(_reasoning_text(item))
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}
+    if items:
+        message["reasoning_items"] = items
     if refusals:
         message["refusal"] = "".join(refusals)
     if calls:
@@ -228,11 +270,21 @@ def chat_completion(response: dict[str, Any]) -> ChatCompletion:
 class ResponsesBackend(HTTPBackend):
     """An :class:`HTTPBackend` that speaks the Responses API (``{base_url}/responses``).
 
-    Takes :class:`HTTPBackend`'s arguments. Stateless: every call sends the whole
-    conversation and ``store: false``.
+    Takes :class:`HTTPBackend`'s arguments. Stateless by default: every call sends the
+    whole conversation (reasoning items included) and ``store: false``.
     """
 
     _path = "/responses"
+    _breakpoint_roles = frozenset({"system", "developer", "user"})  # input content only
+
+    def __init__(
+        self, base_url: str, api_key: str | None = None, *, store: bool = False, **kwargs: Any
+    ) -> None:
+        """Takes :class:`HTTPBackend`'s arguments, and ``store``: whether the provider
+        keeps each response (``store: true``, for ``previous_response_id``), or nothing is
+        kept and reasoning travels encrypted in the conversation (the default)."""
+        super().__init__(base_url, api_key, **kwargs)
+        self.store = store
 
     def __repr__(self) -> str:
         return "Responses" + super().__repr__().removeprefix("HTTP")
@@ -240,7 +292,7 @@ class ResponsesBackend(HTTPBackend):
     def _encode(self, request: ChatRequest, stream: bool, encoding: CallEncoding | None) -> bytes:
         # the chat body first (canonical bytes and the derived prompt_cache_key carry over)
         chat = json.loads(super()._encode(request, stream, encoding))
-        return json.dumps(responses_body(chat), separators=(",", ":")).encode()
+        return json.dumps(responses_body(chat, self.store), separators=(",", ":")).encode()
 
     def _chunk_stream(
         self, response: _Response, deadline: Deadline, request: ChatRequest
@@ -278,13 +330,14 @@ class _EventStream(_ChunkStream):
     """The HTTP backend's chunk stream, decoding Responses API events instead of OpenAI
     chunks: bytes, SSE framing, bounds, deadline checks and closing are the parent's."""
 
-    __slots__ = ("_calls", "_created", "_id", "_model", "_pending", "_streamed")
+    __slots__ = ("_calls", "_created", "_id", "_model", "_pending", "_reasoning", "_streamed")
 
     def __init__(self, response: _Response, backend: ResponsesBackend, deadline: Deadline) -> None:
         super().__init__(response, backend, deadline, 1)
         self._pending: deque[ChatCompletionChunk] = deque()
         self._calls: dict[int, int] = {}  # output_index -> tool call index
         self._streamed: set[int] = set()  # output indexes whose arguments came as deltas
+        self._reasoning: list[dict[str, Any]] = []  # finished reasoning items, as received
         self._id = ""
         self._model = ""
         self._created = 0
@@ -298,7 +351,7 @@ class _EventStream(_ChunkStream):
             event = events.popleft()
             malformed = False
             try:
-                data = json.loads(event.data)
+                data = pydantic_core.from_json(event.data)
                 if not isinstance(data, dict):
                     raise ValueError
                 self._event(data)
@@ -340,7 +393,12 @@ class _EventStream(_ChunkStream):
             self._created = int(response.get("created_at") or 0)
             self._chunk({"role": "assistant", "content": ""})
         elif kind == "response.output_text.delta":
-            self._chunk({"content": data.get("delta", "")}, logprobs=data.get("logprobs"))
+            text = data.get("delta", "")
+            logprobs = data.get("logprobs")
+            if logprobs or not isinstance(text, str):
+                self._chunk({"content": text}, logprobs=logprobs)
+            else:  # the per-token path: nothing to validate
+                self._pending.append(text_chunk(self._id, self._model, text, self._created))
         elif kind in ("response.reasoning_text.delta", "response.reasoning_summary_text.delta"):
             self._chunk({"reasoning_content": data.get("delta", "")})
         elif kind == "response.output_item.added":
@@ -362,8 +420,14 @@ class _EventStream(_ChunkStream):
                 call = {"index": known, "function": {"arguments": data.get("delta", "")}}
                 self._chunk({"tool_calls": [call]})
         elif kind == "response.output_item.done":
-            # a server that sends a call's arguments whole, with no deltas
             item = data.get("item") or {}
+            if item.get("type") == "reasoning":
+                # the finished item (its encrypted_content whole only here), handed out
+                # with every one before it: the latest value is the message's full list
+                self._reasoning.append(item)
+                self._chunk({"reasoning_items": list(self._reasoning)})
+                return
+            # a server that sends a call's arguments whole, with no deltas
             at = data.get("output_index", 0)
             known = self._calls.get(at)
             if known is not None and at not in self._streamed and item.get("arguments"):

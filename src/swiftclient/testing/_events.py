@@ -124,11 +124,14 @@ def plan_reply(reply: Reply, body: dict[str, Any], call_prefix: str) -> Plan:
         prompt = prompt if spec.prompt_tokens is None else spec.prompt_tokens
         completion = completion if spec.completion_tokens is None else spec.completion_tokens
     cached = spec.cached_tokens if spec is not None and spec.cached_tokens is not None else 0
+    details = {"cached_tokens": cached}
+    if spec is not None and spec.cache_write_tokens is not None:  # as GPT-5.6 reports them
+        details["cache_write_tokens"] = spec.cache_write_tokens
     usage = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
+        "prompt_tokens_details": details,
     }
     return Plan(chunks, calls, reply.finish_reason or finish, usage)
 

@@ -11,7 +11,7 @@ import hmac
 import json
 import re
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -36,11 +36,18 @@ from ._limits import ProviderLimits
 from ._messages import messages_body, messages_error, messages_events, messages_prompt_tokens
 from ._prompt_cache import CacheSimulation
 from ._reply import Reply
+from ._responses import (
+    ResponsesRequestError,
+    ResponsesTurn,
+    check_reasoning_items,
+    responses_error,
+)
 
 __all__ = ["FakeProvider", "RecordedRequest"]
 
 _CREATED = 1_700_000_000  # a fixed timestamp keeps every reply deterministic
 _KEEPALIVE_COMMENT = b": keep-alive\n\n"
+_STREAM_ERROR = "The server had an error while generating."
 _ERROR_CODES = {401: "invalid_api_key", 404: "not_found", 429: "rate_limit_exceeded"}
 _BODY: ContextVar[Any] = ContextVar("fake_provider_body")  # the request's body, parsed once
 _AZURE_CHAT = re.compile(r"/openai/deployments/[^/]+/chat/completions/?")
@@ -125,6 +132,7 @@ class FakeProvider:
                 "/v1/chat/completions": ("POST", self._chat),
                 "/v1/models": ("GET", self._models),
                 "/v1/messages": ("POST", self._messages),
+                "/v1/responses": ("POST", self._responses),
                 "/v1beta/openai/chat/completions": ("POST", self._chat),  # Google's
             },
             api_key=api_key,
@@ -183,6 +191,22 @@ class FakeProvider:
     async def wait_until_idle(self) -> None:
         """Wait until no chat request is being answered."""
         await self._server.acall(self._wait_idle)
+
+    @contextmanager
+    def _answering(self) -> Iterator[None]:
+        """Count one request being answered (and one cancelled, when it is); wake
+        :meth:`wait_until_idle` when the last one ends."""
+        self.in_flight += 1
+        try:
+            yield
+        except anyio.get_cancelled_exc_class():
+            self.cancelled += 1
+            raise
+        finally:
+            self.in_flight -= 1
+            if not self.in_flight and self._idle is not None:
+                self._idle.set()
+                self._idle = None
 
     async def _wait_idle(self) -> None:
         while self.in_flight:
@@ -294,8 +318,7 @@ class FakeProvider:
         if self._queue:
             self._queue.popleft()
         headers = {**limit_headers, **reply.response_headers()}
-        self.in_flight += 1
-        try:
+        with self._answering():
             if reply.is_error:
                 await _sleep(reply.ttft)
                 message = reply.error_message or f"Scripted error {reply.status}."
@@ -320,14 +343,6 @@ class FakeProvider:
                     plan, completion_id=completion_id, model=model, created=_CREATED
                 )
                 await _complete(reply, plan, result, writer, headers)
-        except anyio.get_cancelled_exc_class():
-            self.cancelled += 1
-            raise
-        finally:
-            self.in_flight -= 1
-            if not self.in_flight and self._idle is not None:
-                self._idle.set()
-                self._idle = None
 
     async def _messages(self, request: Request, writer: ResponseWriter) -> None:
         """Anthropic's Messages API: the key in ``x-api-key`` (or as a bearer token, as
@@ -353,12 +368,9 @@ class FakeProvider:
         seq = self._seq
         reply = self._queue.popleft() if self._queue else self.default
         headers = reply.response_headers()
-        self.in_flight += 1
-        try:
+        with self._answering():
             if reply.is_error:
-                await _sleep(reply.ttft)
-                message = reply.error_message or f"Scripted error {reply.status}."
-                await writer.send_json(reply.status, messages_error(reply.status, message), headers)
+                await _scripted_error(reply, writer, headers, messages_error)
                 return
             model = body["model"] if isinstance(body.get("model"), str) else self.model
             plan = plan_reply(reply, body, f"call_{seq}")
@@ -370,31 +382,74 @@ class FakeProvider:
                 head, steps, tail = messages_events(
                     plan, reply, message_id=message_id, model=model, prompt=prompt, cached=cached
                 )
-                await _stream_messages(reply, head, steps, tail, writer, headers)
+                await _stream_named(reply, head, steps, tail, writer, headers)
             else:
                 result = messages_body(
                     plan, reply, message_id=message_id, model=model, prompt=prompt, cached=cached
                 )
                 await _complete(reply, plan, result, writer, headers)
-        except anyio.get_cancelled_exc_class():
-            self.cancelled += 1
-            raise
-        finally:
-            self.in_flight -= 1
-            if not self.in_flight and self._idle is not None:
-                self._idle.set()
-                self._idle = None
+
+    async def _responses(self, request: Request, writer: ResponseWriter) -> None:
+        """OpenAI's Responses API: the request read as the local server reads it (plus
+        ``previous_response_id`` and ``store``, recorded, nothing kept), reasoning items in
+        ``input`` checked, the reply rendered as a response object or its event stream."""
+        body = _BODY.get()
+        if not isinstance(body, dict):
+            await writer.send_json(400, responses_error(400, "The body must be a JSON object."))
+            return
+        refused = check_reasoning_items(body)
+        if refused is not None:
+            await writer.send_json(*refused)
+            return
+        model = body["model"] if isinstance(body.get("model"), str) else self.model
+        try:
+            turn = ResponsesTurn(body, model, self._seq)
+        except ResponsesRequestError as exc:
+            await writer.send_json(400, responses_error(400, str(exc), param=exc.param))
+            return
+        reply = self._queue.popleft() if self._queue else self.default
+        headers = reply.response_headers()
+        with self._answering():
+            if reply.is_error:
+                await _scripted_error(reply, writer, headers, _responses_error)
+                return
+            plan = plan_reply(reply, turn.chat, f"call_{self._seq}")
+            if turn.stream:
+                head, steps, tail = turn.events(plan, reply)
+                await _stream_named(
+                    reply,
+                    head,
+                    steps,
+                    tail,
+                    writer,
+                    headers,
+                    _RESPONSES_MALFORMED,
+                    turn.error_event,
+                )
+            else:
+                await _complete(reply, plan, turn.body(plan, reply), writer, headers)
 
 
-async def _stream_messages(
+_MESSAGES_MALFORMED = b'event: content_block_delta\ndata: {"type": "content_block\n\n'
+_RESPONSES_MALFORMED = b'event: response.output_text.delta\ndata: {"type": "response.out\n\n'
+
+
+def _messages_error_event(message: str) -> bytes:
+    return b"event: error\ndata: " + json.dumps(messages_error(500, message)).encode() + b"\n\n"
+
+
+async def _stream_named(
     reply: Reply,
     head: bytes,
     steps: list[bytes],
     tail: bytes,
     writer: ResponseWriter,
     headers: dict[str, str],
+    malformed: bytes = _MESSAGES_MALFORMED,
+    error: Callable[[str], bytes] = _messages_error_event,
 ) -> None:
-    """Send a Messages event stream with the reply's timing and faults (counted in steps)."""
+    """Send a named-event stream (Messages, Responses) with the reply's timing and faults
+    (counted in steps); ``malformed`` and ``error`` are the wire's broken and error events."""
     await writer.start_stream(200, {**headers, "cache-control": "no-cache"})
     await _sleep(reply.ttft)
     pending: list[bytes] = [head]
@@ -407,11 +462,9 @@ async def _stream_messages(
             await _flush(writer, pending)
             await _stall(writer, reply.keepalive_comments)
         if i == reply.malformed_after:
-            pending.append(b'event: content_block_delta\ndata: {"type": "content_block\n\n')
+            pending.append(malformed)
         if i == reply.error_event_after:
-            message = reply.error_message or "The server had an error while generating."
-            error = messages_error(500, message)
-            pending.append(b"event: error\ndata: " + json.dumps(error).encode() + b"\n\n")
+            pending.append(error(reply.error_message or _STREAM_ERROR))
             await _flush(writer, pending)
             await writer.end()
             return
@@ -424,6 +477,22 @@ async def _stream_messages(
     pending.append(tail)
     await _flush(writer, pending)
     await writer.end()
+
+
+def _responses_error(status: int, message: str) -> dict[str, Any]:
+    return responses_error(status, message, code=_ERROR_CODES.get(status))
+
+
+async def _scripted_error(
+    reply: Reply,
+    writer: ResponseWriter,
+    headers: dict[str, str],
+    body: Callable[[int, str], dict[str, Any]],
+) -> None:
+    """Answer a reply's scripted error status after its ``ttft``, in a wire's error shape."""
+    await _sleep(reply.ttft)
+    message = reply.error_message or f"Scripted error {reply.status}."
+    await writer.send_json(reply.status, body(reply.status, message), headers)
 
 
 async def _sleep(seconds: float) -> None:

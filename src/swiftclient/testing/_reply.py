@@ -21,7 +21,8 @@ class ReplyUsage(BaseModel):
     cached_tokens: int | None = Field(default=None, ge=0)
     cache_write_tokens: int | None = Field(default=None, ge=0)
     """Prompt tokens written to the cache (``cache_creation_input_tokens`` on the Messages
-    route; the OpenAI route has no such field)."""
+    route, ``cache_write_tokens`` in the prompt or input token details on the OpenAI
+    routes, as GPT-5.6 and later report them)."""
     cache_write_1h_tokens: int | None = Field(default=None, ge=0)
     """Of ``cache_write_tokens``, those reported as 1-hour writes (the Messages route's
     ``cache_creation.ephemeral_1h_input_tokens``; the rest are 5-minute writes)."""
@@ -76,8 +77,9 @@ class Reply(BaseModel):
     usage: ReplyUsage | None = None
     finish_reason: str | None = None
     thinking: str | None = None
-    """Extended-thinking text the Messages route (``/v1/messages``) sends first, as a signed
-    ``thinking`` block (the OpenAI route ignores it)."""
+    """Reasoning text sent first: on the Messages route (``/v1/messages``) as a signed
+    ``thinking`` block, on the Responses route (``/v1/responses``) as a ``reasoning`` item
+    (summary, and encrypted content when asked for); the chat route ignores it."""
 
     @model_validator(mode="after")
     def _consistent(self) -> Reply:

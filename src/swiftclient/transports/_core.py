@@ -264,13 +264,17 @@ def _winner(timing: Timing) -> Attempt | None:
 
 
 def _call_headers(timing: Timing | None) -> list[tuple[str, str]]:
-    """Which target answered (``x-swiftclient-target``) and how many attempts it took."""
+    """Which target answered (``x-swiftclient-target``), how many attempts it took, and the
+    answering provider's rate-limit and request-id headers (the winner's
+    :attr:`~swiftclient.types.Attempt.headers`, none of a hedge that lost)."""
     if timing is None:
         return []
     out = [("x-swiftclient-attempts", str(len(timing.attempts)))]
     winner = _winner(timing)
     if winner is not None:
         out.append(("x-swiftclient-target", f"{winner.backend}/{winner.model}"))
+        if winner.headers:
+            out.extend(winner.headers.items())
     return out
 
 

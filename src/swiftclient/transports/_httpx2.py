@@ -21,7 +21,9 @@ class AsyncTransport(httpx2.AsyncBaseTransport):
     The SDK's ``model`` is resolved by the client (backends, aliases, routes); the call runs
     with everything the client does (one deadline, retries, hedging and fallback,
     telemetry, ``local/...`` targets in-process); the answer is the JSON, the SSE stream
-    (one event per chunk, as it arrives) or the error response the provider would send.
+    (one event per chunk, as it arrives) or the error response the provider would send,
+    with the answering attempt's rate-limit and request-id headers
+    (:attr:`~swiftclient.types.Attempt.headers`).
     Turn the SDK's own retries off (``max_retries=0``): the client retries.
     """
 

@@ -17,7 +17,9 @@ Request mapping:
   parts; images pass on as for chat, where a text-only model refuses them), ``function_call``
   items (consecutive calls become one assistant message, so parallel calls stay together),
   ``function_call_output`` items (tool messages) and ``reasoning`` items (their text goes
-  with the next assistant turn, for templates that render it);
+  with the next assistant turn, for templates that render it; an item with
+  ``encrypted_content`` also goes with it whole, as ``reasoning_items``, which a Responses
+  backend upstream sends back unchanged);
 - ``instructions``: a system message first; ``tools``: function tools in the flat form
   (``name``, ``description``, ``parameters``, ``strict``), any other tool type is refused;
   ``tool_choice``: ``none`` / ``auto`` / ``required`` or ``{"type": "function", "name"}``;
@@ -34,7 +36,8 @@ Request mapping:
 - other fields are ignored, as the engine's chat endpoint ignores them (the servers name
   them in the ``x-ignored-fields`` header).
 
-Reply mapping: text becomes a ``message`` item with one ``output_text`` part, each tool call
+Reply mapping: the message's ``reasoning_items`` (from a Responses provider upstream) come
+first, as received; text becomes a ``message`` item with one ``output_text`` part, each tool call
 a ``function_call`` item (``call_id`` the engine's call id); a reply cut by the token limit
 has status ``incomplete`` with ``incomplete_details.reason`` ``max_output_tokens``; usage is
 ``input_tokens`` (with ``input_tokens_details.cached_tokens``, the prefix-cache hits),
@@ -311,6 +314,7 @@ def _messages(items: Any) -> list[dict[str, Any]]:
         raise ResponsesRequestError("input must be a string or a list of items", "input")
     messages: list[dict[str, Any]] = []
     reasoning: list[str] = []
+    carried: list[dict[str, Any]] = []  # encrypted reasoning items, passed on unchanged
     for index, item in enumerate(items):
         where = f"input[{index}]"
         if not isinstance(item, Mapping):
@@ -324,7 +328,7 @@ def _messages(items: Any) -> list[dict[str, Any]]:
                 )
             message = {"role": role, "content": _content(item.get("content"), where)}
             if role == "assistant":
-                _attach_reasoning(message, reasoning)
+                _attach_reasoning(message, reasoning, carried)
             messages.append(message)
         elif kind == "function_call":
             call = {
@@ -336,11 +340,11 @@ def _messages(items: Any) -> list[dict[str, Any]]:
                 },
             }
             last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant" and not reasoning:
+            if last is not None and last["role"] == "assistant" and not (reasoning or carried):
                 last.setdefault("tool_calls", []).append(call)
             else:
                 message = {"role": "assistant", "content": None, "tool_calls": [call]}
-                _attach_reasoning(message, reasoning)
+                _attach_reasoning(message, reasoning, carried)
                 messages.append(message)
         elif kind == "function_call_output":
             output = item.get("output")
@@ -354,6 +358,8 @@ def _messages(items: Any) -> list[dict[str, Any]]:
             )
         elif kind == "reasoning":
             reasoning.extend(_reasoning_text(item))
+            if item.get("encrypted_content") is not None:
+                carried.append(dict(item))
         elif kind == "item_reference":
             raise ResponsesRequestError(
                 f"{where}: item references need stored items; this server is stateless",
@@ -374,10 +380,15 @@ def _string(item: Mapping[str, Any], key: str, where: str) -> str:
     return value
 
 
-def _attach_reasoning(message: dict[str, Any], reasoning: list[str]) -> None:
+def _attach_reasoning(
+    message: dict[str, Any], reasoning: list[str], carried: list[dict[str, Any]]
+) -> None:
     if reasoning:
         message["reasoning_content"] = "".join(reasoning)
         reasoning.clear()
+    if carried:
+        message["reasoning_items"] = list(carried)
+        carried.clear()
 
 
 def _reasoning_text(item: Mapping[str, Any]) -> list[str]:
@@ -426,7 +437,8 @@ def _usage(usage: Usage | None) -> dict[str, Any] | None:
     return {
         "input_tokens": usage.prompt_tokens,
         "input_tokens_details": {
-            "cached_tokens": (details.cached_tokens if details else None) or 0
+            "cached_tokens": (details.cached_tokens if details else None) or 0,
+            "cache_write_tokens": usage.cache_write_tokens,
         },
         "output_tokens": usage.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
@@ -469,12 +481,20 @@ def _status(finish_reason: str | None) -> str:
     return "incomplete" if finish_reason == "length" else "completed"
 
 
-def response_body(completion: ChatCompletion, echo: ResponseEcho) -> dict[str, Any]:
-    """A whole chat completion as a ``response`` object."""
+def response_body(
+    completion: ChatCompletion,
+    echo: ResponseEcho,
+    reasoning: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """A whole chat completion as a ``response`` object; ``reasoning``: ``reasoning``
+    output items that come first, as given (default: the message's ``reasoning_items``,
+    which a Responses provider upstream sent)."""
     choice = completion.choices[0]
     message = choice.message
     status = _status(choice.finish_reason)
-    output: list[dict[str, Any]] = []
+    if reasoning is None:
+        reasoning = message.reasoning_items
+    output: list[dict[str, Any]] = [dict(item) for item in reasoning or ()]
     logprobs = list((choice.logprobs or {}).get("content") or [])
     if message.content or message.refusal or not message.tool_calls:
         if message.refusal and not message.content:
@@ -499,9 +519,20 @@ def event_bytes(event: Mapping[str, Any]) -> bytes:
 
 
 class _Item:
-    """An output item being streamed: a message (text) or a function call."""
+    """An output item being streamed: a message (text), a function call or a reasoning
+    item (given whole)."""
 
-    __slots__ = ("arguments", "call_id", "id", "index", "kind", "logprobs", "name", "text")
+    __slots__ = (
+        "arguments",
+        "call_id",
+        "id",
+        "index",
+        "kind",
+        "logprobs",
+        "name",
+        "reasoning",
+        "text",
+    )
 
     def __init__(self, kind: str, index: int) -> None:
         self.kind = kind
@@ -512,8 +543,11 @@ class _Item:
         self.call_id = ""
         self.name = ""
         self.arguments: list[str] = []
+        self.reasoning: dict[str, Any] = {}
 
     def snapshot(self, status: str) -> dict[str, Any]:
+        if self.kind == "reasoning":
+            return dict(self.reasoning)
         if self.kind == "message":
             return _message_item(self.id, "".join(self.text), status, list(self.logprobs))
         return _call_item(self.id, self.call_id, self.name, "".join(self.arguments), status)
@@ -536,6 +570,7 @@ class ResponseEvents:
         self._calls: dict[int, _Item] = {}
         self._finish: str | None = None
         self._usage: Usage | None = None
+        self._reasoned = 0  # reasoning items already sent, of a stream that carries them
         self.closed = False
 
     def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
@@ -559,6 +594,13 @@ class ResponseEvents:
         events: list[dict[str, Any]] = []
         for choice in chunk.choices:
             delta = choice.delta
+            extra = delta.__pydantic_extra__
+            if extra and isinstance(extra.get("reasoning_items"), list):
+                # every item so far (a Responses provider upstream): the new ones go out
+                for item in extra["reasoning_items"][self._reasoned :]:
+                    if isinstance(item, dict) and isinstance(item.get("id"), str):
+                        events.extend(self.reasoning(item))
+                self._reasoned = len(extra["reasoning_items"])
             if delta.content:
                 events.extend(self._text(delta.content, choice.logprobs))
             for call in delta.tool_calls or ():
@@ -601,6 +643,54 @@ class ResponseEvents:
                 )
             )
         return item, events
+
+    def reasoning(self, item: dict[str, Any]) -> list[dict[str, Any]]:
+        """The events of a whole ``reasoning`` output item (``id``, ``summary`` parts and
+        ``encrypted_content``): added, each summary part streamed as one delta, done. The
+        item is sent as given in ``response.output_item.done`` and the final response;
+        ``response.output_item.added`` carries it without its summary or encrypted content,
+        which are whole only at the end."""
+        events = self._end_current()
+        entry = _Item("reasoning", len(self._items))
+        entry.id = str(item["id"])
+        entry.reasoning = dict(item)
+        self._items.append(entry)
+        opening = {**item, "summary": []}
+        opening.pop("encrypted_content", None)
+        where = {"item_id": entry.id, "output_index": entry.index}
+        events.append(
+            self._event("response.output_item.added", output_index=entry.index, item=opening)
+        )
+        for at, part in enumerate(item.get("summary") or ()):
+            text = part.get("text", "")
+            empty = {"type": "summary_text", "text": ""}
+            events.append(
+                self._event(
+                    "response.reasoning_summary_part.added", **where, summary_index=at, part=empty
+                )
+            )
+            events.append(
+                self._event(
+                    "response.reasoning_summary_text.delta", **where, summary_index=at, delta=text
+                )
+            )
+            events.append(
+                self._event(
+                    "response.reasoning_summary_text.done", **where, summary_index=at, text=text
+                )
+            )
+            events.append(
+                self._event(
+                    "response.reasoning_summary_part.done",
+                    **where,
+                    summary_index=at,
+                    part={"type": "summary_text", "text": text},
+                )
+            )
+        events.append(
+            self._event("response.output_item.done", output_index=entry.index, item=dict(item))
+        )
+        return events
 
     def _text(self, text: str, logprobs: dict[str, Any] | None) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
@@ -686,7 +776,8 @@ class ResponseEvents:
     def _close(self, usage: Usage | None) -> list[dict[str, Any]]:
         status = _status(self._finish)
         events: list[dict[str, Any]] = []
-        if not self._items:  # an empty reply is still one (empty) message
+        if all(item.kind == "reasoning" for item in self._items):
+            # an empty reply is still one (empty) message
             _, events = self._open("message")
         events.extend(self._end_current())
         self.closed = True
