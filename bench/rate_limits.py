@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/rate_limits.py            # the full run, under 2 minutes
     .venv/bin/python bench/rate_limits.py --quick    # smoke run, a few seconds
+    .venv/bin/python bench/rate_limits.py --fleet 4  # the full shape, N = 4 only
 
 The fake provider (in this process, on a thread) allows L requests and T tokens per window
 of W seconds (time-scaled: W stands for a minute). N = 1, 4 and 8 client processes (real
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextvars
+import dataclasses
 import json
 import logging
 import math
@@ -401,11 +403,24 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="diagnosis: admission keeps to its configured limits, ignoring the headers",
     )
+    parser.add_argument(
+        "--fleet",
+        help="comma-separated process counts to run instead of the shape's (e.g. 4 or 1,8); "
+        "the goals are judged at the largest",
+    )
     args = parser.parse_args(argv)
     if args.worker:
         worker()
         return 0
     settings = QUICK if args.quick else FULL
+    if args.fleet:
+        try:
+            fleet = tuple(int(n) for n in args.fleet.split(","))
+        except ValueError:
+            parser.error(f"--fleet takes process counts such as 4 or 1,8, got {args.fleet!r}")
+        if not fleet or min(fleet) < 1:
+            parser.error(f"--fleet takes counts of at least 1, got {args.fleet!r}")
+        settings = dataclasses.replace(settings, fleet=fleet)
     started = time.monotonic()
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.no_learn:

@@ -540,17 +540,18 @@ class AttemptRun:
         inputs = math.ceil(body / limits.chars_per_token)
         tokens = inputs + (self.request.max_new_tokens() or 0)
         left = self._deadline.remaining()
-        timeout = 0.0 if self.record.trigger == "hedge" else None if left == math.inf else left
+        remaining = None if left == math.inf else left
+        timeout = 0.0 if self.record.trigger == "hedge" else remaining
         trace = self._call.trace
         if trace is None:
             self._permit = await admission.acquire(
-                name, tokens=tokens, input_tokens=inputs, timeout=timeout
+                name, tokens=tokens, input_tokens=inputs, timeout=timeout, remaining=remaining
             )
         else:
             start = self._now()
             try:
                 self._permit = await admission.acquire(
-                    name, tokens=tokens, input_tokens=inputs, timeout=timeout
+                    name, tokens=tokens, input_tokens=inputs, timeout=timeout, remaining=remaining
                 )
             except errors.RateLimited:
                 trace.admitted(self, self._now() - start, True)

@@ -33,6 +33,12 @@ def running_loop() -> asyncio.AbstractEventLoop | None:
         return None
 
 
+def loop_time() -> float:
+    """The running loop's time, read the cheapest way (:func:`_clock`'s choice; anyio's
+    outside a loop of asyncio)."""
+    return _clock()()
+
+
 _SAME_CLOCK: dict[type, bool] = {}
 """Per uvloop loop type: whether its ``time()`` reads ``time.monotonic``'s clock."""
 

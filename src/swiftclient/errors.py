@@ -323,9 +323,11 @@ class StreamError(APIError):
 class RateLimited(APIError):
     """Admission control found no capacity for the call within its deadline; no request
     was sent. ``limit`` names the limit that was short (``"requests"``, ``"tokens"``,
-    ``"input_tokens"``, ``"output_tokens"``, ``"concurrency"`` or ``"retry_after"``),
-    ``reset_after`` the seconds until it frees up (``None`` when unknown: a concurrency
-    slot), ``target`` the ``"backend/model"`` it was for."""
+    ``"input_tokens"``, ``"output_tokens"``, ``"concurrency"`` or ``"retry_after"``;
+    ``"queue"`` when other processes sharing the limit were ahead of it in line;
+    ``"deadline"`` when too little of the call's deadline was left for the target's usual
+    time to answer), ``reset_after`` the seconds until it frees up (``None`` when unknown:
+    a concurrency slot), ``target`` the ``"backend/model"`` it was for."""
 
     def __init__(
         self,

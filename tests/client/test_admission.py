@@ -214,7 +214,7 @@ def test_a_burst_of_the_whole_capacity_is_granted_at_once() -> None:
     store = MemoryStore(clock.now)
     spec = BucketCost("requests", 1, 10, 60)
     assert all(store.take_now("k", [spec]).granted for _ in range(10))
-    assert store.take_now("k", [spec]) == (False, "requests", pytest.approx(60.0))
+    assert store.take_now("k", [spec]) == (False, "requests", pytest.approx(60.0), 0)
     clock.t += 30  # a token bucket would have refilled five by now; the window frees none
     assert not store.take_now("k", [spec]).granted
     clock.t += 30
@@ -247,7 +247,7 @@ def test_a_take_is_all_or_nothing() -> None:
     tokens = BucketCost("tokens", 80, 100, 100)
     assert store.take_now("k", [requests, tokens]).granted
     admit = store.take_now("k", [requests, tokens])
-    assert admit == (False, "tokens", pytest.approx(100.0))
+    assert admit == (False, "tokens", pytest.approx(100.0), 0)
     # the refused take left the requests limit alone: 9 requests remain
     for _ in range(9):
         assert store.take_now("k", [requests]).granted

@@ -64,7 +64,7 @@ async def test_leases_count_toward_concurrency_and_release(store: StateStore) ->
     assert (await store.take(k, [], concurrency=2, holder="a")).granted
     assert (await store.take(k, [], concurrency=2, holder="b")).granted
     admit = await store.take(k, [], concurrency=2, holder="c")
-    assert admit == (False, "concurrency", None)
+    assert admit == (False, "concurrency", None, 0)
     assert await store.leases(k) == 2
     await store.release(k, "a")
     assert (await store.take(k, [], concurrency=2, holder="c")).granted

@@ -8,6 +8,7 @@ it may wait, and afterwards the status, headers and usage it saw.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import logging
@@ -21,9 +22,10 @@ from typing import NamedTuple, Protocol
 import anyio
 
 from .._budget import DEFAULT_MAX_PUSHBACK, check_number
+from .._deadline import loop_time
 from ..errors import ConfigurationError, RateLimited
 from ._headers import Observed, parse_rate_limit_headers
-from ._store import BucketCost, MemoryStore, StateStore
+from ._store import Admit, BucketCost, MemoryStore, StateStore
 
 __all__ = [
     "CHARS_PER_TOKEN",
@@ -42,6 +44,10 @@ logger = logging.getLogger("swiftclient.admission")
 CHARS_PER_TOKEN = 4.0
 """The default estimate of characters per token (English text and JSON on BPE tokenizers
 average 3.5 to 4.5); the estimate is corrected from ``usage`` once the reply is in."""
+
+_TURN = 0.01
+"""Seconds to allow each process ahead in line for its turn when capacity is already free
+(a take and its round trip), before asking again."""
 
 _AIMD_CEILING = 1024
 """A learned concurrency limit that grows back past this is dropped (no limit)."""
@@ -68,11 +74,12 @@ class Clock(Protocol):
 
 
 class SystemClock:
-    """The running event loop's clock (``anyio.current_time``) and cancel-scope timeouts."""
+    """The running event loop's clock (``anyio.current_time``'s reading) and cancel-scope
+    timeouts."""
 
     def now(self) -> float:
         """The loop's time."""
-        return anyio.current_time()
+        return loop_time()
 
     async def wait(self, event: anyio.Event, timeout: float | None) -> bool:
         """Wait for ``event`` for at most ``timeout`` seconds (``None``: no limit)."""
@@ -106,6 +113,8 @@ class Limits:
         margin: the window is counted this fraction longer than ``window`` (2%: 1.2 s a
             minute), so that a request the provider logs a little after this client admitted
             it still falls in the window the client counted it in.
+        queue_ttl: seconds a process's place in a shared store's line outlives the wait it
+            was last told (a process that died stops holding the line after that).
 
     Raises:
         ConfigurationError: a limit is not a positive number.
@@ -120,6 +129,7 @@ class Limits:
     max_retry_after: float = DEFAULT_MAX_PUSHBACK
     window: float = 60.0
     margin: float = 0.02
+    queue_ttl: float = 2.0
 
     def __post_init__(self) -> None:
         if self.concurrency is not None and (
@@ -139,6 +149,7 @@ class Limits:
         check_number("Limits.max_retry_after", self.max_retry_after, positive=False)
         check_number("Limits.window", self.window, positive=True)
         check_number("Limits.margin", self.margin, positive=False)
+        check_number("Limits.queue_ttl", self.queue_ttl, positive=True)
 
 
 @dataclass(slots=True)
@@ -171,6 +182,15 @@ class _Gate:
     throttled: int = 0
     input_scale: float = 1.0
     """Input tokens the provider counted per estimated one (learned from usage)."""
+    latency: float | None = None
+    """Seconds from admission to the end of a request the target answered (a moving
+    average; ``None`` until one was answered)."""
+    in_line: bool = False
+    """Whether this process holds a place in the store's line for the target."""
+    specs: list[tuple[str, float, float]] | None = None
+    """The limits in force (kind, capacity, window), built when they change."""
+    costs: tuple[object, tuple[int, int], tuple[BucketCost, ...]] | None = None
+    """The last costs built: for which specs and sizes (tokens, input tokens)."""
 
     def head(self) -> _Waiter | None:
         queue = self.queue
@@ -276,6 +296,8 @@ class Admission:
         self._limits = limits
         self._clock: Clock = clock or SystemClock()
         self._store: StateStore = store or MemoryStore(self._clock.now)
+        # a MemoryStore's operations never suspend: nothing can cancel them halfway
+        self._shield = not isinstance(self._store, MemoryStore)
         self._wall = wall
         self._poll = poll_interval
         self._gates: dict[str, _Gate] = {}
@@ -308,27 +330,50 @@ class Admission:
             gate = self._gates[target] = _Gate(self.limits_for(target))
         return gate
 
-    def _costs(self, gate: _Gate, tokens: int, input_tokens: int) -> list[BucketCost]:
-        specs: dict[str, _Spec] = {}
+    @staticmethod
+    def _specs(gate: _Gate) -> list[tuple[str, float, float]]:
+        """The limits in force on ``gate``: (kind, capacity, window), built once until
+        they change."""
+        specs = gate.specs
+        if specs is not None:
+            return specs
+        found: dict[str, _Spec] = {}
         limits = gate.limits
         window = limits.window * (1.0 + limits.margin)
         if limits.rpm is not None:
-            specs["requests"] = _Spec(limits.rpm, window)
+            found["requests"] = _Spec(limits.rpm, window)
         if limits.tpm is not None:
-            specs["tokens"] = _Spec(limits.tpm, window)
+            found["tokens"] = _Spec(limits.tpm, window)
         for kind, learned in gate.learned.items():
-            mine = specs.get(kind)
+            mine = found.get(kind)
             # a learned limit never raises a configured one
-            specs[kind] = (
+            found[kind] = (
                 learned
                 if mine is None
                 else _Spec(min(learned.capacity, mine.capacity), max(learned.window, window))
             )
-        amounts = {"requests": 1, "tokens": tokens, "input_tokens": input_tokens}
-        return [
-            BucketCost(kind, float(amounts.get(kind, 0)), spec.capacity, spec.window)
-            for kind, spec in specs.items()
-        ]
+        specs = gate.specs = [(kind, spec.capacity, spec.window) for kind, spec in found.items()]
+        return specs
+
+    def _costs(self, gate: _Gate, tokens: int, input_tokens: int) -> tuple[BucketCost, ...]:
+        specs = self._specs(gate)
+        cached = gate.costs
+        if cached is not None and cached[0] is specs and cached[1] == (tokens, input_tokens):
+            return cached[2]  # the same limits and sizes as the last request's
+        costs = []
+        for kind, capacity, window in specs:
+            if kind == "requests":
+                amount = 1.0
+            elif kind == "tokens":
+                amount = float(tokens)
+            elif kind == "input_tokens":
+                amount = float(input_tokens)
+            else:
+                amount = 0.0
+            costs.append(BucketCost(kind, amount, capacity, window))
+        made = tuple(costs)
+        gate.costs = (specs, (tokens, input_tokens), made)
+        return made
 
     # ------------------------------------------------------------------ acquiring
 
@@ -340,81 +385,152 @@ class Admission:
         input_tokens: int | None = None,
         timeout: float | None = None,
         priority: int = 0,
+        remaining: float | None = None,
     ) -> Permit:
         """Wait for capacity on ``target`` for one request of ``tokens`` tokens (its input
         estimate plus any output it reserves; ``input_tokens`` defaults to ``tokens``).
 
         Waiters on a target are served first in, first out; a higher ``priority`` goes
-        ahead of lower ones. The wait never runs past ``timeout`` seconds (``None``: no
-        limit): a wait known not to fit fails at once.
+        ahead of lower ones. Processes sharing a store take turns (see
+        :class:`~swiftclient.admission.StateStore`). The wait never runs past ``timeout``
+        seconds (``None``: no limit): a wait known not to fit fails at once.
+        ``remaining``: the seconds left to the call's deadline (``None``: not known). Once
+        the target's typical attempt time is known (from the requests it answered), a
+        request is admitted only while that much of the deadline is left: one that could
+        not finish fails at once, and a wait ends that much before the deadline.
 
         Raises:
-            RateLimited: no capacity within ``timeout``; says which limit and when it frees.
+            RateLimited: no capacity within ``timeout`` (says which limit and when it
+                frees), or (limit ``"deadline"``) too little of the deadline left.
         """
         clock = self._clock
         start = clock.now()
+        gate = self._gates.get(target) or self._gate(target)
         until = math.inf if timeout is None else start + max(0.0, timeout)
-        gate = self._gate(target)
-        waiter = _Waiter(until)
-        heapq.heappush(gate.queue, (-priority, next(self._seq), waiter))
+        need = gate.latency
+        if remaining is not None and need is not None:
+            if remaining < need:
+                raise self._too_late(target, remaining, need)
+            until = min(until, start + remaining - need)
         estimate = tokens if input_tokens is None else input_tokens
         # the caller's estimate (characters over chars_per_token) scaled by what this
         # target's usage has shown: JSON framing counts as characters, not as tokens
-        inputs = math.ceil(estimate * gate.input_scale)
+        scale = gate.input_scale
+        inputs = estimate if scale == 1.0 else math.ceil(estimate * scale)
         tokens = max(0, tokens - estimate) + inputs
+        store = self._store
+        admit: Admit | None = None
+        if not gate.queue:
+            # nobody of this process waits here: ask at once, queue only when refused
+            holder = self._holder(gate)
+            admit = await self._take(gate, target, tokens, inputs, holder)
+            if admit.granted:
+                gate.in_flight += 1
+                now = clock.now() if store.shared else start
+                return Permit(target, holder, tokens, inputs, now, now - start, estimate)
+        waiter = _Waiter(until)
+        heapq.heappush(gate.queue, (-priority, next(self._seq), waiter))
         try:
             while True:
                 if waiter.failure is not None:
                     raise waiter.failure
                 now = clock.now()
-                if gate.head() is not waiter:
-                    if gate.blocked_until > until:
-                        raise self._refused(target, gate.blocked_limit, gate.blocked_until - now)
+                if admit is None:
+                    if gate.head() is not waiter:
+                        if gate.blocked_until > until:
+                            raise self._refused(
+                                target, gate.blocked_limit, gate.blocked_until - now
+                            )
+                        if now >= until:
+                            raise self._refused(target, gate.blocked_limit, None)
+                        if not await clock.wait(waiter.event, _left(until, now)):
+                            continue  # timed out: the checks above raise
+                        waiter.event = anyio.Event()
+                        continue
+                    holder = self._holder(gate)
+                    admit = await self._take(gate, target, tokens, inputs, holder)
+                    now = clock.now()
+                    if admit.granted:
+                        heapq.heappop(gate.queue)
+                        gate.in_flight += 1
+                        nxt = gate.head()
+                        if nxt is not None:
+                            nxt.event.set()
+                        return Permit(target, holder, tokens, inputs, now, now - start, estimate)
+                gate.in_line = True
+                wait, limit, ahead = admit.wait, admit.limit or "concurrency", admit.ahead
+                admit = None
+                if ahead:
+                    # other processes' turns come first: a guess of when this one's comes
                     if now >= until:
-                        raise self._refused(target, gate.blocked_limit, None)
-                    if not await clock.wait(waiter.event, _left(until, now)):
-                        continue  # timed out: the checks above raise
-                    waiter.event = anyio.Event()
-                    continue
-                holder = f"{self._prefix}:{next(self._seq)}"
-                admit = await self._store.take(
-                    target,
-                    self._costs(gate, tokens, inputs),
-                    concurrency=gate.concurrency(),
-                    holder=holder,
-                    ttl=gate.limits.lease_ttl,
-                )
-                now = clock.now()
-                if admit.granted:
-                    heapq.heappop(gate.queue)
-                    gate.in_flight += 1
-                    nxt = gate.head()
-                    if nxt is not None:
-                        nxt.event.set()
-                    return Permit(target, holder, tokens, inputs, now, now - start, estimate)
-                wait, limit = admit.wait, admit.limit or "concurrency"
-                if wait is not None and now + wait > until:
-                    raise self._refused(target, limit, wait)
-                if wait is not None:
+                        raise self._refused(target, limit, wait)
+                    timeout_s = _left(until, now)
+                    if wait is not None:
+                        poll = max(wait, 0.001)
+                    elif limit == "queue":  # capacity is free: theirs are quick turns
+                        poll = min(self._poll, _TURN * ahead)
+                    else:
+                        poll = self._poll
+                    timeout_s = poll if timeout_s is None else min(timeout_s, poll)
+                elif wait is not None:
+                    if now + wait > until:
+                        raise self._refused(target, limit, wait)
                     gate.blocked_limit, gate.blocked_until = limit, now + wait
                     self._fail_queued(gate, target, limit, now)
-                    timeout_s: float | None = wait
+                    timeout_s = wait
                 else:
                     if now >= until:
                         raise self._refused(target, limit, None)
                     gate.blocked_limit = limit
                     timeout_s = _left(until, now)
-                    if self._store.shared:
+                    if store.shared:
                         timeout_s = self._poll if timeout_s is None else min(timeout_s, self._poll)
                 await clock.wait(gate.changed, timeout_s)
         except BaseException:
             was_head = gate.head() is waiter
             waiter.dead = True
-            if was_head:
-                nxt = gate.head()
-                if nxt is not None:
-                    nxt.event.set()
+            nxt = gate.head()
+            if was_head and nxt is not None:
+                nxt.event.set()
+            if nxt is None and gate.in_line:
+                # the last of this process's waiters: give up the place in line
+                gate.in_line = False
+                with anyio.CancelScope(shield=True):
+                    await store.leave(target, self._prefix)
             raise
+
+    def _holder(self, gate: _Gate) -> str | None:
+        """A lease name, when the target has a concurrency limit to hold a lease of."""
+        if gate.limits.concurrency is None and gate.aimd is None:
+            return None
+        return f"{self._prefix}:{next(self._seq)}"
+
+    async def _take(
+        self, gate: _Gate, target: str, tokens: int, inputs: int, holder: str | None
+    ) -> Admit:
+        limits = gate.limits
+        admit = await self._store.take(
+            target,
+            self._costs(gate, tokens, inputs),
+            concurrency=gate.concurrency(),
+            holder=holder,
+            ttl=limits.lease_ttl,
+            queue=self._prefix,
+            queue_ttl=limits.queue_ttl,
+        )
+        if admit.granted:
+            gate.in_line = False
+        return admit
+
+    def _too_late(self, target: str, remaining: float, need: float) -> RateLimited:
+        return RateLimited(
+            f"{target}: the call has {remaining:.3g}s of its deadline left and the target's "
+            f"requests take {need:.3g}s; not sent",
+            limit="deadline",
+            reset_after=None,
+            target=target,
+            backend=target.partition("/")[0],
+        )
 
     def _fail_queued(self, gate: _Gate, target: str, limit: str, now: float) -> None:
         """Waiters whose deadline comes before the head's rest ends cannot be served."""
@@ -465,30 +581,49 @@ class Admission:
         gate = self._gate(permit.target)
         store = self._store
         target = permit.target
-        with anyio.CancelScope(shield=True):
+        with anyio.CancelScope(shield=True) if self._shield else _NO_SCOPE:
             try:
                 if permit.holder is not None:
                     await store.release(target, permit.holder)
-                lowered = {k.lower(): v for k, v in (headers or {}).items()}
+                lowered = {k.lower(): v for k, v in headers.items()} if headers else {}
                 learned = False
+                levels: list[tuple[BucketCost, float | None]] = []
                 if gate.limits.learn and lowered:
-                    learned = await self._learn(gate, target, lowered)
+                    learned = await self._learn(gate, target, lowered, levels)
                 if status == 429:
                     gate.throttled += 1
                 if status == 429 and not learned and gate.limits.learn:
                     self._decrease(gate, permit)
                 elif status is not None and 200 <= status < 300:
                     self._increase(gate)
+                    self._learn_latency(gate, permit)
                 self._learn_scale(gate, permit, input_tokens)
-                await self._correct(gate, permit, total_tokens, input_tokens, output_tokens)
-                opened, self._opened = self._opened, []
-                for name, seconds in opened:
-                    await store.block(name, seconds)
+                corrections = self._corrections(
+                    gate, permit, total_tokens, input_tokens, output_tokens
+                )
+                if levels or corrections:
+                    # what the response taught, in one store operation (one round trip)
+                    await store.update(target, levels, corrections)
+                if self._opened:
+                    opened, self._opened = self._opened, []
+                    for name, seconds in opened:
+                        await store.block(name, seconds)
             finally:
                 gate.in_flight -= 1
-                gate.wake()
+                if gate.queue:
+                    gate.wake()
+                else:  # nobody waits to re-check: forget a stale rest only
+                    gate.blocked_limit = None
+                    gate.blocked_until = -math.inf
 
-    async def _learn(self, gate: _Gate, target: str, headers: dict[str, str]) -> bool:
+    async def _learn(
+        self,
+        gate: _Gate,
+        target: str,
+        headers: dict[str, str],
+        levels: list[tuple[BucketCost, float | None]],
+    ) -> bool:
+        """Learn limits from ``headers``; append the levels they report to ``levels``."""
         info = parse_rate_limit_headers(headers, self._wall())
         limits = gate.limits
         window = limits.window * (1.0 + limits.margin)
@@ -496,14 +631,22 @@ class Admission:
             spec = _learned_spec(observed, gate.learned.get(kind), window, limits.margin)
             if spec is None:
                 continue
-            gate.learned[kind] = spec
+            if gate.learned.get(kind) != spec:
+                gate.learned[kind] = spec
+                gate.specs = None
             if observed.remaining is not None:
                 # what the provider counts as used is a floor under the log, never a ceiling
                 level = BucketCost(kind, observed.remaining, spec.capacity, spec.window)
-                await self._store.set_level(target, level, observed.reset_after)
+                levels.append((level, observed.reset_after))
         if info.retry_after is not None and info.retry_after > 0:
             await self._store.block(target, min(info.retry_after, gate.limits.max_retry_after))
         return bool(info.limits) or info.retry_after is not None
+
+    def _learn_latency(self, gate: _Gate, permit: Permit) -> None:
+        """Move the target's typical attempt time a fifth of the way to this one's."""
+        took = self._clock.now() - permit.acquired_at
+        seen = gate.latency
+        gate.latency = took if seen is None else 0.8 * seen + 0.2 * took
 
     @staticmethod
     def _learn_scale(gate: _Gate, permit: Permit, counted: int | None) -> None:
@@ -534,25 +677,30 @@ class Admission:
         if (configured is not None and gate.aimd >= configured) or gate.aimd > _AIMD_CEILING:
             gate.aimd = None
 
-    async def _correct(
+    def _corrections(
         self,
         gate: _Gate,
         permit: Permit,
         total: int | None,
         inputs: int | None,
         outputs: int | None,
-    ) -> None:
+    ) -> list[BucketCost]:
+        """What usage says the reservation missed by, per token limit."""
+        corrections: list[BucketCost] = []
         if total is None and inputs is not None and outputs is not None:
             total = inputs + outputs
-        actual = {"tokens": total, "input_tokens": inputs, "output_tokens": outputs}
-        reserved = {"tokens": permit.tokens, "input_tokens": permit.input_tokens}
-        for cost in self._costs(gate, 0, 0):
-            used = actual.get(cost.kind)
-            if used is None:
+        for kind, capacity, window in self._specs(gate):
+            if kind == "tokens":
+                used, reserved = total, permit.tokens
+            elif kind == "input_tokens":
+                used, reserved = inputs, permit.input_tokens
+            elif kind == "output_tokens":
+                used, reserved = outputs, 0
+            else:
                 continue
-            delta = used - reserved.get(cost.kind, 0)
-            if delta:
-                await self._store.adjust(permit.target, cost._replace(cost=float(delta)))
+            if used is not None and used != reserved:
+                corrections.append(BucketCost(kind, float(used - reserved), capacity, window))
+        return corrections
 
     # ------------------------------------------------------------------ reading
 
@@ -598,6 +746,7 @@ class Admission:
 
 
 _DEFAULT_LIMITS = Limits()
+_NO_SCOPE = contextlib.nullcontext()
 
 
 def _left(until: float, now: float) -> float | None:

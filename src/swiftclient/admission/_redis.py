@@ -81,13 +81,53 @@ end
 _TAKE = (
     _NOW
     + """
+-- The line (KEYS[3]: callers scored by ticket; KEYS[4]: when each one's place expires).
+local queue = ARGV[3 + 4 * tonumber(ARGV[1]) + 2]
+local ahead = 0
+if queue ~= '' then
+  while true do
+    local head = redis.call('ZRANGE', KEYS[3], 0, 0)
+    if #head == 0 or head[1] == queue then break end
+    local expires = tonumber(redis.call('ZSCORE', KEYS[4], head[1]))
+    if expires ~= nil and expires > now then break end
+    redis.call('ZREM', KEYS[3], head[1])
+    redis.call('ZREM', KEYS[4], head[1])
+  end
+  local rank = redis.call('ZRANK', KEYS[3], queue)
+  if rank then ahead = rank else ahead = redis.call('ZCARD', KEYS[3]) end
+end
+local function refuse(limit, wait, free)
+  if queue ~= '' then
+    if redis.call('ZSCORE', KEYS[3], queue) == false then
+      redis.call('ZADD', KEYS[3], redis.call('HINCRBY', KEYS[1], 'ticket', 1), queue)
+    end
+    local ttl = tonumber(ARGV[3 + 4 * tonumber(ARGV[1]) + 3])
+    redis.call('ZADD', KEYS[4], now + (tonumber(wait) or 0) + ttl, queue)
+    redis.call('PEXPIRE', KEYS[3], 3600000)
+    redis.call('PEXPIRE', KEYS[4], 3600000)
+    if redis.call('PTTL', KEYS[1]) < 0 then redis.call('PEXPIRE', KEYS[1], 3600000) end
+  end
+  return {0, limit, wait, free, ahead}
+end
+-- Seconds until 'turns' takes of 'cost' fit in the log of 'kind' (0: now).
+local function wait_for(kind, cost, cap, window, u, turns)
+  local excess = u + math.min(cost, cap) * turns - cap
+  if excess <= 1e-9 then return 0 end
+  local entries = redis.call('ZRANGE', log_of(kind), 0, -1, 'WITHSCORES')
+  for j = 1, #entries, 2 do
+    excess = excess - units_of(entries[j])
+    if excess <= 1e-9 then return math.max(0, tonumber(entries[j + 1]) + window - now) end
+  end
+  return window
+end
 local blocked = tonumber(redis.call('HGET', KEYS[1], 'blocked'))
 if blocked ~= nil and now < blocked then
-  return {0, 'retry_after', tostring(blocked - now), ''}
+  return refuse('retry_after', tostring(blocked - now), '')
 end
 local n = tonumber(ARGV[1])
 local used = {}
 local longest = 0
+local slowest, slowest_wait = 'queue', 0
 for i = 0, n - 1 do
   local kind = ARGV[2 + 4 * i]
   local cost = tonumber(ARGV[3 + 4 * i])
@@ -95,31 +135,32 @@ for i = 0, n - 1 do
   local window = tonumber(ARGV[5 + 4 * i])
   if window > longest then longest = window end
   local u = trim(kind, window)
-  local excess = u + math.min(cost, cap) - cap
-  if excess > 1e-9 then
-    local entries = redis.call('ZRANGE', log_of(kind), 0, -1, 'WITHSCORES')
-    local wait = window
-    for j = 1, #entries, 2 do
-      excess = excess - units_of(entries[j])
-      if excess <= 1e-9 then
-        wait = math.max(0, tonumber(entries[j + 1]) + window - now)
-        break
-      end
-    end
-    return {0, kind, tostring(wait), tostring(cap - u)}
+  local wait = wait_for(kind, cost, cap, window, u, ahead + 1)
+  if ahead == 0 and wait > 0 then
+    return refuse(kind, tostring(wait), tostring(cap - u))
   end
+  if wait > slowest_wait then slowest, slowest_wait = kind, wait end
   used[i + 1] = u
+end
+if ahead > 0 then
+  -- others' turns come first: how long until theirs and this one fit
+  if slowest_wait > 0 then return refuse(slowest, tostring(slowest_wait), '') end
+  return refuse('queue', '', '')
 end
 local base = 2 + 4 * n
 local limit = tonumber(ARGV[base])
 if limit >= 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-  if redis.call('ZCARD', KEYS[2]) >= limit then return {0, 'concurrency', '', ''} end
+  if redis.call('ZCARD', KEYS[2]) >= limit then return refuse('concurrency', '', '') end
   local ttl = tonumber(ARGV[base + 2])
   if ARGV[base + 1] ~= '' then
     redis.call('ZADD', KEYS[2], now + ttl, ARGV[base + 1])
     redis.call('PEXPIRE', KEYS[2], math.ceil(ttl * 1000) + 1000)
   end
+end
+if queue ~= '' then
+  redis.call('ZREM', KEYS[3], queue)
+  redis.call('ZREM', KEYS[4], queue)
 end
 local left = {1}
 for i = 0, n - 1 do
@@ -136,42 +177,60 @@ return left
 """
 )
 
+_LEAVE = """
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+return 1
+"""
+
 _ADJUST = (
     _NOW
     + """
-local kind = ARGV[1]
-local cost = tonumber(ARGV[2])
-local cap = tonumber(ARGV[3])
-local window = tonumber(ARGV[4])
-local used = trim(kind, window)
-if ARGV[5] == 'set' then
-  local at = now
-  if ARGV[6] ~= '' then at = math.min(now, now + tonumber(ARGV[6]) - window) end
-  add(kind, window, used, cap - math.max(0, cost) - used, at)
-elseif cost > 0 then
-  add(kind, window, used, math.min(cost, 2 * cap - used))
-else
-  -- give back from the oldest entries: they leave the window first
-  local back = -cost
-  local log = log_of(kind)
-  local entries = redis.call('ZRANGE', log, 0, -1, 'WITHSCORES')
-  for j = 1, #entries, 2 do
-    if back <= 0 then break end
-    local member = entries[j]
-    local units = units_of(member)
-    local taken = math.min(units, back)
-    back = back - taken
-    used = used - taken
-    redis.call('ZREM', log, member)
-    if units - taken > 0 then
-      local seq = string.match(member, '^([^:]+):')
-      redis.call('ZADD', log, entries[j + 1], seq .. ':' .. tostring(units - taken))
+-- ARGV: the number of changes, then six per change: kind, cost, capacity, window, mode
+-- ('set': the provider's remaining level, with its reset in seconds or ''; else a
+-- correction), reset.
+local longest = 0
+for i = 0, tonumber(ARGV[1]) - 1 do
+  local kind = ARGV[2 + 6 * i]
+  local cost = tonumber(ARGV[3 + 6 * i])
+  local cap = tonumber(ARGV[4 + 6 * i])
+  local window = tonumber(ARGV[5 + 6 * i])
+  if window > longest then longest = window end
+  local used = trim(kind, window)
+  if ARGV[6 + 6 * i] == 'set' then
+    local at = now
+    local reset = ARGV[7 + 6 * i]
+    if reset ~= '' then at = math.min(now, now + tonumber(reset) - window) end
+    add(kind, window, used, cap - math.max(0, cost) - used, at)
+  elseif cost > 0 then
+    add(kind, window, used, math.min(cost, 2 * cap - used))
+  else
+    -- give back from the oldest entries (they leave the window first), a page at a time:
+    -- an entry used up is removed, so the next page starts where this one stopped
+    local back = -cost
+    local log = log_of(kind)
+    while back > 0 do
+      local entries = redis.call('ZRANGE', log, 0, 15, 'WITHSCORES')
+      if #entries == 0 then break end
+      for j = 1, #entries, 2 do
+        if back <= 0 then break end
+        local member = entries[j]
+        local units = units_of(member)
+        local taken = math.min(units, back)
+        back = back - taken
+        used = used - taken
+        redis.call('ZREM', log, member)
+        if units - taken > 0 then
+          local seq = string.match(member, '^([^:]+):')
+          redis.call('ZADD', log, entries[j + 1], seq .. ':' .. tostring(units - taken))
+        end
+      end
     end
+    if used < 0 then used = 0 end
+    redis.call('HSET', KEYS[1], 'u:' .. kind, tostring(used))
   end
-  if used < 0 then used = 0 end
-  redis.call('HSET', KEYS[1], 'u:' .. kind, tostring(used))
 end
-redis.call('PEXPIRE', KEYS[1], math.max(3600000, math.ceil(window * 1000) + 1000))
+redis.call('PEXPIRE', KEYS[1], math.max(3600000, math.ceil(longest * 1000) + 1000))
 return 1
 """
 )
@@ -342,7 +401,7 @@ class RedisStore:
 
     def _keys(self, key: str) -> list[str]:
         base = self._prefix + key
-        return [base, base + ":leases"]
+        return [base, base + ":leases", base + ":line", base + ":line:expires"]
 
     # ------------------------------------------------------------------ StateStore
 
@@ -354,12 +413,15 @@ class RedisStore:
         concurrency: int | None = None,
         holder: str | None = None,
         ttl: float = 300.0,
+        queue: str | None = None,
+        queue_ttl: float = 2.0,
     ) -> Admit:
         """See :meth:`~swiftclient.admission.StateStore.take`."""
         args: list[Any] = [len(costs)]
         for cost in costs:
-            args.extend((cost.kind, repr(cost.cost), repr(cost.capacity), repr(cost.window)))
+            args.extend(_cost_args(cost))
         args.extend((-1 if concurrency is None else concurrency, holder or "", repr(ttl)))
+        args.extend((queue or "", repr(queue_ttl)))
 
         seen: dict[str, float] = {}
 
@@ -375,17 +437,32 @@ class RedisStore:
             free = _text(reply[3])
             if free:
                 seen[limit] = float(free)
-            return Admit(False, limit, float(wait) if wait else None)
+            return Admit(False, limit, float(wait) if wait else None, int(reply[4]))
 
         def local() -> Admit:
             return self._fallback.take_now(
-                key, costs, concurrency=concurrency, holder=holder, ttl=ttl
+                key,
+                costs,
+                concurrency=concurrency,
+                holder=holder,
+                ttl=ttl,
+                queue=queue,
+                queue_ttl=queue_ttl,
             )
 
         admit = await self._run(remote, (), local)
         if seen:
             self._levels[key] = (anyio.current_time(), seen)
         return admit
+
+    async def leave(self, key: str, queue: str) -> None:
+        """See :meth:`~swiftclient.admission.StateStore.leave`."""
+
+        async def remote() -> None:
+            await self._eval("leave", _LEAVE, self._keys(key)[2:], [queue])
+
+        self._fallback.leave_now(key, queue)
+        await self._run(remote, (), lambda: None)
 
     async def release(self, key: str, holder: str) -> None:
         """See :meth:`~swiftclient.admission.StateStore.release`."""
@@ -397,30 +474,36 @@ class RedisStore:
         self._fallback.release_now(key, holder)
         await self._run(remote, (), lambda: None)
 
-    async def _adjust(
-        self, key: str, cost: BucketCost, mode: str, reset: float | None = None
+    async def update(
+        self,
+        key: str,
+        levels: Sequence[tuple[BucketCost, float | None]] = (),
+        corrections: Sequence[BucketCost] = (),
     ) -> None:
-        args = [cost.kind, repr(cost.cost), repr(cost.capacity), repr(cost.window), mode]
-        args.append("" if reset is None else repr(float(reset)))
+        """See :meth:`~swiftclient.admission.StateStore.update` (one script: one round
+        trip for all of them)."""
+        if not levels and not corrections:
+            return
+        args: list[Any] = [len(levels) + len(corrections)]
+        for cost, reset in levels:
+            args.extend(_cost_args(cost))
+            args.extend(("set", "" if reset is None else repr(float(reset))))
+        for cost in corrections:
+            args.extend(_cost_args(cost))
+            args.extend(("adjust", ""))
 
         async def remote() -> None:
             await self._eval("adjust", _ADJUST, self._keys(key)[:1], args)
 
-        def local() -> None:
-            if mode == "set":
-                self._fallback.set_level_now(key, cost, reset)
-            else:
-                self._fallback.adjust_now(key, cost)
-
-        await self._run(remote, (), local)
+        await self._run(remote, (), lambda: self._fallback.update_now(key, levels, corrections))
 
     async def adjust(self, key: str, cost: BucketCost) -> None:
         """See :meth:`~swiftclient.admission.StateStore.adjust`."""
-        await self._adjust(key, cost, "adjust")
+        await self.update(key, (), (cost,))
 
     async def set_level(self, key: str, cost: BucketCost, reset: float | None = None) -> None:
         """See :meth:`~swiftclient.admission.StateStore.set_level`."""
-        await self._adjust(key, cost, "set", reset)
+        await self.update(key, ((cost, reset),))
 
     async def block(self, key: str, seconds: float) -> None:
         """See :meth:`~swiftclient.admission.StateStore.block`."""
@@ -438,7 +521,7 @@ class RedisStore:
             return cached[1], cached[2]
 
         async def remote() -> tuple[float, int]:
-            reply = await self._eval("read", _READ, self._keys(key), [])
+            reply = await self._eval("read", _READ, self._keys(key)[:2], [])
             return float(_text(reply[0])), int(reply[1])
 
         def local() -> tuple[float, int]:
@@ -491,6 +574,11 @@ class RedisStore:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+
+def _cost_args(cost: BucketCost) -> tuple[str, str, str, str]:
+    """A cost as its scripts read it: kind, cost, capacity, window."""
+    return cost.kind, repr(cost.cost), repr(cost.capacity), repr(cost.window)
 
 
 def _text(value: Any) -> str:

@@ -15,6 +15,15 @@ the client side does (a full bucket's burst plus a window's refill is twice the 
 window). Capacity and window travel with each operation (the caller knows the limits); the
 store keeps only the log. A correction (usage larger or smaller than reserved) adds to the
 log, or takes from its oldest entries, which keeps the log on the safe side.
+
+A key also keeps a line: the callers (one per :class:`~swiftclient.admission.Admission`,
+named by ``queue``) that were refused and still wait, in the order they were first refused.
+A take is granted only to the caller at the head of the line (or to anyone while the line is
+empty); a refused caller joins its back, a granted one leaves it (and joins again at the
+back when it has more waiting). So the processes sharing a limit take turns, and the one
+that polls when capacity frees does not jump the line. A place in line expires when its
+caller stops asking (``queue_ttl`` seconds after the wait it was last told), so a process
+that died cannot hold the line.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol, runtime_checkable
 
-import anyio
+from .._deadline import loop_time
 
 __all__ = ["Admit", "BucketCost", "MemoryStore", "StateStore"]
 
@@ -43,11 +52,14 @@ class BucketCost(NamedTuple):
 class Admit(NamedTuple):
     """The answer to a take: ``granted``, or the ``limit`` that was short and the seconds
     until it can give what was asked (``wait``; ``None`` when unknown: a concurrency slot
-    frees when some holder releases it)."""
+    frees when some holder releases it). ``ahead``: the callers before this one in the
+    key's line (their turns come first; ``wait`` then counts their takes too, and
+    ``limit`` is ``"queue"`` when no limit is short)."""
 
     granted: bool
     limit: str | None = None
     wait: float | None = None
+    ahead: int = 0
 
 
 GRANTED = Admit(True)
@@ -70,9 +82,19 @@ class StateStore(Protocol):
         concurrency: int | None = None,
         holder: str | None = None,
         ttl: float = 300.0,
+        queue: str | None = None,
+        queue_ttl: float = 2.0,
     ) -> Admit:
         """Take every cost and, with ``concurrency``, a lease for ``holder`` that expires
-        after ``ttl`` seconds unless released; all of it or nothing."""
+        after ``ttl`` seconds unless released; all of it or nothing. With ``queue`` (the
+        caller's name in the key's line), only when no other live caller is ahead of it in
+        line; refused, the caller keeps (or takes) its place, which expires ``queue_ttl``
+        seconds after the ``wait`` returned unless it asks again; granted, it leaves the
+        line."""
+        ...
+
+    async def leave(self, key: str, queue: str) -> None:
+        """Take ``queue`` out of ``key``'s line (it stopped waiting)."""
         ...
 
     async def release(self, key: str, holder: str) -> None:
@@ -88,6 +110,16 @@ class StateStore(Protocol):
         as used is free again within that many seconds: when the log holds less than the
         capacity less the remaining, log the difference so that it leaves the window at the
         reset (now, without one). Never frees anything."""
+        ...
+
+    async def update(
+        self,
+        key: str,
+        levels: Sequence[tuple[BucketCost, float | None]] = (),
+        corrections: Sequence[BucketCost] = (),
+    ) -> None:
+        """:meth:`set_level` for each ``(cost, reset)`` of ``levels``, then :meth:`adjust`
+        for each of ``corrections``: what one response taught, in one operation."""
         ...
 
     async def block(self, key: str, seconds: float) -> None:
@@ -146,17 +178,20 @@ class _Log:
     def give_back(self, units: float) -> None:
         """Take ``units`` from the oldest entries (they leave the window first, so the log
         never reads less than what the provider counts)."""
-        for entry in self.entries:
-            if units <= 0:
-                break
+        entries = self.entries
+        while units > 0 and entries:
+            entry = entries[0]
             taken = min(entry[1], units)
             entry[1] -= taken
             self.used -= taken
             units -= taken
+            if entry[1] <= 0:
+                entries.popleft()  # used up: it would only slow the next scan
 
-    def wait(self, now: float, cost: BucketCost) -> float:
-        """Seconds until ``cost`` fits (0: it fits now); the log is trimmed to ``now``."""
-        excess = self.used + min(cost.cost, cost.capacity) - cost.capacity
+    def wait(self, now: float, cost: BucketCost, turns: int = 1) -> float:
+        """Seconds until ``turns`` takes of ``cost`` fit (0: they fit now; the last of them
+        is the caller's own); the log is trimmed to ``now``."""
+        excess = self.used + min(cost.cost, cost.capacity) * turns - cost.capacity
         if excess <= 1e-9:
             return 0.0
         for at, units in self.entries:
@@ -171,6 +206,23 @@ class _Entry:
     logs: dict[str, _Log] = field(default_factory=dict)
     leases: dict[str, float] = field(default_factory=dict)
     blocked_until: float = -math.inf
+    line: dict[str, float] = field(default_factory=dict)
+    """Callers waiting their turn, oldest first, each with when its place expires."""
+
+    def ahead_of(self, queue: str, now: float) -> int:
+        """Callers before ``queue`` in line (the expired ones at its head are dropped);
+        all of them when ``queue`` is not in it."""
+        line = self.line
+        for name in list(line):
+            if name == queue or line[name] > now:
+                break
+            del line[name]
+        ahead = 0
+        for name in line:
+            if name == queue:
+                break
+            ahead += 1
+        return ahead
 
     def log(self, kind: str) -> _Log:
         log = self.logs.get(kind)
@@ -179,17 +231,63 @@ class _Entry:
         return log
 
 
+def _try(
+    entry: _Entry,
+    now: float,
+    costs: Sequence[BucketCost],
+    concurrency: int | None,
+    holder: str | None,
+    ttl: float,
+    ahead: int,
+) -> Admit:
+    """A take on ``entry`` by a caller with ``ahead`` others before it in line."""
+    if now < entry.blocked_until:
+        return Admit(False, "retry_after", entry.blocked_until - now, ahead)
+    logs = entry.logs
+    if ahead:
+        # others' turns come first: how long until theirs and this one fit
+        limit, longest = "queue", 0.0
+        for cost in costs:
+            log = logs.get(cost.kind)
+            if log is not None:
+                log.trim(now, cost.window)
+                wait = log.wait(now, cost, ahead + 1)
+                if wait > longest:
+                    limit, longest = cost.kind, wait
+        return Admit(False, limit, longest or None, ahead)
+    for cost in costs:
+        log = logs.get(cost.kind)
+        if log is None:
+            log = logs[cost.kind] = _Log()
+        log.trim(now, cost.window)
+        wait = log.wait(now, cost)
+        if wait > 0:
+            return Admit(False, cost.kind, wait)
+    if concurrency is not None:
+        leases = entry.leases
+        if leases:
+            for name in [n for n, until in leases.items() if until <= now]:
+                del leases[name]
+        if len(leases) >= concurrency:
+            return Admit(False, "concurrency", None)
+        if holder is not None:
+            leases[holder] = now + ttl
+    for cost in costs:
+        logs[cost.kind].add(now, min(cost.cost, cost.capacity))
+    return GRANTED
+
+
 class MemoryStore:
     """Admission state in this process (the default store).
 
     Args:
-        clock: seconds on a monotonic clock (``anyio.current_time`` by default, the loop's).
+        clock: seconds on a monotonic clock (the running loop's by default).
     """
 
     shared = False
 
     def __init__(self, clock: Callable[[], float] | None = None) -> None:
-        self._clock = clock or anyio.current_time
+        self._clock = clock or loop_time
         self._entries: dict[str, _Entry] = {}
 
     def __repr__(self) -> str:
@@ -209,31 +307,22 @@ class MemoryStore:
         concurrency: int | None = None,
         holder: str | None = None,
         ttl: float = 300.0,
+        queue: str | None = None,
+        queue_ttl: float = 2.0,
     ) -> Admit:
         """:meth:`take` without awaiting (the fallback of a shared store uses it too)."""
         now = self._clock()
-        entry = self._entry(key)
-        if now < entry.blocked_until:
-            return Admit(False, "retry_after", entry.blocked_until - now)
-        logs: list[_Log] = []
-        for cost in costs:
-            log = entry.log(cost.kind)
-            log.trim(now, cost.window)
-            wait = log.wait(now, cost)
-            if wait > 0:
-                return Admit(False, cost.kind, wait)
-            logs.append(log)
-        if concurrency is not None:
-            leases = entry.leases
-            for name in [n for n, until in leases.items() if until <= now]:
-                del leases[name]
-            if len(leases) >= concurrency:
-                return Admit(False, "concurrency", None)
-            if holder is not None:
-                leases[holder] = now + ttl
-        for cost, log in zip(costs, logs, strict=True):
-            log.add(now, min(cost.cost, cost.capacity))
-        return GRANTED
+        entry = self._entries.get(key) or self._entry(key)
+        line = entry.line
+        ahead = entry.ahead_of(queue, now) if line and queue is not None else 0
+        admit = _try(entry, now, costs, concurrency, holder, ttl, ahead)
+        if queue is not None:
+            if admit.granted:
+                if line:
+                    line.pop(queue, None)
+            else:
+                line[queue] = now + (admit.wait or 0.0) + queue_ttl
+        return admit
 
     async def take(
         self,
@@ -243,9 +332,29 @@ class MemoryStore:
         concurrency: int | None = None,
         holder: str | None = None,
         ttl: float = 300.0,
+        queue: str | None = None,
+        queue_ttl: float = 2.0,
     ) -> Admit:
         """See :meth:`StateStore.take`."""
-        return self.take_now(key, costs, concurrency=concurrency, holder=holder, ttl=ttl)
+        return self.take_now(
+            key,
+            costs,
+            concurrency=concurrency,
+            holder=holder,
+            ttl=ttl,
+            queue=queue,
+            queue_ttl=queue_ttl,
+        )
+
+    def leave_now(self, key: str, queue: str) -> None:
+        """:meth:`leave` without awaiting."""
+        entry = self._entries.get(key)
+        if entry is not None:
+            entry.line.pop(queue, None)
+
+    async def leave(self, key: str, queue: str) -> None:
+        """See :meth:`StateStore.leave`."""
+        self.leave_now(key, queue)
 
     def release_now(self, key: str, holder: str) -> None:
         """:meth:`release` without awaiting."""
@@ -272,6 +381,27 @@ class MemoryStore:
     async def adjust(self, key: str, cost: BucketCost) -> None:
         """See :meth:`StateStore.adjust`."""
         self.adjust_now(key, cost)
+
+    def update_now(
+        self,
+        key: str,
+        levels: Sequence[tuple[BucketCost, float | None]] = (),
+        corrections: Sequence[BucketCost] = (),
+    ) -> None:
+        """:meth:`update` without awaiting."""
+        for cost, reset in levels:
+            self.set_level_now(key, cost, reset)
+        for cost in corrections:
+            self.adjust_now(key, cost)
+
+    async def update(
+        self,
+        key: str,
+        levels: Sequence[tuple[BucketCost, float | None]] = (),
+        corrections: Sequence[BucketCost] = (),
+    ) -> None:
+        """See :meth:`StateStore.update`."""
+        self.update_now(key, levels, corrections)
 
     def set_level_now(self, key: str, cost: BucketCost, reset: float | None = None) -> None:
         """:meth:`set_level` without awaiting."""
