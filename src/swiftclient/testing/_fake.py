@@ -14,8 +14,8 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from functools import partial
 from dataclasses import dataclass, field
+from functools import partial
 from types import TracebackType
 from typing import Any
 
