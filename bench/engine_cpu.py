@@ -1259,7 +1259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         print()
     path = ensure_default_model(MODEL_NAME)
-    setup = build(path, s, with_transformers=bool(chosen - {"contention", "grammar"}))
+    setup = build(path, s, with_transformers=bool(chosen - {"contention", "grammar", "n"}))
     if chosen == {"quant"}:
         run_quant(path, setup, s, args.threads, quick=args.quick)
         return 0
