@@ -61,7 +61,7 @@ Workloads and goals (PASS/FAIL printed beside each):
    prompt against the same prompt sent as four requests at once, on one engine with the
    prefix cache (the choices share the prompt's KV blocks). Goal: >= 2x the four requests'
    throughput, at the shape ``n`` is used for: a long prompt, short replies (1,024-token
-   prompt, 16 new tokens each; quick: 256 and 8). A 512-token prompt with 32 new tokens
+   prompt, 16 new tokens each; quick: 512 and 8). A 512-token prompt with 32 new tokens
    each (quick: 128 and 8), where decoding is about half the work, is printed for
    information.
 
@@ -1363,7 +1363,7 @@ def run_n(setup: Setup, s: Settings, threads: int, *, quick: bool) -> None:
     # The goal's shape first: a long prompt, short replies (several candidates for one long
     # context); then the shape the row had before, for information.
     shapes = (
-        [NShape(256, 8, goal=True), NShape(128, 8, goal=False)]
+        [NShape(512, 8, goal=True), NShape(128, 8, goal=False)]
         if quick
         else [NShape(1024, 16, goal=True), NShape(512, 32, goal=False)]
     )
