@@ -21,7 +21,8 @@ own request's ``max_tokens``, however slow it is.
 
 Two ways to consume a request: ``async with ae.stream(...) as outputs`` adds it on entry
 (errors such as OverloadedError surface there) and aborts it on exit; ``ae.generate(...)``
-wraps that in one async iterator. Leaving early (break, cancellation, an error) aborts
+wraps that in one async iterator. ``ae.stream_choices(...)`` adds the choices of one prompt
+at once, sharing the prompt's KV blocks. Leaving early (break, cancellation, an error) aborts
 the request and frees its KV blocks right away, or right after the step in flight.
 """
 
@@ -195,29 +196,76 @@ class AsyncEngine:
             OverloadedError: the engine's waiting queue is full.
             EngineError: the AsyncEngine is not running or has failed.
         """
+        async with self._streams(
+            prompt_ids, [params], request_id=request_id, cache_salt=cache_salt
+        ) as (outputs,):
+            yield outputs
+
+    @asynccontextmanager
+    async def stream_choices(
+        self,
+        prompt_ids: Sequence[int],
+        params: Sequence[SamplingParams],
+        *,
+        cache_salt: str | None = None,
+    ) -> AsyncIterator[list[AsyncIterator[RequestOutput]]]:
+        """Add one request per entry of ``params`` for the same prompt (the choices of an
+        ``n > 1`` request), all between the same two steps, and yield an iterator over each
+        one's outputs; leaving the block aborts those still live.
+
+        The first computes the prompt; the others share it (:meth:`Engine.add_request`'s
+        ``shares_prompt_with``): they start once its full KV blocks are computed and take
+        them from the prefix cache. Raises as :meth:`stream` does; a request refused
+        leaves none of them added.
+        """
+        async with self._streams(prompt_ids, params, cache_salt=cache_salt) as outputs:
+            yield outputs
+
+    @asynccontextmanager
+    async def _streams(
+        self,
+        prompt_ids: Sequence[int],
+        params: Sequence[SamplingParams],
+        *,
+        request_id: str | None = None,
+        cache_salt: str | None = None,
+    ) -> AsyncIterator[list[AsyncIterator[RequestOutput]]]:
         if not self._accepting:
             raise EngineError("AsyncEngine is not running (use `async with AsyncEngine(...)`)")
-        mailbox = _Mailbox()
+        added: list[tuple[str, _Mailbox]] = []
         async with self._lock:
             if self._failure is not None:
                 raise EngineError("the engine failed") from self._failure
             if not self._accepting:  # closed while this call waited for the lock
                 raise EngineError("AsyncEngine is shutting down")
-            rid = self.engine.add_request(
-                prompt_ids, params, request_id=request_id, cache_salt=cache_salt
-            )
-            self._mailboxes[rid] = mailbox
+            try:
+                for each in params:
+                    rid = self.engine.add_request(
+                        prompt_ids,
+                        each,
+                        request_id=None if added else request_id,
+                        cache_salt=cache_salt,
+                        shares_prompt_with=added[0][0] if added else None,
+                    )
+                    added.append((rid, _Mailbox()))
+            except BaseException:
+                for rid, _ in added:
+                    self.engine.abort(rid)
+                raise
+            self._mailboxes.update(added)
         stats = self.stats
         if stats is not None:
-            stats.on_add(rid, anyio.current_time())
+            for rid, _ in added:
+                stats.on_add(rid, anyio.current_time())
         self._wakeup.set()
         try:
-            yield _Outputs(mailbox)
+            yield [_Outputs(mailbox) for _, mailbox in added]
         finally:
-            if self._mailboxes.pop(rid, None) is not None:
-                self._request_abort(rid)
-            if stats is not None:
-                stats.on_release(rid)
+            for rid, _ in added:
+                if self._mailboxes.pop(rid, None) is not None:
+                    self._request_abort(rid)
+                if stats is not None:
+                    stats.on_release(rid)
 
     async def generate(
         self,

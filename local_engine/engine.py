@@ -366,13 +366,21 @@ class Engine:
         *,
         request_id: str | None = None,
         cache_salt: str | None = None,
+        shares_prompt_with: str | None = None,
     ) -> str:
         """Queue a request; return its id.
+
+        ``shares_prompt_with`` names a request queued earlier with the same prompt and
+        ``cache_salt`` (another choice of an ``n > 1`` request): this one is admitted once
+        that one has computed the prompt's full KV blocks, and takes them from the prefix
+        cache, so the prompt is computed once. An id that is no longer live is ignored
+        (what it computed is in the prefix cache, if anywhere).
 
         Raises:
             InvalidRequestError: empty or out-of-vocabulary prompt, prompt + ``max_tokens``
                 over ``max_model_len``, stop strings or a grammar without a tokenizer, a
-                duplicate id; :class:`~local_engine.grammar.GrammarError` (one too) for a
+                duplicate id, a ``shares_prompt_with`` request whose prompt or salt differs;
+                :class:`~local_engine.grammar.GrammarError` (one too) for a
                 grammar that cannot be compiled, or ``params`` that are not
                 :class:`SamplingParams`. A ``ValueError``.
             OverloadedError: ``max_waiting`` requests are already queued.
@@ -398,6 +406,7 @@ class Engine:
             request_id = uuid.uuid4().hex
         elif request_id in self._requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        source = self._prompt_source(shares_prompt_with, prompt, cache_salt)
         detok = self.tokenizer.detokenizer() if self.tokenizer is not None else None
         stop = StopChecker(params, self.eos_token_ids, detok)
         if self.scheduler.num_waiting >= self.config.max_waiting:
@@ -409,10 +418,25 @@ class Engine:
             if self.structured is None:
                 raise InvalidRequestError("a grammar needs an engine with a tokenizer")
             self.structured.add(request_id, params.grammar)
-        seq = Sequence(request_id, prompt, params, cache_salt=cache_salt)
+        seq = Sequence(request_id, prompt, params, cache_salt=cache_salt, shares_prompt_of=source)
         self.scheduler.add(seq)
         self._requests[request_id] = _Request(seq, stop)
         return request_id
+
+    def _prompt_source(
+        self, request_id: str | None, prompt: list[int], cache_salt: str | None
+    ) -> Sequence | None:
+        """The live sequence ``add_request(shares_prompt_with=request_id)`` waits for."""
+        req = self._requests.get(request_id) if request_id is not None else None
+        if req is None:
+            return None
+        seq = req.seq
+        if seq.block_table.salt != cache_salt or seq.token_ids[: seq.num_prompt_tokens] != prompt:
+            raise InvalidRequestError(
+                f"request {request_id!r} has another prompt or cache_salt: it cannot share its "
+                "prompt's blocks"
+            )
+        return seq
 
     def abort(self, request_id: str) -> None:
         """Drop a request and free its blocks; unknown or finished ids are ignored."""

@@ -12,7 +12,11 @@ Each step the scheduler picks, in this order and within ``max_num_batched_tokens
 2. the next chunk of every running sequence still prefilling;
 3. new sequences from the waiting queue, first come first served, while blocks and
    ``max_num_seqs`` allow (none in a step that had to preempt). Admission allocates
-   blocks for the whole prompt at once and reuses cached prefix blocks.
+   blocks for the whole prompt at once and reuses cached prefix blocks. A sequence that
+   shares its prompt with another (``Sequence.shares_prompt_of``: the choices of an
+   ``n > 1`` request) is passed over until that one has computed the prompt's full blocks,
+   so it takes them from the prefix cache rather than computing them in the same step; the
+   sequences behind it are admitted meanwhile.
 
 Admission cannot deadlock: :meth:`Scheduler.add` rejects a sequence whose prompt plus
 ``max_tokens`` could never fit in the whole pool, and a lone running sequence can
@@ -177,17 +181,22 @@ class Scheduler:
                 out.scheduled.append(ScheduledSequence.of(seq, n))
                 budget -= n
         # 3. admissions.
+        passed_over: list[Sequence] = []
         while (
             self.waiting
             and budget > 0
             and not out.preempted
             and len(self.running) < self.max_num_seqs
         ):
-            seq = self.waiting[0]
+            seq = self.waiting.popleft()
+            if self._awaits_shared_prompt(seq):
+                passed_over.append(seq)
+                continue
             cached = self.pool.allocate(seq.block_table, seq.token_ids)
             if cached is None:
+                self.waiting.appendleft(seq)
                 break
-            self.waiting.popleft()
+            seq.shares_prompt_of = None
             seq.status = SequenceStatus.RUNNING
             seq.num_computed_tokens = cached
             if seq.num_cached_tokens is None:
@@ -196,7 +205,18 @@ class Scheduler:
             n = min(seq.num_tokens - cached, budget)
             out.scheduled.append(ScheduledSequence.of(seq, n))
             budget -= n
+        self.waiting.extendleft(reversed(passed_over))
         return out
+
+    def _awaits_shared_prompt(self, seq: Sequence) -> bool:
+        """True while the sequence ``seq`` shares its prompt with is live and has not yet
+        computed the prompt's full blocks (all the prefix cache can give ``seq``)."""
+        source = seq.shares_prompt_of
+        if source is None or not self.pool.enable_prefix_caching:
+            return False
+        bs = self.pool.block_size
+        shared = (seq.num_prompt_tokens - 1) // bs * bs
+        return source.status is not SequenceStatus.FINISHED and source.num_computed_tokens < shared
 
     def update(self, out: SchedulerOutput) -> None:
         """Mark the scheduled tokens computed and publish newly full blocks' hashes.

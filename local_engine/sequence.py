@@ -29,6 +29,11 @@ class Sequence:
     generated tokens acting as part of the prompt. ``spec_token_ids`` holds the draft tokens
     proposed for the next step by speculative decoding (empty otherwise); they join
     ``token_ids`` only once the model has verified them.
+
+    ``shares_prompt_of`` is another sequence with the same prompt (the choices of an ``n > 1``
+    request): until that one has computed the prompt's full blocks, the scheduler leaves this
+    one waiting, so that it takes them from the prefix cache instead of computing them too.
+    The scheduler clears it at admission.
     """
 
     __slots__ = (
@@ -39,6 +44,7 @@ class Sequence:
         "num_prompt_tokens",
         "params",
         "request_id",
+        "shares_prompt_of",
         "spec_token_ids",
         "status",
         "token_ids",
@@ -51,6 +57,7 @@ class Sequence:
         params: SamplingParams,
         *,
         cache_salt: str | None = None,
+        shares_prompt_of: Sequence | None = None,
     ) -> None:
         """Create a waiting sequence; ``prompt_token_ids`` must not be empty."""
         if not prompt_token_ids:
@@ -65,6 +72,7 @@ class Sequence:
         self.num_preemptions = 0
         self.status = SequenceStatus.WAITING
         self.spec_token_ids: list[int] = []
+        self.shares_prompt_of = shares_prompt_of
 
     def __repr__(self) -> str:
         return (

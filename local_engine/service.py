@@ -49,7 +49,7 @@ import logging
 import math
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -110,6 +110,17 @@ class OutputSource(Protocol):
         cache_salt: str | None = None,
     ) -> AbstractAsyncContextManager[AsyncIterator[RequestOutput]]:
         """Add a request on entry, yield its outputs, abort it on exit."""
+        ...
+
+    def stream_choices(
+        self,
+        prompt_ids: Sequence[int],
+        params: Sequence[SamplingParams],
+        *,
+        cache_salt: str | None = None,
+    ) -> AbstractAsyncContextManager[list[AsyncIterator[RequestOutput]]]:
+        """Add one request per ``params`` for the prompt, the first computing it and the
+        others sharing its KV blocks; yield their outputs, abort them on exit."""
         ...
 
 
@@ -492,14 +503,12 @@ async def _add(
         yield outputs
 
 
-def _child(prepared: PreparedRequest, index: int) -> PreparedRequest:
+def _choice_params(params: SamplingParams, index: int) -> SamplingParams:
     """Choice ``index`` of an ``n > 1`` request: a seeded request's choices get the seeds
     ``seed``, ``seed + 1``... (as vLLM seeds them), so they differ and repeat."""
-    seed = prepared.params.seed
-    if index == 0 or seed is None:
-        return prepared
-    params = dataclasses.replace(prepared.params, seed=(seed + index) % 2**63)
-    return dataclasses.replace(prepared, params=params)
+    if index == 0 or params.seed is None:
+        return params
+    return dataclasses.replace(params, seed=(params.seed + index) % 2**63)
 
 
 @asynccontextmanager
@@ -508,47 +517,36 @@ async def _fan_out(
 ) -> AsyncIterator[AsyncIterator[tuple[int, RequestOutput]]]:
     """The engine outputs of ``n`` choices of one prompt, each with its choice index.
 
-    Choice 0 is added on entry (its errors surface there). The other choices are added once
-    choice 0 has its first output, that is once the prompt's KV is computed: their full
-    prompt blocks then come from the prefix cache, shared with choice 0, and only the last,
-    partial block is computed again. Leaving the block aborts every choice still running.
+    Every choice is added on entry, at once (errors surface there): choice 0 computes the
+    prompt, and the others start once its full KV blocks are computed, take them from the
+    prefix cache (shared, not copied) and compute only the last partial block
+    (:meth:`OutputSource.stream_choices`). Leaving the block aborts every choice still
+    running.
     """
-    async with AsyncExitStack() as stack:
-        first = await stack.enter_async_context(_add(source, prepared))
-        if n == 1:
-            yield _Indexed(first)
-            return
+    if n == 1:
+        async with _add(source, prepared) as outputs:
+            yield _Indexed(outputs)
+        return
+    params = [_choice_params(prepared.params, index) for index in range(n)]
+    async with source.stream_choices(
+        prepared.prompt.token_ids, params, cache_salt=prepared.cache_salt
+    ) as added:
         send, receive = anyio.create_memory_object_stream[
             tuple[int, RequestOutput | BaseException]
         ](max_buffer_size=math.inf)
-        prefilled = anyio.Event()
 
-        async def pump(index: int, outputs: AsyncIterator[RequestOutput] | None) -> None:
+        async def pump(index: int, outputs: AsyncIterator[RequestOutput]) -> None:
             try:
-                if outputs is None:
-                    await prefilled.wait()
-                    async with _add(source, _child(prepared, index)) as added:
-                        await _forward(index, added)
-                else:
-                    await _forward(index, outputs)
+                async for out in outputs:
+                    await send.send((index, out))
+                    if out.finished:
+                        return
             except Exception as exc:  # handed to the reader, which raises it
                 await send.send((index, exc))
-            finally:
-                if index == 0:
-                    prefilled.set()
-
-        async def _forward(index: int, outputs: AsyncIterator[RequestOutput]) -> None:
-            async for out in outputs:
-                await send.send((index, out))
-                if index == 0:
-                    prefilled.set()
-                if out.finished:
-                    return
 
         async with anyio.create_task_group() as group, send, receive:
-            group.start_soon(pump, 0, first)
-            for index in range(1, n):
-                group.start_soon(pump, index, None)
+            for index, outputs in enumerate(added):
+                group.start_soon(pump, index, outputs)
             try:
                 yield _Merged(receive)
             finally:

@@ -105,7 +105,13 @@ def test_engine_cpu_n_quick_run_prints_its_row() -> None:
         check=True,
         cwd=ROOT,
     )
-    assert "| n=4, prompt 128, 8 new tokens each |" in out.stdout
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| n=4, prompt")]
+    assert [row.split("|")[1].strip() for row in rows] == [
+        "n=4, prompt 512, 8 new tokens each",
+        "n=4, prompt 128, 8 new tokens each",
+    ]
+    # prompt tokens computed per round: the choices share all but the last block (16 tokens)
+    assert [row.split("|")[6].strip() for row in rows] == ["560 / 2048", "176 / 512"]
 
 
 def test_engine_breakdown_quick_run_prints_both_workloads() -> None:

@@ -16,6 +16,7 @@ from local_engine.errors import EngineError, OverloadedError
 from local_engine.loader import load_model
 from local_engine.model import DecoderModel
 from local_engine.sampler import SamplingParams
+from local_engine.scheduler import SchedulerOutput
 
 from .tiny import make_tiny_model
 
@@ -298,3 +299,49 @@ async def test_request_waiting_for_the_lock_while_closing_fails_cleanly(
             gate.set()
     assert sorted(outcome) == ["first ended", "second refused"]
     assert engine.num_free_blocks() == engine.num_blocks
+
+
+def record_steps(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> list[list[tuple[str, int]]]:
+    """Record each step's (request id, tokens computed) in schedule order."""
+    steps: list[list[tuple[str, int]]] = []
+    schedule = engine.scheduler.schedule
+
+    def recording() -> SchedulerOutput:
+        out = schedule()
+        if out.scheduled:
+            steps.append([(s.seq.request_id, s.num_new_tokens) for s in out.scheduled])
+        return out
+
+    monkeypatch.setattr(engine.scheduler, "schedule", recording)
+    return steps
+
+
+async def test_choices_compute_their_prompt_once_and_step_together(
+    model: DecoderModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = make_engine(model)
+    steps = record_steps(engine, monkeypatch)
+    shared = [3 + j * 11 % 240 for j in range(18)]  # 4 full blocks, 2 tokens in the fifth
+    params = [SamplingParams(seed=i, max_tokens=4, ignore_eos=True) for i in range(3)]
+    async with AsyncEngine(engine) as ae, ae.stream_choices(shared, params) as streams:
+        finals = [[out async for out in outputs][-1] for outputs in streams]
+    first = finals[0].request_id
+    assert steps[0] == [(first, 18)]  # the prompt, once
+    assert sorted(n for _, n in steps[1]) == [1, 2, 2]  # the others: only the last block
+    assert [len(step) for step in steps] == [1, 3, 3, 3, 2]  # then one batch to the end
+    assert [f.num_cached_tokens for f in finals] == [0, 16, 16]
+    assert all(f.num_generated_tokens == 4 for f in finals)
+    assert engine.num_free_blocks() == 512
+
+
+async def test_choices_refused_leave_none_added(model: DecoderModel) -> None:
+    engine = make_engine(model, max_num_seqs=1, max_num_batched_tokens=64, max_waiting=2)
+    async with AsyncEngine(engine) as ae:
+        with pytest.raises(OverloadedError):
+            async with ae.stream_choices(prompt(1), [GREEDY] * 3):
+                pass
+        assert not engine.has_unfinished()
+        async with ae.stream_choices(prompt(1), [GREEDY] * 2) as streams:
+            for outputs in streams:
+                finals = [out async for out in outputs]
+                assert finals[-1].num_generated_tokens == 6

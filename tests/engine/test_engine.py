@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from local_engine.engine import Engine, EngineConfig, GenerationResult
-from local_engine.errors import EngineConfigError, OverloadedError
+from local_engine.errors import EngineConfigError, InvalidRequestError, OverloadedError
 from local_engine.loader import load_model
 from local_engine.model import DecoderModel
 from local_engine.sampler import SamplingParams
@@ -290,3 +290,19 @@ def test_num_threads_is_set_by_the_process_owner_not_the_engine(model: DecoderMo
         assert torch.get_num_threads() == target
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_request_shares_only_the_same_prompt_and_salt(model: DecoderModel) -> None:
+    engine = engine_for(model)
+    prompt = list(range(3, 21))
+    first = engine.add_request(prompt, SHORT, cache_salt="a")
+    with pytest.raises(InvalidRequestError, match="another prompt or cache_salt"):
+        engine.add_request(prompt[:-1] + [99], SHORT, cache_salt="a", shares_prompt_with=first)
+    with pytest.raises(InvalidRequestError, match="another prompt or cache_salt"):
+        engine.add_request(prompt, SHORT, cache_salt="b", shares_prompt_with=first)
+    assert engine.num_waiting == 1  # the refused ones were not queued
+    engine.add_request(prompt, SHORT, cache_salt="a", shares_prompt_with=first)
+    engine.add_request(prompt, SHORT, shares_prompt_with="gone")  # not live: goes alone
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.num_free_blocks() == 256

@@ -196,3 +196,55 @@ def test_update_ignores_sequences_aborted_mid_step() -> None:
     sched.finish(seq)
     sched.update(out)
     assert seq.num_computed_tokens == 0 and sched.pool.num_free_blocks == 8
+
+
+def test_a_sequence_sharing_a_prompt_waits_for_its_full_blocks_and_lets_others_pass() -> None:
+    """The choices of an ``n > 1`` request: the others are admitted once the first has
+    computed the prompt's full blocks and share them; requests behind them go ahead."""
+    sched = Scheduler(BlockPool(64, BS), max_num_seqs=8, max_num_batched_tokens=20)
+    first = make_seq("c0", 14, max_tokens=3)  # 3 full blocks (12 tokens) to share
+    choices = [
+        Sequence(f"c{i}", first.token_ids, first.params, shares_prompt_of=first) for i in (1, 2)
+    ]
+    other = make_seq("o", 3, max_tokens=3, base=100)
+    for seq in (first, *choices, other):
+        sched.add(seq)
+    out = run_step(sched)
+    assert [(s.seq.request_id, s.num_new_tokens) for s in out.scheduled] == [("c0", 14), ("o", 3)]
+    assert list(sched.waiting) == choices
+    out = run_step(sched)
+    assert [(s.seq.request_id, s.num_new_tokens) for s in out.scheduled] == [
+        ("c0", 1),
+        ("o", 1),
+        ("c1", 2),
+        ("c2", 2),
+    ]
+    shared = first.block_table.block_ids[:3]
+    for choice in choices:
+        assert choice.num_cached_tokens == 12
+        assert choice.block_table.block_ids[:3] == shared
+        assert choice.shares_prompt_of is None
+    assert [sched.pool.ref_count(b) for b in shared] == [3, 3, 3]
+    drain(sched)
+    assert sched.pool.num_free_blocks == 64
+
+
+def test_a_sequence_sharing_a_prompt_goes_alone_once_the_other_is_gone() -> None:
+    sched = Scheduler(BlockPool(64, BS), max_num_seqs=8, max_num_batched_tokens=20)
+    first = make_seq("c0", 14)
+    choice = Sequence("c1", first.token_ids, first.params, shares_prompt_of=first)
+    sched.add(first)
+    sched.add(choice)
+    sched.finish(first)  # aborted before it computed anything
+    out = run_step(sched)
+    assert [(s.seq.request_id, s.num_new_tokens) for s in out.scheduled] == [("c1", 14)]
+
+
+def test_a_short_shared_prompt_has_no_full_block_to_wait_for() -> None:
+    sched = Scheduler(BlockPool(64, BS), max_num_seqs=8, max_num_batched_tokens=20)
+    first = make_seq("c0", BS)  # its one block holds the last token: never shared
+    choice = Sequence("c1", first.token_ids, first.params, shares_prompt_of=first)
+    sched.add(first)
+    sched.add(choice)
+    out = run_step(sched)
+    assert [(s.seq.request_id, s.num_new_tokens) for s in out.scheduled] == [("c0", 4), ("c1", 4)]

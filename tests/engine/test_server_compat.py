@@ -636,22 +636,18 @@ async def test_n_choices_stream_with_their_index(served: Served) -> None:
     await served.settle()
 
 
-@pytest.mark.anyio
-async def test_the_choices_share_the_prompt_blocks(tiny: TinyModel) -> None:
+async def _four_choices(engine: Any, max_tokens: int) -> tuple[int, dict[int, Any]]:
+    """Run an n=4 request for a long prompt through the chat service's fan-out; return the
+    prompt's length and each choice's final output."""
     from local_engine.service import _fan_out
 
-    engine = tiny.engine()
     async with LocalBackend.from_engine(engine) as backend:
         source, service = backend.running_service()
         long: Any = [{"role": "user", "content": "tell me a story about a fox " * 12}]
         ask = ChatRequest(
-            model="m", messages=long, max_tokens=3, n=4, extra_body={"ignore_eos": True}
+            model="m", messages=long, max_tokens=max_tokens, n=4, extra_body={"ignore_eos": True}
         )
         prepared = service.prepare(ask)
-        prompt = len(prepared.prompt.token_ids)
-        block = engine.config.block_size
-        full_blocks = prompt // block * block
-        assert full_blocks >= 4 * block
         finals: dict[int, Any] = {}
         async with _fan_out(source, prepared, 4) as outputs:
             async for index, out in outputs:
@@ -659,62 +655,44 @@ async def test_the_choices_share_the_prompt_blocks(tiny: TinyModel) -> None:
                     finals[index] = out
                     if len(finals) == 4:
                         break
-        assert finals[0].num_cached_tokens == 0
-        # every full block of the prompt (all but the last, when it is full) is shared
-        assert all(finals[i].num_cached_tokens >= full_blocks - block for i in (1, 2, 3))
+    return len(prepared.prompt.token_ids), finals
 
 
 @pytest.mark.anyio
-async def test_the_other_choices_start_once_the_prompt_is_computed() -> None:
-    """Choices 1..n-1 are added after choice 0's first output (its prefill), so they find
-    the prompt's blocks in the prefix cache rather than computing them alongside."""
-    from contextlib import asynccontextmanager
+async def test_the_choices_share_the_prompt_blocks(tiny: TinyModel) -> None:
+    engine = tiny.engine()
+    prompt, finals = await _four_choices(engine, 3)
+    block = engine.config.block_size
+    full_blocks = prompt // block * block
+    assert full_blocks >= 4 * block
+    assert finals[0].num_cached_tokens == 0
+    # every full block of the prompt (all but the last, when it is full) is shared
+    assert all(finals[i].num_cached_tokens >= full_blocks - block for i in (1, 2, 3))
 
-    import anyio
-    from anyio import wait_all_tasks_blocked
 
-    from local_engine.chat import ChatPrompt
-    from local_engine.engine import RequestOutput
-    from local_engine.service import PreparedRequest, _fan_out
+@pytest.mark.anyio
+async def test_the_choices_compute_the_prompt_once_and_decode_as_one_batch(
+    tiny: TinyModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """n=4: one step computes the prompt; the next has all four choices (three computing only
+    the prompt's last partial block), and they decode together to the end: no step runs
+    choice 0 alone while the others wait to be added."""
+    from local_engine.scheduler import SchedulerOutput
 
-    class Source:
-        def __init__(self) -> None:
-            self.adds: list[int] = []  # choice 0's outputs so far, at each add
-            self.emitted = 0
-            self.release = anyio.Event()
+    engine = tiny.engine()
+    steps: list[list[int]] = []  # tokens computed per sequence, per step
+    schedule = engine.scheduler.schedule
 
-        @asynccontextmanager
-        async def stream(
-            self, prompt_ids: Any, params: Any, *, request_id: Any = None, cache_salt: Any = None
-        ) -> AsyncIterator[AsyncIterator[RequestOutput]]:
-            self.adds.append(self.emitted)
-            yield Outputs(self, len(self.adds) - 1)
+    def recording() -> SchedulerOutput:
+        out = schedule()
+        if out.scheduled:
+            steps.append(sorted(s.num_new_tokens for s in out.scheduled))
+        return out
 
-    class Outputs:
-        def __init__(self, source: Source, index: int) -> None:
-            self.source, self.index, self.done = source, index, False
-
-        def __aiter__(self) -> Outputs:
-            return self
-
-        async def __anext__(self) -> RequestOutput:
-            if self.done:
-                raise StopAsyncIteration
-            self.done = True
-            if self.index == 0:
-                await self.source.release.wait()
-                self.source.emitted += 1
-            return RequestOutput(f"r{self.index}", [5], "x", True, "length", 1, 0, 1)
-
-    source = Source()
-    prepared = PreparedRequest(ChatPrompt("x", [1], "none"), SamplingParams(seed=3), None)
-    seen: list[int] = []
-    async with _fan_out(source, prepared, 3) as outputs:
-        await wait_all_tasks_blocked()
-        assert source.adds == [0]  # only choice 0 while its prompt is being computed
-        source.release.set()
-        async for index, _ in outputs:
-            seen.append(index)
-            if len(seen) == 3:
-                break
-    assert source.adds == [0, 1, 1] and sorted(seen) == [0, 1, 2]
+    monkeypatch.setattr(engine.scheduler, "schedule", recording)
+    prompt, _ = await _four_choices(engine, 5)
+    block = engine.config.block_size
+    tail = prompt - (prompt - 1) // block * block
+    assert steps[0] == [prompt]
+    assert steps[1] == sorted([1, tail, tail, tail])
+    assert steps[2:] == [[1, 1, 1, 1]] * 3 + [[1, 1, 1]]
