@@ -184,10 +184,15 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def build_checkpoint(root: Path, shape: dict[str, Any]) -> Path:
-    """Save a random-weight Qwen3 model of ``shape`` (float32) under ``root``."""
+def build_checkpoint(
+    root: Path, shape: dict[str, Any], initializer_range: float | None = None
+) -> Path:
+    """Save a random-weight Qwen3 model of ``shape`` (float32) under ``root``, its weights
+    drawn with ``initializer_range`` (default 0.05)."""
     torch.manual_seed(0)
-    config = Qwen3Config(**shape, initializer_range=0.05, bos_token_id=1, eos_token_id=2)
+    config = Qwen3Config(
+        **shape, initializer_range=initializer_range or 0.05, bos_token_id=1, eos_token_id=2
+    )
     model = Qwen3ForCausalLM(config)
     with torch.no_grad():  # randomized norms: a dropped or swapped norm changes the output
         for name, param in model.named_parameters():

@@ -9,10 +9,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def quick_run(script: str) -> str:
-    """Run ``bench/<script> --quick`` and return what it printed."""
+def bench_run(script: str, *args: str) -> str:
+    """Run ``bench/<script> <args>`` and return what it printed."""
     out = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / script), "--quick"],
+        [sys.executable, str(ROOT / "bench" / script), *args],
         capture_output=True,
         text=True,
         timeout=240,
@@ -20,6 +20,11 @@ def quick_run(script: str) -> str:
         cwd=ROOT,
     )
     return out.stdout
+
+
+def quick_run(script: str) -> str:
+    """Run ``bench/<script> --quick`` and return what it printed."""
+    return bench_run(script, "--quick")
 
 
 def test_client_overhead_quick_run_prints_its_tables() -> None:
@@ -48,6 +53,18 @@ def test_server_overhead_quick_run_compares_two_trees() -> None:
         assert row in out.stdout
 
 
+def test_fp8_check_smoke_runs_on_cpu() -> None:
+    """bench/fp8_check.py --smoke: the rowwise contract holds at every projection shape and
+    the engine's fp8 (through torch's CPU ``_scaled_mm``) loses no more than the emulation."""
+    out = bench_run("fp8_check.py", "--smoke", "--prompts", "2")
+    contract = out.split("## 1.")[1].split("## 2.")[0]
+    assert contract.count("| PASS") == 12 and "FAIL" not in contract
+    for row in ("engine fp8 vs engine bf16", "fp8 emulation (float32) vs transformers float32"):
+        assert row in out
+    sound = next(line for line in out.splitlines() if "loses no more than the method" in line)
+    assert sound.endswith(": PASS"), sound
+
+
 def test_cli_accuracy_quick_run_prints_the_error_table() -> None:
     text = quick_run("cli_accuracy.py")
     assert "| c=1 " in text and "| c=8 " in text and "TTFT p50 error ms" in text
@@ -56,14 +73,7 @@ def test_cli_accuracy_quick_run_prints_the_error_table() -> None:
 def test_gpu_check_smoke_runs_on_cpu() -> None:
     """bench/gpu.py --smoke: every part runs on a tiny model on CPU, and float32 greedy
     decoding agrees with transformers."""
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "gpu.py"), "--smoke"],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=True,
-        cwd=ROOT,
-    ).stdout
+    out = bench_run("gpu.py", "--smoke")
     for heading in ("0. Correctness", "W1: batch-1 decode", "W2: 6 sequences", "W3: shared", "W4"):
         assert heading in out
     greedy = out.split("float32 greedy")[1].split("\n\n")[1]
