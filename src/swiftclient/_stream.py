@@ -19,6 +19,7 @@ from . import errors
 from ._accumulate import Accumulator
 from ._attempt import (
     AttemptObserver,
+    AttemptResult,
     AttemptRun,
     Hooks,
     Target,
@@ -27,10 +28,11 @@ from ._attempt import (
 )
 from ._cost import CallCost
 from ._deadline import Deadline
+from ._outcome import OUTCOME_OF, AttemptOutcome
 from ._retry import RetryPolicy, retry_after, run_with_retries
 from .backends.base import RequestOptions
 from .hedging import Hedge, StartAttempt, Trigger, fallback, race
-from .types import ChatCompletion, ChatCompletionChunk, ChatRequest, Timing
+from .types import ChatCompletion, ChatCompletionChunk, ChatRequest, Timing, Usage
 
 if TYPE_CHECKING:
     from .admission import Admission
@@ -129,6 +131,7 @@ class Call:
         "policy",
         "reply",
         "request",
+        "results",
         "_round_targets",
         "started",
         "streamed",
@@ -181,6 +184,8 @@ class Call:
         self.winner = 0
         """The number of the committed attempt (0: none yet); a number, not the attempt, so
         that a call and its attempts form no reference cycle."""
+        self.results: list[AttemptResult] = []
+        """How each ended attempt ended, in the order they ended (frozen)."""
         self._round_targets = self.targets
         self.error: BaseException | None = None
         self.reply: object = None
@@ -205,14 +210,61 @@ class Call:
         return self.targets[0].backend_name
 
     def attempt(self, target: Target, trigger: Trigger = "first") -> AttemptRun:
-        """Start recording a new attempt on ``target``."""
+        """Start a new attempt on ``target``: number it, keep its record, tell observers."""
         self.numbered += 1
         request = self.request
         if request.model != target.model:
             request = request_for(request, target)
         if trigger == "first" and self.numbered > 1:  # the first attempt of a later round
-            return AttemptRun(self, target, request, self.numbered, "retry")
-        return AttemptRun(self, target, request, self.numbered, trigger)
+            attempt = AttemptRun(self, target, request, self.numbered, "retry")
+        else:
+            attempt = AttemptRun(self, target, request, self.numbered, trigger)
+        self.timing.attempts.append(attempt.record)
+        for hook in self.hooks.on_start:
+            hook(attempt)
+        return attempt
+
+    def first_token(self, attempt: AttemptRun) -> None:
+        """``attempt`` delivered its first content token (non-streamed: its whole reply)."""
+        for hook in self.hooks.on_first_token:
+            hook(attempt)
+
+    def commit(self, attempt: AttemptRun) -> None:
+        """The call takes ``attempt``'s output; every other attempt is being cancelled."""
+        self.winner = attempt.record.number
+        for hook in self.hooks.on_commit:
+            hook(attempt)
+
+    def ended(
+        self, attempt: AttemptRun, outcome: AttemptOutcome, duration: float, usage: Usage | None
+    ) -> None:
+        """``attempt`` ended (it calls this once, from ``finish``): keep its frozen result,
+        complete its public record, tell observers. A cancelled attempt lost when another
+        one had committed."""
+        record = attempt.record
+        number = record.number
+        winner = self.winner
+        if outcome == "cancelled" and winner and winner != number:
+            outcome = "lost"
+        error = attempt.error
+        record.duration = duration
+        record.outcome = outcome
+        if error is not None:
+            record.error = type(error).__name__
+            if isinstance(error, errors.APIStatusError):
+                record.status_code = error.status_code
+        attempt.result = result = AttemptResult(
+            number,
+            attempt.target.name,
+            record.trigger,
+            OUTCOME_OF[outcome],
+            usage,
+            error,
+            duration,
+        )
+        self.results.append(result)
+        for hook in self.hooks.on_end:
+            hook(attempt)
 
     def finish(self, exc: BaseException | None = None, *, now: float | None = None) -> None:
         """Stamp the call's total time and, the first time, settle its cost and end its
@@ -234,6 +286,18 @@ class Call:
             self.error = exc
         if isinstance(exc, errors.APIError):
             exc._record_attempts(self.timing.attempts)
+
+    def _commit(self, result: tuple[AttemptRun, object]) -> None:
+        self.commit(result[0])
+
+    async def _discard(self, result: tuple[AttemptRun, object]) -> None:
+        """Release an attempt whose output the call does not take: one that succeeded after
+        another one committed (lost), or the committed one of a call cancelled before it
+        returned (cancelled)."""
+        attempt, value = result
+        usage = value.usage if isinstance(value, ChatCompletion) else None
+        won = self.winner == attempt.record.number
+        await attempt.close(lost=not won, cancelled=won, usage=usage)
 
     # ------------------------------------------------------------------ rounds
 
@@ -271,8 +335,8 @@ class Call:
             delay=delay,
             may_hedge=may_hedge,
             max_in_flight=hedge.max_attempts,
-            commit=_commit,
-            discard=_discard,
+            commit=self._commit,
+            discard=self._discard,
         )
 
     def _plan(self) -> list[Target]:
@@ -336,10 +400,9 @@ class Call:
                     self.policy, self.deadline, self.complete_round
                 )
             if not self.winner:
-                attempt.commit()
-            attempt.usage = completion.usage
+                self.commit(attempt)
             ended = attempt.first_token_at  # the reply's arrival: the attempt's end
-            attempt.finish(None, now=ended)
+            attempt.finish(None, now=ended, usage=completion.usage)
         except BaseException as exc:
             self.failed(exc)
             self.finish(exc)
@@ -352,17 +415,6 @@ class Call:
 
 def _always() -> bool:
     return True
-
-
-def _commit(result: tuple[AttemptRun, object]) -> None:
-    result[0].commit()
-
-
-async def _discard(result: tuple[AttemptRun, object]) -> None:
-    attempt, value = result
-    if isinstance(value, ChatCompletion):
-        attempt.usage = value.usage
-    await attempt.discard()
 
 
 class ChatStream:
@@ -415,7 +467,7 @@ class ChatStream:
             call.finish(exc)
             raise
         if not call.winner:
-            attempt.commit()
+            call.commit(attempt)
         self._attempt = attempt
         self._request = attempt.request
         self._next = attempt.next
@@ -440,8 +492,7 @@ class ChatStream:
         if attempt is None:
             return
         self._done = True
-        attempt.usage = self._accumulator.usage
-        await attempt.close(exc)
+        await attempt.close(exc, usage=self._accumulator.usage)
         self._call.finish(exc)
 
     # ------------------------------------------------------------------ iteration
@@ -462,15 +513,13 @@ class ChatStream:
         except BaseException as exc:
             self._done = True
             if self._attempt is not None:
-                self._attempt.usage = self._accumulator.usage
-                self._attempt.finish(exc)
+                self._attempt.finish(exc, usage=self._accumulator.usage)
             self._call.failed(exc)
             raise
         if next_chunk is None:
             self._done = True
             if self._attempt is not None:
-                self._attempt.usage = self._accumulator.usage
-                self._attempt.finish(None)
+                self._attempt.finish(None, usage=self._accumulator.usage)
             self._call.finish()
             raise StopAsyncIteration
         if self._accumulator.add(next_chunk):

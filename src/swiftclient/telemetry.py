@@ -407,7 +407,7 @@ class Telemetry:
 class CallTrace:
     """One call's span, its attempts' spans and its metrics; an attempt observer."""
 
-    __slots__ = ("_attempts", "_info", "_telemetry", "_winner", "metered", "recording", "span")
+    __slots__ = ("_attempts", "_info", "_telemetry", "metered", "recording", "span")
 
     def __init__(
         self,
@@ -424,7 +424,6 @@ class CallTrace:
         self.recording = recording
         self.metered = metered
         self._attempts: dict[int, trace.Span] = {}
-        self._winner: AttemptRun | None = None
 
     # ------------------------------------------------------------------ call span
 
@@ -497,7 +496,8 @@ class CallTrace:
     def end(self, call: Call, exc: BaseException | None) -> None:
         """The call finished (once): close its span and record its metrics."""
         timing = call.timing
-        winner = self._winner
+        number = call.winner
+        winner = next((r for r in call.results if r.number == number), None) if number else None
         usage = winner.usage if winner is not None else None
         reply = _Reply.of(call.reply)
         span = self.span
@@ -521,7 +521,7 @@ class CallTrace:
             if timing.ttft is not None:
                 attributes["gen_ai.response.time_to_first_chunk"] = timing.ttft
             if winner is not None and len(call.targets) > 1:
-                attributes["swiftclient.target"] = winner.target.name
+                attributes["swiftclient.target"] = winner.target
             if error is not None:
                 attributes["error.type"] = error
                 span.set_status(Status(StatusCode.ERROR, error))
@@ -607,8 +607,7 @@ class CallTrace:
             span.add_event("swiftclient.first_token", {"swiftclient.ttft": ttft or 0.0})
 
     def on_commit(self, attempt: AttemptRun) -> None:
-        """Note the winner (its usage is the call's); count a hedge that won."""
-        self._winner = attempt
+        """Count a hedge that won (the call keeps which attempt won)."""
         if self.metered and attempt.record.trigger == "hedge":
             self._telemetry.instruments.hedges_won.add(
                 1, {"swiftclient.target": attempt.target.name}
