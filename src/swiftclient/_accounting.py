@@ -2,10 +2,11 @@
 :class:`CallCost`.
 
 :class:`Accounting` keeps no state per call. When a call finishes, :meth:`Accounting.settle`
-reads the frozen :class:`~swiftclient._attempt.AttemptResult` of each attempt the call kept,
-prices them with :meth:`CallCost.from_attempts` and adds the cost to the running
-:class:`HedgeStats`. A call that never finishes (a stream its caller never closes) leaves
-nothing behind here: its results go with it.
+reads the call's frozen :class:`~swiftclient._stream.CallRecord` (the
+:class:`~swiftclient._attempt.AttemptResult` of each attempt, and the winner), prices them
+with :meth:`CallCost.from_attempts` and adds the cost to the running :class:`HedgeStats`.
+A call that never finishes (a stream its caller never closes) leaves nothing behind here:
+its results go with it.
 
 How an attempt's end is read:
 
@@ -28,7 +29,7 @@ from ._policies import prompt_chars
 
 if TYPE_CHECKING:
     from ._attempt import AttemptResult
-    from ._stream import Call
+    from ._stream import CallRecord
 
 __all__ = ["Accounting", "attempt_record"]
 
@@ -57,22 +58,17 @@ class Accounting:
             self.stats.reset()
         return copy
 
-    def settle(self, call: Call) -> CallCost:
-        """The finished ``call``'s cost (from the results of its ended attempts and the
-        number of the one it committed to), added to the totals."""
-        results, winner = call.results, call.winner
-        ordered = sorted(results, key=_number) if len(results) > 1 else results
-        records = [attempt_record(result, result.number == winner) for result in ordered]
+    def settle(self, record: CallRecord) -> CallCost:
+        """The finished call's cost (from its attempts' results and the one it committed
+        to), added to the totals."""
+        winner = record.winner
+        records = [attempt_record(result, result is winner) for result in record.results]
         chars = 0
         if self.pricing is not None and any(r.input_tokens is None for r in records):
-            chars = prompt_chars(call.request.messages)
+            chars = prompt_chars(record.request.messages)
         cost = CallCost.from_attempts(records, pricing=self.pricing, prompt_chars=chars)
         self.stats.add(cost)
         return cost
-
-
-def _number(result: AttemptResult) -> int:
-    return result.number
 
 
 def attempt_record(result: AttemptResult, committed: bool) -> AttemptRecord:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from types import TracebackType
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar
 
 from . import errors
 from ._accumulate import Accumulator
@@ -42,6 +42,7 @@ __all__ = [
     "CallLedger",
     "CallObserver",
     "CallPolicies",
+    "CallRecord",
     "CallTracer",
     "ChatStream",
     "deadline_exceeded",
@@ -75,11 +76,31 @@ class CallPolicies(Protocol):
         ...
 
 
+class CallRecord(NamedTuple):
+    """A finished call, frozen when it finished: what its ledger and its telemetry read
+    (built once, by :meth:`Call.finish`, and only when one of them is there to read it)."""
+
+    request: ChatRequest
+    targets: Sequence[Target]
+    streamed: bool
+    """Whether the caller asked for a stream (``Call.streamed``)."""
+    results: tuple[AttemptResult, ...]
+    """How each attempt ended, in the order they started."""
+    winner: AttemptResult | None
+    """The attempt the call committed to (None: none did)."""
+    reply: object
+    """The reply (a completion, or the stream's accumulator); None when there was none."""
+    error: BaseException | None
+    """What the call raised, if it failed."""
+    timing: Timing
+    """The call's timing as measured (its ``cost`` is set after the ledger settles)."""
+
+
 class CallLedger(Protocol):
     """Settles a finished call's cost (the client's accounting)."""
 
-    def settle(self, call: Call) -> CallCost:
-        """The cost of ``call``, which just finished (called once per call)."""
+    def settle(self, record: CallRecord) -> CallCost:
+        """The cost of the call that just finished (called once per call)."""
         ...
 
 
@@ -100,8 +121,8 @@ class CallObserver(AttemptObserver, Protocol):
         ``refused`` (:class:`~swiftclient.RateLimited`: nothing was sent)."""
         ...
 
-    def end(self, call: Call, exc: BaseException | None) -> None:
-        """The call finished (called once), with the error it raised, if any."""
+    def end(self, record: CallRecord) -> None:
+        """The call finished (called once); ``record.error`` is what it raised, if any."""
         ...
 
 
@@ -267,18 +288,41 @@ class Call:
             hook(attempt)
 
     def finish(self, exc: BaseException | None = None, *, now: float | None = None) -> None:
-        """Stamp the call's total time and, the first time, settle its cost and end its
+        """Stamp the call's total time and, the first time, hand its frozen
+        :class:`CallRecord` to its ledger (which prices it into ``timing.cost``) and to its
         trace (with ``exc``, or the error :meth:`failed` saw). ``now``: the end, if the
         caller has just read the clock."""
-        self.timing.total = (self.now() if now is None else now) - self.started
-        ledger = self.ledger
+        timing = self.timing
+        timing.total = (self.now() if now is None else now) - self.started
+        ledger, trace = self.ledger, self.trace
+        if ledger is None and trace is None:
+            return
+        self.ledger = self.trace = None
+        record = self.record(exc if exc is not None else self.error)
         if ledger is not None:
-            self.ledger = None
-            self.timing.cost = ledger.settle(self)
-        trace = self.trace
+            timing.cost = ledger.settle(record)
         if trace is not None:
-            self.trace = None
-            trace.end(self, exc if exc is not None else self.error)
+            trace.end(record)
+
+    def record(self, error: BaseException | None) -> CallRecord:
+        """The call as it stands, frozen (its attempts' results in the order they started)."""
+        results = self.results
+        if len(results) > 1:
+            results = sorted(results, key=_number)
+        number = self.winner
+        winner = None
+        if number:
+            winner = next((r for r in results if r.number == number), None)
+        return CallRecord(
+            self.request,
+            self.targets,
+            self.streamed,
+            tuple(results),
+            winner,
+            self.reply,
+            error,
+            self.timing,
+        )
 
     def failed(self, exc: BaseException) -> None:
         """The call is raising ``exc``: attach its attempts to an :class:`APIError`."""
@@ -415,6 +459,10 @@ class Call:
 
 def _always() -> bool:
     return True
+
+
+def _number(result: AttemptResult) -> int:
+    return result.number
 
 
 class ChatStream:

@@ -53,8 +53,8 @@ from .types import ChatCompletion
 
 if TYPE_CHECKING:
     from ._attempt import AttemptRun, Target
-    from ._stream import Call
-    from .types import Message, ToolCall, Usage
+    from ._stream import Call, CallRecord
+    from .types import Message, Timing, ToolCall, Usage
 
 __all__ = [
     "ADMISSION_WAIT_BUCKETS",
@@ -493,19 +493,19 @@ class CallTrace:
                 "swiftclient.breaker.skip", {"swiftclient.targets": [t.name for t in targets]}
             )
 
-    def end(self, call: Call, exc: BaseException | None) -> None:
+    def end(self, record: CallRecord) -> None:
         """The call finished (once): close its span and record its metrics."""
-        timing = call.timing
-        number = call.winner
-        winner = next((r for r in call.results if r.number == number), None) if number else None
+        timing = record.timing
+        winner = record.winner
         usage = winner.usage if winner is not None else None
-        reply = _Reply.of(call.reply)
+        reply = _Reply.of(record.reply)
         span = self.span
+        exc = record.error
         error = None if exc is None else error_type(exc)
         if self.recording:
             attributes: dict[str, Any] = {
                 "swiftclient.attempts": len(timing.attempts),
-                "gen_ai.request.stream": call.streamed,
+                "gen_ai.request.stream": record.streamed,
             }
             if reply is not None:
                 if reply.id:
@@ -520,7 +520,7 @@ class CallTrace:
                 attributes.update(_usage_attributes(usage))
             if timing.ttft is not None:
                 attributes["gen_ai.response.time_to_first_chunk"] = timing.ttft
-            if winner is not None and len(call.targets) > 1:
+            if winner is not None and len(record.targets) > 1:
                 attributes["swiftclient.target"] = winner.target
             if error is not None:
                 attributes["error.type"] = error
@@ -528,13 +528,12 @@ class CallTrace:
             span.set_attributes(attributes)
         span.end()
         if self.metered:
-            self._record(call, error, usage, reply)
+            self._record(timing, error, usage, reply)
 
     def _record(
-        self, call: Call, error: str | None, usage: Usage | None, reply: _Reply | None
+        self, timing: Timing, error: str | None, usage: Usage | None, reply: _Reply | None
     ) -> None:
         instruments = self._telemetry.instruments
-        timing = call.timing
         attributes: dict[str, Any] = self._info.attributes
         if (reply is not None and reply.model) or error is not None:
             attributes = dict(attributes)
