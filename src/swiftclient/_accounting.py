@@ -88,9 +88,9 @@ def attempt_record(result: AttemptResult, committed: bool) -> AttemptRecord:
         outcome = "lost"
     usage = result.usage
     if usage is None:
-        return AttemptRecord(result.target, outcome, result.trigger == "hedge", sent)
+        return AttemptRecord(result.target.name, outcome, result.trigger == "hedge", sent)
     return AttemptRecord(
-        result.target,
+        result.target.name,
         outcome,
         result.trigger == "hedge",
         sent,

@@ -73,8 +73,8 @@ class AttemptResult(NamedTuple):
 
     number: int
     """1-based position among the call's attempts."""
-    target: str
-    """``"backend/model"`` (:attr:`Target.name`)."""
+    target: Target
+    """Where it went (its :attr:`~Target.name` is ``"backend/model"``)."""
     trigger: Literal["first", "hedge", "fallback", "retry"]
     outcome: Outcome
     """``won`` (the call took its output), ``lost``, ``cancelled`` or ``failed``."""

@@ -276,7 +276,7 @@ class Call:
                 record.status_code = error.status_code
         attempt.result = result = AttemptResult(
             number,
-            attempt.target.name,
+            attempt.target,
             record.trigger,
             OUTCOME_OF[outcome],
             usage,

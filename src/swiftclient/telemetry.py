@@ -521,7 +521,7 @@ class CallTrace:
             if timing.ttft is not None:
                 attributes["gen_ai.response.time_to_first_chunk"] = timing.ttft
             if winner is not None and len(record.targets) > 1:
-                attributes["swiftclient.target"] = winner.target
+                attributes["swiftclient.target"] = winner.target.name
             if error is not None:
                 attributes["error.type"] = error
                 span.set_status(Status(StatusCode.ERROR, error))
