@@ -32,7 +32,7 @@ from swiftclient.testing import Reply
 
 from .mock import HELD, client_for, providers
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("transport")]
 PER_TOKEN = Pricing({"*": Price(per_input_token=0.001, per_output_token=0.002)})
 PER_REQUEST = Pricing({"a/*": Price(per_request=0.01), "b/*": Price(per_request=0.02)})
 PROMPT = "hello there, how are you today?"
@@ -51,6 +51,15 @@ async def hedged(client: AsyncClient, streamed: bool) -> ChatCompletion:
 
 
 # --------------------------------------------------------------------------- per call
+
+
+async def test_the_calls_here_run_over_the_transport_the_fixture_chose(transport: str) -> None:
+    # Each test in this module runs over aiohttp (asyncio only) and over httpx.
+    async with providers("a") as fakes, client_for(fakes) as client:
+        await client.chat(PROMPT, model="a/m")
+        backend = client.backends["a"]
+        assert isinstance(backend, HTTPBackend)
+        assert backend.complete_cancels_cleanly == (transport == "aiohttp")
 
 
 @pytest.mark.parametrize("streamed", [True, False])

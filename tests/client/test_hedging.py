@@ -34,7 +34,7 @@ from swiftclient.testing import FakeProvider, Reply
 
 from .mock import HELD, NO_RETRY, Gated, Recorder, client_for, providers
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("transport")]
 RELEASE_LIMIT = 30.0  # seconds; bounds waiting for cleanup, never a speed assertion
 
 
