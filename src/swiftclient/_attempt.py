@@ -335,10 +335,6 @@ class AttemptRun:
             outcome = "error"
         self._call.ended(self, outcome, duration, usage)
 
-    def commit(self) -> None:
-        """The call takes this attempt's output."""
-        self._call.commit(self)
-
     def _first_token(self, now: float, *, streamed: bool = True) -> None:
         self.first_token_at = now
         if streamed:  # a whole reply's time is the record's ``duration``

@@ -264,8 +264,7 @@ class Call:
         one had committed."""
         record = attempt.record
         number = record.number
-        winner = self.winner
-        if outcome == "cancelled" and winner and winner != number:
+        if outcome == "cancelled" and self.winner not in (0, number):
             outcome = "lost"
         error = attempt.error
         record.duration = duration
@@ -275,13 +274,7 @@ class Call:
             if isinstance(error, errors.APIStatusError):
                 record.status_code = error.status_code
         attempt.result = result = AttemptResult(
-            number,
-            attempt.target,
-            record.trigger,
-            OUTCOME_OF[outcome],
-            usage,
-            error,
-            duration,
+            number, attempt.target, record.trigger, OUTCOME_OF[outcome], usage, error, duration
         )
         self.results.append(result)
         for hook in self.hooks.on_end:
@@ -298,31 +291,25 @@ class Call:
         if ledger is None and trace is None:
             return
         self.ledger = self.trace = None
-        record = self.record(exc if exc is not None else self.error)
-        if ledger is not None:
-            timing.cost = ledger.settle(record)
-        if trace is not None:
-            trace.end(record)
-
-    def record(self, error: BaseException | None) -> CallRecord:
-        """The call as it stands, frozen (its attempts' results in the order they started)."""
         results = self.results
         if len(results) > 1:
-            results = sorted(results, key=_number)
-        number = self.winner
-        winner = None
-        if number:
-            winner = next((r for r in results if r.number == number), None)
-        return CallRecord(
+            results = sorted(results, key=_number)  # the order they started
+        won = next((r for r in results if r.number == self.winner), None)
+        error = exc if exc is not None else self.error
+        record = CallRecord(
             self.request,
             self.targets,
             self.streamed,
             tuple(results),
-            winner,
+            won,
             self.reply,
             error,
-            self.timing,
+            timing,
         )
+        if ledger is not None:
+            timing.cost = ledger.settle(record)
+        if trace is not None:
+            trace.end(record)
 
     def failed(self, exc: BaseException) -> None:
         """The call is raising ``exc``: attach its attempts to an :class:`APIError`."""
