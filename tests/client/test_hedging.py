@@ -344,6 +344,24 @@ def _scripted(
     return [attempt(i) for i in sorted(outcomes)]
 
 
+async def _two(
+    first: Callable[[str], Awaitable[int]],
+    second: Callable[[str], Awaitable[int]],
+    *,
+    delay: float,
+    may_hedge: Callable[[], bool] = lambda: True,
+) -> int:
+    """:func:`race` over two attempts, the second a hedge ``delay`` seconds after the first."""
+    return await race(
+        [first, second],
+        delay=lambda index: delay,
+        may_hedge=may_hedge,
+        max_in_flight=2,
+        commit=lambda result: None,
+        discard=_never,
+    )
+
+
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_first_attempt_failing_as_its_hedge_timer_fires_is_followed_exactly_once() -> None:
     # On asyncio the first attempt runs in the calling task and the hedge timer starts the
@@ -364,15 +382,7 @@ async def test_a_first_attempt_failing_as_its_hedge_timer_fires_is_followed_exac
         await anyio.sleep(0.1)  # past a hedge delay: a second driver would start it again
         return 2
 
-    won = await race(
-        [first, second],
-        delay=lambda index: 0.01,
-        may_hedge=lambda: True,
-        max_in_flight=2,
-        commit=lambda result: None,
-        discard=_never,
-    )
-    assert won == 2
+    assert await _two(first, second, delay=0.01) == 2
     assert started == [(1, "first"), (2, "fallback")]
 
 
@@ -403,15 +413,7 @@ async def test_no_task_outlives_a_race_whose_hedge_timer_fired_as_the_first_atte
         raise AssertionError("the first attempt answered: no hedge may start")
 
     before = asyncio.all_tasks()
-    won = await race(
-        [first, second],
-        delay=lambda index: 0.05,
-        may_hedge=lambda: True,
-        max_in_flight=2,
-        commit=lambda result: None,
-        discard=_never,
-    )
-    assert won == 1
+    assert await _two(first, second, delay=0.05) == 1
     assert asyncio.all_tasks() <= before
 
 
@@ -631,14 +633,7 @@ async def test_a_hedge_due_as_the_call_is_cancelled_spends_no_budget() -> None:
 
     with anyio.CancelScope() as outer:
         loop.call_later(0.01, outer.cancel)  # the caller cancels as the hedge comes due
-        await race(
-            [first, second],
-            delay=lambda index: 0.01,
-            may_hedge=may_hedge,
-            max_in_flight=2,
-            commit=lambda result: None,
-            discard=_never,
-        )
+        await _two(first, second, delay=0.01, may_hedge=may_hedge)
     assert outer.cancelled_caught
     assert asked == []
 
