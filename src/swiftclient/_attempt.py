@@ -242,8 +242,8 @@ class AttemptRun:
         """Whether the attempt opened a stream (its first token is a content chunk), rather
         than sending one non-streamed request."""
         self.options: RequestOptions = call.options
-        """What the attempt sends besides the request; an observer may replace it in
-        ``on_start`` (telemetry adds its trace-context headers)."""
+        """What the attempt sends besides the request; the call adds its trace's headers
+        once observers heard ``on_start`` (an observer may still replace it there)."""
 
     # ------------------------------------------------------------------ observer view
 

@@ -11,6 +11,7 @@ and a round is one attempt (one target), a sequential fallback, or a hedged race
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar
@@ -119,6 +120,11 @@ class CallObserver(AttemptObserver, Protocol):
     def admitted(self, attempt: AttemptRun, waited: float, refused: bool) -> None:
         """``attempt`` waited ``waited`` seconds for admission, and was let through or
         ``refused`` (:class:`~swiftclient.RateLimited`: nothing was sent)."""
+        ...
+
+    def headers_for(self, attempt: AttemptRun) -> dict[str, str]:
+        """Headers to send with ``attempt``'s request (its trace context), asked once, after
+        ``on_start``; the call adds them to the attempt's options."""
         ...
 
     def end(self, record: CallRecord) -> None:
@@ -243,6 +249,12 @@ class Call:
         self.timing.attempts.append(attempt.record)
         for hook in self.hooks.on_start:
             hook(attempt)
+        trace = self.trace
+        if trace is not None:
+            headers = trace.headers_for(attempt)
+            if headers:  # the call's encoding stays: every attempt reuses the bytes built once
+                options = attempt.options
+                attempt.options = replace(options, headers={**options.headers, **headers})
         return attempt
 
     def first_token(self, attempt: AttemptRun) -> None:

@@ -34,7 +34,6 @@ only on opt-in (``capture_content=True`` or
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -560,7 +559,7 @@ class CallTrace:
     # ------------------------------------------------------------------ AttemptObserver
 
     def on_start(self, attempt: AttemptRun) -> None:
-        """Start the attempt's span and put its trace context on the attempt's request."""
+        """Start the attempt's span (its context goes out through :meth:`headers_for`)."""
         trigger = attempt.record.trigger
         target = attempt.target
         parent = self.span
@@ -582,7 +581,6 @@ class CallTrace:
                 attributes=attributes,
             )
             self._attempts[attempt.number] = span
-            parent = span
         if self.metered and trigger != "first":
             counter = {
                 "retry": self._telemetry.instruments.retries,
@@ -591,12 +589,13 @@ class CallTrace:
             }.get(trigger)
             if counter is not None:
                 counter.add(1, {"swiftclient.target": target.name})
+
+    def headers_for(self, attempt: AttemptRun) -> dict[str, str]:
+        """The trace context for ``attempt``'s request: its span's, else the call's."""
         carrier: dict[str, str] = {}
-        propagate.inject(carrier, context=trace.set_span_in_context(parent))
-        if carrier:
-            options = attempt.options
-            # The call's encoding stays: every attempt reuses the bytes built once.
-            attempt.options = dataclasses.replace(options, headers={**options.headers, **carrier})
+        span = self._attempts.get(attempt.number, self.span)
+        propagate.inject(carrier, context=trace.set_span_in_context(span))
+        return carrier
 
     def on_first_token(self, attempt: AttemptRun) -> None:
         """An event on the attempt's span, with its time to first token."""
