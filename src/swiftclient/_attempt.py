@@ -69,10 +69,10 @@ class Target(NamedTuple):
 
 class AttemptResult(NamedTuple):
     """How one attempt ended, frozen when it did: what its call keeps of it, and what the
-    call's cost and its telemetry are computed from after the call."""
+    call's cost and its telemetry are computed from after the call. ``number`` and
+    ``duration`` (seconds) are its record's (:class:`~swiftclient.types.Attempt`)."""
 
     number: int
-    """1-based position among the call's attempts."""
     target: Target
     """Where it went (its :attr:`~Target.name` is ``"backend/model"``)."""
     trigger: Literal["first", "hedge", "fallback", "retry"]
@@ -83,7 +83,6 @@ class AttemptResult(NamedTuple):
     error: BaseException | None
     """What it failed with (``failed`` only)."""
     duration: float
-    """Seconds from its start to its end."""
 
 
 class AttemptObserver(Protocol):

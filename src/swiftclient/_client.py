@@ -214,8 +214,7 @@ class AsyncClient:
         # The policy objects learn from calls with several targets only: a one-target call
         # has no choice for them to make, and the plain path stays free of their cost.
         # Accounting settles every call with several targets, and every call once prices
-        # are set; an unpriced one-target call has nothing to account but its own request,
-        # and the plain path stays free of the bookkeeping.
+        # are set (an unpriced one-target call has only its own request to account).
         # Prompt-cache counts (cache_stats) are kept for every call: one cheap handler.
         self._cache = CacheAccounting()
         self._lint = PrefixLint()

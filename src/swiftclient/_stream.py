@@ -84,7 +84,6 @@ class CallRecord(NamedTuple):
     request: ChatRequest
     targets: Sequence[Target]
     streamed: bool
-    """Whether the caller asked for a stream (``Call.streamed``)."""
     results: tuple[AttemptResult, ...]
     """How each attempt ended, in the order they started."""
     winner: AttemptResult | None
@@ -92,7 +91,6 @@ class CallRecord(NamedTuple):
     reply: object
     """The reply (a completion, or the stream's accumulator); None when there was none."""
     error: BaseException | None
-    """What the call raised, if it failed."""
     timing: Timing
     """The call's timing as measured (its ``cost`` is set after the ledger settles)."""
 

@@ -157,7 +157,7 @@ async def race(
     try:
         async with anyio.create_task_group() as tg:
             state.tg = tg
-            if loop is not None and state.wait_for(1) > 0.0:
+            if loop is not None and state.first_wait > 0.0:
                 await state.first_inline(loop)
             else:
                 await state.stagger(0)
@@ -198,7 +198,7 @@ class _Race(Generic[T]):
         self.last_start = -math.inf
         self.wake = anyio.Event()
         """Set when an attempt ends (a failure, or a win with nothing else in flight)."""
-        self._first_wait: float | None = None
+        self.first_wait = delay(1) if len(attempts) > 1 else 0.0  # asked once, at the start
         self.staggering = False
         """The hedge timer started :meth:`stagger` (the calling task must not as well)."""
         self.tg: anyio.abc.TaskGroup | None = None
@@ -206,14 +206,6 @@ class _Race(Generic[T]):
     @property
     def over(self) -> bool:
         return bool(self.won or self.fatal)
-
-    def wait_for(self, index: int) -> float:
-        """The hedge delay before attempt ``index`` (asked once per attempt)."""
-        if index == 1:
-            if self._first_wait is None:
-                self._first_wait = self.delay(1)
-            return self._first_wait
-        return self.delay(index)
 
     def start(self, index: int, trigger: Trigger) -> Awaitable[T]:
         """Start attempt ``index`` now (it is numbered now, in start order)."""
@@ -260,7 +252,8 @@ class _Race(Generic[T]):
             trigger: Trigger = "first"
             if index:
                 trigger = "fallback"
-                hedge_at = self.last_start + self.wait_for(index)
+                wait = self.first_wait if index == 1 else self.delay(index)
+                hedge_at = self.last_start + wait
                 seen = len(self.failures)
                 while not self.over and self.in_flight and len(self.failures) == seen:
                     room = self.in_flight < self.max_in_flight
@@ -283,7 +276,7 @@ class _Race(Generic[T]):
         timer at the hedge time starts :meth:`stagger` in a child task, and a non-fatal
         failure before that staggers the rest from here."""
         first = self.start(0, "first")
-        timer = loop.call_at(self.last_start + self.wait_for(1), self._hedge_due)
+        timer = loop.call_at(self.last_start + self.first_wait, self._hedge_due)
         try:
             await self.run(first)
         finally:
