@@ -2,10 +2,12 @@
 
 An :class:`AttemptRun` opens its backend stream, waits for the first content token, hands
 out chunks and closes; how its reads are bounded (the asyncio :class:`ReadTimer` or a
-cancel scope) is chosen once, when it is created. Its outcome is recorded once, in
-:meth:`AttemptRun.finish`, which also tells every :class:`AttemptObserver` — breakers, the
-latency estimator, accounting and telemetry subscribe there without the call path knowing
-them.
+cancel scope) is chosen once, when it is created. It ends once, in
+:meth:`AttemptRun.finish`, which reports how to its call (``Call.ended``); the call keeps the
+frozen :class:`AttemptResult`, fills in the attempt's public record and tells every
+:class:`AttemptObserver` (breakers, the latency estimator, telemetry, your own). The attempt
+never writes the call's state itself: its start, first token, commit and end each go through
+one method of the call.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import anyio
 
 from . import errors
 from ._deadline import Deadline, ReadTimer, Timeout, deadline_watch, running_loop
-from ._outcome import OUTCOME_OF, Outcome
+from ._outcome import AttemptOutcome, Outcome
 from ._retry import retry_after_seconds
 from .backends.base import Backend, BufferedChunkIterator, RequestOptions
 from .types import Attempt, ChatCompletion, ChatCompletionChunk, ChatRequest, Usage
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AttemptObserver",
+    "AttemptResult",
     "AttemptRun",
     "Target",
     "deadline_exceeded",
@@ -62,6 +65,24 @@ class Target(NamedTuple):
     def name(self) -> str:
         """``"backend/model"``, the key breakers, estimates and prices use."""
         return f"{self.backend_name}/{self.model}"
+
+
+class AttemptResult(NamedTuple):
+    """How one attempt ended, frozen when it did: what its call keeps of it, and what the
+    call's cost and its telemetry are computed from after the call. ``number`` and
+    ``duration`` (seconds) are its record's (:class:`~swiftclient.types.Attempt`)."""
+
+    number: int
+    target: Target
+    """Where it went (its :attr:`~Target.name` is ``"backend/model"``)."""
+    trigger: Literal["first", "hedge", "fallback", "retry"]
+    outcome: Outcome
+    """``won`` (the call took its output), ``lost``, ``cancelled`` or ``failed``."""
+    usage: Usage | None
+    """Token counts the attempt reported, when it got that far."""
+    error: BaseException | None
+    """What it failed with (``failed`` only)."""
+    duration: float
 
 
 class AttemptObserver(Protocol):
@@ -159,8 +180,9 @@ def _read_timer() -> ReadTimer | None:
 
 
 class AttemptRun:
-    """One attempt against one target. The record it keeps is ``record``
-    (:class:`~swiftclient.types.Attempt`, appended to the call's ``Timing.attempts``)."""
+    """One attempt against one target. Its public record is ``record``
+    (:class:`~swiftclient.types.Attempt`, which the call keeps in ``Timing.attempts``); how
+    it ended is ``result`` (:class:`AttemptResult`, None while it runs)."""
 
     __slots__ = (
         "_answer",
@@ -178,10 +200,10 @@ class AttemptRun:
         "options",
         "record",
         "request",
+        "result",
         "started_at",
         "streamed",
         "target",
-        "usage",
     )
 
     def __init__(
@@ -206,8 +228,7 @@ class AttemptRun:
             trigger=trigger,
         )
         self.error: BaseException | None = None
-        self.usage: Usage | None = None
-        """Token counts the attempt reported, when it got that far (set before ``on_end``)."""
+        self.result: AttemptResult | None = None
         self.first_token_at: float | None = None
         self.next_nowait: Callable[[], ChatCompletionChunk | None] | None = None
         self._stack: AsyncExitStack | None = None
@@ -221,11 +242,8 @@ class AttemptRun:
         self._answer = _Answer(self.record)
         self.options: RequestOptions = dataclasses.replace(call.options, on_response=self._answer)
         """What the attempt sends besides the request, with the hook that keeps its
-        response's status and headers; an observer may replace it in ``on_start``
-        (telemetry adds its trace-context headers)."""
-        call.timing.attempts.append(self.record)
-        for hook in call.hooks.on_start:
-            hook(self)
+        response's status and headers; the call adds its trace's headers once observers
+        heard ``on_start`` (an observer may still replace it there)."""
 
     # ------------------------------------------------------------------ observer view
 
@@ -260,7 +278,14 @@ class AttemptRun:
     def outcome(self) -> Outcome:
         """``won``, ``lost`` (another attempt committed), ``cancelled``, ``failed`` or
         ``pending``."""
-        return OUTCOME_OF[self.record.outcome]
+        result = self.result
+        return "pending" if result is None else result.outcome
+
+    @property
+    def usage(self) -> Usage | None:
+        """Token counts the attempt reported, when it got that far (known once it ended)."""
+        result = self.result
+        return None if result is None else result.usage
 
     @property
     def status_code(self) -> int | None:
@@ -283,50 +308,38 @@ class AttemptRun:
         lost: bool = False,
         cancelled: bool = False,
         now: float | None = None,
+        usage: Usage | None = None,
     ) -> None:
-        """Record how the attempt ended (once) and tell the observers.
+        """End the attempt (once) and report how to the call, which keeps the result.
 
         ``lost``: it succeeded, but after another attempt had committed. ``cancelled``: it
         succeeded, but the call was cancelled before taking its output. ``now``: when it
-        ended, if the caller has just read the clock.
+        ended, if the caller has just read the clock. ``usage``: the token counts its reply
+        reported (the stream's or the completion's).
         """
-        record = self.record
-        if record.outcome != "pending":
+        if self.result is not None:
             return
-        record.duration = (self._now() if now is None else now) - self.started_at
+        duration = (self._now() if now is None else now) - self.started_at
+        outcome: AttemptOutcome
         if lost:
-            record.outcome = "lost"
-        elif cancelled:
-            record.outcome = "cancelled"
+            outcome = "lost"
+        elif cancelled or (exc is not None and isinstance(exc, _cancelled())):
+            outcome = "cancelled"  # the call tells a cancelled loser from a cancelled call
         elif exc is None:
-            record.outcome = "ok"
-        elif isinstance(exc, _cancelled()):
-            winner = self._call.winner
-            record.outcome = "lost" if winner and winner != record.number else "cancelled"
+            outcome = "ok"
         else:
             target = self.target
             if isinstance(exc, errors.APIError) and target.alias is not None:
                 exc._rename_backend(target.backend.name, target.alias)
             self.error = exc
-            record.outcome = "error"
-            record.error = type(exc).__name__
-            if isinstance(exc, errors.APIStatusError):
-                record.status_code = exc.status_code
-        for hook in self._call.hooks.on_end:
-            hook(self)
-
-    def commit(self) -> None:
-        """The call takes this attempt's output."""
-        self._call.winner = self.record.number
-        for hook in self._call.hooks.on_commit:
-            hook(self)
+            outcome = "error"
+        self._call.ended(self, outcome, duration, usage)
 
     def _first_token(self, now: float, *, streamed: bool = True) -> None:
         self.first_token_at = now
         if streamed:  # a whole reply's time is the record's ``duration``
             self.record.ttft = now - self.started_at
-        for hook in self._call.hooks.on_first_token:
-            hook(self)
+        self._call.first_token(self)
 
     # ------------------------------------------------------------------ bounded waits
 
@@ -448,25 +461,23 @@ class AttemptRun:
         return buffered
 
     async def close(
-        self, exc: BaseException | None = None, *, lost: bool = False, cancelled: bool = False
+        self,
+        exc: BaseException | None = None,
+        *,
+        lost: bool = False,
+        cancelled: bool = False,
+        usage: Usage | None = None,
     ) -> None:
-        """Release the stream (shielded, bounded) and record the outcome (idempotent)."""
+        """Release the stream (shielded, bounded) and end the attempt (idempotent)."""
         stack, self._stack = self._stack, None
         if stack is not None:
             if self._timer is not None:
                 self._timer.close()
             with anyio.move_on_after(_CLOSE_GRACE, shield=True):
                 await stack.aclose()
-        self.finish(exc, lost=lost, cancelled=cancelled)
+        self.finish(exc, lost=lost, cancelled=cancelled, usage=usage)
         if self._permit is not None:
             await self._settle(self.usage)
-
-    async def discard(self) -> None:
-        """Release an attempt whose output the call does not take: one that succeeded after
-        another one committed (lost), or the committed one of a call cancelled before it
-        returned (cancelled)."""
-        won = self._call.winner == self.record.number
-        await self.close(lost=not won, cancelled=won)
 
     async def complete(self) -> ChatCompletion:
         """Run the attempt as one non-streamed request, bounded by the deadline.

@@ -213,25 +213,14 @@ class AsyncClient:
         hooks: list[AttemptObserver] = [self.policies] if self.policies.observes else []
         # The policy objects learn from calls with several targets only: a one-target call
         # has no choice for them to make, and the plain path stays free of their cost.
-        # Accounting sees every call with several targets, and every call once prices are
-        # set; an unpriced one-target call has nothing to account but its own request, and
-        # the plain path stays free of the bookkeeping (measured: about 10% of its CPU).
-        accounts_plain = pricing is not None
+        # Accounting settles every call with several targets, and every call once prices
+        # are set (an unpriced one-target call has only its own request to account).
         # Prompt-cache counts (cache_stats) are kept for every call: one cheap handler.
         self._cache = CacheAccounting()
         self._lint = PrefixLint()
-        self._observers: tuple[AttemptObserver, ...] = (
-            *hooks,
-            self._accounting,
-            self._cache,
-            *observers,
-        )
-        self._plain_observers: tuple[AttemptObserver, ...] = (
-            (self._accounting, self._cache, *observers)
-            if accounts_plain
-            else (self._cache, *observers)
-        )
-        self._plain_ledger = self._accounting if accounts_plain else None
+        self._observers: tuple[AttemptObserver, ...] = (*hooks, self._cache, *observers)
+        self._plain_observers: tuple[AttemptObserver, ...] = (self._cache, *observers)
+        self._plain_ledger = self._accounting if pricing is not None else None
         self._hooks = Hooks.of(self._observers)
         self._plain_hooks = Hooks.of(self._plain_observers)
         if isinstance(telemetry, NotGiven):

@@ -11,14 +11,16 @@ and a round is one attempt (one target), a sequential fallback, or a hedged race
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from functools import partial
 from types import TracebackType
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar
 
 from . import errors
 from ._accumulate import Accumulator
 from ._attempt import (
     AttemptObserver,
+    AttemptResult,
     AttemptRun,
     Hooks,
     Target,
@@ -27,10 +29,11 @@ from ._attempt import (
 )
 from ._cost import CallCost
 from ._deadline import Deadline
+from ._outcome import OUTCOME_OF, AttemptOutcome
 from ._retry import RetryPolicy, retry_after, run_with_retries
 from .backends.base import RequestOptions
 from .hedging import Hedge, StartAttempt, Trigger, fallback, race
-from .types import ChatCompletion, ChatCompletionChunk, ChatRequest, Timing
+from .types import ChatCompletion, ChatCompletionChunk, ChatRequest, Timing, Usage
 
 if TYPE_CHECKING:
     from .admission import Admission
@@ -40,6 +43,7 @@ __all__ = [
     "CallLedger",
     "CallObserver",
     "CallPolicies",
+    "CallRecord",
     "CallTracer",
     "ChatStream",
     "deadline_exceeded",
@@ -73,11 +77,29 @@ class CallPolicies(Protocol):
         ...
 
 
+class CallRecord(NamedTuple):
+    """A finished call, frozen when it finished: what its ledger and its telemetry read
+    (built once, by :meth:`Call.finish`, and only when one of them is there to read it)."""
+
+    request: ChatRequest
+    targets: Sequence[Target]
+    streamed: bool
+    results: tuple[AttemptResult, ...]
+    """How each attempt ended, in the order they started."""
+    winner: AttemptResult | None
+    """The attempt the call committed to (None: none did)."""
+    reply: object
+    """The reply (a completion, or the stream's accumulator); None when there was none."""
+    error: BaseException | None
+    timing: Timing
+    """The call's timing as measured (its ``cost`` is set after the ledger settles)."""
+
+
 class CallLedger(Protocol):
     """Settles a finished call's cost (the client's accounting)."""
 
-    def settle(self, call: Call) -> CallCost:
-        """The cost of ``call``, which just finished (called once per call)."""
+    def settle(self, record: CallRecord) -> CallCost:
+        """The cost of the call that just finished (called once per call)."""
         ...
 
 
@@ -98,8 +120,13 @@ class CallObserver(AttemptObserver, Protocol):
         ``refused`` (:class:`~swiftclient.RateLimited`: nothing was sent)."""
         ...
 
-    def end(self, call: Call, exc: BaseException | None) -> None:
-        """The call finished (called once), with the error it raised, if any."""
+    def headers_for(self, attempt: AttemptRun) -> dict[str, str]:
+        """Headers to send with ``attempt``'s request (its trace context), asked once, after
+        ``on_start``; the call adds them to the attempt's options."""
+        ...
+
+    def end(self, record: CallRecord) -> None:
+        """The call finished (called once); ``record.error`` is what it raised, if any."""
         ...
 
 
@@ -129,6 +156,7 @@ class Call:
         "policy",
         "reply",
         "request",
+        "results",
         "_round_targets",
         "started",
         "streamed",
@@ -181,6 +209,8 @@ class Call:
         self.winner = 0
         """The number of the committed attempt (0: none yet); a number, not the attempt, so
         that a call and its attempts form no reference cycle."""
+        self.results: list[AttemptResult] = []
+        """How each ended attempt ended, in the order they ended (frozen)."""
         self._round_targets = self.targets
         self.error: BaseException | None = None
         self.reply: object = None
@@ -205,28 +235,91 @@ class Call:
         return self.targets[0].backend_name
 
     def attempt(self, target: Target, trigger: Trigger = "first") -> AttemptRun:
-        """Start recording a new attempt on ``target``."""
+        """Start a new attempt on ``target``: number it, keep its record, tell observers."""
         self.numbered += 1
         request = self.request
         if request.model != target.model:
             request = request_for(request, target)
         if trigger == "first" and self.numbered > 1:  # the first attempt of a later round
-            return AttemptRun(self, target, request, self.numbered, "retry")
-        return AttemptRun(self, target, request, self.numbered, trigger)
-
-    def finish(self, exc: BaseException | None = None, *, now: float | None = None) -> None:
-        """Stamp the call's total time and, the first time, settle its cost and end its
-        trace (with ``exc``, or the error :meth:`failed` saw). ``now``: the end, if the
-        caller has just read the clock."""
-        self.timing.total = (self.now() if now is None else now) - self.started
-        ledger = self.ledger
-        if ledger is not None:
-            self.ledger = None
-            self.timing.cost = ledger.settle(self)
+            attempt = AttemptRun(self, target, request, self.numbered, "retry")
+        else:
+            attempt = AttemptRun(self, target, request, self.numbered, trigger)
+        self.timing.attempts.append(attempt.record)
+        for hook in self.hooks.on_start:
+            hook(attempt)
         trace = self.trace
         if trace is not None:
-            self.trace = None
-            trace.end(self, exc if exc is not None else self.error)
+            headers = trace.headers_for(attempt)
+            if headers:  # the call's encoding stays: every attempt reuses the bytes built once
+                options = attempt.options
+                attempt.options = replace(options, headers={**options.headers, **headers})
+        return attempt
+
+    def first_token(self, attempt: AttemptRun) -> None:
+        """``attempt`` delivered its first content token (non-streamed: its whole reply)."""
+        for hook in self.hooks.on_first_token:
+            hook(attempt)
+
+    def commit(self, attempt: AttemptRun) -> None:
+        """The call takes ``attempt``'s output; every other attempt is being cancelled."""
+        self.winner = attempt.record.number
+        for hook in self.hooks.on_commit:
+            hook(attempt)
+
+    def ended(
+        self, attempt: AttemptRun, outcome: AttemptOutcome, duration: float, usage: Usage | None
+    ) -> None:
+        """``attempt`` ended (it calls this once, from ``finish``): keep its frozen result,
+        complete its public record, tell observers. A cancelled attempt lost when another
+        one had committed."""
+        record = attempt.record
+        number = record.number
+        if outcome == "cancelled" and self.winner not in (0, number):
+            outcome = "lost"
+        error = attempt.error
+        record.duration = duration
+        record.outcome = outcome
+        if error is not None:
+            record.error = type(error).__name__
+            if isinstance(error, errors.APIStatusError):
+                record.status_code = error.status_code
+        attempt.result = result = AttemptResult(
+            number, attempt.target, record.trigger, OUTCOME_OF[outcome], usage, error, duration
+        )
+        self.results.append(result)
+        for hook in self.hooks.on_end:
+            hook(attempt)
+
+    def finish(self, exc: BaseException | None = None, *, now: float | None = None) -> None:
+        """Stamp the call's total time and, the first time, hand its frozen
+        :class:`CallRecord` to its ledger (which prices it into ``timing.cost``) and to its
+        trace (with ``exc``, or the error :meth:`failed` saw). ``now``: the end, if the
+        caller has just read the clock."""
+        timing = self.timing
+        timing.total = (self.now() if now is None else now) - self.started
+        ledger, trace = self.ledger, self.trace
+        if ledger is None and trace is None:
+            return
+        self.ledger = self.trace = None
+        results = self.results
+        if len(results) > 1:
+            results = sorted(results, key=_number)  # the order they started
+        won = next((r for r in results if r.number == self.winner), None)
+        error = exc if exc is not None else self.error
+        record = CallRecord(
+            self.request,
+            self.targets,
+            self.streamed,
+            tuple(results),
+            won,
+            self.reply,
+            error,
+            timing,
+        )
+        if ledger is not None:
+            timing.cost = ledger.settle(record)
+        if trace is not None:
+            trace.end(record)
 
     def failed(self, exc: BaseException) -> None:
         """The call is raising ``exc``: attach its attempts to an :class:`APIError`."""
@@ -234,6 +327,18 @@ class Call:
             self.error = exc
         if isinstance(exc, errors.APIError):
             exc._record_attempts(self.timing.attempts)
+
+    def _commit(self, result: tuple[AttemptRun, object]) -> None:
+        self.commit(result[0])
+
+    async def _discard(self, result: tuple[AttemptRun, object]) -> None:
+        """Release an attempt whose output the call does not take: one that succeeded after
+        another one committed (lost), or the committed one of a call cancelled before it
+        returned (cancelled)."""
+        attempt, value = result
+        usage = value.usage if isinstance(value, ChatCompletion) else None
+        won = self.winner == attempt.record.number
+        await attempt.close(lost=not won, cancelled=won, usage=usage)
 
     # ------------------------------------------------------------------ rounds
 
@@ -271,8 +376,8 @@ class Call:
             delay=delay,
             may_hedge=may_hedge,
             max_in_flight=hedge.max_attempts,
-            commit=_commit,
-            discard=_discard,
+            commit=self._commit,
+            discard=self._discard,
         )
 
     def _plan(self) -> list[Target]:
@@ -336,10 +441,9 @@ class Call:
                     self.policy, self.deadline, self.complete_round
                 )
             if not self.winner:
-                attempt.commit()
-            attempt.usage = completion.usage
+                self.commit(attempt)
             ended = attempt.first_token_at  # the reply's arrival: the attempt's end
-            attempt.finish(None, now=ended)
+            attempt.finish(None, now=ended, usage=completion.usage)
         except BaseException as exc:
             self.failed(exc)
             self.finish(exc)
@@ -354,15 +458,8 @@ def _always() -> bool:
     return True
 
 
-def _commit(result: tuple[AttemptRun, object]) -> None:
-    result[0].commit()
-
-
-async def _discard(result: tuple[AttemptRun, object]) -> None:
-    attempt, value = result
-    if isinstance(value, ChatCompletion):
-        attempt.usage = value.usage
-    await attempt.discard()
+def _number(result: AttemptResult) -> int:
+    return result.number
 
 
 class ChatStream:
@@ -415,7 +512,7 @@ class ChatStream:
             call.finish(exc)
             raise
         if not call.winner:
-            attempt.commit()
+            call.commit(attempt)
         self._attempt = attempt
         self._request = attempt.request
         self._next = attempt.next
@@ -440,8 +537,7 @@ class ChatStream:
         if attempt is None:
             return
         self._done = True
-        attempt.usage = self._accumulator.usage
-        await attempt.close(exc)
+        await attempt.close(exc, usage=self._accumulator.usage)
         self._call.finish(exc)
 
     # ------------------------------------------------------------------ iteration
@@ -462,15 +558,13 @@ class ChatStream:
         except BaseException as exc:
             self._done = True
             if self._attempt is not None:
-                self._attempt.usage = self._accumulator.usage
-                self._attempt.finish(exc)
+                self._attempt.finish(exc, usage=self._accumulator.usage)
             self._call.failed(exc)
             raise
         if next_chunk is None:
             self._done = True
             if self._attempt is not None:
-                self._attempt.usage = self._accumulator.usage
-                self._attempt.finish(None)
+                self._attempt.finish(None, usage=self._accumulator.usage)
             self._call.finish()
             raise StopAsyncIteration
         if self._accumulator.add(next_chunk):

@@ -6,9 +6,10 @@ call path supplies them, one per target, in order.
 
 - :func:`fallback` runs targets one after another: a non-fatal failure moves to the next
   target at once, a fatal one ends the call.
-- :func:`race` staggers attempts inside one task group: the next target starts when the
-  hedge delay has passed (and the budget allows a hedge) or at once when an attempt fails
-  non-fatally. The first attempt to succeed commits, and every other one is cancelled.
+- :func:`race` staggers attempts inside one task group, like a happy-eyeballs connect: the
+  next target starts when the hedge delay has passed (and the budget allows a hedge) or at
+  once when an attempt fails non-fatally. The first attempt to succeed commits, and every
+  other one is cancelled.
 """
 
 from __future__ import annotations
@@ -132,35 +133,34 @@ async def race(
 ) -> T:
     """Staggered attempts in one task group; the first to succeed commits.
 
-    Each attempt is called with its :data:`Trigger` when it starts.
-    ``delay(i)`` is how long after attempt ``i - 1`` started attempt ``i`` starts as a hedge;
-    ``may_hedge()`` is asked just before a hedge (a budget may refuse it; then only a failure
-    starts the next attempt). A non-fatal failure starts the next attempt at once; a fatal
-    one cancels the rest and is raised. ``commit(result)`` runs for the winner before the
-    others are cancelled; ``discard(result)`` releases a result that finished after the
+    Shaped like a happy-eyeballs connect: start an attempt, then wait for a failure or for
+    the hedge delay, whichever comes first, and start the next. ``delay(i)`` is how long
+    after attempt ``i - 1`` started attempt ``i`` starts as a hedge; ``may_hedge()`` is
+    asked just before a hedge (a budget may refuse it; then only a failure starts the next
+    attempt); at most ``max_in_flight`` run at once. Each attempt is called with its
+    :data:`Trigger` when it starts. A non-fatal failure starts the next attempt at once; a
+    fatal one cancels the rest and is raised. ``commit(result)`` runs for the winner before
+    the others are cancelled; ``discard(result)`` releases a result that finished after the
     winner, and the winner itself when the race is cancelled from outside before it can
     return it. With every attempt failed, the last failure is raised.
 
-    On asyncio the first attempt runs in the calling task itself and a loop timer starts
-    the rest when the hedge delay passes, so a call whose first attempt answers in time
-    spawns no task (most calls, with a delay at a high quantile). On trio, with one
-    attempt, or with a zero delay, every attempt runs in a child task.
+    One branch, on asyncio with a positive delay: the first attempt runs in the calling
+    task, and a loop timer starts the staggering of the others in a child task only if it
+    outlives the delay (a failure before that staggers them from the calling task). A call
+    whose first attempt answers in time, most calls with the delay at a high quantile, so
+    spawns no task. On trio, or with a zero delay, every attempt runs in a child task.
     """
     if not attempts:
         raise errors.ConfigurationError("a call needs at least one target")
     state = _Race(attempts, delay, may_hedge, max_in_flight, commit, discard)
-    loop = running_loop() if len(attempts) > 1 and max_in_flight > 1 else None
+    loop = running_loop() if len(attempts) > 1 else None
     try:
         async with anyio.create_task_group() as tg:
             state.tg = tg
-            try:
-                if loop is None:
-                    await state.drive(0)
-                else:
-                    await state.first_inline(loop)
-            finally:
-                state.closed = True
-                await state.join_hop()
+            if loop is not None and state.first_wait > 0.0:
+                await state.first_inline(loop)
+            else:
+                await state.stagger(0)
     except BaseException:
         if state.won:  # committed, then cancelled from outside while the losers closed
             with anyio.CancelScope(shield=True):
@@ -197,37 +197,37 @@ class _Race(Generic[T]):
         self.in_flight = 0
         self.last_start = -math.inf
         self.wake = anyio.Event()
-        self.driving = False
-        """Someone runs :meth:`drive` (set by whoever starts it, before it starts)."""
-        self.closed = False
-        """The task group has exited: nothing may start in it any more."""
-        self._hop: asyncio.Task[None] | None = None
-        self.hedge_at: float | None = None
-        """When the inline first attempt's hedge is due (its timer's time), once known."""
+        """Set when an attempt ends (a failure, or a win with nothing else in flight)."""
+        self.first_wait = delay(1) if len(attempts) > 1 else 0.0  # asked once, at the start
+        self.staggering = False
+        """The hedge timer started :meth:`stagger` (the calling task must not as well)."""
         self.tg: anyio.abc.TaskGroup | None = None
 
     @property
     def over(self) -> bool:
         return bool(self.won or self.fatal)
 
-    def _start(self, index: int, trigger: Trigger) -> Awaitable[T]:
+    def start(self, index: int, trigger: Trigger) -> Awaitable[T]:
+        """Start attempt ``index`` now (it is numbered now, in start order)."""
         self.in_flight += 1
         self.last_start = anyio.current_time()
-        # Called here, not in a child task: attempts are numbered in start order.
         return self.attempts[index](trigger)
 
-    def _failed(self, exc: Exception) -> None:
-        self.in_flight -= 1
-        if is_fatal(exc):
-            if not self.over:
+    async def run(self, attempt: Awaitable[T]) -> None:
+        """Run one started attempt to its end: a win commits and cancels the others, a fatal
+        failure cancels them all, a result after the race was decided is discarded."""
+        try:
+            result = await attempt
+        except Exception as exc:
+            self.in_flight -= 1
+            if not is_fatal(exc):
+                self.failures.append(exc)
+            elif not self.over:
                 self.fatal.append(exc)
                 assert self.tg is not None
                 self.tg.cancel_scope.cancel()
-        else:
-            self.failures.append(exc)
-        self.wake.set()
-
-    async def _succeeded(self, result: T) -> None:
+            self.wake.set()
+            return
         self.in_flight -= 1
         if self.over:
             with anyio.CancelScope(shield=True):
@@ -239,94 +239,55 @@ class _Race(Generic[T]):
             assert self.tg is not None
             self.tg.cancel_scope.cancel()  # the other attempts lose
         else:
-            self.wake.set()  # nothing else runs: a waiting driver ends without a cancellation
+            self.wake.set()  # nothing else runs: a waiting loop ends without a cancellation
 
-    async def _run(self, attempt: Awaitable[T]) -> None:
-        try:
-            result = await attempt
-        except Exception as exc:
-            self._failed(exc)
-            return
-        await self._succeeded(result)
-
-    async def drive(self, start: int) -> None:
-        """Start attempts ``start``, ``start + 1``, ... as child tasks, each when the hedge
-        delay since the previous start passed (and the budget allows) or at once when an
-        attempt failed, until one wins, one fails fatally, or none is left."""
+    async def stagger(self, start: int) -> None:
+        """Start attempts ``start``, ``start + 1``, ... as child tasks: each once an attempt
+        failed, or once the hedge delay since the previous start passed (if the budget
+        allows and fewer than ``max_in_flight`` run), until one wins, one fails fatally, or
+        none is left."""
         tg = self.tg
         assert tg is not None
         for index in range(start, len(self.attempts)):
             trigger: Trigger = "first"
             if index:
                 trigger = "fallback"
-                hedge_at = self.hedge_at if index == 1 and self.hedge_at is not None else None
-                if hedge_at is None:
-                    hedge_at = self.last_start + self.delay(index)
+                wait = self.first_wait if index == 1 else self.delay(index)
+                hedge_at = self.last_start + wait
                 seen = len(self.failures)
                 while not self.over and self.in_flight and len(self.failures) == seen:
-                    if self.in_flight < self.max_in_flight and anyio.current_time() >= hedge_at:
-                        # A call being cancelled spends no budget on a hedge (the timer's
-                        # driver can start in the turn the caller is cancelled).
+                    room = self.in_flight < self.max_in_flight
+                    if room and anyio.current_time() >= hedge_at:
+                        # A call being cancelled spends no budget on a hedge.
                         await anyio.lowlevel.checkpoint_if_cancelled()
                         if self.may_hedge():
                             trigger = "hedge"
                             break
                         hedge_at = math.inf
                     self.wake = anyio.Event()
-                    until = hedge_at if self.in_flight < self.max_in_flight else math.inf
-                    with anyio.CancelScope(deadline=until):
+                    with anyio.CancelScope(deadline=hedge_at if room else math.inf):
                         await self.wake.wait()
                 if self.over:
-                    break
-            tg.start_soon(self._run, self._start(index, trigger))
+                    return
+            tg.start_soon(self.run, self.start(index, trigger))
 
     async def first_inline(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Run the first attempt in this task; a loop timer starts :meth:`drive` in a child
-        task once the hedge delay passes, and a non-fatal failure before that drives the
-        rest from here."""
-        wait = self.delay(1)
-        if wait <= 0.0:  # every target at once: each in its own task
-            await self.drive(0)
-            return
-        first = self._start(0, "first")
-        hedge_at = self.hedge_at = self.last_start + wait
-        handle = loop.call_at(hedge_at, self._hedge_due)
+        """The asyncio branch of :func:`race`: run the first attempt in this task; a loop
+        timer at the hedge time starts :meth:`stagger` in a child task, and a non-fatal
+        failure before that staggers the rest from here."""
+        first = self.start(0, "first")
+        timer = loop.call_at(self.last_start + self.first_wait, self._hedge_due)
         try:
-            result = await first
-        except Exception as exc:
-            handle.cancel()
-            self._failed(exc)
-            if not self.driving and not self.over:  # no driver yet: this task drives
-                self.driving = True
-                await self.drive(1)
-            return
+            await self.run(first)
         finally:
-            handle.cancel()
-        await self._succeeded(result)
+            timer.cancel()
+        if not (self.staggering or self.over):
+            await self.stagger(1)
 
     def _hedge_due(self) -> None:
-        """The loop timer: the first attempt outlived the hedge delay.
-
-        A loop callback runs outside any task, where the task group cannot start one; a
-        one-step asyncio task hops into task context and starts :meth:`drive` in the task
-        group (unless the race ended meanwhile). The race keeps a reference to it until it
-        has run.
-        """
-        if self.driving or self.over or self._hop is not None:
-            return
-        self._hop = asyncio.get_running_loop().create_task(self._start_driver())
-
-    async def join_hop(self) -> None:
-        """Wait for the timer's hop task if it has not run yet, so that no task outlives
-        the race (it starts nothing now: the race is closed). It is pending only when the
-        timer fired in the loop turn in which the race ended."""
-        hop = self._hop
-        if hop is not None and not hop.done():
-            with anyio.CancelScope(shield=True):
-                await hop
-
-    async def _start_driver(self) -> None:
-        tg = self.tg
-        if tg is not None and not (self.driving or self.over or self.closed):
-            self.driving = True
-            tg.start_soon(self.drive, 1)
+        """The hedge timer (a loop callback: it fires only while :meth:`first_inline` awaits
+        the first attempt, so the task group is open)."""
+        if not self.over:
+            self.staggering = True
+            assert self.tg is not None
+            self.tg.start_soon(self.stagger, 1)

@@ -34,7 +34,6 @@ only on opt-in (``capture_content=True`` or
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -53,8 +52,8 @@ from .types import ChatCompletion
 
 if TYPE_CHECKING:
     from ._attempt import AttemptRun, Target
-    from ._stream import Call
-    from .types import Message, ToolCall, Usage
+    from ._stream import Call, CallRecord
+    from .types import Message, Timing, ToolCall, Usage
 
 __all__ = [
     "ADMISSION_WAIT_BUCKETS",
@@ -407,7 +406,7 @@ class Telemetry:
 class CallTrace:
     """One call's span, its attempts' spans and its metrics; an attempt observer."""
 
-    __slots__ = ("_attempts", "_info", "_telemetry", "_winner", "metered", "recording", "span")
+    __slots__ = ("_attempts", "_info", "_telemetry", "metered", "recording", "span")
 
     def __init__(
         self,
@@ -424,7 +423,6 @@ class CallTrace:
         self.recording = recording
         self.metered = metered
         self._attempts: dict[int, trace.Span] = {}
-        self._winner: AttemptRun | None = None
 
     # ------------------------------------------------------------------ call span
 
@@ -494,18 +492,19 @@ class CallTrace:
                 "swiftclient.breaker.skip", {"swiftclient.targets": [t.name for t in targets]}
             )
 
-    def end(self, call: Call, exc: BaseException | None) -> None:
+    def end(self, record: CallRecord) -> None:
         """The call finished (once): close its span and record its metrics."""
-        timing = call.timing
-        winner = self._winner
+        timing = record.timing
+        winner = record.winner
         usage = winner.usage if winner is not None else None
-        reply = _Reply.of(call.reply)
+        reply = _Reply.of(record.reply)
         span = self.span
+        exc = record.error
         error = None if exc is None else error_type(exc)
         if self.recording:
             attributes: dict[str, Any] = {
                 "swiftclient.attempts": len(timing.attempts),
-                "gen_ai.request.stream": call.streamed,
+                "gen_ai.request.stream": record.streamed,
             }
             if reply is not None:
                 if reply.id:
@@ -520,7 +519,7 @@ class CallTrace:
                 attributes.update(_usage_attributes(usage))
             if timing.ttft is not None:
                 attributes["gen_ai.response.time_to_first_chunk"] = timing.ttft
-            if winner is not None and len(call.targets) > 1:
+            if winner is not None and len(record.targets) > 1:
                 attributes["swiftclient.target"] = winner.target.name
             if error is not None:
                 attributes["error.type"] = error
@@ -528,13 +527,12 @@ class CallTrace:
             span.set_attributes(attributes)
         span.end()
         if self.metered:
-            self._record(call, error, usage, reply)
+            self._record(timing, error, usage, reply)
 
     def _record(
-        self, call: Call, error: str | None, usage: Usage | None, reply: _Reply | None
+        self, timing: Timing, error: str | None, usage: Usage | None, reply: _Reply | None
     ) -> None:
         instruments = self._telemetry.instruments
-        timing = call.timing
         attributes: dict[str, Any] = self._info.attributes
         if (reply is not None and reply.model) or error is not None:
             attributes = dict(attributes)
@@ -561,7 +559,7 @@ class CallTrace:
     # ------------------------------------------------------------------ AttemptObserver
 
     def on_start(self, attempt: AttemptRun) -> None:
-        """Start the attempt's span and put its trace context on the attempt's request."""
+        """Start the attempt's span (its context goes out through :meth:`headers_for`)."""
         trigger = attempt.record.trigger
         target = attempt.target
         parent = self.span
@@ -583,7 +581,6 @@ class CallTrace:
                 attributes=attributes,
             )
             self._attempts[attempt.number] = span
-            parent = span
         if self.metered and trigger != "first":
             counter = {
                 "retry": self._telemetry.instruments.retries,
@@ -592,12 +589,13 @@ class CallTrace:
             }.get(trigger)
             if counter is not None:
                 counter.add(1, {"swiftclient.target": target.name})
+
+    def headers_for(self, attempt: AttemptRun) -> dict[str, str]:
+        """The trace context for ``attempt``'s request: its span's, else the call's."""
         carrier: dict[str, str] = {}
-        propagate.inject(carrier, context=trace.set_span_in_context(parent))
-        if carrier:
-            options = attempt.options
-            # The call's encoding stays: every attempt reuses the bytes built once.
-            attempt.options = dataclasses.replace(options, headers={**options.headers, **carrier})
+        span = self._attempts.get(attempt.number, self.span)
+        propagate.inject(carrier, context=trace.set_span_in_context(span))
+        return carrier
 
     def on_first_token(self, attempt: AttemptRun) -> None:
         """An event on the attempt's span, with its time to first token."""
@@ -607,8 +605,7 @@ class CallTrace:
             span.add_event("swiftclient.first_token", {"swiftclient.ttft": ttft or 0.0})
 
     def on_commit(self, attempt: AttemptRun) -> None:
-        """Note the winner (its usage is the call's); count a hedge that won."""
-        self._winner = attempt
+        """Count a hedge that won (the call keeps which attempt won)."""
         if self.metered and attempt.record.trigger == "hedge":
             self._telemetry.instruments.hedges_won.add(
                 1, {"swiftclient.target": attempt.target.name}

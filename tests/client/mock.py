@@ -157,9 +157,24 @@ async def providers(*names: str) -> AsyncIterator[dict[str, FakeProvider]]:
         yield fakes
 
 
+TRANSPORTS = ("aiohttp", "httpx")
+"""The transports :func:`client_for` can put under its backends (the ``transport`` fixture
+picks one per test; aiohttp runs on asyncio only)."""
+transport_in_use = "default"
+"""What :func:`client_for` uses: ``default`` (the backend's own choice: aiohttp on asyncio,
+httpx on trio), or one of :data:`TRANSPORTS`, set by the ``transport`` fixture."""
+
+
 def client_for(fakes: dict[str, FakeProvider], **kwargs: Any) -> AsyncClient:
-    """A client with one backend per fake, named as the fake (no retries unless given)."""
-    backends = {name: HTTPBackend(fake.base_url, name=name) for name, fake in fakes.items()}
+    """A client with one backend per fake, named as the fake (no retries unless given), over
+    the transport the ``transport`` fixture chose (:data:`transport_in_use`)."""
+    forced = transport_in_use == "httpx"
+    backends = {
+        name: HTTPBackend(
+            fake.base_url, name=name, transport=httpx.AsyncHTTPTransport() if forced else None
+        )
+        for name, fake in fakes.items()
+    }
     kwargs.setdefault("retry", NO_RETRY)
     return AsyncClient(backends=backends, **kwargs)
 

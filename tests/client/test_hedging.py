@@ -29,12 +29,12 @@ from swiftclient import (
     Timeout,
 )
 from swiftclient.extend import AttemptRun
-from swiftclient.hedging import _Race, fallback, is_fatal, race
+from swiftclient.hedging import fallback, is_fatal, race
 from swiftclient.testing import FakeProvider, Reply
 
 from .mock import HELD, NO_RETRY, Gated, Recorder, client_for, providers
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("transport")]
 RELEASE_LIMIT = 30.0  # seconds; bounds waiting for cleanup, never a speed assertion
 
 
@@ -344,28 +344,45 @@ def _scripted(
     return [attempt(i) for i in sorted(outcomes)]
 
 
+async def _two(
+    first: Callable[[str], Awaitable[int]],
+    second: Callable[[str], Awaitable[int]],
+    *,
+    delay: float,
+    may_hedge: Callable[[], bool] = lambda: True,
+) -> int:
+    """:func:`race` over two attempts, the second a hedge ``delay`` seconds after the first."""
+    return await race(
+        [first, second],
+        delay=lambda index: delay,
+        may_hedge=may_hedge,
+        max_in_flight=2,
+        commit=lambda result: None,
+        discard=_never,
+    )
+
+
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_first_attempt_failing_as_its_hedge_timer_fires_is_followed_exactly_once() -> None:
-    # On asyncio the first attempt runs in the calling task and the hedge timer hands the
-    # rest to a driver task. When the timer has fired (its hop is scheduled) and the first
-    # attempt then fails, exactly one driver must start the next target: never none (the
-    # call would fail with a target left) and never two (the target would start twice).
+    # On asyncio the first attempt runs in the calling task and the hedge timer starts the
+    # staggering of the rest in a child task. When the timer has fired and the first
+    # attempt then fails, exactly one of them must start the next target: never none (the
+    # call would fail with a target left) and never both (the target would start twice).
     started: list[tuple[int, str]] = []
-    outcomes: dict[int, Exception | None] = {
-        1: InternalServerError("x", status_code=500),
-        2: None,
-    }
-    attempts = _scripted(started, outcomes)
-    state: _Race[int] = _Race(attempts, lambda i: 3600.0, lambda: True, 2, lambda r: None, _never)
-    loop = asyncio.get_running_loop()
-    async with anyio.create_task_group() as tg:
-        state.tg = tg
-        state._hedge_due()  # as if the timer fired just before the failure
-        try:
-            await state.first_inline(loop)
-        finally:
-            state.closed = True  # as race() does: nothing starts once its body is done
-    assert state.won == [2]
+
+    async def first(trigger: str) -> int:
+        started.append((1, trigger))
+        time.sleep(0.05)  # noqa: ASYNC251 (blocks the loop: the hedge timer comes due)
+        await anyio.lowlevel.checkpoint()  # queued ahead of the due timer
+        await anyio.lowlevel.checkpoint()  # queued behind it: the timer has fired
+        raise InternalServerError("x", status_code=500)
+
+    async def second(trigger: str) -> int:
+        started.append((2, trigger))
+        await anyio.sleep(0.1)  # past a hedge delay: a second driver would start it again
+        return 2
+
+    assert await _two(first, second, delay=0.01) == 2
     assert started == [(1, "first"), (2, "fallback")]
 
 
@@ -374,10 +391,10 @@ async def test_no_task_outlives_a_race_whose_hedge_timer_fired_as_the_first_atte
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # The first attempt's answer and the hedge timer come due in one loop turn, the answer
-    # first: the timer still schedules its one-step hop task before the race ends. The race
-    # must not return while that task is pending (it would start nothing, but it would run
-    # after the call, outside any task group). anyio's task group happens to yield once on
-    # exit, which lets the hop run first; the race must not depend on that.
+    # first: the timer still starts its staggering task before the race ends. The race must
+    # not return while that task is pending (it would start nothing, but it would run after
+    # the call). anyio's task group happens to yield once on exit; the race must not depend
+    # on that.
     async def no_checkpoint() -> None:
         pass
 
@@ -396,15 +413,7 @@ async def test_no_task_outlives_a_race_whose_hedge_timer_fired_as_the_first_atte
         raise AssertionError("the first attempt answered: no hedge may start")
 
     before = asyncio.all_tasks()
-    won = await race(
-        [first, second],
-        delay=lambda index: 0.05,
-        may_hedge=lambda: True,
-        max_in_flight=2,
-        commit=lambda result: None,
-        discard=_never,
-    )
-    assert won == 1
+    assert await _two(first, second, delay=0.05) == 1
     assert asyncio.all_tasks() <= before
 
 
@@ -602,9 +611,9 @@ async def test_a_stream_names_the_winners_request_after_it_closes() -> None:
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_hedge_due_as_the_call_is_cancelled_spends_no_budget() -> None:
-    # The hedge timer's driver can start in the same loop turn as an outer cancellation,
-    # before the calling task has seen it: it must not ask the budget for a hedge (and so
-    # spend it) for a call that is already being cancelled.
+    # The hedge timer can start the staggering task in the same loop turn as an outer
+    # cancellation, before the calling task has seen it: it must not ask the budget for a
+    # hedge (and so spend it) for a call that is already being cancelled.
     asked: list[bool] = []
 
     def may_hedge() -> bool:
@@ -612,25 +621,19 @@ async def test_a_hedge_due_as_the_call_is_cancelled_spends_no_budget() -> None:
         return True
 
     held = anyio.Event()
-
-    def attempt(index: int) -> Callable[[str], Awaitable[int]]:
-        async def run(trigger: str) -> int:
-            await held.wait()  # never set: only the cancellation ends it
-            return index
-
-        return run
-
-    state: _Race[int] = _Race(
-        [attempt(1), attempt(2)], lambda i: 3600.0, may_hedge, 2, lambda r: None, _never
-    )
     loop = asyncio.get_running_loop()
+
+    async def first(trigger: str) -> int:
+        time.sleep(0.05)  # noqa: ASYNC251 (blocks the loop: both timers come due together)
+        await held.wait()  # never set: only the cancellation ends it
+        return 1
+
+    async def second(trigger: str) -> int:
+        raise AssertionError("the call was cancelled: no hedge may start")
+
     with anyio.CancelScope() as outer:
-        async with anyio.create_task_group() as tg:
-            state.tg = tg
-            state.hedge_at = loop.time()  # the hedge is due now
-            state.in_flight = 1  # the first attempt is running
-            tg.start_soon(state.drive, 1)  # the timer's driver, about to run
-            outer.cancel()  # the caller cancels in the same turn
+        loop.call_later(0.01, outer.cancel)  # the caller cancels as the hedge comes due
+        await _two(first, second, delay=0.01, may_hedge=may_hedge)
     assert outer.cancelled_caught
     assert asked == []
 
