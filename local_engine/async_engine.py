@@ -22,7 +22,7 @@ own request's ``max_tokens``, however slow it is.
 Two ways to consume a request: ``async with ae.stream(...) as outputs`` adds it on entry
 (errors such as OverloadedError surface there) and aborts it on exit; ``ae.generate(...)``
 wraps that in one async iterator. ``ae.stream_choices(...)`` adds the choices of one prompt
-at once, sharing the prompt's KV blocks. Leaving early (break, cancellation, an error) aborts
+at once, sharing the prompt's KV blocks, and merges their outputs without a task. Leaving early (break, cancellation, an error) aborts
 the request and frees its KV blocks right away, or right after the step in flight.
 """
 
@@ -47,15 +47,37 @@ if TYPE_CHECKING:
 __all__ = ["AsyncEngine"]
 
 
+class _Bell:
+    """Wakes the one reader of several mailboxes (the choices of an ``n > 1`` request) when
+    any of them gets an output: the reader arms it, looks at every mailbox, then waits."""
+
+    __slots__ = ("_event",)
+
+    def __init__(self) -> None:
+        self._event = anyio.Event()
+
+    def ring(self) -> None:
+        self._event.set()
+
+    def arm(self) -> None:
+        """Forget rings already heard (call before looking at the mailboxes)."""
+        if self._event.is_set():
+            self._event = anyio.Event()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+
+
 class _Mailbox:
     """One request's pending output: a single slot that merges what the reader missed."""
 
-    __slots__ = ("_error", "_event", "_pending", "generated")
+    __slots__ = ("_bell", "_error", "_event", "_pending", "generated")
 
-    def __init__(self) -> None:
+    def __init__(self, bell: _Bell | None = None) -> None:
         self._pending: RequestOutput | None = None
         self._error: BaseException | None = None
         self._event = anyio.Event()
+        self._bell = bell
         self.generated = 0
         """Tokens handed to this mailbox so far (the newest output's count)."""
 
@@ -76,10 +98,24 @@ class _Mailbox:
             if out.spec is not None:
                 prev.spec = out.spec
         self._event.set()
+        if self._bell is not None:
+            self._bell.ring()
 
     def fail(self, error: BaseException) -> None:
         self._error = error
         self._event.set()
+        if self._bell is not None:
+            self._bell.ring()
+
+    def take(self) -> RequestOutput | None:
+        """The pending output, or None when there is none yet (raises a failure)."""
+        out = self._pending
+        if out is None:
+            if self._error is not None:
+                raise self._error
+            return None
+        self._pending = None
+        return out
 
     async def get(self) -> RequestOutput:
         while self._pending is None:
@@ -89,6 +125,40 @@ class _Mailbox:
             self._event = anyio.Event()
         out, self._pending = self._pending, None
         return out
+
+
+class _Choices:
+    """The outputs of several requests (the choices of an ``n > 1`` request) as
+    ``(index, output)`` pairs in the order they come, read by one task with no helper tasks
+    (so the block that yields it needs no task group); ends when every choice finished."""
+
+    __slots__ = ("_bell", "_live", "_mailboxes", "_next")
+
+    def __init__(self, mailboxes: list[_Mailbox], bell: _Bell) -> None:
+        self._mailboxes = mailboxes
+        self._bell = bell
+        self._live = [True] * len(mailboxes)
+        self._next = 0
+
+    def __aiter__(self) -> _Choices:
+        return self
+
+    async def __anext__(self) -> tuple[int, RequestOutput]:
+        count = len(self._mailboxes)
+        while True:
+            self._bell.arm()
+            for step in range(count):  # round robin, from the choice after the last one read
+                index = (self._next + step) % count
+                if not self._live[index]:
+                    continue
+                out = self._mailboxes[index].take()
+                if out is not None:
+                    self._next = index + 1
+                    self._live[index] = not out.finished
+                    return index, out
+            if not any(self._live):
+                raise StopAsyncIteration
+            await self._bell.wait()
 
 
 class _Outputs:
@@ -208,18 +278,21 @@ class AsyncEngine:
         params: Sequence[SamplingParams],
         *,
         cache_salt: str | None = None,
-    ) -> AsyncIterator[list[AsyncIterator[RequestOutput]]]:
+    ) -> AsyncIterator[AsyncIterator[tuple[int, RequestOutput]]]:
         """Add one request per entry of ``params`` for the same prompt (the choices of an
-        ``n > 1`` request), all between the same two steps, and yield an iterator over each
-        one's outputs; leaving the block aborts those still live.
+        ``n > 1`` request), all between the same two steps, and yield one iterator over
+        their outputs as ``(index, output)`` pairs in the order they come (read in the
+        caller's task: no task is started, so the block may span any cancel scope);
+        leaving the block aborts those still live.
 
         The first computes the prompt; the others share it (:meth:`Engine.add_request`'s
         ``shares_prompt_with``): they start once its full KV blocks are computed and take
         them from the prefix cache. Raises as :meth:`stream` does; a request refused
         leaves none of them added.
         """
-        async with self._streams(prompt_ids, params, cache_salt=cache_salt) as outputs:
-            yield outputs
+        bell = _Bell()
+        async with self._streams(prompt_ids, params, cache_salt=cache_salt, bell=bell) as outputs:
+            yield _Choices([each._mailbox for each in outputs], bell)
 
     @asynccontextmanager
     async def _streams(
@@ -229,7 +302,8 @@ class AsyncEngine:
         *,
         request_id: str | None = None,
         cache_salt: str | None = None,
-    ) -> AsyncIterator[list[AsyncIterator[RequestOutput]]]:
+        bell: _Bell | None = None,
+    ) -> AsyncIterator[list[_Outputs]]:
         if not self._accepting:
             raise EngineError("AsyncEngine is not running (use `async with AsyncEngine(...)`)")
         added: list[tuple[str, _Mailbox]] = []
@@ -247,7 +321,7 @@ class AsyncEngine:
                         cache_salt=cache_salt,
                         shares_prompt_with=added[0][0] if added else None,
                     )
-                    added.append((rid, _Mailbox()))
+                    added.append((rid, _Mailbox(bell)))
             except BaseException:
                 for rid, _ in added:
                     self.engine.abort(rid)

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -55,7 +54,6 @@ from typing import Any, Protocol
 
 import anyio
 import anyio.to_thread
-from anyio.streams.memory import MemoryObjectReceiveStream
 from pydantic import BaseModel
 
 from swiftclient.types import ChatCompletion, ChatCompletionChunk, ChatRequest, Usage
@@ -118,9 +116,11 @@ class OutputSource(Protocol):
         params: Sequence[SamplingParams],
         *,
         cache_salt: str | None = None,
-    ) -> AbstractAsyncContextManager[list[AsyncIterator[RequestOutput]]]:
+    ) -> AbstractAsyncContextManager[AsyncIterator[tuple[int, RequestOutput]]]:
         """Add one request per ``params`` for the prompt, the first computing it and the
-        others sharing its KV blocks; yield their outputs, abort them on exit."""
+        others sharing its KV blocks; yield their outputs as ``(index, output)`` pairs in
+        the order they come, read in the caller's task (no task group spans the block);
+        abort them on exit."""
         ...
 
 
@@ -530,27 +530,8 @@ async def _fan_out(
     params = [_choice_params(prepared.params, index) for index in range(n)]
     async with source.stream_choices(
         prepared.prompt.token_ids, params, cache_salt=prepared.cache_salt
-    ) as added:
-        send, receive = anyio.create_memory_object_stream[
-            tuple[int, RequestOutput | BaseException]
-        ](max_buffer_size=math.inf)
-
-        async def pump(index: int, outputs: AsyncIterator[RequestOutput]) -> None:
-            try:
-                async for out in outputs:
-                    await send.send((index, out))
-                    if out.finished:
-                        return
-            except Exception as exc:  # handed to the reader, which raises it
-                await send.send((index, exc))
-
-        async with anyio.create_task_group() as group, send, receive:
-            for index, outputs in enumerate(added):
-                group.start_soon(pump, index, outputs)
-            try:
-                yield _Merged(receive)
-            finally:
-                group.cancel_scope.cancel()
+    ) as merged:
+        yield merged
 
 
 class _Indexed:
@@ -566,29 +547,6 @@ class _Indexed:
 
     async def __anext__(self) -> tuple[int, RequestOutput]:
         return 0, await self._outputs.__anext__()
-
-
-class _Merged:
-    """The choices' outputs as they come; a choice's failure is raised here."""
-
-    __slots__ = ("_receive",)
-
-    def __init__(
-        self, receive: MemoryObjectReceiveStream[tuple[int, RequestOutput | BaseException]]
-    ) -> None:
-        self._receive = receive
-
-    def __aiter__(self) -> _Merged:
-        return self
-
-    async def __anext__(self) -> tuple[int, RequestOutput]:
-        try:
-            index, item = await self._receive.receive()
-        except anyio.EndOfStream:
-            raise StopAsyncIteration from None
-        if isinstance(item, BaseException):
-            raise item
-        return index, item
 
 
 def _usage(finals: Sequence[RequestOutput]) -> Usage:

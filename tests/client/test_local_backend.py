@@ -184,6 +184,31 @@ async def test_same_seed_gives_the_same_text(tiny: TinyModel) -> None:
 
 
 @pytest.mark.anyio
+async def test_n_choices_through_the_client_and_the_next_call_still_works(
+    tiny: TinyModel,
+) -> None:
+    """``n > 1`` through ``AsyncClient`` on the in-process engine, plain and streamed: the
+    choices' block is opened inside the attempt's deadline scope and closed outside it, so
+    it must hold no task group (it crashed with a cancel-scope error and broke the client's
+    next call)."""
+    sampled: dict[str, Any] = {"temperature": 1.0, "max_tokens": 6, "seed": 7}
+    async with AsyncClient(LocalBackend.from_engine(tiny.engine()), model=MODEL) as client:
+        reply = await client.chat("Write a line.", n=3, **sampled)
+        assert [c.index for c in reply.choices] == [0, 1, 2]
+        texts = {c.message.content for c in reply.choices}
+        assert len(texts) > 1  # three seeds, three samples
+        async with client.stream("Write a line.", n=3, **sampled) as stream:
+            streamed = await stream.final()
+        assert [c.message.content for c in streamed.choices] == [
+            c.message.content for c in reply.choices
+        ]
+        after = await client.chat("Write a line.", **sampled)
+        assert after.text == reply.choices[0].message.content
+        assert reply.usage is not None and after.usage is not None
+        assert reply.usage.prompt_tokens == after.usage.prompt_tokens  # the prompt once
+
+
+@pytest.mark.anyio
 async def test_repeated_long_prompt_reports_cached_tokens_per_salt(tiny: TinyModel) -> None:
     prompt = "The quick brown fox jumps over the lazy dog. " * 20
 

@@ -323,8 +323,11 @@ async def test_choices_compute_their_prompt_once_and_step_together(
     steps = record_steps(engine, monkeypatch)
     shared = [3 + j * 11 % 240 for j in range(18)]  # 4 full blocks, 2 tokens in the fifth
     params = [SamplingParams(seed=i, max_tokens=4, ignore_eos=True) for i in range(3)]
-    async with AsyncEngine(engine) as ae, ae.stream_choices(shared, params) as streams:
-        finals = [[out async for out in outputs][-1] for outputs in streams]
+    last: dict[int, RequestOutput] = {}
+    async with AsyncEngine(engine) as ae, ae.stream_choices(shared, params) as merged:
+        async for index, out in merged:
+            last[index] = out
+    finals = [last[i] for i in range(3)]
     first = finals[0].request_id
     assert steps[0] == [(first, 18)]  # the prompt, once
     assert sorted(n for _, n in steps[1]) == [1, 2, 2]  # the others: only the last block
@@ -341,7 +344,10 @@ async def test_choices_refused_leave_none_added(model: DecoderModel) -> None:
             async with ae.stream_choices(prompt(1), [GREEDY] * 3):
                 pass
         assert not engine.has_unfinished()
-        async with ae.stream_choices(prompt(1), [GREEDY] * 2) as streams:
-            for outputs in streams:
-                finals = [out async for out in outputs]
-                assert finals[-1].num_generated_tokens == 6
+        async with ae.stream_choices(prompt(1), [GREEDY] * 2) as merged:
+            pairs = [pair async for pair in merged]
+        assert sorted({index for index, _ in pairs}) == [0, 1]
+        for choice in (0, 1):
+            outs = [out for index, out in pairs if index == choice]
+            assert outs[-1].finished and outs[-1].num_generated_tokens == 6
+            assert not any(out.finished for out in outs[:-1])
