@@ -316,3 +316,41 @@ def test_used_up_log_entries_are_dropped() -> None:
     # a correction that frees an entry's every unit drops it (the log no longer grows with
     # every request of the window, and no scan walks the empty ones)
     assert len(store._entries["k"].logs["tokens"].entries) == 0
+
+
+async def test_a_waiter_behind_another_process_reports_the_limit_that_holds_it(
+    clock_and_store: tuple[FakeClock, StateStore],
+) -> None:
+    """A later waiter of a process that waits behind another process times out naming the
+    limit that holds the line (here ``requests``); it named ``concurrency``, a limit the
+    target does not have, because only the head waiter knew."""
+    clock, inner = clock_and_store
+    store = Watched(inner)
+    limits = Limits(rpm=1, window=60.0, queue_ttl=30.0)
+
+    def process() -> Admission:
+        return Admission(limits, store=store, clock=clock, poll_interval=0.01)
+
+    first, second = process(), process()
+    target = key()
+    await first.settle(await first.acquire(target), status=200)  # the window's one request
+    refused: list[RateLimited] = []
+
+    async def wait_in_line(admission: Admission, timeout: float) -> None:
+        try:
+            await admission.acquire(target, timeout=timeout)
+        except RateLimited as exc:
+            refused.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait_in_line, first, 120.0)  # first in line
+        await store.until_takes(2)
+        tg.start_soon(wait_in_line, second, 120.0)  # behind it: 'requests', one ahead
+        await store.until_takes(3)
+        tg.start_soon(wait_in_line, second, 1.0)  # this process's second waiter
+        await anyio.wait_all_tasks_blocked()
+        await clock.advance(1.5)  # past the second waiter's deadline
+        await anyio.wait_all_tasks_blocked()
+        assert [exc.limit for exc in refused] == ["requests"]
+        tg.cancel_scope.cancel()
+    assert "rate limit 'requests' leaves no capacity" in str(refused[0])

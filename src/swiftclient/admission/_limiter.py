@@ -472,6 +472,7 @@ class Admission:
                     else:
                         poll = self._poll
                     timeout_s = poll if timeout_s is None else min(timeout_s, poll)
+                    gate.blocked_limit = limit  # what this process's other waiters report
                 elif wait is not None:
                     if now + wait > until:
                         raise self._refused(target, limit, wait)
@@ -541,14 +542,23 @@ class Admission:
 
     def _refused(self, target: str, limit: str | None, reset_after: float | None) -> RateLimited:
         limit = limit or "concurrency"
-        when = (
-            f"it frees in {reset_after:.3g}s"
-            if reset_after is not None and math.isfinite(reset_after)
-            else "no slot freed in time"
-        )
+        if limit == "queue":
+            message = (
+                f"{target}: other processes sharing this target's limits were ahead in line "
+                "until the call's deadline; not sent"
+            )
+        else:
+            when = (
+                f"it frees in {reset_after:.3g}s"
+                if reset_after is not None and math.isfinite(reset_after)
+                else "no slot freed in time"
+            )
+            message = (
+                f"{target}: rate limit '{limit}' leaves no capacity within the call's deadline "
+                f"({when})"
+            )
         return RateLimited(
-            f"{target}: rate limit '{limit}' leaves no capacity within the call's deadline "
-            f"({when})",
+            message,
             limit=limit,
             reset_after=reset_after if reset_after is None or math.isfinite(reset_after) else None,
             target=target,
