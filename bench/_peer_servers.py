@@ -23,7 +23,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,8 +169,10 @@ def launch_for(
     peers: PeersEnv | None,
     slots: int,
     max_len: int,
+    llama_args: Sequence[str] = (),
 ) -> Launch:
-    """The command that serves ``spec`` on ``port`` (pure: nothing is started)."""
+    """The command that serves ``spec`` on ``port`` (pure: nothing is started);
+    ``llama_args`` go at the end of llama-server's command line."""
     common_env = {"OMP_NUM_THREADS": str(threads)}
     if spec.engine == "swiftclient":
         dtype = "float32" if spec.precision == "fp32" else "bfloat16"
@@ -191,7 +193,7 @@ def launch_for(
         argv += ["--port", str(port), "-t", str(threads), "-tb", str(threads), "-a", MODEL_NAME]
         # One context per slot, each long enough for the longest request.
         argv += ["--parallel", str(slots), "-c", str(slots * max_len), "--no-webui"]
-        return Launch(argv, common_env)
+        return Launch([*argv, *llama_args], common_env)
     dtype = "float32" if spec.precision == "fp32" else "bfloat16"
     argv = [str(peers.path("VLLM_PYTHON")), "-m", "vllm.entrypoints.openai.api_server"]
     argv += ["--model", str(checkpoint), "--served-model-name", MODEL_NAME]

@@ -29,6 +29,7 @@ import math
 import os
 import platform
 import random
+import shlex
 import sys
 import time
 from collections.abc import Sequence
@@ -82,6 +83,7 @@ class Settings:
     seed: int
     startup_s: float
     quick: bool
+    llama_args: tuple[str, ...] = ()
 
     @property
     def slots(self) -> int:
@@ -105,6 +107,11 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="where the peers live")
     parser.add_argument("--seed", type=int, default=29)
     parser.add_argument("--startup-s", type=float, default=900.0, help="server start-up limit")
+    parser.add_argument(
+        "--llama-args",
+        default="",
+        help="extra llama-server options, e.g. --llama-args=--no-repack (see docs)",
+    )
     args = parser.parse_args(argv)
 
     def names(value: str) -> set[str]:
@@ -132,6 +139,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         seed=args.seed,
         startup_s=args.startup_s,
         quick=args.quick,
+        llama_args=tuple(shlex.split(args.llama_args)),
     )
 
 
@@ -357,6 +365,7 @@ async def run(s: Settings) -> Results:
                         peers=peers,
                         slots=s.slots,
                         max_len=s.sizes.max_len,
+                        llama_args=s.llama_args,
                     )
                     log = s.directory / "logs" / f"{spec.label.replace(' ', '-')}.log"
                     print(f"starting {spec.label} (log: {log})", file=sys.stderr, flush=True)

@@ -56,6 +56,9 @@ def test_quick_and_selection_options() -> None:
     assert s.rounds == 1 and s.sizes == QUICK
     s = parse_args(["--workloads", "w3,w1", "--rounds", "5", "--threads", "4"])
     assert s.workloads == ["w1", "w3"] and s.rounds == 5 and s.threads == 4
+    assert s.llama_args == ()
+    s = parse_args(["--llama-args=--no-repack --poll 0"])
+    assert s.llama_args == ("--no-repack", "--poll", "0")
 
 
 @pytest.mark.parametrize(
@@ -152,6 +155,8 @@ def test_the_servers_command_lines(tmp_path: Path) -> None:
     line = " ".join(llama.argv)
     assert llama.argv[0] == str(server) and f"-m {gguf}" in line
     assert "-t 2 -tb 2" in line and f"--parallel 32 -c {32 * 1088}" in line
+    extra = launch_for(SPEC["llama.cpp q4_0"], gguf=gguf, max_len=1088, llama_args=["-nr"], **args)
+    assert extra.argv == [*llama.argv, "-nr"]
     vllm = launch_for(SPEC["vllm fp32"], gguf=None, max_len=1088, **args)
     assert vllm.argv[:3] == [str(python), "-m", "vllm.entrypoints.openai.api_server"]
     assert "--dtype float32" in " ".join(vllm.argv)
