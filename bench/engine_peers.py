@@ -393,10 +393,15 @@ def _ordinary_vocab(checkpoint: Path) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the bench and print its tables; exit 1 when a server's token counts disagreed."""
+    """Run the bench and print its tables; exit 1 when a server's token counts disagreed, 2
+    when the peers are not installed."""
     s = parse_args(argv)
     started = time.monotonic()
-    results = anyio.run(run, s)
+    try:
+        results = anyio.run(run, s)
+    except FileNotFoundError as exc:  # the peers are not installed (peers.env names the fix)
+        print(f"engine_peers: {exc}", file=sys.stderr)
+        return 2
     failed = False
     for workload in s.workloads:
         print()

@@ -28,7 +28,7 @@ from _peer_workloads import (  # noqa: E402
     w2_requests,
     w3_requests,
 )
-from engine_peers import QUICK, Results, parse_args, render_table  # noqa: E402
+from engine_peers import QUICK, Results, main, parse_args, render_table  # noqa: E402
 
 SPEC = {spec.label: spec for spec in ENGINES}
 
@@ -221,3 +221,11 @@ async def test_an_error_status_is_recorded_not_raised() -> None:
         )
     assert outcome.errors and outcome.errors[0].startswith("HTTP 400: ")
     assert "min_tokens unknown" in outcome.errors[0]
+
+
+def test_without_the_peers_the_bench_says_how_to_install_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--quick", "--engines", "vllm", "--dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'peers.env'} is missing" in err and "setup_engine_peers.sh" in err
