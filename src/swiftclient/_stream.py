@@ -551,6 +551,11 @@ class ChatStream:
             self._accumulator.add(chunk)
             return chunk
         read = self._next
+        if read is None and not self._done:
+            raise errors.ConfigurationError(
+                "a stream is read inside its block: "
+                "`async with client.stream(...) as stream: async for chunk in stream: ...`"
+            )
         if self._done or read is None:
             raise StopAsyncIteration
         try:

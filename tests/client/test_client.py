@@ -63,6 +63,24 @@ async def test_stream_text_and_final_and_early_exit_closes() -> None:
     assert len(script.closed) == 2
 
 
+async def test_a_stream_read_outside_its_block_says_how_to_open_it() -> None:
+    """``client.stream(...)`` without ``async with`` sent nothing and iterated zero chunks
+    (``final()`` gave an empty completion): a silent wrong answer. It is a clear error."""
+    script = Script()
+    async with mock_client(script) as client:
+        stream = client.stream("hi")
+        with pytest.raises(ConfigurationError, match="async with client.stream"):
+            async for _ in stream:
+                pass
+        with pytest.raises(ConfigurationError, match="async with client.stream"):
+            await client.stream("hi").final()
+        with pytest.raises(ConfigurationError, match="async with client.stream"):
+            [t async for t in client.stream("hi").text()]
+        async with client.stream("hi") as opened:  # the block, as documented, still works
+            assert (await opened.final()).text == "Hello world"
+    assert len(script.requests) == 1
+
+
 async def test_tool_call_deltas_are_merged() -> None:
     parts = [
         chunk(role="assistant"),
