@@ -9,6 +9,7 @@ from swiftclient import (
     APIConnectionError,
     APIResponseValidationError,
     AsyncClient,
+    ConfigurationError,
     DeadlineExceeded,
     HTTPBackend,
     RateLimitError,
@@ -231,3 +232,13 @@ async def test_non_streamed_call_is_bounded_by_the_deadline() -> None:
             assert backend.pool_stats()["in_use"] == 0
             completion = await client.chat("hi", stream=False, timeout=30)
             assert completion.text == "after"
+
+
+@pytest.mark.parametrize("suffix", ["?key=sk-test-SECRET123", "#frag", "/v1?api=1"])
+def test_a_base_url_with_a_query_or_fragment_is_refused(suffix: str) -> None:
+    """Paths are appended to ``base_url``: ``http://host/v1?key=k`` sent
+    ``/v1?key=k/chat/completions`` (a 404 from the provider, and the key in a query). The
+    constructor refuses it, naming neither the URL nor the key."""
+    with pytest.raises(ConfigurationError, match="query string or fragment") as info:
+        HTTPBackend("https://api.example.com" + suffix)
+    assert "SECRET" not in str(info.value) and "example.com" not in str(info.value)

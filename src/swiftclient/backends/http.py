@@ -214,6 +214,12 @@ class HTTPBackend:
             raise errors.ConfigurationError(
                 "base_url must not carry credentials (user:password@host): pass api_key= instead"
             )
+        if "?" in base_url or "#" in base_url:
+            # paths are appended to base_url: a query would swallow them
+            raise errors.ConfigurationError(
+                "base_url must not carry a query string or fragment (paths are appended to it):"
+                " pass keys as api_key= and fixed parameters as headers="
+            )
         if max_connections < 1:
             raise errors.ConfigurationError("max_connections must be at least 1")
         if max_body_bytes < 1 or max_event_bytes < 1:
