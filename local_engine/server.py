@@ -41,6 +41,7 @@ import argparse
 import contextvars
 import hmac
 import logging
+import re
 import secrets
 import sys
 import time
@@ -211,21 +212,36 @@ def _completion_json(completion: ChatCompletion) -> dict[str, Any]:
     return data
 
 
-_RESPONSES_PARAMS = {
-    "max_tokens": "max_output_tokens",
-    "max_completion_tokens": "max_output_tokens",
-    "messages": "input",
-}
-"""The engine names chat fields; a ``/v1/responses`` caller sent these instead."""
+_RESPONSES_NAMES = (
+    ("response_format.json_schema", "text.format"),
+    ("response_format", "text.format"),
+    ("max_completion_tokens", "max_output_tokens"),
+    ("max_tokens", "max_output_tokens"),
+    ("messages", "input"),
+)
+"""The chat request's field names (which the engine and the chat validation use) and what a
+``/v1/responses`` caller sent instead, longest first."""
+_CHAT_NAME = re.compile(r"\b(" + "|".join(re.escape(c) for c, _ in _RESPONSES_NAMES) + r")\b")
+
+
+def _in_responses_names(error: RequestError) -> RequestError:
+    """``error`` with the chat fields in its ``param`` and message named as the Responses
+    request named them."""
+    names = dict(_RESPONSES_NAMES)
+
+    def rename(text: str) -> str:
+        return _CHAT_NAME.sub(lambda m: names[m.group(1)], text)
+
+    error.message = rename(error.message)
+    error.args = (error.message,)
+    if error.param is not None:
+        error.param = rename(error.param)
+    return error
 
 
 def _responses_error(exc: Exception) -> RequestError:
-    """:func:`_engine_error`, with ``param`` named as the Responses request named it."""
-    error = _engine_error(exc)
-    if error.param is not None:
-        head, dot, rest = error.param.partition(".")
-        error.param = _RESPONSES_PARAMS.get(head, head) + dot + rest
-    return error
+    """:func:`_engine_error`, with the fields named as the Responses request named them."""
+    return _in_responses_names(_engine_error(exc))
 
 
 def _engine_error(exc: Exception) -> RequestError:
@@ -703,7 +719,10 @@ class LocalServer:
             fields, echoed = chat_fields(body, ignored)
         except ResponsesRequestError as exc:
             raise RequestError(400, str(exc), "invalid_request", exc.param) from exc
-        chat = parse_chat_body(fields, ignored)
+        try:
+            chat = parse_chat_body(fields, ignored)
+        except RequestError as exc:
+            raise _in_responses_names(exc) from exc.__cause__
         if chat.model not in self.served_model_names:
             raise self._unknown_model(chat.model)
         try:

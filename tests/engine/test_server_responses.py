@@ -157,6 +157,17 @@ async def test_requests_a_stateless_server_cannot_serve_are_400_with_their_param
                 model="tiny-test", input="word " * size, max_output_tokens=output
             )
         assert caught.value.body.get("param") == param, caught.value.body
+    # the request's own validation names the Responses fields too, in param and message
+    for extra, param in (
+        ({"max_output_tokens": -3}, "max_output_tokens"),
+        ({"input": []}, "input"),
+        ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.name"),
+    ):
+        bad = await served.http.post("/v1/responses", json={**ask, **extra})
+        error = bad.json()["error"]
+        assert bad.status_code == 400 and error["param"] == param, error
+        for chat_name in ("max_completion_tokens", "max_tokens", "messages", "response_format"):
+            assert chat_name not in error["message"], error
     raw = await served.http.post(
         "/v1/responses", json={**ask, "max_output_tokens": 1, "safety_identifier": "u1"}
     )
