@@ -22,8 +22,9 @@ own request's ``max_tokens``, however slow it is.
 Two ways to consume a request: ``async with ae.stream(...) as outputs`` adds it on entry
 (errors such as OverloadedError surface there) and aborts it on exit; ``ae.generate(...)``
 wraps that in one async iterator. ``ae.stream_choices(...)`` adds the choices of one prompt
-at once, sharing the prompt's KV blocks, and merges their outputs without a task. Leaving early (break, cancellation, an error) aborts
-the request and frees its KV blocks right away, or right after the step in flight.
+at once, sharing the prompt's KV blocks, and merges their outputs without a task. Leaving
+early (break, cancellation, an error) aborts the request and frees its KV blocks right away,
+or right after the step in flight.
 """
 
 from __future__ import annotations
