@@ -1,7 +1,7 @@
-"""Shared client-test helpers (unit tests only): a scripted httpx MockTransport that speaks
-the OpenAI streaming format and a client over it, the zero-backoff retry policies, clients
-over one :class:`FakeProvider` per target, a gated in-test backend, a recording observer
-and a three-turn tool loop.
+"""Shared client-test helpers (unit tests only): a scripted reply list that speaks the OpenAI
+streaming format, served by an httpx MockTransport or on a loopback socket, and a client over
+it; the zero-backoff retry policies, clients over one :class:`FakeProvider` per target, a
+gated in-test backend, a recording observer and a three-turn tool loop.
 """
 
 from __future__ import annotations
@@ -10,9 +10,11 @@ import json
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any
 
 import anyio
+import anyio.abc
 import httpx
 
 from swiftclient import (
@@ -26,6 +28,8 @@ from swiftclient import (
 )
 from swiftclient.extend import AttemptRun, Deadline, RequestOptions
 from swiftclient.testing import FakeProvider, Reply
+
+from .rawserver import RawRequest, raw_server, send_all
 
 KEY = "sk-test-SECRETSECRETSECRET"
 """The API key of :func:`mock_client` (tests check that it never shows in errors)."""
@@ -113,11 +117,16 @@ class Script:
         )
         return self
 
+    def _next(self) -> tuple[int, list[bytes], dict[str, str], bool]:
+        return self.replies.pop(0) if self.replies else self.default()
+
     def transport(self) -> httpx.MockTransport:
+        """The replies from an httpx MockTransport (no socket, httpx only)."""
+
         async def handler(request: httpx.Request) -> httpx.Response:
             self.requests.append(request)
             await request.aread()
-            status, parts, headers, stall = self.replies.pop(0) if self.replies else self.default()
+            status, parts, headers, stall = self._next()
             if status >= 400:
                 return httpx.Response(
                     status, headers=headers, json={"error": {"message": f"status {status}"}}
@@ -126,6 +135,60 @@ class Script:
             return httpx.Response(status, headers=h, stream=_Body(parts, stall, self.closed))
 
         return httpx.MockTransport(handler)
+
+    @asynccontextmanager
+    async def serve(self) -> AsyncIterator[str]:
+        """The same replies, byte for byte, from a loopback HTTP/1.1 server on the test's
+        own event loop (one request per connection, bodies chunked as the parts are), so
+        any transport can read them; yields the base URL. A stalled reply holds its
+        connection until the client closes it."""
+
+        async def answer(raw: RawRequest, stream: anyio.abc.ByteStream) -> None:
+            method, target, _ = raw.line.split(" ", 2)
+            url = f"http://{raw.headers.get('host', 'mock')}{target}"
+            self.requests.append(httpx.Request(method, url, headers=raw.headers, content=raw.body))
+            status, parts, headers, stall = self._next()
+            given = {name.lower(): value for name, value in headers.items()}
+            if status >= 400:
+                body = json.dumps({"error": {"message": f"status {status}"}}).encode()
+                head = {"content-type": "application/json", **given}
+                await send_all(stream, _head(status, head, len(body)) + body)
+                return
+            head = {"content-type": "text/event-stream", **given}
+            if not await send_all(stream, _head(status, head, None)):
+                return
+            for part in filter(None, parts):  # an empty chunk would end the body
+                if not await send_all(stream, b"%x\r\n%b\r\n" % (len(part), part)):
+                    break
+            else:
+                if not stall:
+                    await send_all(stream, b"0\r\n\r\n")
+                else:
+                    await _until_closed(stream)
+            self.closed.append(True)
+
+        async with raw_server(answer) as server:
+            yield server.base_url
+
+
+def _head(status: int, headers: dict[str, str], length: int | None) -> bytes:
+    framing = (
+        {"transfer-encoding": "chunked"} if length is None else {"content-length": str(length)}
+    )
+    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}"]
+    lines += [
+        f"{name}: {value}" for name, value in {**headers, **framing, "connection": "close"}.items()
+    ]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+async def _until_closed(stream: anyio.abc.ByteStream) -> None:
+    """Wait until the client closes the connection (what it sends meanwhile is dropped)."""
+    try:
+        while True:
+            await stream.receive()
+    except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+        return
 
 
 def mock_client(
@@ -165,18 +228,44 @@ transport_in_use = "default"
 httpx on trio), or one of :data:`TRANSPORTS`, set by the ``transport`` fixture."""
 
 
+def backend_for(base_url: str, api_key: str | None = None, **options: Any) -> HTTPBackend:
+    """An :class:`HTTPBackend` for ``base_url`` over the transport the ``transport`` fixture
+    chose (:data:`transport_in_use`); ``options``: more :class:`HTTPBackend` options."""
+    if transport_in_use == "httpx":
+        options["transport"] = httpx.AsyncHTTPTransport()
+    return HTTPBackend(base_url, api_key, **options)
+
+
 def client_for(fakes: dict[str, FakeProvider], **kwargs: Any) -> AsyncClient:
     """A client with one backend per fake, named as the fake (no retries unless given), over
     the transport the ``transport`` fixture chose (:data:`transport_in_use`)."""
-    forced = transport_in_use == "httpx"
-    backends = {
-        name: HTTPBackend(
-            fake.base_url, name=name, transport=httpx.AsyncHTTPTransport() if forced else None
-        )
-        for name, fake in fakes.items()
-    }
+    backends = {name: backend_for(fake.base_url, name=name) for name, fake in fakes.items()}
     kwargs.setdefault("retry", NO_RETRY)
     return AsyncClient(backends=backends, **kwargs)
+
+
+@asynccontextmanager
+async def scripted_client(
+    script: Script,
+    *,
+    api_key: str | None = KEY,
+    retry: RetryPolicy | None = FAST_RETRY,
+    backend: Mapping[str, Any] | None = None,
+    **options: Any,
+) -> AsyncIterator[AsyncClient]:
+    """:func:`mock_client` over the transport the ``transport`` fixture chose: the script
+    served on a loopback socket (:meth:`Script.serve`) read by aiohttp or httpx; without
+    the fixture, over the MockTransport. Same backend name, model and options."""
+    if transport_in_use == "default":
+        async with mock_client(
+            script, api_key=api_key, retry=retry, backend=backend, **options
+        ) as client:
+            yield client
+        return
+    async with script.serve() as base_url:
+        served = backend_for(base_url, api_key, name="mock", **(backend or {}))
+        async with AsyncClient(served, model="m", retry=retry, **options) as client:
+            yield client
 
 
 def _text_chunk(text: str, model: str) -> ChatCompletionChunk:
