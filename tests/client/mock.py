@@ -197,15 +197,17 @@ def mock_client(
     api_key: str | None = KEY,
     retry: RetryPolicy | None = FAST_RETRY,
     backend: Mapping[str, Any] | None = None,
+    name: str = "mock",
+    model: str = "m",
     **options: Any,
 ) -> AsyncClient:
-    """A client for model ``m`` over ``script`` (backend ``mock`` at ``http://mock/v1``;
-    ``backend``: more :class:`HTTPBackend` options; ``retry=None``: the client's default;
-    ``options``: more :class:`AsyncClient` options)."""
+    """A client for ``model`` over ``script``'s MockTransport (backend ``name`` at
+    ``http://mock/v1``; ``backend``: more :class:`HTTPBackend` options; ``retry=None``: the
+    client's default; ``options``: more :class:`AsyncClient` options)."""
     http = HTTPBackend(
-        "http://mock/v1", api_key, name="mock", transport=script.transport(), **(backend or {})
+        "http://mock/v1", api_key, name=name, transport=script.transport(), **(backend or {})
     )
-    return AsyncClient(http, model="m", retry=retry, **options)
+    return AsyncClient(http, model=model, retry=retry, **options)
 
 
 @asynccontextmanager
@@ -251,20 +253,23 @@ async def scripted_client(
     api_key: str | None = KEY,
     retry: RetryPolicy | None = FAST_RETRY,
     backend: Mapping[str, Any] | None = None,
+    name: str = "mock",
+    model: str = "m",
     **options: Any,
 ) -> AsyncIterator[AsyncClient]:
     """:func:`mock_client` over the transport the ``transport`` fixture chose: the script
     served on a loopback socket (:meth:`Script.serve`) read by aiohttp or httpx; without
-    the fixture, over the MockTransport. Same backend name, model and options."""
+    the fixture, over the MockTransport. Same options; ``name`` and ``model``: the
+    backend's name and the client's model."""
     if transport_in_use == "default":
         async with mock_client(
-            script, api_key=api_key, retry=retry, backend=backend, **options
+            script, api_key=api_key, retry=retry, backend=backend, name=name, model=model, **options
         ) as client:
             yield client
         return
     async with script.serve() as base_url:
-        served = backend_for(base_url, api_key, name="mock", **(backend or {}))
-        async with AsyncClient(served, model="m", retry=retry, **options) as client:
+        served = backend_for(base_url, api_key, name=name, **(backend or {}))
+        async with AsyncClient(served, model=model, retry=retry, **options) as client:
             yield client
 
 
