@@ -38,6 +38,9 @@ FAST_RETRY = RetryPolicy(max_attempts=3, initial_backoff=0.0, max_backoff=0.0)
 NO_RETRY = RetryPolicy.none()
 HELD = Reply(stall_after=0)
 """A FakeProvider reply: headers sent, then nothing until the client leaves."""
+RELEASE_LIMIT = 30.0
+"""Seconds to wait for a client to let go of a scripted server's connections (a bound on
+cleanup, never a speed assertion)."""
 
 
 def sse(obj: Any) -> bytes:
@@ -76,10 +79,10 @@ def stream_body(words: list[str], usage: bool = True) -> list[bytes]:
 
 
 class _Body(httpx.AsyncByteStream):
-    def __init__(self, parts: list[bytes], stall: bool, closed: list[bool]) -> None:
+    def __init__(self, parts: list[bytes], stall: bool, on_close: Callable[[], None]) -> None:
         self.parts = parts
         self.stall = stall
-        self.closed = closed
+        self.on_close = on_close
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         for part in self.parts:
@@ -88,7 +91,7 @@ class _Body(httpx.AsyncByteStream):
             await anyio.Event().wait()  # never set: the client must give up
 
     async def aclose(self) -> None:
-        self.closed.append(True)
+        self.on_close()
 
 
 @dataclass
@@ -117,8 +120,23 @@ class Script:
         )
         return self
 
+    _closing: anyio.Event | None = None
+
     def _next(self) -> tuple[int, list[bytes], dict[str, str], bool]:
         return self.replies.pop(0) if self.replies else self.default()
+
+    def _note_closed(self) -> None:
+        self.closed.append(True)
+        if self._closing is not None:
+            self._closing.set()
+
+    async def wait_closed(self, count: int) -> None:
+        """Wait until the client has closed ``count`` streamed replies (bounded by
+        :data:`RELEASE_LIMIT`: a reply the client keeps open fails the test)."""
+        with anyio.fail_after(RELEASE_LIMIT):
+            while len(self.closed) < count:
+                self._closing = anyio.Event()
+                await self._closing.wait()
 
     def transport(self) -> httpx.MockTransport:
         """The replies from an httpx MockTransport (no socket, httpx only)."""
@@ -132,7 +150,7 @@ class Script:
                     status, headers=headers, json={"error": {"message": f"status {status}"}}
                 )
             h = {"content-type": "text/event-stream", **headers}
-            return httpx.Response(status, headers=h, stream=_Body(parts, stall, self.closed))
+            return httpx.Response(status, headers=h, stream=_Body(parts, stall, self._note_closed))
 
         return httpx.MockTransport(handler)
 
@@ -140,35 +158,50 @@ class Script:
     async def serve(self) -> AsyncIterator[str]:
         """The same replies, byte for byte, from a loopback HTTP/1.1 server on the test's
         own event loop (one request per connection, bodies chunked as the parts are), so
-        any transport can read them; yields the base URL. A stalled reply holds its
-        connection until the client closes it."""
+        any transport can read them; yields the base URL. A streamed reply counts in
+        :attr:`closed` once the client has closed its connection (after the whole body,
+        or mid-body: a stalled reply holds it until then); on leaving, the block waits
+        (bounded by :data:`RELEASE_LIMIT`) until the client has closed every connection
+        it was answered on, so a leaked response fails the test."""
+        answering = 0
+        idle: anyio.Event | None = None
 
         async def answer(raw: RawRequest, stream: anyio.abc.ByteStream) -> None:
-            method, target, _ = raw.line.split(" ", 2)
-            url = f"http://{raw.headers.get('host', 'mock')}{target}"
-            self.requests.append(httpx.Request(method, url, headers=raw.headers, content=raw.body))
-            status, parts, headers, stall = self._next()
-            given = {name.lower(): value for name, value in headers.items()}
-            if status >= 400:
-                body = json.dumps({"error": {"message": f"status {status}"}}).encode()
-                head = {"content-type": "application/json", **given}
-                await send_all(stream, _head(status, head, len(body)) + body)
-                return
-            head = {"content-type": "text/event-stream", **given}
-            if not await send_all(stream, _head(status, head, None)):
-                return
-            for part in filter(None, parts):  # an empty chunk would end the body
-                if not await send_all(stream, b"%x\r\n%b\r\n" % (len(part), part)):
-                    break
-            else:
-                if not stall:
-                    await send_all(stream, b"0\r\n\r\n")
-                else:
-                    await _until_closed(stream)
-            self.closed.append(True)
+            nonlocal answering
+            answering += 1
+            try:
+                await self._answer(raw, stream)
+            finally:
+                answering -= 1
+                if answering == 0 and idle is not None:
+                    idle.set()
 
         async with raw_server(answer) as server:
             yield server.base_url
+            if answering:
+                idle = anyio.Event()
+                with anyio.fail_after(RELEASE_LIMIT):
+                    await idle.wait()
+
+    async def _answer(self, raw: RawRequest, stream: anyio.abc.ByteStream) -> None:
+        method, target, _ = raw.line.split(" ", 2)
+        url = f"http://{raw.headers.get('host', 'mock')}{target}"
+        self.requests.append(httpx.Request(method, url, headers=raw.headers, content=raw.body))
+        status, parts, headers, stall = self._next()
+        given = {name.lower(): value for name, value in headers.items()}
+        if status >= 400:
+            body = json.dumps({"error": {"message": f"status {status}"}}).encode()
+            head = {"content-type": "application/json", **given}
+            await send_all(stream, _head(status, head, len(body)) + body)
+            return
+        head = {"content-type": "text/event-stream", **given}
+        sent = await send_all(stream, _head(status, head, None))
+        for part in filter(None, parts):  # an empty chunk would end the body
+            sent = sent and await send_all(stream, b"%x\r\n%b\r\n" % (len(part), part))
+        if sent and not stall:
+            await send_all(stream, b"0\r\n\r\n")
+        await _until_closed(stream)
+        self._note_closed()
 
 
 def _head(status: int, headers: dict[str, str], length: int | None) -> bytes:
