@@ -232,14 +232,20 @@ def mock_client(
     backend: Mapping[str, Any] | None = None,
     name: str = "mock",
     model: str = "m",
+    served_at: str | None = None,
     **options: Any,
 ) -> AsyncClient:
     """A client for ``model`` over ``script``'s MockTransport (backend ``name`` at
     ``http://mock/v1``; ``backend``: more :class:`HTTPBackend` options; ``retry=None``: the
-    client's default; ``options``: more :class:`AsyncClient` options)."""
-    http = HTTPBackend(
-        "http://mock/v1", api_key, name=name, transport=script.transport(), **(backend or {})
-    )
+    client's default; ``options``: more :class:`AsyncClient` options). With ``served_at``
+    (where :meth:`Script.serve` listens) the backend goes there instead, over
+    :func:`backend_for`'s transport."""
+    if served_at is not None:
+        http = backend_for(served_at, api_key, name=name, **(backend or {}))
+    else:
+        http = HTTPBackend(
+            "http://mock/v1", api_key, name=name, transport=script.transport(), **(backend or {})
+        )
     return AsyncClient(http, model=model, retry=retry, **options)
 
 
@@ -280,30 +286,19 @@ def client_for(fakes: dict[str, FakeProvider], **kwargs: Any) -> AsyncClient:
 
 
 @asynccontextmanager
-async def scripted_client(
-    script: Script,
-    *,
-    api_key: str | None = KEY,
-    retry: RetryPolicy | None = FAST_RETRY,
-    backend: Mapping[str, Any] | None = None,
-    name: str = "mock",
-    model: str = "m",
-    **options: Any,
-) -> AsyncIterator[AsyncClient]:
-    """:func:`mock_client` over the transport the ``transport`` fixture chose: the script
-    served on a loopback socket (:meth:`Script.serve`) read by aiohttp or httpx; without
-    the fixture, over the MockTransport. Same options; ``name`` and ``model``: the
-    backend's name and the client's model."""
+async def scripted_client(script: Script, **kwargs: Any) -> AsyncIterator[AsyncClient]:
+    """:func:`mock_client` (same arguments) over the transport the ``transport`` fixture
+    chose: the script served on a loopback socket (:meth:`Script.serve`) and read by
+    aiohttp or httpx; without the fixture, over the MockTransport."""
     if transport_in_use == "default":
-        async with mock_client(
-            script, api_key=api_key, retry=retry, backend=backend, name=name, model=model, **options
-        ) as client:
+        async with mock_client(script, **kwargs) as client:
             yield client
         return
-    async with script.serve() as base_url:
-        served = backend_for(base_url, api_key, name=name, **(backend or {}))
-        async with AsyncClient(served, model=model, retry=retry, **options) as client:
-            yield client
+    async with (
+        script.serve() as base_url,
+        mock_client(script, served_at=base_url, **kwargs) as client,
+    ):
+        yield client
 
 
 def _text_chunk(text: str, model: str) -> ChatCompletionChunk:
