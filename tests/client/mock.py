@@ -262,11 +262,12 @@ async def providers(*names: str) -> AsyncIterator[dict[str, FakeProvider]]:
 
 
 TRANSPORTS = ("aiohttp", "httpx")
-"""The transports :func:`client_for` can put under its backends (the ``transport`` fixture
+"""The transports :func:`backend_for` can put under a backend (the ``transport`` fixture
 picks one per test; aiohttp runs on asyncio only)."""
 transport_in_use = "default"
-"""What :func:`client_for` uses: ``default`` (the backend's own choice: aiohttp on asyncio,
-httpx on trio), or one of :data:`TRANSPORTS`, set by the ``transport`` fixture."""
+"""What :func:`backend_for` (so :func:`client_for` and :func:`scripted_client`) uses:
+``default`` (the backend's own choice: aiohttp on asyncio, httpx on trio), or one of
+:data:`TRANSPORTS`, set by the ``transport`` fixture."""
 
 
 def backend_for(base_url: str, api_key: str | None = None, **options: Any) -> HTTPBackend:
@@ -287,13 +288,9 @@ def client_for(fakes: dict[str, FakeProvider], **kwargs: Any) -> AsyncClient:
 
 @asynccontextmanager
 async def scripted_client(script: Script, **kwargs: Any) -> AsyncIterator[AsyncClient]:
-    """:func:`mock_client` (same arguments) over the transport the ``transport`` fixture
-    chose: the script served on a loopback socket (:meth:`Script.serve`) and read by
-    aiohttp or httpx; without the fixture, over the MockTransport."""
-    if transport_in_use == "default":
-        async with mock_client(script, **kwargs) as client:
-            yield client
-        return
+    """:func:`mock_client` (same arguments) with the script served on a loopback socket
+    (:meth:`Script.serve`) and read over the transport the ``transport`` fixture chose
+    (:data:`transport_in_use`)."""
     async with (
         script.serve() as base_url,
         mock_client(script, served_at=base_url, **kwargs) as client,
