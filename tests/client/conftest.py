@@ -11,9 +11,10 @@ from . import mock
 
 @pytest.fixture(params=mock.TRANSPORTS)
 def transport(request: pytest.FixtureRequest, anyio_backend: str) -> Iterator[str]:
-    """Run a test that builds its client with :func:`mock.client_for` over each HTTP
-    transport: aiohttp (asyncio's default) and httpx (trio's, and asyncio's on request).
-    A module opts in with ``pytest.mark.usefixtures("transport")``."""
+    """Run a test whose backends come from :func:`mock.backend_for` (``client_for``,
+    ``scripted_client``) over each HTTP transport: aiohttp (asyncio's default) and httpx
+    (trio's, and asyncio's on request). A module or a test opts in with
+    ``pytest.mark.usefixtures("transport")``."""
     name = str(request.param)
     if name == "aiohttp" and anyio_backend != "asyncio":
         pytest.skip("aiohttp runs on asyncio only")

@@ -1,7 +1,7 @@
-"""Shared client-test helpers (unit tests only): a scripted httpx MockTransport that speaks
-the OpenAI streaming format and a client over it, the zero-backoff retry policies, clients
-over one :class:`FakeProvider` per target, a gated in-test backend, a recording observer
-and a three-turn tool loop.
+"""Shared client-test helpers (unit tests only): a scripted reply list that speaks the OpenAI
+streaming format, served by an httpx MockTransport or on a loopback socket, and a client over
+it; the zero-backoff retry policies, clients over one :class:`FakeProvider` per target, a
+gated in-test backend, a recording observer and a three-turn tool loop.
 """
 
 from __future__ import annotations
@@ -10,9 +10,11 @@ import json
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any
 
 import anyio
+import anyio.abc
 import httpx
 
 from swiftclient import (
@@ -27,6 +29,8 @@ from swiftclient import (
 from swiftclient.extend import AttemptRun, Deadline, RequestOptions
 from swiftclient.testing import FakeProvider, Reply
 
+from .rawserver import RawRequest, raw_server, send_all
+
 KEY = "sk-test-SECRETSECRETSECRET"
 """The API key of :func:`mock_client` (tests check that it never shows in errors)."""
 FAST_RETRY = RetryPolicy(max_attempts=3, initial_backoff=0.0, max_backoff=0.0)
@@ -34,6 +38,9 @@ FAST_RETRY = RetryPolicy(max_attempts=3, initial_backoff=0.0, max_backoff=0.0)
 NO_RETRY = RetryPolicy.none()
 HELD = Reply(stall_after=0)
 """A FakeProvider reply: headers sent, then nothing until the client leaves."""
+RELEASE_LIMIT = 30.0
+"""Seconds to wait for a client to let go of a scripted server's connections (a bound on
+cleanup, never a speed assertion)."""
 
 
 def sse(obj: Any) -> bytes:
@@ -72,10 +79,10 @@ def stream_body(words: list[str], usage: bool = True) -> list[bytes]:
 
 
 class _Body(httpx.AsyncByteStream):
-    def __init__(self, parts: list[bytes], stall: bool, closed: list[bool]) -> None:
+    def __init__(self, parts: list[bytes], stall: bool, on_close: Callable[[], None]) -> None:
         self.parts = parts
         self.stall = stall
-        self.closed = closed
+        self.on_close = on_close
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         for part in self.parts:
@@ -84,7 +91,7 @@ class _Body(httpx.AsyncByteStream):
             await anyio.Event().wait()  # never set: the client must give up
 
     async def aclose(self) -> None:
-        self.closed.append(True)
+        self.on_close()
 
 
 @dataclass
@@ -113,19 +120,108 @@ class Script:
         )
         return self
 
+    _closing: anyio.Event | None = None
+
+    def _next(self) -> tuple[int, list[bytes], dict[str, str], bool]:
+        return self.replies.pop(0) if self.replies else self.default()
+
+    def _note_closed(self) -> None:
+        self.closed.append(True)
+        if self._closing is not None:
+            self._closing.set()
+
+    async def wait_closed(self, count: int) -> None:
+        """Wait until the client has closed ``count`` streamed replies (bounded by
+        :data:`RELEASE_LIMIT`: a reply the client keeps open fails the test)."""
+        with anyio.fail_after(RELEASE_LIMIT):
+            while len(self.closed) < count:
+                self._closing = anyio.Event()
+                await self._closing.wait()
+
     def transport(self) -> httpx.MockTransport:
+        """The replies from an httpx MockTransport (no socket, httpx only)."""
+
         async def handler(request: httpx.Request) -> httpx.Response:
             self.requests.append(request)
             await request.aread()
-            status, parts, headers, stall = self.replies.pop(0) if self.replies else self.default()
+            status, parts, headers, stall = self._next()
             if status >= 400:
                 return httpx.Response(
                     status, headers=headers, json={"error": {"message": f"status {status}"}}
                 )
             h = {"content-type": "text/event-stream", **headers}
-            return httpx.Response(status, headers=h, stream=_Body(parts, stall, self.closed))
+            return httpx.Response(status, headers=h, stream=_Body(parts, stall, self._note_closed))
 
         return httpx.MockTransport(handler)
+
+    @asynccontextmanager
+    async def serve(self) -> AsyncIterator[str]:
+        """The same replies, byte for byte, from a loopback HTTP/1.1 server on the test's
+        own event loop (one request per connection, bodies chunked as the parts are), so
+        any transport can read them; yields the base URL. A streamed reply counts in
+        :attr:`closed` once the client has closed its connection (after the whole body,
+        or mid-body: a stalled reply holds it until then); on leaving, the block waits
+        (bounded by :data:`RELEASE_LIMIT`) until the client has closed every connection
+        it was answered on, so a leaked response fails the test."""
+        answering = 0
+        idle: anyio.Event | None = None
+
+        async def answer(raw: RawRequest, stream: anyio.abc.ByteStream) -> None:
+            nonlocal answering
+            answering += 1
+            try:
+                await self._answer(raw, stream)
+            finally:
+                answering -= 1
+                if answering == 0 and idle is not None:
+                    idle.set()
+
+        async with raw_server(answer) as server:
+            yield server.base_url
+            if answering:
+                idle = anyio.Event()
+                with anyio.fail_after(RELEASE_LIMIT):
+                    await idle.wait()
+
+    async def _answer(self, raw: RawRequest, stream: anyio.abc.ByteStream) -> None:
+        method, target, _ = raw.line.split(" ", 2)
+        url = f"http://{raw.headers.get('host', 'mock')}{target}"
+        self.requests.append(httpx.Request(method, url, headers=raw.headers, content=raw.body))
+        status, parts, headers, stall = self._next()
+        given = {name.lower(): value for name, value in headers.items()}
+        if status >= 400:
+            body = json.dumps({"error": {"message": f"status {status}"}}).encode()
+            head = {"content-type": "application/json", **given}
+            await send_all(stream, _head(status, head, len(body)) + body)
+            return
+        head = {"content-type": "text/event-stream", **given}
+        sent = await send_all(stream, _head(status, head, None))
+        for part in filter(None, parts):  # an empty chunk would end the body
+            sent = sent and await send_all(stream, b"%x\r\n%b\r\n" % (len(part), part))
+        if sent and not stall:
+            await send_all(stream, b"0\r\n\r\n")
+        await _until_closed(stream)
+        self._note_closed()
+
+
+def _head(status: int, headers: dict[str, str], length: int | None) -> bytes:
+    framing = (
+        {"transfer-encoding": "chunked"} if length is None else {"content-length": str(length)}
+    )
+    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}"]
+    lines += [
+        f"{name}: {value}" for name, value in {**headers, **framing, "connection": "close"}.items()
+    ]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+async def _until_closed(stream: anyio.abc.ByteStream) -> None:
+    """Wait until the client closes the connection (what it sends meanwhile is dropped)."""
+    try:
+        while True:
+            await stream.receive()
+    except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+        return
 
 
 def mock_client(
@@ -134,15 +230,23 @@ def mock_client(
     api_key: str | None = KEY,
     retry: RetryPolicy | None = FAST_RETRY,
     backend: Mapping[str, Any] | None = None,
+    name: str = "mock",
+    model: str = "m",
+    served_at: str | None = None,
     **options: Any,
 ) -> AsyncClient:
-    """A client for model ``m`` over ``script`` (backend ``mock`` at ``http://mock/v1``;
-    ``backend``: more :class:`HTTPBackend` options; ``retry=None``: the client's default;
-    ``options``: more :class:`AsyncClient` options)."""
-    http = HTTPBackend(
-        "http://mock/v1", api_key, name="mock", transport=script.transport(), **(backend or {})
-    )
-    return AsyncClient(http, model="m", retry=retry, **options)
+    """A client for ``model`` over ``script``'s MockTransport (backend ``name`` at
+    ``http://mock/v1``; ``backend``: more :class:`HTTPBackend` options; ``retry=None``: the
+    client's default; ``options``: more :class:`AsyncClient` options). With ``served_at``
+    (where :meth:`Script.serve` listens) the backend goes there instead, over
+    :func:`backend_for`'s transport."""
+    if served_at is not None:
+        http = backend_for(served_at, api_key, name=name, **(backend or {}))
+    else:
+        http = HTTPBackend(
+            "http://mock/v1", api_key, name=name, transport=script.transport(), **(backend or {})
+        )
+    return AsyncClient(http, model=model, retry=retry, **options)
 
 
 @asynccontextmanager
@@ -158,25 +262,40 @@ async def providers(*names: str) -> AsyncIterator[dict[str, FakeProvider]]:
 
 
 TRANSPORTS = ("aiohttp", "httpx")
-"""The transports :func:`client_for` can put under its backends (the ``transport`` fixture
+"""The transports :func:`backend_for` can put under a backend (the ``transport`` fixture
 picks one per test; aiohttp runs on asyncio only)."""
 transport_in_use = "default"
-"""What :func:`client_for` uses: ``default`` (the backend's own choice: aiohttp on asyncio,
-httpx on trio), or one of :data:`TRANSPORTS`, set by the ``transport`` fixture."""
+"""What :func:`backend_for` (so :func:`client_for` and :func:`scripted_client`) uses:
+``default`` (the backend's own choice: aiohttp on asyncio, httpx on trio), or one of
+:data:`TRANSPORTS`, set by the ``transport`` fixture."""
+
+
+def backend_for(base_url: str, api_key: str | None = None, **options: Any) -> HTTPBackend:
+    """An :class:`HTTPBackend` for ``base_url`` over the transport the ``transport`` fixture
+    chose (:data:`transport_in_use`); ``options``: more :class:`HTTPBackend` options."""
+    if transport_in_use == "httpx":
+        options["transport"] = httpx.AsyncHTTPTransport()
+    return HTTPBackend(base_url, api_key, **options)
 
 
 def client_for(fakes: dict[str, FakeProvider], **kwargs: Any) -> AsyncClient:
     """A client with one backend per fake, named as the fake (no retries unless given), over
     the transport the ``transport`` fixture chose (:data:`transport_in_use`)."""
-    forced = transport_in_use == "httpx"
-    backends = {
-        name: HTTPBackend(
-            fake.base_url, name=name, transport=httpx.AsyncHTTPTransport() if forced else None
-        )
-        for name, fake in fakes.items()
-    }
+    backends = {name: backend_for(fake.base_url, name=name) for name, fake in fakes.items()}
     kwargs.setdefault("retry", NO_RETRY)
     return AsyncClient(backends=backends, **kwargs)
+
+
+@asynccontextmanager
+async def scripted_client(script: Script, **kwargs: Any) -> AsyncIterator[AsyncClient]:
+    """:func:`mock_client` (same arguments) with the script served on a loopback socket
+    (:meth:`Script.serve`) and read over the transport the ``transport`` fixture chose
+    (:data:`transport_in_use`)."""
+    async with (
+        script.serve() as base_url,
+        mock_client(script, served_at=base_url, **kwargs) as client,
+    ):
+        yield client
 
 
 def _text_chunk(text: str, model: str) -> ChatCompletionChunk:

@@ -9,8 +9,6 @@ import sys
 import typing
 from typing import Any
 
-import anyio
-import httpx
 import pydantic
 import pytest
 from typing_extensions import TypedDict  # pydantic needs it on Python < 3.12
@@ -23,7 +21,6 @@ from swiftclient import (
     ConfigurationError,
     DeadlineExceeded,
     FirstTokenTimeout,
-    HTTPBackend,
     InternalServerError,
     Message,
     StreamStalled,
@@ -35,9 +32,23 @@ from swiftclient._canonical import encode as encode_request
 from swiftclient._structured import _strict_schema, structured_output
 from swiftclient.testing import FakeProvider, Reply
 
-from .mock import KEY, TOOL_LOOP_ANSWER, Script, chunk, mock_client, stream_body, tool_loop
+from .mock import (
+    HELD,
+    KEY,
+    TOOL_LOOP_ANSWER,
+    Script,
+    backend_for,
+    chunk,
+    mock_client,
+    scripted_client,
+    stream_body,
+    tool_loop,
+)
 
 pytestmark = pytest.mark.anyio
+over_transports = pytest.mark.usefixtures("transport")
+"""A test that sends requests runs over aiohttp and httpx, on a loopback socket; one whose
+request is refused before sending keeps the MockTransport (no transport is reached)."""
 _CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
 
 
@@ -55,6 +66,7 @@ def test_a_number_overrides_total_only() -> None:
     assert Timeout.coerce(replaced, base) is replaced
 
 
+@over_transports
 async def test_a_per_call_number_keeps_the_clients_first_token_limit() -> None:
     # The client's first_token limit must survive `timeout=20`: each stalled attempt times
     # out on it and is retried, instead of the call waiting out its whole total.
@@ -62,7 +74,7 @@ async def test_a_per_call_number_keeps_the_clients_first_token_limit() -> None:
     for _ in range(3):
         script.add(parts=[chunk(role="assistant"), b": keep-alive\n\n"], stall=True)
     limits = Timeout(total=60, first_token=0.3, idle=None)
-    async with mock_client(script, timeout=limits) as client:
+    async with scripted_client(script, timeout=limits) as client:
         with pytest.raises(FirstTokenTimeout):
             await client.chat("hi", timeout=20)
     assert len(script.requests) == 3
@@ -118,6 +130,7 @@ async def test_messages_of_the_wrong_type_are_a_configuration_error(messages: An
     assert script.requests == []
 
 
+@over_transports
 async def test_every_valid_message_shape_is_sent() -> None:
     conversation: list[dict[str, Any]] = [
         {"role": "system", "content": ""},
@@ -139,7 +152,7 @@ async def test_every_valid_message_shape_is_sent() -> None:
         {"role": "assistant", "audio": {"id": "audio_1"}},
     ]
     script = Script()
-    async with mock_client(script) as client:
+    async with scripted_client(script) as client:
         await client.chat(conversation)
     sent = json.loads(script.requests[0].content)["messages"]
     assert sent[3] == {"role": "assistant", "tool_calls": [_CALL]}
@@ -171,6 +184,7 @@ def test_a_reply_validates_as_a_request_message() -> None:
     assert body["messages"] == [{"role": "assistant", "refusal": "I can't help with that."}]
 
 
+@over_transports
 @pytest.mark.parametrize("stream", [True, False], ids=["streamed", "plain"])
 async def test_a_three_turn_tool_loop_appends_the_replies_as_they_come(stream: bool) -> None:
     async with FakeProvider() as fake:
@@ -179,7 +193,7 @@ async def test_a_three_turn_tool_loop_appends_the_replies_as_they_come(stream: b
             Reply(tool_calls=(("add", {"a": 20, "b": 1.5}),)),
             Reply(text=TOOL_LOOP_ANSWER),
         )
-        async with AsyncClient(HTTPBackend(fake.base_url, name="fake"), model="m") as client:
+        async with AsyncClient(backend_for(fake.base_url, name="fake"), model="m") as client:
             await tool_loop(client, stream=stream)
     sent = fake.requests[-1].body["messages"]
     assert [m["role"] for m in sent] == ["user", "assistant", "tool", "assistant", "tool"]
@@ -194,10 +208,11 @@ async def test_a_three_turn_tool_loop_appends_the_replies_as_they_come(stream: b
 # --------------------------------------------------------------------------- errors after retries
 
 
+@over_transports
 @pytest.mark.parametrize("stream", [True, False], ids=["streamed", "plain"])
 async def test_an_error_after_retries_carries_its_attempts(stream: bool) -> None:
     script = Script().add(500).add(502).add(503)
-    async with mock_client(script) as client:
+    async with scripted_client(script) as client:
         with pytest.raises(InternalServerError) as info:
             await client.chat("hi", stream=stream)
     error = info.value
@@ -211,27 +226,31 @@ async def test_an_error_after_retries_carries_its_attempts(stream: bool) -> None
     assert KEY not in str(error) and KEY not in repr(error)
 
 
+@over_transports
 @pytest.mark.parametrize("stream", [True, False], ids=["streamed", "plain"])
 async def test_an_error_on_the_first_attempt_says_nothing_of_retries(stream: bool) -> None:
     script = Script().add(400)
-    async with mock_client(script) as client:
+    async with scripted_client(script) as client:
         with pytest.raises(BadRequestError) as info:
             await client.chat("hi", stream=stream)
     assert [a.status_code for a in info.value.attempts] == [400]
     assert "attempt" not in str(info.value)
 
 
+@over_transports
 async def test_timeouts_retried_and_a_stall_after_a_retry_say_how_many_attempts() -> None:
     script = Script()
     for _ in range(3):
         script.add(parts=[chunk(role="assistant"), b": keep-alive\n\n"], stall=True)
-    async with mock_client(script, timeout=Timeout(total=60, first_token=0.3, idle=None)) as client:
+    async with scripted_client(
+        script, timeout=Timeout(total=60, first_token=0.3, idle=None)
+    ) as client:
         with pytest.raises(FirstTokenTimeout, match=r"\(after 3 attempts\)$") as first:
             await client.chat("hi")
     assert [a.error for a in first.value.attempts] == ["FirstTokenTimeout"] * 3
 
     script = Script().add(503).add(parts=[chunk(role="assistant"), chunk("a")], stall=True)
-    async with mock_client(script, timeout=Timeout(total=60, idle=0.3)) as client:
+    async with scripted_client(script, timeout=Timeout(total=60, idle=0.3)) as client:
         async with client.stream("hi") as stream:
             with pytest.raises(StreamStalled, match=r"\(after 2 attempts\)$") as stalled:
                 async for _ in stream:
@@ -240,22 +259,18 @@ async def test_timeouts_retried_and_a_stall_after_a_retry_say_how_many_attempts(
     assert stalled.value.attempts[-1].error == "StreamStalled"
 
 
+@over_transports
 async def test_deadline_messages_read_the_same_streamed_and_not() -> None:
-    async def never_answers(request: httpx.Request) -> httpx.Response:
-        await anyio.sleep_forever()
-        raise AssertionError("unreachable")
-
     limits = Timeout(total=0.3, idle=None)
     script = Script().add(parts=[chunk(role="assistant")], stall=True)
-    async with mock_client(script, timeout=limits) as client:
+    async with scripted_client(script, timeout=limits) as client:
         with pytest.raises(DeadlineExceeded) as streamed:
             await client.chat("hi")
-    plain = HTTPBackend(
-        "http://mock/v1", KEY, name="mock", transport=httpx.MockTransport(never_answers)
-    )
-    async with AsyncClient(plain, model="m", timeout=limits) as client:
-        with pytest.raises(DeadlineExceeded) as not_streamed:
-            await client.chat("hi", stream=False)
+    async with FakeProvider(HELD) as fake:  # a non-streamed request held: no response at all
+        plain = backend_for(fake.base_url, KEY, name="mock")
+        async with AsyncClient(plain, model="m", timeout=limits) as client:
+            with pytest.raises(DeadlineExceeded) as not_streamed:
+                await client.chat("hi", stream=False)
     expected = "mock: the call's total deadline of 0.3s was exceeded"
     assert str(streamed.value) == str(not_streamed.value) == expected
     assert len(streamed.value.attempts) == len(not_streamed.value.attempts) == 1
@@ -295,6 +310,7 @@ def _replies(*texts: str) -> Script:
 PARIS = '{"city": "Paris", "celsius": 21.5}'
 
 
+@over_transports
 @pytest.mark.parametrize(
     ("response_model", "reply", "expected", "name"),
     [
@@ -324,7 +340,7 @@ async def test_response_model_takes_models_typeddicts_dataclasses_and_lists(
         script = _replies(reply)
     else:
         script = Script().add(parts=[json.dumps(_plain_completion(reply)).encode()])
-    async with mock_client(script) as client:
+    async with scripted_client(script) as client:
         result = await client.chat("weather", response_model=response_model, stream=stream)
     assert result == expected
     sent = json.loads(script.requests[0].content)["response_format"]
@@ -345,6 +361,7 @@ def _plain_completion(text: str) -> dict[str, Any]:
     }
 
 
+@over_transports
 @pytest.mark.parametrize(
     "reply",
     [
@@ -355,13 +372,14 @@ def _plain_completion(text: str) -> dict[str, Any]:
 )
 async def test_a_reply_fenced_in_a_code_block_is_accepted(reply: str) -> None:
     script = _replies(reply)
-    async with mock_client(script) as client:
+    async with scripted_client(script) as client:
         assert await client.chat("w", response_model=Weather) == Weather(city="Paris", celsius=21.5)
 
 
+@over_transports
 async def test_structured_output_error_names_the_failing_fields() -> None:
     script = _replies('{"city": 5}', "Sure! Here it is: {", f"```json\n[{PARIS}]\n```")
-    async with mock_client(script) as client:
+    async with scripted_client(script) as client:
         with pytest.raises(StructuredOutputError) as fields:
             await client.chat("w", response_model=Weather)
         with pytest.raises(StructuredOutputError, match="Invalid JSON") as not_json:
@@ -384,12 +402,13 @@ def _cut_off_body(words: list[str], usage: bool) -> list[bytes]:
     return [*parts[:at], chunk(finish="length"), *parts[at + 1 :]]
 
 
+@over_transports
 @pytest.mark.parametrize(("usage", "where"), [(True, "at 3 tokens"), (False, "at its token limit")])
 async def test_a_reply_cut_off_at_max_tokens_says_so(usage: bool, where: str) -> None:
     script = Script()
     script.add(parts=_cut_off_body(['{"city": ', '"Par', "is"], usage=usage))
     script.add(parts=_cut_off_body([PARIS], usage=usage))  # complete although cut off: fine
-    async with mock_client(script) as client:
+    async with scripted_client(script) as client:
         with pytest.raises(StructuredOutputError) as cut:
             await client.chat("w", response_model=Weather, max_tokens=3)
         assert await client.chat("w", response_model=Weather) == Weather(city="Paris", celsius=21.5)

@@ -4,6 +4,7 @@ the opt-out; ``prompt_cache_key`` derived for providers that take it."""
 from __future__ import annotations
 
 import json
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import pytest
@@ -13,9 +14,12 @@ from swiftclient._canonical import cache_key, prompt_prefix
 from swiftclient.providers import from_env, preset
 from swiftclient.types import ChatRequest
 
-from .mock import Script, mock_client
+from .mock import Script, scripted_client
 
 pytestmark = pytest.mark.anyio
+over_transports = pytest.mark.usefixtures("transport")
+"""The bytes that reach the socket, over aiohttp and httpx (the preset test keeps the
+MockTransport: a preset's base URL is its provider's real host)."""
 SYSTEM = {"role": "system", "content": "You are a careful assistant."}
 TOOLS = [
     {"type": "function", "function": {"name": "zeta", "parameters": {"required": ["b", "a"]}}},
@@ -23,10 +27,11 @@ TOOLS = [
 ]
 
 
-def _client(script: Script, **backend: Any) -> AsyncClient:
-    return mock_client(script, backend=backend)
+def _client(script: Script, **backend: Any) -> AbstractAsyncContextManager[AsyncClient]:
+    return scripted_client(script, backend=backend)
 
 
+@over_transports
 async def test_retries_send_the_bytes_built_once(monkeypatch: pytest.MonkeyPatch) -> None:
     built: list[bool] = []
     real = _canonical._body
@@ -47,6 +52,7 @@ async def test_retries_send_the_bytes_built_once(monkeypatch: pytest.MonkeyPatch
     assert names == ["alpha", "zeta"]
 
 
+@over_transports
 async def test_attempts_on_other_models_get_their_own_bytes() -> None:
     script = Script().add(503)
     async with _client(script) as client:
@@ -55,6 +61,7 @@ async def test_attempts_on_other_models_get_their_own_bytes() -> None:
     assert models == ["m", "n"]
 
 
+@over_transports
 async def test_canonical_false_sends_the_callers_orders() -> None:
     script = Script()
     async with _client(script, canonical=False) as client:
@@ -64,6 +71,7 @@ async def test_canonical_false_sends_the_callers_orders() -> None:
     assert body["tools"][0]["function"]["parameters"]["required"] == ["b", "a"]
 
 
+@over_transports
 async def test_prompt_cache_key_is_derived_from_the_static_prefix() -> None:
     script = Script()
     messages = [SYSTEM, {"role": "user", "content": "hi"}]
@@ -82,6 +90,7 @@ async def test_prompt_cache_key_is_derived_from_the_static_prefix() -> None:
     assert keys == [expected, expected, "mine", None]
 
 
+@over_transports
 async def test_no_prompt_cache_key_unless_the_backend_asks() -> None:
     script = Script()
     async with _client(script) as client:

@@ -30,14 +30,28 @@ from swiftclient import (
 from swiftclient.providers import from_env, preset
 from swiftclient.types import Timing
 
-from .mock import FAST_RETRY, KEY, Script, chunk, mock_client, sse, stream_body
+from .mock import (
+    FAST_RETRY,
+    KEY,
+    Script,
+    backend_for,
+    chunk,
+    mock_client,
+    scripted_client,
+    sse,
+    stream_body,
+)
 
 pytestmark = pytest.mark.anyio
+over_transports = pytest.mark.usefixtures("transport")
+"""A test that sends requests runs over aiohttp and httpx, on a loopback socket; the rest
+keep the MockTransport (no request sent, or a transport-level behaviour of httpx's own)."""
 
 
+@over_transports
 async def test_chat_streams_and_measures() -> None:
     script = Script()
-    async with mock_client(script) as client:
+    async with scripted_client(script) as client:
         completion = await client.chat([{"role": "user", "content": "hi"}], temperature=0)
     assert completion.text == "Hello world"
     assert completion.usage is not None and completion.usage.completion_tokens == 2
@@ -50,9 +64,10 @@ async def test_chat_streams_and_measures() -> None:
     assert script.requests[0].headers["authorization"] == f"Bearer {KEY}"
 
 
+@over_transports
 async def test_stream_text_and_final_and_early_exit_closes() -> None:
     script = Script()
-    async with mock_client(script) as client:
+    async with scripted_client(script) as client:
         async with client.stream("hi") as stream:
             texts = [t async for t in stream.text()]
             final = await stream.final()
@@ -60,6 +75,7 @@ async def test_stream_text_and_final_and_early_exit_closes() -> None:
         async with client.stream("hi") as stream:
             async for _ in stream:
                 break
+        await script.wait_closed(2)  # both released while the client is still open
     assert len(script.closed) == 2
 
 
@@ -81,6 +97,7 @@ async def test_a_stream_read_outside_its_block_says_how_to_open_it() -> None:
     assert len(script.requests) == 1
 
 
+@over_transports
 async def test_tool_call_deltas_are_merged() -> None:
     parts = [
         chunk(role="assistant"),
@@ -103,7 +120,7 @@ async def test_tool_call_deltas_are_merged() -> None:
         b"data: [DONE]\n\n",
     ]
     script = Script().add(parts=parts)
-    async with mock_client(script) as client:
+    async with scripted_client(script) as client:
         completion = await client.chat("weather?")
     calls = completion.tool_calls
     assert [c.function.name for c in calls] == ["get_weather", "t"]
@@ -112,9 +129,10 @@ async def test_tool_call_deltas_are_merged() -> None:
     assert completion.choices[0].message.content is None
 
 
+@over_transports
 async def test_retries_5xx_then_succeeds_with_one_idempotency_key() -> None:
     script = Script().add(503).add(429, headers={"retry-after-ms": "1"}).add()
-    async with mock_client(script) as client:
+    async with scripted_client(script) as client:
         completion = await client.chat("hi")
     assert completion.text == "ok"
     attempts = completion.timing.attempts if completion.timing else []
@@ -124,9 +142,10 @@ async def test_retries_5xx_then_succeeds_with_one_idempotency_key() -> None:
     assert len(keys) == 1
 
 
+@over_transports
 async def test_400_is_never_retried_and_carries_body() -> None:
     script = Script().add(400).add()
-    async with mock_client(script) as client:
+    async with scripted_client(script) as client:
         with pytest.raises(BadRequestError) as info:
             await client.chat("hi")
     assert len(script.requests) == 1
@@ -134,73 +153,84 @@ async def test_400_is_never_retried_and_carries_body() -> None:
     assert KEY not in str(info.value) and KEY not in repr(info.value)
 
 
+@over_transports
 async def test_x_should_retry_overrides_status() -> None:
     script = (
         Script()
         .add(400, headers={"x-should-retry": "true"})
         .add(500, headers={"x-should-retry": "false"})
     )
-    async with mock_client(script) as client:
+    async with scripted_client(script) as client:
         with pytest.raises(InternalServerError):
             await client.chat("hi")
     assert len(script.requests) == 2
 
 
+@over_transports
 async def test_retry_after_past_the_deadline_is_not_waited_for() -> None:
     script = Script().add(429, headers={"retry-after": "30"}).add()
-    async with mock_client(script, timeout=Timeout(total=5)) as client:
+    async with scripted_client(script, timeout=Timeout(total=5)) as client:
         with pytest.raises(RateLimitError):
             await client.chat("hi")
     assert len(script.requests) == 1
 
 
+@over_transports
 async def test_exhausted_retries_raise_last_error() -> None:
     script = Script().add(500).add(502).add(503).add()
-    async with mock_client(script) as client:
+    async with scripted_client(script) as client:
         with pytest.raises(InternalServerError) as info:
             await client.chat("hi")
     assert info.value.status_code == 503 and len(script.requests) == 3
 
 
+@over_transports
 async def test_idle_timeout_raises_stream_stalled_after_content() -> None:
     script = Script().add(parts=[chunk(role="assistant"), chunk("a")], stall=True)
-    async with mock_client(script, timeout=Timeout(total=60, idle=0.3)) as client:
+    async with scripted_client(script, timeout=Timeout(total=60, idle=0.3)) as client:
         async with client.stream("hi") as stream:
             with pytest.raises(StreamStalled):
                 async for _ in stream:
                     pass
+        await script.wait_closed(1)  # the stalled reply let go while the client is open
     assert len(script.requests) == 1  # no retry once content has arrived
     assert script.closed
 
 
+@over_transports
 async def test_first_token_timeout_is_retried_then_raised() -> None:
     script = Script()
     for _ in range(3):
         script.add(parts=[chunk(role="assistant"), b": keep-alive\n\n"], stall=True)
-    async with mock_client(script, timeout=Timeout(total=60, first_token=0.3, idle=None)) as client:
+    async with scripted_client(
+        script, timeout=Timeout(total=60, first_token=0.3, idle=None)
+    ) as client:
         with pytest.raises(FirstTokenTimeout):
             await client.chat("hi")
     assert len(script.requests) == 3
 
 
+@over_transports
 async def test_total_deadline_bounds_everything() -> None:
     script = Script().add(parts=[chunk(role="assistant")], stall=True)
-    async with mock_client(script, timeout=Timeout(total=0.3, idle=None)) as client:
+    async with scripted_client(script, timeout=Timeout(total=0.3, idle=None)) as client:
         with pytest.raises(DeadlineExceeded):
             await client.chat("hi")
 
 
+@over_transports
 async def test_in_band_error_event_is_typed() -> None:
     parts = [chunk("a"), sse({"error": {"message": "overloaded", "type": "server_error"}})]
     script = Script().add(parts=parts)
-    async with mock_client(script) as client:
+    async with scripted_client(script) as client:
         with pytest.raises(StreamError, match="overloaded"):
             await client.chat("hi")
 
 
+@over_transports
 async def test_stream_that_ends_without_finish_is_an_error_and_retried_before_content() -> None:
     script = Script().add(parts=[chunk(role="assistant")]).add()
-    async with mock_client(script) as client:
+    async with scripted_client(script) as client:
         completion = await client.chat("hi")
     assert completion.text == "ok" and len(script.requests) == 2
 
@@ -210,10 +240,11 @@ class Weather(pydantic.BaseModel):
     celsius: float
 
 
+@over_transports
 async def test_response_model_validates_and_reports_raw_text() -> None:
     good = stream_body(['{"city": "Paris", ', '"celsius": 21.5}'])
     script = Script().add(parts=good).add(parts=stream_body(["not json"]))
-    async with mock_client(script) as client:
+    async with scripted_client(script) as client:
         weather = await client.chat("weather", response_model=Weather)
         assert weather == Weather(city="Paris", celsius=21.5)
         body = json.loads(script.requests[0].content)
@@ -224,16 +255,18 @@ async def test_response_model_validates_and_reports_raw_text() -> None:
     assert info.value.raw == "not json"
 
 
+@over_transports
 async def test_model_routing_by_backend_prefix() -> None:
     a, b = Script(), Script()
-    backend_a = HTTPBackend("http://a/v1", name="a", transport=a.transport())
-    backend_b = HTTPBackend("http://b/v1", name="b", transport=b.transport())
-    async with AsyncClient(
-        backends={"a": backend_a, "b": backend_b}, default_backend="a"
-    ) as client:
-        await client.chat("x", model="b/llama")
-        await client.chat("x", model="Qwen/Qwen3-0.6B")
-        await client.chat("x", model="a/m")
+    async with a.serve() as a_url, b.serve() as b_url:
+        backend_a = backend_for(a_url, name="a")
+        backend_b = backend_for(b_url, name="b")
+        async with AsyncClient(
+            backends={"a": backend_a, "b": backend_b}, default_backend="a"
+        ) as client:
+            await client.chat("x", model="b/llama")
+            await client.chat("x", model="Qwen/Qwen3-0.6B")
+            await client.chat("x", model="a/m")
     assert json.loads(b.requests[0].content)["model"] == "llama"
     assert [json.loads(r.content)["model"] for r in a.requests] == ["Qwen/Qwen3-0.6B", "m"]
 
@@ -249,6 +282,7 @@ async def test_bad_parameters_raise_configuration_error() -> None:
 _TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
 
 
+@over_transports
 @pytest.mark.parametrize(
     ("params", "fragment"),
     [
@@ -268,7 +302,7 @@ async def test_a_tool_choice_without_its_tool_is_refused_before_sending(
     params: dict[str, Any], fragment: str
 ) -> None:
     script = Script()
-    async with mock_client(script) as client:
+    async with scripted_client(script) as client:
         for stream in (False, True):
             with pytest.raises(ConfigurationError, match=re.escape(fragment)):
                 await client.chat("x", stream=stream, **params)
@@ -342,6 +376,7 @@ async def test_streams_from_a_transport_that_returns_a_read_body() -> None:
     assert completion.text == "already read"
 
 
+@over_transports
 async def test_streamed_calls_keep_unknown_fields_like_non_streamed_ones() -> None:
     def event(delta: dict[str, object], **extra: object) -> bytes:
         return sse(
@@ -361,7 +396,7 @@ async def test_streamed_calls_keep_unknown_fields_like_non_streamed_ones() -> No
         b"data: [DONE]\n\n",
     ]
     script = Script().add(parts=parts)
-    async with mock_client(script) as client:
+    async with scripted_client(script) as client:
         completion = await client.chat("hi")
     dumped = completion.model_dump()
     assert dumped["provider"] == "p1" and dumped["citations"] == ["a"]

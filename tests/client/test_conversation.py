@@ -16,7 +16,7 @@ from swiftclient import AsyncClient, Conversation, PrefixBrokenWarning
 from swiftclient.prompt_cache import diagnose
 from swiftclient.types import AssistantMessage, Message
 
-from .mock import Script, chunk, mock_client
+from .mock import Script, chunk, mock_client, scripted_client
 
 pytestmark = pytest.mark.anyio
 TOOLS = [
@@ -44,13 +44,14 @@ def _tool_call_reply(name: str = "weather") -> list[bytes]:
     ]
 
 
+@pytest.mark.usefixtures("transport")  # the bytes on the wire, over aiohttp and httpx
 async def test_turns_extend_the_sent_prefix_byte_for_byte() -> None:
     script = Script().add(parts=_tool_call_reply())
     conversation = Conversation("You are terse.", tools=TOOLS)
     conversation.user("Weather in Paris?")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        async with _client(script) as client:
+        async with scripted_client(script, retry=None) as client:
             first = await conversation.send(client)
             assert first.choices[0].message.tool_calls is not None
             conversation.tool_result("call_1", {"temp": 21, "sky": "clear"})

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 import pytest
@@ -35,9 +36,11 @@ from swiftclient.testing import FakeProvider, Reply
 from swiftclient.types import ChatCompletionChunk, ChatRequest
 
 from ..otel import Otel, attrs, points, recording
-from .mock import FAST_RETRY, Gated, Script, chunk, sse
+from .mock import FAST_RETRY, Gated, Script, backend_for, chunk, scripted_client, sse
 
 pytestmark = pytest.mark.anyio
+over_transports = pytest.mark.usefixtures("transport")
+"""A test that sends requests runs over aiohttp and httpx, on a loopback socket."""
 KEY = "sk-telemetry-secret-0123456789"
 
 
@@ -60,17 +63,26 @@ def _usage_stream(words: list[str], cached: int = 0) -> list[bytes]:
     return parts
 
 
-def _client(script: Script, otel: Otel, **kwargs: Any) -> AsyncClient:
-    backend = HTTPBackend(
-        "https://llm.example.com:8443/v1", KEY, transport=script.transport(), name="p"
-    )
+def _client(script: Script, otel: Otel, **kwargs: Any) -> AbstractAsyncContextManager[AsyncClient]:
     kwargs.setdefault("retry", RetryPolicy.none())
-    return AsyncClient(backend, model="gpt-test", telemetry=otel.telemetry(), **kwargs)
+    return scripted_client(
+        script, api_key=KEY, name="p", model="gpt-test", telemetry=otel.telemetry(), **kwargs
+    )
+
+
+def _served_at(client: AsyncClient) -> tuple[str, int]:
+    """The host and port backend ``p`` of ``client`` was given (a loopback server's)."""
+    backend = client.backends["p"]
+    assert isinstance(backend, HTTPBackend)
+    url = urlsplit(backend.base_url)
+    assert url.hostname is not None and url.port is not None
+    return url.hostname, url.port
 
 
 # --------------------------------------------------------------------------- spans
 
 
+@over_transports
 async def test_a_plain_call_is_one_client_span_with_the_conventions_attributes(
     otel: Otel,
 ) -> None:
@@ -79,6 +91,7 @@ async def test_a_plain_call_is_one_client_span_with_the_conventions_attributes(
         completion = await client.chat(
             "hi", max_tokens=50, temperature=0.5, top_p=0.9, stop=["END"], seed=7
         )
+        host, port = _served_at(client)
     assert completion.text == "Hello world"
     span = otel.call_span()
     assert span.name == "chat gpt-test"
@@ -98,8 +111,7 @@ async def test_a_plain_call_is_one_client_span_with_the_conventions_attributes(
     assert got["gen_ai.usage.input_tokens"] == 7
     assert got["gen_ai.usage.output_tokens"] == 2
     assert got["gen_ai.usage.cache_read.input_tokens"] == 3
-    assert got["server.address"] == "llm.example.com"
-    assert got["server.port"] == 8443
+    assert (got["server.address"], got["server.port"]) == (host, port) == ("127.0.0.1", port)
     assert "error.type" not in got
     assert span.status.status_code is StatusCode.UNSET
     # One attempt, a child of the call span.
@@ -112,6 +124,7 @@ async def test_a_plain_call_is_one_client_span_with_the_conventions_attributes(
     assert [e.name for e in attempt.events] == ["swiftclient.first_token"]
 
 
+@over_transports
 async def test_the_call_span_joins_the_callers_trace_and_the_request_carries_traceparent(
     otel: Otel,
 ) -> None:
@@ -132,6 +145,7 @@ async def test_the_call_span_joins_the_callers_trace_and_the_request_carries_tra
     assert int(span_id, 16) == attempt.context.span_id
 
 
+@over_transports
 async def test_a_stream_records_time_to_first_chunk_and_the_chunk_metrics(otel: Otel) -> None:
     script = Script().add(parts=_usage_stream(["a", "b", "c", "d"]))
     async with _client(script, otel) as client:
@@ -149,6 +163,7 @@ async def test_a_stream_records_time_to_first_chunk_and_the_chunk_metrics(otel: 
     assert tpoc.count == 3  # every content chunk after the first
 
 
+@over_transports
 async def test_a_retried_call_has_one_span_per_attempt_and_counts_the_retry(otel: Otel) -> None:
     script = Script().add(status=500).add(parts=_usage_stream(["fine"]))
     async with _client(script, otel, retry=FAST_RETRY) as client:
@@ -173,6 +188,7 @@ async def test_a_retried_call_has_one_span_per_attempt_and_counts_the_retry(otel
     assert [int(s, 16) for s in sent] == [first.context.span_id, second.context.span_id]
 
 
+@over_transports
 async def test_a_failed_call_sets_error_type_on_the_span_and_the_duration(otel: Otel) -> None:
     script = Script().add(status=400)
     async with _client(script, otel) as client:
@@ -185,14 +201,15 @@ async def test_a_failed_call_sets_error_type_on_the_span_and_the_duration(otel: 
     assert point.attributes["error.type"] == "400"
 
 
+@over_transports
 async def test_a_hedged_call_records_both_attempts_and_the_hedge(otel: Otel) -> None:
     async with (
         FakeProvider(Reply(stall_after=0), model="a") as slow,
         FakeProvider(Reply(text="from b"), model="b") as fast,
     ):
         backends = {
-            "a": HTTPBackend(slow.base_url, name="a"),
-            "b": HTTPBackend(fast.base_url, name="b"),
+            "a": backend_for(slow.base_url, name="a"),
+            "b": backend_for(fast.base_url, name="b"),
         }
         async with AsyncClient(
             backends=backends, retry=RetryPolicy.none(), telemetry=otel.telemetry()
@@ -225,14 +242,15 @@ class _SpentBudget:
         return False
 
 
+@over_transports
 async def test_a_hedge_the_budget_refuses_is_an_event(otel: Otel) -> None:
     async with (
         FakeProvider(Reply(stall_after=0), model="a") as slow,
         FakeProvider(Reply(text="from b"), model="b") as fast,
     ):
         backends = {
-            "a": HTTPBackend(slow.base_url, name="a"),
-            "b": HTTPBackend(fast.base_url, name="b"),
+            "a": backend_for(slow.base_url, name="a"),
+            "b": backend_for(fast.base_url, name="b"),
         }
         async with AsyncClient(
             backends=backends,
@@ -250,20 +268,19 @@ async def test_a_hedge_the_budget_refuses_is_an_event(otel: Otel) -> None:
     assert attrs(first)["error.type"] == "FirstTokenTimeout"
 
 
+@over_transports
 async def test_circuit_breaker_transitions_are_counted_and_traced(otel: Otel) -> None:
     script = Script().add(status=500)
     hub = PolicyHub(breaker=lambda: CircuitBreaker(min_calls=1, failure_rate=1.0, cooldown=600.0))
     spare = Script()
-    backends = {
-        "a": HTTPBackend("http://a.invalid/v1", transport=script.transport(), name="a"),
-        "b": HTTPBackend("http://b.invalid/v1", transport=spare.transport(), name="b"),
-    }
-    async with AsyncClient(
-        backends=backends, retry=RetryPolicy.none(), policies=hub, telemetry=otel.telemetry()
-    ) as client:
-        await client.chat("hi", model=["a/m", "b/m"])
-        otel.spans.clear()
-        await client.chat("hi", model=["a/m", "b/m"])  # a's breaker is open now
+    async with script.serve() as a_url, spare.serve() as b_url:
+        backends = {"a": backend_for(a_url, name="a"), "b": backend_for(b_url, name="b")}
+        async with AsyncClient(
+            backends=backends, retry=RetryPolicy.none(), policies=hub, telemetry=otel.telemetry()
+        ) as client:
+            await client.chat("hi", model=["a/m", "b/m"])
+            otel.spans.clear()
+            await client.chat("hi", model=["a/m", "b/m"])  # a's breaker is open now
     assert client.health()["a/m"] == "open"
     (point,) = points(otel.metrics()["swiftclient.client.circuit_breaker.transitions"])
     assert point.value == 1
@@ -278,10 +295,12 @@ async def test_circuit_breaker_transitions_are_counted_and_traced(otel: Otel) ->
 # --------------------------------------------------------------------------- metrics
 
 
+@over_transports
 async def test_metric_names_units_and_bucket_boundaries(otel: Otel) -> None:
     script = Script().add(parts=_usage_stream(["x", "y"], cached=5))
     async with _client(script, otel) as client:
         await client.chat("hi")
+        host, _ = _served_at(client)
     metrics = otel.metrics()
     duration = metrics["gen_ai.client.operation.duration"]
     assert duration.unit == "s"
@@ -292,7 +311,7 @@ async def test_metric_names_units_and_bucket_boundaries(otel: Otel) -> None:
     assert point.attributes["gen_ai.provider.name"] == "openai"
     assert point.attributes["gen_ai.request.model"] == "gpt-test"
     assert point.attributes["gen_ai.response.model"] == "m"
-    assert point.attributes["server.address"] == "llm.example.com"
+    assert point.attributes["server.address"] == host == "127.0.0.1"
     tokens = metrics["gen_ai.client.token.usage"]
     assert tokens.unit == "{token}"
     by_type = {p.attributes["gen_ai.token.type"]: p for p in points(tokens)}
@@ -307,6 +326,8 @@ async def test_metric_names_units_and_bucket_boundaries(otel: Otel) -> None:
 
 
 async def test_a_non_streamed_call_records_no_chunk_metrics(otel: Otel) -> None:
+    # On the MockTransport: it pins server.port 80 for a URL that names no port, and a
+    # loopback server cannot listen there.
     body = {
         "id": "x",
         "model": "m",
@@ -340,6 +361,7 @@ _WHOLE = json.dumps(
 ).encode()
 
 
+@over_transports
 @pytest.mark.parametrize(
     ("streamed", "fails"), [(False, True), (True, True), (False, False), (True, False)]
 )
@@ -383,6 +405,7 @@ def _all_values(spans: list[ReadableSpan]) -> str:
     return "\n".join(values)
 
 
+@over_transports
 async def test_message_contents_are_recorded_only_on_opt_in(
     otel: Otel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -427,14 +450,16 @@ async def test_the_client_flag_overrides_the_environment(
     assert otel.telemetry(capture_content=True).capture_content is True
 
 
+@over_transports
 async def test_api_keys_never_reach_spans_even_with_content_capture(otel: Otel) -> None:
     script = Script().add(status=401).add(parts=_usage_stream(["ok"]))
-    backend = HTTPBackend(f"https://h.example.com/v1?key={KEY}", KEY, transport=script.transport())
     telemetry = otel.telemetry(capture_content=True)
-    async with AsyncClient(backend, model="m", telemetry=telemetry) as client:
-        with pytest.raises(Exception, match="401"):
+    async with script.serve() as base_url:
+        backend = backend_for(f"{base_url}?key={KEY}", KEY)
+        async with AsyncClient(backend, model="m", telemetry=telemetry) as client:
+            with pytest.raises(Exception, match="401"):
+                await client.chat("hi")
             await client.chat("hi")
-        await client.chat("hi")
     text = _all_values(otel.finished())
     assert "gen_ai.input.messages" in text
     assert KEY not in text
@@ -443,11 +468,11 @@ async def test_api_keys_never_reach_spans_even_with_content_capture(otel: Otel) 
 # --------------------------------------------------------------------------- off and no SDK
 
 
+@over_transports
 async def test_without_an_sdk_a_call_has_no_trace_and_sends_no_traceparent() -> None:
     # The global providers are the API's own in this test process (no test installs any).
     script = Script().add(parts=_usage_stream(["ok"]))
-    backend = HTTPBackend("http://h.invalid/v1", transport=script.transport())
-    async with AsyncClient(backend, model="m") as client:
+    async with scripted_client(script, api_key=None, retry=None) as client:
         assert isinstance(client.telemetry, Telemetry)
         assert client.telemetry is Telemetry.default()
         stream = client.stream("hi")
@@ -457,6 +482,7 @@ async def test_without_an_sdk_a_call_has_no_trace_and_sends_no_traceparent() -> 
     assert "traceparent" not in script.requests[0].headers
 
 
+@over_transports
 async def test_without_an_sdk_an_incoming_trace_context_is_passed_on() -> None:
     remote = SpanContext(
         trace_id=0x0AF7651916CD43DD8448EB211C80319C,
@@ -465,19 +491,19 @@ async def test_without_an_sdk_an_incoming_trace_context_is_passed_on() -> None:
         trace_flags=TraceFlags(TraceFlags.SAMPLED),
     )
     script = Script().add(parts=_usage_stream(["ok"]))
-    backend = HTTPBackend("http://h.invalid/v1", transport=script.transport())
-    async with AsyncClient(backend, model="m") as client:
+    async with scripted_client(script, api_key=None, retry=None) as client:
         with trace.use_span(NonRecordingSpan(remote)):  # as a server framework would
             await client.chat("hi")
     header = script.requests[0].headers["traceparent"]
     assert header == "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
+@over_transports
 async def test_telemetry_none_turns_it_off_and_bad_values_are_refused(otel: Otel) -> None:
     script = Script().add(parts=_usage_stream(["ok"]))
-    backend = HTTPBackend("http://h.invalid/v1", transport=script.transport())
-    async with AsyncClient(backend, model="m", telemetry=None) as client:
+    async with scripted_client(script, api_key=None, retry=None, telemetry=None) as client:
         await client.chat("hi")
+        backend = client.backends["mock"]
     assert client.telemetry is None
     assert "traceparent" not in script.requests[0].headers
     with pytest.raises(ValueError, match="telemetry must be"):
