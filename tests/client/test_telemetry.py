@@ -455,7 +455,7 @@ async def test_api_keys_never_reach_spans_even_with_content_capture(otel: Otel) 
     script = Script().add(status=401).add(parts=_usage_stream(["ok"]))
     telemetry = otel.telemetry(capture_content=True)
     async with script.serve() as base_url:
-        backend = backend_for(f"{base_url}?key={KEY}", KEY)
+        backend = backend_for(base_url, KEY, headers={"api-key": KEY})  # key in a header too
         async with AsyncClient(backend, model="m", telemetry=telemetry) as client:
             with pytest.raises(Exception, match="401"):
                 await client.chat("hi")
