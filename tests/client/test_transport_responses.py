@@ -190,8 +190,11 @@ async def test_stateful_fields_and_provider_errors_are_openai_errors() -> None:
         fakes["quick"].script(Reply(text="one two three", drop_after=1))
         broken = await sdk.responses.create(model="m", input="hi", stream=True)
         async with broken:
-            kinds = [event.type async for event in broken]
-        assert kinds[-1] == "response.failed"
+            events = [event async for event in broken]
+        assert events[-1].type == "response.failed"
+        failed = events[-1].response
+        assert failed.status == "failed" and failed.error is not None
+        assert failed.error.code == "server_error"  # the API's own code, not a class name
 
 
 @pytest.mark.anyio

@@ -350,7 +350,15 @@ class _ResponsesEncoder:
         return self._bytes(self._events.end())
 
     def fail(self, exc: errors.SwiftClientError) -> bytes:
-        return self._bytes([self._events.fail(type(exc).__name__, str(exc))])
+        return self._bytes([self._events.fail(_responses_code(exc), str(exc))])
+
+
+def _responses_code(exc: errors.SwiftClientError) -> str:
+    """The ``response.failed`` error code: a value of the Responses API's own list
+    (``rate_limit_exceeded`` for a 429, else ``server_error``), not a class name."""
+    if isinstance(exc, errors.RateLimitError):
+        return "rate_limit_exceeded"
+    return "server_error"
 
 
 class ResponsesWire:
