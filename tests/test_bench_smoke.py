@@ -142,5 +142,6 @@ def test_rate_limits_quick_run_prints_every_mode_and_the_goals() -> None:
     assert "goodput % of L" in text and "min share / fair" in text and "p99 / unloaded" in text
     assert "Goals, Redis-shared admission at N=2:" in text
     assert text.count("PASS") + text.count("FAIL") == 5  # four fleet goals and the CPU goal
-    assert "paired rounds" in text and "admission alone, in process" in text
+    assert "paired rounds" in text and "(alternating)" in text
+    assert "admission alone, in process" in text
     assert "load average before:" in text and "load average after:" in text
