@@ -87,6 +87,7 @@ PUBLIC = [
 # The machinery behind the call path, for whoever extends it.
 EXTEND = [
     "NOT_GIVEN",
+    "AsyncHedgeGate",
     "AttemptObserver",
     "AttemptRun",
     "Breaker",

@@ -127,8 +127,10 @@ class AsyncClient:
             by the request's prompt size and ``task`` label (see :class:`RouterLike`).
         policies: the shared hedging state (:class:`PolicyHub`: latency estimates, hedge
             budget, retry throttle, circuit breakers); by default
-            :meth:`PolicyHub.standard` with the budget of ``hedge``. The policy objects
-            learn from calls with several targets only.
+            :meth:`PolicyHub.standard` with the budget of ``hedge``, kept on the admission
+            store when ``limits`` shares one (a :class:`~swiftclient.admission.RedisStore`:
+            the processes sharing it spend one hedge budget). The policy objects learn from
+            calls with several targets only.
         pricing: prices per target (:class:`Pricing`) for each call's cost
             (``Timing.cost``) and the totals of :meth:`stats`. With ``None`` only calls with
             several targets are accounted (their counts kept, costs ``None``); with prices,
@@ -208,7 +210,21 @@ class AsyncClient:
             raise errors.ConfigurationError(f"hedge must be a Hedge or None, got {hedge!r}")
         self.hedge = hedge
         self.router = router
-        self.policies = policies if policies is not None else PolicyHub.standard(hedge)
+        self.admission: Admission | None = (
+            limits if isinstance(limits, Admission | None) else Admission(limits)
+        )
+        """Rate limits every attempt waits for (``None``: none); see ``limits``."""
+        if policies is None:
+            # With a shared admission store, the hedge budget lives there too: the fleet
+            # spends one budget (docs/rate-limits.md, "The hedge budget across processes").
+            shared = None
+            if self.admission is not None:
+                settings = hedge if hedge is not None else Hedge()
+                shared = self.admission.hedge_budget(
+                    settings.budget, settings.budget_floor, settings.budget_burst
+                )
+            policies = PolicyHub.standard(hedge, budget=shared)
+        self.policies = policies
         self._accounting = Accounting(pricing)
         hooks: list[AttemptObserver] = [self.policies] if self.policies.observes else []
         # The policy objects learn from calls with several targets only: a one-target call
@@ -232,10 +248,6 @@ class AsyncClient:
         self.telemetry = telemetry
         if telemetry is not None:
             self.policies.on_breaker_change(telemetry.breaker_changed)
-        self.admission: Admission | None = (
-            limits if isinstance(limits, Admission | None) else Admission(limits)
-        )
-        """Rate limits every attempt waits for (``None``: none); see ``limits``."""
         if self.admission is not None and self.admission.store.shared:
             self.policies.on_breaker_change(self._share_breaker)
         self._closed = False

@@ -16,17 +16,25 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Hashable, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from ._attempt import AttemptRun, Target, noop_hook
 from ._breaker import CircuitBreaker
 from ._budget import HedgeBudget, RetryThrottle
 from ._estimator import LatencyEstimator, prompt_bucket
-from .errors import RateLimited
+from .errors import ConfigurationError, RateLimited
 from .hedging import Hedge, is_fatal
 from .types import ChatRequest, Message
 
-__all__ = ["Breaker", "HedgeGate", "LatencySource", "PolicyHub", "Throttle", "prompt_chars"]
+__all__ = [
+    "AsyncHedgeGate",
+    "Breaker",
+    "HedgeGate",
+    "LatencySource",
+    "PolicyHub",
+    "Throttle",
+    "prompt_chars",
+]
 
 
 class LatencySource(Protocol):
@@ -49,6 +57,20 @@ class HedgeGate(Protocol):
         ...
 
     def try_spend(self, now: float) -> bool:
+        """Take one hedge from the budget; False when it is spent."""
+        ...
+
+
+@runtime_checkable
+class AsyncHedgeGate(Protocol):
+    """A hedge budget that asks a store before a hedge (shared by processes:
+    :class:`~swiftclient.admission.SharedHedgeBudget`); calls still pay in synchronously."""
+
+    def on_call(self, now: float) -> None:
+        """A call happened (it earns the budget its share; no I/O)."""
+        ...
+
+    async def spend(self, now: float) -> bool:
         """Take one hedge from the budget; False when it is spent."""
         ...
 
@@ -112,7 +134,7 @@ class PolicyHub:
         *,
         estimator: LatencySource | None = None,
         bucket: Callable[[int], int] | None = None,
-        budget: HedgeGate | None = None,
+        budget: HedgeGate | AsyncHedgeGate | None = None,
         throttle: Throttle | None = None,
         breaker: Callable[[], Breaker] | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -127,19 +149,26 @@ class PolicyHub:
         self._breaker_listeners: list[Callable[[AttemptRun, str, str], None]] = []
 
     @classmethod
-    def standard(cls, hedge: Hedge | None = None) -> PolicyHub:
+    def standard(
+        cls, hedge: Hedge | None = None, *, budget: HedgeGate | AsyncHedgeGate | None = None
+    ) -> PolicyHub:
         """The client's default: a decaying TTFT estimator per (backend, model, prompt-size
         bucket), a hedge budget and the gRPC-style throttle taken from ``hedge`` (the client's
-        default :class:`Hedge`, or ``Hedge()``), and a circuit breaker per target."""
+        default :class:`Hedge`, or ``Hedge()``), and a circuit breaker per target.
+
+        ``budget``: the hedge budget to use instead of a per-process ``HedgeBudget`` with
+        ``hedge``'s numbers (the client passes the one its shared admission store keeps)."""
         settings = hedge if hedge is not None else Hedge()
-        return cls(
-            estimator=LatencyEstimator(min_samples=settings.min_samples),
-            bucket=prompt_bucket,
-            budget=HedgeBudget(
+        if budget is None:
+            budget = HedgeBudget(
                 ratio=settings.budget,
                 floor_per_second=settings.budget_floor,
                 burst=settings.budget_burst,
-            ),
+            )
+        return cls(
+            estimator=LatencyEstimator(min_samples=settings.min_samples),
+            bucket=prompt_bucket,
+            budget=budget,
             throttle=RetryThrottle(),
             breaker=CircuitBreaker,
         )
@@ -177,11 +206,39 @@ class PolicyHub:
             )
         return hedge.delay_for(estimate)
 
+    @property
+    def budget(self) -> HedgeGate | AsyncHedgeGate | None:
+        """The hedge budget (None: every hedge is allowed)."""
+        return self._budget
+
     def may_hedge(self) -> bool:
-        """True when the throttle is on and the budget has a hedge to spend (spends it)."""
+        """True when the throttle is on and the budget has a hedge to spend (spends it).
+
+        Raises:
+            ConfigurationError: the budget lives on a store (an :class:`AsyncHedgeGate`):
+                ask :meth:`may_hedge_async`.
+        """
         if self._throttle is not None and not self._throttle.allowed():
             return False
-        return self._budget is None or self._budget.try_spend(self._clock())
+        budget = self._budget
+        if budget is None:
+            return True
+        if isinstance(budget, AsyncHedgeGate):
+            raise ConfigurationError("this hedge budget lives on a store: use may_hedge_async")
+        return budget.try_spend(self._clock())
+
+    async def may_hedge_async(self) -> bool:
+        """:meth:`may_hedge` for the call path (a hedged race is async code anyway): a budget
+        on a store (:class:`AsyncHedgeGate`) is asked there, a per-process one as
+        :meth:`may_hedge` does, without suspending."""
+        if self._throttle is not None and not self._throttle.allowed():
+            return False
+        budget = self._budget
+        if budget is None:
+            return True
+        if isinstance(budget, AsyncHedgeGate):
+            return await budget.spend(self._clock())
+        return budget.try_spend(self._clock())
 
     def on_call(self) -> None:
         """A call with several targets began."""

@@ -72,6 +72,10 @@ class CallPolicies(Protocol):
         """Whether one more hedge fits the budget now (spends it when it does)."""
         ...
 
+    async def may_hedge_async(self) -> bool:
+        """:meth:`may_hedge` for a budget that may live on a store (the race asks this)."""
+        ...
+
     def on_call(self) -> None:
         """A call with several targets begins (it earns the budget its share)."""
         ...
@@ -360,16 +364,20 @@ class Call:
                 return hedge.delay_for(None)
             return policies.hedge_delay(hedge, previous, self.request, streamed=streamed)
 
-        may_hedge = policies.may_hedge if policies is not None else _always
+        may_hedge: Callable[[], bool | Awaitable[bool]] = (
+            policies.may_hedge_async if policies is not None else _always
+        )
         trace = self.trace
-        if trace is not None:
-            allowed = may_hedge
+        if trace is not None and policies is not None:
+            allowed = policies.may_hedge_async
 
-            def may_hedge() -> bool:
-                if allowed():
+            async def may_hedge_traced() -> bool:
+                if await allowed():
                     return True
                 trace.hedge_refused()
                 return False
+
+            may_hedge = may_hedge_traced
 
         return await race(
             attempts,

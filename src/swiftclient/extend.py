@@ -10,8 +10,8 @@ This module holds the machinery behind them, for whoever plugs something into th
 - **A hub of your own**: :class:`PolicyHub` (``AsyncClient(policies=...)``), the standard
   parts it is built from (:class:`LatencyEstimator` with :func:`prompt_bucket`,
   :class:`HedgeBudget`, :class:`RetryThrottle`, :class:`CircuitBreaker`) and the protocols a
-  part of your own implements (:class:`LatencySource`, :class:`HedgeGate`, :class:`Throttle`,
-  :class:`Breaker`).
+  part of your own implements (:class:`LatencySource`, :class:`HedgeGate` or
+  :class:`AsyncHedgeGate`, :class:`Throttle`, :class:`Breaker`).
 - **A backend of your own**: what :class:`~swiftclient.Backend`'s methods receive,
   :class:`RequestOptions` and :class:`Deadline`.
 - **Wrappers and routers**: :data:`NOT_GIVEN` / :class:`NotGiven` (an argument the caller did
@@ -28,11 +28,12 @@ from ._budget import HedgeBudget, RetryThrottle
 from ._client import NOT_GIVEN, NotGiven, RouterLike
 from ._deadline import Deadline
 from ._estimator import LatencyEstimator, prompt_bucket
-from ._policies import Breaker, HedgeGate, LatencySource, PolicyHub, Throttle
+from ._policies import AsyncHedgeGate, Breaker, HedgeGate, LatencySource, PolicyHub, Throttle
 from .backends.base import RequestOptions
 
 __all__ = [
     "NOT_GIVEN",
+    "AsyncHedgeGate",
     "AttemptObserver",
     "AttemptRun",
     "Breaker",

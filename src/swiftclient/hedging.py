@@ -15,6 +15,7 @@ call path supplies them, one per target, in order.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -126,7 +127,7 @@ async def race(
     attempts: Sequence[StartAttempt[T]],
     *,
     delay: Callable[[int], float],
-    may_hedge: Callable[[], bool],
+    may_hedge: Callable[[], bool | Awaitable[bool]],
     max_in_flight: int,
     commit: Callable[[T], None],
     discard: Callable[[T], Awaitable[None]],
@@ -137,7 +138,9 @@ async def race(
     the hedge delay, whichever comes first, and start the next. ``delay(i)`` is how long
     after attempt ``i - 1`` started attempt ``i`` starts as a hedge; ``may_hedge()`` is
     asked just before a hedge (a budget may refuse it; then only a failure starts the next
-    attempt); at most ``max_in_flight`` run at once. Each attempt is called with its
+    attempt; it may return an awaitable, for a budget on a shared store: it is awaited
+    shielded, so a hedge it granted is not lost to a cancellation halfway); at most
+    ``max_in_flight`` run at once. Each attempt is called with its
     :data:`Trigger` when it starts. A non-fatal failure starts the next attempt at once; a
     fatal one cancels the rest and is raised. ``commit(result)`` runs for the winner before
     the others are cancelled; ``discard(result)`` releases a result that finished after the
@@ -180,7 +183,7 @@ class _Race(Generic[T]):
         self,
         attempts: Sequence[StartAttempt[T]],
         delay: Callable[[int], float],
-        may_hedge: Callable[[], bool],
+        may_hedge: Callable[[], bool | Awaitable[bool]],
         max_in_flight: int,
         commit: Callable[[T], None],
         discard: Callable[[T], Awaitable[None]],
@@ -260,7 +263,7 @@ class _Race(Generic[T]):
                     if room and anyio.current_time() >= hedge_at:
                         # A call being cancelled spends no budget on a hedge.
                         await anyio.lowlevel.checkpoint_if_cancelled()
-                        if self.may_hedge():
+                        if await self._may_hedge():
                             trigger = "hedge"
                             break
                         hedge_at = math.inf
@@ -270,6 +273,15 @@ class _Race(Generic[T]):
                 if self.over:
                     return
             tg.start_soon(self.run, self.start(index, trigger))
+
+    async def _may_hedge(self) -> bool:
+        """Ask ``may_hedge`` (awaiting its answer, shielded, when it is awaitable)."""
+        allowed = self.may_hedge()
+        if not inspect.isawaitable(allowed):
+            return bool(allowed)
+        with anyio.CancelScope(shield=True):
+            granted = bool(await allowed)
+        return granted
 
     async def first_inline(self, loop: asyncio.AbstractEventLoop) -> None:
         """The asyncio branch of :func:`race`: run the first attempt in this task; a loop

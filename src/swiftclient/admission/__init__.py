@@ -7,7 +7,8 @@ capacity in a fair queue (first in, first out, with an optional priority) inside
 deadline, and fails with
 :class:`~swiftclient.RateLimited` when the wait cannot fit. State lives in a
 :class:`StateStore`: :class:`MemoryStore` in this process by default, or
-:class:`RedisStore` shared by every process that points at one Redis server.
+:class:`RedisStore` shared by every process that points at one Redis server (with the
+client's hedge budget, :class:`SharedHedgeBudget`).
 """
 
 from ._headers import (
@@ -17,6 +18,7 @@ from ._headers import (
     parse_rate_limit_headers,
     parse_retry_after,
 )
+from ._hedge import SharedHedgeBudget
 from ._limiter import (
     CHARS_PER_TOKEN,
     Admission,
@@ -44,6 +46,7 @@ __all__ = [
     "Permit",
     "RateLimitInfo",
     "RedisStore",
+    "SharedHedgeBudget",
     "StateStore",
     "SystemClock",
     "TargetHealth",

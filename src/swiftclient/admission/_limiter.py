@@ -25,6 +25,7 @@ from .._budget import DEFAULT_MAX_PUSHBACK, check_number
 from .._deadline import loop_time
 from ..errors import ConfigurationError, RateLimited
 from ._headers import Observed, parse_rate_limit_headers
+from ._hedge import SharedHedgeBudget
 from ._store import Admit, BucketCost, MemoryStore, StateStore
 
 __all__ = [
@@ -304,6 +305,7 @@ class Admission:
         self._seq = itertools.count()
         self._prefix = uuid.uuid4().hex[:12]
         self._opened: list[tuple[str, float]] = []
+        self._budgets: dict[tuple[str, float, float, float], SharedHedgeBudget] = {}
 
     def __repr__(self) -> str:
         return f"Admission(targets={len(self._gates)}, store={self._store!r})"
@@ -573,6 +575,33 @@ class Admission:
         if self._store.shared and seconds > 0:
             self._opened.append((target, seconds))
 
+    def hedge_budget(
+        self,
+        ratio: float = 0.05,
+        floor_per_second: float = 1.0,
+        burst: float = 10.0,
+        *,
+        key: str = "hedge",
+    ) -> SharedHedgeBudget | None:
+        """The hedge budget shared through this admission's store, or ``None`` when the
+        store is this process's own (then a per-process budget is the same thing) or
+        predates hedge budgets (it has no ``hedge``). The client asks for one when its
+        admission has a shared store, so the fleet spends one budget (docs/rate-limits.md).
+
+        Deposits the budget holds back are delivered by :meth:`settle` once they reach one
+        token. The same arguments give the same budget (the clients of one process that
+        share an admission pool their deposits)."""
+        store = self._store
+        if not store.shared or not callable(getattr(store, "hedge", None)):
+            return None
+        params = (key, ratio, floor_per_second, burst)
+        budget = self._budgets.get(params)
+        if budget is None:
+            budget = self._budgets[params] = SharedHedgeBudget(
+                store, ratio=ratio, floor_per_second=floor_per_second, burst=burst, key=key
+            )
+        return budget
+
     # ------------------------------------------------------------------ settling
 
     async def settle(
@@ -618,6 +647,9 @@ class Admission:
                     opened, self._opened = self._opened, []
                     for name, seconds in opened:
                         await store.block(name, seconds)
+                for budget in self._budgets.values():
+                    if budget.due:  # a token's worth of deposits: deliver them
+                        await budget.flush()
             finally:
                 gate.in_flight -= 1
                 if gate.queue:

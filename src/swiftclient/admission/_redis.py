@@ -6,7 +6,8 @@ server, on the server's clock (``TIME``): processes never compare their own cloc
 
 A target's state is one hash (what each limit used within its window, the end of a rest),
 one sorted set per limit logging its uses (scored by time, trimmed to the window), and one
-sorted set of leases scored by their expiry; all expire when unused. (The log keys are named
+sorted set of leases scored by their expiry; all expire when unused. A hedge budget is one
+hash (its tokens, and the server time they were last refilled to). (The log keys are named
 from the hash's key inside the scripts: one Redis server, not a cluster.) Reads
 (:meth:`RedisStore.blocked_for`, :meth:`RedisStore.leases`) go through a short local cache.
 
@@ -258,6 +259,41 @@ if blocked ~= nil and blocked > now then left = blocked - now end
 return {tostring(left), redis.call('ZCOUNT', KEYS[2], '(' .. tostring(now), '+inf')}
 """
 )
+
+
+_HEDGE = """
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+-- ARGV: deposit, floor per second, burst, spend ('1' or '0'). The arithmetic of
+-- HedgeBudget: refill from the time since the last operation, add the deposit, cap at the
+-- burst, then take one token if asked and there is one.
+local deposit = tonumber(ARGV[1])
+local floor = tonumber(ARGV[2])
+local burst = tonumber(ARGV[3])
+local tokens = tonumber(redis.call('HGET', KEYS[1], 'tokens'))
+local last = tonumber(redis.call('HGET', KEYS[1], 'last'))
+if tokens == nil then tokens = burst end
+if last == nil or now > last then
+  if last ~= nil then tokens = tokens + (now - last) * floor end
+  last = now
+end
+if deposit > 0 then tokens = tokens + deposit end
+tokens = math.min(burst, tokens)
+local taken = 0
+if ARGV[4] == '1' and tokens >= 1 then
+  tokens = tokens - 1
+  taken = 1
+end
+redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'last', tostring(last))
+if floor > 0 then
+  -- idle this long, the bucket would be full again anyway: forgetting it changes nothing
+  redis.call('PEXPIRE', KEYS[1], math.max(3600000, math.ceil(burst / floor * 1000) + 1000))
+else
+  redis.call('PERSIST', KEYS[1])
+end
+return {taken, tostring(tokens)}
+"""
 
 
 def _redis_module() -> Any:
@@ -538,6 +574,26 @@ class RedisStore:
     async def leases(self, key: str) -> int:
         """See :meth:`~swiftclient.admission.StateStore.leases` (cached briefly)."""
         return (await self._read(key))[1]
+
+    async def hedge(
+        self, key: str, deposit: float, *, spend: bool, floor_per_second: float, burst: float
+    ) -> tuple[bool, float]:
+        """See :meth:`~swiftclient.admission.StateStore.hedge`: one script run on the
+        server's clock. While the server is down, the per-process fallback's budget (the
+        deposits go there)."""
+        args = [repr(float(deposit)), repr(float(floor_per_second)), repr(float(burst))]
+        args.append("1" if spend else "0")
+
+        async def remote() -> tuple[bool, float]:
+            reply = await self._eval("hedge", _HEDGE, [self._prefix + key], args)
+            return int(reply[0]) == 1, float(_text(reply[1]))
+
+        def local() -> tuple[bool, float]:
+            return self._fallback.hedge_now(
+                key, deposit, spend=spend, floor_per_second=floor_per_second, burst=burst
+            )
+
+        return await self._run(remote, (), local)
 
     def peek_now(self, key: str, costs: Sequence[BucketCost]) -> tuple[dict[str, float], float]:
         """What this process last saw of ``key`` (the units free after its last take; the

@@ -24,6 +24,10 @@ back when it has more waiting). So the processes sharing a limit take turns, and
 that polls when capacity frees does not jump the line. A place in line expires when its
 caller stops asking (``queue_ttl`` seconds after the wait it was last told), so a process
 that died cannot hold the line.
+
+The store also keeps hedge budgets (:meth:`StateStore.hedge`): token buckets that calls pay
+into and hedges spend from, so the processes sharing a store share one budget of extra
+requests (:class:`~swiftclient.admission.SharedHedgeBudget`).
 """
 
 from __future__ import annotations
@@ -132,6 +136,15 @@ class StateStore(Protocol):
 
     async def leases(self, key: str) -> int:
         """Live leases on ``key``."""
+        ...
+
+    async def hedge(
+        self, key: str, deposit: float, *, spend: bool, floor_per_second: float, burst: float
+    ) -> tuple[bool, float]:
+        """The hedge budget ``key``, a token bucket that starts full (``burst``): add
+        ``floor_per_second`` for each second since its last operation and ``deposit``
+        (what calls paid in), never above ``burst``; then, with ``spend``, take one token
+        if there is one. Returns whether a token was taken and the tokens left."""
         ...
 
     async def aclose(self) -> None:
@@ -277,6 +290,38 @@ def _try(
     return GRANTED
 
 
+@dataclass(slots=True)
+class _Bucket:
+    """A hedge budget: its tokens, and when time last refilled them (None: never)."""
+
+    tokens: float
+    last: float | None = None
+
+
+def hedge_bucket(
+    bucket: _Bucket,
+    now: float,
+    deposit: float,
+    *,
+    spend: bool,
+    floor_per_second: float,
+    burst: float,
+) -> bool:
+    """One operation on a hedge budget (see :meth:`StateStore.hedge`): the arithmetic of
+    :class:`~swiftclient._budget.HedgeBudget`, with ``deposit`` paid in at once (adding
+    non-negative amounts and capping each time, or capping their sum once, is the same)."""
+    last = bucket.last
+    tokens = bucket.tokens
+    if last is None or now > last:  # a clock that steps back refills nothing
+        if last is not None:
+            tokens += (now - last) * floor_per_second
+        bucket.last = now
+    tokens = min(burst, tokens + max(0.0, deposit))
+    taken = spend and tokens >= 1.0
+    bucket.tokens = tokens - 1.0 if taken else tokens
+    return taken
+
+
 class MemoryStore:
     """Admission state in this process (the default store).
 
@@ -289,6 +334,7 @@ class MemoryStore:
     def __init__(self, clock: Callable[[], float] | None = None) -> None:
         self._clock = clock or loop_time
         self._entries: dict[str, _Entry] = {}
+        self._buckets: dict[str, _Bucket] = {}
 
     def __repr__(self) -> str:
         return f"MemoryStore(keys={len(self._entries)})"
@@ -446,6 +492,31 @@ class MemoryStore:
     async def leases(self, key: str) -> int:
         """See :meth:`StateStore.leases`."""
         return self.leases_now(key)
+
+    def hedge_now(
+        self, key: str, deposit: float, *, spend: bool, floor_per_second: float, burst: float
+    ) -> tuple[bool, float]:
+        """:meth:`hedge` without awaiting."""
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = _Bucket(burst)
+        taken = hedge_bucket(
+            bucket,
+            self._clock(),
+            deposit,
+            spend=spend,
+            floor_per_second=floor_per_second,
+            burst=burst,
+        )
+        return taken, bucket.tokens
+
+    async def hedge(
+        self, key: str, deposit: float, *, spend: bool, floor_per_second: float, burst: float
+    ) -> tuple[bool, float]:
+        """See :meth:`StateStore.hedge`."""
+        return self.hedge_now(
+            key, deposit, spend=spend, floor_per_second=floor_per_second, burst=burst
+        )
 
     def peek_now(self, key: str, costs: Sequence[BucketCost]) -> tuple[dict[str, float], float]:
         """The units of each limit in ``costs`` free now (what a take could have), and the
