@@ -1,13 +1,14 @@
 """One attempt of a call: exactly one backend stream (or one non-streamed request).
 
-An :class:`AttemptRun` opens its backend stream, waits for the first content token, hands
-out chunks and closes; how its reads are bounded (the asyncio :class:`ReadTimer` or a
-cancel scope) is chosen once, when it is created. It ends once, in
-:meth:`AttemptRun.finish`, which reports how to its call (``Call.ended``); the call keeps the
-frozen :class:`AttemptResult`, fills in the attempt's public record and tells every
-:class:`AttemptObserver` (breakers, the latency estimator, telemetry, your own). The attempt
-never writes the call's state itself: its start, first token, commit and end each go through
-one method of the call.
+An :class:`AttemptRun` is given what it needs when it is made (its target and request, the
+call's deadline, options, admission and trace) and holds no reference to its call. It opens
+its backend stream, waits for the first content token, hands out chunks and closes; how its
+reads are bounded (the asyncio :class:`ReadTimer` or a cancel scope) is chosen once, when it
+is created. It ends once, in :meth:`AttemptRun.finish`, which fills in its public record and
+freezes its :class:`AttemptResult`. It reports to whoever started it through one narrow
+channel, an :class:`AttemptOwner` (the call): its first token and its end (with the frozen
+result); the owner keeps the result and tells every :class:`AttemptObserver` (breakers, the
+latency estimator, telemetry, your own).
 """
 
 from __future__ import annotations
@@ -23,17 +24,17 @@ import anyio
 
 from . import errors
 from ._deadline import Deadline, ReadTimer, Timeout, deadline_watch, running_loop
-from ._outcome import AttemptOutcome, Outcome
+from ._outcome import OUTCOME_OF, AttemptOutcome, Outcome
 from ._retry import retry_after_seconds
 from .backends.base import Backend, BufferedChunkIterator, RequestOptions
 from .types import Attempt, ChatCompletion, ChatCompletionChunk, ChatRequest, Usage
 
 if TYPE_CHECKING:
-    from ._stream import Call
     from .admission import Admission, Permit
 
 __all__ = [
     "AttemptObserver",
+    "AttemptOwner",
     "AttemptResult",
     "AttemptRun",
     "Target",
@@ -105,6 +106,33 @@ class AttemptObserver(Protocol):
 
     def on_end(self, attempt: AttemptRun) -> None:
         """The attempt ended; ``attempt.outcome`` says how."""
+
+
+class AttemptOwner(Protocol):
+    """Whoever started an attempt (its call): the one channel an attempt reports through."""
+
+    @property
+    def winner(self) -> int:
+        """The number of the attempt the owner committed to (0: none yet); a cancelled
+        attempt ends ``lost`` when another one is it."""
+        ...
+
+    def first_token(self, attempt: AttemptRun) -> None:
+        """``attempt`` delivered its first content token (non-streamed: its whole reply)."""
+        ...
+
+    def ended(self, attempt: AttemptRun, result: AttemptResult) -> None:
+        """``attempt`` ended (once) with ``result``, frozen; its record is filled in."""
+        ...
+
+
+class AdmissionTrace(Protocol):
+    """What an attempt tells its call's telemetry itself: how long admission took."""
+
+    def admitted(self, attempt: AttemptRun, waited: float, refused: bool) -> None:
+        """``attempt`` waited ``waited`` seconds for admission, and was let through or
+        ``refused``."""
+        ...
 
 
 HOOK_NAMES = ("on_start", "on_first_token", "on_commit", "on_end")
@@ -185,15 +213,18 @@ class AttemptRun:
     it ended is ``result`` (:class:`AttemptResult`, None while it runs)."""
 
     __slots__ = (
+        "_admission",
         "_answer",
-        "_call",
         "_chunk_seen",
         "_deadline",
         "_iterator",
         "_now",
+        "_owner",
         "_permit",
         "_stack",
         "_timer",
+        "call_id",
+        "call_trace",
         "error",
         "first_token_at",
         "next_nowait",
@@ -208,23 +239,37 @@ class AttemptRun:
 
     def __init__(
         self,
-        call: Call,
+        owner: AttemptOwner,
         target: Target,
         request: ChatRequest,
         number: int,
         trigger: Literal["first", "hedge", "fallback", "retry"] = "first",
+        *,
+        deadline: Deadline,
+        options: RequestOptions,
+        admission: Admission | None = None,
+        trace: AdmissionTrace | None = None,
     ) -> None:
-        self._call = call
+        """An attempt numbered ``number`` that ``owner`` started on ``target`` with
+        ``request``, bounded by the call's ``deadline`` (whose clock and start are the
+        call's), sending ``options`` (its idempotency key is the call's id), waiting for
+        ``admission`` when given, and telling ``trace`` how long that took."""
+        self._owner = owner
         self.target = target
         self.request = request
-        self._deadline: Deadline = call.deadline
-        self._now = call.now
+        self._deadline = deadline
+        self._now = deadline.now
+        self._admission = admission
+        self.call_trace = trace
+        """The call's telemetry observer (None without one)."""
+        self.call_id = options.idempotency_key
+        """The same for every attempt of one call (its idempotency key): group by it."""
         self.started_at = self._now()
         self.record = Attempt(
             number=number,
             backend=target.backend_name,
             model=target.model,
-            started=self.started_at - call.started,
+            started=self.started_at - deadline.started,
             trigger=trigger,
         )
         self.error: BaseException | None = None
@@ -240,22 +285,12 @@ class AttemptRun:
         """Whether the attempt opened a stream (its first token is a content chunk), rather
         than sending one non-streamed request."""
         self._answer = _Answer(self.record)
-        self.options: RequestOptions = dataclasses.replace(call.options, on_response=self._answer)
+        self.options: RequestOptions = dataclasses.replace(options, on_response=self._answer)
         """What the attempt sends besides the request, with the hook that keeps its
         response's status and headers; the call adds its trace's headers once observers
         heard ``on_start`` (an observer may still replace it there)."""
 
     # ------------------------------------------------------------------ observer view
-
-    @property
-    def call_id(self) -> str | None:
-        """The same for every attempt of one call (its idempotency key): group by it."""
-        return self._call.options.idempotency_key
-
-    @property
-    def call_trace(self) -> object:
-        """The call's telemetry observer (None without one)."""
-        return self._call.trace
 
     @property
     def number(self) -> int:
@@ -310,21 +345,25 @@ class AttemptRun:
         now: float | None = None,
         usage: Usage | None = None,
     ) -> None:
-        """End the attempt (once) and report how to the call, which keeps the result.
+        """End the attempt (once): fill in its record, freeze its result and report it to
+        its owner, which keeps it.
 
         ``lost``: it succeeded, but after another attempt had committed. ``cancelled``: it
-        succeeded, but the call was cancelled before taking its output. ``now``: when it
-        ended, if the caller has just read the clock. ``usage``: the token counts its reply
-        reported (the stream's or the completion's).
+        succeeded, but the call was cancelled before taking its output (an attempt cancelled
+        after the owner committed to another one is ``lost``). ``now``: when it ended, if the
+        caller has just read the clock. ``usage``: the token counts its reply reported (the
+        stream's or the completion's).
         """
         if self.result is not None:
             return
         duration = (self._now() if now is None else now) - self.started_at
+        record = self.record
         outcome: AttemptOutcome
         if lost:
             outcome = "lost"
         elif cancelled or (exc is not None and isinstance(exc, _cancelled())):
-            outcome = "cancelled"  # the call tells a cancelled loser from a cancelled call
+            winner = self._owner.winner
+            outcome = "cancelled" if winner in (0, record.number) else "lost"
         elif exc is None:
             outcome = "ok"
         else:
@@ -333,13 +372,27 @@ class AttemptRun:
                 exc._rename_backend(target.backend.name, target.alias)
             self.error = exc
             outcome = "error"
-        self._call.ended(self, outcome, duration, usage)
+            record.error = type(exc).__name__
+            if isinstance(exc, errors.APIStatusError):
+                record.status_code = exc.status_code
+        record.duration = duration
+        record.outcome = outcome
+        self.result = result = AttemptResult(
+            record.number,
+            self.target,
+            record.trigger,
+            OUTCOME_OF[outcome],
+            usage,
+            self.error,
+            duration,
+        )
+        self._owner.ended(self, result)
 
     def _first_token(self, now: float, *, streamed: bool = True) -> None:
         self.first_token_at = now
         if streamed:  # a whole reply's time is the record's ``duration``
             self.record.ttft = now - self.started_at
-        self._call.first_token(self)
+        self._owner.first_token(self)
 
     # ------------------------------------------------------------------ bounded waits
 
@@ -430,7 +483,7 @@ class AttemptRun:
         self._timer = _read_timer()
         buffered: list[ChatCompletionChunk] = []
         try:
-            admission = self._call.admission
+            admission = self._admission
             if admission is not None:
                 await self._admit(admission)
             now = self._now()
@@ -488,7 +541,7 @@ class AttemptRun:
         a few microseconds less per call: a plain task cancellation at any of its awaits
         leaves nothing behind.
         """
-        admission = self._call.admission
+        admission = self._admission
         if admission is not None:
             return await self._complete_admitted(admission)
         return await self._complete()
@@ -553,7 +606,7 @@ class AttemptRun:
         left = self._deadline.remaining()
         remaining = None if left == math.inf else left
         timeout = 0.0 if self.record.trigger == "hedge" else remaining
-        trace = self._call.trace
+        trace = self.call_trace
         if trace is None:
             self._permit = await admission.acquire(
                 name, tokens=tokens, input_tokens=inputs, timeout=timeout, remaining=remaining
@@ -572,7 +625,7 @@ class AttemptRun:
     async def _settle(self, usage: Usage | None) -> None:
         """Hand the admission permit back with what the response said (once)."""
         permit, self._permit = self._permit, None
-        admission = self._call.admission
+        admission = self._admission
         if permit is None or admission is None:
             return
         status, headers = self._answer.status, self.record.headers or {}

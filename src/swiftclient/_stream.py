@@ -29,11 +29,10 @@ from ._attempt import (
 )
 from ._cost import CallCost
 from ._deadline import Deadline
-from ._outcome import OUTCOME_OF, AttemptOutcome
 from ._retry import RetryPolicy, retry_after, run_with_retries
 from .backends.base import RequestOptions
 from .hedging import Hedge, StartAttempt, Trigger, fallback, race
-from .types import ChatCompletion, ChatCompletionChunk, ChatRequest, Timing, Usage
+from .types import ChatCompletion, ChatCompletionChunk, ChatRequest, Timing
 
 if TYPE_CHECKING:
     from .admission import Admission
@@ -240,10 +239,19 @@ class Call:
         request = self.request
         if request.model != target.model:
             request = request_for(request, target)
-        if trigger == "first" and self.numbered > 1:  # the first attempt of a later round
-            attempt = AttemptRun(self, target, request, self.numbered, "retry")
-        else:
-            attempt = AttemptRun(self, target, request, self.numbered, trigger)
+        # The first attempt of a later round is a retry.
+        retry = trigger == "first" and self.numbered > 1
+        attempt = AttemptRun(
+            self,
+            target,
+            request,
+            self.numbered,
+            "retry" if retry else trigger,
+            deadline=self.deadline,
+            options=self.options,
+            admission=self.admission,
+            trace=self.trace,
+        )
         self.timing.attempts.append(attempt.record)
         for hook in self.hooks.on_start:
             hook(attempt)
@@ -266,26 +274,9 @@ class Call:
         for hook in self.hooks.on_commit:
             hook(attempt)
 
-    def ended(
-        self, attempt: AttemptRun, outcome: AttemptOutcome, duration: float, usage: Usage | None
-    ) -> None:
-        """``attempt`` ended (it calls this once, from ``finish``): keep its frozen result,
-        complete its public record, tell observers. A cancelled attempt lost when another
-        one had committed."""
-        record = attempt.record
-        number = record.number
-        if outcome == "cancelled" and self.winner not in (0, number):
-            outcome = "lost"
-        error = attempt.error
-        record.duration = duration
-        record.outcome = outcome
-        if error is not None:
-            record.error = type(error).__name__
-            if isinstance(error, errors.APIStatusError):
-                record.status_code = error.status_code
-        attempt.result = result = AttemptResult(
-            number, attempt.target, record.trigger, OUTCOME_OF[outcome], usage, error, duration
-        )
+    def ended(self, attempt: AttemptRun, result: AttemptResult) -> None:
+        """``attempt`` ended (it calls this once, from ``finish``): keep its frozen
+        ``result`` and tell observers."""
         self.results.append(result)
         for hook in self.hooks.on_end:
             hook(attempt)
