@@ -88,7 +88,7 @@ PUBLIC = [
 EXTEND = [
     "NOT_GIVEN",
     "AttemptObserver",
-    "AttemptRun",
+    "AttemptResult",
     "Breaker",
     "CircuitBreaker",
     "Deadline",

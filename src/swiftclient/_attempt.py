@@ -69,43 +69,75 @@ class Target(NamedTuple):
 
 
 class AttemptResult(NamedTuple):
-    """How one attempt ended, frozen when it did: what its call keeps of it, and what the
-    call's cost and its telemetry are computed from after the call. ``number`` and
-    ``duration`` (seconds) are its record's (:class:`~swiftclient.types.Attempt`)."""
+    """One attempt, frozen: what every attempt event carries (as the attempt stood then;
+    ``outcome`` is ``pending`` until ``on_end``) and, once it ended, what its call keeps and
+    the call's cost and telemetry are computed from. ``number``, ``started`` and ``duration``
+    (seconds) are its record's (:class:`~swiftclient.types.Attempt`)."""
 
     number: int
+    """1-based position among the call's attempts."""
     target: Target
     """Where it went (its :attr:`~Target.name` is ``"backend/model"``)."""
     trigger: Literal["first", "hedge", "fallback", "retry"]
     outcome: Outcome
-    """``won`` (the call took its output), ``lost``, ``cancelled`` or ``failed``."""
+    """``won`` (the call took its output), ``lost`` (another attempt committed),
+    ``cancelled``, ``failed`` or ``pending`` (it has not ended)."""
     usage: Usage | None
-    """Token counts the attempt reported, when it got that far."""
+    """Token counts the attempt reported, when it got that far (known once it ended)."""
     error: BaseException | None
     """What it failed with (``failed`` only)."""
-    duration: float
+    duration: float | None
+    """Seconds from its start to its end (None while it runs)."""
+    started: float
+    """Seconds from the call's start to this attempt's start."""
+    ttft: float | None
+    """Seconds from its start to its first content token (non-streamed: to its whole
+    reply); None before that."""
+    streamed: bool
+    """Whether it reads a stream (else it sends one non-streamed request)."""
+    request: ChatRequest
+    """The request it sends (addressed to its target's model)."""
+    call_id: str | None
+    """The same for every attempt of one call (its idempotency key): group by it."""
+    call_trace: object
+    """The call's telemetry observer (None without one)."""
+
+    @property
+    def status_code(self) -> int | None:
+        """The HTTP status of a failed attempt, when it had one."""
+        error = self.error
+        return error.status_code if isinstance(error, errors.APIStatusError) else None
+
+    @property
+    def retry_after(self) -> float | None:
+        """Seconds the target asked to be left alone (``Retry-After``), when it did."""
+        error = self.error
+        if isinstance(error, errors.APIStatusError):
+            return retry_after_seconds(error.headers)
+        return None
 
 
 class AttemptObserver(Protocol):
-    """Subscribes to attempt events. Handlers run inline on the call path: keep them cheap,
-    and never raise (an exception from a handler propagates into the call).
+    """Subscribes to attempt events, each with the attempt as it stood then, frozen (an
+    :class:`AttemptResult`). Handlers run inline on the call path: keep them cheap, and never
+    raise (an exception from a handler propagates into the call).
 
     An observer that uses only some of the events may name them in a class attribute
     ``attempt_hooks`` (for example ``("on_end",)``); the others are then never called. The
     handlers are looked up when the client is built: to change them, pass another observer.
     """
 
-    def on_start(self, attempt: AttemptRun) -> None:
+    def on_start(self, attempt: AttemptResult) -> None:
         """The attempt is about to open its backend stream (or send its request)."""
 
-    def on_first_token(self, attempt: AttemptRun) -> None:
+    def on_first_token(self, attempt: AttemptResult) -> None:
         """The attempt delivered its first content token (non-streamed: its whole reply)."""
 
-    def on_commit(self, attempt: AttemptRun) -> None:
+    def on_commit(self, attempt: AttemptResult) -> None:
         """The call committed to this attempt; every other attempt is being cancelled."""
 
-    def on_end(self, attempt: AttemptRun) -> None:
-        """The attempt ended; ``attempt.outcome`` says how."""
+    def on_end(self, attempt: AttemptResult) -> None:
+        """The attempt ended; ``attempt.outcome`` says how (the result its call keeps)."""
 
 
 class AttemptOwner(Protocol):
@@ -117,19 +149,19 @@ class AttemptOwner(Protocol):
         attempt ends ``lost`` when another one is it."""
         ...
 
-    def first_token(self, attempt: AttemptRun) -> None:
-        """``attempt`` delivered its first content token (non-streamed: its whole reply)."""
+    def first_token(self, attempt: AttemptResult) -> None:
+        """The attempt delivered its first content token (non-streamed: its whole reply)."""
         ...
 
-    def ended(self, attempt: AttemptRun, result: AttemptResult) -> None:
-        """``attempt`` ended (once) with ``result``, frozen; its record is filled in."""
+    def ended(self, result: AttemptResult) -> None:
+        """The attempt ended (once) with ``result``; its record is filled in."""
         ...
 
 
 class AdmissionTrace(Protocol):
     """What an attempt tells its call's telemetry itself: how long admission took."""
 
-    def admitted(self, attempt: AttemptRun, waited: float, refused: bool) -> None:
+    def admitted(self, attempt: AttemptResult, waited: float, refused: bool) -> None:
         """``attempt`` waited ``waited`` seconds for admission, and was let through or
         ``refused``."""
         ...
@@ -137,7 +169,7 @@ class AdmissionTrace(Protocol):
 
 HOOK_NAMES = ("on_start", "on_first_token", "on_commit", "on_end")
 
-Hook = Callable[["AttemptRun"], None]
+Hook = Callable[[AttemptResult], None]
 
 
 class Hooks(NamedTuple):
@@ -247,13 +279,15 @@ class AttemptRun:
         *,
         deadline: Deadline,
         options: RequestOptions,
+        streamed: bool = False,
         admission: Admission | None = None,
         trace: AdmissionTrace | None = None,
     ) -> None:
         """An attempt numbered ``number`` that ``owner`` started on ``target`` with
         ``request``, bounded by the call's ``deadline`` (whose clock and start are the
-        call's), sending ``options`` (its idempotency key is the call's id), waiting for
-        ``admission`` when given, and telling ``trace`` how long that took."""
+        call's), sending ``options`` (its idempotency key is the call's id), reading a stream
+        when ``streamed`` (else sending one request), waiting for ``admission`` when given,
+        and telling ``trace`` how long that took."""
         self._owner = owner
         self.target = target
         self.request = request
@@ -281,58 +315,43 @@ class AttemptRun:
         self._iterator: AsyncIterator[ChatCompletionChunk] | None = None
         self._timer: ReadTimer | None = None
         self._chunk_seen = False
-        self.streamed = False
-        """Whether the attempt opened a stream (its first token is a content chunk), rather
+        self.streamed = streamed
+        """Whether the attempt opens a stream (its first token is a content chunk), rather
         than sending one non-streamed request."""
         self._answer = _Answer(self.record)
         self.options: RequestOptions = dataclasses.replace(options, on_response=self._answer)
         """What the attempt sends besides the request, with the hook that keeps its
         response's status and headers; the call adds its trace's headers once observers
-        heard ``on_start`` (an observer may still replace it there)."""
+        heard ``on_start``."""
 
-    # ------------------------------------------------------------------ observer view
+    # ------------------------------------------------------------------ frozen view
 
-    @property
-    def number(self) -> int:
-        """1-based position among the call's attempts."""
-        return self.record.number
-
-    @property
-    def started(self) -> float:
-        """Seconds from the call's start to this attempt's start."""
-        return self.record.started
-
-    @property
-    def ttft(self) -> float | None:
-        """Seconds from this attempt's start to its first content token (non-streamed: to
-        its whole reply)."""
-        at = self.first_token_at
-        return None if at is None else at - self.started_at
-
-    @property
-    def outcome(self) -> Outcome:
-        """``won``, ``lost`` (another attempt committed), ``cancelled``, ``failed`` or
+    def snapshot(self) -> AttemptResult:
+        """The attempt as it stands now, frozen: its ``result`` once it ended, else
         ``pending``."""
         result = self.result
-        return "pending" if result is None else result.outcome
+        return self._frozen("pending", None, None) if result is None else result
 
-    @property
-    def usage(self) -> Usage | None:
-        """Token counts the attempt reported, when it got that far (known once it ended)."""
-        result = self.result
-        return None if result is None else result.usage
-
-    @property
-    def status_code(self) -> int | None:
-        """The HTTP status of a failed attempt, when it had one."""
-        return self.record.status_code
-
-    @property
-    def retry_after(self) -> float | None:
-        """Seconds the target asked to be left alone (``Retry-After``), when it did."""
-        if isinstance(self.error, errors.APIStatusError):
-            return retry_after_seconds(self.error.headers)
-        return None
+    def _frozen(
+        self, outcome: Outcome, usage: Usage | None, duration: float | None
+    ) -> AttemptResult:
+        record = self.record
+        at = self.first_token_at
+        return AttemptResult(
+            record.number,
+            self.target,
+            record.trigger,
+            outcome,
+            usage,
+            self.error,
+            duration,
+            record.started,
+            None if at is None else at - self.started_at,
+            self.streamed,
+            self.request,
+            self.call_id,
+            self.call_trace,
+        )
 
     # ------------------------------------------------------------------ outcome
 
@@ -377,22 +396,14 @@ class AttemptRun:
                 record.status_code = exc.status_code
         record.duration = duration
         record.outcome = outcome
-        self.result = result = AttemptResult(
-            record.number,
-            self.target,
-            record.trigger,
-            OUTCOME_OF[outcome],
-            usage,
-            self.error,
-            duration,
-        )
-        self._owner.ended(self, result)
+        self.result = result = self._frozen(OUTCOME_OF[outcome], usage, duration)
+        self._owner.ended(result)
 
     def _first_token(self, now: float, *, streamed: bool = True) -> None:
         self.first_token_at = now
         if streamed:  # a whole reply's time is the record's ``duration``
             self.record.ttft = now - self.started_at
-        self._owner.first_token(self)
+        self._owner.first_token(self.snapshot())
 
     # ------------------------------------------------------------------ bounded waits
 
@@ -479,7 +490,6 @@ class AttemptRun:
         """
         stack = AsyncExitStack()
         self._stack = stack
-        self.streamed = True
         self._timer = _read_timer()
         buffered: list[ChatCompletionChunk] = []
         try:
@@ -530,7 +540,8 @@ class AttemptRun:
                 await stack.aclose()
         self.finish(exc, lost=lost, cancelled=cancelled, usage=usage)
         if self._permit is not None:
-            await self._settle(self.usage)
+            result = self.result
+            await self._settle(None if result is None else result.usage)
 
     async def complete(self) -> ChatCompletion:
         """Run the attempt as one non-streamed request, bounded by the deadline.
@@ -618,9 +629,9 @@ class AttemptRun:
                     name, tokens=tokens, input_tokens=inputs, timeout=timeout, remaining=remaining
                 )
             except errors.RateLimited:
-                trace.admitted(self, self._now() - start, True)
+                trace.admitted(self.snapshot(), self._now() - start, True)
                 raise
-            trace.admitted(self, self._permit.waited, False)
+            trace.admitted(self.snapshot(), self._permit.waited, False)
 
     async def _settle(self, usage: Usage | None) -> None:
         """Hand the admission permit back with what the response said (once)."""
