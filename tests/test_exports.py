@@ -89,7 +89,7 @@ EXTEND = [
     "NOT_GIVEN",
     "AsyncHedgeGate",
     "AttemptObserver",
-    "AttemptRun",
+    "AttemptResult",
     "Breaker",
     "CircuitBreaker",
     "Deadline",

@@ -475,6 +475,25 @@ def test_swiftclient_modules_import_each_other_without_a_cycle(lazy: bool) -> No
     assert cycles == ALLOWED_CYCLES
 
 
+def test_an_attempt_holds_no_reference_to_its_call() -> None:
+    # An attempt is given what it needs and reports through ``AttemptOwner``: _attempt.py
+    # imports nothing from _stream, not even for annotations, and never names ``Call``.
+    tree = ast.parse((CLIENT / "_attempt.py").read_text())
+    modules = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            modules.add("." * node.level + (node.module or ""))
+            modules.update(f"{'.' * node.level}{a.name}" for a in node.names if not node.module)
+        elif isinstance(node, ast.Import):
+            modules.update(alias.name for alias in node.names)
+    assert not {m for m in modules if m.split(".")[-1] == "_stream"}
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)}
+    assert "Call" not in names | strings
+    assert "_call" not in names
+
+
 def test_the_cycle_check_finds_each_kind_of_cycle() -> None:
     sources = {
         "p": ("from . import a\n", True),

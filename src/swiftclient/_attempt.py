@@ -1,13 +1,14 @@
 """One attempt of a call: exactly one backend stream (or one non-streamed request).
 
-An :class:`AttemptRun` opens its backend stream, waits for the first content token, hands
-out chunks and closes; how its reads are bounded (the asyncio :class:`ReadTimer` or a
-cancel scope) is chosen once, when it is created. It ends once, in
-:meth:`AttemptRun.finish`, which reports how to its call (``Call.ended``); the call keeps the
-frozen :class:`AttemptResult`, fills in the attempt's public record and tells every
-:class:`AttemptObserver` (breakers, the latency estimator, telemetry, your own). The attempt
-never writes the call's state itself: its start, first token, commit and end each go through
-one method of the call.
+An :class:`AttemptRun` is given what it needs when it is made (its target and request, the
+call's deadline, options, admission and trace) and holds no reference to its call. It opens
+its backend stream, waits for the first content token, hands out chunks and closes; how its
+reads are bounded (the asyncio :class:`ReadTimer` or a cancel scope) is chosen once, when it
+is created. It ends once, in :meth:`AttemptRun.finish`, which fills in its public record and
+freezes its :class:`AttemptResult`. It reports to whoever started it through one narrow
+channel, an :class:`AttemptOwner` (the call): its first token and its end (with the frozen
+result); the owner keeps the result and tells every :class:`AttemptObserver` (breakers, the
+latency estimator, telemetry, your own).
 """
 
 from __future__ import annotations
@@ -23,17 +24,17 @@ import anyio
 
 from . import errors
 from ._deadline import Deadline, ReadTimer, Timeout, deadline_watch, running_loop
-from ._outcome import AttemptOutcome, Outcome
+from ._outcome import OUTCOME_OF, AttemptOutcome, Outcome
 from ._retry import retry_after_seconds
 from .backends.base import Backend, BufferedChunkIterator, RequestOptions
 from .types import Attempt, ChatCompletion, ChatCompletionChunk, ChatRequest, Usage
 
 if TYPE_CHECKING:
-    from ._stream import Call
     from .admission import Admission, Permit
 
 __all__ = [
     "AttemptObserver",
+    "AttemptOwner",
     "AttemptResult",
     "AttemptRun",
     "Target",
@@ -68,48 +69,107 @@ class Target(NamedTuple):
 
 
 class AttemptResult(NamedTuple):
-    """How one attempt ended, frozen when it did: what its call keeps of it, and what the
-    call's cost and its telemetry are computed from after the call. ``number`` and
-    ``duration`` (seconds) are its record's (:class:`~swiftclient.types.Attempt`)."""
+    """One attempt, frozen: what every attempt event carries (as the attempt stood then;
+    ``outcome`` is ``pending`` until ``on_end``) and, once it ended, what its call keeps and
+    the call's cost and telemetry are computed from. ``number``, ``started`` and ``duration``
+    (seconds) are its record's (:class:`~swiftclient.types.Attempt`)."""
 
     number: int
+    """1-based position among the call's attempts."""
     target: Target
     """Where it went (its :attr:`~Target.name` is ``"backend/model"``)."""
     trigger: Literal["first", "hedge", "fallback", "retry"]
     outcome: Outcome
-    """``won`` (the call took its output), ``lost``, ``cancelled`` or ``failed``."""
+    """``won`` (the call took its output), ``lost`` (another attempt committed),
+    ``cancelled``, ``failed`` or ``pending`` (it has not ended)."""
     usage: Usage | None
-    """Token counts the attempt reported, when it got that far."""
+    """Token counts the attempt reported, when it got that far (known once it ended)."""
     error: BaseException | None
     """What it failed with (``failed`` only)."""
-    duration: float
+    duration: float | None
+    """Seconds from its start to its end (None while it runs)."""
+    started: float
+    """Seconds from the call's start to this attempt's start."""
+    ttft: float | None
+    """Seconds from its start to its first content token (non-streamed: to its whole
+    reply); None before that."""
+    streamed: bool
+    """Whether it reads a stream (else it sends one non-streamed request)."""
+    request: ChatRequest
+    """The request it sends (addressed to its target's model)."""
+    call_id: str | None
+    """The same for every attempt of one call (its idempotency key): group by it."""
+    call_trace: object
+    """The call's telemetry observer (None without one)."""
+
+    @property
+    def status_code(self) -> int | None:
+        """The HTTP status of a failed attempt, when it had one."""
+        error = self.error
+        return error.status_code if isinstance(error, errors.APIStatusError) else None
+
+    @property
+    def retry_after(self) -> float | None:
+        """Seconds the target asked to be left alone (``Retry-After``), when it did."""
+        error = self.error
+        if isinstance(error, errors.APIStatusError):
+            return retry_after_seconds(error.headers)
+        return None
 
 
 class AttemptObserver(Protocol):
-    """Subscribes to attempt events. Handlers run inline on the call path: keep them cheap,
-    and never raise (an exception from a handler propagates into the call).
+    """Subscribes to attempt events, each with the attempt as it stood then, frozen (an
+    :class:`AttemptResult`). Handlers run inline on the call path: keep them cheap, and never
+    raise (an exception from a handler propagates into the call).
 
     An observer that uses only some of the events may name them in a class attribute
     ``attempt_hooks`` (for example ``("on_end",)``); the others are then never called. The
     handlers are looked up when the client is built: to change them, pass another observer.
     """
 
-    def on_start(self, attempt: AttemptRun) -> None:
+    def on_start(self, attempt: AttemptResult) -> None:
         """The attempt is about to open its backend stream (or send its request)."""
 
-    def on_first_token(self, attempt: AttemptRun) -> None:
+    def on_first_token(self, attempt: AttemptResult) -> None:
         """The attempt delivered its first content token (non-streamed: its whole reply)."""
 
-    def on_commit(self, attempt: AttemptRun) -> None:
+    def on_commit(self, attempt: AttemptResult) -> None:
         """The call committed to this attempt; every other attempt is being cancelled."""
 
-    def on_end(self, attempt: AttemptRun) -> None:
-        """The attempt ended; ``attempt.outcome`` says how."""
+    def on_end(self, attempt: AttemptResult) -> None:
+        """The attempt ended; ``attempt.outcome`` says how (the result its call keeps)."""
+
+
+class AttemptOwner(Protocol):
+    """Whoever started an attempt (its call): the one channel an attempt reports through."""
+
+    @property
+    def winner(self) -> int:
+        """The number of the attempt the owner committed to (0: none yet); a cancelled
+        attempt ends ``lost`` when another one is it."""
+        ...
+
+    def first_token(self, attempt: AttemptResult) -> None:
+        """The attempt delivered its first content token (non-streamed: its whole reply)."""
+        ...
+
+    def ended(self, result: AttemptResult) -> None:
+        """The attempt ended (once) with ``result``; its record is filled in."""
+        ...
+
+
+class AdmissionTrace(Protocol):
+    """What an attempt tells its call's telemetry itself: how long admission took."""
+
+    def admitted(self, attempt: AttemptResult, waited: float, refused: bool) -> None:
+        """``attempt`` waited ``waited`` seconds for admission, and was let through or
+        ``refused``."""
+        ...
 
 
 HOOK_NAMES = ("on_start", "on_first_token", "on_commit", "on_end")
 
-Hook = Callable[["AttemptRun"], None]
+Hook = Callable[[AttemptResult], None]
 
 
 class Hooks(NamedTuple):
@@ -185,15 +245,18 @@ class AttemptRun:
     it ended is ``result`` (:class:`AttemptResult`, None while it runs)."""
 
     __slots__ = (
+        "_admission",
         "_answer",
-        "_call",
         "_chunk_seen",
         "_deadline",
         "_iterator",
         "_now",
+        "_owner",
         "_permit",
         "_stack",
         "_timer",
+        "call_id",
+        "call_trace",
         "error",
         "first_token_at",
         "next_nowait",
@@ -208,23 +271,39 @@ class AttemptRun:
 
     def __init__(
         self,
-        call: Call,
+        owner: AttemptOwner,
         target: Target,
         request: ChatRequest,
         number: int,
         trigger: Literal["first", "hedge", "fallback", "retry"] = "first",
+        *,
+        deadline: Deadline,
+        options: RequestOptions,
+        streamed: bool = False,
+        admission: Admission | None = None,
+        trace: AdmissionTrace | None = None,
     ) -> None:
-        self._call = call
+        """An attempt numbered ``number`` that ``owner`` started on ``target`` with
+        ``request``, bounded by the call's ``deadline`` (whose clock and start are the
+        call's), sending ``options`` (its idempotency key is the call's id), reading a stream
+        when ``streamed`` (else sending one request), waiting for ``admission`` when given,
+        and telling ``trace`` how long that took."""
+        self._owner = owner
         self.target = target
         self.request = request
-        self._deadline: Deadline = call.deadline
-        self._now = call.now
+        self._deadline = deadline
+        self._now = deadline.now
+        self._admission = admission
+        self.call_trace = trace
+        """The call's telemetry observer (None without one)."""
+        self.call_id = options.idempotency_key
+        """The same for every attempt of one call (its idempotency key): group by it."""
         self.started_at = self._now()
         self.record = Attempt(
             number=number,
             backend=target.backend_name,
             model=target.model,
-            started=self.started_at - call.started,
+            started=self.started_at - deadline.started,
             trigger=trigger,
         )
         self.error: BaseException | None = None
@@ -236,68 +315,43 @@ class AttemptRun:
         self._iterator: AsyncIterator[ChatCompletionChunk] | None = None
         self._timer: ReadTimer | None = None
         self._chunk_seen = False
-        self.streamed = False
-        """Whether the attempt opened a stream (its first token is a content chunk), rather
+        self.streamed = streamed
+        """Whether the attempt opens a stream (its first token is a content chunk), rather
         than sending one non-streamed request."""
         self._answer = _Answer(self.record)
-        self.options: RequestOptions = dataclasses.replace(call.options, on_response=self._answer)
+        self.options: RequestOptions = dataclasses.replace(options, on_response=self._answer)
         """What the attempt sends besides the request, with the hook that keeps its
         response's status and headers; the call adds its trace's headers once observers
-        heard ``on_start`` (an observer may still replace it there)."""
+        heard ``on_start``."""
 
-    # ------------------------------------------------------------------ observer view
+    # ------------------------------------------------------------------ frozen view
 
-    @property
-    def call_id(self) -> str | None:
-        """The same for every attempt of one call (its idempotency key): group by it."""
-        return self._call.options.idempotency_key
-
-    @property
-    def call_trace(self) -> object:
-        """The call's telemetry observer (None without one)."""
-        return self._call.trace
-
-    @property
-    def number(self) -> int:
-        """1-based position among the call's attempts."""
-        return self.record.number
-
-    @property
-    def started(self) -> float:
-        """Seconds from the call's start to this attempt's start."""
-        return self.record.started
-
-    @property
-    def ttft(self) -> float | None:
-        """Seconds from this attempt's start to its first content token (non-streamed: to
-        its whole reply)."""
-        at = self.first_token_at
-        return None if at is None else at - self.started_at
-
-    @property
-    def outcome(self) -> Outcome:
-        """``won``, ``lost`` (another attempt committed), ``cancelled``, ``failed`` or
+    def snapshot(self) -> AttemptResult:
+        """The attempt as it stands now, frozen: its ``result`` once it ended, else
         ``pending``."""
         result = self.result
-        return "pending" if result is None else result.outcome
+        return self._frozen("pending", None, None) if result is None else result
 
-    @property
-    def usage(self) -> Usage | None:
-        """Token counts the attempt reported, when it got that far (known once it ended)."""
-        result = self.result
-        return None if result is None else result.usage
-
-    @property
-    def status_code(self) -> int | None:
-        """The HTTP status of a failed attempt, when it had one."""
-        return self.record.status_code
-
-    @property
-    def retry_after(self) -> float | None:
-        """Seconds the target asked to be left alone (``Retry-After``), when it did."""
-        if isinstance(self.error, errors.APIStatusError):
-            return retry_after_seconds(self.error.headers)
-        return None
+    def _frozen(
+        self, outcome: Outcome, usage: Usage | None, duration: float | None
+    ) -> AttemptResult:
+        record = self.record
+        at = self.first_token_at
+        return AttemptResult(
+            record.number,
+            self.target,
+            record.trigger,
+            outcome,
+            usage,
+            self.error,
+            duration,
+            record.started,
+            None if at is None else at - self.started_at,
+            self.streamed,
+            self.request,
+            self.call_id,
+            self.call_trace,
+        )
 
     # ------------------------------------------------------------------ outcome
 
@@ -310,21 +364,25 @@ class AttemptRun:
         now: float | None = None,
         usage: Usage | None = None,
     ) -> None:
-        """End the attempt (once) and report how to the call, which keeps the result.
+        """End the attempt (once): fill in its record, freeze its result and report it to
+        its owner, which keeps it.
 
         ``lost``: it succeeded, but after another attempt had committed. ``cancelled``: it
-        succeeded, but the call was cancelled before taking its output. ``now``: when it
-        ended, if the caller has just read the clock. ``usage``: the token counts its reply
-        reported (the stream's or the completion's).
+        succeeded, but the call was cancelled before taking its output (an attempt cancelled
+        after the owner committed to another one is ``lost``). ``now``: when it ended, if the
+        caller has just read the clock. ``usage``: the token counts its reply reported (the
+        stream's or the completion's).
         """
         if self.result is not None:
             return
         duration = (self._now() if now is None else now) - self.started_at
+        record = self.record
         outcome: AttemptOutcome
         if lost:
             outcome = "lost"
         elif cancelled or (exc is not None and isinstance(exc, _cancelled())):
-            outcome = "cancelled"  # the call tells a cancelled loser from a cancelled call
+            winner = self._owner.winner
+            outcome = "cancelled" if winner in (0, record.number) else "lost"
         elif exc is None:
             outcome = "ok"
         else:
@@ -333,13 +391,19 @@ class AttemptRun:
                 exc._rename_backend(target.backend.name, target.alias)
             self.error = exc
             outcome = "error"
-        self._call.ended(self, outcome, duration, usage)
+            record.error = type(exc).__name__
+            if isinstance(exc, errors.APIStatusError):
+                record.status_code = exc.status_code
+        record.duration = duration
+        record.outcome = outcome
+        self.result = result = self._frozen(OUTCOME_OF[outcome], usage, duration)
+        self._owner.ended(result)
 
     def _first_token(self, now: float, *, streamed: bool = True) -> None:
         self.first_token_at = now
         if streamed:  # a whole reply's time is the record's ``duration``
             self.record.ttft = now - self.started_at
-        self._call.first_token(self)
+        self._owner.first_token(self.snapshot())
 
     # ------------------------------------------------------------------ bounded waits
 
@@ -426,11 +490,10 @@ class AttemptRun:
         """
         stack = AsyncExitStack()
         self._stack = stack
-        self.streamed = True
         self._timer = _read_timer()
         buffered: list[ChatCompletionChunk] = []
         try:
-            admission = self._call.admission
+            admission = self._admission
             if admission is not None:
                 await self._admit(admission)
             now = self._now()
@@ -477,7 +540,8 @@ class AttemptRun:
                 await stack.aclose()
         self.finish(exc, lost=lost, cancelled=cancelled, usage=usage)
         if self._permit is not None:
-            await self._settle(self.usage)
+            result = self.result
+            await self._settle(None if result is None else result.usage)
 
     async def complete(self) -> ChatCompletion:
         """Run the attempt as one non-streamed request, bounded by the deadline.
@@ -488,7 +552,7 @@ class AttemptRun:
         a few microseconds less per call: a plain task cancellation at any of its awaits
         leaves nothing behind.
         """
-        admission = self._call.admission
+        admission = self._admission
         if admission is not None:
             return await self._complete_admitted(admission)
         return await self._complete()
@@ -553,7 +617,7 @@ class AttemptRun:
         left = self._deadline.remaining()
         remaining = None if left == math.inf else left
         timeout = 0.0 if self.record.trigger == "hedge" else remaining
-        trace = self._call.trace
+        trace = self.call_trace
         if trace is None:
             self._permit = await admission.acquire(
                 name, tokens=tokens, input_tokens=inputs, timeout=timeout, remaining=remaining
@@ -565,14 +629,14 @@ class AttemptRun:
                     name, tokens=tokens, input_tokens=inputs, timeout=timeout, remaining=remaining
                 )
             except errors.RateLimited:
-                trace.admitted(self, self._now() - start, True)
+                trace.admitted(self.snapshot(), self._now() - start, True)
                 raise
-            trace.admitted(self, self._permit.waited, False)
+            trace.admitted(self.snapshot(), self._permit.waited, False)
 
     async def _settle(self, usage: Usage | None) -> None:
         """Hand the admission permit back with what the response said (once)."""
         permit, self._permit = self._permit, None
-        admission = self._call.admission
+        admission = self._admission
         if permit is None or admission is None:
             return
         status, headers = self._answer.status, self.record.headers or {}

@@ -14,7 +14,7 @@ import pydantic
 
 from . import _batch, errors
 from ._accounting import Accounting
-from ._attempt import AttemptObserver, AttemptRun, Hooks, Target
+from ._attempt import AttemptObserver, AttemptResult, Hooks, Target
 from ._batch import BatchProgress, BatchRequest, BatchResult
 from ._canonical import CallEncoding, leading_static
 from ._cost import HedgeStats, Pricing
@@ -253,7 +253,7 @@ class AsyncClient:
         self._closed = False
         self._stack: AsyncExitStack | None = None
 
-    def _share_breaker(self, attempt: AttemptRun, old: str, new: str) -> None:
+    def _share_breaker(self, attempt: AttemptResult, old: str, new: str) -> None:
         """A breaker opened: rest its target on the shared admission store for the
         breaker's cooldown (every process then refuses it; docs/rate-limits.md)."""
         if new == "open" and self.admission is not None:

@@ -1,7 +1,7 @@
 """How an attempt ends: the one vocabulary, defined once.
 
 An attempt's record (:class:`~swiftclient.types.Attempt`, in ``timing.attempts`` and on
-errors) names its end ``ok`` or ``error``; what observers read (``AttemptRun.outcome``),
+errors) names its end ``ok`` or ``error``; what observers read (``AttemptResult.outcome``),
 accounting (:class:`~swiftclient._cost.AttemptRecord`) and telemetry
 (``swiftclient.outcome``) name the same ends ``won`` or ``failed``. Both spellings are
 public, so both stay; they are defined here side by side, with the one map between them,

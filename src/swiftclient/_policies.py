@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from typing import Protocol, runtime_checkable
 
-from ._attempt import AttemptRun, Target, noop_hook
+from ._attempt import AttemptResult, Target, noop_hook
 from ._breaker import CircuitBreaker
 from ._budget import HedgeBudget, RetryThrottle
 from ._estimator import LatencyEstimator, prompt_bucket
@@ -146,7 +146,7 @@ class PolicyHub:
         self._new_breaker = breaker
         self._breakers: dict[str, Breaker] = {}
         self._clock = clock
-        self._breaker_listeners: list[Callable[[AttemptRun, str, str], None]] = []
+        self._breaker_listeners: list[Callable[[AttemptResult, str, str], None]] = []
 
     @classmethod
     def standard(
@@ -179,7 +179,7 @@ class PolicyHub:
         attempt hook, and the plain path pays nothing for it)."""
         return any(p is not None for p in (self._estimator, self._throttle, self._new_breaker))
 
-    def on_breaker_change(self, listener: Callable[[AttemptRun, str, str], None]) -> None:
+    def on_breaker_change(self, listener: Callable[[AttemptResult, str, str], None]) -> None:
         """Call ``listener(attempt, old_state, new_state)`` whenever the outcome of an attempt
         changes its target's breaker state (telemetry counts and traces these)."""
         if listener not in self._breaker_listeners:
@@ -262,10 +262,10 @@ class PolicyHub:
     # ------------------------------------------------------------------ AttemptObserver
 
     @noop_hook
-    def on_start(self, attempt: AttemptRun) -> None:
+    def on_start(self, attempt: AttemptResult) -> None:
         """Nothing to do when an attempt starts."""
 
-    def on_first_token(self, attempt: AttemptRun) -> None:
+    def on_first_token(self, attempt: AttemptResult) -> None:
         """Feed the attempt's time to first token to the estimator."""
         ttft = attempt.ttft
         if self._estimator is not None and ttft is not None:
@@ -274,10 +274,10 @@ class PolicyHub:
             self._estimator.observe(key, ttft, self._clock())
 
     @noop_hook
-    def on_commit(self, attempt: AttemptRun) -> None:
+    def on_commit(self, attempt: AttemptResult) -> None:
         """Nothing to do on commit (the outcome comes with ``on_end``)."""
 
-    def on_end(self, attempt: AttemptRun) -> None:
+    def on_end(self, attempt: AttemptResult) -> None:
         """Record the outcome: success or a target's failure; errors of the request itself
         (400, 401, ...), attempts admission refused (``RateLimited``: nothing was sent) and
         cancelled or lost attempts say nothing about the target's health.
@@ -299,7 +299,7 @@ class PolicyHub:
         ):
             ok = False
         else:
-            if outcome == "lost" and attempt.first_token_at is None:
+            if outcome == "lost" and attempt.ttft is None:
                 self._observe_censored(attempt)
             return
         now = self._clock()
@@ -324,8 +324,8 @@ class PolicyHub:
 
     # ------------------------------------------------------------------ helpers
 
-    def _observe_censored(self, attempt: AttemptRun) -> None:
-        waited = attempt.record.duration
+    def _observe_censored(self, attempt: AttemptResult) -> None:
+        waited = attempt.duration
         if self._estimator is not None and waited is not None:
             key = self._key(attempt.target, attempt.request, attempt.streamed)
             self._estimator.observe(key, waited, self._clock())

@@ -29,11 +29,10 @@ from ._attempt import (
 )
 from ._cost import CallCost
 from ._deadline import Deadline
-from ._outcome import OUTCOME_OF, AttemptOutcome
 from ._retry import RetryPolicy, retry_after, run_with_retries
 from .backends.base import RequestOptions
 from .hedging import Hedge, StartAttempt, Trigger, fallback, race
-from .types import ChatCompletion, ChatCompletionChunk, ChatRequest, Timing, Usage
+from .types import ChatCompletion, ChatCompletionChunk, ChatRequest, Timing
 
 if TYPE_CHECKING:
     from .admission import Admission
@@ -119,12 +118,12 @@ class CallObserver(AttemptObserver, Protocol):
         """A hedge was due but the budget or the throttle refused it."""
         ...
 
-    def admitted(self, attempt: AttemptRun, waited: float, refused: bool) -> None:
+    def admitted(self, attempt: AttemptResult, waited: float, refused: bool) -> None:
         """``attempt`` waited ``waited`` seconds for admission, and was let through or
         ``refused`` (:class:`~swiftclient.RateLimited`: nothing was sent)."""
         ...
 
-    def headers_for(self, attempt: AttemptRun) -> dict[str, str]:
+    def headers_for(self, attempt: AttemptResult) -> dict[str, str]:
         """Headers to send with ``attempt``'s request (its trace context), asked once, after
         ``on_start``; the call adds them to the attempt's options."""
         ...
@@ -244,55 +243,54 @@ class Call:
         request = self.request
         if request.model != target.model:
             request = request_for(request, target)
-        if trigger == "first" and self.numbered > 1:  # the first attempt of a later round
-            attempt = AttemptRun(self, target, request, self.numbered, "retry")
-        else:
-            attempt = AttemptRun(self, target, request, self.numbered, trigger)
+        # The first attempt of a later round is a retry.
+        retry = trigger == "first" and self.numbered > 1
+        attempt = AttemptRun(
+            self,
+            target,
+            request,
+            self.numbered,
+            "retry" if retry else trigger,
+            deadline=self.deadline,
+            options=self.options,
+            streamed=self.streamed,
+            admission=self.admission,
+            trace=self.trace,
+        )
         self.timing.attempts.append(attempt.record)
-        for hook in self.hooks.on_start:
-            hook(attempt)
-        trace = self.trace
+        hooks, trace = self.hooks.on_start, self.trace
+        if not hooks and trace is None:
+            return attempt
+        started = attempt.snapshot()
+        for hook in hooks:
+            hook(started)
         if trace is not None:
-            headers = trace.headers_for(attempt)
+            headers = trace.headers_for(started)
             if headers:  # the call's encoding stays: every attempt reuses the bytes built once
                 options = attempt.options
                 attempt.options = replace(options, headers={**options.headers, **headers})
         return attempt
 
-    def first_token(self, attempt: AttemptRun) -> None:
-        """``attempt`` delivered its first content token (non-streamed: its whole reply)."""
+    def first_token(self, attempt: AttemptResult) -> None:
+        """An attempt delivered its first content token (non-streamed: its whole reply)."""
         for hook in self.hooks.on_first_token:
             hook(attempt)
 
     def commit(self, attempt: AttemptRun) -> None:
         """The call takes ``attempt``'s output; every other attempt is being cancelled."""
         self.winner = attempt.record.number
-        for hook in self.hooks.on_commit:
-            hook(attempt)
+        hooks = self.hooks.on_commit
+        if hooks:
+            committed = attempt.snapshot()
+            for hook in hooks:
+                hook(committed)
 
-    def ended(
-        self, attempt: AttemptRun, outcome: AttemptOutcome, duration: float, usage: Usage | None
-    ) -> None:
-        """``attempt`` ended (it calls this once, from ``finish``): keep its frozen result,
-        complete its public record, tell observers. A cancelled attempt lost when another
-        one had committed."""
-        record = attempt.record
-        number = record.number
-        if outcome == "cancelled" and self.winner not in (0, number):
-            outcome = "lost"
-        error = attempt.error
-        record.duration = duration
-        record.outcome = outcome
-        if error is not None:
-            record.error = type(error).__name__
-            if isinstance(error, errors.APIStatusError):
-                record.status_code = error.status_code
-        attempt.result = result = AttemptResult(
-            number, attempt.target, record.trigger, OUTCOME_OF[outcome], usage, error, duration
-        )
+    def ended(self, result: AttemptResult) -> None:
+        """An attempt ended (it calls this once, from ``finish``): keep its frozen
+        ``result`` and tell observers."""
         self.results.append(result)
         for hook in self.hooks.on_end:
-            hook(attempt)
+            hook(result)
 
     def finish(self, exc: BaseException | None = None, *, now: float | None = None) -> None:
         """Stamp the call's total time and, the first time, hand its frozen

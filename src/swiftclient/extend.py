@@ -5,8 +5,8 @@ backends, types, errors and the knobs (``Timeout``, ``Hedge``, ``RetryPolicy``, 
 This module holds the machinery behind them, for whoever plugs something into the call path:
 
 - **Attempt observers**: :class:`AttemptObserver` (the hook protocol that
-  ``AsyncClient(observers=[...])`` takes), :class:`AttemptRun` (the attempt an observer is
-  handed) and :class:`Target` (where one attempt goes).
+  ``AsyncClient(observers=[...])`` takes), :class:`AttemptResult` (the frozen attempt each
+  handler is handed) and :class:`Target` (where one attempt goes).
 - **A hub of your own**: :class:`PolicyHub` (``AsyncClient(policies=...)``), the standard
   parts it is built from (:class:`LatencyEstimator` with :func:`prompt_bucket`,
   :class:`HedgeBudget`, :class:`RetryThrottle`, :class:`CircuitBreaker`) and the protocols a
@@ -22,7 +22,7 @@ the top-level namespace stays small. See docs/hedging.md ("Budget and throttle")
 docs/architecture.md.
 """
 
-from ._attempt import AttemptObserver, AttemptRun, Target
+from ._attempt import AttemptObserver, AttemptResult, Target
 from ._breaker import CircuitBreaker
 from ._budget import HedgeBudget, RetryThrottle
 from ._client import NOT_GIVEN, NotGiven, RouterLike
@@ -35,7 +35,7 @@ __all__ = [
     "NOT_GIVEN",
     "AsyncHedgeGate",
     "AttemptObserver",
-    "AttemptRun",
+    "AttemptResult",
     "Breaker",
     "CircuitBreaker",
     "Deadline",

@@ -39,7 +39,7 @@ from ._canonical import PromptPrefix, prompt_prefix
 from .types import ChatRequest, Message, Tool
 
 if TYPE_CHECKING:
-    from ._attempt import AttemptRun
+    from ._attempt import AttemptResult
 
 __all__ = [
     "CacheAccounting",
@@ -251,18 +251,18 @@ class CacheAccounting:
         self.backends: dict[str, CacheUsage] = {}
 
     @noop_hook
-    def on_start(self, attempt: AttemptRun) -> None:
+    def on_start(self, attempt: AttemptResult) -> None:
         """Nothing to count before the attempt ends."""
 
     @noop_hook
-    def on_first_token(self, attempt: AttemptRun) -> None:
+    def on_first_token(self, attempt: AttemptResult) -> None:
         """Nothing to count before the attempt ends."""
 
     @noop_hook
-    def on_commit(self, attempt: AttemptRun) -> None:
+    def on_commit(self, attempt: AttemptResult) -> None:
         """Nothing to count before the attempt ends."""
 
-    def on_end(self, attempt: AttemptRun) -> None:
+    def on_end(self, attempt: AttemptResult) -> None:
         """Count the usage the attempt reported, if any."""
         usage = attempt.usage
         if usage is None:

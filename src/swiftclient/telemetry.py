@@ -51,7 +51,7 @@ from .backends.base import Backend
 from .types import ChatCompletion
 
 if TYPE_CHECKING:
-    from ._attempt import AttemptRun, Target
+    from ._attempt import AttemptResult, Target
     from ._stream import Call, CallRecord
     from .types import Message, Timing, ToolCall, Usage
 
@@ -389,7 +389,7 @@ class Telemetry:
             trace_.request_attributes(call)
         return trace_
 
-    def breaker_changed(self, attempt: AttemptRun, old: str, new: str) -> None:
+    def breaker_changed(self, attempt: AttemptResult, old: str, new: str) -> None:
         """A target's circuit breaker changed state after ``attempt`` ended."""
         if self.metrics_enabled():
             self.instruments.breaker.add(
@@ -466,7 +466,7 @@ class CallTrace:
         if self.recording:
             self.span.add_event("swiftclient.hedge.refused")
 
-    def admitted(self, attempt: AttemptRun, waited: float, refused: bool) -> None:
+    def admitted(self, attempt: AttemptResult, waited: float, refused: bool) -> None:
         """An event on the attempt's span and a histogram sample: the seconds ``attempt``
         waited for admission, and whether it was let through or ``refused``."""
         outcome = "refused" if refused else "admitted"
@@ -558,9 +558,9 @@ class CallTrace:
 
     # ------------------------------------------------------------------ AttemptObserver
 
-    def on_start(self, attempt: AttemptRun) -> None:
+    def on_start(self, attempt: AttemptResult) -> None:
         """Start the attempt's span (its context goes out through :meth:`headers_for`)."""
-        trigger = attempt.record.trigger
+        trigger = attempt.trigger
         target = attempt.target
         parent = self.span
         if self.recording:
@@ -590,28 +590,28 @@ class CallTrace:
             if counter is not None:
                 counter.add(1, {"swiftclient.target": target.name})
 
-    def headers_for(self, attempt: AttemptRun) -> dict[str, str]:
+    def headers_for(self, attempt: AttemptResult) -> dict[str, str]:
         """The trace context for ``attempt``'s request: its span's, else the call's."""
         carrier: dict[str, str] = {}
         span = self._attempts.get(attempt.number, self.span)
         propagate.inject(carrier, context=trace.set_span_in_context(span))
         return carrier
 
-    def on_first_token(self, attempt: AttemptRun) -> None:
+    def on_first_token(self, attempt: AttemptResult) -> None:
         """An event on the attempt's span, with its time to first token."""
         span = self._attempts.get(attempt.number)
         if span is not None:
             ttft = attempt.ttft
             span.add_event("swiftclient.first_token", {"swiftclient.ttft": ttft or 0.0})
 
-    def on_commit(self, attempt: AttemptRun) -> None:
+    def on_commit(self, attempt: AttemptResult) -> None:
         """Count a hedge that won (the call keeps which attempt won)."""
-        if self.metered and attempt.record.trigger == "hedge":
+        if self.metered and attempt.trigger == "hedge":
             self._telemetry.instruments.hedges_won.add(
                 1, {"swiftclient.target": attempt.target.name}
             )
 
-    def on_end(self, attempt: AttemptRun) -> None:
+    def on_end(self, attempt: AttemptResult) -> None:
         """End the attempt's span with its outcome; count a 429."""
         error = attempt.error
         if self.metered and error is not None and getattr(error, "status_code", None) == 429:
@@ -623,9 +623,9 @@ class CallTrace:
             return
         outcome = attempt.outcome
         attributes: dict[str, Any] = {"swiftclient.outcome": outcome}
-        record = attempt.record
-        if record.ttft is not None:
-            attributes["gen_ai.response.time_to_first_chunk"] = record.ttft
+        ttft = attempt.ttft
+        if ttft is not None and attempt.streamed:  # a whole reply's time is not a chunk's
+            attributes["gen_ai.response.time_to_first_chunk"] = ttft
         if attempt.usage is not None:
             attributes.update(_usage_attributes(attempt.usage))
         if outcome == "failed" and error is not None:

@@ -26,7 +26,7 @@ from swiftclient import (
     HTTPBackend,
     RetryPolicy,
 )
-from swiftclient.extend import AttemptRun, Deadline, RequestOptions
+from swiftclient.extend import AttemptResult, Deadline, RequestOptions
 from swiftclient.testing import FakeProvider, Reply
 
 from .rawserver import RawRequest, raw_server, send_all
@@ -351,19 +351,19 @@ class Recorder:
     def __init__(self) -> None:
         self.events: list[tuple[str, str, str]] = []
 
-    def _add(self, event: str, attempt: AttemptRun) -> None:
+    def _add(self, event: str, attempt: AttemptResult) -> None:
         self.events.append((event, attempt.target.backend.name, attempt.outcome))
 
-    def on_start(self, attempt: AttemptRun) -> None:
+    def on_start(self, attempt: AttemptResult) -> None:
         self._add("start", attempt)
 
-    def on_first_token(self, attempt: AttemptRun) -> None:
+    def on_first_token(self, attempt: AttemptResult) -> None:
         self._add("first_token", attempt)
 
-    def on_commit(self, attempt: AttemptRun) -> None:
+    def on_commit(self, attempt: AttemptResult) -> None:
         self._add("commit", attempt)
 
-    def on_end(self, attempt: AttemptRun) -> None:
+    def on_end(self, attempt: AttemptResult) -> None:
         self._add("end", attempt)
 
 

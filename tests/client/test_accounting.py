@@ -27,7 +27,7 @@ from swiftclient import (
     Timeout,
     Timing,
 )
-from swiftclient.extend import AttemptRun
+from swiftclient.extend import AttemptResult
 from swiftclient.testing import Reply
 
 from .mock import HELD, client_for, providers
@@ -288,18 +288,18 @@ class Started:
         self.count = 0
         self.both = anyio.Event()
 
-    def on_start(self, attempt: AttemptRun) -> None:
+    def on_start(self, attempt: AttemptResult) -> None:
         self.count += 1
         if self.count == 2:
             self.both.set()
 
-    def on_first_token(self, attempt: AttemptRun) -> None:
+    def on_first_token(self, attempt: AttemptResult) -> None:
         pass
 
-    def on_commit(self, attempt: AttemptRun) -> None:
+    def on_commit(self, attempt: AttemptResult) -> None:
         pass
 
-    def on_end(self, attempt: AttemptRun) -> None:
+    def on_end(self, attempt: AttemptResult) -> None:
         pass
 
 

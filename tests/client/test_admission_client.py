@@ -11,7 +11,7 @@ import pytest
 
 from swiftclient import AsyncClient, Hedge, HTTPBackend, RateLimited, RateLimitError, RetryPolicy
 from swiftclient.admission import Admission, Limits
-from swiftclient.extend import AttemptRun, CircuitBreaker, PolicyHub
+from swiftclient.extend import AttemptResult, CircuitBreaker, PolicyHub
 from swiftclient.testing import FakeProvider, ProviderLimits, Reply
 
 from .fakeclock import Ticker
@@ -136,7 +136,7 @@ async def test_a_hedge_is_not_sent_into_a_target_without_capacity_now() -> None:
     class OpenGateOnRefusal:
         attempt_hooks = ("on_end",)
 
-        def on_end(self, attempt: AttemptRun) -> None:
+        def on_end(self, attempt: AttemptResult) -> None:
             if isinstance(attempt.error, RateLimited):
                 gate.set()
 

@@ -28,7 +28,7 @@ from swiftclient import (
     RetryPolicy,
     Timeout,
 )
-from swiftclient.extend import AttemptRun
+from swiftclient.extend import AttemptResult
 from swiftclient.hedging import fallback, is_fatal, race
 from swiftclient.testing import FakeProvider, Reply
 
@@ -506,16 +506,16 @@ class Ends:
     def __init__(self) -> None:
         self.ended: list[tuple[str | None, str, str, int | None]] = []
 
-    def on_start(self, attempt: AttemptRun) -> None:
+    def on_start(self, attempt: AttemptResult) -> None:
         pass
 
-    def on_first_token(self, attempt: AttemptRun) -> None:
+    def on_first_token(self, attempt: AttemptResult) -> None:
         pass
 
-    def on_commit(self, attempt: AttemptRun) -> None:
+    def on_commit(self, attempt: AttemptResult) -> None:
         pass
 
-    def on_end(self, attempt: AttemptRun) -> None:
+    def on_end(self, attempt: AttemptResult) -> None:
         usage = attempt.usage
         tokens = usage.completion_tokens if usage is not None else None
         self.ended.append((attempt.call_id, attempt.target.backend.name, attempt.outcome, tokens))
@@ -543,6 +543,42 @@ async def test_observers_can_group_attempts_by_call_and_see_the_winners_usage(
     ]
     assert first[1][3] == 2  # "from b": two tokens
     assert first[0][0] == first[1][0] != second[0][0]
+
+
+class Events:
+    """An observer keeping every (event, attempt) it is handed."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, AttemptResult]] = []
+
+    def on_start(self, attempt: AttemptResult) -> None:
+        self.events.append(("start", attempt))
+
+    def on_first_token(self, attempt: AttemptResult) -> None:
+        self.events.append(("first_token", attempt))
+
+    def on_commit(self, attempt: AttemptResult) -> None:
+        self.events.append(("commit", attempt))
+
+    def on_end(self, attempt: AttemptResult) -> None:
+        self.events.append(("end", attempt))
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+async def test_observers_are_handed_frozen_attempts_as_they_stood(streamed: bool) -> None:
+    events = Events()
+    async with providers("a") as fakes, client_for(fakes, observers=[events]) as client:
+        await client.chat("hi", model="a/m", stream=streamed)
+    assert [name for name, _ in events.events] == ["start", "first_token", "commit", "end"]
+    start, first, commit, end = (attempt for _, attempt in events.events)
+    assert all(type(a) is AttemptResult for a in (start, first, commit, end))
+    outcomes = [a.outcome for a in (start, first, commit, end)]
+    assert outcomes == ["pending", "pending", "pending", "won"]
+    assert start.ttft is None and first.ttft is not None and end.ttft == first.ttft
+    assert start.duration is None and end.duration is not None and end.streamed is streamed
+    assert end.target.name == "a/m" and end.number == 1 and end.call_id
+    with pytest.raises(AttributeError):
+        end.outcome = "lost"  # type: ignore[misc]
 
 
 # --------------------------------------------------------------------------- default policies
@@ -646,16 +682,16 @@ class EndsOnly:
     def __init__(self) -> None:
         self.outcomes: list[str] = []
 
-    def on_start(self, attempt: AttemptRun) -> None:
+    def on_start(self, attempt: AttemptResult) -> None:
         raise AssertionError("on_start is not among attempt_hooks")
 
-    def on_first_token(self, attempt: AttemptRun) -> None:
+    def on_first_token(self, attempt: AttemptResult) -> None:
         raise AssertionError("on_first_token is not among attempt_hooks")
 
-    def on_commit(self, attempt: AttemptRun) -> None:
+    def on_commit(self, attempt: AttemptResult) -> None:
         raise AssertionError("on_commit is not among attempt_hooks")
 
-    def on_end(self, attempt: AttemptRun) -> None:
+    def on_end(self, attempt: AttemptResult) -> None:
         self.outcomes.append(attempt.outcome)
 
 
@@ -683,7 +719,7 @@ def test_mock_observers_hear_every_event_and_overridden_noop_hooks_are_heard() -
     assert [len(h) for h in Hooks.of([mock])] == [1, 1, 1, 1]
 
     class Started(PolicyHub):
-        def on_start(self, attempt: AttemptRun) -> None:
+        def on_start(self, attempt: AttemptResult) -> None:
             pass
 
     hub = PolicyHub.standard(None)

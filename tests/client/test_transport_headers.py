@@ -27,8 +27,8 @@ from swiftclient import (
     RateLimitError,
     RetryPolicy,
 )
+from swiftclient._attempt import AttemptRun
 from swiftclient.admission import Limits
-from swiftclient.extend import AttemptRun
 from swiftclient.routing import Router
 from swiftclient.testing import FakeProvider, Reply
 from swiftclient.transports import HttpxTransport, Transport
