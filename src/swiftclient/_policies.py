@@ -218,26 +218,30 @@ class PolicyHub:
             ConfigurationError: the budget lives on a store (an :class:`AsyncHedgeGate`):
                 ask :meth:`may_hedge_async`.
         """
-        if self._throttle is not None and not self._throttle.allowed():
-            return False
-        budget = self._budget
-        if budget is None:
-            return True
-        if isinstance(budget, AsyncHedgeGate):
-            raise ConfigurationError("this hedge budget lives on a store: use may_hedge_async")
-        return budget.try_spend(self._clock())
+        answer = self._hedge_answer()
+        if isinstance(answer, bool):
+            return answer
+        raise ConfigurationError("this hedge budget lives on a store: use may_hedge_async")
 
     async def may_hedge_async(self) -> bool:
         """:meth:`may_hedge` for the call path (a hedged race is async code anyway): a budget
         on a store (:class:`AsyncHedgeGate`) is asked there, a per-process one as
         :meth:`may_hedge` does, without suspending."""
+        answer = self._hedge_answer()
+        if isinstance(answer, bool):
+            return answer
+        return await answer.spend(self._clock())
+
+    def _hedge_answer(self) -> bool | AsyncHedgeGate:
+        """Whether a hedge may go, decided here (the throttle, a per-process budget), or the
+        budget on a store that must be asked."""
         if self._throttle is not None and not self._throttle.allowed():
             return False
         budget = self._budget
         if budget is None:
             return True
         if isinstance(budget, AsyncHedgeGate):
-            return await budget.spend(self._clock())
+            return budget
         return budget.try_spend(self._clock())
 
     def on_call(self) -> None:

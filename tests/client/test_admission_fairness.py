@@ -28,6 +28,7 @@ from swiftclient.testing import FakeProvider, Reply
 
 from .fakeclock import FakeClock
 from .redisserver import redis_url
+from .storewrap import Delegating
 
 __all__ = ["redis_url"]  # the fixture, re-exported for pytest
 
@@ -38,14 +39,14 @@ def key() -> str:
     return f"test/{uuid.uuid4().hex}"
 
 
-class Watched:
+class Watched(Delegating):
     """A store shared by several processes (``shared``: a release elsewhere wakes no one
     here), counting the takes that returned so that a test can wait for them."""
 
     shared = True
 
     def __init__(self, inner: StateStore) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.takes = 0
         self._changed = anyio.Event()
 
@@ -63,38 +64,6 @@ class Watched:
             while self.takes < n:
                 await self._changed.wait()
         await anyio.wait_all_tasks_blocked()
-
-    async def leave(self, key: str, queue: str) -> None:
-        await self.inner.leave(key, queue)
-
-    async def release(self, key: str, holder: str) -> None:
-        await self.inner.release(key, holder)
-
-    async def adjust(self, key: str, cost: BucketCost) -> None:
-        await self.inner.adjust(key, cost)
-
-    async def set_level(self, key: str, cost: BucketCost, reset: float | None = None) -> None:
-        await self.inner.set_level(key, cost, reset)
-
-    async def update(
-        self,
-        key: str,
-        levels: Sequence[tuple[BucketCost, float | None]] = (),
-        corrections: Sequence[BucketCost] = (),
-    ) -> None:
-        await self.inner.update(key, levels, corrections)
-
-    async def block(self, key: str, seconds: float) -> None:
-        await self.inner.block(key, seconds)
-
-    async def blocked_for(self, key: str) -> float:
-        return await self.inner.blocked_for(key)
-
-    async def leases(self, key: str) -> int:
-        return await self.inner.leases(key)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
 
 @pytest.fixture(params=["memory", "redis"])

@@ -29,8 +29,6 @@ from swiftclient import (
 )
 from swiftclient.admission import (
     Admission,
-    Admit,
-    BucketCost,
     Limits,
     MemoryStore,
     RedisStore,
@@ -40,6 +38,7 @@ from swiftclient.admission import (
 from swiftclient.extend import Deadline, HedgeBudget, PolicyHub, RequestOptions
 
 from .redisserver import redis_url
+from .storewrap import Delegating
 
 __all__ = ["redis_url"]  # the fixture, re-exported for pytest
 pytestmark = pytest.mark.anyio
@@ -94,11 +93,11 @@ class Counted:
         return spent
 
 
-class Watched:
+class Watched(Delegating):
     """A store that counts the hedges its budget refused (delegates everything else)."""
 
     def __init__(self, inner: StateStore) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.shared = inner.shared
         self.refusals = Refusals()
 
@@ -111,41 +110,6 @@ class Watched:
         if spend and not result[0]:
             self.refusals.add()
         return result
-
-    async def take(self, key: str, costs: Sequence[BucketCost], **kwargs: object) -> Admit:
-        return await self.inner.take(key, costs, **kwargs)  # type: ignore[arg-type]
-
-    async def leave(self, key: str, queue: str) -> None:
-        await self.inner.leave(key, queue)
-
-    async def release(self, key: str, holder: str) -> None:
-        await self.inner.release(key, holder)
-
-    async def adjust(self, key: str, cost: BucketCost) -> None:
-        await self.inner.adjust(key, cost)
-
-    async def set_level(self, key: str, cost: BucketCost, reset: float | None = None) -> None:
-        await self.inner.set_level(key, cost, reset)
-
-    async def update(
-        self,
-        key: str,
-        levels: Sequence[tuple[BucketCost, float | None]] = (),
-        corrections: Sequence[BucketCost] = (),
-    ) -> None:
-        await self.inner.update(key, levels, corrections)
-
-    async def block(self, key: str, seconds: float) -> None:
-        await self.inner.block(key, seconds)
-
-    async def blocked_for(self, key: str) -> float:
-        return await self.inner.blocked_for(key)
-
-    async def leases(self, key: str) -> int:
-        return await self.inner.leases(key)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
 
 class Backend:
