@@ -2,13 +2,13 @@
 
 An :class:`AttemptRun` is given what it needs when it is made (its target and request, the
 call's deadline, options, admission and trace) and holds no reference to its call. It opens
-its backend stream, waits for the first content token, hands out chunks and closes; how its
-reads are bounded (the asyncio :class:`ReadTimer` or a cancel scope) is chosen once, when it
-is created. It ends once, in :meth:`AttemptRun.finish`, which fills in its public record and
-freezes its :class:`AttemptResult`. It reports to whoever started it through one narrow
-channel, an :class:`AttemptOwner` (the call): its first token and its end (with the frozen
-result); the owner keeps the result and tells every :class:`AttemptObserver` (breakers, the
-latency estimator, telemetry, your own).
+its backend stream, waits for the first content token, hands out chunks (keeping the usage
+they report) and closes; every wait is bounded one way (:meth:`AttemptRun._bounded`). It
+ends once, in :meth:`AttemptRun.finish`, which fills in its public record and freezes its
+:class:`AttemptResult`. It reports to whoever started it through one narrow channel, an
+:class:`AttemptOwner` (the call): its first token and its end (with the frozen result); the
+owner keeps the result and tells every :class:`AttemptObserver` (breakers, the latency
+estimator, telemetry, your own).
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol, TypeVar
 
 import anyio
 
 from . import errors
-from ._deadline import Deadline, ReadTimer, Timeout, deadline_watch, running_loop
+from ._deadline import Deadline, Timeout, Waiter, loop_waiter
 from ._outcome import OUTCOME_OF, AttemptOutcome, Outcome
 from ._retry import retry_after_seconds
 from .backends.base import Backend, BufferedChunkIterator, RequestOptions
@@ -202,6 +202,7 @@ class Hooks(NamedTuple):
 
 _NOOP = "__swiftclient_noop_hook__"
 _F = TypeVar("_F", bound=Callable[..., None])
+_R = TypeVar("_R")
 
 
 def noop_hook(method: _F) -> _F:
@@ -233,12 +234,6 @@ def _nowait_of(
     return iterator.next_nowait if buffered else None  # type: ignore[attr-defined]
 
 
-def _read_timer() -> ReadTimer | None:
-    """A :class:`ReadTimer` on asyncio; None elsewhere (reads use cancel scopes there)."""
-    loop = running_loop()
-    return None if loop is None else ReadTimer(loop)
-
-
 class AttemptRun:
     """One attempt against one target. Its public record is ``record``
     (:class:`~swiftclient.types.Attempt`, which the call keeps in ``Timing.attempts``); how
@@ -254,7 +249,7 @@ class AttemptRun:
         "_owner",
         "_permit",
         "_stack",
-        "_timer",
+        "_waiter",
         "call_id",
         "call_trace",
         "error",
@@ -267,6 +262,7 @@ class AttemptRun:
         "started_at",
         "streamed",
         "target",
+        "usage",
     )
 
     def __init__(
@@ -313,7 +309,9 @@ class AttemptRun:
         self._stack: AsyncExitStack | None = None
         self._permit: Permit | None = None
         self._iterator: AsyncIterator[ChatCompletionChunk] | None = None
-        self._timer: ReadTimer | None = None
+        self._waiter: Waiter | None = None
+        self.usage: Usage | None = None
+        """Token counts from the last chunk (or the completion) it handed out that had them."""
         self._chunk_seen = False
         self.streamed = streamed
         """Whether the attempt opens a stream (its first token is a content chunk), rather
@@ -330,11 +328,9 @@ class AttemptRun:
         """The attempt as it stands now, frozen: its ``result`` once it ended, else
         ``pending``."""
         result = self.result
-        return self._frozen("pending", None, None) if result is None else result
+        return self._frozen("pending", None) if result is None else result
 
-    def _frozen(
-        self, outcome: Outcome, usage: Usage | None, duration: float | None
-    ) -> AttemptResult:
+    def _frozen(self, outcome: Outcome, duration: float | None) -> AttemptResult:
         record = self.record
         at = self.first_token_at
         return AttemptResult(
@@ -342,7 +338,7 @@ class AttemptRun:
             self.target,
             record.trigger,
             outcome,
-            usage,
+            None if duration is None else self.usage,
             self.error,
             duration,
             record.started,
@@ -362,7 +358,6 @@ class AttemptRun:
         lost: bool = False,
         cancelled: bool = False,
         now: float | None = None,
-        usage: Usage | None = None,
     ) -> None:
         """End the attempt (once): fill in its record, freeze its result and report it to
         its owner, which keeps it.
@@ -370,8 +365,7 @@ class AttemptRun:
         ``lost``: it succeeded, but after another attempt had committed. ``cancelled``: it
         succeeded, but the call was cancelled before taking its output (an attempt cancelled
         after the owner committed to another one is ``lost``). ``now``: when it ended, if the
-        caller has just read the clock. ``usage``: the token counts its reply reported (the
-        stream's or the completion's).
+        caller has just read the clock.
         """
         if self.result is not None:
             return
@@ -396,7 +390,7 @@ class AttemptRun:
                 record.status_code = exc.status_code
         record.duration = duration
         record.outcome = outcome
-        self.result = result = self._frozen(OUTCOME_OF[outcome], usage, duration)
+        self.result = result = self._frozen(OUTCOME_OF[outcome], duration)
         self._owner.ended(result)
 
     def _first_token(self, now: float, *, streamed: bool = True) -> None:
@@ -407,11 +401,14 @@ class AttemptRun:
 
     # ------------------------------------------------------------------ bounded waits
 
-    def _bound(self, now: float) -> tuple[float, _Limit]:
-        """When the next wait must end (on the deadline's clock) and which limit that is."""
+    def _due(self) -> tuple[float, _Limit]:
+        """When the next wait must end (on the deadline's clock) and which limit that is;
+        raises that limit's error when it has already passed."""
+        now = self._now()
         deadline = self._deadline
         timeout = deadline.timeout
-        due, kind = deadline.at, "deadline"
+        due = deadline.at
+        kind: _Limit = "deadline"
         idle = timeout.idle
         if idle is not None and self._chunk_seen and now + idle < due:
             due, kind = now + idle, "idle"
@@ -420,7 +417,9 @@ class AttemptRun:
             at = self.started_at + first
             if at < due:
                 due, kind = at, "first_token"
-        return due, kind  # type: ignore[return-value]
+        if due <= now:
+            raise self._timeout_error(kind)
+        return due, kind
 
     def _timeout_error(self, kind: _Limit) -> errors.APITimeoutError:
         name = self.target.backend_name
@@ -440,43 +439,44 @@ class AttemptRun:
         waiting, so without a time limit; otherwise the read waits, bounded."""
         nowait = self.next_nowait
         if nowait is not None:
-            ready = nowait()
-            if ready is not None:
-                return ready
-        return await self._wait()
-
-    async def _wait(self) -> ChatCompletionChunk | None:
-        """The iterator's next chunk (None at its end), bounded by the limit that applies."""
+            chunk = nowait()
+            if chunk is not None:
+                if chunk.usage is not None:
+                    self.usage = chunk.usage
+                return chunk
         iterator = self._iterator
         assert iterator is not None, "read before open()"
-        now = self._now()
-        due, kind = self._bound(now)
-        if due <= now:
-            raise self._timeout_error(kind)
-        if due == math.inf:
-            try:
-                return await iterator.__anext__()
-            except StopAsyncIteration:
-                return None
-        timer = self._timer
-        if timer is None:
-            with anyio.CancelScope(deadline=due):
-                try:
-                    return await iterator.__anext__()
-                except StopAsyncIteration:
-                    return None
-            raise self._timeout_error(kind)
-        # asyncio: one lazily re-armed timer per stream instead of a cancel scope per read.
-        timer.start(_current_task(), due)  # type: ignore[arg-type]
+        due, kind = self._due()
         try:
-            return await iterator.__anext__()
+            chunk = await self._bounded(iterator.__anext__(), due, kind, self._waiter)
         except StopAsyncIteration:
             return None
+        if chunk.usage is not None:
+            self.usage = chunk.usage
+        return chunk
+
+    async def _bounded(
+        self, waiting: Awaitable[_R], due: float, kind: _Limit, waiter: Waiter | None
+    ) -> _R:
+        """Await ``waiting`` until ``due``, then raise ``kind``'s timeout error: every wait
+        of an attempt is bounded here. On asyncio, with a ``waiter`` (a reusable entry on
+        the loop's one :class:`~swiftclient._deadline.DeadlineWatch`), the wait costs a set
+        insert and removal; without one (trio, or a wait whose cleanup is shielded, which a
+        plain task cancellation would not respect) a cancel scope bounds it."""
+        if due == math.inf:
+            return await waiting
+        if waiter is None:
+            with anyio.CancelScope(deadline=due):
+                return await waiting
+            raise self._timeout_error(kind)
+        waiter.start(_current_task(), due)  # type: ignore[arg-type]
+        try:
+            return await waiting
         except asyncio.CancelledError:
-            if not timer.expired():
+            if not waiter.expired():
                 raise
         finally:
-            timer.stop()
+            waiter.stop()
         raise self._timeout_error(kind)
 
     # ------------------------------------------------------------------ lifecycle
@@ -490,22 +490,16 @@ class AttemptRun:
         """
         stack = AsyncExitStack()
         self._stack = stack
-        self._timer = _read_timer()
+        self._waiter = loop_waiter()
         buffered: list[ChatCompletionChunk] = []
         try:
             admission = self._admission
             if admission is not None:
                 await self._admit(admission)
-            now = self._now()
-            due, kind = self._bound(now)
-            if due <= now:
-                raise self._timeout_error(kind)
-            with anyio.CancelScope(deadline=due) as scope:
-                iterator = await stack.enter_async_context(
-                    self.target.backend.stream(self.request, self._deadline, self.options)
-                )
-            if scope.cancelled_caught:
-                raise self._timeout_error(kind)
+            due, kind = self._due()
+            opening = self.target.backend.stream(self.request, self._deadline, self.options)
+            # A cancel scope: the backend's stream may shield its cleanup.
+            iterator = await self._bounded(stack.enter_async_context(opening), due, kind, None)
             self._iterator = iterator
             # How this attempt takes a chunk that already arrived, decided once.
             self.next_nowait = _nowait_of(iterator)
@@ -529,28 +523,24 @@ class AttemptRun:
         *,
         lost: bool = False,
         cancelled: bool = False,
-        usage: Usage | None = None,
     ) -> None:
         """Release the stream (shielded, bounded) and end the attempt (idempotent)."""
         stack, self._stack = self._stack, None
         if stack is not None:
-            if self._timer is not None:
-                self._timer.close()
             with anyio.move_on_after(_CLOSE_GRACE, shield=True):
                 await stack.aclose()
-        self.finish(exc, lost=lost, cancelled=cancelled, usage=usage)
+        self.finish(exc, lost=lost, cancelled=cancelled)
         if self._permit is not None:
-            result = self.result
-            await self._settle(None if result is None else result.usage)
+            await self._settle()
 
     async def complete(self) -> ChatCompletion:
         """Run the attempt as one non-streamed request, bounded by the deadline.
 
         A cancel scope, which respects the backend's shielded cleanup; a backend whose
         ``complete`` has none (``complete_cancels_cleanly``, as the aiohttp-backed
-        :class:`~swiftclient.HTTPBackend`) is bounded by one loop timer on asyncio instead,
-        a few microseconds less per call: a plain task cancellation at any of its awaits
-        leaves nothing behind.
+        :class:`~swiftclient.HTTPBackend`) is bounded on asyncio by the loop's deadline
+        watch instead, a few microseconds less per call: a plain task cancellation at any of
+        its awaits leaves nothing behind.
         """
         admission = self._admission
         if admission is not None:
@@ -565,41 +555,20 @@ class AttemptRun:
             self.finish(exc)
             raise
         try:
-            result = await self._complete()
-        except BaseException:
-            await self._settle(None)
-            raise
-        await self._settle(result.usage)
-        return result
+            return await self._complete()
+        finally:
+            await self._settle()
 
     async def _complete(self) -> ChatCompletion:
         deadline = self._deadline
         backend = self.target.backend
         try:
-            if getattr(backend, "complete_cancels_cleanly", False):
-                loop = running_loop()
-                if loop is not None:
-                    watch = deadline_watch(loop)
-                    task = _current_task(loop)
-                    assert task is not None
-                    watched = watch.add(task, deadline.at)
-                    try:
-                        result = await backend.complete(self.request, deadline, self.options)
-                    except asyncio.CancelledError:
-                        if watched.expired():
-                            raise deadline_exceeded(
-                                self.target.backend_name, deadline.timeout
-                            ) from None
-                        raise
-                    finally:
-                        watch.discard(watched)
-                    self._first_token(self._now(), streamed=False)
-                    return result
-            with anyio.CancelScope(deadline=deadline.at):
-                result = await backend.complete(self.request, deadline, self.options)
-                self._first_token(self._now(), streamed=False)
-                return result
-            raise deadline_exceeded(self.target.backend_name, deadline.timeout)
+            waiter = loop_waiter() if getattr(backend, "complete_cancels_cleanly", False) else None
+            waiting = backend.complete(self.request, deadline, self.options)
+            result = await self._bounded(waiting, deadline.at, "deadline", waiter)
+            self.usage = result.usage
+            self._first_token(self._now(), streamed=False)
+            return result
         except BaseException as exc:
             self.finish(exc)
             raise
@@ -633,8 +602,9 @@ class AttemptRun:
                 raise
             trace.admitted(self.snapshot(), self._permit.waited, False)
 
-    async def _settle(self, usage: Usage | None) -> None:
+    async def _settle(self) -> None:
         """Hand the admission permit back with what the response said (once)."""
+        usage = self.usage
         permit, self._permit = self._permit, None
         admission = self._admission
         if permit is None or admission is None:

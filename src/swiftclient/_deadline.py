@@ -19,7 +19,7 @@ import anyio
 
 from .errors import ConfigurationError
 
-__all__ = ["Deadline", "DeadlineWatch", "ReadTimer", "Timeout", "deadline_watch"]
+__all__ = ["Deadline", "DeadlineWatch", "Timeout", "Waiter", "deadline_watch", "loop_waiter"]
 
 
 _BASE_TIME = asyncio.BaseEventLoop.time
@@ -162,132 +162,82 @@ class Deadline:
         return None if left == math.inf else left
 
 
-class ReadTimer:
-    """Bounds one stream's awaited reads on asyncio with a single, lazily re-armed loop timer.
+class Waiter:
+    """One wait's registration with a :class:`DeadlineWatch`, reusable for the next wait (a
+    stream's reads re-arm one waiter each: no allocation per read).
 
-    A cancel scope per read costs a timer handle plus task bookkeeping on every chunk. Here a
-    read only records when it must end (:meth:`start`); the one timer, when it fires, re-arms
-    itself for that time if a later read moved it, and cancels the reading task only when the
-    read in progress has waited past it — the way ``asyncio.timeout`` cancels. The reader
-    asks :meth:`expired` on ``CancelledError`` to tell its own timeout from any other
-    cancellation (which then propagates untouched).
-    """
+    :meth:`start` a wait, await, ask :meth:`expired` on ``CancelledError`` to tell the watch's
+    cancellation from any other (which then propagates untouched), and :meth:`stop` when the
+    wait ended, any way."""
 
-    __slots__ = ("_armed_at", "_baseline", "_due", "_fired", "_handle", "_loop", "_task")
+    __slots__ = ("baseline", "due", "fired", "task", "watch")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._handle: asyncio.TimerHandle | None = None
-        self._armed_at = math.inf
-        self._due = math.inf
-        self._task: asyncio.Task[Any] | None = None
-        self._baseline = 0
-        self._fired = False
+    def __init__(self, watch: DeadlineWatch) -> None:
+        self.watch = watch
+        self.task: asyncio.Task[Any] | None = None
+        self.due = math.inf
+        self.baseline = 0
+        self.fired = False
 
     def start(self, task: asyncio.Task[Any], due: float) -> None:
-        """``task`` begins a read that must end by ``due`` (on the loop's clock)."""
-        self._task = task
-        self._due = due
-        self._baseline = task.cancelling()
-        if due < self._armed_at:
-            if self._handle is not None:
-                self._handle.cancel()
-            self._handle = self._loop.call_at(due, self._fire)
-            self._armed_at = due
-
-    def expired(self) -> bool:
-        """Call on ``CancelledError`` from the read: True when this timer alone caused it.
-
-        The timer's cancel request is withdrawn then, so the task is not left cancelling.
-        """
-        task = self._task
-        if not self._fired or task is None:
-            return False
-        self._fired = False
-        return task.uncancel() <= self._baseline
-
-    def stop(self) -> None:
-        """The read ended (any way); withdraw a cancel request it did not consume."""
-        task, self._task = self._task, None
-        if self._fired:
-            self._fired = False
-            if task is not None:
-                task.uncancel()
-
-    def close(self) -> None:
-        """Drop the pending timer (the stream is finished)."""
-        self._task = None
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-        self._armed_at = math.inf
-
-    def _fire(self) -> None:
-        self._handle = None
-        self._armed_at = math.inf
-        task = self._task
-        if task is None:
-            return
-        due = self._due
-        if self._loop.time() < due:
-            self._handle = self._loop.call_at(due, self._fire)
-            self._armed_at = due
-            return
-        self._fired = True
-        task.cancel()
-
-
-class _Watched:
-    """One task's registration with a :class:`DeadlineWatch`."""
-
-    __slots__ = ("baseline", "due", "fired", "task")
-
-    def __init__(self, task: asyncio.Task[Any], due: float) -> None:
+        """``task`` begins a wait that must end by ``due`` (on the loop's clock)."""
         self.task = task
         self.due = due
         self.baseline = task.cancelling()
-        self.fired = False
+        watch = self.watch
+        watch._waiting.add(self)
+        if due < watch._armed_at:
+            watch._arm(due)
 
     def expired(self) -> bool:
         """Call on ``CancelledError``: True when the watch alone caused it (its cancel
         request is withdrawn then, so the task is not left cancelling)."""
-        if not self.fired:
+        task = self.task
+        if not self.fired or task is None:
             return False
         self.fired = False
-        return self.task.uncancel() <= self.baseline
+        return task.uncancel() <= self.baseline
+
+    def stop(self) -> None:
+        """The wait ended (any way): never cancel its task, and withdraw a cancel request
+        the wait did not consume."""
+        self.watch._waiting.discard(self)
+        task, self.task = self.task, None
+        if self.fired:
+            self.fired = False
+            if task is not None:
+                task.uncancel()
 
 
 class DeadlineWatch:
-    """Cancels tasks whose deadline passed, with one loop timer for all of a loop's tasks.
+    """Bounds waits on one asyncio loop: cancels a waiting task once its due time passed,
+    with one loop timer for all of the loop's waits (a stream's reads and a non-streamed
+    call's whole wait alike; trio uses cancel scopes).
 
-    For waits that a plain task cancellation ends cleanly (a non-streamed request on the
-    aiohttp transport). Registering and withdrawing are a set insert and removal; the one
-    timer is armed for the earliest deadline known when it was armed and, when it fires,
-    cancels the tasks that are due and re-arms for the earliest one left. With every call's
-    deadline the same distance ahead (the usual case: one ``Timeout.total``), a call never
-    touches the timer: a timer handle per call, and the loop's heap work for it, is what
-    this saves.
+    A cancel scope per wait costs a timer handle plus task bookkeeping. Here a wait is a set
+    insert and removal (:class:`Waiter`); the one timer is armed for the earliest due time
+    known when it was armed and, when it fires, cancels the waits that are due and re-arms
+    lazily for the earliest one left, so a wait due no earlier than the timer (a read whose
+    idle limit moved on, every call with the same ``Timeout.total``) never touches it.
     """
 
-    __slots__ = ("_armed_at", "_handle", "_watched", "loop")
+    __slots__ = ("_armed_at", "_handle", "_waiting", "loop")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self._watched: set[_Watched] = set()
+        self._waiting: set[Waiter] = set()
         self._handle: asyncio.TimerHandle | None = None
         self._armed_at = math.inf
 
-    def add(self, task: asyncio.Task[Any], due: float) -> _Watched:
+    def add(self, task: asyncio.Task[Any], due: float) -> Waiter:
         """Cancel ``task`` once the loop's clock reaches ``due`` (until :meth:`discard`)."""
-        watched = _Watched(task, due)
-        self._watched.add(watched)
-        if due < self._armed_at:
-            self._arm(due)
-        return watched
+        waiter = Waiter(self)
+        waiter.start(task, due)
+        return waiter
 
-    def discard(self, watched: _Watched) -> None:
-        """The wait ended (any way): never cancel its task."""
-        self._watched.discard(watched)
+    def discard(self, waiter: Waiter) -> None:
+        """The wait ended (any way): :meth:`Waiter.stop`."""
+        waiter.stop()
 
     def _arm(self, due: float) -> None:
         if self._handle is not None:
@@ -300,13 +250,13 @@ class DeadlineWatch:
         self._armed_at = math.inf
         now = self.loop.time()
         earliest = math.inf
-        for watched in list(self._watched):
-            if watched.due <= now:
-                self._watched.discard(watched)
-                watched.fired = True
-                watched.task.cancel()
-            elif watched.due < earliest:
-                earliest = watched.due
+        for waiter in list(self._waiting):
+            if waiter.due <= now:
+                self._waiting.discard(waiter)
+                waiter.fired = True
+                waiter.task.cancel()  # type: ignore[union-attr]
+            elif waiter.due < earliest:
+                earliest = waiter.due
         if earliest < math.inf:
             self._arm(earliest)
 
@@ -320,3 +270,10 @@ def deadline_watch(loop: asyncio.AbstractEventLoop) -> DeadlineWatch:
     if watch is None or watch.loop is not loop:
         watch = _local.watch = DeadlineWatch(loop)
     return watch
+
+
+def loop_waiter() -> Waiter | None:
+    """A new :class:`Waiter` on the running asyncio loop's watch; None elsewhere (on trio,
+    waits are bounded by cancel scopes)."""
+    loop = running_loop()
+    return None if loop is None else Waiter(deadline_watch(loop))

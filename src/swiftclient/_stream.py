@@ -337,10 +337,9 @@ class Call:
         """Release an attempt whose output the call does not take: one that succeeded after
         another one committed (lost), or the committed one of a call cancelled before it
         returned (cancelled)."""
-        attempt, value = result
-        usage = value.usage if isinstance(value, ChatCompletion) else None
+        attempt = result[0]
         won = self.winner == attempt.record.number
-        await attempt.close(lost=not won, cancelled=won, usage=usage)
+        await attempt.close(lost=not won, cancelled=won)
 
     # ------------------------------------------------------------------ rounds
 
@@ -449,7 +448,7 @@ class Call:
             if not self.winner:
                 self.commit(attempt)
             ended = attempt.first_token_at  # the reply's arrival: the attempt's end
-            attempt.finish(None, now=ended, usage=completion.usage)
+            attempt.finish(None, now=ended)
         except BaseException as exc:
             self.failed(exc)
             self.finish(exc)
@@ -543,7 +542,7 @@ class ChatStream:
         if attempt is None:
             return
         self._done = True
-        await attempt.close(exc, usage=self._accumulator.usage)
+        await attempt.close(exc)
         self._call.finish(exc)
 
     # ------------------------------------------------------------------ iteration
@@ -569,13 +568,13 @@ class ChatStream:
         except BaseException as exc:
             self._done = True
             if self._attempt is not None:
-                self._attempt.finish(exc, usage=self._accumulator.usage)
+                self._attempt.finish(exc)
             self._call.failed(exc)
             raise
         if next_chunk is None:
             self._done = True
             if self._attempt is not None:
-                self._attempt.finish(None, usage=self._accumulator.usage)
+                self._attempt.finish(None)
             self._call.finish()
             raise StopAsyncIteration
         if self._accumulator.add(next_chunk):

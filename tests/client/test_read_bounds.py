@@ -1,4 +1,4 @@
-"""Per-read time limits of a stream: the lazily re-armed read timer (asyncio) and scopes (trio)."""
+"""Per-read time limits of a stream: the loop's deadline watch (asyncio) and scopes (trio)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from swiftclient import AsyncClient, HTTPBackend, RetryPolicy, StreamStalled, Timeout
-from swiftclient._deadline import Deadline, DeadlineWatch, ReadTimer, deadline_watch
+from swiftclient._deadline import Deadline, DeadlineWatch, Waiter, deadline_watch
 
 from .mock import chunk
 
@@ -91,11 +91,12 @@ async def test_stall_inside_an_outer_scope_leaves_the_scope_uncancelled() -> Non
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_read_timer_cancels_only_a_read_past_its_due_time() -> None:
+async def test_a_reused_waiter_cancels_only_a_read_past_its_due_time() -> None:
+    # A stream re-arms one waiter per read: each read only records its due time.
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     assert task is not None
-    timer = ReadTimer(loop)
+    timer = Waiter(DeadlineWatch(loop))
     try:
         # A read that finishes in time is left alone.
         timer.start(task, loop.time() + 5.0)
@@ -118,7 +119,7 @@ async def test_read_timer_cancels_only_a_read_past_its_due_time() -> None:
         timer.stop()
         assert task.uncancel() == 0
     finally:
-        timer.close()
+        timer.stop()
 
 
 async def _wait_forever() -> None:
