@@ -96,7 +96,8 @@ class _Body(httpx.AsyncByteStream):
 
 @dataclass
 class Script:
-    """Per-request replies: (status, parts, headers, stall)."""
+    """Per-request replies: (status, parts, headers, stall); ``pace``: seconds before each
+    part of a served body (:meth:`serve`) after its first."""
 
     replies: list[tuple[int, list[bytes], dict[str, str], bool]] = field(default_factory=list)
     requests: list[httpx.Request] = field(default_factory=list)
@@ -107,6 +108,7 @@ class Script:
         {},
         False,
     )
+    pace: float = 0.0
 
     def add(
         self,
@@ -196,7 +198,9 @@ class Script:
             return
         head = {"content-type": "text/event-stream", **given}
         sent = await send_all(stream, _head(status, head, None))
-        for part in filter(None, parts):  # an empty chunk would end the body
+        for i, part in enumerate(filter(None, parts)):  # an empty chunk would end the body
+            if i and self.pace:
+                await anyio.sleep(self.pace)
             sent = sent and await send_all(stream, b"%x\r\n%b\r\n" % (len(part), part))
         if sent and not stall:
             await send_all(stream, b"0\r\n\r\n")

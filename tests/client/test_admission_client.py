@@ -15,16 +15,17 @@ from swiftclient.extend import AttemptResult, CircuitBreaker, PolicyHub
 from swiftclient.testing import FakeProvider, ProviderLimits, Reply
 
 from .fakeclock import Ticker
-from .mock import Script, stream_body
+from .mock import Script, backend_for, scripted_client, stream_body
 
 pytestmark = pytest.mark.anyio
 
 
+@pytest.mark.usefixtures("transport")
 @pytest.mark.parametrize("stream_chat", [True, False])
 async def test_limits_learned_from_headers_keep_calls_from_the_429(stream_chat: bool) -> None:
     limits = ProviderLimits(rpm=2, window=60.0, clock=Ticker())
     async with FakeProvider(Reply(tokens=2), rate_limits=limits) as fake:
-        backend = HTTPBackend(fake.base_url, name="fake")
+        backend = backend_for(fake.base_url, name="fake")
         async with AsyncClient(
             backend, model="m", limits=Limits(), stream_chat=stream_chat, timeout=5.0
         ) as client:
@@ -42,12 +43,13 @@ async def test_limits_learned_from_headers_keep_calls_from_the_429(stream_chat: 
     assert client.admission is not None and client.admission.in_flight("fake/m") == 0
 
 
+@pytest.mark.usefixtures("transport")
 async def test_a_learned_limit_equal_to_the_configured_one_keeps_the_providers_refill() -> None:
     # Configured 2 a second, learned 2 a minute with none left: the provider's slower refill
     # wins (the learned spec used to lose a tie in capacity, and the 3rd call met a 429).
     limits = ProviderLimits(rpm=2, window=60.0, clock=Ticker())
     async with FakeProvider(Reply(tokens=2), rate_limits=limits) as fake:
-        backend = HTTPBackend(fake.base_url, name="fake")
+        backend = backend_for(fake.base_url, name="fake")
         async with AsyncClient(
             backend, model="m", limits=Limits(rpm=2, window=1.0), timeout=5.0
         ) as client:
@@ -59,10 +61,11 @@ async def test_a_learned_limit_equal_to_the_configured_one_keeps_the_providers_r
     assert len(fake.requests) == 2
 
 
+@pytest.mark.usefixtures("transport")
 async def test_without_limits_the_same_calls_meet_the_429() -> None:
     limits = ProviderLimits(rpm=2, window=60.0, clock=Ticker())
     async with FakeProvider(Reply(tokens=2), rate_limits=limits) as fake:
-        backend = HTTPBackend(fake.base_url, name="fake")
+        backend = backend_for(fake.base_url, name="fake")
         async with AsyncClient(backend, model="m", retry=RetryPolicy.none()) as client:
             await client.chat("hi")
             await client.chat("hi")
@@ -71,13 +74,11 @@ async def test_without_limits_the_same_calls_meet_the_429() -> None:
     assert fake.rate_limited == 1
 
 
+@pytest.mark.usefixtures("transport")  # served on a socket, read over aiohttp and httpx
 async def test_a_bare_429_halves_the_targets_concurrency() -> None:
     script = Script().add(429)
-    backend = HTTPBackend("http://mock/v1", name="mock", transport=script.transport())
     admission = Admission(Limits(concurrency=8))
-    async with AsyncClient(
-        backend, model="m", limits=admission, retry=RetryPolicy.none()
-    ) as client:
+    async with scripted_client(script, limits=admission, retry=RetryPolicy.none()) as client:
         with pytest.raises(RateLimitError):
             await client.chat("hi")
         assert admission.concurrency("mock/m") == 4
@@ -86,11 +87,11 @@ async def test_a_bare_429_halves_the_targets_concurrency() -> None:
     assert client.admission is admission
 
 
+@pytest.mark.usefixtures("transport")
 async def test_retry_after_on_a_429_rests_the_target_for_later_calls() -> None:
     script = Script().add(429, headers={"retry-after": "30"})
-    backend = HTTPBackend("http://mock/v1", name="mock", transport=script.transport())
-    async with AsyncClient(
-        backend, model="m", limits=Limits(), retry=RetryPolicy.none(), timeout=5.0
+    async with scripted_client(
+        script, limits=Limits(), retry=RetryPolicy.none(), timeout=5.0
     ) as client:
         with pytest.raises(RateLimitError):
             await client.chat("hi")

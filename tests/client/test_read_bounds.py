@@ -3,44 +3,31 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 
 import anyio
 import anyio.lowlevel
-import httpx
 import pytest
 
-from swiftclient import AsyncClient, HTTPBackend, RetryPolicy, StreamStalled, Timeout
+from swiftclient import AsyncClient, StreamStalled, Timeout
 from swiftclient._deadline import Deadline, DeadlineWatch, Waiter, deadline_watch
 
-from .mock import chunk
+from .mock import NO_RETRY, Script, chunk, scripted_client
 
 pytestmark = pytest.mark.anyio
-NO_RETRY = RetryPolicy(max_attempts=1)
 
 
-class _Paced(httpx.AsyncByteStream):
-    """A role chunk, then ``count`` content chunks ``gap`` seconds apart, then a stall."""
-
-    def __init__(self, count: int, gap: float) -> None:
-        self.count = count
-        self.gap = gap
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        yield chunk(role="assistant")
-        for i in range(self.count):
-            await anyio.sleep(self.gap)
-            yield chunk(str(i))
-        await anyio.Event().wait()  # never set: only a time limit ends this
-
-
-def _client(count: int, gap: float, timeout: Timeout) -> AsyncClient:
-    def handler(request: httpx.Request) -> httpx.Response:
-        headers = {"content-type": "text/event-stream"}
-        return httpx.Response(200, headers=headers, stream=_Paced(count, gap))
-
-    backend = HTTPBackend("http://mock/v1", name="mock", transport=httpx.MockTransport(handler))
-    return AsyncClient(backend, model="m", retry=NO_RETRY, timeout=timeout)
+def _client(
+    count: int, gap: float, timeout: Timeout, replies: int = 1
+) -> AbstractAsyncContextManager[AsyncClient]:
+    """A client over the ``transport`` fixture's transport, served a role chunk, then
+    ``count`` content chunks ``gap`` seconds apart, then a stall (only a time limit ends
+    it), for each of ``replies`` requests."""
+    script = Script(pace=gap)
+    parts = [chunk(role="assistant")] + [chunk(str(i)) for i in range(count)]
+    for _ in range(replies):
+        script.add(parts=parts, stall=True)
+    return scripted_client(script, retry=NO_RETRY, timeout=timeout)
 
 
 def _cancel_requests() -> int:
@@ -52,6 +39,7 @@ def _cancel_requests() -> int:
     return 0 if task is None else task.cancelling()
 
 
+@pytest.mark.usefixtures("transport")  # served on a socket, read over aiohttp and httpx
 async def test_idle_bounds_each_gap_not_the_whole_stream() -> None:
     # Six gaps of 0.1 s add up past idle=0.5, yet no single gap reaches it.
     texts: list[str] = []
@@ -65,8 +53,9 @@ async def test_idle_bounds_each_gap_not_the_whole_stream() -> None:
     await anyio.lowlevel.checkpoint()  # the task is not left cancelled
 
 
+@pytest.mark.usefixtures("transport")
 async def test_outer_cancellation_is_not_reported_as_a_stall() -> None:
-    async with _client(1, 0.0, Timeout(total=60, idle=30)) as client:
+    async with _client(1, 0.0, Timeout(total=60, idle=30), replies=2) as client:
         with anyio.move_on_after(0.2) as scope:
             async with client.stream("hi") as stream:
                 async for _ in stream:
@@ -78,6 +67,7 @@ async def test_outer_cancellation_is_not_reported_as_a_stall() -> None:
         assert first == "0"
 
 
+@pytest.mark.usefixtures("transport")
 async def test_stall_inside_an_outer_scope_leaves_the_scope_uncancelled() -> None:
     async with _client(1, 0.0, Timeout(total=60, idle=0.2)) as client:
         with anyio.CancelScope() as scope:
