@@ -30,6 +30,7 @@ from swiftclient import (
 from swiftclient._canonical import canonical_schema
 from swiftclient._canonical import encode as encode_request
 from swiftclient._structured import _strict_schema, structured_output
+from swiftclient.extend import AttemptResult
 from swiftclient.testing import FakeProvider, Reply
 
 from .mock import (
@@ -203,6 +204,37 @@ async def test_a_three_turn_tool_loop_appends_the_replies_as_they_come(stream: b
         assert call["function"]["name"] == name and tool["tool_call_id"] == call["id"]
     assert json.loads(sent[4]["content"]) == {"sum": 21.5}
     assert len(fake.requests) == 3
+
+
+# --------------------------------------------------------------------------- usage
+
+
+class _Ends:
+    """Keeps every attempt's frozen result at its end."""
+
+    attempt_hooks = ("on_end",)
+
+    def __init__(self) -> None:
+        self.results: list[AttemptResult] = []
+
+    def on_end(self, attempt: AttemptResult) -> None:
+        self.results.append(attempt)
+
+
+@over_transports
+@pytest.mark.parametrize("stream", [True, False])
+async def test_an_attempt_reports_the_usage_of_what_it_handed_out(stream: bool) -> None:
+    # The attempt reads the usage off the chunks (or the completion) it hands out: nobody
+    # passes it in. A stream left before its usage chunk was handed out reports none.
+    ends = _Ends()
+    async with FakeProvider(Reply(tokens=2)) as fake:
+        backend = backend_for(fake.base_url, name="fake")
+        async with AsyncClient(backend, model="m", observers=[ends]) as client:
+            completion = await client.chat("hi", stream=stream)
+            async with client.stream("hi") as early:
+                await early.text().__anext__()
+    assert completion.usage is not None and completion.usage.completion_tokens == 2
+    assert [result.usage for result in ends.results] == [completion.usage, None]
 
 
 # --------------------------------------------------------------------------- errors after retries
