@@ -26,6 +26,7 @@ from . import errors
 from ._deadline import Deadline, Timeout, Waiter, loop_waiter
 from ._outcome import OUTCOME_OF, AttemptOutcome, Outcome
 from ._retry import retry_after_seconds
+from .admission._headers import LEARNED_HEADERS
 from .backends.base import Backend, BufferedChunkIterator, RequestOptions
 from .types import Attempt, ChatCompletion, ChatCompletionChunk, ChatRequest, Usage
 
@@ -609,11 +610,14 @@ class AttemptRun:
         admission = self._admission
         if permit is None or admission is None:
             return
-        status, headers = self._answer.status, self.record.headers or {}
+        answer = self._answer
+        status = answer.status
+        # the request id alone teaches nothing: no headers to parse then
+        headers = self.record.headers if answer.limited else None
         error = self.error
         if isinstance(error, errors.APIStatusError):
             status = error.status_code
-            headers = {**headers, **error.headers}
+            headers = {**(self.record.headers or {}), **error.headers}
         await admission.settle(
             permit,
             status=status,
@@ -631,25 +635,32 @@ class _Answer:
     object, not a bound method of the attempt, so the attempt's options hold no reference
     back to it (no reference cycle: an attempt is freed as soon as its call is done)."""
 
-    __slots__ = ("record", "status")
+    __slots__ = ("limited", "record", "status")
 
     def __init__(self, record: Attempt) -> None:
         self.record = record
         self.status: int | None = None
+        self.limited = False
+        """Whether the head carried a header admission learns from (rate limits, a
+        ``Retry-After``): without one, settling parses nothing."""
 
     def __call__(self, status: int, headers: Mapping[str, str]) -> None:
         """Take in the response's head."""
         kept = {}
+        limited = False
         for name, value in headers.items():
             lowered = name.lower()
-            if lowered.startswith(_LIMIT_HEADERS) or lowered in _KEPT_HEADERS:
+            if lowered.startswith(LEARNED_HEADERS):
+                limited = True
+                kept[lowered] = errors.redact(value)
+            elif lowered in _KEPT_HEADERS:
                 kept[lowered] = errors.redact(value)
         self.status = status
+        self.limited = limited
         self.record.headers = kept
 
 
-_LIMIT_HEADERS = ("x-ratelimit-", "anthropic-ratelimit-")
-_KEPT_HEADERS = frozenset({"retry-after", "retry-after-ms", "x-request-id", "request-id"})
+_KEPT_HEADERS = frozenset({"x-request-id", "request-id"})
 
 
 def _body_size(request: ChatRequest, options: RequestOptions, streamed: bool) -> int:

@@ -11,6 +11,7 @@ import dataclasses
 import math
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -35,8 +36,29 @@ def running_loop() -> asyncio.AbstractEventLoop | None:
 
 def loop_time() -> float:
     """The running loop's time, read the cheapest way (:func:`_clock`'s choice; anyio's
-    outside a loop of asyncio)."""
-    return _clock()()
+    outside a loop of asyncio). The choice is kept for the loop it was made on (weakly:
+    a closed loop is not kept alive), so a reading on that loop is two C calls and the
+    clock's own."""
+    global _CHOSEN
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return anyio.current_time()
+    ref, clock = _CHOSEN  # one tuple: a thread reading on another loop sees a whole pair
+    if ref() is not loop:
+        clock = _clock()
+        if getattr(clock, "__self__", None) is not loop:  # loop.time would keep it alive
+            _CHOSEN = (weakref.ref(loop), clock)
+    return clock()
+
+
+def _no_loop() -> None:
+    return None
+
+
+_CHOSEN: tuple[Callable[[], object], Callable[[], float]] = (_no_loop, time.monotonic)
+"""A weak reference to the loop :func:`loop_time` last read on, and the clock chosen
+for it."""
 
 
 _SAME_CLOCK: dict[type, bool] = {}

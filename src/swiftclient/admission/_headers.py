@@ -117,6 +117,11 @@ def parse_retry_after(headers: Mapping[str, str], wall_now: float) -> float | No
     return max(0.0, when.timestamp() - wall_now)
 
 
+LEARNED_HEADERS = ("x-ratelimit-", "anthropic-ratelimit-", "retry-after")
+"""Prefixes of the response headers admission learns from (``retry-after-ms`` too): the
+others are not parsed."""
+
+
 def parse_rate_limit_headers(headers: Mapping[str, str], wall_now: float) -> RateLimitInfo:
     """Everything ``headers`` (lower-case names) say about rate limits.
 

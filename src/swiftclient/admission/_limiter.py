@@ -8,7 +8,6 @@ it may wait, and afterwards the status, headers and usage it saw.
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import itertools
 import logging
@@ -24,7 +23,7 @@ import anyio
 from .._budget import DEFAULT_MAX_PUSHBACK, check_number
 from .._deadline import loop_time
 from ..errors import ConfigurationError, RateLimited
-from ._headers import Observed, parse_rate_limit_headers
+from ._headers import LEARNED_HEADERS, Observed, parse_rate_limit_headers
 from ._hedge import SharedHedgeBudget
 from ._store import Admit, BucketCost, MemoryStore, StateStore
 
@@ -249,9 +248,11 @@ class TargetHealth(NamedTuple):
     """Its capacity (``None``: the client has no admission, or never asked for it)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Permit:
-    """Capacity held by one request: hand it back with :meth:`Admission.settle`."""
+    """Capacity held by one request: hand it back with :meth:`Admission.settle` (read
+    it, do not change it: a plain dataclass because a frozen one's construction costs
+    several times more on the call path)."""
 
     target: str
     holder: str | None
@@ -297,8 +298,11 @@ class Admission:
         self._limits = limits
         self._clock: Clock = clock or SystemClock()
         self._store: StateStore = store or MemoryStore(self._clock.now)
-        # a MemoryStore's operations never suspend: nothing can cancel them halfway
-        self._shield = not isinstance(self._store, MemoryStore)
+        # a MemoryStore's operations never suspend (its ``*_now`` methods are called
+        # directly): nothing can cancel them halfway, and no coroutine is made for them
+        self._local: MemoryStore | None = (
+            self._store if isinstance(self._store, MemoryStore) else None
+        )
         self._wall = wall
         self._poll = poll_interval
         self._gates: dict[str, _Gate] = {}
@@ -425,7 +429,11 @@ class Admission:
         if not gate.queue:
             # nobody of this process waits here: ask at once, queue only when refused
             holder = self._holder(gate)
-            admit = await self._take(gate, target, tokens, inputs, holder)
+            local = self._local
+            if local is not None:  # no coroutine: this process's store answers at once
+                admit = self._take_local(local, gate, target, tokens, inputs, holder)
+            else:
+                admit = await self._take(gate, target, tokens, inputs, holder)
             if admit.granted:
                 gate.in_flight += 1
                 now = clock.now() if store.shared else start
@@ -508,9 +516,36 @@ class Admission:
             return None
         return f"{self._prefix}:{next(self._seq)}"
 
+    def _take_local(
+        self,
+        local: MemoryStore,
+        gate: _Gate,
+        target: str,
+        tokens: int,
+        inputs: int,
+        holder: str | None,
+    ) -> Admit:
+        """:meth:`_take` on this process's own store, without awaiting."""
+        limits = gate.limits
+        admit = local.take_at(
+            target,
+            self._costs(gate, tokens, inputs),
+            gate.concurrency(),
+            holder,
+            limits.lease_ttl,
+            self._prefix,
+            limits.queue_ttl,
+        )
+        if admit.granted:
+            gate.in_line = False
+        return admit
+
     async def _take(
         self, gate: _Gate, target: str, tokens: int, inputs: int, holder: str | None
     ) -> Admit:
+        local = self._local
+        if local is not None:
+            return self._take_local(local, gate, target, tokens, inputs, holder)
         limits = gate.limits
         admit = await self._store.take(
             target,
@@ -617,29 +652,33 @@ class Admission:
         """The request ended: give back its concurrency slot, learn from the response's
         ``status`` and ``headers`` (names in any case), correct the token estimate from
         usage. Runs shielded from cancellation, so call it from ``finally``."""
-        gate = self._gate(permit.target)
-        store = self._store
+        gate = self._gates.get(permit.target) or self._gate(permit.target)
         target = permit.target
-        with anyio.CancelScope(shield=True) if self._shield else _NO_SCOPE:
+        local = self._local
+        if local is not None:  # this process's store: every write at once, no coroutine
+            try:
+                if permit.holder is not None:
+                    local.release_now(target, permit.holder)
+                rest, levels, corrections = self._learned(
+                    gate, permit, status, headers, total_tokens, input_tokens, output_tokens
+                )
+                if rest:
+                    local.block_now(target, rest)
+                if levels or corrections:
+                    local.update_now(target, levels, corrections)
+            finally:
+                self._settled(gate)
+            return
+        store = self._store
+        with anyio.CancelScope(shield=True):
             try:
                 if permit.holder is not None:
                     await store.release(target, permit.holder)
-                lowered = {k.lower(): v for k, v in headers.items()} if headers else {}
-                learned = False
-                levels: list[tuple[BucketCost, float | None]] = []
-                if gate.limits.learn and lowered:
-                    learned = await self._learn(gate, target, lowered, levels)
-                if status == 429:
-                    gate.throttled += 1
-                if status == 429 and not learned and gate.limits.learn:
-                    self._decrease(gate, permit)
-                elif status is not None and 200 <= status < 300:
-                    self._increase(gate)
-                    self._learn_latency(gate, permit)
-                self._learn_scale(gate, permit, input_tokens)
-                corrections = self._corrections(
-                    gate, permit, total_tokens, input_tokens, output_tokens
+                rest, levels, corrections = self._learned(
+                    gate, permit, status, headers, total_tokens, input_tokens, output_tokens
                 )
+                if rest:
+                    await store.block(target, rest)
                 if levels or corrections:
                     # what the response taught, in one store operation (one round trip)
                     await store.update(target, levels, corrections)
@@ -651,21 +690,66 @@ class Admission:
                     if budget.due:  # a token's worth of deposits: deliver them
                         await budget.flush()
             finally:
-                gate.in_flight -= 1
-                if gate.queue:
-                    gate.wake()
-                else:  # nobody waits to re-check: forget a stale rest only
-                    gate.blocked_limit = None
-                    gate.blocked_until = -math.inf
+                self._settled(gate)
 
-    async def _learn(
+    @staticmethod
+    def _settled(gate: _Gate) -> None:
+        """A request of ``gate``'s is no longer in flight: the head of its queue re-checks."""
+        gate.in_flight -= 1
+        if gate.queue:
+            gate.wake()
+        else:  # nobody waits to re-check: forget a stale rest only
+            gate.blocked_limit = None
+            gate.blocked_until = -math.inf
+
+    def _learned(
         self,
         gate: _Gate,
-        target: str,
+        permit: Permit,
+        status: int | None,
+        headers: Mapping[str, str] | None,
+        total: int | None,
+        inputs: int | None,
+        outputs: int | None,
+    ) -> tuple[float, list[tuple[BucketCost, float | None]], list[BucketCost]]:
+        """What a response taught ``gate`` (its own state is updated here), and what the
+        store must be told: seconds to rest the target (0: none), the levels the headers
+        reported and the corrections usage makes to the reservation."""
+        rest = 0.0
+        learned = False
+        levels: list[tuple[BucketCost, float | None]] = []
+        if headers and gate.limits.learn:
+            # only the names learned from: most responses carry none (no parse then)
+            lowered = {}
+            for name, value in headers.items():
+                name = name.lower()
+                if name.startswith(LEARNED_HEADERS):
+                    lowered[name] = value
+            if lowered:
+                learned, rest = self._learn(gate, lowered, levels)
+        if status == 429:
+            gate.throttled += 1
+            if not learned and gate.limits.learn:
+                self._decrease(gate, permit)
+        elif status is not None and 200 <= status < 300:
+            if gate.aimd is not None:
+                self._increase(gate)
+            # the target's typical attempt time moves a fifth of the way to this one's
+            took = self._clock.now() - permit.acquired_at
+            seen = gate.latency
+            gate.latency = took if seen is None else 0.8 * seen + 0.2 * took
+        self._learn_scale(gate, permit, inputs)
+        return rest, levels, self._corrections(gate, permit, total, inputs, outputs)
+
+    def _learn(
+        self,
+        gate: _Gate,
         headers: dict[str, str],
         levels: list[tuple[BucketCost, float | None]],
-    ) -> bool:
-        """Learn limits from ``headers``; append the levels they report to ``levels``."""
+    ) -> tuple[bool, float]:
+        """Learn limits from ``headers``; append the levels they report to ``levels``.
+        Returns whether they said anything, and the seconds of a ``Retry-After`` rest (0:
+        none)."""
         info = parse_rate_limit_headers(headers, self._wall())
         limits = gate.limits
         window = limits.window * (1.0 + limits.margin)
@@ -680,15 +764,10 @@ class Admission:
                 # what the provider counts as used is a floor under the log, never a ceiling
                 level = BucketCost(kind, observed.remaining, spec.capacity, spec.window)
                 levels.append((level, observed.reset_after))
+        rest = 0.0
         if info.retry_after is not None and info.retry_after > 0:
-            await self._store.block(target, min(info.retry_after, gate.limits.max_retry_after))
-        return bool(info.limits) or info.retry_after is not None
-
-    def _learn_latency(self, gate: _Gate, permit: Permit) -> None:
-        """Move the target's typical attempt time a fifth of the way to this one's."""
-        took = self._clock.now() - permit.acquired_at
-        seen = gate.latency
-        gate.latency = took if seen is None else 0.8 * seen + 0.2 * took
+            rest = min(info.retry_after, limits.max_retry_after)
+        return bool(info.limits) or info.retry_after is not None, rest
 
     @staticmethod
     def _learn_scale(gate: _Gate, permit: Permit, counted: int | None) -> None:
@@ -788,7 +867,6 @@ class Admission:
 
 
 _DEFAULT_LIMITS = Limits()
-_NO_SCOPE = contextlib.nullcontext()
 
 
 def _left(until: float, now: float) -> float | None:

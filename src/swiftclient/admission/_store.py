@@ -203,7 +203,10 @@ class _Log:
 
     def wait(self, now: float, cost: BucketCost, turns: int = 1) -> float:
         """Seconds until ``turns`` takes of ``cost`` fit (0: they fit now; the last of them
-        is the caller's own); the log is trimmed to ``now``."""
+        is the caller's own), after trimming the log to ``now``."""
+        entries = self.entries
+        if entries and entries[0][0] <= now - cost.window:
+            self.trim(now, cost.window)
         excess = self.used + min(cost.cost, cost.capacity) * turns - cost.capacity
         if excess <= 1e-9:
             return 0.0
@@ -263,16 +266,12 @@ def _try(
         for cost in costs:
             log = logs.get(cost.kind)
             if log is not None:
-                log.trim(now, cost.window)
                 wait = log.wait(now, cost, ahead + 1)
                 if wait > longest:
                     limit, longest = cost.kind, wait
         return Admit(False, limit, longest or None, ahead)
     for cost in costs:
-        log = logs.get(cost.kind)
-        if log is None:
-            log = logs[cost.kind] = _Log()
-        log.trim(now, cost.window)
+        log = logs.get(cost.kind) or entry.log(cost.kind)
         wait = log.wait(now, cost)
         if wait > 0:
             return Admit(False, cost.kind, wait)
@@ -285,8 +284,13 @@ def _try(
             return Admit(False, "concurrency", None)
         if holder is not None:
             leases[holder] = now + ttl
-    for cost in costs:
-        logs[cost.kind].add(now, min(cost.cost, cost.capacity))
+    for kind, units, capacity, _ in costs:  # _Log.add, inline: the hot path's one write
+        if units > capacity:
+            units = capacity
+        if units > 0:
+            log = logs[kind]
+            log.entries.append([now, units])
+            log.used += units
     return GRANTED
 
 
@@ -357,6 +361,20 @@ class MemoryStore:
         queue_ttl: float = 2.0,
     ) -> Admit:
         """:meth:`take` without awaiting (the fallback of a shared store uses it too)."""
+        return self.take_at(key, costs, concurrency, holder, ttl, queue, queue_ttl)
+
+    def take_at(
+        self,
+        key: str,
+        costs: Sequence[BucketCost],
+        concurrency: int | None,
+        holder: str | None,
+        ttl: float,
+        queue: str | None,
+        queue_ttl: float,
+    ) -> Admit:
+        """:meth:`take_now` with every argument by position (admission's hot path: a call
+        with keywords costs more)."""
         now = self._clock()
         entry = self._entries.get(key) or self._entry(key)
         line = entry.line
@@ -415,7 +433,8 @@ class MemoryStore:
     def adjust_now(self, key: str, cost: BucketCost) -> None:
         """:meth:`adjust` without awaiting."""
         now = self._clock()
-        log = self._entry(key).log(cost.kind)
+        entry = self._entries.get(key) or self._entry(key)
+        log = entry.logs.get(cost.kind) or entry.log(cost.kind)
         log.trim(now, cost.window)
         if cost.cost > 0:
             log.add(
