@@ -139,3 +139,18 @@ def test_the_data_asks_for_what_users_send(data: ModuleType, sample: list[dict[s
         if m["role"] == "tool" and c["messages"][i + 2]["content"] in data._THANKS
     ]
     assert thanks_after_tool
+
+
+def test_a_mix_override_changes_only_the_named_weights(data: ModuleType) -> None:
+    """``--mix`` of the training script: the named tasks get the given weights, the rest
+    keep TASKS's, and a task that does not exist is refused."""
+    weights = data.task_weights("copy=7,session=0.5")
+    assert weights["copy"] == 7.0 and weights["session"] == 0.5
+    assert {k: v for k, v in weights.items() if k not in ("copy", "session")} == {
+        k: w for k, (_, w) in data.TASKS.items() if k not in ("copy", "session")
+    }
+    assert data.task_weights("") == {k: w for k, (_, w) in data.TASKS.items()}
+    only_copy = data.generate(40, 7, mix=",".join(f"{k}=0" for k in data.TASKS if k != "copy"))
+    assert {conv["task"] for conv in only_copy} == {"copy"}
+    with pytest.raises(ValueError, match="no task"):
+        data.task_weights("nonsense=1")
