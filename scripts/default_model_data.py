@@ -786,7 +786,7 @@ def _conv(
 # ----------------------------------------------------------------------------- general data
 #
 # The generators below are what makes the model generalize (issue 28): texts to copy come
-# from a word list of about 4,600 English words taken from the prose of Python's standard
+# from a word list of about 4,500 English words taken from the prose of Python's standard
 # library (scripts/default_model_words.txt, committed so that the data does not depend on
 # the machine), from made-up words, codes, numbers, punctuation and a little unicode; every
 # request comes in many phrasings (wrappers, preambles, lowercase, typos in the request's own
