@@ -1,7 +1,8 @@
 """Held-out accuracy of the embedded default model, per task (greedy decoding).
 
 The held-out set is :func:`default_model_data.heldout_set` (60 conversations per generator,
-540 in all, drawn from their own seed and excluded from training). Each prompt goes through
+960 in all: the first 540 from the original generators, unchanged, then the general ones;
+drawn from their own seed and excluded from training). Each prompt goes through
 the engine's own request path (:class:`local_engine.chat.ChatFormatter` with the model's chat
 template and the JSON response-format instruction), is decoded greedily by the engine, and
 the reply is parsed as the local backend parses it (Hermes tool calls). Columns:
@@ -39,7 +40,8 @@ from swiftclient.types import ChatRequest  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = REPO / "local_engine" / "models" / "swift-tiny"
-TOOL_TASKS = ("tool_call", "tool_call_multiturn")
+TOOL_TASKS = ("tool_call", "tool_call_multiturn", "tool_call_general", "forced_tool")
+JSON_TASKS = ("json", "json_general")
 _TYPES: dict[str, tuple[type, ...]] = {
     "string": (str,),
     "integer": (int,),
@@ -55,12 +57,33 @@ def request(conv: dict[str, Any]) -> ChatRequest:
         body["tools"] = conv["tools"]
     if conv.get("response_format"):
         body["response_format"] = conv["response_format"]
+    if conv["task"] == "forced_tool":  # as the frameworks send it: required, or by name
+        name = conv["expected"]["name"]
+        body["tool_choice"] = (
+            "required"
+            if name == "final_result"
+            else {"type": "function", "function": {"name": name}}
+        )
     return ChatRequest.model_validate(body)
+
+
+def expected_schema(conv: dict[str, Any]) -> dict[str, Any]:
+    """The schema a JSON answer must follow: the response format's, or the fixed one of the
+    expected keys."""
+    response_format = conv.get("response_format") or {}
+    if response_format.get("type") == "json_schema":
+        schema: dict[str, Any] = response_format["json_schema"]["schema"]
+        return schema
+    if conv["task"] == "json":
+        return data.schema_for(conv["expected"])
+    kinds = {bool: "boolean", int: "integer", float: "number", str: "string"}
+    properties = {key: {"type": kinds[type(v)]} for key, v in conv["expected"].items()}
+    return {"type": "object", "properties": properties, "required": list(properties)}
 
 
 def schema_valid(value: Any, schema: dict[str, Any]) -> bool:
     """Whether ``value`` is an object with the schema's required keys and property types."""
-    if not isinstance(value, dict) or set(schema["required"]) - set(value):
+    if not isinstance(value, dict) or set(schema.get("required", ())) - set(value):
         return False
     for key, item in value.items():
         spec = schema["properties"].get(key)
@@ -93,13 +116,12 @@ def score(conv: dict[str, Any], text: str, tool_format: str) -> dict[str, bool]:
             and arguments == expected["arguments"]
         )
         return {"exact": exact, "tool_call": well_formed}
-    if task == "json":
+    if task in JSON_TASKS:
         try:
             value = json.loads(text)
         except ValueError:
             return {"exact": False, "json": False}
-        schema = data.schema_for(expected)
-        return {"exact": value == expected, "json": schema_valid(value, schema)}
+        return {"exact": value == expected, "json": schema_valid(value, expected_schema(conv))}
     return {"exact": text.strip() == expected}
 
 

@@ -75,26 +75,82 @@ def test_expected_is_the_last_turn(sample: list[dict[str, Any]]) -> None:
             (call,) = last["tool_calls"]
             assert call["function"]["name"] == expected["name"]
             assert json.loads(call["function"]["arguments"]) == expected["arguments"]
-        elif conv["task"] == "json":
+        elif conv["task"] in ("json", "json_general"):
             assert json.loads(last["content"]) == expected
         else:
             assert last["content"] == expected
 
 
-def test_answers_copy_their_numbers_from_the_prompt(sample: list[dict[str, Any]]) -> None:
+def test_answers_copy_their_numbers_from_the_prompt(
+    data: ModuleType, sample: list[dict[str, Any]]
+) -> None:
     """A number in a reply (a tool result stated, a tool argument, a JSON value, a copied
     text) is written in the prompt exactly as the reply writes it."""
     checked = 0
     for conv in sample:
-        prompt = json.dumps(conv["messages"][:-1], ensure_ascii=False)
+        # The prompt's texts as written (not JSON-escaped: a copied text may follow a newline).
+        prompt = "\n".join(
+            m.get("content") or json.dumps(m["tool_calls"], ensure_ascii=False)
+            for m in conv["messages"][:-1]
+        )
         last = conv["messages"][-1]
         reply = last["content"] or last["tool_calls"][0]["function"]["arguments"]
-        if conv["task"] == "chat":
+        if conv["task"] == "chat" or reply in {answer for _, answer in data._FACTS}:
             continue  # canned facts
-        for number in NUMBER.findall(reply):
-            assert re.search(rf"(?<![\w.-]){re.escape(number)}(?![\d.]\d)", prompt), (
+        # A numbered list's own numbers are the one thing written, not copied.
+        for number in NUMBER.findall(re.sub(r"(?m)^\d+\. ", "", reply)):
+            assert re.search(rf"(?<![\w.]){re.escape(number)}(?![\d.]\d)", prompt), (
                 number,
                 conv,
             )
             checked += 1
     assert checked > 1000
+
+
+def test_the_data_asks_for_what_users_send(data: ModuleType, sample: list[dict[str, Any]]) -> None:
+    """Issue 28: texts to copy beyond the old word lists, tool results in the styles clients
+    send, tools in any order, the frameworks' structured-output formats, long sessions."""
+    old_vocabulary = set(data._CITIES + data._FIRST + data._OBJECTS + data._ITEMS)
+    copies = [c["expected"] for c in sample if c["task"] == "copy_general"]
+    new_words = {w for text in copies for w in text.split() if w.isalpha()} - old_vocabulary
+    assert len(new_words) > 500
+    assert any(not text.isascii() for text in copies)
+    results = [m["content"] for c in sample for m in c["messages"] if m["role"] == "tool"]
+    assert any(r.startswith('{"') and '":' in r and ", " not in r for r in results)  # compact
+    assert any('": ' in r for r in results) and any("\n" in r for r in results)
+    assert any("temp_c" in r or "temp_f" in r for r in results)  # other field names
+    orders = {
+        tuple(t["function"]["name"] for t in c["tools"] or ())
+        for c in sample
+        if c["task"] == "tool_call_general"
+    }
+    assert ("get_weather", "calculator") in orders and ("calculator", "get_weather") in orders
+    forced = [c for c in sample if c["task"] == "forced_tool"]
+    assert {c["expected"]["name"] for c in forced} > {"final_result"}
+    for conv in forced:  # the arguments fill the schema that the one forced tool gives
+        (tool,) = [t for t in conv["tools"] if t["function"]["name"] == conv["expected"]["name"]]
+        assert list(conv["expected"]["arguments"]) == tool["function"]["parameters"]["required"]
+    sessions = [c for c in sample if c["task"] == "session"]
+    assert max(sum(m["role"] == "user" for m in c["messages"]) for c in sessions) == 6
+    thanks_after_tool = [
+        c
+        for c in sessions
+        for i, m in enumerate(c["messages"][:-2])
+        if m["role"] == "tool" and c["messages"][i + 2]["content"] in data._THANKS
+    ]
+    assert thanks_after_tool
+
+
+def test_a_mix_override_changes_only_the_named_weights(data: ModuleType) -> None:
+    """``--mix`` of the training script: the named tasks get the given weights, the rest
+    keep TASKS's, and a task that does not exist is refused."""
+    weights = data.task_weights("copy=7,session=0.5")
+    assert weights["copy"] == 7.0 and weights["session"] == 0.5
+    assert {k: v for k, v in weights.items() if k not in ("copy", "session")} == {
+        k: w for k, (_, w) in data.TASKS.items() if k not in ("copy", "session")
+    }
+    assert data.task_weights("") == {k: w for k, (_, w) in data.TASKS.items()}
+    only_copy = data.generate(40, 7, mix=",".join(f"{k}=0" for k in data.TASKS if k != "copy"))
+    assert {conv["task"] for conv in only_copy} == {"copy"}
+    with pytest.raises(ValueError, match="no task"):
+        data.task_weights("nonsense=1")
