@@ -147,3 +147,18 @@ def test_import_does_not_pull_heavy_modules() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_an_attempt_copies_every_field_of_its_request_options() -> None:
+    """The attempt builds its options field by field (not ``dataclasses.replace``): a field
+    added to ``RequestOptions`` must be added there too."""
+    import dataclasses
+
+    from swiftclient.backends.base import RequestOptions
+
+    assert [f.name for f in dataclasses.fields(RequestOptions)] == [
+        "idempotency_key",
+        "headers",
+        "encoding",
+        "on_response",
+    ]

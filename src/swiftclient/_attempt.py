@@ -14,7 +14,6 @@ estimator, telemetry, your own).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import AsyncExitStack
@@ -318,7 +317,14 @@ class AttemptRun:
         """Whether the attempt opens a stream (its first token is a content chunk), rather
         than sending one non-streamed request."""
         self._answer = _Answer(self.record)
-        self.options: RequestOptions = dataclasses.replace(options, on_response=self._answer)
+        # built directly (every field named): dataclasses.replace walks the fields
+        # generically, several times the cost, on every attempt
+        self.options = RequestOptions(
+            idempotency_key=options.idempotency_key,
+            headers=options.headers,
+            encoding=options.encoding,
+            on_response=self._answer,
+        )
         """What the attempt sends besides the request, with the hook that keeps its
         response's status and headers; the call adds its trace's headers once observers
         heard ``on_start``."""

@@ -87,6 +87,8 @@ _MASK = "***"
 _BEARER = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{4,}")
 _PREFIXED_KEY = re.compile(r"\b(?:sk|rk|pk|oxlo)[-_][A-Za-z0-9_-]{8,}")
 _KEY_FIELD = re.compile(r"(?i)(api[_-]?key[\"']?\s*[:=]\s*[\"']?)([^\"'\s,}]{4,})")
+# What any of the three shapes above needs (a cheap scan before the three substitutions).
+_ANY_SHAPE = re.compile(r"(?i)bearer\s|\b(?:sk|rk|pk|oxlo)[-_]|api[_-]?key")
 # Header names whose values are credentials: these words as a part of the name
 # (``x-api-key``, ``x-goog-api-key``, ``x-amz-security-token``, ``set-cookie``), besides
 # the exact names below.
@@ -164,6 +166,8 @@ def redact(text: str, *secrets: str | None) -> str:
             done = end
         pieces.append(text[done:])
         text = "".join(pieces)
+    if _ANY_SHAPE.search(text) is None:  # most text (ids, numbers) has none: one scan
+        return text
     text = _BEARER.sub(r"\1***", text)
     text = _PREFIXED_KEY.sub(_mask_prefixed, text)
     return _KEY_FIELD.sub(_mask_field, text)

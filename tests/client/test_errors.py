@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hypothesis
 import pytest
 
 from swiftclient import errors
@@ -142,3 +143,69 @@ def test_response_headers_are_scrubbed() -> None:
         "set-cookie": "***",
         "x-request-id": "req_1",
     }
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "req_fake_123871",
+        "Authorization: Bearer abcd1234efgh",
+        "BEARER\tXYZ12345",
+        "key sk-abcdefghij12345 leaked",
+        "oxlo_ABCDEFGH12345678",
+        "rk-short",
+        "api_key=supersecret",
+        'API-KEY: "12345678"',
+        "apikey=abcd",
+        "ask-me-anything-please",
+        "pk_live_0123456789abcdef",
+        "desk-lamp sk_ 123",
+        "x" * 500 + "sk-" + "y" * 20,
+        "",
+    ],
+)
+def test_redact_scans_once_and_masks_what_the_three_shapes_mask(text: str) -> None:
+    """The one-scan shortcut of :func:`redact` never leaves a key the full substitutions
+    would mask."""
+    from swiftclient import errors as module
+
+    full = module._BEARER.sub(r"\1***", text)
+    full = module._PREFIXED_KEY.sub(module._mask_prefixed, full)
+    full = module._KEY_FIELD.sub(module._mask_field, full)
+    assert module.redact(text) == full
+
+
+@hypothesis.settings(max_examples=300, deadline=None)
+@hypothesis.given(
+    hypothesis.strategies.lists(
+        hypothesis.strategies.sampled_from(
+            [
+                "sk",
+                "rk",
+                "pk",
+                "oxlo",
+                "-",
+                "_",
+                "api",
+                "key",
+                "Bearer",
+                " ",
+                "\t",
+                "=",
+                ":",
+                '"',
+                "a1b2c3d4e5",
+                "X",
+                ".",
+                "é",
+            ]
+        ),
+        max_size=12,
+    ).map("".join)
+)
+def test_redact_shortcut_agrees_with_the_full_substitutions(text: str) -> None:
+    """Any text made of the shapes' pieces: the shortcut and the substitutions agree."""
+    full = errors._BEARER.sub(r"\1***", text)
+    full = errors._PREFIXED_KEY.sub(errors._mask_prefixed, full)
+    full = errors._KEY_FIELD.sub(errors._mask_field, full)
+    assert errors.redact(text) == full
