@@ -6,8 +6,9 @@ gated in-test backend, a recording observer and a three-turn tool loop.
 
 from __future__ import annotations
 
+import inspect
 import json
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -206,6 +207,41 @@ class Script:
             await send_all(stream, b"0\r\n\r\n")
         await _until_closed(stream)
         self._note_closed()
+
+
+Handler = Callable[[httpx.Request], httpx.Response | Awaitable[httpx.Response]]
+"""What an httpx MockTransport takes: a request in, a response out (or awaited)."""
+
+
+@asynccontextmanager
+async def serve_handler(handler: Handler) -> AsyncIterator[str]:
+    """``handler``'s responses on a loopback HTTP/1.1 socket (one request per connection), so
+    any transport can read what a MockTransport would have returned; yields the base URL. A
+    read body goes with its length, a streamed one chunked as its parts come; the handler
+    sees each request as an :class:`httpx.Request`."""
+
+    async def answer(raw: RawRequest, stream: anyio.abc.ByteStream) -> None:
+        method, target, _ = raw.line.split(" ", 2)
+        url = f"http://{raw.headers.get('host', 'mock')}{target}"
+        reply = handler(httpx.Request(method, url, headers=raw.headers, content=raw.body))
+        response = await reply if inspect.isawaitable(reply) else reply
+        framing = {"content-length", "transfer-encoding", "connection"}
+        headers = {k.lower(): v for k, v in response.headers.items() if k.lower() not in framing}
+        try:
+            body = response.content
+        except httpx.ResponseNotRead:
+            sent = await send_all(stream, _head(response.status_code, headers, None))
+            async for part in response.aiter_raw():
+                if part:  # an empty chunk would end the body
+                    sent = sent and await send_all(stream, b"%x\r\n%b\r\n" % (len(part), part))
+            if sent:
+                await send_all(stream, b"0\r\n\r\n")
+        else:
+            await send_all(stream, _head(response.status_code, headers, len(body)) + body)
+        await _until_closed(stream)
+
+    async with raw_server(answer) as server:
+        yield server.base_url
 
 
 def _head(status: int, headers: dict[str, str], length: int | None) -> bytes:

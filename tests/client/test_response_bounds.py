@@ -9,6 +9,8 @@ about a thousand items (``ResponseTooLarge``), whatever their size.
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -29,7 +31,11 @@ from swiftclient.backends.base import BufferedChunkIterator
 from swiftclient.backends.http import MAX_DEPTH, _overfull
 from swiftclient.types import MAX_CHOICES, MAX_TOOL_CALLS, ChatRequest, Message
 
+from .mock import backend_for, serve_handler
+
 pytestmark = pytest.mark.anyio
+over_transports = pytest.mark.usefixtures("transport")
+"""A test that reads a response runs over aiohttp and httpx, served on a loopback socket."""
 SSE = {"content-type": "text/event-stream"}
 # Far more than a limit, yet quick to build: on the old code each call validated them all.
 MANY = 50_000
@@ -43,22 +49,35 @@ def _choice(index: int = 0, **delta: Any) -> dict[str, Any]:
     return {"index": index, "delta": delta, "finish_reason": None}
 
 
-def _backend(status: int, body: bytes, headers: dict[str, str] | None = None) -> HTTPBackend:
+@asynccontextmanager
+async def _backend(
+    status: int, body: bytes, headers: dict[str, str] | None = None
+) -> AsyncIterator[HTTPBackend]:
+    """A backend over the ``transport`` fixture's transport, answered ``body`` (all of it,
+    with its length) from a loopback socket."""
+
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(status, headers=headers or {}, content=body)
 
-    return HTTPBackend("http://x/v1", name="mock", transport=httpx.MockTransport(handler))
+    async with serve_handler(handler) as base_url:
+        yield backend_for(base_url, name="mock")
 
 
-def _client(body: bytes, *, stream: bool = True) -> AsyncClient:
-    backend = _backend(200, body, SSE if stream else {"content-type": "application/json"})
-    return AsyncClient(backend, model="m", retry=RetryPolicy.none(), stream_chat=stream)
+@asynccontextmanager
+async def _client(body: bytes, *, stream: bool = True) -> AsyncIterator[AsyncClient]:
+    headers = SSE if stream else {"content-type": "application/json"}
+    async with (
+        _backend(200, body, headers) as backend,
+        AsyncClient(backend, model="m", retry=RetryPolicy.none(), stream_chat=stream) as client,
+    ):
+        yield client
 
 
 def _tool_call(i: int) -> dict[str, Any]:
     return {"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}
 
 
+@over_transports
 async def test_a_stream_event_with_too_many_choices_is_refused_before_validation() -> None:
     event = _event({"id": "c", "choices": [_choice(0, content="x")] * MANY})
     async with _client(event + b"data: [DONE]\n\n") as client:
@@ -66,6 +85,7 @@ async def test_a_stream_event_with_too_many_choices_is_refused_before_validation
             await client.chat("hi")
 
 
+@over_transports
 async def test_a_body_with_too_many_choices_is_refused_before_validation() -> None:
     choice = {"index": 0, "message": {"role": "assistant", "content": "x"}, "finish_reason": "stop"}
     body = json.dumps({"id": "c", "choices": [choice] * MANY}).encode()
@@ -74,6 +94,7 @@ async def test_a_body_with_too_many_choices_is_refused_before_validation() -> No
             await client.chat("hi")
 
 
+@over_transports
 async def test_a_message_with_too_many_tool_calls_is_refused() -> None:
     message = {"role": "assistant", "tool_calls": [_tool_call(i) for i in range(MANY)]}
     body = json.dumps({"id": "c", "choices": [{"index": 0, "message": message}]}).encode()
@@ -82,6 +103,7 @@ async def test_a_message_with_too_many_tool_calls_is_refused() -> None:
             await client.chat("hi")
 
 
+@over_transports
 async def test_a_delta_with_too_many_tool_calls_is_refused() -> None:
     calls = [{"index": 0, "function": {"arguments": "{}"}}] * MANY
     event = _event({"id": "c", "choices": [_choice(0, tool_calls=calls)]})
@@ -90,6 +112,7 @@ async def test_a_delta_with_too_many_tool_calls_is_refused() -> None:
             await client.chat("hi")
 
 
+@over_transports
 @pytest.mark.parametrize(
     "choice",
     [
@@ -108,6 +131,7 @@ async def test_stream_indices_past_the_limits_are_refused(choice: dict[str, Any]
             await client.chat("hi")
 
 
+@over_transports
 async def test_lists_up_to_the_limits_pass() -> None:
     calls = [
         {"index": i, "id": f"c{i}", "function": {"name": "f", "arguments": "{}"}}
@@ -152,6 +176,7 @@ def test_a_malformed_body_is_left_to_the_parser() -> None:
     assert _overfull(b'{"choices": [' + commas + b'"open') == "choices"
 
 
+@over_transports
 async def test_deep_nesting_is_a_validation_error() -> None:
     deep = b"[0," * 5000 + b"]" * 5000
     event = b'data: {"id": "c", "choices": [], "x": ' + deep + b"}\n\n"
@@ -175,12 +200,17 @@ class _Clock:
         return self.at
 
 
+@over_transports
 async def test_the_deadline_is_checked_after_parsing_a_large_event() -> None:
     big = _event({"id": "c", "choices": [_choice(0, content="x" * 10_000)]})
-    backend = _backend(200, _event({"id": "c", "choices": [_choice(0, content="a")]}) + big, SSE)
+    body = _event({"id": "c", "choices": [_choice(0, content="a")]}) + big
     deadline = Deadline(Timeout(total=10))
     clock = _Clock(deadline)
-    async with backend, backend.stream(_request(), deadline) as chunks:
+    async with (
+        _backend(200, body, SSE) as backend,
+        backend,
+        backend.stream(_request(), deadline) as chunks,
+    ):
         first = await chunks.__anext__()
         assert first.text == "a"
         clock.at = deadline.at  # parsing the next event used up the call's time
@@ -188,6 +218,7 @@ async def test_the_deadline_is_checked_after_parsing_a_large_event() -> None:
             await chunks.__anext__()
 
 
+@over_transports
 async def test_the_deadline_is_checked_after_parsing_a_whole_body() -> None:
     deadline = Deadline(Timeout(total=10))
     clock = _Clock(deadline)
@@ -197,18 +228,21 @@ async def test_the_deadline_is_checked_after_parsing_a_whole_body() -> None:
         clock.at = deadline.at  # the answer arrives just as the deadline passes
         return httpx.Response(200, content=body)
 
-    backend = HTTPBackend("http://x/v1", name="mock", transport=httpx.MockTransport(handler))
-    async with backend:
+    async with serve_handler(handler) as base_url, backend_for(base_url, name="mock") as backend:
         with pytest.raises(DeadlineExceeded):
             await backend.complete(_request(), deadline)
 
 
+@over_transports
 async def test_events_after_a_large_one_wait_for_a_checkpoint() -> None:
     # Both events arrive in one read: the second is handed out only after the loop ran.
     big = _event({"id": "c", "choices": [_choice(0, content="x" * (100 << 10))]})
     after = _event({"id": "c", "choices": [_choice(0, content="after")]})
-    backend = _backend(200, big + after + b"data: [DONE]\n\n", SSE)
-    async with backend, backend.stream(_request(), Deadline(Timeout(total=60))) as chunks:
+    async with (
+        _backend(200, big + after + b"data: [DONE]\n\n", SSE) as backend,
+        backend,
+        backend.stream(_request(), Deadline(Timeout(total=60))) as chunks,
+    ):
         assert isinstance(chunks, BufferedChunkIterator)
         first = await chunks.__anext__()
         assert len(first.text) == 100 << 10
