@@ -15,7 +15,7 @@ from swiftclient.extend import AttemptResult, CircuitBreaker, PolicyHub
 from swiftclient.testing import FakeProvider, ProviderLimits, Reply
 
 from .fakeclock import Ticker
-from .mock import Script, backend_for, scripted_client, stream_body
+from .mock import Script, backend_for, scripted_client, serve_handler, stream_body
 
 pytestmark = pytest.mark.anyio
 
@@ -101,20 +101,19 @@ async def test_retry_after_on_a_429_rests_the_target_for_later_calls() -> None:
     assert len(script.requests) == 1
 
 
+@pytest.mark.usefixtures("transport")
 async def test_a_target_without_capacity_falls_back_to_one_with_it() -> None:
     a, b = Script(), Script()
-    backends = {
-        "a": HTTPBackend("http://a/v1", name="a", transport=a.transport()),
-        "b": HTTPBackend("http://b/v1", name="b", transport=b.transport()),
-    }
     # a breaker that opens on one failure: the refusal must not count as one
     hub = PolicyHub(breaker=lambda: CircuitBreaker(min_calls=1))
-    async with AsyncClient(
-        backends=backends, limits={"a": Limits(rpm=1)}, timeout=5.0, policies=hub
-    ) as client:
-        await client.chat("x", model="a/m")
-        completion = await client.chat("x", model=["a/m", "b/m"])
-        health = client.health()
+    async with a.serve() as a_url, b.serve() as b_url:
+        backends = {"a": backend_for(a_url, name="a"), "b": backend_for(b_url, name="b")}
+        async with AsyncClient(
+            backends=backends, limits={"a": Limits(rpm=1)}, timeout=5.0, policies=hub
+        ) as client:
+            await client.chat("x", model="a/m")
+            completion = await client.chat("x", model=["a/m", "b/m"])
+            health = client.health()
     assert completion.text == "Hello world"
     attempts = completion.timing.attempts if completion.timing else []
     assert [(t.backend, t.error) for t in attempts] == [("a", "RateLimited"), ("b", None)]
@@ -129,6 +128,7 @@ async def test_limits_must_be_limits() -> None:
         AsyncClient(HTTPBackend("http://x/v1"), limits={"x": 5})  # type: ignore[dict-item]
 
 
+@pytest.mark.usefixtures("transport")
 async def test_a_hedge_is_not_sent_into_a_target_without_capacity_now() -> None:
     # b frees its one request slot a minute after its first call: a first attempt would
     # wait for it (the deadline allows), a hedge does not wait.
@@ -148,19 +148,17 @@ async def test_a_hedge_is_not_sent_into_a_target_without_capacity_now() -> None:
         )
 
     b = Script()
-    backends = {
-        "a": HTTPBackend("http://a/v1", name="a", transport=httpx.MockTransport(slow_a)),
-        "b": HTTPBackend("http://b/v1", name="b", transport=b.transport()),
-    }
-    async with AsyncClient(
-        backends=backends,
-        limits={"b": Limits(rpm=1)},
-        hedge=Hedge(delay=0.01),
-        observers=[OpenGateOnRefusal()],
-        timeout=120.0,
-    ) as client:
-        await client.chat("x", model="b/m")
-        completion = await client.chat("x", model=["a/m", "b/m"])
+    async with serve_handler(slow_a) as a_url, b.serve() as b_url:
+        backends = {"a": backend_for(a_url, name="a"), "b": backend_for(b_url, name="b")}
+        async with AsyncClient(
+            backends=backends,
+            limits={"b": Limits(rpm=1)},
+            hedge=Hedge(delay=0.01),
+            observers=[OpenGateOnRefusal()],
+            timeout=120.0,
+        ) as client:
+            await client.chat("x", model="b/m")
+            completion = await client.chat("x", model=["a/m", "b/m"])
     attempts = completion.timing.attempts if completion.timing else []
     assert [(t.backend, t.trigger, t.error) for t in attempts] == [
         ("a", "first", None),
