@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import warnings
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import pytest
 
-from swiftclient import AsyncClient, HTTPBackend
+from swiftclient import AsyncClient
 from swiftclient._canonical import prompt_prefix
 from swiftclient.prompt_cache import (
     PrefixBreak,
@@ -22,15 +23,19 @@ from swiftclient.prompt_cache import (
 )
 from swiftclient.types import ChatRequest, Usage
 
-from .mock import Script, chunk, mock_client, sse
+from .mock import Script, backend_for, chunk, scripted_client, sse
 
 SYSTEM = {"role": "system", "content": "You are a careful assistant."}
 DOCS = {"role": "user", "content": "Reference: the manual, chapter 1."}
 NOW = {"role": "system", "content": "The time is 2026-12-01T02:03:04Z."}
+over_transports = pytest.mark.usefixtures("transport")
+"""A test that sends requests runs over aiohttp and httpx, on a loopback socket."""
 
 
-def _client(script: Script, **backend: Any) -> AsyncClient:
-    return mock_client(script, retry=None, backend=backend)
+def _client(script: Script, **backend: Any) -> AbstractAsyncContextManager[AsyncClient]:
+    """A client over the ``transport`` fixture's transport, ``script`` served on a loopback
+    socket."""
+    return scripted_client(script, retry=None, backend=backend)
 
 
 def _sent(script: Script, index: int = -1) -> dict[str, Any]:
@@ -55,6 +60,7 @@ def test_arrange_emits_static_then_session_then_turn() -> None:
 
 
 @pytest.mark.anyio
+@over_transports
 async def test_marked_messages_are_sent_static_first_with_their_fingerprint() -> None:
     script = Script()
     async with _client(script, prompt_cache_key=True) as client:
@@ -82,6 +88,7 @@ async def test_marked_messages_are_sent_static_first_with_their_fingerprint() ->
 
 
 @pytest.mark.anyio
+@over_transports
 async def test_volatile_content_in_the_static_prefix_warns_once_with_its_place() -> None:
     script = Script()
     async with _client(script) as client:
@@ -120,6 +127,7 @@ def test_the_lint_knows_each_kind(text: str, kind: str) -> None:
 
 
 @pytest.mark.anyio
+@over_transports
 async def test_a_tool_description_with_volatile_content_warns_once() -> None:
     tool = {
         "type": "function",
@@ -185,21 +193,20 @@ def _reply(usage: dict[str, Any]) -> list[bytes]:
 
 
 @pytest.mark.anyio
+@over_transports
 async def test_cache_stats_give_a_hit_ratio_per_backend() -> None:
     a, b = Script(), Script()
     a.add(parts=_reply({"prompt_tokens": 100, "prompt_tokens_details": {"cached_tokens": 0}}))
     a.add(parts=_reply({"prompt_tokens": 100, "prompt_tokens_details": {"cached_tokens": 80}}))
     b.add(parts=_reply({"prompt_tokens": 50, "prompt_cache_hit_tokens": 25}))
-    backends = {
-        "a": HTTPBackend("http://a/v1", name="a", transport=a.transport()),
-        "b": HTTPBackend("http://b/v1", name="b", transport=b.transport()),
-    }
-    async with AsyncClient(backends=backends, model="m") as client:
-        await client.chat("x", model="a/m")
-        await client.chat("x", model="a/m")
-        await client.chat("x", model="b/m", stream=True)
-        stats = client.cache_stats(reset=True)
-        assert client.cache_stats() == {}
+    async with a.serve() as a_url, b.serve() as b_url:
+        backends = {"a": backend_for(a_url, name="a"), "b": backend_for(b_url, name="b")}
+        async with AsyncClient(backends=backends, model="m") as client:
+            await client.chat("x", model="a/m")
+            await client.chat("x", model="a/m")
+            await client.chat("x", model="b/m", stream=True)
+            stats = client.cache_stats(reset=True)
+            assert client.cache_stats() == {}
     assert stats["a"].requests == 2 and stats["a"].hit_ratio == pytest.approx(0.4)
     assert stats["b"].cached_tokens == 25 and stats["b"].hit_ratio == pytest.approx(0.5)
 
