@@ -38,6 +38,7 @@ from .mock import (
     chunk,
     mock_client,
     scripted_client,
+    serve_handler,
     sse,
     stream_body,
 )
@@ -79,11 +80,12 @@ async def test_stream_text_and_final_and_early_exit_closes() -> None:
     assert len(script.closed) == 2
 
 
+@over_transports
 async def test_a_stream_read_outside_its_block_says_how_to_open_it() -> None:
     """``client.stream(...)`` without ``async with`` sent nothing and iterated zero chunks
     (``final()`` gave an empty completion): a silent wrong answer. It is a clear error."""
     script = Script()
-    async with mock_client(script) as client:
+    async with scripted_client(script) as client:
         stream = client.stream("hi")
         with pytest.raises(ConfigurationError, match="async with client.stream"):
             async for _ in stream:
@@ -313,6 +315,7 @@ async def test_a_tool_choice_without_its_tool_is_refused_before_sending(
     assert sent == ["auto", "none", "required", chosen]
 
 
+@over_transports
 async def test_non_streamed_path() -> None:
     import httpx
 
@@ -331,8 +334,10 @@ async def test_non_streamed_path() -> None:
             },
         )
 
-    backend = HTTPBackend("http://x/v1", transport=httpx.MockTransport(handler))
-    async with AsyncClient(backend, model="m") as client:
+    async with (
+        serve_handler(handler) as base_url,
+        AsyncClient(backend_for(base_url), model="m") as client,
+    ):
         completion = await client.chat("hi", stream=False)
     assert completion.text == "plain" and completion.timing is not None
 
@@ -405,14 +410,17 @@ async def test_streamed_calls_keep_unknown_fields_like_non_streamed_ones() -> No
     assert completion.text == "answer"
 
 
+@over_transports
 async def test_error_body_echoing_the_key_is_redacted() -> None:
     import httpx
 
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(401, json={"error": {"message": f"bad key {KEY}", "echo": [KEY]}})
 
-    backend = HTTPBackend("http://x/v1", KEY, transport=httpx.MockTransport(handler))
-    async with AsyncClient(backend, model="m", retry=FAST_RETRY) as client:
+    async with (
+        serve_handler(handler) as base_url,
+        AsyncClient(backend_for(base_url, KEY), model="m", retry=FAST_RETRY) as client,
+    ):
         with pytest.raises(AuthenticationError) as info:
             await client.chat("hi")
     assert KEY not in str(info.value) and KEY not in repr(info.value)
