@@ -310,12 +310,16 @@ transport_in_use = "default"
 :data:`TRANSPORTS`, set by the ``transport`` fixture."""
 
 
+def transport_options() -> dict[str, Any]:
+    """The backend options that put the transport the ``transport`` fixture chose
+    (:data:`transport_in_use`) under a backend built some other way (a preset)."""
+    return {"transport": httpx.AsyncHTTPTransport()} if transport_in_use == "httpx" else {}
+
+
 def backend_for(base_url: str, api_key: str | None = None, **options: Any) -> HTTPBackend:
     """An :class:`HTTPBackend` for ``base_url`` over the transport the ``transport`` fixture
     chose (:data:`transport_in_use`); ``options``: more :class:`HTTPBackend` options."""
-    if transport_in_use == "httpx":
-        options["transport"] = httpx.AsyncHTTPTransport()
-    return HTTPBackend(base_url, api_key, **options)
+    return HTTPBackend(base_url, api_key, **options, **transport_options())
 
 
 def client_for(fakes: dict[str, FakeProvider], **kwargs: Any) -> AsyncClient:

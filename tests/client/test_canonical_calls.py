@@ -14,12 +14,12 @@ from swiftclient._canonical import cache_key, prompt_prefix
 from swiftclient.providers import from_env, preset
 from swiftclient.types import ChatRequest
 
-from .mock import Script, scripted_client
+from .mock import Script, scripted_client, transport_options
 
 pytestmark = pytest.mark.anyio
 over_transports = pytest.mark.usefixtures("transport")
-"""The bytes that reach the socket, over aiohttp and httpx (the preset test keeps the
-MockTransport: a preset's base URL is its provider's real host)."""
+"""The bytes that reach the socket, over aiohttp and httpx (presets too: their base URL
+moved to the loopback server)."""
 SYSTEM = {"role": "system", "content": "You are a careful assistant."}
 TOOLS = [
     {"type": "function", "function": {"name": "zeta", "parameters": {"required": ["b", "a"]}}},
@@ -98,6 +98,7 @@ async def test_no_prompt_cache_key_unless_the_backend_asks() -> None:
     assert "prompt_cache_key" not in json.loads(script.requests[0].content)
 
 
+@over_transports
 async def test_presets_know_which_providers_take_prompt_cache_key() -> None:
     env = {"OPENAI_API_KEY": "k", "DEEPSEEK_API_KEY": "k"}
     sent: dict[str, Any] = {}
@@ -107,11 +108,16 @@ async def test_presets_know_which_providers_take_prompt_cache_key() -> None:
         ("openai-off", {"prompt_cache_key": False}),
     ]:
         script = Script()
-        backend = preset(
-            name.split("-")[0], environ=env, transport=script.transport(), **backend_kwargs
-        )
-        async with AsyncClient(backend, model="m") as client:
-            await client.chat([SYSTEM, {"role": "user", "content": "hi"}])
+        async with script.serve() as base_url:
+            backend = preset(
+                name.split("-")[0],
+                environ=env,
+                base_url=base_url,  # the preset's own choice of prompt_cache_key is kept
+                **backend_kwargs,
+                **transport_options(),
+            )
+            async with AsyncClient(backend, model="m") as client:
+                await client.chat([SYSTEM, {"role": "user", "content": "hi"}])
         sent[name] = json.loads(script.requests[0].content).get("prompt_cache_key")
     assert sent["openai"] is not None and sent["deepseek"] is None and sent["openai-off"] is None
     from_openai_key = from_env({"OPENAI_API_KEY": "k"})
