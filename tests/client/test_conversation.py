@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import anyio
@@ -16,7 +17,7 @@ from swiftclient import AsyncClient, Conversation, PrefixBrokenWarning
 from swiftclient.prompt_cache import diagnose
 from swiftclient.types import AssistantMessage, Message
 
-from .mock import Script, chunk, mock_client, scripted_client
+from .mock import Script, chunk, scripted_client
 
 pytestmark = pytest.mark.anyio
 TOOLS = [
@@ -25,8 +26,10 @@ TOOLS = [
 ]
 
 
-def _client(script: Script) -> AsyncClient:
-    return mock_client(script, retry=None)
+def _client(script: Script) -> AbstractAsyncContextManager[AsyncClient]:
+    """A client over the ``transport`` fixture's transport, ``script`` served on a loopback
+    socket."""
+    return scripted_client(script, retry=None)
 
 
 def _tool_call_reply(name: str = "weather") -> list[bytes]:
@@ -131,6 +134,7 @@ async def test_the_embedded_model_answers_from_a_tool_result_added_by_the_conver
     assert answers == expected
 
 
+@pytest.mark.usefixtures("transport")
 async def test_an_edit_of_a_sent_message_warns_with_the_diagnosis() -> None:
     script = Script()
     conversation = Conversation("You are terse.")
@@ -161,6 +165,7 @@ async def test_appending_and_editing_unsent_messages_is_silent() -> None:
     assert [m.content for m in conversation] == ["docs"] and conversation.static == 1
 
 
+@pytest.mark.usefixtures("transport")
 async def test_a_change_in_place_is_found_when_sending() -> None:
     script = Script()
     mine = Message(role="user", content="hi")
@@ -177,6 +182,7 @@ async def test_a_change_in_place_is_found_when_sending() -> None:
     assert first["messages"][1]["content"] == "hi"
 
 
+@pytest.mark.usefixtures("transport")
 async def test_truncating_sent_messages_warns() -> None:
     script = Script()
     conversation = Conversation("s")
@@ -196,6 +202,7 @@ def test_bad_input_is_rejected() -> None:
     assert repr(conversation) == "Conversation(messages=0, static=0)"
 
 
+@pytest.mark.usefixtures("transport")
 async def test_the_agent_example_runs_on_a_conversation(capsys: pytest.CaptureFixture[str]) -> None:
     import importlib.util
     from pathlib import Path
