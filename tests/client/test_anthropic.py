@@ -8,6 +8,8 @@ whole HTTP path; the official ``anthropic`` SDK parses every answer of the fake'
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
@@ -44,7 +46,11 @@ from swiftclient.testing import CacheSimulation, FakeProvider, Reply, ReplyUsage
 from swiftclient.testing._prompt_cache import prompt_blocks
 from swiftclient.types import ChatCompletionChunk, ChatRequest
 
+from .mock import serve_handler, transport_options
+
 pytestmark = pytest.mark.anyio
+over_transports = pytest.mark.usefixtures("transport")
+"""A test that reads a replayed stream runs over aiohttp and httpx, on a loopback socket."""
 
 KEY = "sk-ant-api03-secret-key-0123456789"
 TOOLS = [
@@ -493,13 +499,16 @@ EXPECTED_DELTAS: list[dict[str, Any]] = [
 ]
 
 
-def replay_backend(body: bytes, status: int = 200) -> AnthropicBackend:
+@asynccontextmanager
+async def replay_backend(body: bytes, status: int = 200) -> AsyncIterator[AnthropicBackend]:
+    """An Anthropic backend answered ``body`` from a loopback socket, over the ``transport``
+    fixture's transport."""
+
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(status, content=body, headers={"content-type": "text/event-stream"})
 
-    return AnthropicBackend(
-        "http://replay.test", api_key=KEY, transport=httpx.MockTransport(handler)
-    )
+    async with serve_handler(handler) as base_url:
+        yield AnthropicBackend(base_url, api_key=KEY, **transport_options())
 
 
 def deltas(chunks: list[ChatCompletionChunk]) -> list[dict[str, Any]]:
@@ -514,10 +523,13 @@ def delta_of(chunk: ChatCompletionChunk) -> dict[str, Any]:
     return dumped
 
 
+@over_transports
 async def test_a_documented_example_stream_decodes_to_the_expected_chunks() -> None:
-    backend = replay_backend(EXAMPLE_STREAM)
     chunks: list[ChatCompletionChunk] = []
-    async with AsyncClient(backends={"a": backend}, model="a/claude-replay") as client:
+    async with (
+        replay_backend(EXAMPLE_STREAM) as backend,
+        AsyncClient(backends={"a": backend}, model="a/claude-replay") as client,
+    ):
         async with client.stream(messages="weather in SF?") as stream:
             async for chunk in stream:
                 chunks.append(chunk)
@@ -549,23 +561,29 @@ def test_the_decoder_is_sans_io() -> None:
     assert deltas(chunks) == EXPECTED_DELTAS
 
 
+@over_transports
 async def test_an_overloaded_error_event_mid_stream_is_retryable() -> None:
     body = (
         EXAMPLE_STREAM.split(b"event: content_block_start")[0]
         + b'event: error\ndata: {"type":"error","error":{"type":"overloaded_error",'
         + b'"message":"Overloaded"}}\n\n'
     )
-    backend = replay_backend(body)
-    async with AsyncClient(backends={"a": backend}, model="a/claude") as client:
+    async with (
+        replay_backend(body) as backend,
+        AsyncClient(backends={"a": backend}, model="a/claude") as client,
+    ):
         with pytest.raises(ProviderOverloadedError, match="Overloaded") as caught:
             await client.chat(messages="hi", retry=RetryPolicy.none())
     assert RetryPolicy().is_retryable(caught.value)
 
 
+@over_transports
 async def test_a_stream_cut_before_message_stop_is_a_connection_error() -> None:
     body = EXAMPLE_STREAM.split(b"event: message_delta")[0]
-    backend = replay_backend(body)
-    async with AsyncClient(backends={"a": backend}, model="a/claude") as client:
+    async with (
+        replay_backend(body) as backend,
+        AsyncClient(backends={"a": backend}, model="a/claude") as client,
+    ):
         with pytest.raises(APIConnectionError, match="ended before"):
             await client.chat(messages="hi", retry=RetryPolicy.none())
 
