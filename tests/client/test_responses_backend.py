@@ -5,6 +5,8 @@ same completions and chunks (a scripted HTTP transport stands in for the provide
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
@@ -26,7 +28,11 @@ from swiftclient.backends.responses import chat_completion, responses_body
 from swiftclient.providers import preset
 from swiftclient.types import ChatRequest
 
+from .mock import serve_handler, transport_options
+
 pytestmark = pytest.mark.anyio
+over_transports = pytest.mark.usefixtures("transport")
+"""A test that sends a request runs over aiohttp and httpx, answered from a loopback socket."""
 
 TOOLS: Any = [
     {
@@ -267,32 +273,46 @@ TEXT_THEN_CALL = _sse(
 )
 
 
-def _backend(body: bytes, seen: list[dict[str, Any]], status: int = 200) -> ResponsesBackend:
+@asynccontextmanager
+async def _backend(
+    body: bytes, seen: list[dict[str, Any]], status: int = 200
+) -> AsyncIterator[ResponsesBackend]:
+    """A Responses backend answered ``body`` from a loopback socket, over the ``transport``
+    fixture's transport; ``seen`` gets each request's path and JSON body."""
+
     def handler(request: httpx.Request) -> httpx.Response:
-        seen.append({"url": str(request.url), "body": json.loads(request.content)})
+        seen.append({"path": request.url.path, "body": json.loads(request.content)})
         kind = "text/event-stream" if body.startswith(b"event:") else "application/json"
         return httpx.Response(status, content=body, headers={"content-type": kind})
 
-    return ResponsesBackend(
-        "https://api.example/v1",
-        api_key="sk-test",
-        name="r",
-        transport=httpx.MockTransport(handler),
-    )
+    async with (
+        serve_handler(handler) as base_url,
+        ResponsesBackend(base_url, api_key="sk-test", name="r", **transport_options()) as backend,
+    ):
+        yield backend
 
 
-def _client(body: bytes, seen: list[dict[str, Any]], status: int = 200) -> AsyncClient:
-    backend = _backend(body, seen, status)
-    return AsyncClient(backends={"r": backend}, default_backend="r", retry=RetryPolicy.none())
+@asynccontextmanager
+async def _client(
+    body: bytes, seen: list[dict[str, Any]], status: int = 200
+) -> AsyncIterator[AsyncClient]:
+    async with (
+        _backend(body, seen, status) as backend,
+        AsyncClient(
+            backends={"r": backend}, default_backend="r", retry=RetryPolicy.none()
+        ) as client,
+    ):
+        yield client
 
 
+@over_transports
 async def test_a_documented_event_stream_decodes_into_chat_chunks() -> None:
     seen: list[dict[str, Any]] = []
     async with _client(TEXT_THEN_CALL, seen) as client:
         async with client.stream("Weather in Paris?", model="r/gpt-4.1", tools=TOOLS) as stream:
             chunks = [chunk async for chunk in stream]
             completion = await stream.final()
-    assert seen[0]["url"] == "https://api.example/v1/responses"
+    assert seen[0]["path"] == "/v1/responses"  # the base URL's path, then /responses
     assert seen[0]["body"]["stream"] is True and seen[0]["body"]["store"] is False
     assert seen[0]["body"]["input"] == [{"role": "user", "content": "Weather in Paris?"}]
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -311,6 +331,7 @@ async def test_a_documented_event_stream_decodes_into_chat_chunks() -> None:
     assert completion.id == "resp_7"
 
 
+@over_transports
 async def test_arguments_sent_whole_and_failed_streams() -> None:
     whole = _sse(
         {
@@ -362,6 +383,7 @@ async def test_arguments_sent_whole_and_failed_streams() -> None:
                 _ = [chunk async for chunk in stream]
 
 
+@over_transports
 async def test_a_plain_call_and_an_error_status() -> None:
     output = [
         {
@@ -399,6 +421,7 @@ async def test_a_plain_call_and_an_error_status() -> None:
             await client.chat("hi", model="r/m")
 
 
+@over_transports
 async def test_a_malformed_event_is_a_validation_error_that_quotes_nothing() -> None:
     secret = "sk-leaked-in-an-event"
     bad = _sse(
@@ -426,9 +449,8 @@ async def test_a_malformed_event_is_a_validation_error_that_quotes_nothing() -> 
     while error is not None:
         assert secret not in str(error)
         error = error.__cause__ or error.__context__
-    assert (
-        repr(_backend(b"", [])) == "ResponsesBackend(name='r', base_url='https://api.example/v1')"
-    )
+    backend = ResponsesBackend("https://api.example/v1", api_key="sk-test", name="r")
+    assert repr(backend) == "ResponsesBackend(name='r', base_url='https://api.example/v1')"
 
 
 def test_an_openai_compatible_preset_speaks_responses_on_request() -> None:
@@ -443,6 +465,7 @@ def test_an_openai_compatible_preset_speaks_responses_on_request() -> None:
         preset("vllm", wire="messages")
 
 
+@over_transports
 async def test_the_preset_derives_prompt_cache_key_on_the_responses_wire() -> None:
     seen: list[dict[str, Any]] = []
     output = [{"type": "message", "content": [{"type": "output_text", "text": "ok"}]}]
@@ -452,19 +475,22 @@ async def test_the_preset_derives_prompt_cache_key_on_the_responses_wire() -> No
         seen.append(json.loads(request.content))
         return httpx.Response(200, content=body, headers={"content-type": "application/json"})
 
-    backend = preset(
-        "openai",
-        wire="responses",
-        api_key="sk-preset-0123456789",
-        transport=httpx.MockTransport(handler),
-    )
     system = {"role": "system", "content": "You are terse. " * 20}
-    async with AsyncClient(backend, model="gpt-4.1", retry=RetryPolicy.none()) as client:
-        await client.chat([system, {"role": "user", "content": "hi"}], stream=False)
+    async with serve_handler(handler) as base_url:
+        backend = preset(
+            "openai",
+            wire="responses",
+            api_key="sk-preset-0123456789",
+            base_url=base_url,  # the preset's own choice of prompt_cache_key is kept
+            **transport_options(),
+        )
+        async with AsyncClient(backend, model="gpt-4.1", retry=RetryPolicy.none()) as client:
+            await client.chat([system, {"role": "user", "content": "hi"}], stream=False)
     assert seen[0]["prompt_cache_key"] and seen[0]["store"] is False
     assert seen[0]["input"][0] == system
 
 
+@over_transports
 async def test_server_side_state_is_opt_in_through_extra_body() -> None:
     seen: list[dict[str, Any]] = []
     output = [{"type": "message", "content": [{"type": "output_text", "text": "ok"}]}]
