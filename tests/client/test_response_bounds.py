@@ -233,14 +233,18 @@ async def test_the_deadline_is_checked_after_parsing_a_whole_body() -> None:
             await backend.complete(_request(), deadline)
 
 
-@over_transports
 async def test_events_after_a_large_one_wait_for_a_checkpoint() -> None:
     # Both events arrive in one read: the second is handed out only after the loop ran.
+    # An in-process httpx transport, not a socket: only it guarantees the one read.
     big = _event({"id": "c", "choices": [_choice(0, content="x" * (100 << 10))]})
     after = _event({"id": "c", "choices": [_choice(0, content="after")]})
+    body = big + after + b"data: [DONE]\n\n"
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers=SSE, content=body)
+
     async with (
-        _backend(200, big + after + b"data: [DONE]\n\n", SSE) as backend,
-        backend,
+        HTTPBackend("http://x/v1", name="mock", transport=httpx.MockTransport(handler)) as backend,
         backend.stream(_request(), Deadline(Timeout(total=60))) as chunks,
     ):
         assert isinstance(chunks, BufferedChunkIterator)
