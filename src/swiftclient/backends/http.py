@@ -90,6 +90,8 @@ _JSON_TOKEN = re.compile(
 )
 # Exactly one JSON string literal, quotes included (the wires' text-delta fast path).
 _JSON_STRING = re.compile(_STRING + rb'"', re.DOTALL)
+# A content chunk's JSON around its text's string literal (the id and model go in the head).
+_TEXT_HEAD = b'{"id":%b,"model":%b,"created":%d,"choices":[{"index":0,"delta":{"content":'
 _TEXT_TAIL = b'},"finish_reason":null}]}'
 # An event this large is followed by a checkpoint before the next chunk is handed out, so a
 # burst of large events cannot hold the event loop for their sum.
@@ -743,14 +745,7 @@ class TextChunks:
 
     def __init__(self, completion_id: str, model: str, created: int = 0) -> None:
         ident, name = json.dumps(completion_id).encode(), json.dumps(model).encode()
-        self._head = (
-            b'{"id":%b,"model":%b,"created":%d,"choices":[{"index":0,"delta":{"content":'
-            % (
-                ident,
-                name,
-                created,
-            )
-        )
+        self._head = _TEXT_HEAD % (ident, name, created)
 
     def chunk(self, literal: bytes) -> ChatCompletionChunk | None:
         """The content chunk of the text the JSON string ``literal`` (quotes included)
