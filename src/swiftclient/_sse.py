@@ -30,9 +30,12 @@ class EventTooLarge(ValueError):
         self.limit = limit
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ServerSentEvent:
-    """One dispatched event. ``data`` stays bytes so JSON parsers can take it directly."""
+    """One dispatched event. ``data`` stays bytes so JSON parsers can take it directly.
+
+    Not frozen, though nothing changes an event once made: a frozen dataclass's
+    ``__init__`` costs twice as much, and one is made per streamed chunk."""
 
     data: bytes
     event: str = "message"
@@ -161,19 +164,25 @@ class SSEDecoder:
                 data.append(line[6:])
                 self._data_size += len(line) - 5
             elif not line:
-                if data and not self._event:
-                    # Dispatch inline for the usual event: data lines and no event type.
+                if data:
+                    # Dispatch inline for the usual event: data lines, with or without a
+                    # type (``event: `` lines, as the Messages and Responses wires send).
                     if self._limit is not None and self._data_size > self._limit:
                         raise EventTooLarge(self._limit)
                     payload = data[0] if len(data) == 1 else b"\n".join(data)
-                    events.append(ServerSentEvent(payload, "message", self._last_id, self._retry))
+                    kind = self._event
+                    if kind:
+                        self._event = b""
+                        name = kind.decode("utf-8", "replace")
+                    else:
+                        name = "message"
+                    events.append(ServerSentEvent(payload, name, self._last_id, self._retry))
                     data = self._data = []
                     self._data_size = 0
-                    continue
-                event = self._dispatch()
-                if event is not None:
-                    events.append(event)
-                data = self._data
+                else:
+                    self._event = b""  # an event without data is not dispatched
+            elif line[:7] == b"event: ":
+                self._event = line[7:]
             else:
                 event = self._line(line)
                 if event is not None:

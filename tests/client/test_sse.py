@@ -92,6 +92,38 @@ def test_arbitrary_payloads_roundtrip_in_any_chunk_size(payloads: list[bytes], s
     assert [e.data for e in decode(*chunks)] == payloads
 
 
+LINES = st.sampled_from(
+    [
+        b"event: content_block_delta",
+        b"event: ping",
+        b"event:no-space",
+        b"event: ",
+        b"event: \xff\xfe",
+        b"event",
+        b'data: {"type":"ping"}',
+        b"data: a",
+        b"data:",
+        b"data",
+        b"id: 3",
+        b": comment",
+        b"retry: 5",
+        b"",
+        b"",
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(LINES, max_size=30))
+def test_typed_events_decode_alike_on_the_lf_path_and_the_general_path(lines: list[bytes]) -> None:
+    """LF-only input takes the LF fast path (typed events dispatched inline); the same
+    lines ending in CRLF take the general path: both give the same events."""
+    lf = b"".join(line + b"\n" for line in lines)
+    crlf = b"".join(line + b"\r\n" for line in lines)
+    assert decode(lf) == decode(crlf)
+    assert decode(*(line + b"\n" for line in lines)) == decode(crlf)
+
+
 def test_huge_single_event_fed_in_small_chunks() -> None:
     payload = b"x" * (32 * 1024 * 1024)
     body = b"data: " + payload + b"\n\n"

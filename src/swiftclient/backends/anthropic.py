@@ -51,7 +51,7 @@ from ..types import (
     Usage,
 )
 from .base import RequestOptions
-from .http import HTTPBackend, _ChunkStream, _deadline_exceeded, _Response, text_chunk
+from .http import HTTPBackend, TextChunks, _ChunkStream, _deadline_exceeded, _Response, text_chunk
 
 __all__ = [
     "ANTHROPIC_VERSION",
@@ -83,6 +83,9 @@ _FINISH = {
     "model_context_window_exceeded": "length",
 }
 _THINKING = frozenset({"thinking", "redacted_thinking"})
+# A text block's delta as the API writes it, up to the text's JSON string (after the index).
+_TEXT_DELTA = b'{"type":"content_block_delta","index":%d,"delta":{"type":"text_delta","text":'
+_TEXT_DELTA_END = b"}}"
 
 
 # --------------------------------------------------------------------------- requests
@@ -613,6 +616,9 @@ class MessageDecoder:
     ``thinking_blocks`` (every block so far, so the latest value is the full list).
     ``message_delta`` gives the finish chunk; ``message_stop`` ends the message with a
     usage chunk (no choices), as an OpenAI stream with ``include_usage`` ends.
+
+    :meth:`text_delta` is the per-token fast path: a text block's delta, recognised from
+    its bytes, becomes its chunk without the event being parsed.
     """
 
     __slots__ = (
@@ -623,6 +629,8 @@ class MessageDecoder:
         "_input",
         "_model",
         "_output",
+        "_text",
+        "_text_head",
         "_thinking",
         "_usage",
         "done",
@@ -639,8 +647,23 @@ class MessageDecoder:
         self._answered = False
         self._thinking: list[dict[str, Any]] = []
         self._usage: Usage | None = None
+        self._text = TextChunks("", "")
+        # the bytes that open a delta of the latest started block, when that is a text block
+        self._text_head: bytes | None = None
         self.done = False
         """``message_stop`` was seen: the message is whole."""
+
+    def text_delta(self, data: bytes) -> ChatCompletionChunk | None:
+        """The chunk of a ``content_block_delta`` event's ``data`` when it is a text delta
+        of the latest started block, written exactly as the API writes one (those keys, in
+        that order, no spaces): only the text's JSON string is decoded. None for anything
+        else (other events, key orders, extra keys, a string that is not one valid JSON
+        string): the caller decodes the event with :meth:`event`, which gives the same
+        chunk for every event this method takes."""
+        head = self._text_head
+        if head is None or not data.startswith(head) or not data.endswith(_TEXT_DELTA_END):
+            return None
+        return self._text.chunk(data[len(head) : -2])
 
     def event(self, kind: str, data: Any) -> ChatCompletionChunk | None:
         """The chunk for one event (``data`` parsed from JSON); ValueError when an event
@@ -661,6 +684,7 @@ class MessageDecoder:
             self._model = str(message.get("model", ""))
             usage = message.get("usage")
             self._input = dict(usage) if isinstance(usage, dict) else {}
+            self._text = TextChunks(self._id, self._model)
             return _chunk(self._id, self._model, ChoiceDelta(role="assistant"))
         if kind == "message_delta":
             delta = data.get("delta")
@@ -684,8 +708,10 @@ class MessageDecoder:
         if not isinstance(index, int) or not isinstance(block, dict):
             raise ValueError("content_block_start needs an index and a content_block")
         kind = block.get("type")
+        self._text_head = None  # a started block ends the fast path of the one before
         if kind == "text":
             self._blocks[index] = ("text", 0, None)
+            self._text_head = _TEXT_DELTA % index
             text = block.get("text")
             if isinstance(text, str) and text:
                 return text_chunk(self._id, self._model, text)
@@ -785,7 +811,11 @@ class _MessageStream(_ChunkStream):
         while events:
             event = events.popleft()
             kind = event.event or ""
-            if kind == "ping":
+            if kind == "content_block_delta":  # the per-token path: the text, not the event
+                chunk = decoder.text_delta(event.data)
+                if chunk is not None:
+                    return chunk
+            elif kind == "ping":
                 continue
             if kind == "error":
                 self._done = True
