@@ -303,6 +303,8 @@ class Admission:
         self._local: MemoryStore | None = (
             self._store if isinstance(self._store, MemoryStore) else None
         )
+        # the store made here reads this clock: a reading taken here serves it too
+        self._same_clock = store is None
         self._wall = wall
         self._poll = poll_interval
         self._gates: dict[str, _Gate] = {}
@@ -431,7 +433,8 @@ class Admission:
             holder = self._holder(gate)
             local = self._local
             if local is not None:  # no coroutine: this process's store answers at once
-                admit = self._take_local(local, gate, target, tokens, inputs, holder)
+                now = start if self._same_clock else None
+                admit = self._take_local(local, gate, target, tokens, inputs, holder, now)
             else:
                 admit = await self._take(gate, target, tokens, inputs, holder)
             if admit.granted:
@@ -524,8 +527,10 @@ class Admission:
         tokens: int,
         inputs: int,
         holder: str | None,
+        now: float | None = None,
     ) -> Admit:
-        """:meth:`_take` on this process's own store, without awaiting."""
+        """:meth:`_take` on this process's own store, without awaiting (``now``: the
+        store's clock reading, when the caller has one)."""
         limits = gate.limits
         admit = local.take_at(
             target,
@@ -535,6 +540,7 @@ class Admission:
             limits.lease_ttl,
             self._prefix,
             limits.queue_ttl,
+            now,
         )
         if admit.granted:
             gate.in_line = False
@@ -810,7 +816,9 @@ class Admission:
         corrections: list[BucketCost] = []
         if total is None and inputs is not None and outputs is not None:
             total = inputs + outputs
-        for kind, capacity, window in self._specs(gate):
+        for kind, capacity, window in gate.specs or self._specs(gate):
+            if kind == "requests":  # the usual first: nothing to correct
+                continue
             if kind == "tokens":
                 used, reserved = total, permit.tokens
             elif kind == "input_tokens":

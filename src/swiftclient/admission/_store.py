@@ -372,10 +372,12 @@ class MemoryStore:
         ttl: float,
         queue: str | None,
         queue_ttl: float,
+        now: float | None = None,
     ) -> Admit:
         """:meth:`take_now` with every argument by position (admission's hot path: a call
-        with keywords costs more)."""
-        now = self._clock()
+        with keywords costs more); ``now``: this store's clock, read by the caller."""
+        if now is None:
+            now = self._clock()
         entry = self._entries.get(key) or self._entry(key)
         line = entry.line
         ahead = entry.ahead_of(queue, now) if line and queue is not None else 0
