@@ -24,7 +24,7 @@ from local_engine.errors import EngineConfigError
 
 from .attention import AttentionBackend, AttentionMetadata, get_attention_backend
 from .attention.cpu import CPUPagedAttention
-from .attention.native import PagedDecodeKernel, load_paged_decode
+from .attention.native import LINEAR_MAX_ROWS, PagedDecodeKernel, load_paged_decode
 from .config import ModelConfig, RopeScaling
 from .fp8 import Fp8Weight, check_fp8_device
 from .quant import DequantScratch, Int8Weight, Quantization, check_quantization, linear
@@ -140,6 +140,39 @@ def _swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate, inplace=True).mul_(up)
 
 
+def _decode_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor | Int8Weight | Fp8Weight,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+) -> torch.Tensor | None:
+    """The native kernel's ``x @ weight.T (+ bias) (+ residual)`` for a decode step's few
+    bfloat16 rows against a dense or int8 weight on CPU (one pass over the weight at memory
+    speed); None where it does not apply (the caller then uses torch)."""
+    if (
+        x.dtype != torch.bfloat16
+        or x.dim() != 2
+        or x.shape[0] > LINEAR_MAX_ROWS
+        or (kernel := _cpu_kernel(x)) is None
+    ):
+        return None
+    if isinstance(weight, torch.Tensor):
+        return kernel.linear(x, weight, bias, residual, torch.get_num_threads())
+    if isinstance(weight, Int8Weight):
+        return kernel.linear_int8(
+            x, weight.qweight, weight.scales, bias, residual, torch.get_num_threads()
+        )
+    return None
+
+
+def _linear(
+    x: torch.Tensor, weight: torch.Tensor | Int8Weight | Fp8Weight, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """:func:`local_engine.quant.linear`, through the native kernel where it applies."""
+    out = _decode_linear(x, weight, bias, None)
+    return linear(x, weight, bias) if out is None else out
+
+
 def _residual_linear(
     residual: torch.Tensor,
     x: torch.Tensor,
@@ -147,10 +180,14 @@ def _residual_linear(
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``residual + linear(x, weight, bias)``; for a dense weight without bias the add rides
-    in the matmul (``addmm``'s beta term), saving a pass over the hidden states."""
-    if bias is None and isinstance(weight, torch.Tensor) and x.dim() == 2:
-        return torch.addmm(residual, x, weight.t())
-    return residual + linear(x, weight, bias)
+    in the matmul (the native kernel's, or ``addmm``'s beta term), saving a pass over the
+    hidden states."""
+    if bias is None and x.dim() == 2:
+        if (out := _decode_linear(x, weight, None, residual)) is not None:
+            return out
+        if isinstance(weight, torch.Tensor):
+            return torch.addmm(residual, x, weight.t())
+    return residual + _linear(x, weight, bias)
 
 
 def rope_inverse_frequencies(
@@ -241,7 +278,7 @@ class DecoderLayer(nn.Module):
         tokens = x.shape[0]
         heads, kv_heads, hd = self.num_heads, self.num_kv_heads, self.head_dim
         h = _rms_norm(x, self.input_norm, self.eps)
-        qkv = linear(h, self.qkv_weight, self.qkv_bias).view(tokens, heads + 2 * kv_heads, hd)
+        qkv = _linear(h, self.qkv_weight, self.qkv_bias).view(tokens, heads + 2 * kv_heads, hd)
         out = (  # a decode step on the CPU kernel: rotate, store and attend in one call
             attention.rope_decode(
                 qkv,
@@ -270,7 +307,7 @@ class DecoderLayer(nn.Module):
             )
         x = _residual_linear(x, out.reshape(tokens, heads * hd), self.o_weight, self.o_bias)
         h = _rms_norm(x, self.post_norm, self.eps)
-        return _residual_linear(x, _swiglu(linear(h, self.gate_up_weight)), self.down_weight)
+        return _residual_linear(x, _swiglu(_linear(h, self.gate_up_weight)), self.down_weight)
 
 
 class DecoderModel(nn.Module):
@@ -376,7 +413,7 @@ class DecoderModel(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Project hidden states ``[N, hidden]`` to float32 logits ``[N, vocab]``."""
         with torch.inference_mode():
-            return linear(hidden, self.lm_head).float()
+            return _linear(hidden, self.lm_head).float()
 
     def make_kv_cache(self, num_blocks: int, block_size: int) -> list[torch.Tensor]:
         """Allocate a zeroed paged cache: per layer ``[2, num_blocks, block_size, kv, hd]``.

@@ -43,6 +43,7 @@ from local_engine.default_model import default_cache_root
 __all__ = [
     "DISABLE_ENV",
     "KERNEL_DTYPES",
+    "LINEAR_MAX_ROWS",
     "KernelError",
     "PagedDecodeKernel",
     "build_library",
@@ -67,8 +68,15 @@ SYMBOL_ROPE_DECODE = "swift_rope_decode_f32"
 SYMBOL_ROPE_DECODE_BF16 = "swift_rope_decode_bf16"
 SYMBOL_SILU_MUL = "swift_silu_mul_f32"
 SYMBOL_SILU_MUL_BF16 = "swift_silu_mul_bf16"
+SYMBOL_LINEAR_BF16 = "swift_linear_bf16"
+SYMBOL_LINEAR_INT8 = "swift_linear_int8"
 SYMBOL_FEATURES = "swift_kernel_features"
 _FEATURE_VECTOR_ACTIVATION = 1
+_FEATURE_BF16_LINEAR = 2
+_FEATURE_INT8_LINEAR = 4
+LINEAR_MAX_ROWS = 8
+"""Most input rows the linear kernel takes (``LINEAR_MAX_ROWS`` in the C source): decode
+steps of up to this many sequences; larger batches use torch's GEMM."""
 RMS_NORM_MAX_COLS = 16384
 """Widest row the RMSNorm kernel takes (``RMS_MAX_COLS`` in the C source)."""
 MAX_HEADS = 256
@@ -96,6 +104,8 @@ _SILU_ARGTYPES = [_PTR, _I64, _I64, _PTR, _I64, ctypes.c_int]
 _ROPE_DECODE_ARGTYPES = [_PTR, _I64, _I64, _PTR, _I64, ctypes.c_float, _PTR, _PTR, _PTR, _I64]
 _ROPE_DECODE_ARGTYPES += [_PTR, _PTR, _PTR, _I64, _PTR, _PTR] + [_I64] * 8
 _ROPE_DECODE_ARGTYPES += [ctypes.c_float, ctypes.c_int]
+_LINEAR_ARGTYPES = [_PTR, _I64, _I64, _PTR, _I64, _I64, _PTR, _PTR, _I64, _PTR, _I64, ctypes.c_int]
+_LINEAR_INT8_ARGTYPES = [_PTR, _I64, _I64, _PTR, *_LINEAR_ARGTYPES[3:]]
 
 
 class KernelError(RuntimeError):
@@ -117,9 +127,17 @@ class PagedDecodeKernel:
     _rope_decode_bf16: Callable[..., int]
     _silu_mul: Callable[..., int]
     _silu_mul_bf16: Callable[..., int]
+    _linear_bf16: Callable[..., int]
+    _linear_int8: Callable[..., int]
     vector_activation: bool = False
     """Whether :meth:`silu_mul` runs here (a build with AVX-512 F, BW and VL); where not, it
     declines."""
+    bf16_linear: bool = False
+    """Whether :meth:`linear` runs here (a build with AVX-512 BF16, F and BW); where not, it
+    declines."""
+    int8_linear: bool = False
+    """Whether :meth:`linear_int8` runs here (a build that also has AVX-512 VNNI and VL);
+    where not, it declines."""
 
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, threads: int
@@ -269,6 +287,113 @@ class PagedDecodeKernel:
         status = fn(gate_up.data_ptr(), rows, row_stride, out.data_ptr(), cols, threads)
         if status:
             raise KernelError(f"SiLU-mul kernel refused its arguments (status {status})")
+        return out
+
+    def linear(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        residual: torch.Tensor | None,
+        threads: int,
+    ) -> torch.Tensor | None:
+        """``x @ weight.T (+ bias) (+ residual)`` in a new contiguous bfloat16 tensor, each
+        value's float32 sum rounded once, as ``torch.addmm`` rounds; or None where the kernel
+        does not take the arguments (the caller then uses torch).
+
+        For decode steps: ``x`` is ``[T, K]`` with ``1 <= T <= LINEAR_MAX_ROWS`` (rows may be
+        strided, their values contiguous), ``weight`` a contiguous ``[N, K]``, ``bias`` a
+        contiguous ``[N]`` and ``residual`` ``[T, N]`` (values contiguous), all bfloat16 on
+        CPU; the build must have AVX-512 BF16 (:attr:`bf16_linear`). The kernel reads the
+        weight once, front to back, whatever ``T`` is.
+
+        Raises:
+            KernelError: the kernel refused the sizes it was given.
+        """
+        if not self.bf16_linear or weight.dtype != torch.bfloat16:
+            return None
+        return self._linear(self._linear_bf16, x, (weight,), weight, bias, residual, threads)
+
+    def linear_int8(
+        self,
+        x: torch.Tensor,
+        codes: torch.Tensor,
+        scales: torch.Tensor,
+        bias: torch.Tensor | None,
+        residual: torch.Tensor | None,
+        threads: int,
+    ) -> torch.Tensor | None:
+        """:meth:`linear` for an int8 weight, ``codes`` ``[N, K]`` (contiguous int8) times
+        its per-row ``scales`` ``[N]`` (bfloat16): ``x``'s rows are quantized to int8 in
+        blocks of 32 values, each with its own float32 scale (the activation layout of
+        llama.cpp's q8_0), and multiplied with AVX-512 VNNI (:attr:`int8_linear`); sums are
+        float32, rounded once. None where the kernel does not take the arguments.
+
+        Raises:
+            KernelError: the kernel refused the sizes it was given, or ran out of memory.
+        """
+        if (
+            not self.int8_linear
+            or codes.dtype != torch.int8
+            or scales.dtype != torch.bfloat16
+            or scales.shape != codes.shape[:1]
+            or not scales.is_contiguous()
+        ):
+            return None
+        return self._linear(self._linear_int8, x, (codes, scales), codes, bias, residual, threads)
+
+    def _linear(
+        self,
+        fn: Callable[..., int],
+        x: torch.Tensor,
+        weights: tuple[torch.Tensor, ...],
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        residual: torch.Tensor | None,
+        threads: int,
+    ) -> torch.Tensor | None:
+        """Check the shared arguments of the linear kernels and run ``fn`` (``weights`` are
+        its weight pointers, ``weight`` the ``[N, K]`` one)."""
+        if (
+            x.dtype != torch.bfloat16
+            or x.device.type != "cpu"
+            or x.dim() != 2
+            or not 0 < x.shape[0] <= LINEAR_MAX_ROWS
+            or x.stride(1) != 1
+            or weight.dim() != 2
+            or weight.shape[1] != x.shape[1]
+            or not weight.is_contiguous()
+        ):
+            return None
+        rows, (n, k) = x.shape[0], weight.shape
+        if bias is not None and (
+            bias.dtype != torch.bfloat16 or bias.shape != (n,) or not bias.is_contiguous()
+        ):
+            return None
+        if residual is not None and (
+            residual.dtype != torch.bfloat16
+            or residual.shape != (rows, n)
+            or residual.stride(1) != 1
+        ):
+            return None
+        out = torch.empty((rows, n), dtype=torch.bfloat16)
+        status = fn(
+            x.data_ptr(),
+            rows,
+            x.stride(0) if rows > 1 else k,  # one row's stride is arbitrary
+            *(w.data_ptr() for w in weights),
+            n,
+            k,
+            None if bias is None else bias.data_ptr(),
+            None if residual is None else residual.data_ptr(),
+            0 if residual is None else (residual.stride(0) if rows > 1 else n),
+            out.data_ptr(),
+            n,
+            threads,
+        )
+        if status:
+            what = "out of scratch memory" if status == 1 else f"status {status}"
+            raise KernelError(f"linear kernel refused its arguments ({what})")
         return out
 
     def __call__(
@@ -554,6 +679,8 @@ def open_library(path: Path) -> PagedDecodeKernel:
         (SYMBOL_ROPE_DECODE_BF16, _ROPE_DECODE_ARGTYPES),
         (SYMBOL_SILU_MUL, _SILU_ARGTYPES),
         (SYMBOL_SILU_MUL_BF16, _SILU_ARGTYPES),
+        (SYMBOL_LINEAR_BF16, _LINEAR_ARGTYPES),
+        (SYMBOL_LINEAR_INT8, _LINEAR_INT8_ARGTYPES),
     ):
         try:
             fn = getattr(library, symbol)
@@ -570,7 +697,7 @@ def open_library(path: Path) -> PagedDecodeKernel:
     features_fn.restype = ctypes.c_int
     features = int(features_fn())
     fn, fn_bf16, rms, rms_bf16, rope, rope_bf16, rope_decode, rope_decode_bf16 = functions[:8]
-    silu, silu_bf16 = functions[8:]
+    silu, silu_bf16, linear_bf16, linear_int8 = functions[8:]
     return PagedDecodeKernel(
         path,
         fn,
@@ -583,5 +710,9 @@ def open_library(path: Path) -> PagedDecodeKernel:
         rope_decode_bf16,
         silu,
         silu_bf16,
+        linear_bf16,
+        linear_int8,
         vector_activation=bool(features & _FEATURE_VECTOR_ACTIVATION),
+        bf16_linear=bool(features & _FEATURE_BF16_LINEAR),
+        int8_linear=bool(features & _FEATURE_INT8_LINEAR),
     )
