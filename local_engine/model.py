@@ -27,7 +27,15 @@ from .attention.cpu import CPUPagedAttention
 from .attention.native import LINEAR_MAX_ROWS, PagedDecodeKernel, load_paged_decode
 from .config import ModelConfig, RopeScaling
 from .fp8 import Fp8Weight, check_fp8_device
-from .quant import DequantScratch, Int8Weight, Quantization, check_quantization, linear
+from .quant import (
+    DequantScratch,
+    Int4Weight,
+    Int8Weight,
+    Quantization,
+    QuantizedWeight,
+    check_quantization,
+    linear,
+)
 
 __all__ = ["DecoderLayer", "DecoderModel", "Rotary", "rope_inverse_frequencies"]
 
@@ -142,7 +150,7 @@ def _swiglu(gate_up: torch.Tensor) -> torch.Tensor:
 
 def _decode_linear(
     x: torch.Tensor,
-    weight: torch.Tensor | Int8Weight | Fp8Weight,
+    weight: torch.Tensor | QuantizedWeight,
     bias: torch.Tensor | None,
     residual: torch.Tensor | None,
 ) -> torch.Tensor | None:
@@ -162,11 +170,15 @@ def _decode_linear(
         return kernel.linear_int8(
             x, weight.qweight, weight.scales, bias, residual, torch.get_num_threads()
         )
+    if isinstance(weight, Int4Weight):
+        return kernel.linear_int4(
+            x, weight.qweight, weight.scales, bias, residual, torch.get_num_threads()
+        )
     return None
 
 
 def _linear(
-    x: torch.Tensor, weight: torch.Tensor | Int8Weight | Fp8Weight, bias: torch.Tensor | None = None
+    x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     """:func:`local_engine.quant.linear`, through the native kernel where it applies."""
     out = _decode_linear(x, weight, bias, None)
@@ -176,7 +188,7 @@ def _linear(
 def _residual_linear(
     residual: torch.Tensor,
     x: torch.Tensor,
-    weight: torch.Tensor | Int8Weight | Fp8Weight,
+    weight: torch.Tensor | QuantizedWeight,
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``residual + linear(x, weight, bias)``; for a dense weight without bias the add rides
@@ -217,10 +229,10 @@ def rope_inverse_frequencies(
 class DecoderLayer(nn.Module):
     """Pre-norm attention + SwiGLU MLP block with fused projections."""
 
-    qkv_weight: torch.Tensor | Int8Weight | Fp8Weight
-    o_weight: torch.Tensor | Int8Weight | Fp8Weight
-    gate_up_weight: torch.Tensor | Int8Weight | Fp8Weight
-    down_weight: torch.Tensor | Int8Weight | Fp8Weight
+    qkv_weight: torch.Tensor | QuantizedWeight
+    o_weight: torch.Tensor | QuantizedWeight
+    gate_up_weight: torch.Tensor | QuantizedWeight
+    down_weight: torch.Tensor | QuantizedWeight
 
     def __init__(
         self,
@@ -231,10 +243,11 @@ class DecoderLayer(nn.Module):
         device: torch.device,
         scratch: DequantScratch | None = None,
         fp8: bool = False,
+        int4: bool = False,
     ) -> None:
         """Allocate one layer's (uninitialized) parameters; with ``scratch`` the four
-        projections are int8 weights that dequantize into it when they must, with ``fp8``
-        they are fp8 weights (:mod:`local_engine.fp8`)."""
+        projections are int8 weights (int4 with ``int4``) that dequantize into it when they
+        must, with ``fp8`` they are fp8 weights (:mod:`local_engine.fp8`)."""
         super().__init__()
         hidden, hd = config.hidden_size, config.head_dim
         heads, kv_heads = config.num_heads, config.num_kv_heads
@@ -243,12 +256,13 @@ class DecoderLayer(nn.Module):
         def p(*shape: int) -> nn.Parameter:
             return _param(*shape, dtype=dtype, device=device)
 
-        def w(rows: int, cols: int) -> torch.Tensor | Int8Weight | Fp8Weight:
+        def w(rows: int, cols: int) -> torch.Tensor | QuantizedWeight:
             if fp8:
                 return Fp8Weight(rows, cols, device=device)
             if scratch is None:
                 return p(rows, cols)
-            return Int8Weight(rows, cols, dtype=dtype, device=device, scratch=scratch)
+            kind = Int4Weight if int4 else Int8Weight
+            return kind(rows, cols, dtype=dtype, device=device, scratch=scratch)
 
         self.num_heads = heads
         self.num_kv_heads = kv_heads
@@ -346,12 +360,13 @@ class DecoderModel(nn.Module):
             check_fp8_device(dev)
             if dtype != torch.bfloat16:
                 raise EngineConfigError("fp8 weights run with bfloat16 activations")
-        scratch = DequantScratch() if self.quantization == "int8" else None
+        int4 = self.quantization == "int4"
+        scratch = DequantScratch() if self.quantization in ("int8", "int4") else None
         self.config = config
         self.attention: AttentionBackend = attention or get_attention_backend("auto", device=dev)
         self.embed_tokens = _param(config.vocab_size, config.hidden_size, dtype=dtype, device=dev)
         layers = [
-            DecoderLayer(config, i, dtype=dtype, device=dev, scratch=scratch, fp8=fp8)
+            DecoderLayer(config, i, dtype=dtype, device=dev, scratch=scratch, fp8=fp8, int4=int4)
             for i in range(config.num_layers)
         ]
         self.layers = nn.ModuleList(layers)
@@ -360,7 +375,7 @@ class DecoderModel(nn.Module):
         self.lm_head: torch.Tensor | Int8Weight
         if config.tie_word_embeddings:
             self.lm_head = self.embed_tokens  # the lookup needs its rows dense: not quantized
-        elif scratch is not None:
+        elif scratch is not None:  # int8 for int4 too: the head decides the tokens
             self.lm_head = Int8Weight(
                 config.vocab_size, config.hidden_size, dtype=dtype, device=dev, scratch=scratch
             )

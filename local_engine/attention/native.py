@@ -70,6 +70,8 @@ SYMBOL_SILU_MUL = "swift_silu_mul_f32"
 SYMBOL_SILU_MUL_BF16 = "swift_silu_mul_bf16"
 SYMBOL_LINEAR_BF16 = "swift_linear_bf16"
 SYMBOL_LINEAR_INT8 = "swift_linear_int8"
+SYMBOL_LINEAR_INT4 = "swift_linear_int4"
+SYMBOL_DEQUANTIZE_INT4 = "swift_dequantize_int4"
 SYMBOL_FEATURES = "swift_kernel_features"
 _FEATURE_VECTOR_ACTIVATION = 1
 _FEATURE_BF16_LINEAR = 2
@@ -106,6 +108,7 @@ _ROPE_DECODE_ARGTYPES += [_PTR, _PTR, _PTR, _I64, _PTR, _PTR] + [_I64] * 8
 _ROPE_DECODE_ARGTYPES += [ctypes.c_float, ctypes.c_int]
 _LINEAR_ARGTYPES = [_PTR, _I64, _I64, _PTR, _I64, _I64, _PTR, _PTR, _I64, _PTR, _I64, ctypes.c_int]
 _LINEAR_INT8_ARGTYPES = [_PTR, _I64, _I64, _PTR, *_LINEAR_ARGTYPES[3:]]
+_DEQUANTIZE_ARGTYPES = [_PTR, _PTR, _I64, _I64, _PTR, ctypes.c_int]
 
 
 class KernelError(RuntimeError):
@@ -129,6 +132,8 @@ class PagedDecodeKernel:
     _silu_mul_bf16: Callable[..., int]
     _linear_bf16: Callable[..., int]
     _linear_int8: Callable[..., int]
+    _linear_int4: Callable[..., int]
+    _dequantize_int4: Callable[..., int]
     vector_activation: bool = False
     """Whether :meth:`silu_mul` runs here (a build with AVX-512 F, BW and VL); where not, it
     declines."""
@@ -136,8 +141,8 @@ class PagedDecodeKernel:
     """Whether :meth:`linear` runs here (a build with AVX-512 BF16, F and BW); where not, it
     declines."""
     int8_linear: bool = False
-    """Whether :meth:`linear_int8` runs here (a build that also has AVX-512 VNNI and VL);
-    where not, it declines."""
+    """Whether :meth:`linear_int8`, :meth:`linear_int4` and :meth:`dequantize_int4` run here
+    (a build that also has AVX-512 VNNI and VL); where not, they decline."""
 
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, threads: int
@@ -310,9 +315,10 @@ class PagedDecodeKernel:
         Raises:
             KernelError: the kernel refused the sizes it was given.
         """
-        if not self.bf16_linear or weight.dtype != torch.bfloat16:
+        if not self.bf16_linear or weight.dtype != torch.bfloat16 or weight.dim() != 2:
             return None
-        return self._linear(self._linear_bf16, x, (weight,), weight, bias, residual, threads)
+        n, k = weight.shape
+        return self._linear(self._linear_bf16, x, (weight,), n, k, bias, residual, threads)
 
     def linear_int8(
         self,
@@ -335,37 +341,102 @@ class PagedDecodeKernel:
         if (
             not self.int8_linear
             or codes.dtype != torch.int8
+            or codes.dim() != 2
+            or not codes.is_contiguous()
             or scales.dtype != torch.bfloat16
             or scales.shape != codes.shape[:1]
             or not scales.is_contiguous()
         ):
             return None
-        return self._linear(self._linear_int8, x, (codes, scales), codes, bias, residual, threads)
+        n, k = codes.shape
+        return self._linear(self._linear_int8, x, (codes, scales), n, k, bias, residual, threads)
+
+    def linear_int4(
+        self,
+        x: torch.Tensor,
+        codes: torch.Tensor,
+        scales: torch.Tensor,
+        bias: torch.Tensor | None,
+        residual: torch.Tensor | None,
+        threads: int,
+    ) -> torch.Tensor | None:
+        """:meth:`linear_int8` for an int4 weight: ``codes`` ``[N, K / 2]`` (contiguous
+        uint8, packed as :func:`local_engine.quant.quantize_int4_rows` packs them) and
+        ``scales`` ``[N, K / 32]`` (bfloat16, one per block of 32 values); ``x``'s rows are
+        quantized as for int8. None where the kernel does not take the arguments.
+
+        Raises:
+            KernelError: the kernel refused the sizes it was given, or ran out of memory.
+        """
+        if (
+            not self.int8_linear
+            or codes.dtype != torch.uint8
+            or codes.dim() != 2
+            or not codes.is_contiguous()
+            or scales.dtype != torch.bfloat16
+            or scales.shape != (codes.shape[0], codes.shape[1] // 16)
+            or codes.shape[1] % 16
+            or not scales.is_contiguous()
+        ):
+            return None
+        n, k = codes.shape[0], codes.shape[1] * 2
+        return self._linear(self._linear_int4, x, (codes, scales), n, k, bias, residual, threads)
+
+    def dequantize_int4(
+        self, codes: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, threads: int
+    ) -> torch.Tensor | None:
+        """Write the bfloat16 weight ``[N, K]`` of :meth:`linear_int4`'s ``codes`` and
+        ``scales`` into ``out`` (``(code - 8) * scale``, rounded once) and return it; None
+        where the kernel does not take the arguments.
+
+        Raises:
+            KernelError: the kernel refused the sizes it was given.
+        """
+        if (
+            not self.int8_linear
+            or codes.dtype != torch.uint8
+            or codes.dim() != 2
+            or not codes.is_contiguous()
+            or codes.shape[1] % 16
+            or scales.dtype != torch.bfloat16
+            or scales.shape != (codes.shape[0], codes.shape[1] // 16)
+            or not scales.is_contiguous()
+            or out.dtype != torch.bfloat16
+            or out.shape != (codes.shape[0], codes.shape[1] * 2)
+            or not out.is_contiguous()
+        ):
+            return None
+        status = self._dequantize_int4(
+            codes.data_ptr(), scales.data_ptr(), out.shape[0], out.shape[1], out.data_ptr(), threads
+        )
+        if status:
+            raise KernelError(f"int4 dequantize kernel refused its arguments (status {status})")
+        return out
 
     def _linear(
         self,
         fn: Callable[..., int],
         x: torch.Tensor,
         weights: tuple[torch.Tensor, ...],
-        weight: torch.Tensor,
+        n: int,
+        k: int,
         bias: torch.Tensor | None,
         residual: torch.Tensor | None,
         threads: int,
     ) -> torch.Tensor | None:
         """Check the shared arguments of the linear kernels and run ``fn`` (``weights`` are
-        its weight pointers, ``weight`` the ``[N, K]`` one)."""
+        its weight pointers, contiguous, for an ``[N, K]`` weight)."""
         if (
             x.dtype != torch.bfloat16
             or x.device.type != "cpu"
             or x.dim() != 2
             or not 0 < x.shape[0] <= LINEAR_MAX_ROWS
             or x.stride(1) != 1
-            or weight.dim() != 2
-            or weight.shape[1] != x.shape[1]
-            or not weight.is_contiguous()
+            or x.shape[1] != k
+            or not all(w.is_contiguous() and w.device.type == "cpu" for w in weights)
         ):
             return None
-        rows, (n, k) = x.shape[0], weight.shape
+        rows = x.shape[0]
         if bias is not None and (
             bias.dtype != torch.bfloat16 or bias.shape != (n,) or not bias.is_contiguous()
         ):
@@ -681,6 +752,8 @@ def open_library(path: Path) -> PagedDecodeKernel:
         (SYMBOL_SILU_MUL_BF16, _SILU_ARGTYPES),
         (SYMBOL_LINEAR_BF16, _LINEAR_ARGTYPES),
         (SYMBOL_LINEAR_INT8, _LINEAR_INT8_ARGTYPES),
+        (SYMBOL_LINEAR_INT4, _LINEAR_INT8_ARGTYPES),
+        (SYMBOL_DEQUANTIZE_INT4, _DEQUANTIZE_ARGTYPES),
     ):
         try:
             fn = getattr(library, symbol)
@@ -697,7 +770,7 @@ def open_library(path: Path) -> PagedDecodeKernel:
     features_fn.restype = ctypes.c_int
     features = int(features_fn())
     fn, fn_bf16, rms, rms_bf16, rope, rope_bf16, rope_decode, rope_decode_bf16 = functions[:8]
-    silu, silu_bf16, linear_bf16, linear_int8 = functions[8:]
+    silu, silu_bf16, linear_bf16, linear_int8, linear_int4, dequantize_int4 = functions[8:]
     return PagedDecodeKernel(
         path,
         fn,
@@ -712,6 +785,8 @@ def open_library(path: Path) -> PagedDecodeKernel:
         silu_bf16,
         linear_bf16,
         linear_int8,
+        linear_int4,
+        dequantize_int4,
         vector_activation=bool(features & _FEATURE_VECTOR_ACTIVATION),
         bf16_linear=bool(features & _FEATURE_BF16_LINEAR),
         int8_linear=bool(features & _FEATURE_INT8_LINEAR),

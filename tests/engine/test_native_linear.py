@@ -13,7 +13,14 @@ import torch.nn.functional as F
 
 from local_engine import model as model_module
 from local_engine.attention.native import LINEAR_MAX_ROWS, PagedDecodeKernel
-from local_engine.quant import DequantScratch, Int8Weight, quantize_rows
+from local_engine.quant import (
+    DequantScratch,
+    Int4Weight,
+    Int8Weight,
+    dequantize_int4,
+    quantize_int4_rows,
+    quantize_rows,
+)
 
 # (N, K): the model's shapes at small scale, a K that is no multiple of the vector width
 # (tails), and one weight large enough for the threads to split it.
@@ -146,6 +153,46 @@ def test_int8_linear_is_the_q8_product(
     assert cosine.min().item() > 0.9995
 
 
+@pytest.mark.parametrize(("n", "k"), [(96, 64), (50, 96), (130, 160), (2304, 1024)])
+@pytest.mark.parametrize("rows", [1, 3, LINEAR_MAX_ROWS])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_int4_linear_is_the_q8_product(
+    int8_kernel: PagedDecodeKernel, n: int, k: int, rows: int, threads: int
+) -> None:
+    x, weight, bias, residual = _inputs(rows, n, k, seed=5 * n + k + rows)
+    packed, block_scales = quantize_int4_rows(weight, torch.bfloat16)
+    dequantized = dequantize_int4(packed, block_scales.float())  # exact in float32
+    expected = _q8_reference(x, dequantized, torch.ones(n))
+    out = int8_kernel.linear_int4(x, packed, block_scales, None, None, threads)
+    assert out is not None and out.dtype == torch.bfloat16 and out.shape == (rows, n)
+    torch.testing.assert_close(out.double(), expected, rtol=2**-7, atol=1e-3)
+    fused = int8_kernel.linear_int4(x, packed, block_scales, bias, residual, threads)
+    assert fused is not None
+    want = expected + bias.double() + residual.double()
+    torch.testing.assert_close(fused.double(), want, rtol=2**-7, atol=1e-2)
+
+
+@pytest.mark.parametrize(("n", "k"), [(96, 64), (50, 96), (2304, 1024)])
+def test_int4_dequantize_kernel_is_torchs(int8_kernel: PagedDecodeKernel, n: int, k: int) -> None:
+    packed, scales = quantize_int4_rows(torch.randn(n, k), torch.bfloat16)
+    for threads in (1, 2):
+        out = torch.empty(n, k, dtype=torch.bfloat16)
+        assert int8_kernel.dequantize_int4(packed, scales, out, threads) is out
+        assert torch.equal(out, dequantize_int4(packed, scales))
+    wrong = torch.empty(n, k, dtype=torch.float16)
+    assert int8_kernel.dequantize_int4(packed, scales, wrong, 1) is None
+    assert int8_kernel.dequantize_int4(packed, scales.float(), out, 1) is None
+
+
+def test_int4_linear_declines_what_it_does_not_take(int8_kernel: PagedDecodeKernel) -> None:
+    x, weight, _, _ = _inputs(2, 96, 64, seed=6)
+    packed, scales = quantize_int4_rows(weight, torch.bfloat16)
+    assert int8_kernel.linear_int4(x, packed, scales.float(), None, None, 1) is None
+    assert int8_kernel.linear_int4(x, packed.view(torch.int8), scales, None, None, 1) is None
+    assert int8_kernel.linear_int4(x, packed, scales[:, :1], None, None, 1) is None
+    assert int8_kernel.linear_int4(x[:, :32], packed, scales, None, None, 1) is None
+
+
 def test_int8_linear_declines_what_it_does_not_take(int8_kernel: PagedDecodeKernel) -> None:
     x, weight, _, _ = _inputs(2, 96, 64, seed=4)
     codes, scales = quantize_rows(weight, torch.bfloat16)
@@ -178,7 +225,7 @@ def test_the_models_projections_take_the_kernels_for_decode_rows(
 
         return counting
 
-    for name in ("linear", "linear_int8"):
+    for name in ("linear", "linear_int8", "linear_int4"):
         monkeypatch.setattr(type(bf16_kernel), name, counted(name))
     x, weight, bias, residual = _inputs(3, 96, 64, seed=5)
     decode = (
@@ -190,8 +237,13 @@ def test_the_models_projections_take_the_kernels_for_decode_rows(
     model_module._linear(prefill_x, weight)  # a prefill's rows: torch's GEMM, no call
     assert calls == ["linear", "linear"]
     int8 = _int8_weight(weight)
+    int4 = Int4Weight(
+        96, 64, dtype=torch.bfloat16, device=torch.device("cpu"), scratch=DequantScratch()
+    )
+    int4.rows(0, 96).copy_(weight)
     quantized = model_module._residual_linear(residual, x, int8)
-    expected_calls = ["linear", "linear", "linear_int8"]
+    quantized4 = model_module._linear(x, int4, bias)
+    expected_calls = ["linear", "linear", "linear_int8", "linear_int4"]
     assert calls == (expected_calls if bf16_kernel.int8_linear else expected_calls[:2])
     monkeypatch.setattr(model_module, "load_paged_decode", lambda: None)
     fallback = (
@@ -202,4 +254,7 @@ def test_the_models_projections_take_the_kernels_for_decode_rows(
         torch.testing.assert_close(got, want, rtol=2**-7, atol=2**-7)
     torch.testing.assert_close(
         quantized, model_module._residual_linear(residual, x, int8), rtol=0.02, atol=0.05
+    )
+    torch.testing.assert_close(
+        quantized4, model_module._linear(x, int4, bias), rtol=0.02, atol=0.05
     )

@@ -906,9 +906,10 @@ int swift_linear_bf16(const bf16_t *x, int64_t rows, int64_t x_row, const bf16_t
 #if SWIFT_INT8_LINEAR
 /* Quantize `k` bfloat16 values into `q` (zero padded to `kpad`, a multiple of 64) with one
    scale per 32 values, written as a 16-lane vector per 64 values (8 lanes per block) into
-   `scales`; and into `start`, per 64 values, the 16 lanes' -128 * (sum of their 4 codes). */
+   `scales`; and into `start`, per 64 values, the 16 lanes' -offset * (sum of their 4 codes):
+   the dot products' starting values for weight codes stored offset (unsigned). */
 static void quantize_row_q8(const bf16_t *x, int64_t k, int64_t kpad, int8_t *q, float *scales,
-                            int32_t *start) {
+                            int32_t *start, int offset) {
     for (int64_t b = 0; b < kpad; b += 32) {
         const int64_t left = k - b;
         const __mmask16 m0 = left >= 16 ? 0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
@@ -926,9 +927,9 @@ static void quantize_row_q8(const bf16_t *x, int64_t k, int64_t kpad, int8_t *q,
         float *lanes = scales + (b / 64) * 16 + ((b / 32) % 2) * 8;
         for (int l = 0; l < 8; l++) lanes[l] = scale;
     }
-    const __m512i offset = _mm512_set1_epi8((char)0x80); /* 128 as the unsigned operand */
+    const __m512i by = _mm512_set1_epi8((char)offset); /* unsigned operand: 128 is 0x80 */
     for (int64_t j = 0; j < kpad; j += 64) {
-        const __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), offset,
+        const __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), by,
                                                  _mm512_loadu_si512((const void *)(q + j)));
         _mm512_storeu_si512((void *)(start + j / 4), _mm512_sub_epi32(_mm512_setzero_si512(), sums));
     }
@@ -991,17 +992,86 @@ static void linear_span_int8(const int8_t *q, const float *xs, const int32_t *st
 }
 #endif
 
-int swift_linear_int8(const bf16_t *x, int64_t rows, int64_t x_row, const int8_t *w,
-                      const bf16_t *wscale, int64_t n, int64_t k, const bf16_t *bias,
-                      const bf16_t *res, int64_t res_row, bf16_t *out, int64_t out_row,
-                      int nthreads) {
-#if !SWIFT_INT8_LINEAR
-    (void)x, (void)rows, (void)x_row, (void)w, (void)wscale, (void)n, (void)k, (void)bias;
-    (void)res, (void)res_row, (void)out, (void)out_row, (void)nthreads;
-    return 3;
-#else
+#if SWIFT_INT8_LINEAR
+/* The int4 span: codes [n, k / 2] bytes, each 64 codes of a row (32 for a row's last when k
+   is an odd multiple of 32) in as many halves' bytes, value i in the low nibble of byte i and
+   value i + half in the high nibble, stored as code + 8 (0..15); one bfloat16 scale per 32
+   codes, [n, k / 32]. */
+static inline __attribute__((always_inline)) void linear_span_q4(
+    const int8_t *q, const float *xs, const int32_t *start, const int rows, int64_t kpad,
+    const uint8_t *w, int64_t k, const bf16_t *wscale, int64_t n0, int64_t n1,
+    const bf16_t *bias, const bf16_t *res, int64_t res_row, bf16_t *out, int64_t out_row) {
+    const int64_t full = k & ~(int64_t)63;
+    const __m256i nibble = _mm256_set1_epi8(0x0f);
+    const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t *wr = w + n * (k / 2);
+        const bf16_t *sr = wscale + n * (k / 32);
+        __m512 acc[LINEAR_MAX_ROWS];
+        for (int t = 0; t < rows; t++) acc[t] = _mm512_setzero_ps();
+        for (int64_t j = 0; j < k; j += 64) {
+            __m512i codes;
+            __m512 ws;
+            if (j < full) {
+                const __m256i b = _mm256_loadu_si256((const __m256i *)(wr + j / 2));
+                codes = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_and_si256(b, nibble)),
+                    _mm256_and_si256(_mm256_srli_epi16(b, 4), nibble), 1);
+                /* The chunk's two block scales: lanes 0-7 the first, 8-15 the second. */
+                uint32_t pair;
+                memcpy(&pair, sr + j / 32, sizeof pair);
+                const __m512i both = _mm512_set1_epi32((int)pair);
+                ws = _mm512_castsi512_ps(_mm512_mask_blend_epi32(
+                    (__mmask16)0xff00, _mm512_slli_epi32(both, 16), _mm512_and_si512(both, high)));
+            } else { /* the last 32 codes: 16 bytes; the upper lanes multiply zero padding */
+                const __m128i b = _mm_loadu_si128((const __m128i *)(wr + j / 2));
+                const __m128i lo = _mm_and_si128(b, _mm256_castsi256_si128(nibble));
+                const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm256_castsi256_si128(nibble));
+                codes = _mm512_castsi256_si512(_mm256_set_m128i(hi, lo));
+                codes = _mm512_maskz_mov_epi64((__mmask8)0x0f, codes);
+                ws = _mm512_maskz_mov_ps((__mmask16)0x00ff,
+                                         _mm512_set1_ps(bf16_to_f32(sr[j / 32])));
+            }
+            for (int t = 0; t < rows; t++) {
+                const __m512i d = _mm512_dpbusd_epi32(
+                    _mm512_loadu_si512((const void *)(start + (t * kpad + j) / 4)), codes,
+                    _mm512_loadu_si512((const void *)(q + t * kpad + j)));
+                const __m512 scale = _mm512_mul_ps(ws, _mm512_loadu_ps(xs + (t * kpad + j) / 4));
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), scale, acc[t]);
+            }
+        }
+        const float b = bias ? bf16_to_f32(bias[n]) : 0.0f;
+        for (int t = 0; t < rows; t++) {
+            float v = _mm512_reduce_add_ps(acc[t]) + b;
+            if (res) v += bf16_to_f32(res[t * res_row + n]);
+            out[t * out_row + n] = f32_to_bf16(v);
+        }
+    }
+}
+
+static void linear_span_int4(const int8_t *q, const float *xs, const int32_t *start, int rows,
+                             int64_t kpad, const uint8_t *w, int64_t k, const bf16_t *wscale,
+                             int64_t n0, int64_t n1, const bf16_t *bias, const bf16_t *res,
+                             int64_t res_row, bf16_t *out, int64_t out_row) {
+    switch (rows) {
+#define SPAN(R)                                                                              \
+    case R:                                                                                  \
+        linear_span_q4(q, xs, start, R, kpad, w, k, wscale, n0, n1, bias, res, res_row, out, \
+                       out_row);                                                             \
+        break;
+        SPAN(1) SPAN(2) SPAN(3) SPAN(4) SPAN(5) SPAN(6) SPAN(7) SPAN(8)
+#undef SPAN
+    }
+}
+
+/* The int8 and int4 kernels' shared part: quantize x's rows, then split the weight rows over
+   the threads. */
+static int linear_quantized(const bf16_t *x, int64_t rows, int64_t x_row, const void *w,
+                            const bf16_t *wscale, int64_t n, int64_t k, const bf16_t *bias,
+                            const bf16_t *res, int64_t res_row, bf16_t *out, int64_t out_row,
+                            int nthreads, int bits) {
     if (rows < 1 || rows > LINEAR_MAX_ROWS || n < 1 || k < 1 || x_row < k || out_row < n ||
-        (res && res_row < n))
+        (res && res_row < n) || (bits == 4 && k % 32))
         return 2;
     const int64_t kpad = (k + 63) & ~(int64_t)63;
     /* Per row of x: its codes, one float scale per 4 codes and one int32 start per 4 codes
@@ -1013,27 +1083,95 @@ int swift_linear_int8(const bf16_t *x, int64_t rows, int64_t x_row, const int8_t
     int32_t *start = (int32_t *)(scratch + 2 * rows * kpad);
     for (int64_t t = 0; t < rows; t++)
         quantize_row_q8(x + t * x_row, k, kpad, q + t * kpad, xs + t * kpad / 4,
-                        start + t * kpad / 4);
-    nthreads = team_size(nthreads, n * k, LINEAR_PARALLEL_MIN_BYTES);
+                        start + t * kpad / 4, bits == 4 ? 8 : 128);
+    nthreads = team_size(nthreads, n * k * bits / 8, LINEAR_PARALLEL_MIN_BYTES);
     if (nthreads > n) nthreads = (int)n;
 #if defined(_OPENMP)
-    if (nthreads > 1) {
-#pragma omp parallel num_threads(nthreads)
-        {
-            const int64_t team = omp_get_num_threads(), id = omp_get_thread_num();
-            const int64_t per = (n + team - 1) / team, n0 = id * per;
-            const int64_t n1 = n0 + per < n ? n0 + per : n;
-            if (n0 < n1)
-                linear_span_int8(q, xs, start, (int)rows, kpad, w, k, wscale, n0, n1, bias, res,
-                                 res_row, out, out_row);
-        }
-        free(scratch);
-        return 0;
-    }
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
 #endif
-    linear_span_int8(q, xs, start, (int)rows, kpad, w, k, wscale, 0, n, bias, res, res_row, out,
-                     out_row);
+    {
+#if defined(_OPENMP)
+        const int64_t team = omp_get_num_threads(), id = omp_get_thread_num();
+#else
+        const int64_t team = 1, id = 0;
+#endif
+        const int64_t per = (n + team - 1) / team, n0 = id * per;
+        const int64_t n1 = n0 + per < n ? n0 + per : n;
+        if (n0 < n1 && bits == 4)
+            linear_span_int4(q, xs, start, (int)rows, kpad, (const uint8_t *)w, k, wscale, n0, n1,
+                             bias, res, res_row, out, out_row);
+        else if (n0 < n1)
+            linear_span_int8(q, xs, start, (int)rows, kpad, (const int8_t *)w, k, wscale, n0, n1,
+                             bias, res, res_row, out, out_row);
+    }
     free(scratch);
+    return 0;
+}
+#endif
+
+int swift_linear_int8(const bf16_t *x, int64_t rows, int64_t x_row, const int8_t *w,
+                      const bf16_t *wscale, int64_t n, int64_t k, const bf16_t *bias,
+                      const bf16_t *res, int64_t res_row, bf16_t *out, int64_t out_row,
+                      int nthreads) {
+#if !SWIFT_INT8_LINEAR
+    (void)x, (void)rows, (void)x_row, (void)w, (void)wscale, (void)n, (void)k, (void)bias;
+    (void)res, (void)res_row, (void)out, (void)out_row, (void)nthreads;
+    return 3;
+#else
+    return linear_quantized(x, rows, x_row, w, wscale, n, k, bias, res, res_row, out, out_row,
+                            nthreads, 8);
+#endif
+}
+
+/* The same for int4 weights (the layout above linear_span_q4; k a multiple of 32). */
+int swift_linear_int4(const bf16_t *x, int64_t rows, int64_t x_row, const uint8_t *w,
+                      const bf16_t *wscale, int64_t n, int64_t k, const bf16_t *bias,
+                      const bf16_t *res, int64_t res_row, bf16_t *out, int64_t out_row,
+                      int nthreads) {
+#if !SWIFT_INT8_LINEAR
+    (void)x, (void)rows, (void)x_row, (void)w, (void)wscale, (void)n, (void)k, (void)bias;
+    (void)res, (void)res_row, (void)out, (void)out_row, (void)nthreads;
+    return 3;
+#else
+    return linear_quantized(x, rows, x_row, w, wscale, n, k, bias, res, res_row, out, out_row,
+                            nthreads, 4);
+#endif
+}
+
+/* Dequantize int4 codes (the layout above) into bfloat16 weights [n, k]: (code - 8) * scale,
+   rounded once; for the steps with more rows than the linear kernels take. Returns 0, 2 for
+   sizes it does not take, 3 where the build has no AVX-512 BF16 kernels. */
+int swift_dequantize_int4(const uint8_t *w, const bf16_t *wscale, int64_t n, int64_t k,
+                          bf16_t *out, int nthreads) {
+#if !SWIFT_INT8_LINEAR
+    (void)w, (void)wscale, (void)n, (void)k, (void)out, (void)nthreads;
+    return 3;
+#else
+    if (n < 1 || k < 32 || k % 32) return 2;
+    nthreads = team_size(nthreads, n * k, LINEAR_PARALLEL_MIN_BYTES);
+#if defined(_OPENMP)
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
+#endif
+    for (int64_t r = 0; r < n; r++) {
+        const uint8_t *wr = w + r * (k / 2);
+        const bf16_t *sr = wscale + r * (k / 32);
+        bf16_t *o = out + r * k;
+        for (int64_t j = 0; j < k; j += 64) {
+            const int64_t half = k - j >= 64 ? 32 : 16;
+            for (int part = 0; part < 2; part++) { /* low nibbles, then high nibbles */
+                for (int64_t i = 0; i < half; i += 16) {
+                    const __m128i b = _mm_loadu_si128((const __m128i *)(wr + j / 2 + i));
+                    const __m128i c = part ? _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0f))
+                                           : _mm_and_si128(b, _mm_set1_epi8(0x0f));
+                    const int64_t at = j + part * half + i;
+                    const __m512 v = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(c)),
+                                                   _mm512_set1_ps(8.0f));
+                    const __m512 scaled = _mm512_mul_ps(v, _mm512_set1_ps(bf16_to_f32(sr[at / 32])));
+                    _mm256_storeu_si256((__m256i *)(o + at), (__m256i)_mm512_cvtneps_pbh(scaled));
+                }
+            }
+        }
+    }
     return 0;
 #endif
 }
