@@ -14,6 +14,7 @@ and the LM head stays bfloat16.
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
@@ -24,7 +25,16 @@ from local_engine.errors import EngineConfigError
 
 from .attention import AttentionBackend, AttentionMetadata, get_attention_backend
 from .attention.cpu import CPUPagedAttention
-from .attention.native import LINEAR_MAX_ROWS, PagedDecodeKernel, load_paged_decode
+from .attention.native import (
+    LINEAR_MAX_ROWS,
+    RMS_NORM_MAX_COLS,
+    WEIGHT_KINDS,
+    KernelError,
+    LayerArgs,
+    PagedDecodeKernel,
+    StepArgs,
+    load_paged_decode,
+)
 from .config import ModelConfig, RopeScaling
 from .fp8 import Fp8Weight, check_fp8_device
 from .quant import (
@@ -38,6 +48,8 @@ from .quant import (
 )
 
 __all__ = ["DecoderLayer", "DecoderModel", "Rotary", "rope_inverse_frequencies"]
+
+logger = logging.getLogger("local_engine")
 
 
 def _param(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
@@ -280,6 +292,79 @@ class DecoderLayer(nn.Module):
         self.gate_up_weight = w(2 * config.intermediate_size, hidden)
         self.down_weight = w(hidden, config.intermediate_size)
 
+    def native_args(self, kernel: PagedDecodeKernel) -> LayerArgs | None:
+        """The layer's arguments for the whole-layer decode call (:meth:`DecoderModel.forward`),
+        built once and rebuilt when a weight object is replaced; None where the call does not
+        take this layer (weights other than bfloat16, int8 or int4 on CPU with their kernels,
+        an output-projection bias, float16, sizes over the kernels' limits)."""
+        sources = self._native_sources()
+        cached: tuple[tuple[object, ...], LayerArgs | None] | None = self.__dict__.get("_native")
+        if cached is not None and all(a is b for a, b in zip(cached[0], sources, strict=True)):
+            return cached[1]
+        args = self._build_native_args(kernel)
+        self.__dict__["_native"] = (sources, args)
+        return args
+
+    def _native_sources(self) -> tuple[object, ...]:
+        """The objects :meth:`native_args` points into (weights, their codes and scales)."""
+        sources: list[object] = [self.input_norm, self.post_norm, self.qkv_bias, self.o_bias]
+        sources.append(self.qk_norm_weight)
+        for w in (self.qkv_weight, self.o_weight, self.gate_up_weight, self.down_weight):
+            sources += (w, w.qweight, w.scales) if isinstance(w, Int8Weight | Int4Weight) else (w,)
+        return tuple(sources)
+
+    def _build_native_args(self, kernel: PagedDecodeKernel) -> LayerArgs | None:
+        bf16 = torch.bfloat16
+        dense = (self.input_norm, self.post_norm, self.qkv_bias, self.qk_norm_weight)
+        if (
+            not kernel.vector_activation
+            or self.o_bias is not None
+            or any(t is not None and (t.dtype != bf16 or not t.is_contiguous()) for t in dense)
+            or self.input_norm.shape[0] > RMS_NORM_MAX_COLS
+        ):
+            return None
+        hd, heads, kv_heads = self.head_dim, self.num_heads, self.num_kv_heads
+        norm = self.qk_norm_weight
+        if norm is None or norm.shape == (hd,):
+            norm_stride = 0
+        elif norm.shape == (heads + kv_heads, hd):
+            norm_stride = hd
+        else:
+            return None
+        args = LayerArgs()
+        for i, w in enumerate(
+            (self.qkv_weight, self.o_weight, self.gate_up_weight, self.down_weight)
+        ):
+            if isinstance(w, torch.Tensor):
+                if not kernel.bf16_linear or w.dtype != bf16 or not w.is_contiguous():
+                    return None
+                kind, codes, scales = "bf16", w, None
+            elif isinstance(w, Int8Weight | Int4Weight):
+                if not kernel.int8_linear or w.scales.dtype != bf16:
+                    return None
+                kind = "int8" if isinstance(w, Int8Weight) else "int4"
+                codes, scales = w.qweight, w.scales
+                if not (codes.is_contiguous() and scales.is_contiguous()):
+                    return None
+            else:
+                return None
+            if codes.device.type != "cpu":
+                return None
+            args.weights[i] = codes.data_ptr()
+            args.scales[i] = None if scales is None else scales.data_ptr()
+            args.kinds[i] = WEIGHT_KINDS[kind]
+        args.input_norm = self.input_norm.data_ptr()
+        args.post_norm = self.post_norm.data_ptr()
+        args.qkv_bias = None if self.qkv_bias is None else self.qkv_bias.data_ptr()
+        args.qk_norm = None if norm is None else norm.data_ptr()
+        args.qk_norm_stride = norm_stride
+        args.hidden = self.input_norm.shape[0]
+        args.heads, args.kv_heads, args.head_dim = heads, kv_heads, hd
+        args.intermediate = self.gate_up_weight.shape[0] // 2
+        args.window = self.sliding_window or 0
+        args.eps, args.scale = self.eps, self.scale
+        return args
+
     def forward(
         self,
         x: torch.Tensor,
@@ -420,10 +505,83 @@ class DecoderModel(nn.Module):
         meta.derived.clear()
         with torch.inference_mode():
             hidden = F.embedding(input_ids, self.embed_tokens)
-            rotary = Rotary(positions, self.rope_cos, self.rope_sin)
-            for layer, cache in zip(self._layer_seq, kv_caches, strict=True):
-                hidden = layer.forward(hidden, rotary, cache, meta, self.attention)
+            if not self._native_decode(input_ids, hidden, positions, kv_caches, meta):
+                rotary = Rotary(positions, self.rope_cos, self.rope_sin)
+                for layer, cache in zip(self._layer_seq, kv_caches, strict=True):
+                    hidden = layer.forward(hidden, rotary, cache, meta, self.attention)
             return _rms_norm(hidden, self.norm, self.config.rms_norm_eps)
+
+    def _native_decode(
+        self,
+        input_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> bool:
+        """Run a decode step of a few bfloat16 rows through every layer with one native call
+        per layer (``swift_decode_layer_bf16``: the same kernels as the layer's own path, bit
+        for bit, without its Python between them), updating ``hidden`` (the embeddings of
+        ``input_ids``) in place; False, with ``hidden`` as it came, where the step or a layer
+        is not the call's (the layers then run one operation at a time)."""
+        attention = self.attention
+        rows = hidden.shape[0]
+        if (
+            not isinstance(attention, CPUPagedAttention)
+            or hidden.dtype != torch.bfloat16
+            or hidden.device.type != "cpu"
+            or not 0 < rows <= LINEAR_MAX_ROWS
+            or (kernel := attention.kernel) is None
+            or not kernel.bf16_linear
+        ):
+            return False
+        layers = [layer.native_args(kernel) for layer in self._layer_seq]
+        if any(args is None for args in layers) or any(
+            not cache.is_contiguous() for cache in kv_caches
+        ):
+            return False
+        cos, sin = self.rope_cos, self.rope_sin
+        positions = positions.to(torch.int64).contiguous()
+        if int(positions.max()) >= cos.shape[0] or int(positions.min()) < 0:
+            return False  # the layer path reports it
+        first = self._layer_seq[0]
+        plan = attention.decode_step(meta, kv_caches[0], rows, first.num_heads)
+        if plan is None:
+            return False
+        arguments, alive = plan
+        step = StepArgs(
+            cos=cos.data_ptr(),
+            sin=sin.data_ptr(),
+            positions=positions.data_ptr(),
+            max_pos=cos.shape[0],
+            rows=rows,
+            nthreads=torch.get_num_threads(),
+            **arguments,
+        )
+        widest = max(
+            a.hidden
+            + (a.heads + 2 * a.kv_heads) * a.head_dim
+            + a.heads * a.head_dim
+            + 3 * a.intermediate
+            for a in layers
+            if a is not None
+        )
+        scratch = torch.empty(rows * widest, dtype=torch.bfloat16)
+        x = hidden.data_ptr()
+        try:
+            for args, cache in zip(layers, kv_caches, strict=True):
+                assert args is not None
+                kernel.decode_layer(
+                    args, step, cache[0].data_ptr(), cache[1].data_ptr(), x, scratch.data_ptr()
+                )
+        except KernelError as exc:
+            # Out of scratch memory in a part: the layer path redoes the whole step from the
+            # embeddings (``hidden`` is recomputed) and rewrites the same cache values.
+            logger.warning("%s; this step runs layer by layer", exc)
+            hidden.copy_(F.embedding(input_ids, self.embed_tokens))
+            return False
+        del alive
+        return True
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Project hidden states ``[N, hidden]`` to float32 logits ``[N, vocab]``."""

@@ -139,6 +139,38 @@ class CPUPagedAttention(ReferenceAttention):
             return None
         return out
 
+    def decode_step(
+        self, meta: AttentionMetadata, kv_cache: torch.Tensor, rows: int, heads: int
+    ) -> tuple[dict[str, Any], tuple[torch.Tensor, ...]] | None:
+        """The cache-independent arguments of a decode step's fused kernel calls, for a
+        whole-layer call (:func:`local_engine.model` runs every layer of such a step in one
+        native call each), and the tensors they point into; None where :meth:`rope_decode`
+        would decline the step (the same checks, on the first layer's cache: every layer's
+        has the same shape). ``rows`` is the step's token count, ``heads`` the query heads."""
+        kernel = self.kernel
+        if kernel is None:
+            return None
+        decode = _plan_for(meta, kv_cache.shape[2]).decode
+        if decode is None or decode.tokens is not None:
+            return None
+        probe = torch.empty((rows, heads, kv_cache.shape[4]), dtype=kv_cache.dtype)
+        if not _kernel_takes(probe, kv_cache, decode) or not _rows_independent(
+            meta, decode, kv_cache.shape[2]
+        ):
+            return None
+        tables = decode.blocks.contiguous()
+        lens = decode.context_lens.contiguous()
+        block_size = kv_cache.shape[2]
+        arguments = {
+            "tables": tables.data_ptr(),
+            "table_stride": decode.width,
+            "lens": lens.data_ptr(),
+            "block_size": block_size,
+            "max_len": decode.width * block_size,
+            "num_blocks": kv_cache.shape[1],
+        }
+        return arguments, (tables, lens)
+
     def _decode(
         self,
         q: torch.Tensor,

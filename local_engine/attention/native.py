@@ -44,6 +44,9 @@ __all__ = [
     "DISABLE_ENV",
     "KERNEL_DTYPES",
     "LINEAR_MAX_ROWS",
+    "WEIGHT_KINDS",
+    "LayerArgs",
+    "StepArgs",
     "KernelError",
     "PagedDecodeKernel",
     "build_library",
@@ -72,6 +75,7 @@ SYMBOL_LINEAR_BF16 = "swift_linear_bf16"
 SYMBOL_LINEAR_INT8 = "swift_linear_int8"
 SYMBOL_LINEAR_INT4 = "swift_linear_int4"
 SYMBOL_DEQUANTIZE_INT4 = "swift_dequantize_int4"
+SYMBOL_DECODE_LAYER = "swift_decode_layer_bf16"
 SYMBOL_FEATURES = "swift_kernel_features"
 _FEATURE_VECTOR_ACTIVATION = 1
 _FEATURE_BF16_LINEAR = 2
@@ -115,6 +119,53 @@ class KernelError(RuntimeError):
     """The kernel refused its arguments or ran out of scratch memory."""
 
 
+class LayerArgs(ctypes.Structure):
+    """One decoder layer's constant arguments of :meth:`PagedDecodeKernel.decode_layer`
+    (``swift_layer_t`` in the C source)."""
+
+    _fields_ = [
+        ("input_norm", _PTR),
+        ("post_norm", _PTR),
+        ("weights", _PTR * 4),
+        ("scales", _PTR * 4),
+        ("kinds", _I64 * 4),
+        ("qkv_bias", _PTR),
+        ("qk_norm", _PTR),
+        ("qk_norm_stride", _I64),
+        ("hidden", _I64),
+        ("heads", _I64),
+        ("kv_heads", _I64),
+        ("head_dim", _I64),
+        ("intermediate", _I64),
+        ("window", _I64),
+        ("eps", ctypes.c_double),
+        ("scale", ctypes.c_double),
+    ]
+
+
+class StepArgs(ctypes.Structure):
+    """A decode step's arguments shared by its layers (``swift_step_t`` in the C source)."""
+
+    _fields_ = [
+        ("cos", _PTR),
+        ("sin", _PTR),
+        ("positions", _PTR),
+        ("tables", _PTR),
+        ("lens", _PTR),
+        ("max_pos", _I64),
+        ("table_stride", _I64),
+        ("rows", _I64),
+        ("block_size", _I64),
+        ("max_len", _I64),
+        ("num_blocks", _I64),
+        ("nthreads", _I64),
+    ]
+
+
+WEIGHT_KINDS = {"bf16": 0, "int8": 1, "int4": 2}
+"""The decode-layer call's weight kinds (``kinds`` in :class:`LayerArgs`)."""
+
+
 @dataclass(frozen=True)
 class PagedDecodeKernel:
     """The loaded kernel; :meth:`__call__` takes raw pointers (see the C source)."""
@@ -134,6 +185,7 @@ class PagedDecodeKernel:
     _linear_int8: Callable[..., int]
     _linear_int4: Callable[..., int]
     _dequantize_int4: Callable[..., int]
+    _decode_layer: Callable[..., int]
     vector_activation: bool = False
     """Whether :meth:`silu_mul` runs here (a build with AVX-512 F, BW and VL); where not, it
     declines."""
@@ -467,6 +519,20 @@ class PagedDecodeKernel:
             raise KernelError(f"linear kernel refused its arguments ({what})")
         return out
 
+    def decode_layer(
+        self, layer: LayerArgs, step: StepArgs, k: int, v: int, x: int, scratch: int
+    ) -> None:
+        """Run one decoder layer of a decode step in place on ``x`` (raw pointers; see
+        ``swift_decode_layer_bf16`` in the C source): bit-identical to the model's layer
+        through the single-operation kernels.
+
+        Raises:
+            KernelError: a part of the layer returned a non-zero status.
+        """
+        status = self._decode_layer(ctypes.byref(layer), ctypes.byref(step), k, v, x, scratch)
+        if status:
+            raise KernelError(f"decode layer kernel failed (status {status})")
+
     def __call__(
         self,
         *,
@@ -754,6 +820,7 @@ def open_library(path: Path) -> PagedDecodeKernel:
         (SYMBOL_LINEAR_INT8, _LINEAR_INT8_ARGTYPES),
         (SYMBOL_LINEAR_INT4, _LINEAR_INT8_ARGTYPES),
         (SYMBOL_DEQUANTIZE_INT4, _DEQUANTIZE_ARGTYPES),
+        (SYMBOL_DECODE_LAYER, [_PTR] * 6),
     ):
         try:
             fn = getattr(library, symbol)
@@ -770,7 +837,8 @@ def open_library(path: Path) -> PagedDecodeKernel:
     features_fn.restype = ctypes.c_int
     features = int(features_fn())
     fn, fn_bf16, rms, rms_bf16, rope, rope_bf16, rope_decode, rope_decode_bf16 = functions[:8]
-    silu, silu_bf16, linear_bf16, linear_int8, linear_int4, dequantize_int4 = functions[8:]
+    silu, silu_bf16, linear_bf16, linear_int8, linear_int4, dequantize_int4 = functions[8:14]
+    decode_layer = functions[14]
     return PagedDecodeKernel(
         path,
         fn,
@@ -787,6 +855,7 @@ def open_library(path: Path) -> PagedDecodeKernel:
         linear_int8,
         linear_int4,
         dequantize_int4,
+        decode_layer,
         vector_activation=bool(features & _FEATURE_VECTOR_ACTIVATION),
         bf16_linear=bool(features & _FEATURE_BF16_LINEAR),
         int8_linear=bool(features & _FEATURE_INT8_LINEAR),
