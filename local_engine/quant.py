@@ -189,12 +189,29 @@ class DequantScratch:
         return buf[:numel].view(shape)
 
 
-class Int8Weight(nn.Module):
-    """A linear layer's weight ``[out_features, in_features]`` as int8 codes and per-row
-    scales; :meth:`linear` is ``F.linear`` against it."""
+class _CodedWeight(nn.Module):
+    """What the int8 and int4 weights share: codes, scales in the activation dtype, and the
+    model's dequantization scratch buffer."""
 
     qweight: torch.Tensor
     scales: torch.Tensor
+
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, scratch: DequantScratch) -> None:
+        """Hold ``codes`` and ``scales`` as buffers (uninitialized until loaded)."""
+        super().__init__()
+        self.register_buffer("qweight", codes)
+        self.register_buffer("scales", scales)
+        self._scratch = scratch
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The activation dtype (of its scales and outputs)."""
+        return self.scales.dtype
+
+
+class Int8Weight(_CodedWeight):
+    """A linear layer's weight ``[out_features, in_features]`` as int8 codes and per-row
+    scales; :meth:`linear` is ``F.linear`` against it."""
 
     def __init__(
         self,
@@ -206,23 +223,14 @@ class Int8Weight(nn.Module):
         scratch: DequantScratch,
     ) -> None:
         """Allocate (uninitialized) codes and scales; ``dtype`` is the activation dtype."""
-        super().__init__()
-        self.register_buffer(
-            "qweight", torch.empty(out_features, in_features, dtype=torch.int8, device=device)
-        )
-        self.register_buffer("scales", torch.empty(out_features, dtype=dtype, device=device))
-        self._scratch = scratch
+        codes = torch.empty(out_features, in_features, dtype=torch.int8, device=device)
+        super().__init__(codes, torch.empty(out_features, dtype=dtype, device=device), scratch)
         self._packed_ok = in_features % _PACK_K_MULTIPLE == 0
 
     @property
     def shape(self) -> torch.Size:
         """The shape of the weight it stands for."""
         return self.qweight.shape
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """The activation dtype (of its scales and outputs)."""
-        return self.scales.dtype
 
     def rows(self, start: int, stop: int) -> Int8Rows:
         """Rows ``start:stop`` as a load target."""
@@ -261,13 +269,10 @@ class Int8Rows(QuantizedRows):
         return quantize_rows(src, self.weight.scales.dtype)
 
 
-class Int4Weight(nn.Module):
+class Int4Weight(_CodedWeight):
     """A linear layer's weight ``[out_features, in_features]`` as packed int4 codes and one
     scale per 32 values of a row (:func:`quantize_int4_rows`); :meth:`linear` is
     ``F.linear`` against it."""
-
-    qweight: torch.Tensor
-    scales: torch.Tensor
 
     def __init__(
         self,
@@ -283,31 +288,21 @@ class Int4Weight(nn.Module):
         Raises:
             EngineConfigError: ``in_features`` is not a multiple of 32.
         """
-        super().__init__()
         if in_features % INT4_BLOCK:
             raise EngineConfigError(
                 f"int4 weights need in_features divisible by {INT4_BLOCK}; this model has a "
                 f"{out_features}x{in_features} projection (use int8)"
             )
-        self.register_buffer(
-            "qweight",
-            torch.empty(out_features, in_features // 2, dtype=torch.uint8, device=device),
+        codes = torch.empty(out_features, in_features // 2, dtype=torch.uint8, device=device)
+        blocks = in_features // INT4_BLOCK
+        super().__init__(
+            codes, torch.empty(out_features, blocks, dtype=dtype, device=device), scratch
         )
-        self.register_buffer(
-            "scales",
-            torch.empty(out_features, in_features // INT4_BLOCK, dtype=dtype, device=device),
-        )
-        self._scratch = scratch
 
     @property
     def shape(self) -> torch.Size:
         """The shape of the weight it stands for."""
         return torch.Size((self.qweight.shape[0], self.qweight.shape[1] * 2))
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """The activation dtype (of its scales and outputs)."""
-        return self.scales.dtype
 
     def rows(self, start: int, stop: int) -> Int4Rows:
         """Rows ``start:stop`` as a load target."""

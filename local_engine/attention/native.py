@@ -390,15 +390,7 @@ class PagedDecodeKernel:
         Raises:
             KernelError: the kernel refused the sizes it was given, or ran out of memory.
         """
-        if (
-            not self.int8_linear
-            or codes.dtype != torch.int8
-            or codes.dim() != 2
-            or not codes.is_contiguous()
-            or scales.dtype != torch.bfloat16
-            or scales.shape != codes.shape[:1]
-            or not scales.is_contiguous()
-        ):
+        if not self._takes_codes(codes, torch.int8, scales, codes.shape[:1]):
             return None
         n, k = codes.shape
         return self._linear(self._linear_int8, x, (codes, scales), n, k, bias, residual, threads)
@@ -420,16 +412,7 @@ class PagedDecodeKernel:
         Raises:
             KernelError: the kernel refused the sizes it was given, or ran out of memory.
         """
-        if (
-            not self.int8_linear
-            or codes.dtype != torch.uint8
-            or codes.dim() != 2
-            or not codes.is_contiguous()
-            or scales.dtype != torch.bfloat16
-            or scales.shape != (codes.shape[0], codes.shape[1] // 16)
-            or codes.shape[1] % 16
-            or not scales.is_contiguous()
-        ):
+        if not self._takes_int4(codes, scales):
             return None
         n, k = codes.shape[0], codes.shape[1] * 2
         return self._linear(self._linear_int4, x, (codes, scales), n, k, bias, residual, threads)
@@ -445,14 +428,7 @@ class PagedDecodeKernel:
             KernelError: the kernel refused the sizes it was given.
         """
         if (
-            not self.int8_linear
-            or codes.dtype != torch.uint8
-            or codes.dim() != 2
-            or not codes.is_contiguous()
-            or codes.shape[1] % 16
-            or scales.dtype != torch.bfloat16
-            or scales.shape != (codes.shape[0], codes.shape[1] // 16)
-            or not scales.is_contiguous()
+            not self._takes_int4(codes, scales)
             or out.dtype != torch.bfloat16
             or out.shape != (codes.shape[0], codes.shape[1] * 2)
             or not out.is_contiguous()
@@ -464,6 +440,28 @@ class PagedDecodeKernel:
         if status:
             raise KernelError(f"int4 dequantize kernel refused its arguments (status {status})")
         return out
+
+    def _takes_int4(self, codes: torch.Tensor, scales: torch.Tensor) -> bool:
+        """Whether ``codes`` and ``scales`` are an int4 weight the kernels take."""
+        rows, packed = codes.shape if codes.dim() == 2 else (0, 1)
+        return not packed % 16 and self._takes_codes(
+            codes, torch.uint8, scales, (rows, packed // 16)
+        )
+
+    def _takes_codes(
+        self, codes: torch.Tensor, dtype: torch.dtype, scales: torch.Tensor, shape: tuple[int, ...]
+    ) -> bool:
+        """Whether ``codes`` (2-D ``dtype``) and ``scales`` (bfloat16 of ``shape``), both
+        contiguous, are what the quantized kernels take, on a build that holds them."""
+        return (
+            self.int8_linear
+            and codes.dtype == dtype
+            and codes.dim() == 2
+            and codes.is_contiguous()
+            and scales.dtype == torch.bfloat16
+            and tuple(scales.shape) == tuple(shape)
+            and scales.is_contiguous()
+        )
 
     def _linear(
         self,

@@ -815,6 +815,33 @@ int swift_silu_mul_bf16(const bf16_t *gu, int64_t rows, int64_t gu_row, bf16_t *
 #define LINEAR_PARALLEL_MIN_BYTES (4 << 20)
 
 #if SWIFT_BF16_LINEAR
+/* A weight row's outputs: scale * sum (+ bias) (+ residual), rounded once to bfloat16. */
+static inline __attribute__((always_inline)) void store_row(
+    const __m512 *acc, int rows, int64_t n, float scale, const bf16_t *bias, const bf16_t *res,
+    int64_t res_row, bf16_t *out, int64_t out_row) {
+    const float b = bias ? bf16_to_f32(bias[n]) : 0.0f;
+    for (int t = 0; t < rows; t++) {
+        float v = scale * _mm512_reduce_add_ps(acc[t]) + b;
+        if (res) v += bf16_to_f32(res[t * res_row + n]);
+        out[t * out_row + n] = f32_to_bf16(v);
+    }
+}
+
+/* One specialization of SPAN(R) per row count: the accumulators stay in registers. */
+#define FOR_ROWS(rows)                                                                       \
+    switch (rows) {                                                                          \
+    case 1: SPAN(1); break;                                                                  \
+    case 2: SPAN(2); break;                                                                  \
+    case 3: SPAN(3); break;                                                                  \
+    case 4: SPAN(4); break;                                                                  \
+    case 5: SPAN(5); break;                                                                  \
+    case 6: SPAN(6); break;                                                                  \
+    case 7: SPAN(7); break;                                                                  \
+    case 8: SPAN(8); break;                                                                  \
+    }
+#endif
+
+#if SWIFT_BF16_LINEAR
 static inline __attribute__((always_inline)) void linear_span_bf16(
     const bf16_t *x, const int rows, int64_t x_row, const bf16_t *w, int64_t k, int64_t n0,
     int64_t n1, const bf16_t *bias, const bf16_t *res, int64_t res_row, bf16_t *out,
@@ -837,25 +864,16 @@ static inline __attribute__((always_inline)) void linear_span_bf16(
                 acc[t] = _mm512_dpbf16_ps(
                     acc[t], wv, (__m512bh)_mm512_maskz_loadu_epi16(tail, x + t * x_row + full));
         }
-        const float b = bias ? bf16_to_f32(bias[n]) : 0.0f;
-        for (int t = 0; t < rows; t++) {
-            float s = _mm512_reduce_add_ps(acc[t]) + b;
-            if (res) s += bf16_to_f32(res[t * res_row + n]);
-            out[t * out_row + n] = f32_to_bf16(s);
-        }
+        store_row(acc, rows, n, 1.0f, bias, res, res_row, out, out_row);
     }
 }
 
 static void linear_span(const bf16_t *x, int rows, int64_t x_row, const bf16_t *w, int64_t k,
                         int64_t n0, int64_t n1, const bf16_t *bias, const bf16_t *res,
                         int64_t res_row, bf16_t *out, int64_t out_row) {
-    /* One specialization per row count: the accumulators stay in registers. */
-    switch (rows) {
-#define SPAN(R) \
-    case R: linear_span_bf16(x, R, x_row, w, k, n0, n1, bias, res, res_row, out, out_row); break;
-        SPAN(1) SPAN(2) SPAN(3) SPAN(4) SPAN(5) SPAN(6) SPAN(7) SPAN(8)
+#define SPAN(R) linear_span_bf16(x, R, x_row, w, k, n0, n1, bias, res, res_row, out, out_row)
+    FOR_ROWS(rows)
 #undef SPAN
-    }
 }
 #endif
 
@@ -967,12 +985,7 @@ static inline __attribute__((always_inline)) void linear_span_q8(
                                          _mm512_loadu_ps(xs + (t * kpad + full) / 4), acc[t]);
             }
         }
-        const float s = bf16_to_f32(wscale[n]), b = bias ? bf16_to_f32(bias[n]) : 0.0f;
-        for (int t = 0; t < rows; t++) {
-            float v = s * _mm512_reduce_add_ps(acc[t]) + b;
-            if (res) v += bf16_to_f32(res[t * res_row + n]);
-            out[t * out_row + n] = f32_to_bf16(v);
-        }
+        store_row(acc, rows, n, bf16_to_f32(wscale[n]), bias, res, res_row, out, out_row);
     }
 }
 
@@ -980,15 +993,10 @@ static void linear_span_int8(const int8_t *q, const float *xs, const int32_t *st
                              int64_t kpad, const int8_t *w, int64_t k, const bf16_t *wscale,
                              int64_t n0, int64_t n1, const bf16_t *bias, const bf16_t *res,
                              int64_t res_row, bf16_t *out, int64_t out_row) {
-    switch (rows) {
-#define SPAN(R)                                                                              \
-    case R:                                                                                  \
-        linear_span_q8(q, xs, start, R, kpad, w, k, wscale, n0, n1, bias, res, res_row, out, \
-                       out_row);                                                             \
-        break;
-        SPAN(1) SPAN(2) SPAN(3) SPAN(4) SPAN(5) SPAN(6) SPAN(7) SPAN(8)
+#define SPAN(R)                                                                             \
+    linear_span_q8(q, xs, start, R, kpad, w, k, wscale, n0, n1, bias, res, res_row, out, out_row)
+    FOR_ROWS(rows)
 #undef SPAN
-    }
 }
 #endif
 
@@ -1040,12 +1048,7 @@ static inline __attribute__((always_inline)) void linear_span_q4(
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), scale, acc[t]);
             }
         }
-        const float b = bias ? bf16_to_f32(bias[n]) : 0.0f;
-        for (int t = 0; t < rows; t++) {
-            float v = _mm512_reduce_add_ps(acc[t]) + b;
-            if (res) v += bf16_to_f32(res[t * res_row + n]);
-            out[t * out_row + n] = f32_to_bf16(v);
-        }
+        store_row(acc, rows, n, 1.0f, bias, res, res_row, out, out_row);
     }
 }
 
@@ -1053,15 +1056,10 @@ static void linear_span_int4(const int8_t *q, const float *xs, const int32_t *st
                              int64_t kpad, const uint8_t *w, int64_t k, const bf16_t *wscale,
                              int64_t n0, int64_t n1, const bf16_t *bias, const bf16_t *res,
                              int64_t res_row, bf16_t *out, int64_t out_row) {
-    switch (rows) {
-#define SPAN(R)                                                                              \
-    case R:                                                                                  \
-        linear_span_q4(q, xs, start, R, kpad, w, k, wscale, n0, n1, bias, res, res_row, out, \
-                       out_row);                                                             \
-        break;
-        SPAN(1) SPAN(2) SPAN(3) SPAN(4) SPAN(5) SPAN(6) SPAN(7) SPAN(8)
+#define SPAN(R)                                                                             \
+    linear_span_q4(q, xs, start, R, kpad, w, k, wscale, n0, n1, bias, res, res_row, out, out_row)
+    FOR_ROWS(rows)
 #undef SPAN
-    }
 }
 
 /* The int8 and int4 kernels' shared part: quantize x's rows, then split the weight rows over
