@@ -1017,37 +1017,38 @@ static inline __attribute__((always_inline)) void linear_span_q4(
         const bf16_t *sr = wscale + n * (k / 32);
         __m512 acc[LINEAR_MAX_ROWS];
         for (int t = 0; t < rows; t++) acc[t] = _mm512_setzero_ps();
-        for (int64_t j = 0; j < k; j += 64) {
-            __m512i codes;
-            __m512 ws;
-            if (j < full) {
-                const __m256i b = _mm256_loadu_si256((const __m256i *)(wr + j / 2));
-                codes = _mm512_inserti64x4(
-                    _mm512_castsi256_si512(_mm256_and_si256(b, nibble)),
-                    _mm256_and_si256(_mm256_srli_epi16(b, 4), nibble), 1);
-                /* The chunk's two block scales: lanes 0-7 the first, 8-15 the second. */
-                uint32_t pair;
-                memcpy(&pair, sr + j / 32, sizeof pair);
-                const __m512i both = _mm512_set1_epi32((int)pair);
-                ws = _mm512_castsi512_ps(_mm512_mask_blend_epi32(
-                    (__mmask16)0xff00, _mm512_slli_epi32(both, 16), _mm512_and_si512(both, high)));
-            } else { /* the last 32 codes: 16 bytes; the upper lanes multiply zero padding */
-                const __m128i b = _mm_loadu_si128((const __m128i *)(wr + j / 2));
-                const __m128i lo = _mm_and_si128(b, _mm256_castsi256_si128(nibble));
-                const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm256_castsi256_si128(nibble));
-                codes = _mm512_castsi256_si512(_mm256_set_m128i(hi, lo));
-                codes = _mm512_maskz_mov_epi64((__mmask8)0x0f, codes);
-                ws = _mm512_maskz_mov_ps((__mmask16)0x00ff,
-                                         _mm512_set1_ps(bf16_to_f32(sr[j / 32])));
-            }
-            for (int t = 0; t < rows; t++) {
-                const __m512i d = _mm512_dpbusd_epi32(
-                    _mm512_loadu_si512((const void *)(start + (t * kpad + j) / 4)), codes,
-                    _mm512_loadu_si512((const void *)(q + t * kpad + j)));
-                const __m512 scale = _mm512_mul_ps(ws, _mm512_loadu_ps(xs + (t * kpad + j) / 4));
-                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), scale, acc[t]);
-            }
+#define Q4_DOT(codes, ws, j)                                                                  \
+    for (int t = 0; t < rows; t++) {                                                          \
+        const __m512i d = _mm512_dpbusd_epi32(                                                \
+            _mm512_loadu_si512((const void *)(start + (t * kpad + (j)) / 4)), (codes),       \
+            _mm512_loadu_si512((const void *)(q + t * kpad + (j))));                          \
+        const __m512 sc = _mm512_mul_ps((ws), _mm512_loadu_ps(xs + (t * kpad + (j)) / 4));   \
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sc, acc[t]);                          \
+    }
+        for (int64_t j = 0; j < full; j += 64) {
+            const __m256i b = _mm256_loadu_si256((const __m256i *)(wr + j / 2));
+            const __m512i codes = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_and_si256(b, nibble)),
+                _mm256_and_si256(_mm256_srli_epi16(b, 4), nibble), 1);
+            /* The chunk's two block scales: lanes 0-7 the first, 8-15 the second. */
+            uint32_t pair;
+            memcpy(&pair, sr + j / 32, sizeof pair);
+            const __m512i both = _mm512_set1_epi32((int)pair);
+            const __m512 ws = _mm512_castsi512_ps(_mm512_mask_blend_epi32(
+                (__mmask16)0xff00, _mm512_slli_epi32(both, 16), _mm512_and_si512(both, high)));
+            Q4_DOT(codes, ws, j)
         }
+        if (full < k) { /* the last 32 codes: 16 bytes; the upper lanes multiply zero padding */
+            const __m128i b = _mm_loadu_si128((const __m128i *)(wr + full / 2));
+            const __m128i lo = _mm_and_si128(b, _mm256_castsi256_si128(nibble));
+            const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm256_castsi256_si128(nibble));
+            const __m512i codes = _mm512_maskz_mov_epi64(
+                (__mmask8)0x0f, _mm512_castsi256_si512(_mm256_set_m128i(hi, lo)));
+            const __m512 ws = _mm512_maskz_mov_ps((__mmask16)0x00ff,
+                                                  _mm512_set1_ps(bf16_to_f32(sr[full / 32])));
+            Q4_DOT(codes, ws, full)
+        }
+#undef Q4_DOT
         store_row(acc, rows, n, 1.0f, bias, res, res_row, out, out_row);
     }
 }
