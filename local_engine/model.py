@@ -14,6 +14,7 @@ and the LM head stays bfloat16.
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
@@ -24,12 +25,31 @@ from local_engine.errors import EngineConfigError
 
 from .attention import AttentionBackend, AttentionMetadata, get_attention_backend
 from .attention.cpu import CPUPagedAttention
-from .attention.native import PagedDecodeKernel, load_paged_decode
+from .attention.native import (
+    LINEAR_MAX_ROWS,
+    RMS_NORM_MAX_COLS,
+    WEIGHT_KINDS,
+    KernelError,
+    LayerArgs,
+    PagedDecodeKernel,
+    StepArgs,
+    load_paged_decode,
+)
 from .config import ModelConfig, RopeScaling
 from .fp8 import Fp8Weight, check_fp8_device
-from .quant import DequantScratch, Int8Weight, Quantization, check_quantization, linear
+from .quant import (
+    DequantScratch,
+    Int4Weight,
+    Int8Weight,
+    Quantization,
+    QuantizedWeight,
+    check_quantization,
+    linear,
+)
 
 __all__ = ["DecoderLayer", "DecoderModel", "Rotary", "rope_inverse_frequencies"]
+
+logger = logging.getLogger("local_engine")
 
 
 def _param(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
@@ -140,17 +160,58 @@ def _swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate, inplace=True).mul_(up)
 
 
+def _decode_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor | QuantizedWeight,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+) -> torch.Tensor | None:
+    """The native kernel's ``x @ weight.T (+ bias) (+ residual)`` for a decode step's few
+    bfloat16 rows against a dense or int8 weight on CPU (one pass over the weight at memory
+    speed); None where it does not apply (the caller then uses torch)."""
+    if (
+        x.dtype != torch.bfloat16
+        or x.dim() != 2
+        or x.shape[0] > LINEAR_MAX_ROWS
+        or (kernel := _cpu_kernel(x)) is None
+    ):
+        return None
+    if isinstance(weight, torch.Tensor):
+        return kernel.linear(x, weight, bias, residual, torch.get_num_threads())
+    if isinstance(weight, Int8Weight):
+        return kernel.linear_int8(
+            x, weight.qweight, weight.scales, bias, residual, torch.get_num_threads()
+        )
+    if isinstance(weight, Int4Weight):
+        return kernel.linear_int4(
+            x, weight.qweight, weight.scales, bias, residual, torch.get_num_threads()
+        )
+    return None
+
+
+def _linear(
+    x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """:func:`local_engine.quant.linear`, through the native kernel where it applies."""
+    out = _decode_linear(x, weight, bias, None)
+    return linear(x, weight, bias) if out is None else out
+
+
 def _residual_linear(
     residual: torch.Tensor,
     x: torch.Tensor,
-    weight: torch.Tensor | Int8Weight | Fp8Weight,
+    weight: torch.Tensor | QuantizedWeight,
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``residual + linear(x, weight, bias)``; for a dense weight without bias the add rides
-    in the matmul (``addmm``'s beta term), saving a pass over the hidden states."""
-    if bias is None and isinstance(weight, torch.Tensor) and x.dim() == 2:
-        return torch.addmm(residual, x, weight.t())
-    return residual + linear(x, weight, bias)
+    in the matmul (the native kernel's, or ``addmm``'s beta term), saving a pass over the
+    hidden states."""
+    if bias is None and x.dim() == 2:
+        if (out := _decode_linear(x, weight, None, residual)) is not None:
+            return out
+        if isinstance(weight, torch.Tensor):
+            return torch.addmm(residual, x, weight.t())
+    return residual + _linear(x, weight, bias)
 
 
 def rope_inverse_frequencies(
@@ -180,10 +241,10 @@ def rope_inverse_frequencies(
 class DecoderLayer(nn.Module):
     """Pre-norm attention + SwiGLU MLP block with fused projections."""
 
-    qkv_weight: torch.Tensor | Int8Weight | Fp8Weight
-    o_weight: torch.Tensor | Int8Weight | Fp8Weight
-    gate_up_weight: torch.Tensor | Int8Weight | Fp8Weight
-    down_weight: torch.Tensor | Int8Weight | Fp8Weight
+    qkv_weight: torch.Tensor | QuantizedWeight
+    o_weight: torch.Tensor | QuantizedWeight
+    gate_up_weight: torch.Tensor | QuantizedWeight
+    down_weight: torch.Tensor | QuantizedWeight
 
     def __init__(
         self,
@@ -194,10 +255,11 @@ class DecoderLayer(nn.Module):
         device: torch.device,
         scratch: DequantScratch | None = None,
         fp8: bool = False,
+        int4: bool = False,
     ) -> None:
         """Allocate one layer's (uninitialized) parameters; with ``scratch`` the four
-        projections are int8 weights that dequantize into it when they must, with ``fp8``
-        they are fp8 weights (:mod:`local_engine.fp8`)."""
+        projections are int8 weights (int4 with ``int4``) that dequantize into it when they
+        must, with ``fp8`` they are fp8 weights (:mod:`local_engine.fp8`)."""
         super().__init__()
         hidden, hd = config.hidden_size, config.head_dim
         heads, kv_heads = config.num_heads, config.num_kv_heads
@@ -206,12 +268,13 @@ class DecoderLayer(nn.Module):
         def p(*shape: int) -> nn.Parameter:
             return _param(*shape, dtype=dtype, device=device)
 
-        def w(rows: int, cols: int) -> torch.Tensor | Int8Weight | Fp8Weight:
+        def w(rows: int, cols: int) -> torch.Tensor | QuantizedWeight:
             if fp8:
                 return Fp8Weight(rows, cols, device=device)
             if scratch is None:
                 return p(rows, cols)
-            return Int8Weight(rows, cols, dtype=dtype, device=device, scratch=scratch)
+            kind = Int4Weight if int4 else Int8Weight
+            return kind(rows, cols, dtype=dtype, device=device, scratch=scratch)
 
         self.num_heads = heads
         self.num_kv_heads = kv_heads
@@ -229,6 +292,79 @@ class DecoderLayer(nn.Module):
         self.gate_up_weight = w(2 * config.intermediate_size, hidden)
         self.down_weight = w(hidden, config.intermediate_size)
 
+    def native_args(self, kernel: PagedDecodeKernel) -> LayerArgs | None:
+        """The layer's arguments for the whole-layer decode call (:meth:`DecoderModel.forward`),
+        built once and rebuilt when a weight object is replaced; None where the call does not
+        take this layer (weights other than bfloat16, int8 or int4 on CPU with their kernels,
+        an output-projection bias, float16, sizes over the kernels' limits)."""
+        sources = self._native_sources()
+        cached: tuple[tuple[object, ...], LayerArgs | None] | None = self.__dict__.get("_native")
+        if cached is not None and all(a is b for a, b in zip(cached[0], sources, strict=True)):
+            return cached[1]
+        args = self._build_native_args(kernel)
+        self.__dict__["_native"] = (sources, args)
+        return args
+
+    def _native_sources(self) -> tuple[object, ...]:
+        """The objects :meth:`native_args` points into (weights, their codes and scales)."""
+        sources: list[object] = [self.input_norm, self.post_norm, self.qkv_bias, self.o_bias]
+        sources.append(self.qk_norm_weight)
+        for w in (self.qkv_weight, self.o_weight, self.gate_up_weight, self.down_weight):
+            sources += (w, w.qweight, w.scales) if isinstance(w, Int8Weight | Int4Weight) else (w,)
+        return tuple(sources)
+
+    def _build_native_args(self, kernel: PagedDecodeKernel) -> LayerArgs | None:
+        bf16 = torch.bfloat16
+        dense = (self.input_norm, self.post_norm, self.qkv_bias, self.qk_norm_weight)
+        if (
+            not kernel.vector_activation
+            or self.o_bias is not None
+            or any(t is not None and (t.dtype != bf16 or not t.is_contiguous()) for t in dense)
+            or self.input_norm.shape[0] > RMS_NORM_MAX_COLS
+        ):
+            return None
+        hd, heads, kv_heads = self.head_dim, self.num_heads, self.num_kv_heads
+        norm = self.qk_norm_weight
+        if norm is None or norm.shape == (hd,):
+            norm_stride = 0
+        elif norm.shape == (heads + kv_heads, hd):
+            norm_stride = hd
+        else:
+            return None
+        args = LayerArgs()
+        for i, w in enumerate(
+            (self.qkv_weight, self.o_weight, self.gate_up_weight, self.down_weight)
+        ):
+            if isinstance(w, torch.Tensor):
+                if not kernel.bf16_linear or w.dtype != bf16 or not w.is_contiguous():
+                    return None
+                kind, codes, scales = "bf16", w, None
+            elif isinstance(w, Int8Weight | Int4Weight):
+                if not kernel.int8_linear or w.scales.dtype != bf16:
+                    return None
+                kind = "int8" if isinstance(w, Int8Weight) else "int4"
+                codes, scales = w.qweight, w.scales
+                if not (codes.is_contiguous() and scales.is_contiguous()):
+                    return None
+            else:
+                return None
+            if codes.device.type != "cpu":
+                return None
+            args.weights[i] = codes.data_ptr()
+            args.scales[i] = None if scales is None else scales.data_ptr()
+            args.kinds[i] = WEIGHT_KINDS[kind]
+        args.input_norm = self.input_norm.data_ptr()
+        args.post_norm = self.post_norm.data_ptr()
+        args.qkv_bias = None if self.qkv_bias is None else self.qkv_bias.data_ptr()
+        args.qk_norm = None if norm is None else norm.data_ptr()
+        args.qk_norm_stride = norm_stride
+        args.hidden = self.input_norm.shape[0]
+        args.heads, args.kv_heads, args.head_dim = heads, kv_heads, hd
+        args.intermediate = self.gate_up_weight.shape[0] // 2
+        args.window = self.sliding_window or 0
+        args.eps, args.scale = self.eps, self.scale
+        return args
+
     def forward(
         self,
         x: torch.Tensor,
@@ -241,7 +377,7 @@ class DecoderLayer(nn.Module):
         tokens = x.shape[0]
         heads, kv_heads, hd = self.num_heads, self.num_kv_heads, self.head_dim
         h = _rms_norm(x, self.input_norm, self.eps)
-        qkv = linear(h, self.qkv_weight, self.qkv_bias).view(tokens, heads + 2 * kv_heads, hd)
+        qkv = _linear(h, self.qkv_weight, self.qkv_bias).view(tokens, heads + 2 * kv_heads, hd)
         out = (  # a decode step on the CPU kernel: rotate, store and attend in one call
             attention.rope_decode(
                 qkv,
@@ -270,7 +406,7 @@ class DecoderLayer(nn.Module):
             )
         x = _residual_linear(x, out.reshape(tokens, heads * hd), self.o_weight, self.o_bias)
         h = _rms_norm(x, self.post_norm, self.eps)
-        return _residual_linear(x, _swiglu(linear(h, self.gate_up_weight)), self.down_weight)
+        return _residual_linear(x, _swiglu(_linear(h, self.gate_up_weight)), self.down_weight)
 
 
 class DecoderModel(nn.Module):
@@ -309,12 +445,13 @@ class DecoderModel(nn.Module):
             check_fp8_device(dev)
             if dtype != torch.bfloat16:
                 raise EngineConfigError("fp8 weights run with bfloat16 activations")
-        scratch = DequantScratch() if self.quantization == "int8" else None
+        int4 = self.quantization == "int4"
+        scratch = DequantScratch() if self.quantization in ("int8", "int4") else None
         self.config = config
         self.attention: AttentionBackend = attention or get_attention_backend("auto", device=dev)
         self.embed_tokens = _param(config.vocab_size, config.hidden_size, dtype=dtype, device=dev)
         layers = [
-            DecoderLayer(config, i, dtype=dtype, device=dev, scratch=scratch, fp8=fp8)
+            DecoderLayer(config, i, dtype=dtype, device=dev, scratch=scratch, fp8=fp8, int4=int4)
             for i in range(config.num_layers)
         ]
         self.layers = nn.ModuleList(layers)
@@ -323,7 +460,7 @@ class DecoderModel(nn.Module):
         self.lm_head: torch.Tensor | Int8Weight
         if config.tie_word_embeddings:
             self.lm_head = self.embed_tokens  # the lookup needs its rows dense: not quantized
-        elif scratch is not None:
+        elif scratch is not None:  # int8 for int4 too: the head decides the tokens
             self.lm_head = Int8Weight(
                 config.vocab_size, config.hidden_size, dtype=dtype, device=dev, scratch=scratch
             )
@@ -368,15 +505,88 @@ class DecoderModel(nn.Module):
         meta.derived.clear()
         with torch.inference_mode():
             hidden = F.embedding(input_ids, self.embed_tokens)
-            rotary = Rotary(positions, self.rope_cos, self.rope_sin)
-            for layer, cache in zip(self._layer_seq, kv_caches, strict=True):
-                hidden = layer.forward(hidden, rotary, cache, meta, self.attention)
+            if not self._native_decode(input_ids, hidden, positions, kv_caches, meta):
+                rotary = Rotary(positions, self.rope_cos, self.rope_sin)
+                for layer, cache in zip(self._layer_seq, kv_caches, strict=True):
+                    hidden = layer.forward(hidden, rotary, cache, meta, self.attention)
             return _rms_norm(hidden, self.norm, self.config.rms_norm_eps)
+
+    def _native_decode(
+        self,
+        input_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> bool:
+        """Run a decode step of a few bfloat16 rows through every layer with one native call
+        per layer (``swift_decode_layer_bf16``: the same kernels as the layer's own path, bit
+        for bit, without its Python between them), updating ``hidden`` (the embeddings of
+        ``input_ids``) in place; False, with ``hidden`` as it came, where the step or a layer
+        is not the call's (the layers then run one operation at a time)."""
+        attention = self.attention
+        rows = hidden.shape[0]
+        if (
+            not isinstance(attention, CPUPagedAttention)
+            or hidden.dtype != torch.bfloat16
+            or hidden.device.type != "cpu"
+            or not 0 < rows <= LINEAR_MAX_ROWS
+            or (kernel := attention.kernel) is None
+            or not kernel.bf16_linear
+        ):
+            return False
+        layers = [layer.native_args(kernel) for layer in self._layer_seq]
+        if any(args is None for args in layers) or any(
+            not cache.is_contiguous() for cache in kv_caches
+        ):
+            return False
+        cos, sin = self.rope_cos, self.rope_sin
+        positions = positions.to(torch.int64).contiguous()
+        if int(positions.max()) >= cos.shape[0] or int(positions.min()) < 0:
+            return False  # the layer path reports it
+        first = self._layer_seq[0]
+        plan = attention.decode_step(meta, kv_caches[0], rows, first.num_heads)
+        if plan is None:
+            return False
+        arguments, alive = plan
+        step = StepArgs(
+            cos=cos.data_ptr(),
+            sin=sin.data_ptr(),
+            positions=positions.data_ptr(),
+            max_pos=cos.shape[0],
+            rows=rows,
+            nthreads=torch.get_num_threads(),
+            **arguments,
+        )
+        widest = max(
+            a.hidden
+            + (a.heads + 2 * a.kv_heads) * a.head_dim
+            + a.heads * a.head_dim
+            + 3 * a.intermediate
+            for a in layers
+            if a is not None
+        )
+        scratch = torch.empty(rows * widest, dtype=torch.bfloat16)
+        x = hidden.data_ptr()
+        try:
+            for args, cache in zip(layers, kv_caches, strict=True):
+                assert args is not None
+                kernel.decode_layer(
+                    args, step, cache[0].data_ptr(), cache[1].data_ptr(), x, scratch.data_ptr()
+                )
+        except KernelError as exc:
+            # Out of scratch memory in a part: the layer path redoes the whole step from the
+            # embeddings (``hidden`` is recomputed) and rewrites the same cache values.
+            logger.warning("%s; this step runs layer by layer", exc)
+            hidden.copy_(F.embedding(input_ids, self.embed_tokens))
+            return False
+        del alive
+        return True
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Project hidden states ``[N, hidden]`` to float32 logits ``[N, vocab]``."""
         with torch.inference_mode():
-            return linear(hidden, self.lm_head).float()
+            return _linear(hidden, self.lm_head).float()
 
     def make_kv_cache(self, num_blocks: int, block_size: int) -> list[torch.Tensor]:
         """Allocate a zeroed paged cache: per layer ``[2, num_blocks, block_size, kv, hd]``.

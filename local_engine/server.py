@@ -1153,8 +1153,11 @@ class _ServeCommand(click.Command):
 )
 @click.option(
     "--quantization",
-    type=click.Choice(["int8", "fp8"]),
-    help="int8: int8 weights; fp8: fp8 weights (CUDA GPUs with compute capability 8.9+).",
+    type=click.Choice(["int8", "int4", "fp8"]),
+    help=(
+        "int8: int8 weights; int4: 4-bit weights with a scale per 32 values; "
+        "fp8: fp8 weights (CUDA GPUs with compute capability 8.9+)."
+    ),
 )
 @click.option(
     "--speculative",

@@ -1,4 +1,4 @@
-"""The loader's copy target for a row range of a quantized weight (int8 or fp8)."""
+"""The loader's copy target for a row range of a quantized weight (int8, int4 or fp8)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,15 @@ each), so loading a large matrix makes no float32 copies of all of it."""
 
 
 class _Codes(Protocol):
-    """A quantized weight: codes ``[N, K]`` and one scale per row."""
+    """A quantized weight: codes and scales with one row per output row."""
 
     qweight: torch.Tensor
     scales: torch.Tensor
+
+    @property
+    def shape(self) -> torch.Size:
+        """The shape ``[N, K]`` of the weight it stands for."""
+        ...
 
 
 class QuantizedRows:
@@ -33,7 +38,7 @@ class QuantizedRows:
         self.stop = stop
 
     def quantize(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Codes and per-row scales for ``src``."""
+        """Codes and scales for the rows ``src``."""
         raise NotImplementedError
 
     def copy_(self, src: torch.Tensor) -> None:
@@ -43,7 +48,7 @@ class QuantizedRows:
         Raises:
             EngineConfigError: ``src`` has another shape.
         """
-        expected = (self.stop - self.start, self.weight.qweight.shape[1])
+        expected = (self.stop - self.start, self.weight.shape[1])
         if tuple(src.shape) != expected:
             raise EngineConfigError(f"expected a {expected} weight, got {tuple(src.shape)}")
         step = max(1, CHUNK_VALUES // max(1, expected[1]))

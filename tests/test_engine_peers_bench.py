@@ -44,6 +44,7 @@ def test_defaults_measure_every_engine_at_the_full_shape() -> None:
         "vllm bf16",
         "swiftclient int8",
         "llama.cpp q8_0",
+        "swiftclient int4",
         "llama.cpp q4_0",
     ]
     assert s.workloads == ["w1", "w2", "w3"] and s.rounds == 3 and s.threads == 2
@@ -110,7 +111,7 @@ def test_a_one_column_table_prints_a_bare_ratio() -> None:
     s = parse_args(["--precisions", "int8", "--engines", "swiftclient,llama.cpp"])
     results = Results()
     results.row("w2", SPEC["swiftclient int8"]).add("total", 80.0)
-    results.row("w2", SPEC["llama.cpp q4_0"]).add("total", 100.0)
+    results.row("w2", SPEC["llama.cpp q8_0"]).add("total", 100.0)
     text = render_table("w2", results, s.engines, s)
     assert "W2: 32 concurrent requests, prompts 32-256 tokens, 64 new each" in text
     assert "| 0.80x " in text
@@ -151,6 +152,8 @@ def test_the_servers_command_lines(tmp_path: Path) -> None:
     assert ours.argv[1:4] == ["-m", "local_engine.server", str(ckpt)]
     assert " --dtype bfloat16 " in " ".join(ours.argv) + " "
     assert ours.argv[-2:] == ["--quantization", "int8"] and "--threads" in ours.argv
+    four = launch_for(SPEC["swiftclient int4"], gguf=None, max_len=1088, **args)
+    assert four.argv[-2:] == ["--quantization", "int4"]
     llama = launch_for(SPEC["llama.cpp q8_0"], gguf=gguf, max_len=1088, **args)
     line = " ".join(llama.argv)
     assert llama.argv[0] == str(server) and f"-m {gguf}" in line

@@ -104,14 +104,8 @@ class CPUPagedAttention(ReferenceAttention):
         if norm_stride is None:
             return None
         kernel = self.kernel
-        if kernel is None:
-            return None
-        decode = _plan_for(meta, kv_cache.shape[2]).decode
-        if decode is None or decode.tokens is not None:
-            return None
-        if not _kernel_takes(qkv[:, :heads], kv_cache, decode) or not _rows_independent(
-            meta, decode, kv_cache.shape[2]
-        ):
+        decode = self._fused_step(meta, qkv[:, :heads], kv_cache)
+        if kernel is None or decode is None:
             return None
         out = torch.empty((rows, heads, dim), dtype=qkv.dtype, device=qkv.device)
         paged, _alive = _paged(kv_cache, decode, out, heads, sliding_window)
@@ -138,6 +132,47 @@ class CPUPagedAttention(ReferenceAttention):
                 logger.warning("%s; this step takes the unfused path", exc)
             return None
         return out
+
+    def decode_step(
+        self, meta: AttentionMetadata, kv_cache: torch.Tensor, rows: int, heads: int
+    ) -> tuple[dict[str, Any], tuple[torch.Tensor, ...]] | None:
+        """The cache-independent arguments of a decode step's fused kernel calls, for a
+        whole-layer call (:func:`local_engine.model` runs every layer of such a step in one
+        native call each), and the tensors they point into; None where :meth:`rope_decode`
+        would decline the step (the same checks, on the first layer's cache: every layer's
+        has the same shape). ``rows`` is the step's token count, ``heads`` the query heads."""
+        probe = torch.empty((rows, heads, kv_cache.shape[4]), dtype=kv_cache.dtype)
+        decode = self._fused_step(meta, probe, kv_cache)
+        if self.kernel is None or decode is None:
+            return None
+        tables = decode.blocks.contiguous()
+        lens = decode.context_lens.contiguous()
+        block_size = kv_cache.shape[2]
+        arguments = {
+            "tables": tables.data_ptr(),
+            "table_stride": decode.width,
+            "lens": lens.data_ptr(),
+            "block_size": block_size,
+            "max_len": decode.width * block_size,
+            "num_blocks": kv_cache.shape[1],
+        }
+        return arguments, (tables, lens)
+
+    def _fused_step(
+        self, meta: AttentionMetadata, q: torch.Tensor, kv_cache: torch.Tensor
+    ) -> _Decode | None:
+        """The step's decode plan where the fused kernel takes it for queries shaped like
+        ``q`` ``[T, heads, dim]``: decode rows only, within the kernel's limits, no row
+        reading a block another row writes; else None."""
+        decode = _plan_for(meta, kv_cache.shape[2]).decode
+        if (
+            decode is None
+            or decode.tokens is not None
+            or not _kernel_takes(q, kv_cache, decode)
+            or not _rows_independent(meta, decode, kv_cache.shape[2])
+        ):
+            return None
+        return decode
 
     def _decode(
         self,

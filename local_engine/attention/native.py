@@ -43,6 +43,10 @@ from local_engine.default_model import default_cache_root
 __all__ = [
     "DISABLE_ENV",
     "KERNEL_DTYPES",
+    "LINEAR_MAX_ROWS",
+    "WEIGHT_KINDS",
+    "LayerArgs",
+    "StepArgs",
     "KernelError",
     "PagedDecodeKernel",
     "build_library",
@@ -67,8 +71,18 @@ SYMBOL_ROPE_DECODE = "swift_rope_decode_f32"
 SYMBOL_ROPE_DECODE_BF16 = "swift_rope_decode_bf16"
 SYMBOL_SILU_MUL = "swift_silu_mul_f32"
 SYMBOL_SILU_MUL_BF16 = "swift_silu_mul_bf16"
+SYMBOL_LINEAR_BF16 = "swift_linear_bf16"
+SYMBOL_LINEAR_INT8 = "swift_linear_int8"
+SYMBOL_LINEAR_INT4 = "swift_linear_int4"
+SYMBOL_DEQUANTIZE_INT4 = "swift_dequantize_int4"
+SYMBOL_DECODE_LAYER = "swift_decode_layer_bf16"
 SYMBOL_FEATURES = "swift_kernel_features"
 _FEATURE_VECTOR_ACTIVATION = 1
+_FEATURE_BF16_LINEAR = 2
+_FEATURE_INT8_LINEAR = 4
+LINEAR_MAX_ROWS = 8
+"""Most input rows the linear kernel takes (``LINEAR_MAX_ROWS`` in the C source): decode
+steps of up to this many sequences; larger batches use torch's GEMM."""
 RMS_NORM_MAX_COLS = 16384
 """Widest row the RMSNorm kernel takes (``RMS_MAX_COLS`` in the C source)."""
 MAX_HEADS = 256
@@ -96,10 +110,60 @@ _SILU_ARGTYPES = [_PTR, _I64, _I64, _PTR, _I64, ctypes.c_int]
 _ROPE_DECODE_ARGTYPES = [_PTR, _I64, _I64, _PTR, _I64, ctypes.c_float, _PTR, _PTR, _PTR, _I64]
 _ROPE_DECODE_ARGTYPES += [_PTR, _PTR, _PTR, _I64, _PTR, _PTR] + [_I64] * 8
 _ROPE_DECODE_ARGTYPES += [ctypes.c_float, ctypes.c_int]
+_LINEAR_ARGTYPES = [_PTR, _I64, _I64, _PTR, _I64, _I64, _PTR, _PTR, _I64, _PTR, _I64, ctypes.c_int]
+_LINEAR_INT8_ARGTYPES = [_PTR, _I64, _I64, _PTR, *_LINEAR_ARGTYPES[3:]]
+_DEQUANTIZE_ARGTYPES = [_PTR, _PTR, _I64, _I64, _PTR, ctypes.c_int]
 
 
 class KernelError(RuntimeError):
     """The kernel refused its arguments or ran out of scratch memory."""
+
+
+class LayerArgs(ctypes.Structure):
+    """One decoder layer's constant arguments of :meth:`PagedDecodeKernel.decode_layer`
+    (``swift_layer_t`` in the C source)."""
+
+    _fields_ = [
+        ("input_norm", _PTR),
+        ("post_norm", _PTR),
+        ("weights", _PTR * 4),
+        ("scales", _PTR * 4),
+        ("kinds", _I64 * 4),
+        ("qkv_bias", _PTR),
+        ("qk_norm", _PTR),
+        ("qk_norm_stride", _I64),
+        ("hidden", _I64),
+        ("heads", _I64),
+        ("kv_heads", _I64),
+        ("head_dim", _I64),
+        ("intermediate", _I64),
+        ("window", _I64),
+        ("eps", ctypes.c_double),
+        ("scale", ctypes.c_double),
+    ]
+
+
+class StepArgs(ctypes.Structure):
+    """A decode step's arguments shared by its layers (``swift_step_t`` in the C source)."""
+
+    _fields_ = [
+        ("cos", _PTR),
+        ("sin", _PTR),
+        ("positions", _PTR),
+        ("tables", _PTR),
+        ("lens", _PTR),
+        ("max_pos", _I64),
+        ("table_stride", _I64),
+        ("rows", _I64),
+        ("block_size", _I64),
+        ("max_len", _I64),
+        ("num_blocks", _I64),
+        ("nthreads", _I64),
+    ]
+
+
+WEIGHT_KINDS = {"bf16": 0, "int8": 1, "int4": 2}
+"""The decode-layer call's weight kinds (``kinds`` in :class:`LayerArgs`)."""
 
 
 @dataclass(frozen=True)
@@ -117,9 +181,20 @@ class PagedDecodeKernel:
     _rope_decode_bf16: Callable[..., int]
     _silu_mul: Callable[..., int]
     _silu_mul_bf16: Callable[..., int]
+    _linear_bf16: Callable[..., int]
+    _linear_int8: Callable[..., int]
+    _linear_int4: Callable[..., int]
+    _dequantize_int4: Callable[..., int]
+    _decode_layer: Callable[..., int]
     vector_activation: bool = False
     """Whether :meth:`silu_mul` runs here (a build with AVX-512 F, BW and VL); where not, it
     declines."""
+    bf16_linear: bool = False
+    """Whether :meth:`linear` runs here (a build with AVX-512 BF16, F and BW); where not, it
+    declines."""
+    int8_linear: bool = False
+    """Whether :meth:`linear_int8`, :meth:`linear_int4` and :meth:`dequantize_int4` run here
+    (a build that also has AVX-512 VNNI and VL); where not, they decline."""
 
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, threads: int
@@ -270,6 +345,191 @@ class PagedDecodeKernel:
         if status:
             raise KernelError(f"SiLU-mul kernel refused its arguments (status {status})")
         return out
+
+    def linear(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        residual: torch.Tensor | None,
+        threads: int,
+    ) -> torch.Tensor | None:
+        """``x @ weight.T (+ bias) (+ residual)`` in a new contiguous bfloat16 tensor, each
+        value's float32 sum rounded once, as ``torch.addmm`` rounds; or None where the kernel
+        does not take the arguments (the caller then uses torch).
+
+        For decode steps: ``x`` is ``[T, K]`` with ``1 <= T <= LINEAR_MAX_ROWS`` (rows may be
+        strided, their values contiguous), ``weight`` a contiguous ``[N, K]``, ``bias`` a
+        contiguous ``[N]`` and ``residual`` ``[T, N]`` (values contiguous), all bfloat16 on
+        CPU; the build must have AVX-512 BF16 (:attr:`bf16_linear`). The kernel reads the
+        weight once, front to back, whatever ``T`` is.
+
+        Raises:
+            KernelError: the kernel refused the sizes it was given.
+        """
+        if not self.bf16_linear or weight.dtype != torch.bfloat16 or weight.dim() != 2:
+            return None
+        n, k = weight.shape
+        return self._linear(self._linear_bf16, x, (weight,), n, k, bias, residual, threads)
+
+    def linear_int8(
+        self,
+        x: torch.Tensor,
+        codes: torch.Tensor,
+        scales: torch.Tensor,
+        bias: torch.Tensor | None,
+        residual: torch.Tensor | None,
+        threads: int,
+    ) -> torch.Tensor | None:
+        """:meth:`linear` for an int8 weight, ``codes`` ``[N, K]`` (contiguous int8) times
+        its per-row ``scales`` ``[N]`` (bfloat16): ``x``'s rows are quantized to int8 in
+        blocks of 32 values, each with its own float32 scale (the activation layout of
+        llama.cpp's q8_0), and multiplied with AVX-512 VNNI (:attr:`int8_linear`); sums are
+        float32, rounded once. None where the kernel does not take the arguments.
+
+        Raises:
+            KernelError: the kernel refused the sizes it was given, or ran out of memory.
+        """
+        if not self._takes_codes(codes, torch.int8, scales, codes.shape[:1]):
+            return None
+        n, k = codes.shape
+        return self._linear(self._linear_int8, x, (codes, scales), n, k, bias, residual, threads)
+
+    def linear_int4(
+        self,
+        x: torch.Tensor,
+        codes: torch.Tensor,
+        scales: torch.Tensor,
+        bias: torch.Tensor | None,
+        residual: torch.Tensor | None,
+        threads: int,
+    ) -> torch.Tensor | None:
+        """:meth:`linear_int8` for an int4 weight: ``codes`` ``[N, K / 2]`` (contiguous
+        uint8, packed as :func:`local_engine.quant.quantize_int4_rows` packs them) and
+        ``scales`` ``[N, K / 32]`` (bfloat16, one per block of 32 values); ``x``'s rows are
+        quantized as for int8. None where the kernel does not take the arguments.
+
+        Raises:
+            KernelError: the kernel refused the sizes it was given, or ran out of memory.
+        """
+        if not self._takes_int4(codes, scales):
+            return None
+        n, k = codes.shape[0], codes.shape[1] * 2
+        return self._linear(self._linear_int4, x, (codes, scales), n, k, bias, residual, threads)
+
+    def dequantize_int4(
+        self, codes: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, threads: int
+    ) -> torch.Tensor | None:
+        """Write the bfloat16 weight ``[N, K]`` of :meth:`linear_int4`'s ``codes`` and
+        ``scales`` into ``out`` (``(code - 8) * scale``, rounded once) and return it; None
+        where the kernel does not take the arguments.
+
+        Raises:
+            KernelError: the kernel refused the sizes it was given.
+        """
+        if (
+            not self._takes_int4(codes, scales)
+            or out.dtype != torch.bfloat16
+            or out.shape != (codes.shape[0], codes.shape[1] * 2)
+            or not out.is_contiguous()
+        ):
+            return None
+        status = self._dequantize_int4(
+            codes.data_ptr(), scales.data_ptr(), out.shape[0], out.shape[1], out.data_ptr(), threads
+        )
+        if status:
+            raise KernelError(f"int4 dequantize kernel refused its arguments (status {status})")
+        return out
+
+    def _takes_int4(self, codes: torch.Tensor, scales: torch.Tensor) -> bool:
+        """Whether ``codes`` and ``scales`` are an int4 weight the kernels take."""
+        rows, packed = codes.shape if codes.dim() == 2 else (0, 1)
+        return not packed % 16 and self._takes_codes(
+            codes, torch.uint8, scales, (rows, packed // 16)
+        )
+
+    def _takes_codes(
+        self, codes: torch.Tensor, dtype: torch.dtype, scales: torch.Tensor, shape: tuple[int, ...]
+    ) -> bool:
+        """Whether ``codes`` (2-D ``dtype``) and ``scales`` (bfloat16 of ``shape``), both
+        contiguous, are what the quantized kernels take, on a build that holds them."""
+        return (
+            self.int8_linear
+            and codes.dtype == dtype
+            and codes.dim() == 2
+            and codes.is_contiguous()
+            and scales.dtype == torch.bfloat16
+            and tuple(scales.shape) == tuple(shape)
+            and scales.is_contiguous()
+        )
+
+    def _linear(
+        self,
+        fn: Callable[..., int],
+        x: torch.Tensor,
+        weights: tuple[torch.Tensor, ...],
+        n: int,
+        k: int,
+        bias: torch.Tensor | None,
+        residual: torch.Tensor | None,
+        threads: int,
+    ) -> torch.Tensor | None:
+        """Check the shared arguments of the linear kernels and run ``fn`` (``weights`` are
+        its weight pointers, contiguous, for an ``[N, K]`` weight)."""
+        if (
+            x.dtype != torch.bfloat16
+            or x.device.type != "cpu"
+            or x.dim() != 2
+            or not 0 < x.shape[0] <= LINEAR_MAX_ROWS
+            or x.stride(1) != 1
+            or x.shape[1] != k
+            or not all(w.is_contiguous() and w.device.type == "cpu" for w in weights)
+        ):
+            return None
+        rows = x.shape[0]
+        if bias is not None and (
+            bias.dtype != torch.bfloat16 or bias.shape != (n,) or not bias.is_contiguous()
+        ):
+            return None
+        if residual is not None and (
+            residual.dtype != torch.bfloat16
+            or residual.shape != (rows, n)
+            or residual.stride(1) != 1
+        ):
+            return None
+        out = torch.empty((rows, n), dtype=torch.bfloat16)
+        status = fn(
+            x.data_ptr(),
+            rows,
+            x.stride(0) if rows > 1 else k,  # one row's stride is arbitrary
+            *(w.data_ptr() for w in weights),
+            n,
+            k,
+            None if bias is None else bias.data_ptr(),
+            None if residual is None else residual.data_ptr(),
+            0 if residual is None else (residual.stride(0) if rows > 1 else n),
+            out.data_ptr(),
+            n,
+            threads,
+        )
+        if status:
+            what = "out of scratch memory" if status == 1 else f"status {status}"
+            raise KernelError(f"linear kernel refused its arguments ({what})")
+        return out
+
+    def decode_layer(
+        self, layer: LayerArgs, step: StepArgs, k: int, v: int, x: int, scratch: int
+    ) -> None:
+        """Run one decoder layer of a decode step in place on ``x`` (raw pointers; see
+        ``swift_decode_layer_bf16`` in the C source): bit-identical to the model's layer
+        through the single-operation kernels.
+
+        Raises:
+            KernelError: a part of the layer returned a non-zero status.
+        """
+        status = self._decode_layer(ctypes.byref(layer), ctypes.byref(step), k, v, x, scratch)
+        if status:
+            raise KernelError(f"decode layer kernel failed (status {status})")
 
     def __call__(
         self,
@@ -554,6 +814,11 @@ def open_library(path: Path) -> PagedDecodeKernel:
         (SYMBOL_ROPE_DECODE_BF16, _ROPE_DECODE_ARGTYPES),
         (SYMBOL_SILU_MUL, _SILU_ARGTYPES),
         (SYMBOL_SILU_MUL_BF16, _SILU_ARGTYPES),
+        (SYMBOL_LINEAR_BF16, _LINEAR_ARGTYPES),
+        (SYMBOL_LINEAR_INT8, _LINEAR_INT8_ARGTYPES),
+        (SYMBOL_LINEAR_INT4, _LINEAR_INT8_ARGTYPES),
+        (SYMBOL_DEQUANTIZE_INT4, _DEQUANTIZE_ARGTYPES),
+        (SYMBOL_DECODE_LAYER, [_PTR] * 6),
     ):
         try:
             fn = getattr(library, symbol)
@@ -570,7 +835,8 @@ def open_library(path: Path) -> PagedDecodeKernel:
     features_fn.restype = ctypes.c_int
     features = int(features_fn())
     fn, fn_bf16, rms, rms_bf16, rope, rope_bf16, rope_decode, rope_decode_bf16 = functions[:8]
-    silu, silu_bf16 = functions[8:]
+    silu, silu_bf16, linear_bf16, linear_int8, linear_int4, dequantize_int4 = functions[8:14]
+    decode_layer = functions[14]
     return PagedDecodeKernel(
         path,
         fn,
@@ -583,5 +849,12 @@ def open_library(path: Path) -> PagedDecodeKernel:
         rope_decode_bf16,
         silu,
         silu_bf16,
+        linear_bf16,
+        linear_int8,
+        linear_int4,
+        dequantize_int4,
+        decode_layer,
         vector_activation=bool(features & _FEATURE_VECTOR_ACTIVATION),
+        bf16_linear=bool(features & _FEATURE_BF16_LINEAR),
+        int8_linear=bool(features & _FEATURE_INT8_LINEAR),
     )

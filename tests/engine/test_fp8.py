@@ -83,6 +83,6 @@ def test_fp8_needs_a_capable_gpu(tmp_path: Path) -> None:
     path = make_tiny_model(tmp_path, "qwen3")
     with pytest.raises(EngineConfigError, match="fp8"):
         load_model(path, quantization="fp8")
-    with pytest.raises(ConfigurationError, match="expected None, 'int8' or 'fp8'"):
+    with pytest.raises(ConfigurationError, match="expected None, 'int8', 'int4' or 'fp8'"):
         LocalBackend(path, quantization="fp4")  # type: ignore[arg-type]
     EngineConfig(quantization="fp8")  # a valid setting; the device decides at load time

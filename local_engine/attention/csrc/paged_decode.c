@@ -660,12 +660,24 @@ int swift_rope_decode_bf16(const bf16_t *x, int64_t x_row, int64_t x_head, const
 #define SWIFT_VECTOR_ACTIVATION 0
 #endif
 
-int swift_kernel_features(void) {
-#if SWIFT_VECTOR_ACTIVATION
-    return FEATURE_VECTOR_ACTIVATION;
+#define FEATURE_BF16_LINEAR 2
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
+#define SWIFT_BF16_LINEAR 1
 #else
-    return 0;
+#define SWIFT_BF16_LINEAR 0
 #endif
+#define FEATURE_INT8_LINEAR 4
+#if SWIFT_BF16_LINEAR && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define SWIFT_INT8_LINEAR 1
+#else
+#define SWIFT_INT8_LINEAR 0
+#endif
+
+/* Which optional kernels this build holds (a bit per feature). */
+int swift_kernel_features(void) {
+    return (SWIFT_VECTOR_ACTIVATION ? FEATURE_VECTOR_ACTIVATION : 0) |
+           (SWIFT_BF16_LINEAR ? FEATURE_BF16_LINEAR : 0) |
+           (SWIFT_INT8_LINEAR ? FEATURE_INT8_LINEAR : 0);
 }
 
 #if SWIFT_VECTOR_ACTIVATION
@@ -775,4 +787,466 @@ int swift_silu_mul_f32(const float *gu, int64_t rows, int64_t gu_row, float *out
 int swift_silu_mul_bf16(const bf16_t *gu, int64_t rows, int64_t gu_row, bf16_t *out,
                         int64_t cols, int nthreads) {
     return silu_mul(gu, rows, gu_row, out, cols, nthreads, 1);
+}
+
+/*
+ * Linear layers for a few rows (decode): out[t, n] = x[t, :] . w[n, :] (+ bias[n])
+ * (+ residual[t, n]), bfloat16 in and out, float32 sums rounded once to bfloat16.
+ *
+ *   x        [rows, k]  row stride x_row; values contiguous
+ *   w        [n, k]     contiguous (a linear layer's weight, as torch stores it)
+ *   bias     [n]        or NULL
+ *   residual [rows, n]  row stride res_row, or NULL (the sum rides in the same rounding, as
+ *                       torch.addmm(residual, x, w.T) does)
+ *   out      [rows, n]  row stride out_row
+ *
+ * At batch 1 a decode step streams every weight once, so its speed is the memory's: the
+ * kernel reads w from start to end, one weight row at a time (one sequential stream, which
+ * the hardware prefetcher follows best: reading four rows side by side measured half the
+ * bandwidth on the project's 2-vCPU VM), and multiplies each 32-value slice with the same
+ * slice of every x row (AVX-512 BF16 dot products, float32 accumulators), so each weight is
+ * read once whatever `rows` is. Threads, when more than one is asked for and the weight is
+ * large enough, take contiguous ranges of weight rows. Written for AVX-512 BF16 (with F and
+ * BW) only: elsewhere it returns 3 and the caller uses torch (swift_kernel_features tells it
+ * beforehand). Returns 0, 2 for sizes it does not take, or 3.
+ */
+/* Weight bytes below which one thread streams a layer faster than a woken team. */
+#define LINEAR_MAX_ROWS 8
+#define LINEAR_PARALLEL_MIN_BYTES (4 << 20)
+
+#if SWIFT_BF16_LINEAR
+/* A weight row's outputs: scale * sum (+ bias) (+ residual), rounded once to bfloat16. */
+static inline __attribute__((always_inline)) void store_row(
+    const __m512 *acc, int rows, int64_t n, float scale, const bf16_t *bias, const bf16_t *res,
+    int64_t res_row, bf16_t *out, int64_t out_row) {
+    const float b = bias ? bf16_to_f32(bias[n]) : 0.0f;
+    for (int t = 0; t < rows; t++) {
+        float v = scale * _mm512_reduce_add_ps(acc[t]) + b;
+        if (res) v += bf16_to_f32(res[t * res_row + n]);
+        out[t * out_row + n] = f32_to_bf16(v);
+    }
+}
+
+/* One specialization of SPAN(R) per row count: the accumulators stay in registers. */
+#define FOR_ROWS(rows)                                                                       \
+    switch (rows) {                                                                          \
+    case 1: SPAN(1); break;                                                                  \
+    case 2: SPAN(2); break;                                                                  \
+    case 3: SPAN(3); break;                                                                  \
+    case 4: SPAN(4); break;                                                                  \
+    case 5: SPAN(5); break;                                                                  \
+    case 6: SPAN(6); break;                                                                  \
+    case 7: SPAN(7); break;                                                                  \
+    case 8: SPAN(8); break;                                                                  \
+    }
+#endif
+
+#if SWIFT_BF16_LINEAR
+static inline __attribute__((always_inline)) void linear_span_bf16(
+    const bf16_t *x, const int rows, int64_t x_row, const bf16_t *w, int64_t k, int64_t n0,
+    int64_t n1, const bf16_t *bias, const bf16_t *res, int64_t res_row, bf16_t *out,
+    int64_t out_row) {
+    const int64_t full = k & ~(int64_t)31;
+    const __mmask32 tail = (__mmask32)((1ull << (k - full)) - 1);
+    for (int64_t n = n0; n < n1; n++) {
+        const bf16_t *wr = w + n * k;
+        __m512 acc[LINEAR_MAX_ROWS];
+        for (int t = 0; t < rows; t++) acc[t] = _mm512_setzero_ps();
+        for (int64_t j = 0; j < full; j += 32) {
+            const __m512bh wv = (__m512bh)_mm512_loadu_si512((const void *)(wr + j));
+            for (int t = 0; t < rows; t++)
+                acc[t] = _mm512_dpbf16_ps(
+                    acc[t], wv, (__m512bh)_mm512_loadu_si512((const void *)(x + t * x_row + j)));
+        }
+        if (tail) {
+            const __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(tail, wr + full);
+            for (int t = 0; t < rows; t++)
+                acc[t] = _mm512_dpbf16_ps(
+                    acc[t], wv, (__m512bh)_mm512_maskz_loadu_epi16(tail, x + t * x_row + full));
+        }
+        store_row(acc, rows, n, 1.0f, bias, res, res_row, out, out_row);
+    }
+}
+
+static void linear_span(const bf16_t *x, int rows, int64_t x_row, const bf16_t *w, int64_t k,
+                        int64_t n0, int64_t n1, const bf16_t *bias, const bf16_t *res,
+                        int64_t res_row, bf16_t *out, int64_t out_row) {
+#define SPAN(R) linear_span_bf16(x, R, x_row, w, k, n0, n1, bias, res, res_row, out, out_row)
+    FOR_ROWS(rows)
+#undef SPAN
+}
+#endif
+
+int swift_linear_bf16(const bf16_t *x, int64_t rows, int64_t x_row, const bf16_t *w, int64_t n,
+                      int64_t k, const bf16_t *bias, const bf16_t *res, int64_t res_row,
+                      bf16_t *out, int64_t out_row, int nthreads) {
+#if !SWIFT_BF16_LINEAR
+    (void)x, (void)rows, (void)x_row, (void)w, (void)n, (void)k, (void)bias, (void)res;
+    (void)res_row, (void)out, (void)out_row, (void)nthreads;
+    return 3;
+#else
+    if (rows < 1 || rows > LINEAR_MAX_ROWS || n < 1 || k < 1 || x_row < k || out_row < n ||
+        (res && res_row < n))
+        return 2;
+    nthreads = team_size(nthreads, n * k * 2, LINEAR_PARALLEL_MIN_BYTES);
+    if (nthreads > n) nthreads = (int)n;
+#if defined(_OPENMP)
+    if (nthreads > 1) {
+#pragma omp parallel num_threads(nthreads)
+        {
+            const int64_t team = omp_get_num_threads(), id = omp_get_thread_num();
+            const int64_t per = (n + team - 1) / team, n0 = id * per;
+            const int64_t n1 = n0 + per < n ? n0 + per : n;
+            if (n0 < n1)
+                linear_span(x, (int)rows, x_row, w, k, n0, n1, bias, res, res_row, out, out_row);
+        }
+        return 0;
+    }
+#endif
+    linear_span(x, (int)rows, x_row, w, k, 0, n, bias, res, res_row, out, out_row);
+    return 0;
+#endif
+}
+
+/*
+ * The same for int8 weights with per-row scales (out[t, n] = scale[n] * x[t, :] . codes[n, :]
+ * (+ bias[n]) (+ residual[t, n]), bfloat16 x, scales, bias, residual and out), on AVX-512
+ * VNNI integer dot products. Each x row is quantized first, in blocks of 32 values with a
+ * float32 scale each (max |x| / 127, round to nearest; the layout llama.cpp's q8_0 uses for
+ * its activations), so one instruction multiplies 64 codes with 64 quantized activations.
+ * The instruction takes one unsigned operand: the codes are read as unsigned by flipping
+ * their sign bit (code + 128), and each dot product starts from -128 * (the sum of the
+ * quantized activations it multiplies), computed once per row of x, so the integer sums are
+ * exact; they are scaled in float32 and rounded once to bfloat16. Returns 0, 1 when scratch memory could not be allocated, 2 for
+ * sizes it does not take, or 3 where the build has no AVX-512 VNNI, BW and VL.
+ */
+
+#if SWIFT_INT8_LINEAR
+/* Quantize `k` bfloat16 values into `q` (zero padded to `kpad`, a multiple of 64) with one
+   scale per 32 values, written as a 16-lane vector per 64 values (8 lanes per block) into
+   `scales`; and into `start`, per 64 values, the 16 lanes' -offset * (sum of their 4 codes):
+   the dot products' starting values for weight codes stored offset (unsigned). */
+static void quantize_row_q8(const bf16_t *x, int64_t k, int64_t kpad, int8_t *q, float *scales,
+                            int32_t *start, int offset) {
+    for (int64_t b = 0; b < kpad; b += 32) {
+        const int64_t left = k - b;
+        const __mmask16 m0 = left >= 16 ? 0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+        const __mmask16 m1 = left >= 32   ? 0xffff
+                             : left > 16 ? (__mmask16)((1u << (left - 16)) - 1)
+                                         : 0;
+        const __m512 v0 = load_bf16_masked(x + b, m0), v1 = load_bf16_masked(x + b + 16, m1);
+        const __m512 a = _mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1));
+        const float amax = _mm512_reduce_max_ps(a);
+        const float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(inv)));
+        const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(inv)));
+        _mm_storeu_si128((__m128i *)(q + b), _mm512_cvtsepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(q + b + 16), _mm512_cvtsepi32_epi8(q1));
+        float *lanes = scales + (b / 64) * 16 + ((b / 32) % 2) * 8;
+        for (int l = 0; l < 8; l++) lanes[l] = scale;
+    }
+    const __m512i by = _mm512_set1_epi8((char)offset); /* unsigned operand: 128 is 0x80 */
+    for (int64_t j = 0; j < kpad; j += 64) {
+        const __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), by,
+                                                 _mm512_loadu_si512((const void *)(q + j)));
+        _mm512_storeu_si512((void *)(start + j / 4), _mm512_sub_epi32(_mm512_setzero_si512(), sums));
+    }
+}
+
+static inline __attribute__((always_inline)) void linear_span_q8(
+    const int8_t *q, const float *xs, const int32_t *start, const int rows, int64_t kpad,
+    const int8_t *w, int64_t k, const bf16_t *wscale, int64_t n0, int64_t n1,
+    const bf16_t *bias, const bf16_t *res, int64_t res_row, bf16_t *out, int64_t out_row) {
+    const int64_t full = k & ~(int64_t)63;
+    const __mmask64 tail = (__mmask64)((k - full) ? (1ull << (k - full)) - 1 : 0);
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    for (int64_t n = n0; n < n1; n++) {
+        const int8_t *wr = w + n * k;
+        __m512 acc[LINEAR_MAX_ROWS];
+        for (int t = 0; t < rows; t++) acc[t] = _mm512_setzero_ps();
+        for (int64_t j = 0; j < full; j += 64) {
+            const __m512i wv = _mm512_xor_si512(_mm512_loadu_si512((const void *)(wr + j)), flip);
+            for (int t = 0; t < rows; t++) {
+                const __m512i d = _mm512_dpbusd_epi32(
+                    _mm512_loadu_si512((const void *)(start + (t * kpad + j) / 4)), wv,
+                    _mm512_loadu_si512((const void *)(q + t * kpad + j)));
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d),
+                                         _mm512_loadu_ps(xs + (t * kpad + j) / 4), acc[t]);
+            }
+        }
+        if (tail) {
+            /* Codes past k load as 0 (128 after the flip); their activations are 0. */
+            const __m512i wv = _mm512_xor_si512(_mm512_maskz_loadu_epi8(tail, wr + full), flip);
+            for (int t = 0; t < rows; t++) {
+                const __m512i d = _mm512_dpbusd_epi32(
+                    _mm512_loadu_si512((const void *)(start + (t * kpad + full) / 4)), wv,
+                    _mm512_loadu_si512((const void *)(q + t * kpad + full)));
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d),
+                                         _mm512_loadu_ps(xs + (t * kpad + full) / 4), acc[t]);
+            }
+        }
+        store_row(acc, rows, n, bf16_to_f32(wscale[n]), bias, res, res_row, out, out_row);
+    }
+}
+
+static void linear_span_int8(const int8_t *q, const float *xs, const int32_t *start, int rows,
+                             int64_t kpad, const int8_t *w, int64_t k, const bf16_t *wscale,
+                             int64_t n0, int64_t n1, const bf16_t *bias, const bf16_t *res,
+                             int64_t res_row, bf16_t *out, int64_t out_row) {
+#define SPAN(R)                                                                             \
+    linear_span_q8(q, xs, start, R, kpad, w, k, wscale, n0, n1, bias, res, res_row, out, out_row)
+    FOR_ROWS(rows)
+#undef SPAN
+}
+#endif
+
+#if SWIFT_INT8_LINEAR
+/* The int4 span: codes [n, k / 2] bytes, each 64 codes of a row (32 for a row's last when k
+   is an odd multiple of 32) in as many halves' bytes, value i in the low nibble of byte i and
+   value i + half in the high nibble, stored as code + 8 (0..15); one bfloat16 scale per 32
+   codes, [n, k / 32]. */
+static inline __attribute__((always_inline)) void linear_span_q4(
+    const int8_t *q, const float *xs, const int32_t *start, const int rows, int64_t kpad,
+    const uint8_t *w, int64_t k, const bf16_t *wscale, int64_t n0, int64_t n1,
+    const bf16_t *bias, const bf16_t *res, int64_t res_row, bf16_t *out, int64_t out_row) {
+    const int64_t full = k & ~(int64_t)63;
+    const __m256i nibble = _mm256_set1_epi8(0x0f);
+    const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t *wr = w + n * (k / 2);
+        const bf16_t *sr = wscale + n * (k / 32);
+        __m512 acc[LINEAR_MAX_ROWS];
+        for (int t = 0; t < rows; t++) acc[t] = _mm512_setzero_ps();
+#define Q4_DOT(codes, ws, j)                                                                  \
+    for (int t = 0; t < rows; t++) {                                                          \
+        const __m512i d = _mm512_dpbusd_epi32(                                                \
+            _mm512_loadu_si512((const void *)(start + (t * kpad + (j)) / 4)), (codes),       \
+            _mm512_loadu_si512((const void *)(q + t * kpad + (j))));                          \
+        const __m512 sc = _mm512_mul_ps((ws), _mm512_loadu_ps(xs + (t * kpad + (j)) / 4));   \
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sc, acc[t]);                          \
+    }
+        for (int64_t j = 0; j < full; j += 64) {
+            const __m256i b = _mm256_loadu_si256((const __m256i *)(wr + j / 2));
+            const __m512i codes = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_and_si256(b, nibble)),
+                _mm256_and_si256(_mm256_srli_epi16(b, 4), nibble), 1);
+            /* The chunk's two block scales: lanes 0-7 the first, 8-15 the second. */
+            uint32_t pair;
+            memcpy(&pair, sr + j / 32, sizeof pair);
+            const __m512i both = _mm512_set1_epi32((int)pair);
+            const __m512 ws = _mm512_castsi512_ps(_mm512_mask_blend_epi32(
+                (__mmask16)0xff00, _mm512_slli_epi32(both, 16), _mm512_and_si512(both, high)));
+            Q4_DOT(codes, ws, j)
+        }
+        if (full < k) { /* the last 32 codes: 16 bytes; the upper lanes multiply zero padding */
+            const __m128i b = _mm_loadu_si128((const __m128i *)(wr + full / 2));
+            const __m128i lo = _mm_and_si128(b, _mm256_castsi256_si128(nibble));
+            const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm256_castsi256_si128(nibble));
+            const __m512i codes = _mm512_maskz_mov_epi64(
+                (__mmask8)0x0f, _mm512_castsi256_si512(_mm256_set_m128i(hi, lo)));
+            const __m512 ws = _mm512_maskz_mov_ps((__mmask16)0x00ff,
+                                                  _mm512_set1_ps(bf16_to_f32(sr[full / 32])));
+            Q4_DOT(codes, ws, full)
+        }
+#undef Q4_DOT
+        store_row(acc, rows, n, 1.0f, bias, res, res_row, out, out_row);
+    }
+}
+
+static void linear_span_int4(const int8_t *q, const float *xs, const int32_t *start, int rows,
+                             int64_t kpad, const uint8_t *w, int64_t k, const bf16_t *wscale,
+                             int64_t n0, int64_t n1, const bf16_t *bias, const bf16_t *res,
+                             int64_t res_row, bf16_t *out, int64_t out_row) {
+#define SPAN(R)                                                                             \
+    linear_span_q4(q, xs, start, R, kpad, w, k, wscale, n0, n1, bias, res, res_row, out, out_row)
+    FOR_ROWS(rows)
+#undef SPAN
+}
+
+/* The int8 and int4 kernels' shared part: quantize x's rows, then split the weight rows over
+   the threads. */
+static int linear_quantized(const bf16_t *x, int64_t rows, int64_t x_row, const void *w,
+                            const bf16_t *wscale, int64_t n, int64_t k, const bf16_t *bias,
+                            const bf16_t *res, int64_t res_row, bf16_t *out, int64_t out_row,
+                            int nthreads, int bits) {
+    if (rows < 1 || rows > LINEAR_MAX_ROWS || n < 1 || k < 1 || x_row < k || out_row < n ||
+        (res && res_row < n) || (bits == 4 && k % 32))
+        return 2;
+    const int64_t kpad = (k + 63) & ~(int64_t)63;
+    /* Per row of x: its codes, one float scale per 4 codes and one int32 start per 4 codes
+       (16 lanes per 64 codes each: kpad bytes apiece). */
+    char *scratch = aligned_alloc(64, (size_t)(3 * rows * kpad));
+    if (!scratch) return 1;
+    int8_t *q = (int8_t *)scratch;
+    float *xs = (float *)(scratch + rows * kpad);
+    int32_t *start = (int32_t *)(scratch + 2 * rows * kpad);
+    for (int64_t t = 0; t < rows; t++)
+        quantize_row_q8(x + t * x_row, k, kpad, q + t * kpad, xs + t * kpad / 4,
+                        start + t * kpad / 4, bits == 4 ? 8 : 128);
+    nthreads = team_size(nthreads, n * k * bits / 8, LINEAR_PARALLEL_MIN_BYTES);
+    if (nthreads > n) nthreads = (int)n;
+#if defined(_OPENMP)
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
+#endif
+    {
+#if defined(_OPENMP)
+        const int64_t team = omp_get_num_threads(), id = omp_get_thread_num();
+#else
+        const int64_t team = 1, id = 0;
+#endif
+        const int64_t per = (n + team - 1) / team, n0 = id * per;
+        const int64_t n1 = n0 + per < n ? n0 + per : n;
+        if (n0 < n1 && bits == 4)
+            linear_span_int4(q, xs, start, (int)rows, kpad, (const uint8_t *)w, k, wscale, n0, n1,
+                             bias, res, res_row, out, out_row);
+        else if (n0 < n1)
+            linear_span_int8(q, xs, start, (int)rows, kpad, (const int8_t *)w, k, wscale, n0, n1,
+                             bias, res, res_row, out, out_row);
+    }
+    free(scratch);
+    return 0;
+}
+#endif
+
+int swift_linear_int8(const bf16_t *x, int64_t rows, int64_t x_row, const int8_t *w,
+                      const bf16_t *wscale, int64_t n, int64_t k, const bf16_t *bias,
+                      const bf16_t *res, int64_t res_row, bf16_t *out, int64_t out_row,
+                      int nthreads) {
+#if !SWIFT_INT8_LINEAR
+    (void)x, (void)rows, (void)x_row, (void)w, (void)wscale, (void)n, (void)k, (void)bias;
+    (void)res, (void)res_row, (void)out, (void)out_row, (void)nthreads;
+    return 3;
+#else
+    return linear_quantized(x, rows, x_row, w, wscale, n, k, bias, res, res_row, out, out_row,
+                            nthreads, 8);
+#endif
+}
+
+/* The same for int4 weights (the layout above linear_span_q4; k a multiple of 32). */
+int swift_linear_int4(const bf16_t *x, int64_t rows, int64_t x_row, const uint8_t *w,
+                      const bf16_t *wscale, int64_t n, int64_t k, const bf16_t *bias,
+                      const bf16_t *res, int64_t res_row, bf16_t *out, int64_t out_row,
+                      int nthreads) {
+#if !SWIFT_INT8_LINEAR
+    (void)x, (void)rows, (void)x_row, (void)w, (void)wscale, (void)n, (void)k, (void)bias;
+    (void)res, (void)res_row, (void)out, (void)out_row, (void)nthreads;
+    return 3;
+#else
+    return linear_quantized(x, rows, x_row, w, wscale, n, k, bias, res, res_row, out, out_row,
+                            nthreads, 4);
+#endif
+}
+
+/* Dequantize int4 codes (the layout above) into bfloat16 weights [n, k]: (code - 8) * scale,
+   rounded once; for the steps with more rows than the linear kernels take. Returns 0, 2 for
+   sizes it does not take, 3 where the build has no AVX-512 BF16 kernels. */
+int swift_dequantize_int4(const uint8_t *w, const bf16_t *wscale, int64_t n, int64_t k,
+                          bf16_t *out, int nthreads) {
+#if !SWIFT_INT8_LINEAR
+    (void)w, (void)wscale, (void)n, (void)k, (void)out, (void)nthreads;
+    return 3;
+#else
+    if (n < 1 || k < 32 || k % 32) return 2;
+    nthreads = team_size(nthreads, n * k, LINEAR_PARALLEL_MIN_BYTES);
+#if defined(_OPENMP)
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
+#endif
+    for (int64_t r = 0; r < n; r++) {
+        const uint8_t *wr = w + r * (k / 2);
+        const bf16_t *sr = wscale + r * (k / 32);
+        bf16_t *o = out + r * k;
+        for (int64_t j = 0; j < k; j += 64) {
+            const int64_t half = k - j >= 64 ? 32 : 16;
+            for (int part = 0; part < 2; part++) { /* low nibbles, then high nibbles */
+                for (int64_t i = 0; i < half; i += 16) {
+                    const __m128i b = _mm_loadu_si128((const __m128i *)(wr + j / 2 + i));
+                    const __m128i c = part ? _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0f))
+                                           : _mm_and_si128(b, _mm_set1_epi8(0x0f));
+                    const int64_t at = j + part * half + i;
+                    const __m512 v = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(c)),
+                                                   _mm512_set1_ps(8.0f));
+                    const __m512 scaled = _mm512_mul_ps(v, _mm512_set1_ps(bf16_to_f32(sr[at / 32])));
+                    _mm256_storeu_si256((__m256i *)(o + at), (__m256i)_mm512_cvtneps_pbh(scaled));
+                }
+            }
+        }
+    }
+    return 0;
+#endif
+}
+
+/*
+ * A whole decoder layer for a decode step of bfloat16 rows (every row one new token), in one
+ * call: RMSNorm, the fused q/k/v projection (+ bias), q/k norm + RoPE + KV write + attention
+ * (swift_rope_decode_bf16), the output projection added to the residual, RMSNorm, the fused
+ * gate/up projection, SiLU-mul and the down projection added to the residual. Each part is
+ * the library's own function called with the arguments the model's Python path gives it, so
+ * the result is bit-identical to that path; the call saves its per-operation Python, tensor
+ * allocations and foreign calls (about ten a layer). `x` [rows, hidden] (contiguous) is
+ * updated in place; `scratch` holds rows * (hidden + qkv + heads * head_dim + 3 *
+ * intermediate) bfloat16 values. Weights are bfloat16 values (kind 0), int8 codes with
+ * per-row scales (1) or int4 codes with block scales (2). Returns the first failing part's
+ * status (2 for sizes no part takes, 3 where the build lacks a kernel a weight needs).
+ */
+typedef struct {
+    const bf16_t *input_norm, *post_norm;
+    const void *weights[4]; /* q/k/v, o, gate/up, down */
+    const bf16_t *scales[4];
+    int64_t kinds[4];
+    const bf16_t *qkv_bias, *qk_norm;
+    int64_t qk_norm_stride, hidden, heads, kv_heads, head_dim, intermediate, window;
+    double eps, scale;
+} swift_layer_t;
+
+typedef struct {
+    const bf16_t *cos, *sin;
+    const int64_t *positions, *tables, *lens;
+    int64_t max_pos, table_stride, rows, block_size, max_len, num_blocks, nthreads;
+} swift_step_t;
+
+static int linear_kind(int64_t kind, const bf16_t *x, int64_t rows, const void *w,
+                       const bf16_t *s, int64_t n, int64_t k, const bf16_t *bias,
+                       const bf16_t *res, bf16_t *out, int nthreads) {
+    switch (kind) {
+    case 0: return swift_linear_bf16(x, rows, k, w, n, k, bias, res, n, out, n, nthreads);
+    case 1: return swift_linear_int8(x, rows, k, w, s, n, k, bias, res, n, out, n, nthreads);
+    case 2: return swift_linear_int4(x, rows, k, w, s, n, k, bias, res, n, out, n, nthreads);
+    default: return 2;
+    }
+}
+
+int swift_decode_layer_bf16(const swift_layer_t *L, const swift_step_t *S, bf16_t *k_cache,
+                            bf16_t *v_cache, bf16_t *x, bf16_t *scratch) {
+    const int64_t rows = S->rows, hidden = L->hidden, hd = L->head_dim;
+    const int64_t qkv_n = (L->heads + 2 * L->kv_heads) * hd, inter = L->intermediate;
+    const int threads = (int)S->nthreads;
+    const float eps = (float)L->eps;
+    bf16_t *h = scratch, *qkv = h + rows * hidden, *attn = qkv + rows * qkv_n;
+    bf16_t *gate_up = attn + rows * L->heads * hd, *act = gate_up + rows * 2 * inter;
+    int status;
+    if ((status = rms_norm(x, rows, 1, hidden, 0, L->input_norm, 0, h, hidden, eps, threads, 1)))
+        return status;
+    if ((status = linear_kind(L->kinds[0], h, rows, L->weights[0], L->scales[0], qkv_n, hidden,
+                              L->qkv_bias, NULL, qkv, threads)))
+        return status;
+    if ((status = swift_rope_decode_bf16(qkv, qkv_n, hd, L->qk_norm, L->qk_norm_stride, eps,
+                                         S->cos, S->sin, S->positions, S->max_pos, k_cache,
+                                         v_cache, S->tables, S->table_stride, S->lens, attn,
+                                         rows, L->heads, L->kv_heads, hd, S->block_size,
+                                         L->window, S->max_len, S->num_blocks, (float)L->scale,
+                                         threads)))
+        return status;
+    /* The residual is read just before its own output value is written: in place is safe. */
+    if ((status = linear_kind(L->kinds[1], attn, rows, L->weights[1], L->scales[1], hidden,
+                              L->heads * hd, NULL, x, x, threads)))
+        return status;
+    if ((status = rms_norm(x, rows, 1, hidden, 0, L->post_norm, 0, h, hidden, eps, threads, 1)))
+        return status;
+    if ((status = linear_kind(L->kinds[2], h, rows, L->weights[2], L->scales[2], 2 * inter,
+                              hidden, NULL, NULL, gate_up, threads)))
+        return status;
+    if ((status = silu_mul(gate_up, rows, 2 * inter, act, inter, threads, 1)))
+        return status;
+    return linear_kind(L->kinds[3], act, rows, L->weights[3], L->scales[3], hidden, inter, NULL,
+                       x, x, threads);
 }
