@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import pydantic
 import pydantic_core
 import pytest
 from hypothesis import given, settings
@@ -262,14 +263,21 @@ def everything(chunk: ChatCompletionChunk) -> Any:
     )
 
 
+SLOTS = ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__", "__pydantic_private__")
+
+
 def test_the_assembled_models_have_nothing_validation_would_add() -> None:
-    """TextChunks sets the four slots validation sets: a model class with a post-init hook
-    or private attributes would need more, so these must have none."""
+    """TextChunks sets the four slots validation sets, through BaseModel's descriptors: a
+    model class with a post-init hook or private attributes would need more, so these must
+    have none, and their slots must be BaseModel's."""
     for cls in (ChatCompletionChunk, ChunkChoice, ChoiceDelta):
         assert cls.__pydantic_post_init__ is None
         assert cls.__private_attributes__ == {}
         assert not cls.__pydantic_root_model__
         assert cls.model_config.get("extra") == "allow"
+        # the slots are BaseModel's, whose descriptors TextChunks writes through
+        for slot in SLOTS:
+            assert [k for k in cls.__mro__ if slot in vars(k)][0] is pydantic.BaseModel
 
 
 @settings(max_examples=300, deadline=None)
