@@ -51,7 +51,14 @@ from ..types import (
     Usage,
 )
 from .base import RequestOptions
-from .http import HTTPBackend, TextChunks, _ChunkStream, _deadline_exceeded, _Response
+from .http import (
+    NO_IDS,
+    HTTPBackend,
+    TextChunks,
+    _ChunkStream,
+    _deadline_exceeded,
+    _Response,
+)
 
 __all__ = [
     "ANTHROPIC_VERSION",
@@ -86,8 +93,6 @@ _THINKING = frozenset({"thinking", "redacted_thinking"})
 # A text block's delta as the API writes it, up to the text's JSON string (after the index).
 _TEXT_DELTA = b'{"type":"content_block_delta","index":%d,"delta":{"type":"text_delta","text":'
 _TEXT_DELTA_END = b"}}"
-# Text chunks before any message_start (no id or model yet); each message makes its own.
-_NO_MESSAGE = TextChunks("", "")
 
 
 # --------------------------------------------------------------------------- requests
@@ -649,7 +654,7 @@ class MessageDecoder:
         self._answered = False
         self._thinking: list[dict[str, Any]] = []
         self._usage: Usage | None = None
-        self._text = _NO_MESSAGE
+        self._text = NO_IDS
         # the bytes that open a delta of the latest started block, when that is a text block
         self._text_head: bytes | None = None
         self.done = False

@@ -802,6 +802,10 @@ class TextChunks:
         return self.text(text)
 
 
+NO_IDS = TextChunks("", "")
+"""Text chunks for a stream's text before it names its message (no id or model yet)."""
+
+
 class _ChunkStream:
     """Decodes an SSE response into chunks; an explicit iterator, so closing is deterministic.
 
