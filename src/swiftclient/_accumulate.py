@@ -108,43 +108,51 @@ class Accumulator:
         self.usage: Usage | None = None
 
     def add(self, chunk: ChatCompletionChunk) -> bool:
-        """Fold one chunk in; True when it carried content (see ``has_content``)."""
+        """Fold one chunk in; True when it carried content (see ``has_content``).
+
+        Once per streamed chunk: fields are read from each model's ``__dict__`` (where
+        pydantic keeps them), which costs about half an attribute read on a model (pydantic
+        models define ``__getattr__``, which takes every attribute read off the fast path)."""
         content = False
-        if not self._id and chunk.id:
-            self._id = chunk.id
-            self._model = chunk.model
-            self._created = chunk.created
-        if chunk.system_fingerprint:
-            self._fingerprint = chunk.system_fingerprint
-        if chunk.usage is not None:
-            self.usage = chunk.usage
+        said = chunk.__dict__
+        if not self._id and said["id"]:
+            self._id = said["id"]
+            self._model = said["model"]
+            self._created = said["created"]
+        if said["system_fingerprint"]:
+            self._fingerprint = said["system_fingerprint"]
+        if said["usage"] is not None:
+            self.usage = said["usage"]
         extra = chunk.__pydantic_extra__
         if extra:
             _merge_extra(self._extra, extra)
-        for choice in chunk.choices:
-            parts = self._choices.get(choice.index)
+        for choice in said["choices"]:
+            fields = choice.__dict__
+            index = fields["index"]
+            parts = self._choices.get(index)
             if parts is None:
-                parts = self._choices[choice.index] = _ChoiceParts()
-            delta = choice.delta
+                parts = self._choices[index] = _ChoiceParts()
+            delta = fields["delta"]
             if choice.__pydantic_extra__:
                 _merge_extra(parts.extra, choice.__pydantic_extra__)
             if delta.__pydantic_extra__:
                 _merge_delta_extra(parts.message_extra, delta.__pydantic_extra__)
-            if delta.content:
-                parts.content.append(delta.content)
+            adds = delta.__dict__
+            if adds["content"]:
+                parts.content.append(adds["content"])
                 content = True
-            if delta.refusal:
-                parts.refusal.append(delta.refusal)
+            if adds["refusal"]:
+                parts.refusal.append(adds["refusal"])
                 content = True
-            if delta.reasoning_content:
-                parts.reasoning_content.append(delta.reasoning_content)
+            if adds["reasoning_content"]:
+                parts.reasoning_content.append(adds["reasoning_content"])
                 content = True
-            if delta.reasoning:
-                parts.reasoning.append(delta.reasoning)
+            if adds["reasoning"]:
+                parts.reasoning.append(adds["reasoning"])
                 content = True
-            if delta.tool_calls:
+            if adds["tool_calls"]:
                 content = True
-                for call in delta.tool_calls:
+                for call in adds["tool_calls"]:
                     tc = parts.tool_calls.get(call.index)
                     if tc is None:
                         tc = parts.tool_calls[call.index] = _ToolCallParts()
@@ -155,11 +163,12 @@ class Accumulator:
                             tc.name.append(call.function.name)
                         if call.function.arguments:
                             tc.arguments.append(call.function.arguments)
-            if choice.finish_reason is not None:
-                parts.finish_reason = choice.finish_reason
-            if choice.logprobs:
+            if fields["finish_reason"] is not None:
+                parts.finish_reason = fields["finish_reason"]
+            logprobs = fields["logprobs"]
+            if logprobs:
                 merged = parts.logprobs if parts.logprobs is not None else {}
-                for key, value in choice.logprobs.items():
+                for key, value in logprobs.items():
                     if isinstance(value, list):
                         merged.setdefault(key, []).extend(value)
                 parts.logprobs = merged

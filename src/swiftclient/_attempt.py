@@ -441,16 +441,29 @@ class AttemptRun:
             )
         return deadline_exceeded(name, timeout)
 
+    def ready(self) -> ChatCompletionChunk | None:
+        """The next chunk when it was already received (taken without waiting, so without
+        a time limit), else None: :meth:`next` without a coroutine, for the stream's loop,
+        which awaits :meth:`read` only when this gives None."""
+        nowait = self.next_nowait
+        if nowait is None:
+            return None
+        chunk = nowait()
+        if chunk is not None and chunk.usage is not None:
+            self.usage = chunk.usage
+        return chunk
+
     async def next(self) -> ChatCompletionChunk | None:
         """The next chunk (None at the end): a chunk already received is taken without
         waiting, so without a time limit; otherwise the read waits, bounded."""
-        nowait = self.next_nowait
-        if nowait is not None:
-            chunk = nowait()
-            if chunk is not None:
-                if chunk.usage is not None:
-                    self.usage = chunk.usage
-                return chunk
+        chunk = self.ready()
+        if chunk is not None:
+            return chunk
+        return await self.read()
+
+    async def read(self) -> ChatCompletionChunk | None:
+        """The next chunk (None at the end) after :meth:`ready` gave None: the read
+        waits, bounded by the attempt's time limits."""
         iterator = self._iterator
         assert iterator is not None, "read before open()"
         due, kind = self._due()

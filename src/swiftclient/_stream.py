@@ -480,7 +480,7 @@ class ChatStream:
         self._now = call.now
         self._attempt: AttemptRun | None = None
         self._request: ChatRequest | None = None
-        self._next: Callable[[], Awaitable[ChatCompletionChunk | None]] | None = None
+        self._reading: AttemptRun | None = None  # the committed attempt, once entered
         self._buffered: list[ChatCompletionChunk] = []
         self._last_content_at: float | None = None
         self._accumulator = Accumulator()
@@ -520,7 +520,7 @@ class ChatStream:
             call.commit(attempt)
         self._attempt = attempt
         self._request = attempt.request
-        self._next = attempt.next
+        self._reading = attempt
         self._buffered = buffered
         if attempt.first_token_at is None:
             self._done = True  # the stream ended without content
@@ -555,16 +555,19 @@ class ChatStream:
             chunk = self._buffered.pop(0)
             self._accumulator.add(chunk)
             return chunk
-        read = self._next
-        if read is None and not self._done:
+        attempt = self._reading
+        if attempt is None and not self._done:
             raise errors.ConfigurationError(
                 "a stream is read inside its block: "
                 "`async with client.stream(...) as stream: async for chunk in stream: ...`"
             )
-        if self._done or read is None:
+        if self._done or attempt is None:
             raise StopAsyncIteration
         try:
-            next_chunk = await read()
+            # a chunk already received is taken without a coroutine; else the read waits
+            next_chunk = attempt.ready()
+            if next_chunk is None:
+                next_chunk = await attempt.read()
         except BaseException as exc:
             self._done = True
             if self._attempt is not None:

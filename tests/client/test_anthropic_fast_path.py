@@ -10,21 +10,25 @@ through whole streams on asyncio and trio.
 
 from __future__ import annotations
 
+import copy
 import json
+import pickle
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import pydantic
 import pydantic_core
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from swiftclient import AnthropicBackend, AsyncClient
+from swiftclient._accumulate import Accumulator
 from swiftclient.backends.anthropic import MessageDecoder
 from swiftclient.backends.http import TextChunks, text_chunk
 from swiftclient.testing import FakeProvider, Reply
-from swiftclient.types import ChatCompletionChunk
+from swiftclient.types import ChatCompletionChunk, ChoiceDelta, ChunkChoice
 
 KEY = "sk-ant-api03-fast-path-key-0123456789"
 HEAD = b'{"type":"content_block_delta","index":%d,"delta":{"type":"text_delta","text":'
@@ -231,6 +235,114 @@ def test_only_the_latest_started_text_block_is_taken() -> None:
 def test_the_chunk_template_carries_any_id_and_model(message_id: str, model: str) -> None:
     fast = TextChunks(message_id, model).chunk(b'"hi"')
     assert sig(fast) == sig(text_chunk(message_id, model, "hi"))
+
+
+# ------------------------------------------------- chunks assembled without validation
+
+
+def everything(chunk: ChatCompletionChunk) -> Any:
+    """All a user can see of a chunk: its type, values, fields set and extras at each level,
+    each level's ``__dict__`` in order, private state, repr and both serializations."""
+    choice = chunk.choices[0]
+    models = (chunk, choice, choice.delta)
+    return (
+        [type(model) for model in models],
+        [list(model.__dict__.items()) for model in models],
+        [model.model_fields_set for model in models],
+        [model.model_extra for model in models],
+        [object.__getattribute__(model, "__pydantic_private__") for model in models],
+        repr(chunk),
+        str(chunk),
+        chunk.model_dump(),
+        chunk.model_dump(exclude_unset=True),
+        chunk.model_dump(exclude_defaults=True),
+        chunk.model_dump_json(),
+        chunk.model_dump_json(exclude_unset=True),
+        chunk.text,
+        chunk.has_content(),
+    )
+
+
+SLOTS = ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__", "__pydantic_private__")
+
+
+def test_the_assembled_models_have_nothing_validation_would_add() -> None:
+    """TextChunks sets the four slots validation sets, through BaseModel's descriptors: a
+    model class with a post-init hook or private attributes would need more, so these must
+    have none, and their slots must be BaseModel's."""
+    for cls in (ChatCompletionChunk, ChunkChoice, ChoiceDelta):
+        assert cls.__pydantic_post_init__ is None
+        assert cls.__private_attributes__ == {}
+        assert not cls.__pydantic_root_model__
+        assert cls.model_config.get("extra") == "allow"
+        # the slots are BaseModel's, whose descriptors TextChunks writes through
+        for slot in SLOTS:
+            assert [k for k in cls.__mro__ if slot in vars(k)][0] is pydantic.BaseModel
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    text=st.text(),
+    message_id=st.text(max_size=30),
+    model=st.text(max_size=30),
+    created=st.integers(0, 2**40),
+)
+def test_an_assembled_chunk_is_the_validated_chunk(
+    text: str, message_id: str, model: str, created: int
+) -> None:
+    chunks = TextChunks(message_id, model, created)
+    fast = chunks.text(text)
+    validated = text_chunk(message_id, model, text, created)
+    assert fast == validated
+    assert everything(fast) == everything(validated)
+    assert sig(fast) == sig(validated)
+    # it survives every round trip a validated chunk does, unchanged
+    assert ChatCompletionChunk.model_validate_json(fast.model_dump_json()) == validated
+    assert ChatCompletionChunk.model_validate(fast.model_dump()) == validated
+    assert everything(pickle.loads(pickle.dumps(fast))) == everything(validated)
+    assert everything(copy.deepcopy(fast)) == everything(validated)
+    assert everything(fast.model_copy(deep=True)) == everything(validated)
+    assert ChatCompletionChunk.model_validate(fast) is fast  # an instance, as validated
+
+
+def test_assembled_chunks_share_nothing_a_user_can_change() -> None:
+    chunks = TextChunks("msg_1", "claude-x")
+    first, second = chunks.text("a"), chunks.text("b")
+    for one, two in [
+        (first, second),
+        (first.choices[0], second.choices[0]),
+        (first.choices[0].delta, second.choices[0].delta),
+    ]:
+        assert one.__dict__ is not two.__dict__
+        assert one.model_fields_set is not two.model_fields_set
+        assert one.model_extra is not two.model_extra
+    assert first.choices is not second.choices
+    # changing one chunk (fields, fields set, extras) changes it as it changes a validated
+    # chunk, and leaves the other chunks as they were
+    validated = text_chunk("msg_1", "claude-x", "a")
+    for chunk in (first, validated):
+        chunk.id = "changed"
+        chunk.system_fingerprint = "fp"
+        chunk.choices[0].delta.role = "assistant"
+        chunk.choices[0].finish_reason = "stop"
+        chunk.surprise = 1  # type: ignore[attr-defined]  # extra="allow"
+        chunk.choices[0].delta.refusal = "no"
+        chunk.choices.append(ChunkChoice(index=1))
+    assert everything(first) == everything(validated)
+    assert everything(chunks.text("c")) == everything(text_chunk("msg_1", "claude-x", "c"))
+    assert everything(second) == everything(text_chunk("msg_1", "claude-x", "b"))
+
+
+def test_assembled_and_validated_chunks_accumulate_alike() -> None:
+    texts = ["Hello", ", ", "", "wörld 🎉", "\n"]
+    chunks = TextChunks("msg_acc", "claude-acc", 7)
+    fast, validated = Accumulator(), Accumulator()
+    for text in texts:
+        assert fast.add(chunks.text(text)) == validated.add(
+            text_chunk("msg_acc", "claude-acc", text, 7)
+        )
+    assert fast.build() == validated.build()
+    assert fast.build().choices[0].message.content == "".join(texts)
 
 
 # --------------------------------------------------------------------------- whole streams

@@ -24,6 +24,7 @@ from swiftclient import (
     Timeout,
 )
 from swiftclient._deadline import Deadline
+from swiftclient.backends.http import text_chunk
 from swiftclient.backends.responses import chat_completion, responses_body
 from swiftclient.providers import preset
 from swiftclient.types import ChatRequest
@@ -317,6 +318,24 @@ async def test_a_documented_event_stream_decodes_into_chat_chunks() -> None:
     assert seen[0]["body"]["input"] == [{"role": "user", "content": "Weather in Paris?"}]
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == "Hi there"
+    texts = [c for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(texts) == 2
+    for chunk in texts:  # assembled per token without validation: the validated chunk
+        validated = text_chunk("resp_7", "gpt-4.1-2025-04-14", chunk.text, 1741290958)
+        assert chunk == validated
+        assert (repr(chunk), chunk.model_dump_json()) == (
+            repr(validated),
+            validated.model_dump_json(),
+        )
+        for got, want in [
+            (chunk, validated),
+            (chunk.choices[0], validated.choices[0]),
+            (chunk.choices[0].delta, validated.choices[0].delta),
+        ]:
+            assert (got.model_fields_set, got.model_extra) == (
+                want.model_fields_set,
+                want.model_extra,
+            )
     message = completion.choices[0].message
     assert message.content == "Hi there"
     [call] = message.tool_calls or []

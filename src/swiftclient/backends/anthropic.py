@@ -51,7 +51,14 @@ from ..types import (
     Usage,
 )
 from .base import RequestOptions
-from .http import HTTPBackend, TextChunks, _ChunkStream, _deadline_exceeded, _Response, text_chunk
+from .http import (
+    NO_IDS,
+    HTTPBackend,
+    TextChunks,
+    _ChunkStream,
+    _deadline_exceeded,
+    _Response,
+)
 
 __all__ = [
     "ANTHROPIC_VERSION",
@@ -647,7 +654,7 @@ class MessageDecoder:
         self._answered = False
         self._thinking: list[dict[str, Any]] = []
         self._usage: Usage | None = None
-        self._text = TextChunks("", "")
+        self._text = NO_IDS
         # the bytes that open a delta of the latest started block, when that is a text block
         self._text_head: bytes | None = None
         self.done = False
@@ -714,7 +721,7 @@ class MessageDecoder:
             self._text_head = _TEXT_DELTA % index
             text = block.get("text")
             if isinstance(text, str) and text:
-                return text_chunk(self._id, self._model, text)
+                return self._text.text(text)
             return None
         if kind == "tool_use":
             name = str(block.get("name", ""))
@@ -753,13 +760,13 @@ class MessageDecoder:
         kind = delta.get("type")
         if kind == "text_delta" and where == "text":
             text = delta.get("text")
-            return text_chunk(self._id, self._model, text) if isinstance(text, str) else None
+            return self._text.text(text) if isinstance(text, str) else None
         if kind == "input_json_delta":
             piece = delta.get("partial_json")
             if not isinstance(piece, str) or not piece:
                 return None
             if where == "output":
-                return text_chunk(self._id, self._model, piece)
+                return self._text.text(piece)
             if where == "tool":
                 tool_delta = ToolCallDelta(index=call, function=FunctionCallDelta(arguments=piece))
                 return _chunk(self._id, self._model, ChoiceDelta(tool_calls=[tool_delta]))

@@ -48,13 +48,14 @@ from .._deadline import Deadline
 from ..types import ChatCompletion, ChatCompletionChunk, ChatRequest
 from .base import RequestOptions
 from .http import (
+    NO_IDS,
     HTTPBackend,
+    TextChunks,
     _ChunkStream,
     _deadline_exceeded,
     _inband_error,
     _Response,
     _stream_error,
-    text_chunk,
 )
 
 __all__ = ["ResponsesBackend", "chat_completion", "responses_body"]
@@ -330,7 +331,16 @@ class _EventStream(_ChunkStream):
     """The HTTP backend's chunk stream, decoding Responses API events instead of OpenAI
     chunks: bytes, SSE framing, bounds, deadline checks and closing are the parent's."""
 
-    __slots__ = ("_calls", "_created", "_id", "_model", "_pending", "_reasoning", "_streamed")
+    __slots__ = (
+        "_calls",
+        "_created",
+        "_id",
+        "_model",
+        "_pending",
+        "_reasoning",
+        "_streamed",
+        "_texts",
+    )
 
     def __init__(self, response: _Response, backend: ResponsesBackend, deadline: Deadline) -> None:
         super().__init__(response, backend, deadline, 1)
@@ -341,6 +351,7 @@ class _EventStream(_ChunkStream):
         self._id = ""
         self._model = ""
         self._created = 0
+        self._texts = NO_IDS
 
     def next_nowait(self) -> ChatCompletionChunk | None:
         """The next chunk already received, or None when the next one needs I/O (or the end)."""
@@ -392,13 +403,14 @@ class _EventStream(_ChunkStream):
             self._model = response.get("model", "")
             self._created = int(response.get("created_at") or 0)
             self._chunk({"role": "assistant", "content": ""})
+            self._texts = TextChunks(self._id, self._model, self._created)
         elif kind == "response.output_text.delta":
             text = data.get("delta", "")
             logprobs = data.get("logprobs")
             if logprobs or not isinstance(text, str):
                 self._chunk({"content": text}, logprobs=logprobs)
             else:  # the per-token path: nothing to validate
-                self._pending.append(text_chunk(self._id, self._model, text, self._created))
+                self._pending.append(self._texts.text(text))
         elif kind in ("response.reasoning_text.delta", "response.reasoning_summary_text.delta"):
             self._chunk({"reasoning_content": data.get("delta", "")})
         elif kind == "response.output_item.added":
