@@ -267,7 +267,9 @@ class CacheAccounting:
         usage = attempt.usage
         if usage is None:
             return
-        name = attempt.target.backend_name
+        target = attempt.target
+        alias = target.alias  # the target's backend_name, without the property's call
+        name = target.backend.name if alias is None else alias
         counts = self.backends.get(name)
         if counts is None:
             counts = self.backends[name] = CacheUsage()

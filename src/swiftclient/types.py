@@ -588,6 +588,14 @@ class ChatCompletion(BaseModel):
         return self.choices[0].finish_reason if self.choices else None
 
 
+def set_timing(completion: ChatCompletion, timing: Timing) -> None:
+    """Set ``completion.timing`` as pydantic's own assignment of a field does (the value in
+    the model's ``__dict__``, the name in its fields set), without the generic
+    ``__setattr__`` walk: the call path does this once per call."""
+    completion.__dict__["timing"] = timing
+    completion.__pydantic_fields_set__.add("timing")
+
+
 class FunctionCallDelta(BaseModel):
     """A fragment of a function call in a stream."""
 

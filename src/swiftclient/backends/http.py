@@ -491,11 +491,13 @@ class HTTPBackend:
         encoding = None
         if options is not None:
             encoding = options.encoding
-            if options.idempotency_key or options.headers:
-                headers = dict(headers)
-                if options.idempotency_key:
-                    headers["idempotency-key"] = options.idempotency_key
-                headers.update(options.headers)
+            key, extra = options.idempotency_key, options.headers
+            if extra:
+                headers = (
+                    {**headers, "idempotency-key": key, **extra} if key else {**headers, **extra}
+                )
+            elif key:
+                headers = {**headers, "idempotency-key": key}
         body = self._encode(request, stream, encoding)
         slots = self._slots
         assert slots is not None
