@@ -448,12 +448,13 @@ class CallEncoding:
         self._bodies: dict[tuple[str, bool, bool, bool, bool], bytes] = {}
 
     def _ours(self, request: ChatRequest) -> bool:
+        fields = request.__dict__  # the fields' values, read without pydantic's attribute hook
         messages = self._messages
         if messages is None:
-            self._messages = request.messages
-            self._tools = request.tools
+            self._messages = fields["messages"]
+            self._tools = fields["tools"]
             return True
-        return messages is request.messages and self._tools is request.tools
+        return messages is fields["messages"] and self._tools is fields["tools"]
 
     def prefix(self, request: ChatRequest) -> PromptPrefix:
         """:func:`prompt_prefix` of ``request`` (with the call's layout), computed once per

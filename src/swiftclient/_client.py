@@ -96,7 +96,10 @@ def _request(model: str, messages: MessagesInput, params: dict[str, Any]) -> Cha
     """The request, validated in one pass (messages included); bad input raises
     :class:`~swiftclient.ConfigurationError` naming the message or field at fault."""
     try:
-        return ChatRequest.model_validate({"model": model, "messages": messages, **params})
+        # The model's validator itself: ``model_validate`` is one Python call around it.
+        request: ChatRequest = ChatRequest.__pydantic_validator__.validate_python(
+            {"model": model, "messages": messages, **params}
+        )
     except pydantic.ValidationError as exc:
         loc = exc.errors(include_url=False, include_input=False)[0]["loc"]
         if len(loc) >= 2 and loc[0] == "messages" and isinstance(loc[1], int):
@@ -104,6 +107,7 @@ def _request(model: str, messages: MessagesInput, params: dict[str, Any]) -> Cha
                 f"invalid message messages[{loc[1]}]: {validation_summary(exc, loc[:2])}"
             ) from exc
         raise errors.ConfigurationError(f"invalid chat request: {validation_summary(exc)}") from exc
+    return request
 
 
 class AsyncClient:

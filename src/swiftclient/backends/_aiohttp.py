@@ -235,32 +235,33 @@ class AiohttpTransport:
             if len(self._urls) > 64:
                 self._urls.clear()
             target = self._urls[url] = yarl.URL(url)
-        send = functools.partial(
-            session.request,
-            method,
-            target,
-            headers=headers,
-            data=body or None,
-            allow_redirects=False,
-            timeout=_client_timeout(connect),
-        )
+        data, timeout = body or None, _client_timeout(connect)
+        fresh: contextvars.Token[bool] | None = None
         try:
-            try:
-                response = await send()
-            except Exception as exc:
-                if not (_REUSED.get() and _unanswered(exc)):
-                    raise
-                # The pooled connection was dead: send again, at once, on a new one.
-                fresh = _FRESH.set(True)
+            while True:
                 try:
-                    response = await send()
-                finally:
-                    _FRESH.reset(fresh)
+                    response = await session.request(
+                        method,
+                        target,
+                        headers=headers,
+                        data=data,
+                        allow_redirects=False,
+                        timeout=timeout,
+                    )
+                    break
+                except Exception as exc:
+                    if fresh is not None or not (_REUSED.get() and _unanswered(exc)):
+                        raise
+                    # The pooled connection was dead: send again, at once, on a new one.
+                    fresh = _FRESH.set(True)
         except Exception as exc:
             mapped = map_aiohttp_error(exc)
             if mapped is None:
                 raise
             raise mapped from exc
+        finally:
+            if fresh is not None:
+                _FRESH.reset(fresh)
         return TransportResponse(response.status, response.headers, _Body(response))
 
     async def aclose(self) -> None:
