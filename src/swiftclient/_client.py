@@ -442,13 +442,14 @@ class AsyncClient:
             [self._target(model)] if model is None or type(model) is str else self.targets(model)
         )
         request = _request(targets[0].model, validated, params)
-        sent = request.messages
+        fields = request.__dict__  # the fields' values, read without pydantic's attribute hook
+        sent, tools = fields["messages"], fields["tools"]
         if static is None:
             static = leading_static(sent)
         if static:
             self._lint.check(sent, static)
-        if request.tools:
-            self._lint.check_tools(request.tools)
+        if tools:
+            self._lint.check_tools(tools)
         limits = (
             self.timeout if isinstance(timeout, NotGiven) else Timeout.coerce(timeout, self.timeout)
         )

@@ -156,7 +156,7 @@ def redact(text: str, *secrets: str | None) -> str:
     prefixes, ``api_key=...``); ordinary words, ``key_separator`` among them, are left
     alone.
     """
-    known = [secret for secret in secrets if secret and secret in text]
+    known = [secret for secret in secrets if secret and secret in text] if secrets else None
     if known:
         pieces: list[str] = []
         done = 0

@@ -209,10 +209,11 @@ class AiohttpTransport:
             ssl=self._ssl,
         )
         # trust_env stays off: the backend resolves proxy settings once, itself. API calls
-        # keep no cookies (a dummy jar skips the per-request cookie filtering).
+        # keep no cookies (a dummy jar skips the per-request cookie filtering). Every request
+        # carries its backend's own user-agent, so aiohttp adds none of its own (a session
+        # skip list would cost a header merge per request).
         self._session = aiohttp.ClientSession(
             connector=connector,
-            skip_auto_headers=("User-Agent",),
             proxy=self._proxy,
             cookie_jar=aiohttp.DummyCookieJar(),
         )

@@ -599,22 +599,23 @@ class HTTPBackend:
         length = response.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > limit:
             raise self._too_large(f"the response body is {length} bytes", limit)
-        parts: list[bytes] = []
-        size = 0
         read = response.read
         at_end = response.body.at_end
         try:
-            while data := await read():
-                size += len(data)
-                if size > limit:
-                    raise self._too_large("the response body", limit)
+            data = await read()
+            parts = [data]
+            size = len(data)
+            # the whole body is here once its end is: no read just to see it end
+            while data and size <= limit and not at_end():
+                data = await read()
                 parts.append(data)
-                if at_end():  # the whole body is here: no read just to see it end
-                    break
+                size += len(data)
         except TransportError as exc:
             error = self._error(exc)
         else:
-            return parts[0] if len(parts) == 1 else b"".join(parts)
+            if size > limit:
+                raise self._too_large("the response body", limit)
+            return data if len(parts) == 1 else b"".join(parts)
         raise error
 
     def _too_large(self, what: str, limit: int) -> errors.ResponseTooLarge:
