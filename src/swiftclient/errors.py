@@ -89,6 +89,8 @@ _PREFIXED_KEY = re.compile(r"\b(?:sk|rk|pk|oxlo)[-_][A-Za-z0-9_-]{8,}")
 _KEY_FIELD = re.compile(r"(?i)(api[_-]?key[\"']?\s*[:=]\s*[\"']?)([^\"'\s,}]{4,})")
 # What any of the three shapes above needs (a cheap scan before the three substitutions).
 _ANY_SHAPE = re.compile(r"(?i)bearer\s|\b(?:sk|rk|pk|oxlo)[-_]|api[_-]?key")
+
+
 def _may_be_shaped(text: str) -> bool:
     """False when ``text`` cannot match ``_ANY_SHAPE``: ASCII text holding, in any case,
     none of what every match holds one of (``bearer``; ``sk``, ``rk``, ``pk`` or ``oxlo``
@@ -98,12 +100,7 @@ def _may_be_shaped(text: str) -> bool:
         return True
     low = text.lower()
     return (
-        "key" in low
-        or "k-" in low
-        or "k_" in low
-        or "o-" in low
-        or "o_" in low
-        or "bearer" in low
+        "key" in low or "k-" in low or "k_" in low or "o-" in low or "o_" in low or "bearer" in low
     )
 
 
