@@ -544,10 +544,27 @@ class AttemptRun:
                 raise
         deadline = self._deadline
         backend = self.target.backend
+        due = deadline.at
         try:
-            waiter = loop_waiter() if getattr(backend, "complete_cancels_cleanly", False) else None
             waiting = backend.complete(self.request, deadline, self.options)
-            result = await self._bounded(waiting, deadline.at, "deadline", waiter)
+            waiter = None
+            if due != math.inf and getattr(backend, "complete_cancels_cleanly", False):
+                waiter = loop_waiter()
+            if waiter is None:
+                result = await self._bounded(waiting, due, "deadline", None)
+            else:  # _bounded's watch, in this frame: one coroutine less on the plain path
+                expired = False
+                waiter.start(_current_task(), due)  # type: ignore[arg-type]
+                try:
+                    result = await waiting
+                except asyncio.CancelledError:
+                    if not waiter.expired():
+                        raise
+                    expired = True
+                finally:
+                    waiter.stop()
+                if expired:
+                    raise self._timeout_error("deadline")
             self.usage = result.usage
             self._first_token(self._now(), streamed=False)
             return result

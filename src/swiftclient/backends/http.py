@@ -478,13 +478,18 @@ class HTTPBackend:
             backend=self.name,
         )
 
-    async def _send(
+    def _send(
         self,
         request: ChatRequest,
         deadline: Deadline,
         options: RequestOptions | None,
         stream: bool,
-    ) -> _Response:
+    ) -> Awaitable[_Response]:
+        """Send ``request`` (its body on this wire, with the call's headers); awaited, the
+        response once its head arrived (``options.on_response`` hears the head; an error
+        status raises its error). With a connection slot free now, this is the exchange's
+        own coroutine, no coroutine of its own per request; else one that first waits for a
+        slot (at most ``Timeout.pool``). Await it at once: the slot is already held."""
         if self._transport is None:
             self._open()
         headers = self._stream_headers if stream else self._headers
@@ -499,23 +504,32 @@ class HTTPBackend:
             elif key:
                 headers = {**headers, "idempotency-key": key}
         body = self._encode(request, stream, encoding)
+        url = self._url if self._url_of is None else self._url_of(request.model)
         slots = self._slots
         assert slots is not None
         try:
             slots.acquire_nowait()
         except anyio.WouldBlock:
-            await self._acquire(deadline)
+            return self._send_queued(url, headers, body, deadline, options)
         connect = deadline.bound(deadline.timeout.connect)
-        url = self._url if self._url_of is None else self._url_of(request.model)
-        response = await self._exchange("POST", url, headers, body, connect, slots)
-        if options is not None and options.on_response is not None:
-            options.on_response(response.status, response.headers)
-        if response.status >= 400:
-            try:
-                raise await self._status_error(response)
-            finally:
-                await response.aclose()
-        return response
+        return self._exchange("POST", url, headers, body, connect, slots, options, checked=True)
+
+    async def _send_queued(
+        self,
+        url: str,
+        headers: Mapping[str, str],
+        body: bytes,
+        deadline: Deadline,
+        options: RequestOptions | None,
+    ) -> _Response:
+        """:meth:`_send` once a connection slot is free."""
+        await self._acquire(deadline)
+        slots = self._slots
+        assert slots is not None
+        connect = deadline.bound(deadline.timeout.connect)
+        return await self._exchange(
+            "POST", url, headers, body, connect, slots, options, checked=True
+        )
 
     def _auth_headers(self, api_key: str) -> dict[str, str]:
         """The headers that carry ``api_key`` (a bearer token on this wire)."""
@@ -574,9 +588,14 @@ class HTTPBackend:
         body: bytes,
         connect: float | None,
         slots: anyio.Semaphore,
+        options: RequestOptions | None = None,
+        *,
+        checked: bool = False,
     ) -> _Response:
         """Send one request holding the slot ``slots`` was just acquired for; the slot is
-        released with the response, or at once when sending fails."""
+        released with the response, or at once when sending fails. ``checked`` (a chat
+        request): ``options.on_response`` hears the response's head, and an error status
+        raises its error (the response closed first)."""
         transport = self._transport or self._open()
         try:
             sent = await transport.send(method, url, headers, body, connect)
@@ -586,7 +605,17 @@ class HTTPBackend:
                 raise
             error = self._error(exc)
         else:
-            return _Response(sent, slots)
+            response = _Response(sent, slots)
+            if not checked:
+                return response
+            if options is not None and options.on_response is not None:
+                options.on_response(response.status, response.headers)
+            if response.status >= 400:
+                try:
+                    raise await self._status_error(response)
+                finally:
+                    await response.aclose()
+            return response
         raise error  # outside the except block: the chain keeps no transport exception
 
     def _error(self, exc: TransportError) -> errors.SwiftClientError:
