@@ -191,7 +191,11 @@ class AiohttpTransport:
         socket_factory: SocketFactory | None = None,
         ssl_context: ssl.SSLContext | None = None,
         proxy: str | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
+        self._headers = dict(headers or {})
+        """The headers of every request: the session's own (aiohttp merges them in C; a
+        request's own headers go on top of them)."""
         self._keepalive_expiry = keepalive_expiry
         self._socket_factory = socket_factory
         self._ssl: ssl.SSLContext | bool = ssl_context if ssl_context is not None else True
@@ -214,6 +218,7 @@ class AiohttpTransport:
         # skip list would cost a header merge per request).
         self._session = aiohttp.ClientSession(
             connector=connector,
+            headers=self._headers,
             proxy=self._proxy,
             cookie_jar=aiohttp.DummyCookieJar(),
         )

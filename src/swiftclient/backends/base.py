@@ -164,7 +164,10 @@ class Transport(Protocol):
     """The HTTP seam under :class:`~swiftclient.HTTPBackend`: one method sends one request.
 
     The backend builds the request itself (method, absolute URL, every header, the body
-    bytes) and bounds the wait for a pooled connection itself; a transport only opens or
+    bytes) and bounds the wait for a pooled connection itself. The headers the backend sends
+    on every request come once, when it makes the transport (``headers=``); ``send`` is
+    given the request's own, which go on top of them (a name in both: the request's value).
+    A transport only opens or
     reuses a connection (within ``connect`` seconds when given) and returns the response
     once its head has arrived. Failures are raised as the seam's transport errors
     (``backends/_errors.py``: connect, pool, read, write, protocol, decoding, invalid URL),

@@ -245,8 +245,11 @@ class HTTPBackend:
             base_headers.update({k.lower(): v for k, v in headers.items()})
         if api_key:
             base_headers.update(self._auth_headers(api_key))
-        self._headers = base_headers
-        self._stream_headers = {**base_headers, "accept": "text/event-stream"}
+        # The transport is made with the headers of every request (the session's own on
+        # aiohttp, merged in C); each request sends its accept (and key) on top of them.
+        self._base_headers = {k: v for k, v in base_headers.items() if k != "accept"}
+        self._headers = {"accept": base_headers["accept"]}
+        self._stream_headers = {"accept": "text/event-stream"}
         self._max_connections = max_connections
         self._keepalive_expiry = keepalive_expiry
         self._tcp_keepalive = tcp_keepalive
@@ -303,7 +306,7 @@ class HTTPBackend:
     def _make_transport(self) -> Transport:
         self._release_nowait = False
         if self._given_transport is not None:
-            return HttpxTransport(self._given_transport)
+            return HttpxTransport(self._given_transport, self._base_headers)
         socket_options = keepalive_options() if self._tcp_keepalive else None
         context = (
             ssl_context(self._verify, self._cert, self._trust_env) if self._needs_tls() else None
@@ -324,6 +327,7 @@ class HTTPBackend:
                 socket_factory=factory if socket_options else None,
                 ssl_context=context,
                 proxy=self._proxy,
+                headers=self._base_headers,
             )
         if self._http2:
             try:
@@ -345,7 +349,8 @@ class HTTPBackend:
                 proxy=self._proxy,
                 trust_env=False,  # resolved above, once
                 socket_options=socket_options,
-            )
+            ),
+            self._base_headers,
         )
 
     @property
