@@ -109,23 +109,39 @@ class _Connector(aiohttp.TCPConnector):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._served: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._served: set[int] = set()
+        """The ids of the connections (protocols) handed out before, each dropped when its
+        protocol is freed (so a later object with the same id is new): a set lookup per
+        request, where a ``WeakSet`` made a weak reference for every lookup."""
 
     async def connect(self, req: Any, traces: Any, timeout: aiohttp.ClientTimeout) -> Any:
-        """A pooled or new connection; :data:`_REUSED` says which."""
-        _REUSED.set(False)
+        """A pooled or new connection; :data:`_REUSED` says which (set only when it
+        changes: a context variable's ``set`` copies the context)."""
         served = self._served
-        while True:
-            conn = await super().connect(req, traces, timeout)
-            protocol = conn.protocol
-            if protocol is None or protocol not in served:
-                if protocol is not None:
-                    served.add(protocol)
-                return conn
-            if not _FRESH.get():
-                _REUSED.set(True)
-                return conn
-            conn.close()  # a resend takes no pooled connection: drop this one
+        try:
+            while True:
+                conn = await super().connect(req, traces, timeout)
+                protocol = conn.protocol
+                if protocol is None:
+                    reused = False
+                    break
+                key = id(protocol)
+                if key not in served:
+                    served.add(key)
+                    weakref.finalize(protocol, served.discard, key)
+                    reused = False
+                    break
+                if not _FRESH.get():
+                    reused = True
+                    break
+                conn.close()  # a resend takes no pooled connection: drop this one
+        except BaseException:
+            if _REUSED.get():
+                _REUSED.set(False)
+            raise
+        if _REUSED.get() is not reused:
+            _REUSED.set(reused)
+        return conn
 
 
 def _unanswered(exc: BaseException) -> bool:
