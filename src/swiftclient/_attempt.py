@@ -17,6 +17,7 @@ import asyncio
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import AsyncExitStack
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol, TypeVar
 
 import anyio
@@ -30,6 +31,7 @@ from .backends.base import Backend, BufferedChunkIterator, RequestOptions
 from .types import Attempt, ChatCompletion, ChatCompletionChunk, ChatRequest, Usage
 
 if TYPE_CHECKING:
+    from ._canonical import CallEncoding
     from .admission import Admission, Permit
 
 __all__ = [
@@ -149,8 +151,9 @@ class AttemptOwner(Protocol):
         attempt ends ``lost`` when another one is it."""
         ...
 
-    def first_token(self, attempt: AttemptResult) -> None:
-        """The attempt delivered its first content token (non-streamed: its whole reply)."""
+    def first_token(self, attempt: AttemptRun) -> None:
+        """The attempt delivered its first content token (non-streamed: its whole reply);
+        the owner freezes it (:meth:`AttemptRun.snapshot`) only if someone listens."""
         ...
 
     def ended(self, result: AttemptResult) -> None:
@@ -234,36 +237,35 @@ def _nowait_of(
     return iterator.next_nowait if buffered else None  # type: ignore[attr-defined]
 
 
+_NO_HEADERS: Mapping[str, str] = MappingProxyType({})
+"""The extra headers of an attempt that has none (one shared, read-only mapping)."""
+
+
 class AttemptRun:
     """One attempt against one target. Its public record is ``record``
     (:class:`~swiftclient.types.Attempt`, which the call keeps in ``Timing.attempts``); how
-    it ended is ``result`` (:class:`AttemptResult`, None while it runs)."""
+    it ended is ``result`` (:class:`AttemptResult`, None while it runs).
 
-    __slots__ = (
-        "_admission",
-        "_answer",
-        "_chunk_seen",
-        "_deadline",
-        "_iterator",
-        "_now",
-        "_owner",
-        "_permit",
-        "_stack",
-        "_waiter",
-        "call_id",
-        "call_trace",
-        "error",
-        "first_token_at",
-        "next_nowait",
-        "options",
-        "record",
-        "request",
-        "result",
-        "started_at",
-        "streamed",
-        "target",
-        "usage",
-    )
+    What an attempt sets on some paths only (its error, result, first token and usage, and
+    what a stream holds) starts as a class default: a plain call's attempt stores only what
+    it uses.
+    """
+
+    error: BaseException | None = None
+    """What it failed with (set when it ends with an error)."""
+    result: AttemptResult | None = None
+    """How it ended, frozen (None while it runs)."""
+    first_token_at: float | None = None
+    """When its first content token arrived (non-streamed: its whole reply)."""
+    next_nowait: Callable[[], ChatCompletionChunk | None] | None = None
+    """How its stream hands out a chunk already received (None: it cannot)."""
+    usage: Usage | None = None
+    """Token counts from the last chunk (or the completion) it handed out that had them."""
+    _stack: AsyncExitStack | None = None
+    _permit: Permit | None = None
+    _iterator: AsyncIterator[ChatCompletionChunk] | None = None
+    _waiter: Waiter | None = None
+    _chunk_seen = False
 
     def __init__(
         self,
@@ -274,57 +276,41 @@ class AttemptRun:
         trigger: Literal["first", "hedge", "fallback", "retry"] = "first",
         *,
         deadline: Deadline,
-        options: RequestOptions,
+        call_id: str | None = None,
+        encoding: CallEncoding | None = None,
         streamed: bool = False,
         admission: Admission | None = None,
         trace: AdmissionTrace | None = None,
     ) -> None:
         """An attempt numbered ``number`` that ``owner`` started on ``target`` with
         ``request``, bounded by the call's ``deadline`` (whose clock and start are the
-        call's), sending ``options`` (its idempotency key is the call's id), reading a stream
-        when ``streamed`` (else sending one request), waiting for ``admission`` when given,
-        and telling ``trace`` how long that took."""
+        call's), sending the call's idempotency key ``call_id`` and its request bytes
+        ``encoding``, reading a stream when ``streamed`` (else sending one request),
+        waiting for ``admission`` when given, and telling ``trace`` how long that took."""
         self._owner = owner
         self.target = target
         self.request = request
         self._deadline = deadline
-        self._now = deadline.now
+        self._now = now = deadline.now
         self._admission = admission
         self.call_trace = trace
         """The call's telemetry observer (None without one)."""
-        self.call_id = options.idempotency_key
+        self.call_id = call_id
         """The same for every attempt of one call (its idempotency key): group by it."""
-        self.started_at = self._now()
-        self.record = Attempt(
-            number=number,
-            backend=target.backend_name,
-            model=target.model,
-            started=self.started_at - deadline.started,
-            trigger=trigger,
-        )
-        self.error: BaseException | None = None
-        self.result: AttemptResult | None = None
-        self.first_token_at: float | None = None
-        self.next_nowait: Callable[[], ChatCompletionChunk | None] | None = None
-        self._stack: AsyncExitStack | None = None
-        self._permit: Permit | None = None
-        self._iterator: AsyncIterator[ChatCompletionChunk] | None = None
-        self._waiter: Waiter | None = None
-        self.usage: Usage | None = None
-        """Token counts from the last chunk (or the completion) it handed out that had them."""
-        self._chunk_seen = False
         self.streamed = streamed
         """Whether the attempt opens a stream (its first token is a content chunk), rather
         than sending one non-streamed request."""
-        self._answer = _Answer(self.record)
-        # built directly (every field named): dataclasses.replace walks the fields
-        # generically, several times the cost, on every attempt
-        self.options = RequestOptions(
-            idempotency_key=options.idempotency_key,
-            headers=options.headers,
-            encoding=options.encoding,
-            on_response=self._answer,
+        self.started_at = started = now()
+        alias = target.alias
+        self.record = record = Attempt(
+            number,
+            target.backend.name if alias is None else alias,
+            target.model,
+            started - deadline.started,
+            trigger=trigger,
         )
+        self._answer = answer = _Answer(record)
+        self.options = RequestOptions(call_id, _NO_HEADERS, encoding, answer)
         """What the attempt sends besides the request, with the hook that keeps its
         response's status and headers; the call adds its trace's headers once observers
         heard ``on_start``."""
@@ -404,7 +390,7 @@ class AttemptRun:
         self.first_token_at = now
         if streamed:  # a whole reply's time is the record's ``duration``
             self.record.ttft = now - self.started_at
-        self._owner.first_token(self.snapshot())
+        self._owner.first_token(self)
 
     # ------------------------------------------------------------------ bounded waits
 
@@ -479,10 +465,12 @@ class AttemptRun:
         self, waiting: Awaitable[_R], due: float, kind: _Limit, waiter: Waiter | None
     ) -> _R:
         """Await ``waiting`` until ``due``, then raise ``kind``'s timeout error: every wait
-        of an attempt is bounded here. On asyncio, with a ``waiter`` (a reusable entry on
-        the loop's one :class:`~swiftclient._deadline.DeadlineWatch`), the wait costs a set
-        insert and removal; without one (trio, or a wait whose cleanup is shielded, which a
-        plain task cancellation would not respect) a cancel scope bounds it."""
+        of an attempt is bounded here (a plain :meth:`complete` runs the watch's branch in
+        its own frame, one coroutine less per request). On asyncio, with a ``waiter`` (a
+        reusable entry on the loop's one :class:`~swiftclient._deadline.DeadlineWatch`),
+        the wait costs a set insert and removal; without one (trio, or a wait whose cleanup
+        is shielded, which a plain task cancellation would not respect) a cancel scope
+        bounds it."""
         if due == math.inf:
             return await waiting
         if waiter is None:
@@ -564,34 +552,43 @@ class AttemptRun:
         """
         admission = self._admission
         if admission is not None:
-            return await self._complete_admitted(admission)
-        return await self._complete()
-
-    async def _complete_admitted(self, admission: Admission) -> ChatCompletion:
-        """:meth:`complete` after admission, settling the capacity it held at the end."""
-        try:
-            await self._admit(admission)
-        except BaseException as exc:
-            self.finish(exc)
-            raise
-        try:
-            return await self._complete()
-        finally:
-            await self._settle()
-
-    async def _complete(self) -> ChatCompletion:
+            try:
+                await self._admit(admission)
+            except BaseException as exc:
+                self.finish(exc)
+                raise
         deadline = self._deadline
         backend = self.target.backend
+        due = deadline.at
         try:
-            waiter = loop_waiter() if getattr(backend, "complete_cancels_cleanly", False) else None
             waiting = backend.complete(self.request, deadline, self.options)
-            result = await self._bounded(waiting, deadline.at, "deadline", waiter)
+            waiter = None
+            if due != math.inf and getattr(backend, "complete_cancels_cleanly", False):
+                waiter = loop_waiter()
+            if waiter is None:
+                result = await self._bounded(waiting, due, "deadline", None)
+            else:  # _bounded's watch, in this frame: one coroutine less on the plain path
+                expired = False
+                waiter.start(_current_task(), due)  # type: ignore[arg-type]
+                try:
+                    result = await waiting
+                except asyncio.CancelledError:
+                    if not waiter.expired():
+                        raise
+                    expired = True
+                finally:
+                    waiter.stop()
+                if expired:
+                    raise self._timeout_error("deadline")
             self.usage = result.usage
             self._first_token(self._now(), streamed=False)
             return result
         except BaseException as exc:
             self.finish(exc)
             raise
+        finally:
+            if admission is not None:  # the capacity it held goes back, with what it learned
+                await self._settle()
 
     # ------------------------------------------------------------------ admission
 
@@ -654,32 +651,58 @@ class _Answer:
     object, not a bound method of the attempt, so the attempt's options hold no reference
     back to it (no reference cycle: an attempt is freed as soon as its call is done)."""
 
-    __slots__ = ("limited", "record", "status")
+    status: int | None = None
+    """The response's status (None until it arrived)."""
+    limited = False
+    """Whether the head carried a header admission learns from (rate limits, a
+    ``Retry-After``): without one, settling parses nothing."""
 
     def __init__(self, record: Attempt) -> None:
         self.record = record
-        self.status: int | None = None
-        self.limited = False
-        """Whether the head carried a header admission learns from (rate limits, a
-        ``Retry-After``): without one, settling parses nothing."""
 
     def __call__(self, status: int, headers: Mapping[str, str]) -> None:
         """Take in the response's head."""
-        kept = {}
-        limited = False
-        for name, value in headers.items():
-            lowered = name.lower()
-            if lowered.startswith(LEARNED_HEADERS):
-                limited = True
-                kept[lowered] = errors.redact(value)
-            elif lowered in _KEPT_HEADERS:
-                kept[lowered] = errors.redact(value)
+        names = tuple(headers)
+        plan = _HEAD_PLANS.get(names)
+        if plan is None:
+            plan = _head_plan(names)
+        wanted, limited = plan
+        kept: dict[str, str] = {}
+        if wanted:
+            values = tuple(headers.values())
+            for index, lowered in wanted:
+                kept[lowered] = errors.redact(values[index])
         self.status = status
         self.limited = limited
         self.record.headers = kept
 
 
 _KEPT_HEADERS = frozenset({"x-request-id", "request-id"})
+
+_HeadPlan = tuple[tuple[tuple[int, str], ...], bool]
+_HEAD_PLANS: dict[tuple[str, ...], _HeadPlan] = {}
+"""Per sequence of response header names (a provider answers with the same ones each time):
+where the headers an attempt keeps stand, their lower-case names, and whether one of them
+is a rate-limit header; at most ``_MAX_HEAD_PLANS`` kept."""
+_MAX_HEAD_PLANS = 256
+
+
+def _head_plan(names: tuple[str, ...]) -> _HeadPlan:
+    """Which of ``names`` an attempt keeps (position, lower-case name; a later duplicate
+    overwrites an earlier one) and whether one is a header admission learns from."""
+    wanted: list[tuple[int, str]] = []
+    limited = False
+    for index, name in enumerate(names):
+        lowered = name.lower()
+        if lowered.startswith(LEARNED_HEADERS):
+            limited = True
+            wanted.append((index, lowered))
+        elif lowered in _KEPT_HEADERS:
+            wanted.append((index, lowered))
+    if len(_HEAD_PLANS) >= _MAX_HEAD_PLANS:
+        _HEAD_PLANS.clear()
+    plan = _HEAD_PLANS[names] = (tuple(wanted), limited)
+    return plan
 
 
 def _body_size(request: ChatRequest, options: RequestOptions, streamed: bool) -> int:

@@ -293,14 +293,15 @@ def _plain_body(request: ChatRequest) -> bool:
     """Whether the request's body is its plain dump plus the call's own fields: nothing to
     reorder or merge (no tools, schema, ``extra_body``, ``metadata`` or ``logit_bias``)
     and no ``stream`` fields of its own."""
+    fields = request.__dict__  # the fields' values, read without pydantic's attribute hook
     return (
-        request.tools is None
-        and request.extra_body is None
-        and request.response_format is None
-        and request.metadata is None
-        and request.logit_bias is None
-        and request.stream is None
-        and request.stream_options is None
+        fields["tools"] is None
+        and fields["extra_body"] is None
+        and fields["response_format"] is None
+        and fields["metadata"] is None
+        and fields["logit_bias"] is None
+        and fields["stream"] is None
+        and fields["stream_options"] is None
     )
 
 
@@ -437,23 +438,23 @@ class CallEncoding:
     different request) is encoded afresh, never served from this memo.
     """
 
-    __slots__ = ("_bodies", "_canonical_tools", "_messages", "_prefix", "_static", "_tools")
+    _canonical_tools: _CanonicalTools | None = None
+    _messages: list[Message] | None = None
+    _tools: list[Tool] | None = None
+    _prefix: PromptPrefix | None = None
 
     def __init__(self, static: int | None = None) -> None:
         self._static = static
-        self._canonical_tools: _CanonicalTools | None = None
         self._bodies: dict[tuple[str, bool, bool, bool, bool], bytes] = {}
-        self._messages: list[Message] | None = None
-        self._tools: list[Tool] | None = None
-        self._prefix: PromptPrefix | None = None
 
     def _ours(self, request: ChatRequest) -> bool:
+        fields = request.__dict__  # the fields' values, read without pydantic's attribute hook
         messages = self._messages
         if messages is None:
-            self._messages = request.messages
-            self._tools = request.tools
+            self._messages = fields["messages"]
+            self._tools = fields["tools"]
             return True
-        return messages is request.messages and self._tools is request.tools
+        return messages is fields["messages"] and self._tools is fields["tools"]
 
     def prefix(self, request: ChatRequest) -> PromptPrefix:
         """:func:`prompt_prefix` of ``request`` (with the call's layout), computed once per
@@ -490,7 +491,7 @@ class CallEncoding:
         found = self._bodies.get(key)
         if found is None:
             prefix = self.prefix(request) if derive_cache_key else None
-            tools = None if exact else self._tools_of(request)
+            tools = None if exact or self._tools is None else self._tools_of(request)
             found = _encode(request, stream, include_usage, exact, prefix, tools)
             self._bodies[key] = found
         return found

@@ -25,7 +25,7 @@ from ._retry import RetryPolicy
 from ._stream import Call, ChatStream
 from ._structured import structured_output, validation_summary
 from .admission import Admission, Limits, TargetHealth
-from .backends.base import Backend, RequestOptions, enter_backends
+from .backends.base import Backend, enter_backends
 from .conversation import Conversation
 from .hedging import Hedge
 from .prompt_cache import CacheAccounting, CacheUsage, PrefixLint
@@ -35,6 +35,7 @@ from .types import ChatCompletion, ChatRequest
 __all__ = ["AsyncClient", "NOT_GIVEN", "NotGiven", "RouterLike"]
 
 T = TypeVar("T")
+_MAX_RESOLVED = 256
 ModelInput = str | Sequence[str] | None
 
 
@@ -95,7 +96,10 @@ def _request(model: str, messages: MessagesInput, params: dict[str, Any]) -> Cha
     """The request, validated in one pass (messages included); bad input raises
     :class:`~swiftclient.ConfigurationError` naming the message or field at fault."""
     try:
-        return ChatRequest.model_validate({"model": model, "messages": messages, **params})
+        # The model's validator itself: ``model_validate`` is one Python call around it.
+        request: ChatRequest = ChatRequest.__pydantic_validator__.validate_python(
+            {"model": model, "messages": messages, **params}
+        )
     except pydantic.ValidationError as exc:
         loc = exc.errors(include_url=False, include_input=False)[0]["loc"]
         if len(loc) >= 2 and loc[0] == "messages" and isinstance(loc[1], int):
@@ -103,6 +107,7 @@ def _request(model: str, messages: MessagesInput, params: dict[str, Any]) -> Cha
                 f"invalid message messages[{loc[1]}]: {validation_summary(exc, loc[:2])}"
             ) from exc
         raise errors.ConfigurationError(f"invalid chat request: {validation_summary(exc)}") from exc
+    return request
 
 
 class AsyncClient:
@@ -252,6 +257,8 @@ class AsyncClient:
             self.policies.on_breaker_change(self._share_breaker)
         self._closed = False
         self._stack: AsyncExitStack | None = None
+        self._resolved: dict[str, Target] = {}
+        """Targets by the model string that named them (at most ``_MAX_RESOLVED``)."""
 
     def _share_breaker(self, attempt: AttemptResult, old: str, new: str) -> None:
         """A breaker opened: rest its target on the shared admission store for the
@@ -356,6 +363,13 @@ class AsyncClient:
         """The target a model string names, labelled with the backend's registered name."""
         if model is None:
             model = self.model
+        try:
+            found = self._resolved.get(model)  # type: ignore[arg-type]
+        except TypeError:  # not a string (unhashable): refused below
+            found = None
+        if found is not None:
+            return found
+        named = model if type(model) is str and model else None
         if not model:  # a backend that serves one model may say what to call it
             model = getattr(self._backends[self._default], "default_model", None)
         if not model or not isinstance(model, str):
@@ -364,8 +378,14 @@ class AsyncClient:
             )
         head, sep, rest = model.partition("/")
         if sep and head in self._backends and rest:
-            return Target(self._backends[head], rest, head)
-        return Target(self._backends[self._default], model, self._default)
+            target = Target(self._backends[head], rest, head)
+        else:
+            target = Target(self._backends[self._default], model, self._default)
+        if named is not None:  # the backends are fixed: a model string names one target
+            if len(self._resolved) >= _MAX_RESOLVED:
+                self._resolved.clear()
+            self._resolved[named] = target
+        return target
 
     def targets(self, model: ModelInput) -> list[Target]:
         """Resolve a model string, or a list of them, to targets (backend, model) in order.
@@ -418,15 +438,18 @@ class AsyncClient:
                 wanted = self.model if model is None else model
                 if wanted is not None:
                     model = router.expand(wanted, prompt_chars=prompt_chars(checked), task=task)
-        targets = self.targets(model)
+        targets = (
+            [self._target(model)] if model is None or type(model) is str else self.targets(model)
+        )
         request = _request(targets[0].model, validated, params)
-        sent = request.messages
+        fields = request.__dict__  # the fields' values, read without pydantic's attribute hook
+        sent, tools = fields["messages"], fields["tools"]
         if static is None:
             static = leading_static(sent)
         if static:
             self._lint.check(sent, static)
-        if request.tools:
-            self._lint.check_tools(request.tools)
+        if tools:
+            self._lint.check_tools(tools)
         limits = (
             self.timeout if isinstance(timeout, NotGiven) else Timeout.coerce(timeout, self.timeout)
         )
@@ -434,17 +457,14 @@ class AsyncClient:
             hedge = self.hedge
         elif hedge is not None and not isinstance(hedge, Hedge):
             raise errors.ConfigurationError(f"hedge must be a Hedge or None, got {hedge!r}")
-        options = RequestOptions(
-            idempotency_key=_call_key(),
-            encoding=CallEncoding(static),
-        )
         several = len(targets) > 1
         return Call(
             targets,
             request,
             Deadline(limits),
             retry or self.retry,
-            options,
+            call_id=_call_key(),
+            encoding=CallEncoding(static),
             streamed=streamed,
             hedge=hedge,
             observers=self._observers if several else self._plain_observers,

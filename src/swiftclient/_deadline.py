@@ -20,7 +20,15 @@ import anyio
 
 from .errors import ConfigurationError
 
-__all__ = ["Deadline", "DeadlineWatch", "Timeout", "Waiter", "deadline_watch", "loop_waiter"]
+__all__ = [
+    "Deadline",
+    "DeadlineWatch",
+    "Timeout",
+    "Waiter",
+    "deadline_watch",
+    "loop_clock",
+    "loop_waiter",
+]
 
 
 _BASE_TIME = asyncio.BaseEventLoop.time
@@ -35,21 +43,25 @@ def running_loop() -> asyncio.AbstractEventLoop | None:
 
 
 def loop_time() -> float:
-    """The running loop's time, read the cheapest way (:func:`_clock`'s choice; anyio's
-    outside a loop of asyncio). The choice is kept for the loop it was made on (weakly:
-    a closed loop is not kept alive), so a reading on that loop is two C calls and the
-    clock's own."""
+    """The running loop's time, read the cheapest way (:func:`loop_clock`'s clock)."""
+    return loop_clock()()
+
+
+def loop_clock() -> Callable[[], float]:
+    """The running loop's clock (:func:`_clock`'s choice; anyio's outside a loop of
+    asyncio). The choice is kept for the loop it was made on (weakly: a closed loop is not
+    kept alive), so finding it again is two C calls."""
     global _CHOSEN
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
-        return anyio.current_time()
+        return anyio.current_time
     ref, clock = _CHOSEN  # one tuple: a thread reading on another loop sees a whole pair
     if ref() is not loop:
         clock = _clock()
         if getattr(clock, "__self__", None) is not loop:  # loop.time would keep it alive
             _CHOSEN = (weakref.ref(loop), clock)
-    return clock()
+    return clock
 
 
 def _no_loop() -> None:
@@ -147,13 +159,13 @@ class Deadline:
     __slots__ = ("_at", "now", "started", "timeout")
 
     def __init__(self, timeout: Timeout | None = None) -> None:
-        self.timeout = timeout or Timeout()
-        self.now: Callable[[], float] = _clock()
+        self.timeout = timeout = timeout or Timeout()
+        self.now: Callable[[], float] = loop_clock()
         """The event loop's clock (resolved once; reading it is on every hot path)."""
-        self.started = self.now()
+        self.started = started = self.now()
         """When the deadline was created (the call's start), on :attr:`now`'s clock."""
-        total = self.timeout.total
-        self._at = math.inf if total is None else self.started + total
+        total = timeout.total
+        self._at = math.inf if total is None else started + total
 
     @classmethod
     def after(cls, seconds: float | None) -> Deadline:
@@ -178,9 +190,10 @@ class Deadline:
 
     def bound(self, limit: float | None) -> float | None:
         """The smaller of ``limit`` and the time left; ``None`` when both are unbounded."""
-        left = self.remaining()
-        if limit is not None:
-            left = min(left, limit)
+        at = self._at
+        left = math.inf if at == math.inf else max(0.0, at - self.now())
+        if limit is not None and limit < left:
+            left = limit
         return None if left == math.inf else left
 
 
@@ -192,14 +205,17 @@ class Waiter:
     cancellation from any other (which then propagates untouched), and :meth:`stop` when the
     wait ended, any way."""
 
-    __slots__ = ("baseline", "due", "fired", "task", "watch")
+    task: asyncio.Task[Any] | None = None
+    """The task waiting (None between waits)."""
+    due = math.inf
+    """When the wait must end, on the loop's clock."""
+    baseline = 0
+    """The task's cancel requests when the wait began."""
+    fired = False
+    """Whether the watch cancelled the wait."""
 
     def __init__(self, watch: DeadlineWatch) -> None:
         self.watch = watch
-        self.task: asyncio.Task[Any] | None = None
-        self.due = math.inf
-        self.baseline = 0
-        self.fired = False
 
     def start(self, task: asyncio.Task[Any], due: float) -> None:
         """``task`` begins a wait that must end by ``due`` (on the loop's clock)."""
@@ -297,5 +313,8 @@ def deadline_watch(loop: asyncio.AbstractEventLoop) -> DeadlineWatch:
 def loop_waiter() -> Waiter | None:
     """A new :class:`Waiter` on the running asyncio loop's watch; None elsewhere (on trio,
     waits are bounded by cancel scopes)."""
-    loop = running_loop()
-    return None if loop is None else Waiter(deadline_watch(loop))
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+    return Waiter(deadline_watch(loop))

@@ -30,11 +30,11 @@ from ._attempt import (
 from ._cost import CallCost
 from ._deadline import Deadline
 from ._retry import RetryPolicy, retry_after, run_with_retries
-from .backends.base import RequestOptions
 from .hedging import Hedge, StartAttempt, Trigger, fallback, race
-from .types import ChatCompletion, ChatCompletionChunk, ChatRequest, Timing
+from .types import ChatCompletion, ChatCompletionChunk, ChatRequest, Timing, set_timing
 
 if TYPE_CHECKING:
+    from ._canonical import CallEncoding
     from .admission import Admission
 
 __all__ = [
@@ -144,31 +144,19 @@ class CallTracer(Protocol):
 class Call:
     """Everything one call needs: its targets, request, deadline, policies and record."""
 
-    __slots__ = (
-        "admission",
-        "deadline",
-        "error",
-        "hedge",
-        "hooks",
-        "ledger",
-        "now",
-        "numbered",
-        "observers",
-        "options",
-        "policies",
-        "policy",
-        "reply",
-        "request",
-        "results",
-        "_round_targets",
-        "started",
-        "streamed",
-        "targets",
-        "timing",
-        "trace",
-        "tracer",
-        "winner",
-    )
+    numbered = 0
+    """How many attempts it started."""
+    winner = 0
+    """The number of the committed attempt (0: none yet); a number, not the attempt, so
+    that a call and its attempts form no reference cycle."""
+    error: BaseException | None = None
+    """What the call raised (set by :meth:`failed`)."""
+    reply: object = None
+    """The reply so far (a completion, or the stream's accumulator), for telemetry."""
+    trace: CallObserver | None = None
+    """The call's telemetry observer, once :meth:`begin` started one."""
+    _round_targets: Sequence[Target] = ()
+    """The targets of the round running (set by :meth:`_plan`)."""
 
     def __init__(
         self,
@@ -176,8 +164,9 @@ class Call:
         request: ChatRequest,
         deadline: Deadline,
         policy: RetryPolicy,
-        options: RequestOptions,
         *,
+        call_id: str | None = None,
+        encoding: CallEncoding | None = None,
         streamed: bool,
         hedge: Hedge | None = None,
         observers: tuple[AttemptObserver, ...] = (),
@@ -193,7 +182,10 @@ class Call:
         self.request = request
         self.deadline = deadline
         self.policy = policy
-        self.options = options
+        self.call_id = call_id
+        """The call's idempotency key, the same on every attempt (None: none)."""
+        self.encoding = encoding
+        """The call's request bytes, built once and reused by every attempt."""
         self.streamed = streamed
         """Whether the caller asked for a stream (``client.stream``, or ``chat`` streaming
         under the hood): fixed when the call is made, whatever reply it ends with."""
@@ -208,17 +200,8 @@ class Call:
         self.now = deadline.now
         self.started = deadline.started
         self.timing = Timing()
-        self.numbered = 0
-        self.winner = 0
-        """The number of the committed attempt (0: none yet); a number, not the attempt, so
-        that a call and its attempts form no reference cycle."""
         self.results: list[AttemptResult] = []
         """How each ended attempt ended, in the order they ended (frozen)."""
-        self._round_targets = self.targets
-        self.error: BaseException | None = None
-        self.reply: object = None
-        """The reply so far (a completion, or the stream's accumulator), for telemetry."""
-        self.trace: CallObserver | None = None
         self.tracer = tracer
 
     def begin(self) -> None:
@@ -239,20 +222,21 @@ class Call:
 
     def attempt(self, target: Target, trigger: Trigger = "first") -> AttemptRun:
         """Start a new attempt on ``target``: number it, keep its record, tell observers."""
-        self.numbered += 1
+        self.numbered = number = self.numbered + 1
         request = self.request
         if request.model != target.model:
             request = request_for(request, target)
         # The first attempt of a later round is a retry.
-        retry = trigger == "first" and self.numbered > 1
+        retry = trigger == "first" and number > 1
         attempt = AttemptRun(
             self,
             target,
             request,
-            self.numbered,
+            number,
             "retry" if retry else trigger,
             deadline=self.deadline,
-            options=self.options,
+            call_id=self.call_id,
+            encoding=self.encoding,
             streamed=self.streamed,
             admission=self.admission,
             trace=self.trace,
@@ -271,10 +255,14 @@ class Call:
                 attempt.options = replace(options, headers={**options.headers, **headers})
         return attempt
 
-    def first_token(self, attempt: AttemptResult) -> None:
-        """An attempt delivered its first content token (non-streamed: its whole reply)."""
-        for hook in self.hooks.on_first_token:
-            hook(attempt)
+    def first_token(self, attempt: AttemptRun) -> None:
+        """An attempt delivered its first content token (non-streamed: its whole reply):
+        observers of ``on_first_token``, if any, hear of it frozen."""
+        hooks = self.hooks.on_first_token
+        if hooks:
+            frozen = attempt.snapshot()
+            for hook in hooks:
+                hook(frozen)
 
     def commit(self, attempt: AttemptRun) -> None:
         """The call takes ``attempt``'s output; every other attempt is being cancelled."""
@@ -455,7 +443,7 @@ class Call:
             raise
         self.reply = completion
         self.finish(now=ended)
-        completion.timing = self.timing
+        set_timing(completion, self.timing)
         return completion
 
 
@@ -594,7 +582,7 @@ class ChatStream:
             async for _ in self:
                 pass
             completion = self._accumulator.build()
-            completion.timing = self._call.timing
+            set_timing(completion, self._call.timing)
             self._completion = completion
         return self._completion
 

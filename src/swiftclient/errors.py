@@ -89,6 +89,21 @@ _PREFIXED_KEY = re.compile(r"\b(?:sk|rk|pk|oxlo)[-_][A-Za-z0-9_-]{8,}")
 _KEY_FIELD = re.compile(r"(?i)(api[_-]?key[\"']?\s*[:=]\s*[\"']?)([^\"'\s,}]{4,})")
 # What any of the three shapes above needs (a cheap scan before the three substitutions).
 _ANY_SHAPE = re.compile(r"(?i)bearer\s|\b(?:sk|rk|pk|oxlo)[-_]|api[_-]?key")
+
+
+def _may_be_shaped(text: str) -> bool:
+    """False when ``text`` cannot match ``_ANY_SHAPE``: ASCII text holding, in any case,
+    none of what every match holds one of (``bearer``; ``sk``, ``rk``, ``pk`` or ``oxlo``
+    and a ``-`` or ``_``; ``key``), found by substring tests in a fraction of the regex's
+    scan. Other text (beyond ASCII, where case folding has more forms) goes to the regex."""
+    if not text.isascii():
+        return True
+    low = text.lower()
+    return (
+        "key" in low or "k-" in low or "k_" in low or "o-" in low or "o_" in low or "bearer" in low
+    )
+
+
 # Header names whose values are credentials: these words as a part of the name
 # (``x-api-key``, ``x-goog-api-key``, ``x-amz-security-token``, ``set-cookie``), besides
 # the exact names below.
@@ -156,7 +171,7 @@ def redact(text: str, *secrets: str | None) -> str:
     prefixes, ``api_key=...``); ordinary words, ``key_separator`` among them, are left
     alone.
     """
-    known = [secret for secret in secrets if secret and secret in text]
+    known = [secret for secret in secrets if secret and secret in text] if secrets else None
     if known:
         pieces: list[str] = []
         done = 0
@@ -166,7 +181,7 @@ def redact(text: str, *secrets: str | None) -> str:
             done = end
         pieces.append(text[done:])
         text = "".join(pieces)
-    if _ANY_SHAPE.search(text) is None:  # most text (ids, numbers) has none: one scan
+    if not _may_be_shaped(text) or _ANY_SHAPE.search(text) is None:  # most text has none
         return text
     text = _BEARER.sub(r"\1***", text)
     text = _PREFIXED_KEY.sub(_mask_prefixed, text)

@@ -267,13 +267,18 @@ class CacheAccounting:
         usage = attempt.usage
         if usage is None:
             return
-        name = attempt.target.backend_name
+        target = attempt.target
+        alias = target.alias  # the target's backend_name, without the property's call
+        name = target.backend.name if alias is None else alias
         counts = self.backends.get(name)
         if counts is None:
             counts = self.backends[name] = CacheUsage()
         counts.requests += 1
-        counts.prompt_tokens += usage.prompt_tokens
-        counts.cached_tokens += usage.cached_tokens
+        fields = usage.__dict__  # read without pydantic's attribute hook: once per call
+        counts.prompt_tokens += fields["prompt_tokens"]
+        details = fields["prompt_tokens_details"]  # as Usage.cached_tokens reads it
+        if details:
+            counts.cached_tokens += details.cached_tokens or 0
 
     def snapshot(self, *, reset: bool = False) -> dict[str, CacheUsage]:
         """A copy of the counts per backend; ``reset`` starts them from zero again."""

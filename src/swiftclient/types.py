@@ -153,15 +153,19 @@ class Message(BaseModel):
 
     @model_validator(mode="after")
     def _well_formed(self) -> Message:
-        role, content = self.role, self.content
+        # The fields read from __dict__: pydantic's attribute hook costs more than these
+        # checks, on every message of every request.
+        fields = self.__dict__
+        role, content = fields["role"], fields["content"]
+        tool_calls, tool_call_id = fields["tool_calls"], fields["tool_call_id"]
         if isinstance(content, list) and not content:
             raise ValueError(f"a {role} message's content must not be an empty list")
-        if self.tool_calls is not None and role != "assistant":
+        if tool_calls is not None and role != "assistant":
             raise ValueError(f"tool_calls belong on assistant messages, not on a {role} message")
-        if self.tool_call_id is not None and role != "tool":
+        if tool_call_id is not None and role != "tool":
             raise ValueError(f"tool_call_id belongs on tool messages, not on a {role} message")
         if role == "tool":
-            if not self.tool_call_id:
+            if not tool_call_id:
                 raise ValueError(
                     "a tool message needs tool_call_id (the id of the call it answers)"
                 )
@@ -169,7 +173,7 @@ class Message(BaseModel):
                 raise ValueError("a tool message needs content (the tool's result)")
         elif role == "assistant":
             extra = self.__pydantic_extra__ or {}
-            if content is None and not self.tool_calls and self.refusal is None:
+            if content is None and not tool_calls and fields["refusal"] is None:
                 if all(extra.get(key) is None for key in _ASSISTANT_BODIES):
                     raise ValueError("an assistant message needs content or tool_calls")
         elif content is None:
@@ -586,6 +590,14 @@ class ChatCompletion(BaseModel):
     def finish_reason(self) -> str | None:
         """The first choice's finish reason."""
         return self.choices[0].finish_reason if self.choices else None
+
+
+def set_timing(completion: ChatCompletion, timing: Timing) -> None:
+    """Set ``completion.timing`` as pydantic's own assignment of a field does (the value in
+    the model's ``__dict__``, the name in its fields set), without the generic
+    ``__setattr__`` walk: the call path does this once per call."""
+    completion.__dict__["timing"] = timing
+    completion.__pydantic_fields_set__.add("timing")
 
 
 class FunctionCallDelta(BaseModel):

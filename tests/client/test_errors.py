@@ -175,34 +175,49 @@ def test_redact_scans_once_and_masks_what_the_three_shapes_mask(text: str) -> No
     assert module.redact(text) == full
 
 
+_SHAPE_PIECES = hypothesis.strategies.lists(
+    hypothesis.strategies.sampled_from(
+        [
+            "sk",
+            "rk",
+            "pk",
+            "oxlo",
+            "SK",
+            "Oxlo",
+            "-",
+            "_",
+            "api",
+            "API",
+            "key",
+            "Key",
+            "Bearer",
+            "bEARER",
+            " ",
+            "\t",
+            "=",
+            ":",
+            '"',
+            "a1b2c3d4e5",
+            "X",
+            ".",
+            "é",
+            "\u212a",  # the Kelvin sign: a "k" under case-insensitive matching
+        ]
+    ),
+    max_size=12,
+).map("".join)
+
+
 @hypothesis.settings(max_examples=300, deadline=None)
-@hypothesis.given(
-    hypothesis.strategies.lists(
-        hypothesis.strategies.sampled_from(
-            [
-                "sk",
-                "rk",
-                "pk",
-                "oxlo",
-                "-",
-                "_",
-                "api",
-                "key",
-                "Bearer",
-                " ",
-                "\t",
-                "=",
-                ":",
-                '"',
-                "a1b2c3d4e5",
-                "X",
-                ".",
-                "é",
-            ]
-        ),
-        max_size=12,
-    ).map("".join)
-)
+@hypothesis.given(_SHAPE_PIECES)
+def test_the_shape_precheck_passes_every_text_the_scan_matches(text: str) -> None:
+    """``_may_be_shaped`` answers False only for text ``_ANY_SHAPE`` cannot match."""
+    if errors._ANY_SHAPE.search(text) is not None:
+        assert errors._may_be_shaped(text)
+
+
+@hypothesis.settings(max_examples=300, deadline=None)
+@hypothesis.given(_SHAPE_PIECES)
 def test_redact_shortcut_agrees_with_the_full_substitutions(text: str) -> None:
     """Any text made of the shapes' pieces: the shortcut and the substitutions agree."""
     full = errors._BEARER.sub(r"\1***", text)

@@ -109,23 +109,39 @@ class _Connector(aiohttp.TCPConnector):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._served: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._served: set[int] = set()
+        """The ids of the connections (protocols) handed out before, each dropped when its
+        protocol is freed (so a later object with the same id is new): a set lookup per
+        request, where a ``WeakSet`` made a weak reference for every lookup."""
 
     async def connect(self, req: Any, traces: Any, timeout: aiohttp.ClientTimeout) -> Any:
-        """A pooled or new connection; :data:`_REUSED` says which."""
-        _REUSED.set(False)
+        """A pooled or new connection; :data:`_REUSED` says which (set only when it
+        changes: a context variable's ``set`` copies the context)."""
         served = self._served
-        while True:
-            conn = await super().connect(req, traces, timeout)
-            protocol = conn.protocol
-            if protocol is None or protocol not in served:
-                if protocol is not None:
-                    served.add(protocol)
-                return conn
-            if not _FRESH.get():
-                _REUSED.set(True)
-                return conn
-            conn.close()  # a resend takes no pooled connection: drop this one
+        try:
+            while True:
+                conn = await super().connect(req, traces, timeout)
+                protocol = conn.protocol
+                if protocol is None:
+                    reused = False
+                    break
+                key = id(protocol)
+                if key not in served:
+                    served.add(key)
+                    weakref.finalize(protocol, served.discard, key)
+                    reused = False
+                    break
+                if not _FRESH.get():
+                    reused = True
+                    break
+                conn.close()  # a resend takes no pooled connection: drop this one
+        except BaseException:
+            if _REUSED.get():
+                _REUSED.set(False)
+            raise
+        if _REUSED.get() is not reused:
+            _REUSED.set(reused)
+        return conn
 
 
 def _unanswered(exc: BaseException) -> bool:
@@ -191,7 +207,11 @@ class AiohttpTransport:
         socket_factory: SocketFactory | None = None,
         ssl_context: ssl.SSLContext | None = None,
         proxy: str | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
+        self._headers = dict(headers or {})
+        """The headers of every request: the session's own (aiohttp merges them in C; a
+        request's own headers go on top of them)."""
         self._keepalive_expiry = keepalive_expiry
         self._socket_factory = socket_factory
         self._ssl: ssl.SSLContext | bool = ssl_context if ssl_context is not None else True
@@ -209,10 +229,12 @@ class AiohttpTransport:
             ssl=self._ssl,
         )
         # trust_env stays off: the backend resolves proxy settings once, itself. API calls
-        # keep no cookies (a dummy jar skips the per-request cookie filtering).
+        # keep no cookies (a dummy jar skips the per-request cookie filtering). Every request
+        # carries its backend's own user-agent, so aiohttp adds none of its own (a session
+        # skip list would cost a header merge per request).
         self._session = aiohttp.ClientSession(
             connector=connector,
-            skip_auto_headers=("User-Agent",),
+            headers=self._headers,
             proxy=self._proxy,
             cookie_jar=aiohttp.DummyCookieJar(),
         )
@@ -235,32 +257,33 @@ class AiohttpTransport:
             if len(self._urls) > 64:
                 self._urls.clear()
             target = self._urls[url] = yarl.URL(url)
-        send = functools.partial(
-            session.request,
-            method,
-            target,
-            headers=headers,
-            data=body or None,
-            allow_redirects=False,
-            timeout=_client_timeout(connect),
-        )
+        data, timeout = body or None, _client_timeout(connect)
+        fresh: contextvars.Token[bool] | None = None
         try:
-            try:
-                response = await send()
-            except Exception as exc:
-                if not (_REUSED.get() and _unanswered(exc)):
-                    raise
-                # The pooled connection was dead: send again, at once, on a new one.
-                fresh = _FRESH.set(True)
+            while True:
                 try:
-                    response = await send()
-                finally:
-                    _FRESH.reset(fresh)
+                    response = await session.request(
+                        method,
+                        target,
+                        headers=headers,
+                        data=data,
+                        allow_redirects=False,
+                        timeout=timeout,
+                    )
+                    break
+                except Exception as exc:
+                    if fresh is not None or not (_REUSED.get() and _unanswered(exc)):
+                        raise
+                    # The pooled connection was dead: send again, at once, on a new one.
+                    fresh = _FRESH.set(True)
         except Exception as exc:
             mapped = map_aiohttp_error(exc)
             if mapped is None:
                 raise
             raise mapped from exc
+        finally:
+            if fresh is not None:
+                _FRESH.reset(fresh)
         return TransportResponse(response.status, response.headers, _Body(response))
 
     async def aclose(self) -> None:

@@ -199,8 +199,12 @@ class _Probe:
 class HttpxTransport:
     """Adapt an ``httpx.AsyncBaseTransport`` to the backend's transport seam."""
 
-    def __init__(self, transport: httpx.AsyncBaseTransport) -> None:
+    def __init__(
+        self, transport: httpx.AsyncBaseTransport, headers: Mapping[str, str] | None = None
+    ) -> None:
         self._transport = transport
+        self._headers = dict(headers or {})
+        """The headers of every request (a request's own go on top of them)."""
         self._urls: dict[str, tuple[httpx.URL, str]] = {}
 
     async def send(
@@ -224,7 +228,12 @@ class HttpxTransport:
         parsed, host = target
         timeout = {"connect": connect, "read": None, "write": connect, "pool": None}
         # A given body stream makes httpx add no headers: Host and Content-Length are ours.
-        sent_headers = {**headers, "host": host, "content-length": str(len(body))}
+        sent_headers = {
+            **self._headers,
+            **headers,
+            "host": host,
+            "content-length": str(len(body)),
+        }
         resends = 0
         while True:
             probe = _Probe()

@@ -47,7 +47,7 @@ async def enter_backends(backends: Iterable[object]) -> AsyncExitStack:
     return entered
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RequestOptions:
     """Per-call settings the policy layer hands each attempt.
 
@@ -57,6 +57,10 @@ class RequestOptions:
     that send no bytes ignore it). ``on_response``, when set, is called with the status and
     headers of the HTTP response as soon as they arrive (admission learns rate limits from
     them; backends without HTTP responses never call it).
+
+    Each attempt builds its own and a backend only reads it: treat it as read-only. It is
+    not frozen because a frozen dataclass's ``__init__`` sets each field through
+    ``object.__setattr__``, several times the cost of a plain one, on every request.
     """
 
     idempotency_key: str | None = None
@@ -146,9 +150,10 @@ class ResponseBody(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TransportResponse:
-    """Status, headers (case-insensitive lookup) and body of one HTTP response."""
+    """Status, headers (case-insensitive lookup) and body of one HTTP response (read-only
+    by contract; not frozen, for the reason :class:`RequestOptions` is not)."""
 
     status: int
     headers: Mapping[str, str]
@@ -159,7 +164,10 @@ class Transport(Protocol):
     """The HTTP seam under :class:`~swiftclient.HTTPBackend`: one method sends one request.
 
     The backend builds the request itself (method, absolute URL, every header, the body
-    bytes) and bounds the wait for a pooled connection itself; a transport only opens or
+    bytes) and bounds the wait for a pooled connection itself. The headers the backend sends
+    on every request come once, when it makes the transport (``headers=``); ``send`` is
+    given the request's own, which go on top of them (a name in both: the request's value).
+    A transport only opens or
     reuses a connection (within ``connect`` seconds when given) and returns the response
     once its head has arrived. Failures are raised as the seam's transport errors
     (``backends/_errors.py``: connect, pool, read, write, protocol, decoding, invalid URL),

@@ -253,8 +253,11 @@ class HTTPBackend:
             base_headers.update({k.lower(): v for k, v in headers.items()})
         if api_key:
             base_headers.update(self._auth_headers(api_key))
-        self._headers = base_headers
-        self._stream_headers = {**base_headers, "accept": "text/event-stream"}
+        # The transport is made with the headers of every request (the session's own on
+        # aiohttp, merged in C); each request sends its accept (and key) on top of them.
+        self._base_headers = {k: v for k, v in base_headers.items() if k != "accept"}
+        self._headers = {"accept": base_headers["accept"]}
+        self._stream_headers = {"accept": "text/event-stream"}
         self._max_connections = max_connections
         self._keepalive_expiry = keepalive_expiry
         self._tcp_keepalive = tcp_keepalive
@@ -311,7 +314,7 @@ class HTTPBackend:
     def _make_transport(self) -> Transport:
         self._release_nowait = False
         if self._given_transport is not None:
-            return HttpxTransport(self._given_transport)
+            return HttpxTransport(self._given_transport, self._base_headers)
         socket_options = keepalive_options() if self._tcp_keepalive else None
         context = (
             ssl_context(self._verify, self._cert, self._trust_env) if self._needs_tls() else None
@@ -332,6 +335,7 @@ class HTTPBackend:
                 socket_factory=factory if socket_options else None,
                 ssl_context=context,
                 proxy=self._proxy,
+                headers=self._base_headers,
             )
         if self._http2:
             try:
@@ -353,7 +357,8 @@ class HTTPBackend:
                 proxy=self._proxy,
                 trust_env=False,  # resolved above, once
                 socket_options=socket_options,
-            )
+            ),
+            self._base_headers,
         )
 
     @property
@@ -486,42 +491,58 @@ class HTTPBackend:
             backend=self.name,
         )
 
-    async def _send(
+    def _send(
         self,
         request: ChatRequest,
         deadline: Deadline,
         options: RequestOptions | None,
         stream: bool,
-    ) -> _Response:
+    ) -> Awaitable[_Response]:
+        """Send ``request`` (its body on this wire, with the call's headers); awaited, the
+        response once its head arrived (``options.on_response`` hears the head; an error
+        status raises its error). With a connection slot free now, this is the exchange's
+        own coroutine, no coroutine of its own per request; else one that first waits for a
+        slot (at most ``Timeout.pool``). Await it at once: the slot is already held."""
         if self._transport is None:
             self._open()
         headers = self._stream_headers if stream else self._headers
         encoding = None
         if options is not None:
             encoding = options.encoding
-            if options.idempotency_key or options.headers:
-                headers = dict(headers)
-                if options.idempotency_key:
-                    headers["idempotency-key"] = options.idempotency_key
-                headers.update(options.headers)
+            key, extra = options.idempotency_key, options.headers
+            if extra:
+                headers = (
+                    {**headers, "idempotency-key": key, **extra} if key else {**headers, **extra}
+                )
+            elif key:
+                headers = {**headers, "idempotency-key": key}
         body = self._encode(request, stream, encoding)
+        url = self._url if self._url_of is None else self._url_of(request.model)
         slots = self._slots
         assert slots is not None
         try:
             slots.acquire_nowait()
         except anyio.WouldBlock:
-            await self._acquire(deadline)
+            return self._send_queued(url, headers, body, deadline, options)
         connect = deadline.bound(deadline.timeout.connect)
-        url = self._url if self._url_of is None else self._url_of(request.model)
-        response = await self._exchange("POST", url, headers, body, connect, slots)
-        if options is not None and options.on_response is not None:
-            options.on_response(response.status, response.headers)
-        if response.status >= 400:
-            try:
-                raise await self._status_error(response)
-            finally:
-                await response.aclose()
-        return response
+        return self._exchange("POST", url, headers, body, connect, slots, options, checked=True)
+
+    async def _send_queued(
+        self,
+        url: str,
+        headers: Mapping[str, str],
+        body: bytes,
+        deadline: Deadline,
+        options: RequestOptions | None,
+    ) -> _Response:
+        """:meth:`_send` once a connection slot is free."""
+        await self._acquire(deadline)
+        slots = self._slots
+        assert slots is not None
+        connect = deadline.bound(deadline.timeout.connect)
+        return await self._exchange(
+            "POST", url, headers, body, connect, slots, options, checked=True
+        )
 
     def _auth_headers(self, api_key: str) -> dict[str, str]:
         """The headers that carry ``api_key`` (a bearer token on this wire)."""
@@ -580,9 +601,14 @@ class HTTPBackend:
         body: bytes,
         connect: float | None,
         slots: anyio.Semaphore,
+        options: RequestOptions | None = None,
+        *,
+        checked: bool = False,
     ) -> _Response:
         """Send one request holding the slot ``slots`` was just acquired for; the slot is
-        released with the response, or at once when sending fails."""
+        released with the response, or at once when sending fails. ``checked`` (a chat
+        request): ``options.on_response`` hears the response's head, and an error status
+        raises its error (the response closed first)."""
         transport = self._transport or self._open()
         try:
             sent = await transport.send(method, url, headers, body, connect)
@@ -592,7 +618,17 @@ class HTTPBackend:
                 raise
             error = self._error(exc)
         else:
-            return _Response(sent, slots)
+            response = _Response(sent, slots)
+            if not checked:
+                return response
+            if options is not None and options.on_response is not None:
+                options.on_response(response.status, response.headers)
+            if response.status >= 400:
+                try:
+                    raise await self._status_error(response)
+                finally:
+                    await response.aclose()
+            return response
         raise error  # outside the except block: the chain keeps no transport exception
 
     def _error(self, exc: TransportError) -> errors.SwiftClientError:
@@ -605,22 +641,23 @@ class HTTPBackend:
         length = response.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > limit:
             raise self._too_large(f"the response body is {length} bytes", limit)
-        parts: list[bytes] = []
-        size = 0
         read = response.read
         at_end = response.body.at_end
         try:
-            while data := await read():
-                size += len(data)
-                if size > limit:
-                    raise self._too_large("the response body", limit)
+            data = await read()
+            parts = [data]
+            size = len(data)
+            # the whole body is here once its end is: no read just to see it end
+            while data and size <= limit and not at_end():
+                data = await read()
                 parts.append(data)
-                if at_end():  # the whole body is here: no read just to see it end
-                    break
+                size += len(data)
         except TransportError as exc:
             error = self._error(exc)
         else:
-            return parts[0] if len(parts) == 1 else b"".join(parts)
+            if size > limit:
+                raise self._too_large("the response body", limit)
+            return data if len(parts) == 1 else b"".join(parts)
         raise error
 
     def _too_large(self, what: str, limit: int) -> errors.ResponseTooLarge:
