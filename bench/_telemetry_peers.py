@@ -71,14 +71,13 @@ async def start_cost(iterations: int) -> tuple[float, float]:
 
     from swiftclient import RetryPolicy, Timeout
     from swiftclient._stream import Call
-    from swiftclient.extend import Deadline, RequestOptions, Target
+    from swiftclient.extend import Deadline, Target
     from swiftclient.types import ChatRequest, Message
 
     backend = HTTPBackend(BASE_URL, API_KEY, transport=_httpx_transport("request"))
     request = ChatRequest(model=MODEL, messages=[Message(role="user", content="hi")])
     targets = [Target(backend, MODEL, "http")]
     deadline = Deadline(Timeout())
-    options = RequestOptions("bench")
     policy = RetryPolicy()
     telemetry = Telemetry()
 
@@ -88,7 +87,13 @@ async def start_cost(iterations: int) -> tuple[float, float]:
             start = time.process_time()
             for _ in range(iterations):
                 Call(
-                    targets, request, deadline, policy, options, streamed=True, tracer=tracer
+                    targets,
+                    request,
+                    deadline,
+                    policy,
+                    call_id="bench",
+                    streamed=True,
+                    tracer=tracer,
                 ).begin()
             times.append((time.process_time() - start) / iterations)
         return min(times)
