@@ -62,10 +62,9 @@ Workloads and goals (PASS/FAIL printed beside each):
    prefix cache (the choices share the prompt's KV blocks), and against the four requests on
    an engine without the prefix cache (the goal's premise: each computes the prompt). Goal:
    >= 2x the four requests' throughput, each ratio printed with it, at the shape ``n`` is
-   used for: a long prompt, short replies (1,024-token
-   prompt, 16 new tokens each; quick: 512 and 8). A 512-token prompt with 32 new tokens
-   each (quick: 128 and 8), where decoding is about half the work, is printed for
-   information.
+   used for: a long prompt, short replies (1,024-token prompt, 16 new tokens each; quick:
+   512 and 8). A 512-token prompt with 32 new tokens each (quick: 128 and 8), where
+   decoding is about half the work, is printed for information.
 
 Every round builds fresh random prompts (same lengths) and runs all peers on them back to
 back, who goes first rotating; a warm-up round precedes the timed ones. So the engine's prefix
