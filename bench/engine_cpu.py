@@ -689,6 +689,7 @@ PRECISIONS: dict[str, dict[str, Any]] = {
     "fp32": {"dtype": "float32"},
     "bf16": {"dtype": "bfloat16"},
     "int8": {"quantization": "int8"},
+    "int4": {"quantization": "int4"},
 }
 """The engine's weights, by name: EngineConfig fields (the transformers peer stays fp32)."""
 
