@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from swiftclient import AsyncClient, Hedge, HTTPBackend
+from swiftclient import AsyncClient, Client, Hedge, HTTPBackend
 from swiftclient.testing import FakeProvider
 
 from .mock import HELD, NO_RETRY
@@ -42,3 +42,21 @@ def test_a_hedge_fires_on_time_under_plain_asyncio_run() -> None:
     attempts = asyncio.run(main())
     assert attempts == [("a", "lost", "first"), ("b", "ok", "hedge")]
     assert loop_errors == []
+
+
+def test_a_hedge_fires_on_time_in_the_blocking_client() -> None:
+    # The blocking Client runs its calls on a plain asyncio loop in its own thread: the
+    # same loop callback, the same fix.
+    with (
+        FakeProvider(HELD, model="a").run_in_thread() as slow,
+        FakeProvider(model="b").run_in_thread() as fast,
+    ):
+        backends = {
+            "a": HTTPBackend(slow.base_url, "sk-test", name="a"),
+            "b": HTTPBackend(fast.base_url, "sk-test", name="b"),
+        }
+        with Client(backends=backends, retry=NO_RETRY, timeout=LIMIT) as client:
+            completion = client.chat("hi", model=["a/m", "b/m"], hedge=Hedge(delay=0.05))
+    assert completion.timing is not None
+    attempts = [(a.backend, a.outcome, a.trigger) for a in completion.timing.attempts]
+    assert attempts == [("a", "lost", "first"), ("b", "ok", "hedge")]
