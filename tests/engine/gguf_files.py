@@ -18,7 +18,7 @@ from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize, quantize
 from safetensors.torch import load_file, save_file
 
-__all__ = ["gguf_name", "permute", "write_gguf"]
+__all__ = ["add_tokenizer", "gguf_name", "permute", "write_gguf"]
 
 _LAYER = {
     "self_attn.q_proj": "attn_q",
@@ -68,6 +68,7 @@ def write_gguf(
     arch: str | None = None,
     extra: dict[str, Any] | None = None,
     dequant_dir: Path | None = None,
+    tokenizer: tuple[Any, str, str] | None = None,
 ) -> Path:
     """Write the float32 HF checkpoint in ``hf_dir`` as the GGUF file ``out``.
 
@@ -76,11 +77,14 @@ def write_gguf(
     overrides ``general.architecture``; ``extra`` adds tensors (name -> float32 array).
     With ``dequant_dir``, the weights as the file holds them (quantized and dequantized)
     are also saved there as an HF checkpoint: the reference the file should load as.
+    ``tokenizer`` (a ``tokenizers.Tokenizer``, its pre-tokenizer name, a chat template) adds
+    the tokenizer metadata (:func:`add_tokenizer`).
     """
     config = json.loads((hf_dir / "config.json").read_text())
     family = config["model_type"]
     weights = {k: v.float().numpy() for k, v in load_file(hf_dir / "model.safetensors").items()}
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    out.parent.mkdir(parents=True, exist_ok=True)
     writer = GGUFWriter(out, arch or family)
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
@@ -94,8 +98,11 @@ def write_gguf(
     if "head_dim" in config:
         writer.add_key_length(config["head_dim"])
         writer.add_value_length(config["head_dim"])
-    writer.add_bos_token_id(config["bos_token_id"])
-    writer.add_eos_token_id(config["eos_token_id"])
+    if tokenizer is None:
+        writer.add_bos_token_id(config["bos_token_id"])
+        writer.add_eos_token_id(config["eos_token_id"])
+    else:
+        add_tokenizer(writer, *tokenizer)
     stored: dict[str, torch.Tensor] = {}
     for hf, value in weights.items():
         if hf == "lm_head.weight" and config.get("tie_word_embeddings"):
@@ -131,6 +138,26 @@ def write_gguf(
                 (dequant_dir / file).write_text((hf_dir / file).read_text())
         save_file(stored, dequant_dir / "model.safetensors")
     return out
+
+
+def add_tokenizer(writer: GGUFWriter, backend: Any, pre: str, template: str) -> None:
+    """The tokenizer metadata llama.cpp's converter writes for a byte-level BPE
+    ``tokenizers.Tokenizer``: tokens by id, token types (control for special added tokens,
+    user-defined for the other added ones), merges as "a b", EOS ``<|im_end|>``."""
+    data = json.loads(backend.to_str())
+    size = backend.get_vocab_size(with_added_tokens=True)
+    by_id = {i: t for t, i in backend.get_vocab(with_added_tokens=True).items()}
+    added = {t["content"]: t["special"] for t in data["added_tokens"]}
+    tokens = [by_id[i] for i in range(size)]
+    types = [(3 if added[t] else 4) if t in added else 1 for t in tokens]
+    merges = [" ".join(m) if isinstance(m, list) else m for m in data["model"]["merges"]]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    writer.add_eos_token_id(backend.token_to_id("<|im_end|>"))
+    writer.add_chat_template(template)
 
 
 def _unpermute(rows: np.ndarray, heads: int) -> np.ndarray:

@@ -31,7 +31,7 @@ from local_engine.quant import (  # noqa: E402
     dequantize_int4,
 )
 
-from .gguf_files import write_gguf  # noqa: E402
+from .gguf_files import add_tokenizer, write_gguf  # noqa: E402
 from .paged import PagedRunner  # noqa: E402
 from .tiny import make_tiny_model, write_char_tokenizer  # noqa: E402
 
@@ -230,26 +230,11 @@ def _hf_bpe(pre: str) -> Any:
 
 
 def _write_tokenizer_gguf(backend: Any, pre: str, path: Path, template: str) -> Path:
-    """The tokenizer metadata llama.cpp's converter writes for a byte-level BPE model."""
-    import json
-
+    """A GGUF file holding only the tokenizer metadata."""
     from gguf import GGUFWriter
 
-    data = json.loads(backend.to_str())
-    size = backend.get_vocab_size(with_added_tokens=True)
-    by_id = {i: t for t, i in backend.get_vocab(with_added_tokens=True).items()}
-    added = {t["content"]: t["special"] for t in data["added_tokens"]}
-    tokens = [by_id[i] for i in range(size)]
-    types = [(3 if added[t] else 4) if t in added else 1 for t in tokens]
-    merges = [" ".join(m) if isinstance(m, list) else m for m in data["model"]["merges"]]
     writer = GGUFWriter(path, "qwen2")
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(pre)
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    writer.add_token_merges(merges)
-    writer.add_eos_token_id(backend.token_to_id("<|im_end|>"))
-    writer.add_chat_template(template)
+    add_tokenizer(writer, backend, pre, template)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -283,3 +268,30 @@ def test_tokenizer_from_gguf_unknown_pre(tmp_path: Path) -> None:
     path = _write_tokenizer_gguf(_hf_bpe("qwen2"), "deepseek-llm", tmp_path / "t.gguf", "")
     with pytest.raises(UnsupportedGGUFError, match="pre-tokenizer 'deepseek-llm'.*llama-bpe"):
         load_gguf_tokenizer(path)
+
+
+_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.mark.anyio
+async def test_local_backend_chats_with_a_gguf_file_alone(tmp_path: Path) -> None:
+    """One .gguf file, nothing beside it: weights, config, tokenizer and chat template."""
+    from local_engine import LocalBackend
+    from swiftclient import AsyncClient
+
+    backend = _hf_bpe("qwen2")
+    vocab = backend.get_vocab_size(with_added_tokens=True)
+    hf_dir = make_tiny_model(tmp_path / "hf", "qwen2", vocab_size=vocab, eos_token_id=vocab - 2)
+    path = write_gguf(
+        hf_dir, tmp_path / "alone" / "model.gguf", "Q8_0", tokenizer=(backend, "qwen2", _TEMPLATE)
+    )
+    local = LocalBackend(path)
+    async with AsyncClient(local) as client:
+        completion = await client.chat(
+            "Hello", max_tokens=3, temperature=0.0, extra_body={"ignore_eos": True}
+        )
+        assert local.model_dir == path
+    assert completion.usage is not None and completion.usage.completion_tokens == 3
