@@ -6,7 +6,8 @@ metadata (``{arch}.embedding_length``, ``.block_count``, ``.attention.head_count
 each GGUF tensor name (``blk.N.attn_q.weight``, ...) its HF name, so the HF loader's targets
 take the tensors. llama.cpp's converter permutes the rows of a llama model's Q and K
 projections for its rope layout; they are permuted back here (a row permutation, so quantized
-rows move whole).
+rows move whole). Llama 3.1+'s rope scaling, stored as a ``rope_freqs`` tensor of divisors,
+becomes the llama3 rope parameters that give those divisors.
 
 Tensor types:
 
@@ -53,7 +54,6 @@ __all__ = [
     "GGUF_ARCHITECTURES",
     "UnsupportedGGUFError",
     "gguf_quantization",
-    "is_gguf",
     "load_gguf_model",
     "load_gguf_tokenizer",
     "read_gguf_config",
@@ -91,18 +91,6 @@ class UnsupportedGGUFError(EngineConfigError):
     layout or tokenizer; the message names it and what is supported."""
 
 
-def is_gguf(path: str | Path) -> bool:
-    """Whether ``path`` is a file that starts with the GGUF magic bytes."""
-    file = Path(path)
-    if not file.is_file():
-        return False
-    try:
-        with file.open("rb") as handle:
-            return handle.read(4) == b"GGUF"
-    except OSError:
-        return False
-
-
 def _reader(path: str | Path) -> Any:
     try:
         from gguf import GGUFReader
@@ -137,11 +125,6 @@ def _config_dict(meta: dict[str, Any], tensors: dict[str, Any]) -> dict[str, Any
     def key(name: str, default: Any = None) -> Any:
         return meta.get(f"{arch}.{name}", default)
 
-    if "rope_freqs.weight" in tensors:
-        raise UnsupportedGGUFError(
-            "this GGUF file scales rope frequencies with a rope_freqs tensor (llama3-style "
-            "rope scaling), which the GGUF loader does not support yet; load the HF checkpoint"
-        )
     heads = key("attention.head_count")
     embed = tensors.get("token_embd.weight")
     vocab = key("vocab_size")
@@ -163,22 +146,94 @@ def _config_dict(meta: dict[str, Any], tensors: dict[str, Any]) -> dict[str, Any
         "attention_bias": arch == "llama" and "blk.0.attn_output.bias" in tensors,
         "hidden_act": "silu",
     }
+    # GGUF's head size is embedding_length / head_count unless key_length says otherwise
+    # (transformers' qwen3 default of 128 does not apply).
     head_dim = key("attention.key_length")
-    if head_dim is not None:
-        config["head_dim"] = head_dim
+    config["head_dim"] = head_dim if head_dim is not None else config["hidden_size"] // heads
     scaling = key("rope.scaling.type")
-    if scaling not in (None, "none"):
+    if "rope_freqs.weight" in tensors:
+        hd = int(head_dim or config["hidden_size"] // heads)
+        freqs = np.asarray(tensors["rope_freqs.weight"].data, dtype=np.float64).reshape(-1)
+        config["rope_scaling"] = _llama3_rope(freqs, hd, config["rope_theta"])
+    elif scaling not in (None, "none"):
         if scaling != "linear":
             raise UnsupportedGGUFError(
                 f"unsupported GGUF rope scaling {scaling!r}: expected none or linear"
             )
         config["rope_scaling"] = {"rope_type": "linear", "factor": key("rope.scaling.factor")}
-    for name, gguf_key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id")):
-        value = meta.get(f"tokenizer.ggml.{gguf_key}")
-        if value is not None:
-            config[name] = int(value)
+    bos = meta.get("tokenizer.ggml.bos_token_id")
+    if bos is not None:
+        config["bos_token_id"] = int(bos)
+    # llama.cpp stops at the end-of-turn token too (Llama 3's <|eot_id|>, Qwen's <|im_end|>)
+    eos = [meta.get(f"tokenizer.ggml.{name}_token_id") for name in ("eos", "eot")]
+    if any(e is not None for e in eos):
+        config["eos_token_id"] = [int(e) for e in eos if e is not None]
     config["dtype"] = _float_dtype(tensors)
     return config
+
+
+def _llama3_rope(freqs: np.ndarray, head_dim: int, theta: float) -> dict[str, Any]:
+    """The llama3 rope parameters that give llama.cpp's ``rope_freqs`` divisors.
+
+    The converter stores, per rotary frequency, the factor its wavelength is divided by
+    (1 for short wavelengths, ``factor`` for long ones, a blend in the band between).
+    Llama 3.x's own parameters (low 1, high 4, original context a power of two) are tried
+    first; otherwise the blend, linear in 1/wavelength, gives the band's edges from two
+    in-band frequencies (``low_freq_factor`` taken as 1: only the ratios to the original
+    context matter). The parameters are checked by recomputing every divisor.
+
+    Raises:
+        UnsupportedGGUFError: divisors that no llama3 rope scaling produces.
+    """
+    inv = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    wavelen = 2 * np.pi / inv
+    if freqs.shape != inv.shape:
+        raise UnsupportedGGUFError(
+            f"rope_freqs has {freqs.size} values; expected {inv.size} for head_dim {head_dim}"
+        )
+    factor = float(freqs.max())
+    params: dict[str, Any] | None = None
+    # Llama 3.x's own values first (low 1, high 4, a power-of-two original context) ...
+    for exponent in range(4, 21):
+        candidate = {
+            "rope_type": "llama3",
+            "factor": float(f"{factor:.6g}"),
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 1 << exponent,
+        }
+        if np.allclose(_llama3_divisors(candidate, wavelen), freqs, rtol=1e-4):
+            return candidate
+    # ... else the band's edges from two in-band frequencies.
+    band = (np.abs(freqs - 1) > 1e-6) & (np.abs(freqs - factor) > 1e-6 * factor)
+    if factor > 1 and band.sum() >= 2:
+        smooth = (1 / freqs[band] - 1 / factor) / (1 - 1 / factor)
+        slope, intercept = np.polyfit(1 / wavelen[band], smooth, 1)
+        high = 1 - 1 / intercept  # with low_freq_factor 1: smooth = (L / w - 1) / (high - 1)
+        params = {
+            "rope_type": "llama3",
+            "factor": float(f"{factor:.6g}"),
+            "low_freq_factor": 1.0,
+            "high_freq_factor": float(f"{high:.6g}"),
+            "original_max_position_embeddings": int(round(slope * (high - 1))),
+        }
+    if params is None or not np.allclose(_llama3_divisors(params, wavelen), freqs, rtol=1e-4):
+        raise UnsupportedGGUFError(
+            "this GGUF file's rope_freqs tensor is not a llama3 rope scaling the loader can "
+            "recover; load the HF checkpoint"
+        )
+    return params
+
+
+def _llama3_divisors(params: dict[str, Any], wavelen: np.ndarray) -> np.ndarray:
+    """What llama.cpp's converter stores in rope_freqs for llama3 ``params``."""
+    factor, low, high = params["factor"], params["low_freq_factor"], params["high_freq_factor"]
+    old = params["original_max_position_embeddings"]
+    smooth = (old / wavelen - low) / (high - low)
+    blended = 1 / ((1 - smooth) / factor + smooth)
+    return np.where(
+        wavelen < old / high, 1.0, np.where(wavelen > old / low, factor, blended)
+    ).astype(np.float64)
 
 
 def _type_name(tensor: Any) -> str:
@@ -307,6 +362,8 @@ def load_gguf_model(
     unexpected: list[str] = []
     with torch.no_grad():
         for name, tensor in tensors.items():
+            if name == "rope_freqs.weight":  # read into the config's rope scaling
+                continue
             hf = _hf_name(name)
             if hf is None or hf not in targets:
                 if not (hf == "lm_head.weight" and config.tie_word_embeddings):

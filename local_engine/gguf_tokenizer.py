@@ -4,7 +4,8 @@ pre-tokenizer that ``tokenizer.ggml.pre`` names.
 
 Token types follow llama.cpp: CONTROL (3) tokens become special added tokens, USER_DEFINED
 (4) ones plain added tokens; ``tokenizer.ggml.{bos,eos,unknown,padding}_token_id`` name the
-special tokens, ``tokenizer.ggml.add_bos_token`` adds BOS when special tokens are added, and
+special tokens, ``tokenizer.ggml.eot_token_id`` (end of turn) also ends generation,
+``tokenizer.ggml.add_bos_token`` adds BOS when special tokens are added, and
 ``tokenizer.chat_template`` is the chat template.
 """
 
@@ -111,8 +112,10 @@ def tokenizer_from_gguf(meta: Mapping[str, Any]) -> Tokenizer:
             special_tokens=[(bos, vocab[bos])],
         )
     template = meta.get("tokenizer.chat_template")
+    eot = meta.get("tokenizer.ggml.eot_token_id")
     return Tokenizer(
         backend,
         special_tokens=special,
+        extra_eos_token_ids=[int(eot)] if eot is not None else [],
         chat_template=template if isinstance(template, str) else None,
     )

@@ -9,6 +9,7 @@ permuted for llama.cpp's rope layout (``LlamaModel.permute``), qwen2/qwen3's are
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize, quantize
 from safetensors.torch import load_file, save_file
 
-__all__ = ["add_tokenizer", "gguf_name", "permute", "write_gguf"]
+__all__ = ["add_tokenizer", "gguf_name", "llama3_rope_factors", "permute", "write_gguf"]
 
 _LAYER = {
     "self_attn.q_proj": "attn_q",
@@ -125,6 +126,10 @@ def write_gguf(
         elif family == "llama" and ".attn_k." in name:
             back = _unpermute(back, kv_heads)
         stored[hf] = torch.from_numpy(np.ascontiguousarray(back))
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if rope.get("rope_type") == "llama3":
+        head_dim = config.get("head_dim") or config["hidden_size"] // heads
+        writer.add_tensor("rope_freqs.weight", llama3_rope_factors(rope, head_dim))
     for name, value in (extra or {}).items():
         writer.add_tensor(name, np.ascontiguousarray(value, dtype=np.float32))
     writer.write_header_to_file()
@@ -138,6 +143,32 @@ def write_gguf(
                 (dequant_dir / file).write_text((hf_dir / file).read_text())
         save_file(stored, dequant_dir / "model.safetensors")
     return out
+
+
+def llama3_rope_factors(rope: dict[str, Any], dim: int) -> np.ndarray:
+    """llama.cpp's converter's ``rope_freqs`` for llama3 rope scaling
+    (``LlamaModel.generate_extra_tensors``), in numpy."""
+    base = rope.get("rope_theta", 10000.0)
+    freqs = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+    factor = rope.get("factor", 8.0)
+    low_freq_factor = rope.get("low_freq_factor", 1.0)
+    high_freq_factor = rope.get("high_freq_factor", 4.0)
+    old_context_len = rope.get("original_max_position_embeddings", 8192)
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    factors = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_freq_wavelen:
+            factors.append(1)
+        elif wavelen > low_freq_wavelen:
+            factors.append(factor)
+        else:
+            smooth = (old_context_len / wavelen - low_freq_factor) / (
+                high_freq_factor - low_freq_factor
+            )
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.asarray(factors, dtype=np.float32)
 
 
 def add_tokenizer(writer: GGUFWriter, backend: Any, pre: str, template: str) -> None:

@@ -79,6 +79,18 @@ def test_f32_gguf_is_the_hf_checkpoint(hf_dir: Path, tmp_path: Path) -> None:
     torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-5)
 
 
+def test_llama3_rope_freqs_become_its_rope_scaling(tmp_path: Path) -> None:
+    """llama.cpp stores llama3 rope scaling as a rope_freqs tensor of divisors; the loader
+    recovers the parameters (the tiny llama3 puts frequencies in all three bands)."""
+    hf_dir = make_tiny_model(tmp_path / "hf", "llama3")
+    path = write_gguf(hf_dir, tmp_path / "llama3.gguf", "F32")
+    assert read_gguf_config(path) == load_model(hf_dir).config
+    ids = _tokens(40, seed=4)
+    torch.testing.assert_close(
+        _run_logits(load_model(path), ids), _run_logits(load_model(hf_dir), ids)
+    )
+
+
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
 def test_quantized_gguf_logits(
     hf_dir: Path, tmp_path: Path, qtype: str, record_property: pytest.RecordProperty
@@ -164,7 +176,7 @@ def test_unsupported_architecture_and_rope(tmp_path: Path) -> None:
         load_model(gemma)
     freqs = {"rope_freqs.weight": np.full(8, 2.0, dtype=np.float32)}
     scaled = write_gguf(hf_dir, tmp_path / "llama3.gguf", "F32", extra=freqs)
-    with pytest.raises(UnsupportedGGUFError, match="rope_freqs"):
+    with pytest.raises(UnsupportedGGUFError, match="rope_freqs tensor is not a llama3"):
         load_model(scaled)
     assert issubclass(UnsupportedGGUFError, EngineConfigError)
 
