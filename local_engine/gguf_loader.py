@@ -315,9 +315,10 @@ def _unpermute(rows: np.ndarray, heads: int) -> np.ndarray:
 def _dequantize(data: np.ndarray, kind: Any, shape: tuple[int, ...]) -> torch.Tensor:
     from gguf.quants import dequantize
 
-    values = dequantize(np.asarray(data), kind)
-    # a copy: an F32 tensor's values are a read-only view of the memory-mapped file
-    return torch.from_numpy(np.array(values, dtype=np.float32, copy=True).reshape(shape))
+    values = np.asarray(dequantize(np.asarray(data), kind), dtype=np.float32).reshape(shape)
+    if not values.flags.writeable:  # an F32 tensor's values: a view of the memory-mapped file
+        values = values.copy()
+    return torch.from_numpy(np.ascontiguousarray(values))
 
 
 def _q4_0_codes(data: np.ndarray, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
