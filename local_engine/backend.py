@@ -282,14 +282,14 @@ class LocalBackend:
         if model is None or model == self.default_model:
             return find_default_model()
         path = Path(model).expanduser()
-        if path.is_dir():
+        if path.is_dir() or (path.is_file() and path.suffix.lower() == ".gguf"):
             return path
         if isinstance(model, str) and (model == DEFAULT_MODEL_NAME or model in DEFAULT_MODELS):
             return find_default_model(model)
         random = ", ".join(sorted(DEFAULT_MODELS))
         raise errors.ConfigurationError(
-            f"model {str(model)!r} is neither a model directory nor an embedded model "
-            f"({DEFAULT_MODEL_NAME}, the default; random weights, for tests and benchmarks: "
+            f"model {str(model)!r} is neither a model directory, a .gguf file nor an embedded "
+            f"model ({DEFAULT_MODEL_NAME}, the default; random weights, for tests and benchmarks: "
             f"{random})"
         )
 

@@ -315,7 +315,8 @@ class Engine:
 
     @classmethod
     def from_pretrained(cls, path: str | Path, config: EngineConfig | None = None) -> Engine:
-        """Load the model under ``path`` (and its tokenizer when tokenizer.json exists)."""
+        """Load the model under ``path`` (and its tokenizer when tokenizer.json exists), or
+        from a ``.gguf`` file (with the tokenizer it carries)."""
         from local_engine.loader import load_model
 
         config = config if config is not None else EngineConfig()
@@ -323,7 +324,13 @@ class Engine:
             path, dtype=config.dtype, device=config.device, quantization=config.quantization
         )
         root = Path(path)
-        tokenizer = Tokenizer.from_dir(root) if (root / "tokenizer.json").exists() else None
+        tokenizer: Tokenizer | None
+        if root.is_file() and root.suffix.lower() == ".gguf":
+            from local_engine.gguf_loader import load_gguf_tokenizer
+
+            tokenizer = load_gguf_tokenizer(root)
+        else:
+            tokenizer = Tokenizer.from_dir(root) if (root / "tokenizer.json").exists() else None
         spec = config.speculative
         draft = None
         if spec is not None and spec.draft_model is not None:

@@ -22,6 +22,7 @@ from local_engine.errors import EngineConfigError
 
 from .config import ModelConfig, normalize_dtype_name
 from .fp8 import Fp8Rows
+from .gptq import load_gptq_model, quantization_config
 from .model import DecoderLayer, DecoderModel
 from .quant import Int4Rows, Int8Rows, Quantization, QuantizedWeight, check_quantization
 
@@ -66,16 +67,25 @@ def load_model(
     """Read ``config.json`` and the safetensors weights under ``path`` into a DecoderModel.
 
     Single-file (``model.safetensors``) and sharded (``model.safetensors.index.json``)
-    checkpoints are supported, with tied or untied embeddings. ``quantization="int8"``
-    quantizes the projection weights (and an untied LM head) from the checkpoint's own
-    precision as they are read; activations then default to bfloat16.
+    checkpoints are supported, with tied or untied embeddings. A ``.gguf`` file is read by
+    :func:`local_engine.gguf_loader.load_gguf_model` (``quantization`` None: the file's own),
+    a directory whose config.json has a ``quantization_config`` by
+    :func:`local_engine.gptq.load_gptq_model` (GPTQ 4-bit onto int4).
+    ``quantization="int8"`` quantizes the projection weights (and an untied LM head) from the
+    checkpoint's own precision as they are read; activations then default to bfloat16.
 
     Raises:
         EngineConfigError: the directory, config or weights are missing, unsupported or
             do not match the config; an unknown ``quantization``, or int8 with float32.
     """
-    quantization = check_quantization(quantization)
     root = Path(path)
+    if root.is_file() and root.suffix.lower() == ".gguf":
+        from .gguf_loader import load_gguf_model
+
+        return load_gguf_model(root, dtype=dtype, device=device, quantization=quantization)
+    if root.is_dir() and quantization_config(root) is not None:
+        return load_gptq_model(root, dtype=dtype, device=device, quantization=quantization)
+    quantization = check_quantization(quantization)
     config = ModelConfig.from_pretrained(root)
     torch_dtype = resolve_dtype(dtype, config, quantization)
     config = dataclasses.replace(config, dtype=str(torch_dtype).removeprefix("torch."))

@@ -1034,7 +1034,7 @@ class _ServeCommand(click.Command):
     "-m",
     "model",
     metavar="DIR",
-    help="The model directory or embedded model name (as MODEL_DIR, and as `chat -m`).",
+    help="The model directory, .gguf file or embedded model (as MODEL_DIR, and `chat -m`).",
 )
 @click.option(
     "--generation-config",

@@ -1,0 +1,447 @@
+"""Load a GGUF file (llama.cpp's format) into a DecoderModel, with its tokenizer.
+
+Architectures: ``llama``, ``qwen2`` and ``qwen3`` as llama.cpp's converter names them. The
+metadata (``{arch}.embedding_length``, ``.block_count``, ``.attention.head_count[_kv]``,
+``.rope.freq_base``, ...) becomes the engine's :class:`~local_engine.config.ModelConfig`, and
+each GGUF tensor name (``blk.N.attn_q.weight``, ...) its HF name, so the HF loader's targets
+take the tensors. llama.cpp's converter permutes the rows of a llama model's Q and K
+projections for its rope layout; they are permuted back here (a row permutation, so quantized
+rows move whole). Llama 3.1+'s rope scaling, stored as a ``rope_freqs`` tensor of divisors,
+becomes the llama3 rope parameters that give those divisors.
+
+Tensor types:
+
+- ``F32``, ``F16``, ``BF16``: loaded as the engine's dtype (a float32 file runs in float32).
+- ``Q4_0``: onto the int4 path (``quantization="int4"``, chosen by default for such a
+  file). Its numbers map exactly: 4-bit codes ``q`` with ``value = (q - 8) * d`` per block of
+  32 are the int4 weights' stored codes; only the nibble order is repacked, and the block
+  scale ``d`` is stored in the activation dtype (float16: exact; bfloat16: rounded to 8
+  significant bits).
+- ``Q8_0``: onto the int8 path (``quantization="int8"``). Its per-32 scales do not map onto
+  the int8 weights' one scale per row, so each row is dequantized and requantized per row
+  (a rounding, measured in docs/local-engine.md).
+- The token embedding and the LM head also take any type the ``gguf`` package dequantizes
+  (llama.cpp's ``llama-quantize`` stores the head as ``Q6_K`` in a ``Q4_0`` file); they are
+  dense in the engine (the LM head of an int8/int4 model is requantized to int8).
+
+Any other type in a projection raises :class:`UnsupportedGGUFError` naming it. A
+``quantization`` given explicitly wins: the weights are dequantized and requantized to it.
+
+The tokenizer: ``tokenizer.ggml.model = "gpt2"`` (byte-level BPE) is rebuilt from the
+vocabulary, merges and token types with the pre-tokenizer that ``tokenizer.ggml.pre`` names
+(:data:`local_engine.gguf_tokenizer.PRE_TOKENIZERS`); the chat template comes from
+``tokenizer.chat_template``. A ``tokenizer.json`` beside the file takes precedence.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from local_engine.errors import EngineConfigError
+
+from .config import ModelConfig
+from .fp8 import Fp8Rows
+from .model import DecoderModel
+from .quant import Int4Rows, Int8Rows, Quantization, check_quantization
+from .tokenizer import Tokenizer
+
+__all__ = [
+    "GGUF_ARCHITECTURES",
+    "UnsupportedGGUFError",
+    "gguf_quantization",
+    "load_gguf_model",
+    "load_gguf_tokenizer",
+    "read_gguf_config",
+]
+
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+"""The ``general.architecture`` values the engine loads."""
+
+_FLOAT_TYPES = ("F32", "F16", "BF16")
+_PROJECTION_TYPES = (*_FLOAT_TYPES, "Q8_0", "Q4_0")
+_DENSE_ONLY = ("token_embd.weight", "output.weight")
+
+_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_TOP_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+class UnsupportedGGUFError(EngineConfigError):
+    """A GGUF file the engine cannot load: an unknown architecture, tensor type, rope
+    layout or tokenizer; the message names it and what is supported."""
+
+
+def _reader(path: str | Path) -> Any:
+    try:
+        from gguf import GGUFReader
+    except ImportError as exc:
+        raise EngineConfigError(
+            "loading a .gguf file needs the 'gguf' package: pip install 'swiftclient-llm[gguf]'"
+        ) from exc
+    try:
+        return GGUFReader(str(path))
+    except (OSError, ValueError) as exc:
+        raise EngineConfigError(f"cannot read GGUF file {str(path)!r}: {exc}") from exc
+
+
+def _fields(reader: Any) -> dict[str, Any]:
+    return {name: field.contents() for name, field in reader.fields.items()}
+
+
+def _arch(meta: dict[str, Any]) -> str:
+    arch = meta.get("general.architecture")
+    if arch not in GGUF_ARCHITECTURES:
+        raise UnsupportedGGUFError(
+            f"unsupported GGUF architecture {arch!r}: the local engine loads "
+            f"{', '.join(GGUF_ARCHITECTURES)}"
+        )
+    return str(arch)
+
+
+def _config_dict(meta: dict[str, Any], tensors: dict[str, Any]) -> dict[str, Any]:
+    """An HF ``config.json`` equivalent of the GGUF metadata."""
+    arch = _arch(meta)
+
+    def key(name: str, default: Any = None) -> Any:
+        return meta.get(f"{arch}.{name}", default)
+
+    heads = key("attention.head_count")
+    embed = tensors.get("token_embd.weight")
+    vocab = key("vocab_size")
+    if vocab is None and embed is not None:
+        vocab = int(embed.shape[-1])  # GGUF shapes list the fastest-varying dimension first
+    config: dict[str, Any] = {
+        "model_type": arch,
+        "hidden_size": key("embedding_length"),
+        "intermediate_size": key("feed_forward_length"),
+        "num_hidden_layers": key("block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": key("attention.head_count_kv", heads),
+        "max_position_embeddings": key("context_length"),
+        # stored as float32: 1e-6 reads back as 9.99999997e-07
+        "rms_norm_eps": float(f"{float(key('attention.layer_norm_rms_epsilon', 1e-6)):.7g}"),
+        "rope_theta": float(key("rope.freq_base", 10000.0)),
+        "vocab_size": vocab,
+        "tie_word_embeddings": "output.weight" not in tensors,
+        "attention_bias": arch == "llama" and "blk.0.attn_output.bias" in tensors,
+        "hidden_act": "silu",
+    }
+    # GGUF's head size is embedding_length / head_count unless key_length says otherwise
+    # (transformers' qwen3 default of 128 does not apply).
+    head_dim = key("attention.key_length")
+    config["head_dim"] = head_dim if head_dim is not None else config["hidden_size"] // heads
+    scaling = key("rope.scaling.type")
+    if "rope_freqs.weight" in tensors:
+        hd = int(head_dim or config["hidden_size"] // heads)
+        freqs = np.asarray(tensors["rope_freqs.weight"].data, dtype=np.float64).reshape(-1)
+        config["rope_scaling"] = _llama3_rope(freqs, hd, config["rope_theta"])
+    elif scaling not in (None, "none"):
+        if scaling != "linear":
+            raise UnsupportedGGUFError(
+                f"unsupported GGUF rope scaling {scaling!r}: expected none or linear"
+            )
+        config["rope_scaling"] = {"rope_type": "linear", "factor": key("rope.scaling.factor")}
+    bos = meta.get("tokenizer.ggml.bos_token_id")
+    if bos is not None:
+        config["bos_token_id"] = int(bos)
+    # llama.cpp stops at the end-of-turn token too (Llama 3's <|eot_id|>, Qwen's <|im_end|>)
+    eos = [meta.get(f"tokenizer.ggml.{name}_token_id") for name in ("eos", "eot")]
+    if any(e is not None for e in eos):
+        config["eos_token_id"] = [int(e) for e in eos if e is not None]
+    config["dtype"] = _float_dtype(tensors)
+    return config
+
+
+def _llama3_rope(freqs: np.ndarray, head_dim: int, theta: float) -> dict[str, Any]:
+    """The llama3 rope parameters that give llama.cpp's ``rope_freqs`` divisors.
+
+    The converter stores, per rotary frequency, the factor its wavelength is divided by
+    (1 for short wavelengths, ``factor`` for long ones, a blend in the band between).
+    Llama 3.x's own parameters (low 1, high 4, original context a power of two) are tried
+    first; otherwise the blend, linear in 1/wavelength, gives the band's edges from two
+    in-band frequencies (``low_freq_factor`` taken as 1: only the ratios to the original
+    context matter). The parameters are checked by recomputing every divisor.
+
+    Raises:
+        UnsupportedGGUFError: divisors that no llama3 rope scaling produces.
+    """
+    inv = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    wavelen = 2 * np.pi / inv
+    if freqs.shape != inv.shape:
+        raise UnsupportedGGUFError(
+            f"rope_freqs has {freqs.size} values; expected {inv.size} for head_dim {head_dim}"
+        )
+    factor = float(freqs.max())
+    params: dict[str, Any] | None = None
+    # Llama 3.x's own values first (low 1, high 4, a power-of-two original context) ...
+    for exponent in range(4, 21):
+        candidate = {
+            "rope_type": "llama3",
+            "factor": float(f"{factor:.6g}"),
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 1 << exponent,
+        }
+        if np.allclose(_llama3_divisors(candidate, wavelen), freqs, rtol=1e-4):
+            return candidate
+    # ... else the band's edges from two in-band frequencies.
+    band = (np.abs(freqs - 1) > 1e-6) & (np.abs(freqs - factor) > 1e-6 * factor)
+    if factor > 1 and band.sum() >= 2:
+        smooth = (1 / freqs[band] - 1 / factor) / (1 - 1 / factor)
+        slope, intercept = np.polyfit(1 / wavelen[band], smooth, 1)
+        high = 1 - 1 / intercept  # with low_freq_factor 1: smooth = (L / w - 1) / (high - 1)
+        params = {
+            "rope_type": "llama3",
+            "factor": float(f"{factor:.6g}"),
+            "low_freq_factor": 1.0,
+            "high_freq_factor": float(f"{high:.6g}"),
+            "original_max_position_embeddings": int(round(slope * (high - 1))),
+        }
+    if params is None or not np.allclose(_llama3_divisors(params, wavelen), freqs, rtol=1e-4):
+        raise UnsupportedGGUFError(
+            "this GGUF file's rope_freqs tensor is not a llama3 rope scaling the loader can "
+            "recover; load the HF checkpoint"
+        )
+    return params
+
+
+def _llama3_divisors(params: dict[str, Any], wavelen: np.ndarray) -> np.ndarray:
+    """What llama.cpp's converter stores in rope_freqs for llama3 ``params``."""
+    factor, low, high = params["factor"], params["low_freq_factor"], params["high_freq_factor"]
+    old = params["original_max_position_embeddings"]
+    smooth = (old / wavelen - low) / (high - low)
+    blended = 1 / ((1 - smooth) / factor + smooth)
+    return np.where(
+        wavelen < old / high, 1.0, np.where(wavelen > old / low, factor, blended)
+    ).astype(np.float64)
+
+
+def _type_name(tensor: Any) -> str:
+    return str(tensor.tensor_type.name)
+
+
+def _is_projection(name: str) -> bool:
+    return name.startswith("blk.") and name.endswith(".weight") and "norm" not in name
+
+
+def _float_dtype(tensors: dict[str, Any]) -> str:
+    """The dtype a float file runs in: its projections' (bfloat16 for a quantized file)."""
+    types = {_type_name(t) for name, t in tensors.items() if _is_projection(name)}
+    if types == {"F32"}:
+        return "float32"
+    if types == {"F16"}:
+        return "float16"
+    return "bfloat16"
+
+
+def gguf_quantization(path: str | Path) -> Quantization | None:
+    """The quantization a GGUF file's projections map onto: ``"int4"`` for ``Q4_0``,
+    ``"int8"`` for ``Q8_0`` (the more common of the two when both occur), None for float.
+
+    Raises:
+        UnsupportedGGUFError: a projection in a type other than F32, F16, BF16, Q8_0, Q4_0.
+    """
+    reader = _reader(path)
+    return _quantization_of({t.name: t for t in reader.tensors})
+
+
+def _quantization_of(tensors: dict[str, Any]) -> Quantization | None:
+    counts = {"Q4_0": 0, "Q8_0": 0}
+    for name, tensor in tensors.items():
+        if not _is_projection(name):
+            continue
+        kind = _type_name(tensor)
+        if kind not in _PROJECTION_TYPES:
+            raise UnsupportedGGUFError(
+                f"GGUF tensor {name!r} has type {kind}, which the local engine cannot load: "
+                f"projections must be one of {', '.join(_PROJECTION_TYPES)}"
+            )
+        if kind in counts:
+            counts[kind] += 1
+    if not counts["Q4_0"] and not counts["Q8_0"]:
+        return None
+    return "int4" if counts["Q4_0"] >= counts["Q8_0"] else "int8"
+
+
+def read_gguf_config(path: str | Path) -> ModelConfig:
+    """The engine's model config from a GGUF file's metadata.
+
+    Raises:
+        EngineConfigError: the file cannot be read or its metadata is incomplete;
+            :class:`UnsupportedGGUFError` for an architecture or rope layout it cannot run.
+    """
+    reader = _reader(path)
+    meta = _fields(reader)
+    return ModelConfig.from_dict(_config_dict(meta, {t.name: t for t in reader.tensors}))
+
+
+def _hf_name(name: str) -> str | None:
+    if name in _TOP_NAMES:
+        return _TOP_NAMES[name]
+    parts = name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
+    return None
+
+
+def _unpermute(rows: np.ndarray, heads: int) -> np.ndarray:
+    """Undo llama.cpp's ``LlamaModel.permute`` of Q/K rows (``heads``: that projection's)."""
+    n = rows.shape[0]
+    head_dim = n // heads
+    shaped = rows.reshape(heads, head_dim // 2, 2, *rows.shape[1:])
+    return np.ascontiguousarray(shaped.swapaxes(1, 2).reshape(rows.shape))
+
+
+def _dequantize(data: np.ndarray, kind: Any, shape: tuple[int, ...]) -> torch.Tensor:
+    from gguf.quants import dequantize
+
+    values = np.asarray(dequantize(np.asarray(data), kind), dtype=np.float32).reshape(shape)
+    if not values.flags.writeable:  # an F32 tensor's values: a view of the memory-mapped file
+        values = values.copy()
+    return torch.from_numpy(np.ascontiguousarray(values))
+
+
+def _q4_0_codes(data: np.ndarray, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_0 blocks ``[rows, cols / 32 * 18]`` as stored codes ``[rows, cols]`` (0..15) and
+    float32 scales ``[rows, cols / 32]``."""
+    blocks = np.asarray(data, dtype=np.uint8).reshape(rows, cols // 32, 18)
+    scales = blocks[..., :2].copy().view(np.float16).reshape(rows, cols // 32)
+    qs = blocks[..., 2:]
+    codes = np.concatenate((qs & 15, qs >> 4), axis=-1).reshape(rows, cols)
+    return torch.from_numpy(codes), torch.from_numpy(scales.astype(np.float32))
+
+
+def load_gguf_model(
+    path: str | Path,
+    *,
+    dtype: str | torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+    quantization: Quantization | None = None,
+) -> DecoderModel:
+    """Read a GGUF file into a DecoderModel (see the module docstring for what maps how).
+
+    ``quantization`` None takes the file's own (:func:`gguf_quantization`); a method given
+    explicitly requantizes to it.
+
+    Raises:
+        EngineConfigError: the file is unreadable, incomplete or does not match its own
+            metadata; :class:`UnsupportedGGUFError` for what the engine cannot run.
+    """
+    from .loader import _targets, resolve_dtype
+
+    reader = _reader(path)
+    meta = _fields(reader)
+    tensors = {t.name: t for t in reader.tensors}
+    config = ModelConfig.from_dict(_config_dict(meta, tensors))
+    native = _quantization_of(tensors)
+    quantization = check_quantization(quantization) if quantization is not None else native
+    torch_dtype = resolve_dtype(dtype, config, quantization)
+    config = dataclasses.replace(config, dtype=str(torch_dtype).removeprefix("torch."))
+    model = DecoderModel(config, dtype=torch_dtype, device=device, quantization=quantization)
+    targets = _targets(model)
+    seen: set[str] = set()
+    unexpected: list[str] = []
+    with torch.no_grad():
+        for name, tensor in tensors.items():
+            if name == "rope_freqs.weight":  # read into the config's rope scaling
+                continue
+            hf = _hf_name(name)
+            if hf is None or hf not in targets:
+                if not (hf == "lm_head.weight" and config.tie_word_embeddings):
+                    unexpected.append(name)
+                continue
+            target, shape = targets[hf]
+            _check_shape(name, tensor, shape)
+            seen.add(hf)
+            _load_tensor(name, tensor, target, shape, config)
+    if unexpected:
+        raise EngineConfigError(
+            f"GGUF file has {len(unexpected)} tensors the {config.family} loader does not use, "
+            f"e.g. {sorted(unexpected)[:5]}"
+        )
+    missing = sorted(set(targets) - seen)
+    if missing:
+        raise EngineConfigError(
+            f"GGUF file lacks {len(missing)} tensors the {config.family} config needs, "
+            f"e.g. {missing[:5]}"
+        )
+    return model
+
+
+def _check_shape(name: str, tensor: Any, shape: tuple[int, ...]) -> None:
+    got = tuple(int(d) for d in reversed(list(tensor.shape)))
+    if got != shape:
+        raise EngineConfigError(
+            f"GGUF tensor {name!r} has shape {got}, expected {shape} from its metadata"
+        )
+
+
+def _load_tensor(
+    name: str,
+    tensor: Any,
+    target: torch.Tensor | Int8Rows | Int4Rows | Fp8Rows,
+    shape: tuple[int, ...],
+    config: ModelConfig,
+) -> None:
+    kind = _type_name(tensor)
+    if kind not in _PROJECTION_TYPES and name not in _DENSE_ONLY:
+        raise UnsupportedGGUFError(
+            f"GGUF tensor {name!r} has type {kind}, which the local engine cannot load: "
+            f"expected one of {', '.join(_PROJECTION_TYPES)}"
+        )
+    data = np.asarray(tensor.data)
+    rows = shape[0]
+    if len(shape) == 2:
+        data = data.reshape(rows, -1)
+    if config.family == "llama" and ".attn_q." in name:
+        data = _unpermute(data, config.num_heads)
+    elif config.family == "llama" and ".attn_k." in name:
+        data = _unpermute(data, config.num_kv_heads)
+    if kind == "Q4_0" and isinstance(target, Int4Rows):
+        from .quant import _pack_nibbles
+
+        codes, scales = _q4_0_codes(data, rows, shape[1])
+        weight = target.weight
+        weight.qweight[target.start : target.stop].copy_(_pack_nibbles(codes))
+        weight.scales[target.start : target.stop].copy_(scales)
+        return
+    values = _dequantize(data, tensor.tensor_type, shape)
+    target.copy_(values)
+
+
+def load_gguf_tokenizer(path: str | Path) -> Tokenizer | None:
+    """The tokenizer for a GGUF file: ``tokenizer.json`` beside it when present, else one
+    rebuilt from the file's byte-level BPE metadata; None when the file carries none.
+
+    Raises:
+        UnsupportedGGUFError: a tokenizer model or pre-tokenizer it cannot rebuild.
+    """
+    file = Path(path)
+    if (file.parent / "tokenizer.json").is_file():
+        return Tokenizer.from_dir(file.parent)
+    meta = _fields(_reader(file))
+    if "tokenizer.ggml.model" not in meta:
+        return None
+    from .gguf_tokenizer import tokenizer_from_gguf
+
+    return tokenizer_from_gguf(meta)

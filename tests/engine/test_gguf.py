@@ -1,0 +1,309 @@
+"""Loading GGUF files: F32 exactly as the HF checkpoint, Q8_0 onto int8, Q4_0 onto int4
+(the codes exactly), llama's Q/K permutation undone, and clear errors for what is not
+supported. The files are written by tests/engine/gguf_files.py the way llama.cpp's
+converter writes them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("gguf")
+
+from local_engine.engine import Engine, EngineConfig  # noqa: E402
+from local_engine.errors import EngineConfigError  # noqa: E402
+from local_engine.gguf_loader import (  # noqa: E402
+    UnsupportedGGUFError,
+    gguf_quantization,
+    read_gguf_config,
+)
+from local_engine.loader import load_model  # noqa: E402
+from local_engine.model import DecoderLayer, DecoderModel  # noqa: E402
+from local_engine.quant import (  # noqa: E402
+    DEQUANT_ROWS,
+    Int4Weight,
+    Int8Weight,
+    dequantize_int4,
+)
+
+from .gguf_files import add_tokenizer, write_gguf  # noqa: E402
+from .paged import PagedRunner  # noqa: E402
+from .tiny import make_tiny_model, write_char_tokenizer  # noqa: E402
+
+GGUF_FAMILIES = ("qwen2", "qwen3", "llama")
+COSINE_FLOOR = 0.99
+INT4_FLOORS = (0.8, 0.4)  # 4-bit against float32 on random weights: see test_quant.py
+_METHOD = {"Q8_0": "int8", "Q4_0": "int4"}
+
+
+def _tokens(n: int, seed: int) -> list[int]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(3, 256, (n,), generator=gen).tolist()
+
+
+def _run_logits(model: DecoderModel, ids: list[int]) -> torch.Tensor:
+    """Float32 logits of every position: a prefill longer than DEQUANT_ROWS, then decode
+    steps (the native kernels where the CPU has them)."""
+    runner = PagedRunner(model, block_size=4, num_blocks=64)
+    split = DEQUANT_ROWS + 8
+    steps = [runner.step({"a": ids[:split]})["a"]]
+    steps += [runner.step({"a": [tok]})["a"] for tok in ids[split:]]
+    return torch.cat(steps)
+
+
+def _compare(ours: torch.Tensor, reference: torch.Tensor) -> tuple[float, float]:
+    cosine = F.cosine_similarity(ours, reference, dim=-1).min().item()
+    top1 = (ours.argmax(-1) == reference.argmax(-1)).float().mean().item()
+    return cosine, top1
+
+
+@pytest.fixture(scope="module", params=GGUF_FAMILIES)
+def hf_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    family = str(request.param)
+    return make_tiny_model(tmp_path_factory.mktemp(family), family)
+
+
+def test_f32_gguf_is_the_hf_checkpoint(hf_dir: Path, tmp_path: Path) -> None:
+    path = write_gguf(hf_dir, tmp_path / "model-f32.gguf", "F32")
+    config = read_gguf_config(path)
+    assert config == load_model(hf_dir).config
+    assert gguf_quantization(path) is None
+    ids = _tokens(DEQUANT_ROWS + 12, seed=3)
+    ours = _run_logits(load_model(path), ids)
+    reference = _run_logits(load_model(hf_dir), ids)
+    torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_llama3_rope_freqs_become_its_rope_scaling(tmp_path: Path) -> None:
+    """llama.cpp stores llama3 rope scaling as a rope_freqs tensor of divisors; the loader
+    recovers the parameters (the tiny llama3 puts frequencies in all three bands)."""
+    hf_dir = make_tiny_model(tmp_path / "hf", "llama3")
+    path = write_gguf(hf_dir, tmp_path / "llama3.gguf", "F32")
+    assert read_gguf_config(path) == load_model(hf_dir).config
+    ids = _tokens(40, seed=4)
+    torch.testing.assert_close(
+        _run_logits(load_model(path), ids), _run_logits(load_model(hf_dir), ids)
+    )
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
+def test_quantized_gguf_logits(
+    hf_dir: Path, tmp_path: Path, qtype: str, record_property: pytest.RecordProperty
+) -> None:
+    """Against the float32 HF checkpoint, and against the weights the file holds
+    (dequantized, in bfloat16): the second measures what the loading costs."""
+    dequant = tmp_path / "dequantized"
+    path = write_gguf(hf_dir, tmp_path / f"model-{qtype}.gguf", qtype, dequant_dir=dequant)
+    model = load_model(path)
+    weight_kind = Int4Weight if qtype == "Q4_0" else Int8Weight
+    layer = model.layers[0]
+    assert isinstance(layer, DecoderLayer) and isinstance(layer.qkv_weight, weight_kind)
+    assert model.dtype == torch.bfloat16
+    ids = _tokens(DEQUANT_ROWS + 24, seed=5)
+    ours = _run_logits(model, ids)
+    reference = _run_logits(load_model(hf_dir), ids)
+    vs_hf = _compare(ours, reference)
+    vs_file = _compare(ours, _run_logits(load_model(dequant, dtype="bfloat16"), ids))
+    at_load = _compare(_run_logits(load_model(hf_dir, quantization=_METHOD[qtype]), ids), reference)
+    print(
+        f"{model.config.family} {qtype}: vs float32 HF min cosine {vs_hf[0]:.5f} top-1 "
+        f"{vs_hf[1]:.3f}; vs its own weights in bf16 min cosine {vs_file[0]:.5f} top-1 "
+        f"{vs_file[1]:.3f}; (HF quantized at load to {_METHOD[qtype]}: min cosine "
+        f"{at_load[0]:.5f} top-1 {at_load[1]:.3f})"
+    )
+    record_property("min_cosine_vs_hf", round(vs_hf[0], 5))
+    record_property("top1_vs_hf", round(vs_hf[1], 3))
+    record_property("min_cosine_vs_file", round(vs_file[0], 5))
+    record_property("top1_vs_file", round(vs_file[1], 3))
+    assert vs_file[0] >= COSINE_FLOOR and vs_file[1] >= 0.8
+    floors = INT4_FLOORS if qtype == "Q4_0" else (COSINE_FLOOR, 0.8)
+    assert vs_hf[0] >= floors[0] and vs_hf[1] >= floors[1]
+
+
+def test_q4_0_codes_load_exactly(tmp_path: Path) -> None:
+    """Q4_0's codes are the int4 weights' codes; only its fp16 scale is rounded (bf16)."""
+    hf_dir = make_tiny_model(tmp_path / "hf", "llama")
+    dequant = tmp_path / "dequantized"
+    path = write_gguf(hf_dir, tmp_path / "model.gguf", "Q4_0", dequant_dir=dequant)
+    for dtype in (torch.float16, torch.bfloat16):
+        model = load_model(path, dtype=dtype)
+        reference = load_model(dequant, dtype=torch.float32)
+        for ours, ref in zip(model.layers, reference.layers, strict=True):
+            assert isinstance(ours, DecoderLayer) and isinstance(ref, DecoderLayer)
+            weight = ours.qkv_weight
+            assert isinstance(weight, Int4Weight)
+            got = dequantize_int4(weight.qweight, weight.scales.float())
+            expected = ref.qkv_weight
+            assert isinstance(expected, torch.Tensor)
+            if dtype == torch.float16:  # fp16 scales: exact
+                torch.testing.assert_close(got, expected, rtol=0, atol=0)
+            else:  # the scale rounded to bf16: at most 2^-9 relative
+                torch.testing.assert_close(got, expected, rtol=2**-8, atol=0)
+
+
+def test_mixed_file_follows_its_projections(tmp_path: Path) -> None:
+    """llama-quantize keeps the head at a higher precision than the Q4_0 projections."""
+    hf_dir = make_tiny_model(tmp_path / "hf", "qwen2")
+    path = write_gguf(hf_dir, tmp_path / "model.gguf", "Q4_0", head_qtype="Q8_0")
+    assert gguf_quantization(path) == "int4"
+    model = load_model(path)
+    assert isinstance(model.lm_head, Int8Weight)
+
+
+def test_explicit_quantization_requantizes(tmp_path: Path) -> None:
+    hf_dir = make_tiny_model(tmp_path / "hf", "qwen3")
+    path = write_gguf(hf_dir, tmp_path / "model.gguf", "Q8_0")
+    layer = load_model(path, quantization="int4").layers[0]
+    assert isinstance(layer, DecoderLayer) and isinstance(layer.o_weight, Int4Weight)
+
+
+def test_unsupported_tensor_type_names_it(tmp_path: Path) -> None:
+    hf_dir = make_tiny_model(tmp_path / "hf", "qwen2")
+    path = write_gguf(hf_dir, tmp_path / "model.gguf", "Q5_0")
+    with pytest.raises(UnsupportedGGUFError, match=r"type Q5_0.*F32, F16, BF16, Q8_0, Q4_0"):
+        load_model(path)
+
+
+def test_unsupported_architecture_and_rope(tmp_path: Path) -> None:
+    hf_dir = make_tiny_model(tmp_path / "hf", "llama")
+    gemma = write_gguf(hf_dir, tmp_path / "gemma.gguf", "F32", arch="gemma")
+    with pytest.raises(UnsupportedGGUFError, match="architecture 'gemma'.*llama, qwen2, qwen3"):
+        load_model(gemma)
+    freqs = {"rope_freqs.weight": np.full(8, 2.0, dtype=np.float32)}
+    scaled = write_gguf(hf_dir, tmp_path / "llama3.gguf", "F32", extra=freqs)
+    with pytest.raises(UnsupportedGGUFError, match="rope_freqs tensor is not a llama3"):
+        load_model(scaled)
+    assert issubclass(UnsupportedGGUFError, EngineConfigError)
+
+
+def test_engine_serves_a_gguf_file(tmp_path: Path) -> None:
+    """Engine.from_pretrained takes the file; a tokenizer.json beside it is its tokenizer."""
+    hf_dir = make_tiny_model(tmp_path / "hf", "qwen2")
+    out = tmp_path / "gguf"
+    out.mkdir()
+    path = write_gguf(hf_dir, out / "model.gguf", "Q8_0")
+    write_char_tokenizer(out)
+    engine = Engine.from_pretrained(path, EngineConfig(num_blocks=32, block_size=4))
+    assert engine.tokenizer is not None
+    assert engine.model.config.family == "qwen2"
+
+
+# --- tokenizer ----------------------------------------------------------------------------
+
+_CORPUS = [
+    "Hello world! The quick brown fox jumps over the lazy dog 12345 times.",
+    "Grüße aus Köln: naïve café, 東京 and Ω≈ç√ — emoji 🙂🚀 too.",
+    "def f(x):\n    return x * 2  # 3.14159\n\n\tTabs and  double  spaces",
+    "It's they're we've I'm you'll he'd; 2024-12-05 10:42 +0100",
+] * 20
+_PROBES = [
+    "Hello world, it's 2026!",
+    "naïve café 東京 🙂 Ω",
+    "  leading spaces\n\nand newlines\r\n 1234567 digits",
+    "<|im_start|>user\nhi<|im_end|> <tool_call>",
+]
+
+
+def _hf_bpe(pre: str) -> Any:
+    """A byte-level BPE tokenizer shaped like Qwen2's (``pre="qwen2"``) or Llama 3's,
+    trained on a small corpus."""
+    from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers, trainers
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers.models import BPE
+
+    from local_engine.gguf_tokenizer import PRE_TOKENIZERS
+
+    backend = HFTokenizer(BPE(ignore_merges=pre == "llama-bpe"))
+    if pre == "qwen2":
+        backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRE_TOKENIZERS[pre]), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(_CORPUS, trainer)
+    backend.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in ("<|im_start|>", "<|im_end|>")]
+    )
+    backend.add_tokens([AddedToken("<tool_call>", special=False, normalized=False)])
+    return backend
+
+
+def _write_tokenizer_gguf(backend: Any, pre: str, path: Path, template: str) -> Path:
+    """A GGUF file holding only the tokenizer metadata."""
+    from gguf import GGUFWriter
+
+    writer = GGUFWriter(path, "qwen2")
+    add_tokenizer(writer, backend, pre, template)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("pre", ["qwen2", "llama-bpe"])
+def test_tokenizer_from_gguf_matches_hf(tmp_path: Path, pre: str) -> None:
+    from local_engine.gguf_loader import load_gguf_tokenizer
+
+    backend = _hf_bpe(pre)
+    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    path = _write_tokenizer_gguf(backend, pre, tmp_path / "tok.gguf", template)
+    tokenizer = load_gguf_tokenizer(path)
+    assert tokenizer is not None
+    for text in _PROBES:
+        expected = backend.encode(text, add_special_tokens=False).ids
+        assert tokenizer.encode(text) == expected, text
+        assert tokenizer.decode(expected, skip_special_tokens=False) == backend.decode(
+            expected, skip_special_tokens=False
+        )
+    assert tokenizer.eos_token_ids == (backend.token_to_id("<|im_end|>"),)
+    assert tokenizer.chat_template == template
+    assert backend.token_to_id("<|im_start|>") in tokenizer.special_token_ids
+
+
+def test_tokenizer_from_gguf_unknown_pre(tmp_path: Path) -> None:
+    from local_engine.gguf_loader import load_gguf_tokenizer
+
+    path = _write_tokenizer_gguf(_hf_bpe("qwen2"), "deepseek-llm", tmp_path / "t.gguf", "")
+    with pytest.raises(UnsupportedGGUFError, match="pre-tokenizer 'deepseek-llm'.*llama-bpe"):
+        load_gguf_tokenizer(path)
+
+
+_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.mark.anyio
+async def test_local_backend_chats_with_a_gguf_file_alone(tmp_path: Path) -> None:
+    """One .gguf file, nothing beside it: weights, config, tokenizer and chat template."""
+    from local_engine import LocalBackend
+    from swiftclient import AsyncClient
+
+    backend = _hf_bpe("qwen2")
+    vocab = backend.get_vocab_size(with_added_tokens=True)
+    hf_dir = make_tiny_model(tmp_path / "hf", "qwen2", vocab_size=vocab, eos_token_id=vocab - 2)
+    path = write_gguf(
+        hf_dir, tmp_path / "alone" / "model.gguf", "Q8_0", tokenizer=(backend, "qwen2", _TEMPLATE)
+    )
+    local = LocalBackend(path)
+    async with AsyncClient(local) as client:
+        completion = await client.chat(
+            "Hello", max_tokens=3, temperature=0.0, extra_body={"ignore_eos": True}
+        )
+        assert local.model_dir == path
+    assert completion.usage is not None and completion.usage.completion_tokens == 3
