@@ -381,7 +381,14 @@ class LocalBackend:
         async_engine, self._async_engine = self._async_engine, None
         if async_engine is None:
             return None
-        return await async_engine.__aexit__(exc_type, exc, tb)
+        try:
+            return await async_engine.__aexit__(exc_type, exc, tb)
+        finally:
+            # The gauges' callbacks stay registered with the global meter for the life of
+            # the process; a stopped backend's stats must not keep its engine (the model's
+            # weights) alive through them.
+            if self._stats is not None:
+                self._stats.engine = None
 
     async def aclose(self) -> None:
         """Abort every request and stop the engine; outside ``async with``, also drop the

@@ -106,6 +106,22 @@ async def test_model_may_be_a_directory_or_an_embedded_model_name(cache_env: Pat
 
 
 @pytest.mark.anyio
+async def test_a_closed_backend_does_not_keep_its_model_alive(cache_env: Path) -> None:
+    """The engine's gauges stay registered with the global meter for the process's life:
+    a backend that closed must not keep its engine (the weights) reachable through them."""
+    import gc
+    import weakref
+
+    backend = LocalBackend(cache_env)
+    async with AsyncClient(backend) as client:
+        await client.chat("Hello", max_tokens=1, **FIXED)
+        engine = weakref.ref(backend._loaded_service().engine)
+    del client, backend
+    gc.collect()
+    assert engine() is None
+
+
+@pytest.mark.anyio
 async def test_a_client_on_the_local_backend_needs_no_model_name(tiny: TinyModel) -> None:
     """Switching a client from a hosted provider to the local engine is one setting: with
     no model named, calls carry the backend's ``default_model``."""
