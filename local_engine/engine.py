@@ -320,17 +320,18 @@ class Engine:
         from local_engine.loader import load_model
 
         config = config if config is not None else EngineConfig()
-        model = load_model(
-            path, dtype=config.dtype, device=config.device, quantization=config.quantization
-        )
         root = Path(path)
-        tokenizer: Tokenizer | None
-        if root.is_file() and root.suffix.lower() == ".gguf":
+        tokenizer: Tokenizer | None = None
+        gguf = root.is_file() and root.suffix.lower() == ".gguf"
+        if gguf:  # first: a tokenizer it cannot rebuild fails before the weights are read
             from local_engine.gguf_loader import load_gguf_tokenizer
 
             tokenizer = load_gguf_tokenizer(root)
-        else:
-            tokenizer = Tokenizer.from_dir(root) if (root / "tokenizer.json").exists() else None
+        model = load_model(
+            path, dtype=config.dtype, device=config.device, quantization=config.quantization
+        )
+        if not gguf and (root / "tokenizer.json").exists():
+            tokenizer = Tokenizer.from_dir(root)
         spec = config.speculative
         draft = None
         if spec is not None and spec.draft_model is not None:

@@ -86,6 +86,14 @@ _TOP_NAMES = {
 }
 
 
+_WHAT_TO_DO = (
+    "use the model's Q4_0, Q8_0, F16 or BF16 file, or make one with llama.cpp's "
+    "`llama-quantize --allow-requantize IN.gguf OUT.gguf Q8_0` (or Q4_0; from an F16/BF16 "
+    "file when there is one), or load the Hugging Face checkpoint directory with "
+    "quantization='int8' or 'int4'"
+)
+
+
 class UnsupportedGGUFError(EngineConfigError):
     """A GGUF file the engine cannot load: an unknown architecture, tensor type, rope
     layout or tokenizer; the message names it and what is supported."""
@@ -100,8 +108,14 @@ def _reader(path: str | Path) -> Any:
         ) from exc
     try:
         return GGUFReader(str(path))
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
         raise EngineConfigError(f"cannot read GGUF file {str(path)!r}: {exc}") from exc
+    except Exception as exc:  # gguf's parser fails on a cut file with numpy's own errors
+        raise EngineConfigError(
+            f"cannot read GGUF file {str(path)!r}: it is not a GGUF file, or is truncated or "
+            f"corrupt (an interrupted download or copy?); fetch or convert it again "
+            f"({type(exc).__name__}: {exc})"
+        ) from exc
 
 
 def _fields(reader: Any) -> dict[str, Any]:
@@ -274,7 +288,7 @@ def _quantization_of(tensors: dict[str, Any]) -> Quantization | None:
         if kind not in _PROJECTION_TYPES:
             raise UnsupportedGGUFError(
                 f"GGUF tensor {name!r} has type {kind}, which the local engine cannot load: "
-                f"projections must be one of {', '.join(_PROJECTION_TYPES)}"
+                f"projections must be one of {', '.join(_PROJECTION_TYPES)}; {_WHAT_TO_DO}"
             )
         if kind in counts:
             counts[kind] += 1
@@ -407,7 +421,7 @@ def _load_tensor(
     if kind not in _PROJECTION_TYPES and name not in _DENSE_ONLY:
         raise UnsupportedGGUFError(
             f"GGUF tensor {name!r} has type {kind}, which the local engine cannot load: "
-            f"expected one of {', '.join(_PROJECTION_TYPES)}"
+            f"expected one of {', '.join(_PROJECTION_TYPES)}; {_WHAT_TO_DO}"
         )
     data = np.asarray(tensor.data)
     rows = shape[0]

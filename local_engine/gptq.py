@@ -137,6 +137,11 @@ def _read_weight(
         )
     group = k if layout.group_size == -1 else layout.group_size
     g_idx = tensors.get(f"{prefix}.g_idx")
+    if g_idx is not None and (tuple(g_idx.shape) != (k,) or (k and int(g_idx.min()) < 0)):
+        raise EngineConfigError(
+            f"GPTQ weight {prefix}.g_idx has shape {tuple(g_idx.shape)}, expected ({k},): "
+            f"one non-negative group index per input of a {n}x{k} projection"
+        )
     index = torch.arange(k, dtype=torch.int64) // group if g_idx is None else g_idx.to(torch.int64)
     zeros = _unpack_cols(qzeros)[:, :n] + layout.zero_offset
     groups = int(index.max().item()) + 1

@@ -57,6 +57,19 @@ def resolve_dtype(
     return cast(torch.dtype, getattr(torch, name))
 
 
+def _check_not_a_gguf_folder(root: Path) -> None:
+    """A folder of .gguf files (no config.json) is not a model directory: say which file."""
+    if not root.is_dir() or (root / "config.json").exists():
+        return
+    files = sorted(path.name for path in root.glob("*.gguf") if path.is_file())
+    if files:
+        listed = ", ".join(files[:5]) + (", ..." if len(files) > 5 else "")
+        raise EngineConfigError(
+            f"{str(root)!r} has no config.json but holds {len(files)} .gguf file(s) ({listed}): "
+            f"give the file itself as the model, e.g. {str(root / files[0])!r}"
+        )
+
+
 def load_model(
     path: str | Path,
     *,
@@ -83,6 +96,7 @@ def load_model(
         from .gguf_loader import load_gguf_model
 
         return load_gguf_model(root, dtype=dtype, device=device, quantization=quantization)
+    _check_not_a_gguf_folder(root)
     if root.is_dir() and quantization_config(root) is not None:
         return load_gptq_model(root, dtype=dtype, device=device, quantization=quantization)
     quantization = check_quantization(quantization)

@@ -165,8 +165,54 @@ def test_explicit_quantization_requantizes(tmp_path: Path) -> None:
 def test_unsupported_tensor_type_names_it(tmp_path: Path) -> None:
     hf_dir = make_tiny_model(tmp_path / "hf", "qwen2")
     path = write_gguf(hf_dir, tmp_path / "model.gguf", "Q5_0")
-    with pytest.raises(UnsupportedGGUFError, match=r"type Q5_0.*F32, F16, BF16, Q8_0, Q4_0"):
+    with pytest.raises(UnsupportedGGUFError, match=r"type Q5_0.*F32, F16, BF16, Q8_0, Q4_0") as e:
         load_model(path)
+    assert "llama-quantize" in str(e.value)  # and what to do about it
+
+
+def test_a_cut_or_foreign_file_is_a_clear_error(tmp_path: Path) -> None:
+    """A truncated download (cut in the header or in the tensor data), an empty file and a
+    file that is not GGUF at all: an EngineConfigError saying so, not numpy's IndexError."""
+    hf_dir = make_tiny_model(tmp_path / "hf", "qwen2")
+    data = write_gguf(hf_dir, tmp_path / "model.gguf", "Q8_0").read_bytes()
+    for name, content in (
+        ("header.gguf", data[:42]),  # gguf's parser: IndexError
+        ("metadata.gguf", data[:600]),
+        ("tensors.gguf", data[: len(data) // 2]),
+        ("short.gguf", data[:20]),
+        ("foreign.gguf", b"not a gguf file at all\n" * 4),
+    ):
+        path = tmp_path / name
+        path.write_bytes(content)
+        with pytest.raises(EngineConfigError, match="not a GGUF file, or is truncated or corrupt"):
+            load_model(path)
+    (tmp_path / "empty.gguf").write_bytes(b"")
+    with pytest.raises(EngineConfigError, match="cannot read GGUF file"):
+        load_model(tmp_path / "empty.gguf")
+
+
+def test_a_folder_of_gguf_files_says_to_pick_one(tmp_path: Path) -> None:
+    hf_dir = make_tiny_model(tmp_path / "hf", "qwen2")
+    folder = tmp_path / "ggufs"
+    folder.mkdir()
+    write_gguf(hf_dir, folder / "m-q8_0.gguf", "Q8_0")
+    write_gguf(hf_dir, folder / "m-q4_0.gguf", "Q4_0")
+    with pytest.raises(EngineConfigError, match=r"holds 2 .gguf file\(s\) \(m-q4_0.gguf, m-q8_0"):
+        load_model(folder)
+    with pytest.raises(EngineConfigError, match="give the file itself"):
+        Engine.from_pretrained(folder)
+
+
+def test_an_unusable_tokenizer_fails_before_the_weights_load(tmp_path: Path) -> None:
+    """Engine.from_pretrained checks the file's tokenizer first: a Q5_0 file whose
+    tokenizer cannot be rebuilt reports the tokenizer (what to do first), not the weights."""
+    hf_dir = make_tiny_model(tmp_path / "hf", "qwen2")
+    out = tmp_path / "gguf"
+    out.mkdir()
+    tokenizer = (_hf_bpe("qwen2"), "deepseek-llm", "")
+    path = write_gguf(hf_dir, out / "model.gguf", "Q5_0", tokenizer=tokenizer)
+    with pytest.raises(UnsupportedGGUFError, match="pre-tokenizer 'deepseek-llm'"):
+        Engine.from_pretrained(path, EngineConfig(num_blocks=32, block_size=4))
 
 
 def test_unsupported_architecture_and_rope(tmp_path: Path) -> None:

@@ -195,3 +195,15 @@ def test_unsupported_quantization_configs(tmp_path: Path) -> None:
         with pytest.raises(UnsupportedCheckpointError, match=match):
             load_model(hf_dir)
     assert issubclass(UnsupportedCheckpointError, EngineConfigError)
+
+
+def test_a_g_idx_of_the_wrong_length_is_a_clear_error(tmp_path: Path) -> None:
+    """Not torch's "shape '[4, 32]' is invalid for input of size 127"."""
+    hf_dir = make_tiny_model(tmp_path / "hf", "qwen2")
+    out = _write_gptq(hf_dir, tmp_path / "gptq", 32)
+    tensors = load_file(out / "model.safetensors")
+    name = next(name for name in tensors if name.endswith(".g_idx"))
+    tensors[name] = tensors[name][:-1].contiguous()
+    save_file(tensors, out / "model.safetensors")
+    with pytest.raises(EngineConfigError, match=r"g_idx has shape \(127,\), expected \(128,\)"):
+        load_model(out)
