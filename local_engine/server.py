@@ -1175,8 +1175,8 @@ class _ServeCommand(click.Command):
 def command(**options: Any) -> int:
     """Serve a local model over an OpenAI-compatible chat-completions API.
 
-    MODEL_DIR is a Hugging Face model directory, or the name of an embedded model; with
-    none, the embedded default model. Runs until SIGINT or SIGTERM.
+    MODEL_DIR is a Hugging Face model directory, a llama.cpp .gguf file, or the name of an
+    embedded model; with none, the embedded default model. Runs until SIGINT or SIGTERM.
     """
     args = argparse.Namespace(**options)
     handler = _print_access_lines() if args.access_log else None

@@ -172,7 +172,8 @@ def target_options(func: F) -> F:
             metavar="NAME",
             help="Model to ask for (default: $SWIFTCLIENT_MODEL; chat: else the backend's "
             "only model, if /models lists one). With --local: a model "
-            "directory or an embedded model name (default: $SWIFTCLIENT_LOCAL_MODEL, else the "
+            "directory, a .gguf file or an embedded model name (default: "
+            "$SWIFTCLIENT_LOCAL_MODEL, else the "
             "embedded default model).",
         ),
         click.option(
