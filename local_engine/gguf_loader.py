@@ -132,8 +132,20 @@ def _arch(meta: dict[str, Any]) -> str:
     return str(arch)
 
 
+def _check_not_split(meta: dict[str, Any]) -> None:
+    count = meta.get("split.count")
+    if isinstance(count, int) and count > 1:
+        raise UnsupportedGGUFError(
+            f"this GGUF file is shard {int(meta.get('split.no', 0)) + 1} of {count} of a split "
+            f"model, which the local engine does not load; merge the shards into one file "
+            f"with llama.cpp's `llama-gguf-split --merge NAME-00001-of-{count:05d}.gguf "
+            f"NAME.gguf` and load that"
+        )
+
+
 def _config_dict(meta: dict[str, Any], tensors: dict[str, Any]) -> dict[str, Any]:
     """An HF ``config.json`` equivalent of the GGUF metadata."""
+    _check_not_split(meta)
     arch = _arch(meta)
 
     def key(name: str, default: Any = None) -> Any:

@@ -70,6 +70,7 @@ def write_gguf(
     extra: dict[str, Any] | None = None,
     dequant_dir: Path | None = None,
     tokenizer: tuple[Any, str, str] | None = None,
+    split_max_tensors: int = 0,
 ) -> Path:
     """Write the float32 HF checkpoint in ``hf_dir`` as the GGUF file ``out``.
 
@@ -79,14 +80,16 @@ def write_gguf(
     With ``dequant_dir``, the weights as the file holds them (quantized and dequantized)
     are also saved there as an HF checkpoint: the reference the file should load as.
     ``tokenizer`` (a ``tokenizers.Tokenizer``, its pre-tokenizer name, a chat template) adds
-    the tokenizer metadata (:func:`add_tokenizer`).
+    the tokenizer metadata (:func:`add_tokenizer`). ``split_max_tensors`` splits the file
+    into shards of that many tensors, as llama.cpp's ``--split-max-tensors`` does
+    (``out``'s stem gets ``-00001-of-0000N``).
     """
     config = json.loads((hf_dir / "config.json").read_text())
     family = config["model_type"]
     weights = {k: v.float().numpy() for k, v in load_file(hf_dir / "model.safetensors").items()}
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     out.parent.mkdir(parents=True, exist_ok=True)
-    writer = GGUFWriter(out, arch or family)
+    writer = GGUFWriter(out, arch or family, split_max_tensors=split_max_tensors)
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
     writer.add_block_count(config["num_hidden_layers"])

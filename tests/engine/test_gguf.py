@@ -203,6 +203,18 @@ def test_a_folder_of_gguf_files_says_to_pick_one(tmp_path: Path) -> None:
         Engine.from_pretrained(folder)
 
 
+def test_a_split_file_says_to_merge_it(tmp_path: Path) -> None:
+    """A shard of a split model (llama.cpp's --split-max-tensors / gguf-split), any of
+    them: not "lacks N tensors" but what it is and how to merge it."""
+    hf_dir = make_tiny_model(tmp_path / "hf", "qwen2")
+    write_gguf(hf_dir, tmp_path / "split" / "m.gguf", "Q8_0", split_max_tensors=10)
+    shards = sorted((tmp_path / "split").iterdir())
+    assert [s.name for s in shards][0] == "m-00001-of-00003.gguf"
+    for number, shard in enumerate(shards, 1):
+        with pytest.raises(UnsupportedGGUFError, match=f"shard {number} of 3.*gguf-split --merge"):
+            Engine.from_pretrained(shard, EngineConfig(num_blocks=32, block_size=4))
+
+
 def test_an_unusable_tokenizer_fails_before_the_weights_load(tmp_path: Path) -> None:
     """Engine.from_pretrained checks the file's tokenizer first: a Q5_0 file whose
     tokenizer cannot be rebuilt reports the tokenizer (what to do first), not the weights."""
