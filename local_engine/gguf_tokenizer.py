@@ -18,6 +18,7 @@ from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers,
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers.models import BPE
 
+from .errors import EngineConfigError
 from .gguf_loader import UnsupportedGGUFError
 from .tokenizer import Tokenizer
 
@@ -70,6 +71,11 @@ def tokenizer_from_gguf(meta: Mapping[str, Any]) -> Tokenizer:
             f"unsupported GGUF pre-tokenizer {pre!r}: the engine rebuilds "
             f"{', '.join(sorted(PRE_TOKENIZERS))}; put the model's tokenizer.json beside the "
             ".gguf file instead"
+        )
+    if not meta.get("tokenizer.ggml.tokens"):
+        raise EngineConfigError(
+            "the GGUF file names a 'gpt2' tokenizer but holds no tokenizer.ggml.tokens (an "
+            "incomplete conversion?); put the model's tokenizer.json beside the .gguf file"
         )
     tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
     types: list[int] = [int(t) for t in meta.get("tokenizer.ggml.token_type", [1] * len(tokens))]

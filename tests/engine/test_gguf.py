@@ -340,6 +340,23 @@ def test_tokenizer_from_gguf_unknown_pre(tmp_path: Path) -> None:
         load_gguf_tokenizer(path)
 
 
+def test_tokenizer_metadata_without_tokens_is_a_clear_error(tmp_path: Path) -> None:
+    from gguf import GGUFWriter
+
+    from local_engine.gguf_loader import load_gguf_tokenizer
+
+    path = tmp_path / "t.gguf"
+    writer = GGUFWriter(path, "qwen2")
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(EngineConfigError, match="no tokenizer.ggml.tokens.*tokenizer.json"):
+        load_gguf_tokenizer(path)
+
+
 _TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
