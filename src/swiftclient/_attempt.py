@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol, TypeVar
@@ -28,7 +28,7 @@ from ._outcome import OUTCOME_OF, AttemptOutcome, Outcome
 from ._retry import retry_after_seconds
 from .admission._headers import LEARNED_HEADERS
 from .backends.base import Backend, BufferedChunkIterator, RequestOptions
-from .types import Attempt, ChatCompletion, ChatCompletionChunk, ChatRequest, Usage
+from .types import Attempt, ChatCompletion, ChatCompletionChunk, ChatRequest, Message, Usage
 
 if TYPE_CHECKING:
     from ._canonical import CallEncoding
@@ -41,6 +41,7 @@ __all__ = [
     "AttemptRun",
     "Target",
     "deadline_exceeded",
+    "prompt_chars",
 ]
 
 _Limit = Literal["deadline", "idle", "first_token"]
@@ -429,8 +430,8 @@ class AttemptRun:
 
     def ready(self) -> ChatCompletionChunk | None:
         """The next chunk when it was already received (taken without waiting, so without
-        a time limit), else None: :meth:`next` without a coroutine, for the stream's loop,
-        which awaits :meth:`read` only when this gives None."""
+        a time limit), else None; the stream's loop awaits :meth:`read` only when this gives
+        None."""
         nowait = self.next_nowait
         if nowait is None:
             return None
@@ -438,14 +439,6 @@ class AttemptRun:
         if chunk is not None and chunk.usage is not None:
             self.usage = chunk.usage
         return chunk
-
-    async def next(self) -> ChatCompletionChunk | None:
-        """The next chunk (None at the end): a chunk already received is taken without
-        waiting, so without a time limit; otherwise the read waits, bounded."""
-        chunk = self.ready()
-        if chunk is not None:
-            return chunk
-        return await self.read()
 
     async def read(self) -> ChatCompletionChunk | None:
         """The next chunk (None at the end) after :meth:`ready` gave None: the read
@@ -465,8 +458,7 @@ class AttemptRun:
         self, waiting: Awaitable[_R], due: float, kind: _Limit, waiter: Waiter | None
     ) -> _R:
         """Await ``waiting`` until ``due``, then raise ``kind``'s timeout error: every wait
-        of an attempt is bounded here (a plain :meth:`complete` runs the watch's branch in
-        its own frame, one coroutine less per request). On asyncio, with a ``waiter`` (a
+        of an attempt is bounded here. On asyncio, with a ``waiter`` (a
         reusable entry on the loop's one :class:`~swiftclient._deadline.DeadlineWatch`),
         the wait costs a set insert and removal; without one (trio, or a wait whose cleanup
         is shielded, which a plain task cancellation would not respect) a cancel scope
@@ -512,7 +504,7 @@ class AttemptRun:
             # How this attempt takes a chunk that already arrived, decided once.
             self.next_nowait = _nowait_of(iterator)
             while True:
-                chunk = await self.next()
+                chunk = self.ready() or await self.read()
                 if chunk is None:
                     break
                 self._chunk_seen = True
@@ -565,21 +557,7 @@ class AttemptRun:
             waiter = None
             if due != math.inf and getattr(backend, "complete_cancels_cleanly", False):
                 waiter = loop_waiter()
-            if waiter is None:
-                result = await self._bounded(waiting, due, "deadline", None)
-            else:  # _bounded's watch, in this frame: one coroutine less on the plain path
-                expired = False
-                waiter.start(_current_task(), due)  # type: ignore[arg-type]
-                try:
-                    result = await waiting
-                except asyncio.CancelledError:
-                    if not waiter.expired():
-                        raise
-                    expired = True
-                finally:
-                    waiter.stop()
-                if expired:
-                    raise self._timeout_error("deadline")
+            result = await self._bounded(waiting, due, "deadline", waiter)
             self.usage = result.usage
             self._first_token(self._now(), streamed=False)
             return result
@@ -604,20 +582,17 @@ class AttemptRun:
         remaining = None if left == math.inf else left
         timeout = 0.0 if self.record.trigger == "hedge" else remaining
         trace = self.call_trace
-        if trace is None:
-            self._permit = await admission.acquire(
+        start = self._now()
+        try:
+            self._permit = permit = await admission.acquire(
                 name, tokens=tokens, input_tokens=inputs, timeout=timeout, remaining=remaining
             )
-        else:
-            start = self._now()
-            try:
-                self._permit = await admission.acquire(
-                    name, tokens=tokens, input_tokens=inputs, timeout=timeout, remaining=remaining
-                )
-            except errors.RateLimited:
+        except errors.RateLimited:
+            if trace is not None:
                 trace.admitted(self.snapshot(), self._now() - start, True)
-                raise
-            trace.admitted(self.snapshot(), self._permit.waited, False)
+            raise
+        if trace is not None:
+            trace.admitted(self.snapshot(), permit.waited, False)
 
     async def _settle(self) -> None:
         """Hand the admission permit back with what the response said (once)."""
@@ -711,8 +686,13 @@ def _body_size(request: ChatRequest, options: RequestOptions, streamed: bool) ->
     encoding = options.encoding
     if encoding is not None:
         return len(encoding.encode(request, stream=streamed))
+    return prompt_chars(request.messages)
+
+
+def prompt_chars(messages: Sequence[Message]) -> int:
+    """Characters of text in ``messages`` (the prompt-size signal)."""
     total = 0
-    for message in request.messages:
+    for message in messages:
         content = message.content
         if isinstance(content, str):
             total += len(content)
@@ -722,10 +702,3 @@ def _body_size(request: ChatRequest, options: RequestOptions, streamed: bool) ->
                 if isinstance(text, str):
                     total += len(text)
     return total
-
-
-def request_for(request: ChatRequest, target: Target) -> ChatRequest:
-    """``request`` addressed to ``target``'s model (the same object when it already is)."""
-    if request.model == target.model:
-        return request
-    return request.model_copy(update={"model": target.model})

@@ -18,13 +18,13 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from typing import Protocol, runtime_checkable
 
-from ._attempt import AttemptResult, Target, noop_hook
+from ._attempt import AttemptResult, Target, noop_hook, prompt_chars
 from ._breaker import CircuitBreaker
 from ._budget import HedgeBudget, RetryThrottle
 from ._estimator import LatencyEstimator, prompt_bucket
-from .errors import ConfigurationError, RateLimited
+from .errors import RateLimited
 from .hedging import Hedge, is_fatal
-from .types import ChatRequest, Message
+from .types import ChatRequest
 
 __all__ = [
     "AsyncHedgeGate",
@@ -109,21 +109,6 @@ class Breaker(Protocol):
     def block_until(self, until: float) -> None:
         """The target asked to be left alone until ``until`` (Retry-After)."""
         ...
-
-
-def prompt_chars(messages: Sequence[Message]) -> int:
-    """Characters of text in ``messages`` (the prompt-size signal)."""
-    total = 0
-    for message in messages:
-        content = message.content
-        if isinstance(content, str):
-            total += len(content)
-        elif content is not None:
-            for part in content:
-                text = getattr(part, "text", None)
-                if isinstance(text, str):
-                    total += len(text)
-    return total
 
 
 class PolicyHub:
@@ -211,37 +196,17 @@ class PolicyHub:
         """The hedge budget (None: every hedge is allowed)."""
         return self._budget
 
-    def may_hedge(self) -> bool:
-        """True when the throttle is on and the budget has a hedge to spend (spends it).
-
-        Raises:
-            ConfigurationError: the budget lives on a store (an :class:`AsyncHedgeGate`):
-                ask :meth:`may_hedge_async`.
-        """
-        answer = self._hedge_answer()
-        if isinstance(answer, bool):
-            return answer
-        raise ConfigurationError("this hedge budget lives on a store: use may_hedge_async")
-
     async def may_hedge_async(self) -> bool:
-        """:meth:`may_hedge` for the call path (a hedged race is async code anyway): a budget
-        on a store (:class:`AsyncHedgeGate`) is asked there, a per-process one as
-        :meth:`may_hedge` does, without suspending."""
-        answer = self._hedge_answer()
-        if isinstance(answer, bool):
-            return answer
-        return await answer.spend(self._clock())
-
-    def _hedge_answer(self) -> bool | AsyncHedgeGate:
-        """Whether a hedge may go, decided here (the throttle, a per-process budget), or the
-        budget on a store that must be asked."""
+        """True when the throttle is on and the budget has a hedge to spend (spends it): a
+        budget on a store (:class:`AsyncHedgeGate`) is asked there, a per-process one
+        without suspending."""
         if self._throttle is not None and not self._throttle.allowed():
             return False
         budget = self._budget
         if budget is None:
             return True
         if isinstance(budget, AsyncHedgeGate):
-            return budget
+            return await budget.spend(self._clock())
         return budget.try_spend(self._clock())
 
     def on_call(self) -> None:

@@ -18,15 +18,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar
 
 from . import errors
 from ._accumulate import Accumulator
-from ._attempt import (
-    AttemptObserver,
-    AttemptResult,
-    AttemptRun,
-    Hooks,
-    Target,
-    deadline_exceeded,
-    request_for,
-)
+from ._attempt import AttemptObserver, AttemptResult, AttemptRun, Hooks, Target
 from ._cost import CallCost
 from ._deadline import Deadline
 from ._retry import RetryPolicy, retry_after, run_with_retries
@@ -45,10 +37,11 @@ __all__ = [
     "CallRecord",
     "CallTracer",
     "ChatStream",
-    "deadline_exceeded",
 ]
 
 _T = TypeVar("_T", bound=tuple["AttemptRun", object])
+_R = TypeVar("_R")
+_Run = Callable[[AttemptRun], Awaitable[_R]]
 _Opened = tuple[AttemptRun, list[ChatCompletionChunk]]
 _Completed = tuple[AttemptRun, ChatCompletion]
 
@@ -67,12 +60,9 @@ class CallPolicies(Protocol):
         (``streamed``: the attempt waits for a first token, else for a whole reply)."""
         ...
 
-    def may_hedge(self) -> bool:
-        """Whether one more hedge fits the budget now (spends it when it does)."""
-        ...
-
     async def may_hedge_async(self) -> bool:
-        """:meth:`may_hedge` for a budget that may live on a store (the race asks this)."""
+        """Whether one more hedge fits the budget now (spends it when it does); a budget may
+        live on a store."""
         ...
 
     def on_call(self) -> None:
@@ -215,17 +205,12 @@ class Call:
                 self.observers = (*self.observers, trace)
                 self.hooks = Hooks.of(self.observers)
 
-    @property
-    def backend_name(self) -> str:
-        """The first target's backend name (for messages)."""
-        return self.targets[0].backend_name
-
     def attempt(self, target: Target, trigger: Trigger = "first") -> AttemptRun:
         """Start a new attempt on ``target``: number it, keep its record, tell observers."""
         self.numbered = number = self.numbered + 1
         request = self.request
         if request.model != target.model:
-            request = request_for(request, target)
+            request = request.model_copy(update={"model": target.model})
         # The first attempt of a later round is a retry.
         retry = trigger == "first" and number > 1
         attempt = AttemptRun(
@@ -349,20 +334,14 @@ class Call:
                 return hedge.delay_for(None)
             return policies.hedge_delay(hedge, previous, self.request, streamed=streamed)
 
-        may_hedge: Callable[[], bool | Awaitable[bool]] = (
-            policies.may_hedge_async if policies is not None else _always
-        )
         trace = self.trace
-        if trace is not None and policies is not None:
-            allowed = policies.may_hedge_async
 
-            async def may_hedge_traced() -> bool:
-                if await allowed():
-                    return True
+        async def may_hedge() -> bool:
+            if policies is None or await policies.may_hedge_async():
+                return True
+            if trace is not None:
                 trace.hedge_refused()
-                return False
-
-            may_hedge = may_hedge_traced
+            return False
 
         return await race(
             attempts,
@@ -383,37 +362,26 @@ class Call:
         self._round_targets = targets
         return targets
 
-    async def open_round(self, _number: int) -> _Opened:
+    def open_round(self, _number: int) -> Awaitable[_Opened]:
         """Open a stream on the first target to deliver a content token."""
-        if len(self.targets) == 1:
-            attempt = self.attempt(self.targets[0])
-            return attempt, await attempt.open()
-        targets = self._plan()
-        return await self._round([partial(self._open, t) for t in targets], streamed=True)
+        return self._run_round(AttemptRun.open, streamed=True)
 
-    def _open(self, target: Target, trigger: Trigger) -> Awaitable[_Opened]:
-        """Start an attempt on ``target`` now (numbered now); the awaitable runs it."""
-        return self._opened(self.attempt(target, trigger))
-
-    @staticmethod
-    async def _opened(attempt: AttemptRun) -> _Opened:
-        return attempt, await attempt.open()
-
-    async def complete_round(self, _number: int) -> _Completed:
+    def complete_round(self, _number: int) -> Awaitable[_Completed]:
         """Run a non-streamed completion on the first target to answer whole."""
+        return self._run_round(AttemptRun.complete, streamed=False)
+
+    async def _run_round(self, run: _Run[_R], *, streamed: bool) -> tuple[AttemptRun, _R]:
         if len(self.targets) == 1:
             attempt = self.attempt(self.targets[0])
-            return attempt, await attempt.complete()
-        targets = self._plan()
-        return await self._round([partial(self._complete, t) for t in targets], streamed=False)
+            return attempt, await run(attempt)
+        starts = [partial(self._start, run, t) for t in self._plan()]
+        return await self._round(starts, streamed=streamed)
 
-    def _complete(self, target: Target, trigger: Trigger) -> Awaitable[_Completed]:
-        """Start a non-streamed attempt on ``target`` now; the awaitable runs it."""
-        return self._completed(self.attempt(target, trigger))
-
-    @staticmethod
-    async def _completed(attempt: AttemptRun) -> _Completed:
-        return attempt, await attempt.complete()
+    def _start(
+        self, run: _Run[_R], target: Target, trigger: Trigger
+    ) -> Awaitable[tuple[AttemptRun, _R]]:
+        """Start an attempt on ``target`` now (numbered now); the awaitable runs it."""
+        return _paired(self.attempt(target, trigger), run)
 
     async def complete(self) -> ChatCompletion:
         """Run a non-streamed completion with retries under the deadline."""
@@ -447,8 +415,8 @@ class Call:
         return completion
 
 
-def _always() -> bool:
-    return True
+async def _paired(attempt: AttemptRun, run: _Run[_R]) -> tuple[AttemptRun, _R]:
+    return attempt, await run(attempt)
 
 
 def _number(result: AttemptResult) -> int:
@@ -466,9 +434,8 @@ class ChatStream:
     def __init__(self, call: Call) -> None:
         self._call = call
         self._now = call.now
-        self._attempt: AttemptRun | None = None
+        self._attempt: AttemptRun | None = None  # the committed attempt, until closed
         self._request: ChatRequest | None = None
-        self._reading: AttemptRun | None = None  # the committed attempt, once entered
         self._buffered: list[ChatCompletionChunk] = []
         self._last_content_at: float | None = None
         self._accumulator = Accumulator()
@@ -508,7 +475,6 @@ class ChatStream:
             call.commit(attempt)
         self._attempt = attempt
         self._request = attempt.request
-        self._reading = attempt
         self._buffered = buffered
         if attempt.first_token_at is None:
             self._done = True  # the stream ended without content
@@ -543,14 +509,14 @@ class ChatStream:
             chunk = self._buffered.pop(0)
             self._accumulator.add(chunk)
             return chunk
-        attempt = self._reading
-        if attempt is None and not self._done:
+        if self._done:
+            raise StopAsyncIteration
+        attempt = self._attempt
+        if attempt is None:
             raise errors.ConfigurationError(
                 "a stream is read inside its block: "
                 "`async with client.stream(...) as stream: async for chunk in stream: ...`"
             )
-        if self._done or attempt is None:
-            raise StopAsyncIteration
         try:
             # a chunk already received is taken without a coroutine; else the read waits
             next_chunk = attempt.ready()
@@ -558,14 +524,12 @@ class ChatStream:
                 next_chunk = await attempt.read()
         except BaseException as exc:
             self._done = True
-            if self._attempt is not None:
-                self._attempt.finish(exc)
+            attempt.finish(exc)
             self._call.failed(exc)
             raise
         if next_chunk is None:
             self._done = True
-            if self._attempt is not None:
-                self._attempt.finish(None)
+            attempt.finish(None)
             self._call.finish()
             raise StopAsyncIteration
         if self._accumulator.add(next_chunk):
