@@ -267,16 +267,6 @@ class DeadlineWatch:
         self._handle: asyncio.TimerHandle | None = None
         self._armed_at = math.inf
 
-    def add(self, task: asyncio.Task[Any], due: float) -> Waiter:
-        """Cancel ``task`` once the loop's clock reaches ``due`` (until :meth:`discard`)."""
-        waiter = Waiter(self)
-        waiter.start(task, due)
-        return waiter
-
-    def discard(self, waiter: Waiter) -> None:
-        """The wait ended (any way): :meth:`Waiter.stop`."""
-        waiter.stop()
-
     def _arm(self, due: float) -> None:
         if self._handle is not None:
             self._handle.cancel()

@@ -21,7 +21,7 @@ from ._accumulate import Accumulator
 from ._attempt import AttemptObserver, AttemptResult, AttemptRun, Hooks, Target
 from ._cost import CallCost
 from ._deadline import Deadline
-from ._retry import RetryPolicy, retry_after, run_with_retries
+from ._retry import RetryPolicy, run_with_retries
 from .hedging import Hedge, StartAttempt, Trigger, fallback, race
 from .types import ChatCompletion, ChatCompletionChunk, ChatRequest, Timing, set_timing
 
@@ -387,20 +387,9 @@ class Call:
         """Run a non-streamed completion with retries under the deadline."""
         self.begin()
         try:
-            if len(self.targets) == 1:
-                # The plain call: its first attempt runs here directly, and the round and
-                # retry machinery starts only after a failure.
-                attempt = self.attempt(self.targets[0])
-                try:
-                    completion = await attempt.complete()
-                except Exception as exc:
-                    attempt, completion = await retry_after(
-                        self.policy, self.deadline, self.complete_round, exc
-                    )
-            else:
-                attempt, completion = await run_with_retries(
-                    self.policy, self.deadline, self.complete_round
-                )
+            attempt, completion = await run_with_retries(
+                self.policy, self.deadline, self.complete_round
+            )
             if not self.winner:
                 self.commit(attempt)
             ended = attempt.first_token_at  # the reply's arrival: the attempt's end
