@@ -33,6 +33,7 @@ from .types import Attempt, ChatCompletion, ChatCompletionChunk, ChatRequest, Me
 if TYPE_CHECKING:
     from ._canonical import CallEncoding
     from .admission import Admission, Permit
+    from .telemetry import CallTrace
 
 __all__ = [
     "AttemptObserver",
@@ -162,15 +163,6 @@ class AttemptOwner(Protocol):
         ...
 
 
-class AdmissionTrace(Protocol):
-    """What an attempt tells its call's telemetry itself: how long admission took."""
-
-    def admitted(self, attempt: AttemptResult, waited: float, refused: bool) -> None:
-        """``attempt`` waited ``waited`` seconds for admission, and was let through or
-        ``refused``."""
-        ...
-
-
 HOOK_NAMES = ("on_start", "on_first_token", "on_commit", "on_end")
 
 Hook = Callable[[AttemptResult], None]
@@ -202,6 +194,13 @@ class Hooks(NamedTuple):
                     continue
                 found[name].append(getattr(observer, name))
         return cls(*(tuple(found[name]) for name in HOOK_NAMES))
+
+    def plus(self, observer: AttemptObserver) -> Hooks:
+        """These handlers, then ``observer``'s."""
+        return Hooks(*(mine + its for mine, its in zip(self, Hooks.of((observer,)), strict=True)))
+
+
+NO_HOOKS = Hooks((), (), (), ())
 
 
 _NOOP = "__swiftclient_noop_hook__"
@@ -281,7 +280,7 @@ class AttemptRun:
         encoding: CallEncoding | None = None,
         streamed: bool = False,
         admission: Admission | None = None,
-        trace: AdmissionTrace | None = None,
+        trace: CallTrace | None = None,
     ) -> None:
         """An attempt numbered ``number`` that ``owner`` started on ``target`` with
         ``request``, bounded by the call's ``deadline`` (whose clock and start are the
@@ -543,16 +542,12 @@ class AttemptRun:
         its awaits leaves nothing behind.
         """
         admission = self._admission
-        if admission is not None:
-            try:
-                await self._admit(admission)
-            except BaseException as exc:
-                self.finish(exc)
-                raise
         deadline = self._deadline
         backend = self.target.backend
         due = deadline.at
         try:
+            if admission is not None:
+                await self._admit(admission)
             waiting = backend.complete(self.request, deadline, self.options)
             waiter = None
             if due != math.inf and getattr(backend, "complete_cancels_cleanly", False):

@@ -239,11 +239,9 @@ class AsyncClient:
         # Prompt-cache counts (cache_stats) are kept for every call: one cheap handler.
         self._cache = CacheAccounting()
         self._lint = PrefixLint()
-        self._observers: tuple[AttemptObserver, ...] = (*hooks, self._cache, *observers)
-        self._plain_observers: tuple[AttemptObserver, ...] = (self._cache, *observers)
+        self._hooks = Hooks.of((*hooks, self._cache, *observers))
+        self._plain_hooks = Hooks.of((self._cache, *observers))
         self._plain_ledger = self._accounting if pricing is not None else None
-        self._hooks = Hooks.of(self._observers)
-        self._plain_hooks = Hooks.of(self._plain_observers)
         if isinstance(telemetry, NotGiven):
             telemetry = Telemetry.default()
         elif telemetry is not None and not isinstance(telemetry, Telemetry):
@@ -467,7 +465,6 @@ class AsyncClient:
             encoding=CallEncoding(static),
             streamed=streamed,
             hedge=hedge,
-            observers=self._observers if several else self._plain_observers,
             hooks=self._hooks if several else self._plain_hooks,
             policies=self.policies,
             ledger=self._accounting if several else self._plain_ledger,

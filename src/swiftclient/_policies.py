@@ -1,10 +1,10 @@
 """The client's shared hedging state, wired to the call path through the attempt hook.
 
-:class:`PolicyHub` is both the :class:`~swiftclient._stream.CallPolicies` a call asks (which
-targets are usable, the hedge delay, whether a hedge fits the budget) and an
-:class:`~swiftclient._attempt.AttemptObserver` that feeds what attempts did back into the
-policy objects: time to first token into the latency estimator, successes and failures into
-each target's circuit breaker and the retry throttle, ``Retry-After`` into the breaker.
+:class:`PolicyHub` is both what a call asks (which targets are usable, the hedge delay,
+whether a hedge fits the budget) and an :class:`~swiftclient._attempt.AttemptObserver` that
+feeds what attempts did back into the policy objects: time to first token into the latency
+estimator, successes and failures into each target's circuit breaker and the retry
+throttle, ``Retry-After`` into the breaker.
 
 The policy objects are duck-typed here (:class:`LatencySource`, :class:`HedgeGate`,
 :class:`Throttle`, :class:`Breaker`); the call path never imports them. Every one is
@@ -170,7 +170,7 @@ class PolicyHub:
         if listener not in self._breaker_listeners:
             self._breaker_listeners.append(listener)
 
-    # ------------------------------------------------------------------ CallPolicies
+    # ------------------------------------------------------------------ what a call asks
 
     def usable(self, targets: Sequence[Target]) -> list[Target]:
         """The targets whose breaker lets a request through now, in order."""
@@ -235,12 +235,9 @@ class PolicyHub:
         """Nothing to do when an attempt starts."""
 
     def on_first_token(self, attempt: AttemptResult) -> None:
-        """Feed the attempt's time to first token to the estimator."""
-        ttft = attempt.ttft
-        if self._estimator is not None and ttft is not None:
-            # A non-streamed attempt's "first token" is its whole reply.
-            key = self._key(attempt.target, attempt.request, attempt.streamed)
-            self._estimator.observe(key, ttft, self._clock())
+        """Feed the attempt's time to first token (non-streamed: its whole reply) to the
+        estimator."""
+        self._observe(attempt, attempt.ttft)
 
     @noop_hook
     def on_commit(self, attempt: AttemptResult) -> None:
@@ -269,14 +266,11 @@ class PolicyHub:
             ok = False
         else:
             if outcome == "lost" and attempt.ttft is None:
-                self._observe_censored(attempt)
+                self._observe(attempt, attempt.duration)  # censored: at least this long
             return
         now = self._clock()
         if self._throttle is not None:
-            if ok:
-                self._throttle.on_success()
-            else:
-                self._throttle.on_failure()
+            (self._throttle.on_success if ok else self._throttle.on_failure)()
         if self._new_breaker is not None:
             breaker = self._breaker(attempt.target.name)
             listeners = self._breaker_listeners
@@ -293,11 +287,10 @@ class PolicyHub:
 
     # ------------------------------------------------------------------ helpers
 
-    def _observe_censored(self, attempt: AttemptResult) -> None:
-        waited = attempt.duration
-        if self._estimator is not None and waited is not None:
+    def _observe(self, attempt: AttemptResult, seconds: float | None) -> None:
+        if self._estimator is not None and seconds is not None:
             key = self._key(attempt.target, attempt.request, attempt.streamed)
-            self._estimator.observe(key, waited, self._clock())
+            self._estimator.observe(key, seconds, self._clock())
 
     def _breaker(self, name: str) -> Breaker:
         breaker = self._breakers.get(name)

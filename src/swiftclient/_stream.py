@@ -14,60 +14,30 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from functools import partial
 from types import TracebackType
-from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 from . import errors
 from ._accumulate import Accumulator
-from ._attempt import AttemptObserver, AttemptResult, AttemptRun, Hooks, Target
-from ._cost import CallCost
+from ._attempt import NO_HOOKS, AttemptResult, AttemptRun, Hooks, Target
 from ._deadline import Deadline
 from ._retry import RetryPolicy, run_with_retries
 from .hedging import Hedge, StartAttempt, Trigger, fallback, race
 from .types import ChatCompletion, ChatCompletionChunk, ChatRequest, Timing, set_timing
 
 if TYPE_CHECKING:
+    from ._accounting import Accounting
     from ._canonical import CallEncoding
+    from ._policies import PolicyHub
     from .admission import Admission
+    from .telemetry import CallTrace, Telemetry
 
-__all__ = [
-    "Call",
-    "CallLedger",
-    "CallObserver",
-    "CallPolicies",
-    "CallRecord",
-    "CallTracer",
-    "ChatStream",
-]
+__all__ = ["Call", "CallRecord", "ChatStream"]
 
 _T = TypeVar("_T", bound=tuple["AttemptRun", object])
 _R = TypeVar("_R")
 _Run = Callable[[AttemptRun], Awaitable[_R]]
 _Opened = tuple[AttemptRun, list[ChatCompletionChunk]]
 _Completed = tuple[AttemptRun, ChatCompletion]
-
-
-class CallPolicies(Protocol):
-    """What a call asks of the client's shared policy state (estimates, budget, breakers)."""
-
-    def usable(self, targets: Sequence[Target]) -> list[Target]:
-        """The targets worth trying now, in order (open breakers skipped)."""
-        ...
-
-    def hedge_delay(
-        self, hedge: Hedge, target: Target, request: ChatRequest, *, streamed: bool = True
-    ) -> float:
-        """Seconds after an attempt on ``target`` starts before the next one hedges it
-        (``streamed``: the attempt waits for a first token, else for a whole reply)."""
-        ...
-
-    async def may_hedge_async(self) -> bool:
-        """Whether one more hedge fits the budget now (spends it when it does); a budget may
-        live on a store."""
-        ...
-
-    def on_call(self) -> None:
-        """A call with several targets begins (it earns the budget its share)."""
-        ...
 
 
 class CallRecord(NamedTuple):
@@ -88,49 +58,6 @@ class CallRecord(NamedTuple):
     """The call's timing as measured (its ``cost`` is set after the ledger settles)."""
 
 
-class CallLedger(Protocol):
-    """Settles a finished call's cost (the client's accounting)."""
-
-    def settle(self, record: CallRecord) -> CallCost:
-        """The cost of the call that just finished (called once per call)."""
-        ...
-
-
-class CallObserver(AttemptObserver, Protocol):
-    """Follows one call from start to end (telemetry): its attempts through the attempt
-    hook, plus the call's own decisions and its end."""
-
-    def skipped(self, targets: Sequence[Target]) -> None:
-        """Targets left out of a round because their circuit breaker is open."""
-        ...
-
-    def hedge_refused(self) -> None:
-        """A hedge was due but the budget or the throttle refused it."""
-        ...
-
-    def admitted(self, attempt: AttemptResult, waited: float, refused: bool) -> None:
-        """``attempt`` waited ``waited`` seconds for admission, and was let through or
-        ``refused`` (:class:`~swiftclient.RateLimited`: nothing was sent)."""
-        ...
-
-    def headers_for(self, attempt: AttemptResult) -> dict[str, str]:
-        """Headers to send with ``attempt``'s request (its trace context), asked once, after
-        ``on_start``; the call adds them to the attempt's options."""
-        ...
-
-    def end(self, record: CallRecord) -> None:
-        """The call finished (called once); ``record.error`` is what it raised, if any."""
-        ...
-
-
-class CallTracer(Protocol):
-    """Starts a :class:`CallObserver` for each call (the client's telemetry)."""
-
-    def start(self, call: Call) -> CallObserver | None:
-        """The call begins; None: nothing to follow."""
-        ...
-
-
 class Call:
     """Everything one call needs: its targets, request, deadline, policies and record."""
 
@@ -143,7 +70,7 @@ class Call:
     """What the call raised (set by :meth:`failed`)."""
     reply: object = None
     """The reply so far (a completion, or the stream's accumulator), for telemetry."""
-    trace: CallObserver | None = None
+    trace: CallTrace | None = None
     """The call's telemetry observer, once :meth:`begin` started one."""
     _round_targets: Sequence[Target] = ()
     """The targets of the round running (set by :meth:`_plan`)."""
@@ -159,11 +86,10 @@ class Call:
         encoding: CallEncoding | None = None,
         streamed: bool,
         hedge: Hedge | None = None,
-        observers: tuple[AttemptObserver, ...] = (),
-        hooks: Hooks | None = None,
-        policies: CallPolicies | None = None,
-        ledger: CallLedger | None = None,
-        tracer: CallTracer | None = None,
+        hooks: Hooks = NO_HOOKS,
+        policies: PolicyHub | None = None,
+        ledger: Accounting | None = None,
+        tracer: Telemetry | None = None,
         admission: Admission | None = None,
     ) -> None:
         if not targets:
@@ -180,9 +106,8 @@ class Call:
         """Whether the caller asked for a stream (``client.stream``, or ``chat`` streaming
         under the hood): fixed when the call is made, whatever reply it ends with."""
         self.hedge = hedge
-        self.observers = observers
-        self.hooks = Hooks.of(observers) if hooks is None else hooks
-        """``observers``' handlers (``hooks``: the same, when the caller made them once)."""
+        self.hooks = hooks
+        """The attempt observers' handlers (:meth:`Hooks.of`, made once by the client)."""
         self.policies = policies
         self.admission = admission
         """Rate limits each attempt waits for before it sends (None: no admission)."""
@@ -202,8 +127,7 @@ class Call:
             trace = tracer.start(self)
             if trace is not None:
                 self.trace = trace
-                self.observers = (*self.observers, trace)
-                self.hooks = Hooks.of(self.observers)
+                self.hooks = self.hooks.plus(trace)
 
     def attempt(self, target: Target, trigger: Trigger = "first") -> AttemptRun:
         """Start a new attempt on ``target``: number it, keep its record, tell observers."""

@@ -384,7 +384,7 @@ class Telemetry:
         recording = span.is_recording()
         if not (recording or metered or span.get_span_context().is_valid):
             return None
-        trace_ = CallTrace(self, call, span, info, recording, metered)
+        trace_ = CallTrace(self, span, info, recording, metered)
         if recording:
             trace_.request_attributes(call)
         return trace_
@@ -411,7 +411,6 @@ class CallTrace:
     def __init__(
         self,
         telemetry: Telemetry,
-        call: Call,
         span: trace.Span,
         info: _TargetInfo,
         recording: bool,
