@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol, TypeVar
 import anyio
 
 from . import errors
-from ._deadline import Deadline, Timeout, Waiter, loop_waiter
+from ._deadline import Deadline, Waiter, loop_waiter
 from ._outcome import OUTCOME_OF, AttemptOutcome, Outcome
 from ._retry import retry_after_seconds
 from .admission._headers import LEARNED_HEADERS
-from .backends.base import Backend, BufferedChunkIterator, RequestOptions
+from .backends.base import Backend, RequestOptions
 from .types import Attempt, ChatCompletion, ChatCompletionChunk, ChatRequest, Message, Usage
 
 if TYPE_CHECKING:
@@ -41,7 +41,6 @@ __all__ = [
     "AttemptResult",
     "AttemptRun",
     "Target",
-    "deadline_exceeded",
     "prompt_chars",
 ]
 
@@ -212,29 +211,6 @@ def noop_hook(method: _F) -> _F:
     """Mark an observer's hook method as doing nothing: calls skip it (see :class:`Hooks`)."""
     setattr(method, _NOOP, True)
     return method
-
-
-def deadline_exceeded(backend: str, timeout: Timeout) -> errors.DeadlineExceeded:
-    """The error for a call whose total deadline ran out (one wording on every path)."""
-    return errors.DeadlineExceeded(
-        f"{backend}: the call's total deadline of {timeout.total}s was exceeded", backend=backend
-    )
-
-
-_BUFFERED: dict[type, bool] = {}
-"""Iterator types checked against :class:`BufferedChunkIterator` (a runtime protocol
-check walks the protocol's attributes: once per type, not once per stream)."""
-
-
-def _nowait_of(
-    iterator: AsyncIterator[ChatCompletionChunk],
-) -> Callable[[], ChatCompletionChunk | None] | None:
-    """The iterator's ``next_nowait``, when its type offers the fast-read protocol."""
-    kind = type(iterator)
-    buffered = _BUFFERED.get(kind)
-    if buffered is None:
-        buffered = _BUFFERED[kind] = isinstance(iterator, BufferedChunkIterator)
-    return iterator.next_nowait if buffered else None  # type: ignore[attr-defined]
 
 
 _NO_HEADERS: Mapping[str, str] = MappingProxyType({})
@@ -425,7 +401,7 @@ class AttemptRun:
             return errors.StreamStalled(
                 f"{name}: no chunk for {timeout.idle}s (stream stalled)", backend=name
             )
-        return deadline_exceeded(name, timeout)
+        return self._deadline.exceeded(name)
 
     def ready(self) -> ChatCompletionChunk | None:
         """The next chunk when it was already received (taken without waiting, so without
@@ -500,8 +476,8 @@ class AttemptRun:
             # A cancel scope: the backend's stream may shield its cleanup.
             iterator = await self._bounded(stack.enter_async_context(opening), due, kind, None)
             self._iterator = iterator
-            # How this attempt takes a chunk that already arrived, decided once.
-            self.next_nowait = _nowait_of(iterator)
+            # How this attempt takes a chunk that already arrived (BufferedChunkIterator).
+            self.next_nowait = getattr(iterator, "next_nowait", None)
             while True:
                 chunk = self.ready() or await self.read()
                 if chunk is None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import anyio
 
-from .errors import ConfigurationError
+from .errors import ConfigurationError, DeadlineExceeded
 
 __all__ = [
     "Deadline",
@@ -195,6 +195,13 @@ class Deadline:
         if limit is not None and limit < left:
             left = limit
         return None if left == math.inf else left
+
+    def exceeded(self, backend: str) -> DeadlineExceeded:
+        """The error for a call whose total deadline ran out (one wording on every path)."""
+        return DeadlineExceeded(
+            f"{backend}: the call's total deadline of {self.timeout.total}s was exceeded",
+            backend=backend,
+        )
 
 
 class Waiter:

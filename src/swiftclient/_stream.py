@@ -21,7 +21,7 @@ from ._accumulate import Accumulator
 from ._attempt import NO_HOOKS, AttemptResult, AttemptRun, Hooks, Target
 from ._deadline import Deadline
 from ._retry import RetryPolicy, run_with_retries
-from .hedging import Hedge, StartAttempt, Trigger, fallback, race
+from .hedging import Hedge, Trigger, fallback, race
 from .types import ChatCompletion, ChatCompletionChunk, ChatRequest, Timing, set_timing
 
 if TYPE_CHECKING:
@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Call", "CallRecord", "ChatStream"]
 
-_T = TypeVar("_T", bound=tuple["AttemptRun", object])
 _R = TypeVar("_R")
 _Run = Callable[[AttemptRun], Awaitable[_R]]
 _Opened = tuple[AttemptRun, list[ChatCompletionChunk]]
@@ -72,8 +71,6 @@ class Call:
     """The reply so far (a completion, or the stream's accumulator), for telemetry."""
     trace: CallTrace | None = None
     """The call's telemetry observer, once :meth:`begin` started one."""
-    _round_targets: Sequence[Target] = ()
-    """The targets of the round running (set by :meth:`_plan`)."""
 
     def __init__(
         self,
@@ -240,15 +237,31 @@ class Call:
 
     # ------------------------------------------------------------------ rounds
 
-    async def _round(self, attempts: Sequence[StartAttempt[_T]], *, streamed: bool) -> _T:
-        """One pass over the targets: one attempt, a fallback chain, or a hedged race."""
-        if len(attempts) == 1:
-            return await attempts[0]("first")
+    def open_round(self, _number: int) -> Awaitable[_Opened]:
+        """Open a stream on the first target to deliver a content token."""
+        return self._round(AttemptRun.open, streamed=True)
+
+    def complete_round(self, _number: int) -> Awaitable[_Completed]:
+        """Run a non-streamed completion on the first target to answer whole."""
+        return self._round(AttemptRun.complete, streamed=False)
+
+    async def _round(self, run: _Run[_R], *, streamed: bool) -> tuple[AttemptRun, _R]:
+        """One pass over the targets (open breakers skipped): one attempt, a fallback chain,
+        or a hedged race; each attempt is ``run`` on an :class:`AttemptRun`."""
+        targets = self.targets
+        policies = self.policies
+        if len(targets) > 1 and policies is not None:
+            usable = policies.usable(targets)
+            if self.trace is not None and len(usable) < len(targets):
+                self.trace.skipped([t for t in targets if t not in usable])
+            targets = usable or targets
+        if len(targets) == 1:
+            attempt = self.attempt(targets[0])
+            return attempt, await run(attempt)
+        attempts = [partial(self._start, run, t) for t in targets]
         hedge = self.hedge
         if hedge is None or hedge.max_attempts <= 1:
             return await fallback(attempts)
-        policies = self.policies
-        targets = self._round_targets
         if policies is not None and not self.numbered:  # the call's first round only
             policies.on_call()
 
@@ -275,31 +288,6 @@ class Call:
             commit=self._commit,
             discard=self._discard,
         )
-
-    def _plan(self) -> list[Target]:
-        targets = self.targets
-        if len(targets) > 1 and self.policies is not None:
-            usable = self.policies.usable(targets)
-            if self.trace is not None and len(usable) < len(targets):
-                self.trace.skipped([t for t in targets if t not in usable])
-            targets = usable or targets
-        self._round_targets = targets
-        return targets
-
-    def open_round(self, _number: int) -> Awaitable[_Opened]:
-        """Open a stream on the first target to deliver a content token."""
-        return self._run_round(AttemptRun.open, streamed=True)
-
-    def complete_round(self, _number: int) -> Awaitable[_Completed]:
-        """Run a non-streamed completion on the first target to answer whole."""
-        return self._run_round(AttemptRun.complete, streamed=False)
-
-    async def _run_round(self, run: _Run[_R], *, streamed: bool) -> tuple[AttemptRun, _R]:
-        if len(self.targets) == 1:
-            attempt = self.attempt(self.targets[0])
-            return attempt, await run(attempt)
-        starts = [partial(self._start, run, t) for t in self._plan()]
-        return await self._round(starts, streamed=streamed)
 
     def _start(
         self, run: _Run[_R], target: Target, trigger: Trigger
