@@ -110,6 +110,12 @@ def _request(model: str, messages: MessagesInput, params: dict[str, Any]) -> Cha
     return request
 
 
+def _hedge(hedge: Hedge | None) -> Hedge | None:
+    if hedge is not None and not isinstance(hedge, Hedge):
+        raise errors.ConfigurationError(f"hedge must be a Hedge or None, got {hedge!r}")
+    return hedge
+
+
 class AsyncClient:
     """The client agents call: ``await client.chat(messages=..., model=...)``.
 
@@ -211,9 +217,7 @@ class AsyncClient:
         self.timeout = Timeout() if isinstance(timeout, NotGiven) else Timeout.coerce(timeout)
         self.retry = retry or RetryPolicy()
         self.stream_chat = stream_chat
-        if hedge is not None and not isinstance(hedge, Hedge):
-            raise errors.ConfigurationError(f"hedge must be a Hedge or None, got {hedge!r}")
-        self.hedge = hedge
+        self.hedge = _hedge(hedge)
         self.router = router
         self.admission: Admission | None = (
             limits if isinstance(limits, Admission | None) else Admission(limits)
@@ -451,10 +455,7 @@ class AsyncClient:
         limits = (
             self.timeout if isinstance(timeout, NotGiven) else Timeout.coerce(timeout, self.timeout)
         )
-        if isinstance(hedge, NotGiven):
-            hedge = self.hedge
-        elif hedge is not None and not isinstance(hedge, Hedge):
-            raise errors.ConfigurationError(f"hedge must be a Hedge or None, got {hedge!r}")
+        hedge = self.hedge if isinstance(hedge, NotGiven) else _hedge(hedge)
         several = len(targets) > 1
         return Call(
             targets,

@@ -496,7 +496,8 @@ class CallTrace:
         timing = record.timing
         winner = record.winner
         usage = winner.usage if winner is not None else None
-        reply = _Reply.of(record.reply)
+        reply: Any = record.reply  # a completion, the stream's accumulator, or None
+        model = reply.model if reply is not None else None
         span = self.span
         exc = record.error
         error = None if exc is None else error_type(exc)
@@ -506,14 +507,21 @@ class CallTrace:
                 "gen_ai.request.stream": record.streamed,
             }
             if reply is not None:
+                completion = reply if isinstance(reply, ChatCompletion) else None
                 if reply.id:
                     attributes["gen_ai.response.id"] = reply.id
-                if reply.model:
-                    attributes["gen_ai.response.model"] = reply.model
-                if reply.finish_reasons:
-                    attributes["gen_ai.response.finish_reasons"] = reply.finish_reasons
+                if model:
+                    attributes["gen_ai.response.model"] = model
+                reasons = (
+                    reply.finish_reasons()
+                    if completion is None
+                    else [c.finish_reason for c in completion.choices if c.finish_reason]
+                )
+                if reasons:
+                    attributes["gen_ai.response.finish_reasons"] = reasons
                 if self._telemetry.capture_content:
-                    attributes["gen_ai.output.messages"] = json.dumps(reply.output_messages())
+                    messages = output_messages(completion or reply.build())
+                    attributes["gen_ai.output.messages"] = json.dumps(messages)
             if usage is not None:
                 attributes.update(_usage_attributes(usage))
             if timing.ttft is not None:
@@ -526,17 +534,17 @@ class CallTrace:
             span.set_attributes(attributes)
         span.end()
         if self.metered:
-            self._record(timing, error, usage, reply)
+            self._record(timing, error, usage, model)
 
     def _record(
-        self, timing: Timing, error: str | None, usage: Usage | None, reply: _Reply | None
+        self, timing: Timing, error: str | None, usage: Usage | None, model: str | None
     ) -> None:
         instruments = self._telemetry.instruments
         attributes: dict[str, Any] = self._info.attributes
-        if (reply is not None and reply.model) or error is not None:
+        if model or error is not None:
             attributes = dict(attributes)
-            if reply is not None and reply.model:
-                attributes["gen_ai.response.model"] = reply.model
+            if model:
+                attributes["gen_ai.response.model"] = model
             if error is not None:
                 attributes["error.type"] = error
         if timing.total is not None:
@@ -633,35 +641,6 @@ class CallTrace:
             span.set_status(Status(StatusCode.ERROR, kind))
         span.set_attributes(attributes)
         span.end()
-
-
-class _Reply:
-    """What the call span reads of a reply: a completion, or a stream's accumulator."""
-
-    __slots__ = ("_source", "finish_reasons", "id", "model")
-
-    def __init__(self, source: Any, id: str, model: str, finish_reasons: list[str]) -> None:
-        self._source = source
-        self.id = id
-        self.model = model
-        self.finish_reasons = finish_reasons
-
-    @classmethod
-    def of(cls, source: Any) -> _Reply | None:
-        """Read ``source`` (None, a ChatCompletion, or anything with ``id``, ``model`` and
-        ``finish_reasons()`` and ``build()``, like the stream's accumulator)."""
-        if source is None:
-            return None
-        if isinstance(source, ChatCompletion):
-            reasons = [c.finish_reason for c in source.choices if c.finish_reason]
-            return cls(source, source.id, source.model, reasons)
-        return cls(source, source.id, source.model, source.finish_reasons())
-
-    def output_messages(self) -> list[dict[str, Any]]:
-        """The reply's choices in the conventions' ``gen_ai.output.messages`` shape."""
-        source = self._source
-        completion = source if isinstance(source, ChatCompletion) else source.build()
-        return output_messages(completion)
 
 
 def _usage_attributes(usage: Usage) -> dict[str, Any]:
