@@ -3,11 +3,11 @@
 One request asking for ``n=4`` choices (the chat service's fan-out: the four are added at
 once; choice 0 computes the prompt, and the other three join the next step, taking the
 prompt's full KV blocks from the prefix cache and computing only its last partial block)
-against the same prompt sent as four separate requests at once (each computes the prompt:
-they are added together, before any of its blocks is cached). Same engine, prefix cache on,
-sampled at temperature 1, exactly ``new_tokens`` tokens per choice (``ignore_eos``); a fresh
-random prompt per round and peer, so no round reuses another's blocks; who goes first
-alternates. Throughput is generated tokens over wall time (best round).
+against the same prompt sent as four separate requests at once, on the same engine (prefix
+cache on), and on a second engine over the same model with the prefix cache off. Sampled
+at temperature 1, exactly ``new_tokens`` tokens per choice (``ignore_eos``); a fresh random
+prompt per round and peer, so no round reuses another's blocks; who goes first rotates.
+Throughput is generated tokens over wall time (best round).
 
 Only the prompt's compute is saved, so the ratio depends on the shape: it approaches 4x
 where the prompt is nearly all the work and 1x where decoding is. Each shape is a row whose
@@ -15,6 +15,14 @@ label states it; the goal (n=4 >= 2x the four requests) applies to the long-prom
 short-reply shape ``n`` is used for (several candidate replies to one long context), and
 the other rows are printed for information. The prompt tokens each peer computed per round
 are printed beside the rates (from the requests' ``num_cached_tokens``).
+
+The four requests on the cached engine share the prompt too once it is longer than a step's
+token budget: the engine prefills it in chunks, so when the later requests' prefill starts,
+the first one's leading blocks are cached and they take them (at 1,024 tokens about two
+prompts computed in all, not four). That bounds the ratio against them below 2x at any shape
+that decodes at all. The goal's premise ("the prompt is computed once" against four times) is
+measured by a third peer, the four requests on a second engine over the same model with the
+prefix cache off (a server without one); both ratios are printed, each with the goal.
 """
 
 from __future__ import annotations
@@ -90,26 +98,35 @@ async def _separate(engine: AsyncEngine, prompt: list[int], params: SamplingPara
     return done
 
 
+PEERS = ("n", "separate", "uncached")
+
+
 def _rounds(
-    engine: Engine, rng: random.Random, token_high: int, shape: NShape, reps: int
+    engines: tuple[Engine, Engine],
+    rng: random.Random,
+    token_high: int,
+    shape: NShape,
+    reps: int,
 ) -> tuple[dict[str, list[float]], dict[str, int]]:
     """Each peer's rate (generated tokens/s) per timed round, and the prompt tokens it
-    computed in a round."""
+    computed in a round. ``engines``: the one with the prefix cache, the one without."""
     params = SamplingParams(temperature=1.0, max_tokens=shape.new_tokens, ignore_eos=True)
-    rates: dict[str, list[float]] = {"n": [], "separate": []}
+    rates: dict[str, list[float]] = {peer: [] for peer in PEERS}
     computed: dict[str, int] = {}
 
     async def run() -> None:
-        async with AsyncEngine(engine) as running:
+        async with AsyncEngine(engines[0]) as cached, AsyncEngine(engines[1]) as uncached:
             for round_ in range(reps + 1):  # round 0 warms up
-                order = ["n", "separate"] if round_ % 2 == 0 else ["separate", "n"]
-                for peer in order:
+                shift = round_ % len(PEERS)
+                for peer in PEERS[shift:] + PEERS[:shift]:
                     prompt = [rng.randrange(token_high) for _ in range(shape.prompt_tokens)]
                     start = time.perf_counter()
                     if peer == "n":
-                        done = await _fanned(running, prompt, params)
+                        done = await _fanned(cached, prompt, params)
                     else:
-                        done = await _separate(running, prompt, params)
+                        done = await _separate(
+                            cached if peer == "separate" else uncached, prompt, params
+                        )
                     elapsed = time.perf_counter() - start
                     assert done.generated == N * shape.new_tokens, done
                     computed[peer] = done.computed_prompt
@@ -120,33 +137,36 @@ def _rounds(
     return rates, computed
 
 
-def n_report(engine: Engine, token_high: int, *, reps: int, shapes: Sequence[NShape]) -> str:
-    """Run the workload at each shape on ``engine`` (prefix cache on); return its table."""
+def n_report(
+    engine: Engine, uncached: Engine, token_high: int, *, reps: int, shapes: Sequence[NShape]
+) -> str:
+    """Run the workload at each shape on ``engine`` (prefix cache on) and, for the third
+    peer, ``uncached`` (the same model, prefix cache off); return its table."""
+    if not engine.pool.enable_prefix_caching or uncached.pool.enable_prefix_caching:
+        raise ValueError("n_report needs one engine with the prefix cache and one without")
     rng = random.Random(8)
     rows = []
     for shape in shapes:
-        rates, computed = _rounds(engine, rng, token_high, shape, reps)
-        best_n, best_sep = max(rates["n"]), max(rates["separate"])
-        per_round = [a / b for a, b in zip(rates["n"], rates["separate"], strict=True)]
-        goal = f">= {GOAL:.1f}x {verdict(best_n / best_sep >= GOAL)}" if shape.goal else "info"
-        rows.append(
-            [
-                f"n={N}, prompt {shape.prompt_tokens}, {shape.new_tokens} new tokens each",
-                f"{best_n:.1f}",
-                f"{best_sep:.1f}",
-                f"{ratio(best_n, best_sep):.2f}x",
-                f"{statistics.median(per_round):.2f}x",
-                f"{computed['n']} / {computed['separate']}",
-                goal,
-            ]
-        )
+        rates, computed = _rounds((engine, uncached), rng, token_high, shape, reps)
+        best = {peer: max(rates[peer]) for peer in PEERS}
+        cells = [f"n={N}, prompt {shape.prompt_tokens}, {shape.new_tokens} new tokens each"]
+        cells += [f"{best[peer]:.1f}" for peer in PEERS]
+        for peer in PEERS[1:]:
+            per_round = [a / b for a, b in zip(rates["n"], rates[peer], strict=True)]
+            passed = best["n"] / best[peer] >= GOAL
+            cells.append(
+                f"{ratio(best['n'], best[peer]):.2f}x ({statistics.median(per_round):.2f}x)"
+                + (f" {verdict(passed)}" if shape.goal else "")
+            )
+        cells.append(" / ".join(str(computed[peer]) for peer in PEERS))
+        rows.append(cells)
     headers = [
-        "workload",
+        f"workload (goal >= {GOAL:.1f}x on the first row)",
         f"n={N} tok/s",
         f"{N} requests tok/s",
-        "best ratio",
-        "median",
+        f"{N} requests, no prefix cache, tok/s",
+        "vs 4 requests: best (median)",
+        "vs no prefix cache: best (median)",
         "prompt tokens computed",
-        "goal",
     ]
     return markdown_table(headers, rows)

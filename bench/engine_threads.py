@@ -35,6 +35,8 @@ from pathlib import Path
 
 from _util import markdown_table, ratio, verdict
 
+from local_engine import cpu_threads
+
 HERE = Path(__file__).resolve().parent
 WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")
 CONTENTION_GOAL = 0.6
@@ -45,21 +47,25 @@ IDLE_GOAL = 0.95
 class Setting:
     """One way for the threads to wait."""
 
+    key: str
+    """Its name for ``--settings``."""
     name: str
     env: dict[str, str]
     """Set in the child's environment (after removing every variable of WAIT_VARS)."""
     threads: int = 2
 
 
-DEFAULT = Setting("local_engine default (OMP_WAIT_POLICY=PASSIVE)", {})
-GNU = Setting("GNU OpenMP default (GOMP_SPINCOUNT=300000)", {"GOMP_SPINCOUNT": "300000"})
+DEFAULT = Setting("default", "local_engine default", {})
+GNU = Setting("gnu", "GNU OpenMP default (GOMP_SPINCOUNT=300000)", {"GOMP_SPINCOUNT": "300000"})
 SETTINGS = (
     DEFAULT,
     GNU,
-    Setting("GOMP_SPINCOUNT=10000", {"GOMP_SPINCOUNT": "10000"}),
-    Setting("GOMP_SPINCOUNT=1000", {"GOMP_SPINCOUNT": "1000"}),
-    Setting("1 thread, GNU default spin", {"GOMP_SPINCOUNT": "300000"}, threads=1),
-    Setting("1 thread, PASSIVE", {}, threads=1),
+    Setting("passive", "OMP_WAIT_POLICY=PASSIVE", {"OMP_WAIT_POLICY": "PASSIVE"}),
+    Setting("spin10000", "GOMP_SPINCOUNT=10000", {"GOMP_SPINCOUNT": "10000"}),
+    Setting("spin3000", "GOMP_SPINCOUNT=3000", {"GOMP_SPINCOUNT": "3000"}),
+    Setting("spin1000", "GOMP_SPINCOUNT=1000", {"GOMP_SPINCOUNT": "1000"}),
+    Setting("1t-gnu", "1 thread, GNU default spin", {"GOMP_SPINCOUNT": "300000"}, threads=1),
+    Setting("1t-default", "1 thread, local_engine default", {}, threads=1),
 )
 
 
@@ -124,9 +130,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model", default="swift-50m", help="embedded model (swift-50m)")
     parser.add_argument(
         "--precision",
-        choices=("fp32", "bf16", "int8"),
+        choices=("fp32", "bf16", "int8", "int4"),
         default="fp32",
         help="the engine's weights (fp32)",
+    )
+    parser.add_argument(
+        "--settings",
+        default=",".join(s.key for s in SETTINGS),
+        help="comma-separated settings to run (default: all; 'default' and 'gnu' always run): "
+        + ", ".join(s.key for s in SETTINGS),
     )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=2, help=argparse.SUPPRESS)
@@ -139,17 +151,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     passes = args.passes if args.passes is not None else (1 if args.quick else 2)
     if passes < 1:
         parser.error("--passes must be >= 1")
-    rates = {s.name: Rates() for s in SETTINGS}
+    keys = {key.strip() for key in args.settings.split(",") if key.strip()}
+    unknown = keys - {s.key for s in SETTINGS}
+    if unknown:
+        parser.error(f"unknown --settings: {', '.join(sorted(unknown))}")
+    chosen = [s for s in SETTINGS if s.key in keys | {DEFAULT.key, GNU.key}]
+    rates = {s.name: Rates() for s in chosen}
     load_before = os.getloadavg()
     for n in range(passes):
-        for setting in SETTINGS if n % 2 == 0 else SETTINGS[::-1]:
+        for setting in chosen if n % 2 == 0 else chosen[::-1]:
             report = run_child(setting, args)
             rates[setting.name].idle += report["idle"]  # type: ignore[arg-type]
             rates[setting.name].busy += report["busy"]  # type: ignore[arg-type]
     load_after = os.getloadavg()
     gnu_idle = max(rates[GNU.name].idle)
     rows = []
-    for setting in SETTINGS:
+    default_env = ", ".join(f"{k}={v}" for k, v in cpu_threads.DEFAULTS.items())
+    for setting in chosen:
         r = rates[setting.name]
         paired = statistics.median(ratio(b, i) for b, i in zip(r.busy, r.idle, strict=True))
         contended = ratio(max(r.busy), max(r.idle))
@@ -159,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             goals = verdict(contended >= CONTENTION_GOAL and idle_vs_gnu >= IDLE_GOAL)
         rows.append(
             [
-                setting.name,
+                f"{setting.name} ({default_env})" if setting is DEFAULT else setting.name,
                 f"{max(r.idle):.1f}",
                 f"{statistics.median(r.idle):.1f}",
                 f"{max(r.busy):.1f}",

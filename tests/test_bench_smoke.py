@@ -120,8 +120,13 @@ def test_engine_cpu_n_quick_run_prints_its_row() -> None:
         "n=4, prompt 512, 8 new tokens each",
         "n=4, prompt 128, 8 new tokens each",
     ]
-    # prompt tokens computed per round: the choices share all but the last block (16 tokens)
-    assert [row.split("|")[6].strip() for row in rows] == ["560 / 2048", "176 / 512"]
+    # prompt tokens computed per round (n=4 / 4 requests / 4 requests without the prefix
+    # cache): the choices share all but the last block (16 tokens); prompts this short fit one
+    # step's token budget, so the four requests compute the prompt four times on both engines
+    assert [row.split("|")[7].strip() for row in rows] == [
+        "560 / 2048 / 2048",
+        "176 / 512 / 512",
+    ]
 
 
 def test_engine_breakdown_quick_run_prints_both_workloads() -> None:

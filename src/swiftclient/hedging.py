@@ -18,6 +18,7 @@ import asyncio
 import inspect
 import math
 from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
 
@@ -27,6 +28,19 @@ import anyio.lowlevel
 
 from . import errors
 from ._deadline import running_loop
+
+
+def _sniffio_library() -> ContextVar[str | None] | None:
+    """sniffio's variable naming the running async library, where sniffio is installed
+    (anyio finds its backend through it then; without it, by the running loop)."""
+    try:
+        from sniffio import current_async_library_cvar
+    except ImportError:  # pragma: no cover - not installed
+        return None
+    return current_async_library_cvar
+
+
+_ASYNC_LIBRARY = _sniffio_library()
 
 __all__ = ["FATAL_STATUSES", "Hedge", "Trigger", "fallback", "is_fatal", "race"]
 
@@ -298,8 +312,15 @@ class _Race(Generic[T]):
 
     def _hedge_due(self) -> None:
         """The hedge timer (a loop callback: it fires only while :meth:`first_inline` awaits
-        the first attempt, so the task group is open)."""
+        the first attempt, so the task group is open).
+
+        anyio finds its backend through sniffio, which sees asyncio only inside a task or
+        where the runner named it (``anyio.run`` does, ``asyncio.run`` does not); a loop
+        callback is neither, so it names asyncio for the spawn (in the callback's own copy of
+        the context)."""
         if not self.over:
             self.staggering = True
             assert self.tg is not None
+            if _ASYNC_LIBRARY is not None:
+                _ASYNC_LIBRARY.set("asyncio")
             self.tg.start_soon(self.stagger, 1)
