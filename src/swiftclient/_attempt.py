@@ -115,9 +115,9 @@ class AttemptResult(NamedTuple):
     def retry_after(self) -> float | None:
         """Seconds the target asked to be left alone (``Retry-After``), when it did."""
         error = self.error
-        if isinstance(error, errors.APIStatusError):
-            return retry_after_seconds(error.headers)
-        return None
+        return (
+            retry_after_seconds(error.headers) if isinstance(error, errors.APIStatusError) else None
+        )
 
 
 class AttemptObserver(Protocol):
@@ -549,8 +549,7 @@ class AttemptRun:
         body = _body_size(self.request, self.options, self.streamed)
         inputs = math.ceil(body / limits.chars_per_token)
         tokens = inputs + (self.request.max_new_tokens() or 0)
-        left = self._deadline.remaining()
-        remaining = None if left == math.inf else left
+        remaining = self._deadline.bound(None)
         timeout = 0.0 if self.record.trigger == "hedge" else remaining
         trace = self.call_trace
         start = self._now()
@@ -609,10 +608,7 @@ class _Answer:
     def __call__(self, status: int, headers: Mapping[str, str]) -> None:
         """Take in the response's head."""
         names = tuple(headers)
-        plan = _HEAD_PLANS.get(names)
-        if plan is None:
-            plan = _head_plan(names)
-        wanted, limited = plan
+        wanted, limited = _HEAD_PLANS.get(names) or _head_plan(names)
         kept: dict[str, str] = {}
         if wanted:
             values = tuple(headers.values())

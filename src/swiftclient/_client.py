@@ -440,9 +440,7 @@ class AsyncClient:
                 wanted = self.model if model is None else model
                 if wanted is not None:
                     model = router.expand(wanted, prompt_chars=prompt_chars(checked), task=task)
-        targets = (
-            [self._target(model)] if model is None or type(model) is str else self.targets(model)
-        )
+        targets = self.targets(model)
         request = _request(targets[0].model, validated, params)
         fields = request.__dict__  # the fields' values, read without pydantic's attribute hook
         sent, tools = fields["messages"], fields["tools"]

@@ -186,8 +186,7 @@ class Deadline:
 
     def bound(self, limit: float | None) -> float | None:
         """The smaller of ``limit`` and the time left; ``None`` when both are unbounded."""
-        at = self._at
-        left = math.inf if at == math.inf else max(0.0, at - self.now())
+        left = self.remaining()
         if limit is not None and limit < left:
             left = limit
         return None if left == math.inf else left

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 from . import errors
 from ._accumulate import Accumulator
-from ._attempt import NO_HOOKS, AttemptResult, AttemptRun, Hooks, Target
+from ._attempt import NO_HOOKS, AttemptResult, AttemptRun, Hook, Hooks, Target
 from ._deadline import Deadline
 from ._retry import RetryPolicy, run_with_retries
 from .hedging import Hedge, Trigger, fallback, race
@@ -164,20 +164,12 @@ class Call:
     def first_token(self, attempt: AttemptRun) -> None:
         """An attempt delivered its first content token (non-streamed: its whole reply):
         observers of ``on_first_token``, if any, hear of it frozen."""
-        hooks = self.hooks.on_first_token
-        if hooks:
-            frozen = attempt.snapshot()
-            for hook in hooks:
-                hook(frozen)
+        _tell(self.hooks.on_first_token, attempt)
 
     def commit(self, attempt: AttemptRun) -> None:
         """The call takes ``attempt``'s output; every other attempt is being cancelled."""
         self.winner = attempt.record.number
-        hooks = self.hooks.on_commit
-        if hooks:
-            committed = attempt.snapshot()
-            for hook in hooks:
-                hook(committed)
+        _tell(self.hooks.on_commit, attempt)
 
     def ended(self, result: AttemptResult) -> None:
         """An attempt ended (it calls this once, from ``finish``): keep its frozen
@@ -318,6 +310,14 @@ class Call:
 
 async def _paired(attempt: AttemptRun, run: _Run[_R]) -> tuple[AttemptRun, _R]:
     return attempt, await run(attempt)
+
+
+def _tell(hooks: tuple[Hook, ...], attempt: AttemptRun) -> None:
+    """Hand ``attempt``, frozen, to ``hooks`` (frozen only when there is one)."""
+    if hooks:
+        frozen = attempt.snapshot()
+        for hook in hooks:
+            hook(frozen)
 
 
 def _number(result: AttemptResult) -> int:
