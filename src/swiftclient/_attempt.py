@@ -362,9 +362,9 @@ class AttemptRun:
         self.result = result = self._frozen(OUTCOME_OF[outcome], duration)
         self._owner.ended(result)
 
-    def _first_token(self, now: float, *, streamed: bool = True) -> None:
+    def _first_token(self, now: float) -> None:
         self.first_token_at = now
-        if streamed:  # a whole reply's time is the record's ``duration``
+        if self.streamed:  # a whole reply's time is the record's ``duration``
             self.record.ttft = now - self.started_at
         self._owner.first_token(self)
 
@@ -530,7 +530,7 @@ class AttemptRun:
                 waiter = loop_waiter()
             result = await self._bounded(waiting, due, "deadline", waiter)
             self.usage = result.usage
-            self._first_token(self._now(), streamed=False)
+            self._first_token(self._now())
             return result
         except BaseException as exc:
             self.finish(exc)

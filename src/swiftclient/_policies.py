@@ -219,9 +219,7 @@ class PolicyHub:
         not, or its breaker cannot say: it has no ``open_left``)."""
         breaker = self._breakers.get(name)
         open_left = getattr(breaker, "open_left", None)
-        if open_left is None:
-            return 0.0
-        return float(open_left(self._clock()))
+        return 0.0 if open_left is None else float(open_left(self._clock()))
 
     def health(self) -> dict[str, str]:
         """Breaker state of every target seen so far, by ``"backend/model"``."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from functools import partial
+from operator import attrgetter
 from types import TracebackType
 from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
@@ -132,14 +133,12 @@ class Call:
         request = self.request
         if request.model != target.model:
             request = request.model_copy(update={"model": target.model})
-        # The first attempt of a later round is a retry.
-        retry = trigger == "first" and number > 1
         attempt = AttemptRun(
             self,
             target,
             request,
             number,
-            "retry" if retry else trigger,
+            "retry" if trigger == "first" and number > 1 else trigger,  # a later round's first
             deadline=self.deadline,
             call_id=self.call_id,
             encoding=self.encoding,
@@ -191,7 +190,7 @@ class Call:
         self.ledger = self.trace = None
         results = self.results
         if len(results) > 1:
-            results = sorted(results, key=_number)  # the order they started
+            results = sorted(results, key=attrgetter("number"))  # the order they started
         won = next((r for r in results if r.number == self.winner), None)
         error = exc if exc is not None else self.error
         record = CallRecord(
@@ -231,13 +230,13 @@ class Call:
 
     def open_round(self, _number: int) -> Awaitable[_Opened]:
         """Open a stream on the first target to deliver a content token."""
-        return self._round(AttemptRun.open, streamed=True)
+        return self._round(AttemptRun.open)
 
     def complete_round(self, _number: int) -> Awaitable[_Completed]:
         """Run a non-streamed completion on the first target to answer whole."""
-        return self._round(AttemptRun.complete, streamed=False)
+        return self._round(AttemptRun.complete)
 
-    async def _round(self, run: _Run[_R], *, streamed: bool) -> tuple[AttemptRun, _R]:
+    async def _round(self, run: _Run[_R]) -> tuple[AttemptRun, _R]:
         """One pass over the targets (open breakers skipped): one attempt, a fallback chain,
         or a hedged race; each attempt is ``run`` on an :class:`AttemptRun`."""
         targets = self.targets
@@ -261,7 +260,7 @@ class Call:
             previous = targets[index - 1]
             if policies is None:
                 return hedge.delay_for(None)
-            return policies.hedge_delay(hedge, previous, self.request, streamed=streamed)
+            return policies.hedge_delay(hedge, previous, self.request, streamed=self.streamed)
 
         trace = self.trace
 
@@ -318,10 +317,6 @@ def _tell(hooks: tuple[Hook, ...], attempt: AttemptRun) -> None:
         frozen = attempt.snapshot()
         for hook in hooks:
             hook(frozen)
-
-
-def _number(result: AttemptResult) -> int:
-    return result.number
 
 
 class ChatStream:

@@ -198,7 +198,8 @@ class _TargetInfo:
 
 
 class _Instruments:
-    """The client's metric instruments, created once per :class:`Telemetry`."""
+    """The client's metric instruments, created once per :class:`Telemetry` (the counters
+    of attempts are named by their trigger)."""
 
     def __init__(self, meter: metrics.Meter) -> None:
         self.duration = meter.create_histogram(
@@ -225,12 +226,12 @@ class _Instruments:
             description="Time between consecutive output chunks after the first one.",
             explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
         )
-        self.retries = meter.create_counter(
+        self.retry = meter.create_counter(
             "swiftclient.client.retries",
             unit="{attempt}",
             description="Attempts started as a retry of an earlier round.",
         )
-        self.hedges = meter.create_counter(
+        self.hedge = meter.create_counter(
             "swiftclient.client.hedges",
             unit="{attempt}",
             description="Attempts started as a hedge (another attempt was still running).",
@@ -240,7 +241,7 @@ class _Instruments:
             unit="{attempt}",
             description="Hedge attempts the call committed to.",
         )
-        self.fallbacks = meter.create_counter(
+        self.fallback = meter.create_counter(
             "swiftclient.client.fallbacks",
             unit="{attempt}",
             description="Attempts started because an earlier target failed.",
@@ -588,14 +589,9 @@ class CallTrace:
                 attributes=attributes,
             )
             self._attempts[attempt.number] = span
-        if self.metered and trigger != "first":
-            counter = {
-                "retry": self._telemetry.instruments.retries,
-                "hedge": self._telemetry.instruments.hedges,
-                "fallback": self._telemetry.instruments.fallbacks,
-            }.get(trigger)
-            if counter is not None:
-                counter.add(1, {"swiftclient.target": target.name})
+        if self.metered and trigger != "first":  # its counter: retry, hedge or fallback
+            counter = getattr(self._telemetry.instruments, trigger)
+            counter.add(1, {"swiftclient.target": target.name})
 
     def headers_for(self, attempt: AttemptResult) -> dict[str, str]:
         """The trace context for ``attempt``'s request: its span's, else the call's."""
