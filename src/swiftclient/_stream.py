@@ -36,8 +36,9 @@ __all__ = ["Call", "CallRecord", "ChatStream"]
 
 _R = TypeVar("_R")
 _Run = Callable[[AttemptRun], Awaitable[_R]]
-_Opened = tuple[AttemptRun, list[ChatCompletionChunk]]
-_Completed = tuple[AttemptRun, ChatCompletion]
+_Won = tuple[AttemptRun, _R]
+_Opened = _Won[list[ChatCompletionChunk]]
+_Completed = _Won[ChatCompletion]
 
 
 class CallRecord(NamedTuple):
@@ -236,7 +237,7 @@ class Call:
         """Run a non-streamed completion on the first target to answer whole."""
         return self._round(AttemptRun.complete)
 
-    async def _round(self, run: _Run[_R]) -> tuple[AttemptRun, _R]:
+    async def _round(self, run: _Run[_R]) -> _Won[_R]:
         """One pass over the targets (open breakers skipped): one attempt, a fallback chain,
         or a hedged race; each attempt is ``run`` on an :class:`AttemptRun`."""
         targets = self.targets
@@ -280,34 +281,36 @@ class Call:
             discard=self._discard,
         )
 
-    def _start(
-        self, run: _Run[_R], target: Target, trigger: Trigger
-    ) -> Awaitable[tuple[AttemptRun, _R]]:
+    def _start(self, run: _Run[_R], target: Target, trigger: Trigger) -> Awaitable[_Won[_R]]:
         """Start an attempt on ``target`` now (numbered now); the awaitable runs it."""
         return _paired(self.attempt(target, trigger), run)
 
-    async def complete(self) -> ChatCompletion:
-        """Run a non-streamed completion with retries under the deadline."""
+    async def run(self, round_: Callable[[int], Awaitable[_Won[_R]]]) -> _Won[_R]:
+        """Begin, run ``round_`` with retries under the deadline and commit to the attempt
+        that won (a non-streamed one ends then); a failure finishes the call."""
         self.begin()
         try:
-            attempt, completion = await run_with_retries(
-                self.policy, self.deadline, self.complete_round
-            )
+            attempt, result = await run_with_retries(self.policy, self.deadline, round_)
             if not self.winner:
                 self.commit(attempt)
-            ended = attempt.first_token_at  # the reply's arrival: the attempt's end
-            attempt.finish(None, now=ended)
+            if not self.streamed:  # the reply's arrival: the attempt's end
+                attempt.finish(None, now=attempt.first_token_at)
         except BaseException as exc:
             self.failed(exc)
             self.finish(exc)
             raise
+        return attempt, result
+
+    async def complete(self) -> ChatCompletion:
+        """Run a non-streamed completion with retries under the deadline."""
+        attempt, completion = await self.run(self.complete_round)
         self.reply = completion
-        self.finish(now=ended)
+        self.finish(now=attempt.first_token_at)
         set_timing(completion, self.timing)
         return completion
 
 
-async def _paired(attempt: AttemptRun, run: _Run[_R]) -> tuple[AttemptRun, _R]:
+async def _paired(attempt: AttemptRun, run: _Run[_R]) -> _Won[_R]:
     return attempt, await run(attempt)
 
 
@@ -359,16 +362,7 @@ class ChatStream:
         self._last_content_at = now
 
     async def __aenter__(self) -> ChatStream:
-        call = self._call
-        call.begin()
-        try:
-            attempt, buffered = await run_with_retries(call.policy, call.deadline, call.open_round)
-        except BaseException as exc:
-            call.failed(exc)
-            call.finish(exc)
-            raise
-        if not call.winner:
-            call.commit(attempt)
+        attempt, buffered = await self._call.run(self._call.open_round)
         self._attempt = attempt
         self._request = attempt.request
         self._buffered = buffered
