@@ -344,8 +344,7 @@ class AttemptRun:
         if lost:
             outcome = "lost"
         elif cancelled or (exc is not None and isinstance(exc, _cancelled())):
-            winner = self._owner.winner
-            outcome = "cancelled" if winner in (0, record.number) else "lost"
+            outcome = "cancelled" if self._owner.winner in (0, record.number) else "lost"
         elif exc is None:
             outcome = "ok"
         else:

@@ -22,7 +22,7 @@ from ._attempt import AttemptResult, Target, noop_hook, prompt_chars
 from ._breaker import CircuitBreaker
 from ._budget import HedgeBudget, RetryThrottle
 from ._estimator import LatencyEstimator, prompt_bucket
-from .errors import RateLimited
+from .errors import ConfigurationError, RateLimited
 from .hedging import Hedge, is_fatal
 from .types import ChatRequest
 
@@ -125,7 +125,7 @@ class PolicyHub:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._estimator = estimator
-        self._bucket = bucket or _no_bucket
+        self._bucket = bucket
         self._budget = budget
         self._throttle = throttle
         self._new_breaker = breaker
@@ -196,18 +196,29 @@ class PolicyHub:
         """The hedge budget (None: every hedge is allowed)."""
         return self._budget
 
-    async def may_hedge_async(self) -> bool:
-        """True when the throttle is on and the budget has a hedge to spend (spends it): a
-        budget on a store (:class:`AsyncHedgeGate`) is asked there, a per-process one
-        without suspending."""
+    def may_hedge(self) -> bool:
+        """True when the throttle is on and the budget has a hedge to spend (spends it).
+
+        Raises:
+            ConfigurationError: the budget lives on a store (an :class:`AsyncHedgeGate`):
+                ask :meth:`may_hedge_async`.
+        """
         if self._throttle is not None and not self._throttle.allowed():
             return False
         budget = self._budget
-        if budget is None:
-            return True
         if isinstance(budget, AsyncHedgeGate):
+            raise ConfigurationError("this hedge budget lives on a store: use may_hedge_async")
+        return budget is None or budget.try_spend(self._clock())
+
+    async def may_hedge_async(self) -> bool:
+        """:meth:`may_hedge` for the call path: a budget on a store (:class:`AsyncHedgeGate`)
+        is asked there, a per-process one by :meth:`may_hedge`, without suspending."""
+        budget = self._budget
+        if isinstance(budget, AsyncHedgeGate) and (
+            self._throttle is None or self._throttle.allowed()
+        ):
             return await budget.spend(self._clock())
-        return budget.try_spend(self._clock())
+        return self.may_hedge()  # with a budget on a store, only a refusing throttle gets here
 
     def on_call(self) -> None:
         """A call with several targets began."""
@@ -298,9 +309,5 @@ class PolicyHub:
         return breaker
 
     def _key(self, target: Target, request: ChatRequest, streamed: bool) -> Hashable:
-        bucket = self._bucket(prompt_chars(request.messages))
+        bucket = 0 if self._bucket is None else self._bucket(prompt_chars(request.messages))
         return (target.backend_name, target.model, bucket, streamed)
-
-
-def _no_bucket(chars: int) -> int:
-    return 0

@@ -350,8 +350,7 @@ class ChatStream:
     @property
     def request(self) -> ChatRequest:
         """The request as sent by the committed attempt (model without its backend prefix)."""
-        request = self._request
-        return request if request is not None else self._call.request
+        return self._request or self._call.request
 
     def _mark_content(self, now: float) -> None:
         timing = self._call.timing

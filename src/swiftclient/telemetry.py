@@ -604,8 +604,7 @@ class CallTrace:
         """An event on the attempt's span, with its time to first token."""
         span = self._attempts.get(attempt.number)
         if span is not None:
-            ttft = attempt.ttft
-            span.add_event("swiftclient.first_token", {"swiftclient.ttft": ttft or 0.0})
+            span.add_event("swiftclient.first_token", {"swiftclient.ttft": attempt.ttft or 0.0})
 
     def on_commit(self, attempt: AttemptResult) -> None:
         """Count a hedge that won (the call keeps which attempt won)."""

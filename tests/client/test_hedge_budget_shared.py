@@ -24,6 +24,7 @@ from swiftclient import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatRequest,
+    ConfigurationError,
     Hedge,
 )
 from swiftclient.admission import (
@@ -297,13 +298,14 @@ async def test_on_a_memory_store_the_shared_budget_is_the_per_process_one() -> N
             assert shared.tokens == alone.tokens(now[0])
 
 
-async def test_a_hub_asks_a_budget_on_a_store_or_in_process() -> None:
+async def test_a_hub_asks_a_budget_on_a_store_asynchronously_only() -> None:
     budget = SharedHedgeBudget(MemoryStore(), ratio=0.0, floor_per_second=0.0, burst=1.0)
     hub = PolicyHub(budget=budget)
+    with pytest.raises(ConfigurationError, match="may_hedge_async"):
+        hub.may_hedge()  # a synchronous answer would have to guess
     hub.on_call()
     assert await hub.may_hedge_async() is True
     assert await hub.may_hedge_async() is False
     assert budget.pending == 0.0 and budget.tokens == 0.0
     alone = PolicyHub(budget=HedgeBudget(ratio=0.0, floor_per_second=0.0, burst=1.0))
-    assert await alone.may_hedge_async() is True
-    assert await alone.may_hedge_async() is False
+    assert await alone.may_hedge_async() is True and alone.may_hedge() is False
