@@ -96,12 +96,14 @@ class _ChoiceParts:
 class Accumulator:
     """Collects chunks in O(1) per chunk and builds the final completion once."""
 
-    __slots__ = ("_choices", "_created", "_extra", "_fingerprint", "_id", "_model", "usage")
+    __slots__ = ("_choices", "_created", "_extra", "_fingerprint", "id", "model", "usage")
 
     def __init__(self) -> None:
         self._choices: dict[int, _ChoiceParts] = {}
-        self._id = ""
-        self._model = ""
+        self.id = ""
+        """The completion id the stream reported ("" before any)."""
+        self.model = ""
+        """The model the stream reported ("" before any)."""
         self._created = 0
         self._fingerprint: str | None = None
         self._extra: dict[str, Any] = {}
@@ -115,9 +117,9 @@ class Accumulator:
         models define ``__getattr__``, which takes every attribute read off the fast path)."""
         content = False
         said = chunk.__dict__
-        if not self._id and said["id"]:
-            self._id = said["id"]
-            self._model = said["model"]
+        if not self.id and said["id"]:
+            self.id = said["id"]
+            self.model = said["model"]
             self._created = said["created"]
         if said["system_fingerprint"]:
             self._fingerprint = said["system_fingerprint"]
@@ -174,16 +176,6 @@ class Accumulator:
                 parts.logprobs = merged
         return content
 
-    @property
-    def id(self) -> str:
-        """The completion id the stream reported ("" before any)."""
-        return self._id
-
-    @property
-    def model(self) -> str:
-        """The model the stream reported ("" before any)."""
-        return self._model
-
     def finish_reasons(self) -> list[str]:
         """The finish reasons seen so far, by choice index."""
         return [p.finish_reason for _, p in sorted(self._choices.items()) if p.finish_reason]
@@ -224,9 +216,9 @@ class Accumulator:
                 )
             )
         return ChatCompletion(
-            id=self._id,
+            id=self.id,
             created=self._created,
-            model=self._model,
+            model=self.model,
             choices=choices,
             usage=self.usage,
             system_fingerprint=self._fingerprint,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol, TypeVar
@@ -23,16 +23,17 @@ from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol, TypeVar
 import anyio
 
 from . import errors
-from ._deadline import Deadline, Timeout, Waiter, loop_waiter
+from ._deadline import Deadline, Waiter, loop_waiter
 from ._outcome import OUTCOME_OF, AttemptOutcome, Outcome
 from ._retry import retry_after_seconds
 from .admission._headers import LEARNED_HEADERS
-from .backends.base import Backend, BufferedChunkIterator, RequestOptions
-from .types import Attempt, ChatCompletion, ChatCompletionChunk, ChatRequest, Usage
+from .backends.base import Backend, RequestOptions
+from .types import Attempt, ChatCompletion, ChatCompletionChunk, ChatRequest, Message, Usage
 
 if TYPE_CHECKING:
     from ._canonical import CallEncoding
     from .admission import Admission, Permit
+    from .telemetry import CallTrace
 
 __all__ = [
     "AttemptObserver",
@@ -40,7 +41,7 @@ __all__ = [
     "AttemptResult",
     "AttemptRun",
     "Target",
-    "deadline_exceeded",
+    "prompt_chars",
 ]
 
 _Limit = Literal["deadline", "idle", "first_token"]
@@ -114,9 +115,9 @@ class AttemptResult(NamedTuple):
     def retry_after(self) -> float | None:
         """Seconds the target asked to be left alone (``Retry-After``), when it did."""
         error = self.error
-        if isinstance(error, errors.APIStatusError):
-            return retry_after_seconds(error.headers)
-        return None
+        return (
+            retry_after_seconds(error.headers) if isinstance(error, errors.APIStatusError) else None
+        )
 
 
 class AttemptObserver(Protocol):
@@ -161,15 +162,6 @@ class AttemptOwner(Protocol):
         ...
 
 
-class AdmissionTrace(Protocol):
-    """What an attempt tells its call's telemetry itself: how long admission took."""
-
-    def admitted(self, attempt: AttemptResult, waited: float, refused: bool) -> None:
-        """``attempt`` waited ``waited`` seconds for admission, and was let through or
-        ``refused``."""
-        ...
-
-
 HOOK_NAMES = ("on_start", "on_first_token", "on_commit", "on_end")
 
 Hook = Callable[[AttemptResult], None]
@@ -202,6 +194,13 @@ class Hooks(NamedTuple):
                 found[name].append(getattr(observer, name))
         return cls(*(tuple(found[name]) for name in HOOK_NAMES))
 
+    def plus(self, observer: AttemptObserver) -> Hooks:
+        """These handlers, then ``observer``'s."""
+        return Hooks(*(mine + its for mine, its in zip(self, Hooks.of((observer,)), strict=True)))
+
+
+NO_HOOKS = Hooks((), (), (), ())
+
 
 _NOOP = "__swiftclient_noop_hook__"
 _F = TypeVar("_F", bound=Callable[..., None])
@@ -212,29 +211,6 @@ def noop_hook(method: _F) -> _F:
     """Mark an observer's hook method as doing nothing: calls skip it (see :class:`Hooks`)."""
     setattr(method, _NOOP, True)
     return method
-
-
-def deadline_exceeded(backend: str, timeout: Timeout) -> errors.DeadlineExceeded:
-    """The error for a call whose total deadline ran out (one wording on every path)."""
-    return errors.DeadlineExceeded(
-        f"{backend}: the call's total deadline of {timeout.total}s was exceeded", backend=backend
-    )
-
-
-_BUFFERED: dict[type, bool] = {}
-"""Iterator types checked against :class:`BufferedChunkIterator` (a runtime protocol
-check walks the protocol's attributes: once per type, not once per stream)."""
-
-
-def _nowait_of(
-    iterator: AsyncIterator[ChatCompletionChunk],
-) -> Callable[[], ChatCompletionChunk | None] | None:
-    """The iterator's ``next_nowait``, when its type offers the fast-read protocol."""
-    kind = type(iterator)
-    buffered = _BUFFERED.get(kind)
-    if buffered is None:
-        buffered = _BUFFERED[kind] = isinstance(iterator, BufferedChunkIterator)
-    return iterator.next_nowait if buffered else None  # type: ignore[attr-defined]
 
 
 _NO_HEADERS: Mapping[str, str] = MappingProxyType({})
@@ -280,7 +256,7 @@ class AttemptRun:
         encoding: CallEncoding | None = None,
         streamed: bool = False,
         admission: Admission | None = None,
-        trace: AdmissionTrace | None = None,
+        trace: CallTrace | None = None,
     ) -> None:
         """An attempt numbered ``number`` that ``owner`` started on ``target`` with
         ``request``, bounded by the call's ``deadline`` (whose clock and start are the
@@ -368,8 +344,7 @@ class AttemptRun:
         if lost:
             outcome = "lost"
         elif cancelled or (exc is not None and isinstance(exc, _cancelled())):
-            winner = self._owner.winner
-            outcome = "cancelled" if winner in (0, record.number) else "lost"
+            outcome = "cancelled" if self._owner.winner in (0, record.number) else "lost"
         elif exc is None:
             outcome = "ok"
         else:
@@ -386,9 +361,9 @@ class AttemptRun:
         self.result = result = self._frozen(OUTCOME_OF[outcome], duration)
         self._owner.ended(result)
 
-    def _first_token(self, now: float, *, streamed: bool = True) -> None:
+    def _first_token(self, now: float) -> None:
         self.first_token_at = now
-        if streamed:  # a whole reply's time is the record's ``duration``
+        if self.streamed:  # a whole reply's time is the record's ``duration``
             self.record.ttft = now - self.started_at
         self._owner.first_token(self)
 
@@ -425,12 +400,12 @@ class AttemptRun:
             return errors.StreamStalled(
                 f"{name}: no chunk for {timeout.idle}s (stream stalled)", backend=name
             )
-        return deadline_exceeded(name, timeout)
+        return self._deadline.exceeded(name)
 
     def ready(self) -> ChatCompletionChunk | None:
         """The next chunk when it was already received (taken without waiting, so without
-        a time limit), else None: :meth:`next` without a coroutine, for the stream's loop,
-        which awaits :meth:`read` only when this gives None."""
+        a time limit), else None; the stream's loop awaits :meth:`read` only when this gives
+        None."""
         nowait = self.next_nowait
         if nowait is None:
             return None
@@ -438,14 +413,6 @@ class AttemptRun:
         if chunk is not None and chunk.usage is not None:
             self.usage = chunk.usage
         return chunk
-
-    async def next(self) -> ChatCompletionChunk | None:
-        """The next chunk (None at the end): a chunk already received is taken without
-        waiting, so without a time limit; otherwise the read waits, bounded."""
-        chunk = self.ready()
-        if chunk is not None:
-            return chunk
-        return await self.read()
 
     async def read(self) -> ChatCompletionChunk | None:
         """The next chunk (None at the end) after :meth:`ready` gave None: the read
@@ -465,8 +432,7 @@ class AttemptRun:
         self, waiting: Awaitable[_R], due: float, kind: _Limit, waiter: Waiter | None
     ) -> _R:
         """Await ``waiting`` until ``due``, then raise ``kind``'s timeout error: every wait
-        of an attempt is bounded here (a plain :meth:`complete` runs the watch's branch in
-        its own frame, one coroutine less per request). On asyncio, with a ``waiter`` (a
+        of an attempt is bounded here. On asyncio, with a ``waiter`` (a
         reusable entry on the loop's one :class:`~swiftclient._deadline.DeadlineWatch`),
         the wait costs a set insert and removal; without one (trio, or a wait whose cleanup
         is shielded, which a plain task cancellation would not respect) a cancel scope
@@ -509,10 +475,10 @@ class AttemptRun:
             # A cancel scope: the backend's stream may shield its cleanup.
             iterator = await self._bounded(stack.enter_async_context(opening), due, kind, None)
             self._iterator = iterator
-            # How this attempt takes a chunk that already arrived, decided once.
-            self.next_nowait = _nowait_of(iterator)
+            # How this attempt takes a chunk that already arrived (BufferedChunkIterator).
+            self.next_nowait = getattr(iterator, "next_nowait", None)
             while True:
-                chunk = await self.next()
+                chunk = self.ready() or await self.read()
                 if chunk is None:
                     break
                 self._chunk_seen = True
@@ -551,37 +517,19 @@ class AttemptRun:
         its awaits leaves nothing behind.
         """
         admission = self._admission
-        if admission is not None:
-            try:
-                await self._admit(admission)
-            except BaseException as exc:
-                self.finish(exc)
-                raise
         deadline = self._deadline
         backend = self.target.backend
         due = deadline.at
         try:
+            if admission is not None:
+                await self._admit(admission)
             waiting = backend.complete(self.request, deadline, self.options)
             waiter = None
             if due != math.inf and getattr(backend, "complete_cancels_cleanly", False):
                 waiter = loop_waiter()
-            if waiter is None:
-                result = await self._bounded(waiting, due, "deadline", None)
-            else:  # _bounded's watch, in this frame: one coroutine less on the plain path
-                expired = False
-                waiter.start(_current_task(), due)  # type: ignore[arg-type]
-                try:
-                    result = await waiting
-                except asyncio.CancelledError:
-                    if not waiter.expired():
-                        raise
-                    expired = True
-                finally:
-                    waiter.stop()
-                if expired:
-                    raise self._timeout_error("deadline")
+            result = await self._bounded(waiting, due, "deadline", waiter)
             self.usage = result.usage
-            self._first_token(self._now(), streamed=False)
+            self._first_token(self._now())
             return result
         except BaseException as exc:
             self.finish(exc)
@@ -600,24 +548,20 @@ class AttemptRun:
         body = _body_size(self.request, self.options, self.streamed)
         inputs = math.ceil(body / limits.chars_per_token)
         tokens = inputs + (self.request.max_new_tokens() or 0)
-        left = self._deadline.remaining()
-        remaining = None if left == math.inf else left
+        remaining = self._deadline.bound(None)
         timeout = 0.0 if self.record.trigger == "hedge" else remaining
         trace = self.call_trace
-        if trace is None:
-            self._permit = await admission.acquire(
+        start = self._now()
+        try:
+            self._permit = permit = await admission.acquire(
                 name, tokens=tokens, input_tokens=inputs, timeout=timeout, remaining=remaining
             )
-        else:
-            start = self._now()
-            try:
-                self._permit = await admission.acquire(
-                    name, tokens=tokens, input_tokens=inputs, timeout=timeout, remaining=remaining
-                )
-            except errors.RateLimited:
+        except errors.RateLimited:
+            if trace is not None:
                 trace.admitted(self.snapshot(), self._now() - start, True)
-                raise
-            trace.admitted(self.snapshot(), self._permit.waited, False)
+            raise
+        if trace is not None:
+            trace.admitted(self.snapshot(), permit.waited, False)
 
     async def _settle(self) -> None:
         """Hand the admission permit back with what the response said (once)."""
@@ -663,10 +607,7 @@ class _Answer:
     def __call__(self, status: int, headers: Mapping[str, str]) -> None:
         """Take in the response's head."""
         names = tuple(headers)
-        plan = _HEAD_PLANS.get(names)
-        if plan is None:
-            plan = _head_plan(names)
-        wanted, limited = plan
+        wanted, limited = _HEAD_PLANS.get(names) or _head_plan(names)
         kept: dict[str, str] = {}
         if wanted:
             values = tuple(headers.values())
@@ -711,8 +652,13 @@ def _body_size(request: ChatRequest, options: RequestOptions, streamed: bool) ->
     encoding = options.encoding
     if encoding is not None:
         return len(encoding.encode(request, stream=streamed))
+    return prompt_chars(request.messages)
+
+
+def prompt_chars(messages: Sequence[Message]) -> int:
+    """Characters of text in ``messages`` (the prompt-size signal)."""
     total = 0
-    for message in request.messages:
+    for message in messages:
         content = message.content
         if isinstance(content, str):
             total += len(content)
@@ -722,10 +668,3 @@ def _body_size(request: ChatRequest, options: RequestOptions, streamed: bool) ->
                 if isinstance(text, str):
                     total += len(text)
     return total
-
-
-def request_for(request: ChatRequest, target: Target) -> ChatRequest:
-    """``request`` addressed to ``target``'s model (the same object when it already is)."""
-    if request.model == target.model:
-        return request
-    return request.model_copy(update={"model": target.model})

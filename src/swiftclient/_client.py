@@ -110,6 +110,12 @@ def _request(model: str, messages: MessagesInput, params: dict[str, Any]) -> Cha
     return request
 
 
+def _hedge(hedge: Hedge | None) -> Hedge | None:
+    if hedge is not None and not isinstance(hedge, Hedge):
+        raise errors.ConfigurationError(f"hedge must be a Hedge or None, got {hedge!r}")
+    return hedge
+
+
 class AsyncClient:
     """The client agents call: ``await client.chat(messages=..., model=...)``.
 
@@ -211,9 +217,7 @@ class AsyncClient:
         self.timeout = Timeout() if isinstance(timeout, NotGiven) else Timeout.coerce(timeout)
         self.retry = retry or RetryPolicy()
         self.stream_chat = stream_chat
-        if hedge is not None and not isinstance(hedge, Hedge):
-            raise errors.ConfigurationError(f"hedge must be a Hedge or None, got {hedge!r}")
-        self.hedge = hedge
+        self.hedge = _hedge(hedge)
         self.router = router
         self.admission: Admission | None = (
             limits if isinstance(limits, Admission | None) else Admission(limits)
@@ -239,11 +243,9 @@ class AsyncClient:
         # Prompt-cache counts (cache_stats) are kept for every call: one cheap handler.
         self._cache = CacheAccounting()
         self._lint = PrefixLint()
-        self._observers: tuple[AttemptObserver, ...] = (*hooks, self._cache, *observers)
-        self._plain_observers: tuple[AttemptObserver, ...] = (self._cache, *observers)
+        self._hooks = Hooks.of((*hooks, self._cache, *observers))
+        self._plain_hooks = Hooks.of((self._cache, *observers))
         self._plain_ledger = self._accounting if pricing is not None else None
-        self._hooks = Hooks.of(self._observers)
-        self._plain_hooks = Hooks.of(self._plain_observers)
         if isinstance(telemetry, NotGiven):
             telemetry = Telemetry.default()
         elif telemetry is not None and not isinstance(telemetry, Telemetry):
@@ -438,9 +440,7 @@ class AsyncClient:
                 wanted = self.model if model is None else model
                 if wanted is not None:
                     model = router.expand(wanted, prompt_chars=prompt_chars(checked), task=task)
-        targets = (
-            [self._target(model)] if model is None or type(model) is str else self.targets(model)
-        )
+        targets = self.targets(model)
         request = _request(targets[0].model, validated, params)
         fields = request.__dict__  # the fields' values, read without pydantic's attribute hook
         sent, tools = fields["messages"], fields["tools"]
@@ -453,10 +453,7 @@ class AsyncClient:
         limits = (
             self.timeout if isinstance(timeout, NotGiven) else Timeout.coerce(timeout, self.timeout)
         )
-        if isinstance(hedge, NotGiven):
-            hedge = self.hedge
-        elif hedge is not None and not isinstance(hedge, Hedge):
-            raise errors.ConfigurationError(f"hedge must be a Hedge or None, got {hedge!r}")
+        hedge = self.hedge if isinstance(hedge, NotGiven) else _hedge(hedge)
         several = len(targets) > 1
         return Call(
             targets,
@@ -467,7 +464,6 @@ class AsyncClient:
             encoding=CallEncoding(static),
             streamed=streamed,
             hedge=hedge,
-            observers=self._observers if several else self._plain_observers,
             hooks=self._hooks if several else self._plain_hooks,
             policies=self.policies,
             ledger=self._accounting if several else self._plain_ledger,

@@ -18,7 +18,7 @@ from typing import Any
 
 import anyio
 
-from .errors import ConfigurationError
+from .errors import ConfigurationError, DeadlineExceeded
 
 __all__ = [
     "Deadline",
@@ -58,7 +58,7 @@ def loop_clock() -> Callable[[], float]:
         return anyio.current_time
     ref, clock = _CHOSEN  # one tuple: a thread reading on another loop sees a whole pair
     if ref() is not loop:
-        clock = _clock()
+        clock = _clock(loop)
         if getattr(clock, "__self__", None) is not loop:  # loop.time would keep it alive
             _CHOSEN = (weakref.ref(loop), clock)
     return clock
@@ -77,10 +77,9 @@ _SAME_CLOCK: dict[type, bool] = {}
 """Per uvloop loop type: whether its ``time()`` reads ``time.monotonic``'s clock."""
 
 
-def _clock() -> Callable[[], float]:
-    """The clock of the running loop's calls: anyio's on trio; ``time.monotonic`` on
-    asyncio's own loops (their clock; one call less per reading than ``loop.time``) and on
-    uvloop; else ``loop.time``.
+def _clock(loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
+    """The clock of ``loop``'s calls: ``time.monotonic`` on asyncio's own loops (their
+    clock; one call less per reading than ``loop.time``) and on uvloop; else ``loop.time``.
 
     uvloop's ``time()`` reads the monotonic clock cut to whole milliseconds, which would round
     every TTFT and inter-token gap that :class:`~swiftclient.types.Timing` records. Its timers
@@ -89,9 +88,6 @@ def _clock() -> Callable[[], float]:
     millisecond after. That it is the same clock is checked once per loop type (the readings
     agree within 10 ms); where not, ``loop.time`` is used.
     """
-    loop = running_loop()
-    if loop is None:
-        return anyio.current_time
     loop_type = type(loop)
     if loop_type.time is _BASE_TIME:
         return time.monotonic
@@ -190,11 +186,17 @@ class Deadline:
 
     def bound(self, limit: float | None) -> float | None:
         """The smaller of ``limit`` and the time left; ``None`` when both are unbounded."""
-        at = self._at
-        left = math.inf if at == math.inf else max(0.0, at - self.now())
+        left = self.remaining()
         if limit is not None and limit < left:
             left = limit
         return None if left == math.inf else left
+
+    def exceeded(self, backend: str) -> DeadlineExceeded:
+        """The error for a call whose total deadline ran out (one wording on every path)."""
+        return DeadlineExceeded(
+            f"{backend}: the call's total deadline of {self.timeout.total}s was exceeded",
+            backend=backend,
+        )
 
 
 class Waiter:
@@ -266,16 +268,6 @@ class DeadlineWatch:
         self._waiting: set[Waiter] = set()
         self._handle: asyncio.TimerHandle | None = None
         self._armed_at = math.inf
-
-    def add(self, task: asyncio.Task[Any], due: float) -> Waiter:
-        """Cancel ``task`` once the loop's clock reaches ``due`` (until :meth:`discard`)."""
-        waiter = Waiter(self)
-        waiter.start(task, due)
-        return waiter
-
-    def discard(self, waiter: Waiter) -> None:
-        """The wait ended (any way): :meth:`Waiter.stop`."""
-        waiter.stop()
 
     def _arm(self, due: float) -> None:
         if self._handle is not None:

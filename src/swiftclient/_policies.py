@@ -1,10 +1,10 @@
 """The client's shared hedging state, wired to the call path through the attempt hook.
 
-:class:`PolicyHub` is both the :class:`~swiftclient._stream.CallPolicies` a call asks (which
-targets are usable, the hedge delay, whether a hedge fits the budget) and an
-:class:`~swiftclient._attempt.AttemptObserver` that feeds what attempts did back into the
-policy objects: time to first token into the latency estimator, successes and failures into
-each target's circuit breaker and the retry throttle, ``Retry-After`` into the breaker.
+:class:`PolicyHub` is both what a call asks (which targets are usable, the hedge delay,
+whether a hedge fits the budget) and an :class:`~swiftclient._attempt.AttemptObserver` that
+feeds what attempts did back into the policy objects: time to first token into the latency
+estimator, successes and failures into each target's circuit breaker and the retry
+throttle, ``Retry-After`` into the breaker.
 
 The policy objects are duck-typed here (:class:`LatencySource`, :class:`HedgeGate`,
 :class:`Throttle`, :class:`Breaker`); the call path never imports them. Every one is
@@ -18,13 +18,13 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from typing import Protocol, runtime_checkable
 
-from ._attempt import AttemptResult, Target, noop_hook
+from ._attempt import AttemptResult, Target, noop_hook, prompt_chars
 from ._breaker import CircuitBreaker
 from ._budget import HedgeBudget, RetryThrottle
 from ._estimator import LatencyEstimator, prompt_bucket
 from .errors import ConfigurationError, RateLimited
 from .hedging import Hedge, is_fatal
-from .types import ChatRequest, Message
+from .types import ChatRequest
 
 __all__ = [
     "AsyncHedgeGate",
@@ -111,21 +111,6 @@ class Breaker(Protocol):
         ...
 
 
-def prompt_chars(messages: Sequence[Message]) -> int:
-    """Characters of text in ``messages`` (the prompt-size signal)."""
-    total = 0
-    for message in messages:
-        content = message.content
-        if isinstance(content, str):
-            total += len(content)
-        elif content is not None:
-            for part in content:
-                text = getattr(part, "text", None)
-                if isinstance(text, str):
-                    total += len(text)
-    return total
-
-
 class PolicyHub:
     """Breakers, latency estimates, budget and throttle for one client; see the module."""
 
@@ -140,7 +125,7 @@ class PolicyHub:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._estimator = estimator
-        self._bucket = bucket or _no_bucket
+        self._bucket = bucket
         self._budget = budget
         self._throttle = throttle
         self._new_breaker = breaker
@@ -185,7 +170,7 @@ class PolicyHub:
         if listener not in self._breaker_listeners:
             self._breaker_listeners.append(listener)
 
-    # ------------------------------------------------------------------ CallPolicies
+    # ------------------------------------------------------------------ what a call asks
 
     def usable(self, targets: Sequence[Target]) -> list[Target]:
         """The targets whose breaker lets a request through now, in order."""
@@ -218,31 +203,22 @@ class PolicyHub:
             ConfigurationError: the budget lives on a store (an :class:`AsyncHedgeGate`):
                 ask :meth:`may_hedge_async`.
         """
-        answer = self._hedge_answer()
-        if isinstance(answer, bool):
-            return answer
-        raise ConfigurationError("this hedge budget lives on a store: use may_hedge_async")
-
-    async def may_hedge_async(self) -> bool:
-        """:meth:`may_hedge` for the call path (a hedged race is async code anyway): a budget
-        on a store (:class:`AsyncHedgeGate`) is asked there, a per-process one as
-        :meth:`may_hedge` does, without suspending."""
-        answer = self._hedge_answer()
-        if isinstance(answer, bool):
-            return answer
-        return await answer.spend(self._clock())
-
-    def _hedge_answer(self) -> bool | AsyncHedgeGate:
-        """Whether a hedge may go, decided here (the throttle, a per-process budget), or the
-        budget on a store that must be asked."""
         if self._throttle is not None and not self._throttle.allowed():
             return False
         budget = self._budget
-        if budget is None:
-            return True
         if isinstance(budget, AsyncHedgeGate):
-            return budget
-        return budget.try_spend(self._clock())
+            raise ConfigurationError("this hedge budget lives on a store: use may_hedge_async")
+        return budget is None or budget.try_spend(self._clock())
+
+    async def may_hedge_async(self) -> bool:
+        """:meth:`may_hedge` for the call path: a budget on a store (:class:`AsyncHedgeGate`)
+        is asked there, a per-process one by :meth:`may_hedge`, without suspending."""
+        budget = self._budget
+        if isinstance(budget, AsyncHedgeGate) and (
+            self._throttle is None or self._throttle.allowed()
+        ):
+            return await budget.spend(self._clock())
+        return self.may_hedge()  # with a budget on a store, only a refusing throttle gets here
 
     def on_call(self) -> None:
         """A call with several targets began."""
@@ -254,9 +230,7 @@ class PolicyHub:
         not, or its breaker cannot say: it has no ``open_left``)."""
         breaker = self._breakers.get(name)
         open_left = getattr(breaker, "open_left", None)
-        if open_left is None:
-            return 0.0
-        return float(open_left(self._clock()))
+        return 0.0 if open_left is None else float(open_left(self._clock()))
 
     def health(self) -> dict[str, str]:
         """Breaker state of every target seen so far, by ``"backend/model"``."""
@@ -270,12 +244,9 @@ class PolicyHub:
         """Nothing to do when an attempt starts."""
 
     def on_first_token(self, attempt: AttemptResult) -> None:
-        """Feed the attempt's time to first token to the estimator."""
-        ttft = attempt.ttft
-        if self._estimator is not None and ttft is not None:
-            # A non-streamed attempt's "first token" is its whole reply.
-            key = self._key(attempt.target, attempt.request, attempt.streamed)
-            self._estimator.observe(key, ttft, self._clock())
+        """Feed the attempt's time to first token (non-streamed: its whole reply) to the
+        estimator."""
+        self._observe(attempt, attempt.ttft)
 
     @noop_hook
     def on_commit(self, attempt: AttemptResult) -> None:
@@ -304,14 +275,11 @@ class PolicyHub:
             ok = False
         else:
             if outcome == "lost" and attempt.ttft is None:
-                self._observe_censored(attempt)
+                self._observe(attempt, attempt.duration)  # censored: at least this long
             return
         now = self._clock()
         if self._throttle is not None:
-            if ok:
-                self._throttle.on_success()
-            else:
-                self._throttle.on_failure()
+            (self._throttle.on_success if ok else self._throttle.on_failure)()
         if self._new_breaker is not None:
             breaker = self._breaker(attempt.target.name)
             listeners = self._breaker_listeners
@@ -328,11 +296,10 @@ class PolicyHub:
 
     # ------------------------------------------------------------------ helpers
 
-    def _observe_censored(self, attempt: AttemptResult) -> None:
-        waited = attempt.duration
-        if self._estimator is not None and waited is not None:
+    def _observe(self, attempt: AttemptResult, seconds: float | None) -> None:
+        if self._estimator is not None and seconds is not None:
             key = self._key(attempt.target, attempt.request, attempt.streamed)
-            self._estimator.observe(key, waited, self._clock())
+            self._estimator.observe(key, seconds, self._clock())
 
     def _breaker(self, name: str) -> Breaker:
         breaker = self._breakers.get(name)
@@ -342,9 +309,5 @@ class PolicyHub:
         return breaker
 
     def _key(self, target: Target, request: ChatRequest, streamed: bool) -> Hashable:
-        bucket = self._bucket(prompt_chars(request.messages))
+        bucket = 0 if self._bucket is None else self._bucket(prompt_chars(request.messages))
         return (target.backend_name, target.model, bucket, streamed)
-
-
-def _no_bucket(chars: int) -> int:
-    return 0

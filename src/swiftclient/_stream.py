@@ -13,71 +13,32 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from functools import partial
+from operator import attrgetter
 from types import TracebackType
-from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 from . import errors
 from ._accumulate import Accumulator
-from ._attempt import (
-    AttemptObserver,
-    AttemptResult,
-    AttemptRun,
-    Hooks,
-    Target,
-    deadline_exceeded,
-    request_for,
-)
-from ._cost import CallCost
+from ._attempt import NO_HOOKS, AttemptResult, AttemptRun, Hook, Hooks, Target
 from ._deadline import Deadline
-from ._retry import RetryPolicy, retry_after, run_with_retries
-from .hedging import Hedge, StartAttempt, Trigger, fallback, race
+from ._retry import RetryPolicy, retry_after
+from .hedging import Hedge, Trigger, fallback, race
 from .types import ChatCompletion, ChatCompletionChunk, ChatRequest, Timing, set_timing
 
 if TYPE_CHECKING:
+    from ._accounting import Accounting
     from ._canonical import CallEncoding
+    from ._policies import PolicyHub
     from .admission import Admission
+    from .telemetry import CallTrace, Telemetry
 
-__all__ = [
-    "Call",
-    "CallLedger",
-    "CallObserver",
-    "CallPolicies",
-    "CallRecord",
-    "CallTracer",
-    "ChatStream",
-    "deadline_exceeded",
-]
+__all__ = ["Call", "CallRecord", "ChatStream"]
 
-_T = TypeVar("_T", bound=tuple["AttemptRun", object])
-_Opened = tuple[AttemptRun, list[ChatCompletionChunk]]
-_Completed = tuple[AttemptRun, ChatCompletion]
-
-
-class CallPolicies(Protocol):
-    """What a call asks of the client's shared policy state (estimates, budget, breakers)."""
-
-    def usable(self, targets: Sequence[Target]) -> list[Target]:
-        """The targets worth trying now, in order (open breakers skipped)."""
-        ...
-
-    def hedge_delay(
-        self, hedge: Hedge, target: Target, request: ChatRequest, *, streamed: bool = True
-    ) -> float:
-        """Seconds after an attempt on ``target`` starts before the next one hedges it
-        (``streamed``: the attempt waits for a first token, else for a whole reply)."""
-        ...
-
-    def may_hedge(self) -> bool:
-        """Whether one more hedge fits the budget now (spends it when it does)."""
-        ...
-
-    async def may_hedge_async(self) -> bool:
-        """:meth:`may_hedge` for a budget that may live on a store (the race asks this)."""
-        ...
-
-    def on_call(self) -> None:
-        """A call with several targets begins (it earns the budget its share)."""
-        ...
+_R = TypeVar("_R")
+_Run = Callable[[AttemptRun], Awaitable[_R]]
+_Won = tuple[AttemptRun, _R]
+_Opened = _Won[list[ChatCompletionChunk]]
+_Completed = _Won[ChatCompletion]
 
 
 class CallRecord(NamedTuple):
@@ -98,49 +59,6 @@ class CallRecord(NamedTuple):
     """The call's timing as measured (its ``cost`` is set after the ledger settles)."""
 
 
-class CallLedger(Protocol):
-    """Settles a finished call's cost (the client's accounting)."""
-
-    def settle(self, record: CallRecord) -> CallCost:
-        """The cost of the call that just finished (called once per call)."""
-        ...
-
-
-class CallObserver(AttemptObserver, Protocol):
-    """Follows one call from start to end (telemetry): its attempts through the attempt
-    hook, plus the call's own decisions and its end."""
-
-    def skipped(self, targets: Sequence[Target]) -> None:
-        """Targets left out of a round because their circuit breaker is open."""
-        ...
-
-    def hedge_refused(self) -> None:
-        """A hedge was due but the budget or the throttle refused it."""
-        ...
-
-    def admitted(self, attempt: AttemptResult, waited: float, refused: bool) -> None:
-        """``attempt`` waited ``waited`` seconds for admission, and was let through or
-        ``refused`` (:class:`~swiftclient.RateLimited`: nothing was sent)."""
-        ...
-
-    def headers_for(self, attempt: AttemptResult) -> dict[str, str]:
-        """Headers to send with ``attempt``'s request (its trace context), asked once, after
-        ``on_start``; the call adds them to the attempt's options."""
-        ...
-
-    def end(self, record: CallRecord) -> None:
-        """The call finished (called once); ``record.error`` is what it raised, if any."""
-        ...
-
-
-class CallTracer(Protocol):
-    """Starts a :class:`CallObserver` for each call (the client's telemetry)."""
-
-    def start(self, call: Call) -> CallObserver | None:
-        """The call begins; None: nothing to follow."""
-        ...
-
-
 class Call:
     """Everything one call needs: its targets, request, deadline, policies and record."""
 
@@ -153,10 +71,8 @@ class Call:
     """What the call raised (set by :meth:`failed`)."""
     reply: object = None
     """The reply so far (a completion, or the stream's accumulator), for telemetry."""
-    trace: CallObserver | None = None
+    trace: CallTrace | None = None
     """The call's telemetry observer, once :meth:`begin` started one."""
-    _round_targets: Sequence[Target] = ()
-    """The targets of the round running (set by :meth:`_plan`)."""
 
     def __init__(
         self,
@@ -169,11 +85,10 @@ class Call:
         encoding: CallEncoding | None = None,
         streamed: bool,
         hedge: Hedge | None = None,
-        observers: tuple[AttemptObserver, ...] = (),
-        hooks: Hooks | None = None,
-        policies: CallPolicies | None = None,
-        ledger: CallLedger | None = None,
-        tracer: CallTracer | None = None,
+        hooks: Hooks = NO_HOOKS,
+        policies: PolicyHub | None = None,
+        ledger: Accounting | None = None,
+        tracer: Telemetry | None = None,
         admission: Admission | None = None,
     ) -> None:
         if not targets:
@@ -190,9 +105,8 @@ class Call:
         """Whether the caller asked for a stream (``client.stream``, or ``chat`` streaming
         under the hood): fixed when the call is made, whatever reply it ends with."""
         self.hedge = hedge
-        self.observers = observers
-        self.hooks = Hooks.of(observers) if hooks is None else hooks
-        """``observers``' handlers (``hooks``: the same, when the caller made them once)."""
+        self.hooks = hooks
+        """The attempt observers' handlers (:meth:`Hooks.of`, made once by the client)."""
         self.policies = policies
         self.admission = admission
         """Rate limits each attempt waits for before it sends (None: no admission)."""
@@ -212,28 +126,20 @@ class Call:
             trace = tracer.start(self)
             if trace is not None:
                 self.trace = trace
-                self.observers = (*self.observers, trace)
-                self.hooks = Hooks.of(self.observers)
-
-    @property
-    def backend_name(self) -> str:
-        """The first target's backend name (for messages)."""
-        return self.targets[0].backend_name
+                self.hooks = self.hooks.plus(trace)
 
     def attempt(self, target: Target, trigger: Trigger = "first") -> AttemptRun:
         """Start a new attempt on ``target``: number it, keep its record, tell observers."""
         self.numbered = number = self.numbered + 1
         request = self.request
         if request.model != target.model:
-            request = request_for(request, target)
-        # The first attempt of a later round is a retry.
-        retry = trigger == "first" and number > 1
+            request = request.model_copy(update={"model": target.model})
         attempt = AttemptRun(
             self,
             target,
             request,
             number,
-            "retry" if retry else trigger,
+            "retry" if trigger == "first" and number > 1 else trigger,  # a later round's first
             deadline=self.deadline,
             call_id=self.call_id,
             encoding=self.encoding,
@@ -258,20 +164,12 @@ class Call:
     def first_token(self, attempt: AttemptRun) -> None:
         """An attempt delivered its first content token (non-streamed: its whole reply):
         observers of ``on_first_token``, if any, hear of it frozen."""
-        hooks = self.hooks.on_first_token
-        if hooks:
-            frozen = attempt.snapshot()
-            for hook in hooks:
-                hook(frozen)
+        _tell(self.hooks.on_first_token, attempt)
 
     def commit(self, attempt: AttemptRun) -> None:
         """The call takes ``attempt``'s output; every other attempt is being cancelled."""
         self.winner = attempt.record.number
-        hooks = self.hooks.on_commit
-        if hooks:
-            committed = attempt.snapshot()
-            for hook in hooks:
-                hook(committed)
+        _tell(self.hooks.on_commit, attempt)
 
     def ended(self, result: AttemptResult) -> None:
         """An attempt ended (it calls this once, from ``finish``): keep its frozen
@@ -293,7 +191,7 @@ class Call:
         self.ledger = self.trace = None
         results = self.results
         if len(results) > 1:
-            results = sorted(results, key=_number)  # the order they started
+            results = sorted(results, key=attrgetter("number"))  # the order they started
         won = next((r for r in results if r.number == self.winner), None)
         error = exc if exc is not None else self.error
         record = CallRecord(
@@ -331,15 +229,31 @@ class Call:
 
     # ------------------------------------------------------------------ rounds
 
-    async def _round(self, attempts: Sequence[StartAttempt[_T]], *, streamed: bool) -> _T:
-        """One pass over the targets: one attempt, a fallback chain, or a hedged race."""
-        if len(attempts) == 1:
-            return await attempts[0]("first")
+    def open_round(self, _number: int) -> Awaitable[_Opened]:
+        """Open a stream on the first target to deliver a content token."""
+        return self._round(AttemptRun.open)
+
+    def complete_round(self, _number: int) -> Awaitable[_Completed]:
+        """Run a non-streamed completion on the first target to answer whole."""
+        return self._round(AttemptRun.complete)
+
+    async def _round(self, run: _Run[_R]) -> _Won[_R]:
+        """One pass over the targets (open breakers skipped): one attempt, a fallback chain,
+        or a hedged race; each attempt is ``run`` on an :class:`AttemptRun`."""
+        targets = self.targets
+        policies = self.policies
+        if len(targets) > 1 and policies is not None:
+            usable = policies.usable(targets)
+            if self.trace is not None and len(usable) < len(targets):
+                self.trace.skipped([t for t in targets if t not in usable])
+            targets = usable or targets
+        if len(targets) == 1:
+            attempt = self.attempt(targets[0])
+            return attempt, await run(attempt)
+        attempts = [partial(self._start, run, t) for t in targets]
         hedge = self.hedge
         if hedge is None or hedge.max_attempts <= 1:
             return await fallback(attempts)
-        policies = self.policies
-        targets = self._round_targets
         if policies is not None and not self.numbered:  # the call's first round only
             policies.on_call()
 
@@ -347,22 +261,16 @@ class Call:
             previous = targets[index - 1]
             if policies is None:
                 return hedge.delay_for(None)
-            return policies.hedge_delay(hedge, previous, self.request, streamed=streamed)
+            return policies.hedge_delay(hedge, previous, self.request, streamed=self.streamed)
 
-        may_hedge: Callable[[], bool | Awaitable[bool]] = (
-            policies.may_hedge_async if policies is not None else _always
-        )
         trace = self.trace
-        if trace is not None and policies is not None:
-            allowed = policies.may_hedge_async
 
-            async def may_hedge_traced() -> bool:
-                if await allowed():
-                    return True
+        async def may_hedge() -> bool:
+            if policies is None or await policies.may_hedge_async():
+                return True
+            if trace is not None:
                 trace.hedge_refused()
-                return False
-
-            may_hedge = may_hedge_traced
+            return False
 
         return await race(
             attempts,
@@ -373,86 +281,48 @@ class Call:
             discard=self._discard,
         )
 
-    def _plan(self) -> list[Target]:
-        targets = self.targets
-        if len(targets) > 1 and self.policies is not None:
-            usable = self.policies.usable(targets)
-            if self.trace is not None and len(usable) < len(targets):
-                self.trace.skipped([t for t in targets if t not in usable])
-            targets = usable or targets
-        self._round_targets = targets
-        return targets
-
-    async def open_round(self, _number: int) -> _Opened:
-        """Open a stream on the first target to deliver a content token."""
-        if len(self.targets) == 1:
-            attempt = self.attempt(self.targets[0])
-            return attempt, await attempt.open()
-        targets = self._plan()
-        return await self._round([partial(self._open, t) for t in targets], streamed=True)
-
-    def _open(self, target: Target, trigger: Trigger) -> Awaitable[_Opened]:
+    def _start(self, run: _Run[_R], target: Target, trigger: Trigger) -> Awaitable[_Won[_R]]:
         """Start an attempt on ``target`` now (numbered now); the awaitable runs it."""
-        return self._opened(self.attempt(target, trigger))
+        return _paired(self.attempt(target, trigger), run)
 
-    @staticmethod
-    async def _opened(attempt: AttemptRun) -> _Opened:
-        return attempt, await attempt.open()
-
-    async def complete_round(self, _number: int) -> _Completed:
-        """Run a non-streamed completion on the first target to answer whole."""
-        if len(self.targets) == 1:
-            attempt = self.attempt(self.targets[0])
-            return attempt, await attempt.complete()
-        targets = self._plan()
-        return await self._round([partial(self._complete, t) for t in targets], streamed=False)
-
-    def _complete(self, target: Target, trigger: Trigger) -> Awaitable[_Completed]:
-        """Start a non-streamed attempt on ``target`` now; the awaitable runs it."""
-        return self._completed(self.attempt(target, trigger))
-
-    @staticmethod
-    async def _completed(attempt: AttemptRun) -> _Completed:
-        return attempt, await attempt.complete()
-
-    async def complete(self) -> ChatCompletion:
-        """Run a non-streamed completion with retries under the deadline."""
+    async def run(self, round_: Callable[[int], Awaitable[_Won[_R]]]) -> _Won[_R]:
+        """Begin, run ``round_`` with retries under the deadline and commit to the attempt
+        that won (a non-streamed one ends then); a failure finishes the call."""
         self.begin()
         try:
-            if len(self.targets) == 1:
-                # The plain call: its first attempt runs here directly, and the round and
-                # retry machinery starts only after a failure.
-                attempt = self.attempt(self.targets[0])
-                try:
-                    completion = await attempt.complete()
-                except Exception as exc:
-                    attempt, completion = await retry_after(
-                        self.policy, self.deadline, self.complete_round, exc
-                    )
-            else:
-                attempt, completion = await run_with_retries(
-                    self.policy, self.deadline, self.complete_round
-                )
+            try:  # run_with_retries, in this frame: one coroutine less per call
+                attempt, result = await round_(1)
+            except Exception as exc:
+                attempt, result = await retry_after(self.policy, self.deadline, round_, exc)
             if not self.winner:
                 self.commit(attempt)
-            ended = attempt.first_token_at  # the reply's arrival: the attempt's end
-            attempt.finish(None, now=ended)
+            if not self.streamed:  # the reply's arrival: the attempt's end
+                attempt.finish(None, now=attempt.first_token_at)
         except BaseException as exc:
             self.failed(exc)
             self.finish(exc)
             raise
+        return attempt, result
+
+    async def complete(self) -> ChatCompletion:
+        """Run a non-streamed completion with retries under the deadline."""
+        attempt, completion = await self.run(self.complete_round)
         self.reply = completion
-        self.finish(now=ended)
+        self.finish(now=attempt.first_token_at)
         set_timing(completion, self.timing)
         return completion
 
 
-def _always() -> bool:
-    return True
+async def _paired(attempt: AttemptRun, run: _Run[_R]) -> _Won[_R]:
+    return attempt, await run(attempt)
 
 
-def _number(result: AttemptResult) -> int:
-    return result.number
+def _tell(hooks: tuple[Hook, ...], attempt: AttemptRun) -> None:
+    """Hand ``attempt``, frozen, to ``hooks`` (frozen only when there is one)."""
+    if hooks:
+        frozen = attempt.snapshot()
+        for hook in hooks:
+            hook(frozen)
 
 
 class ChatStream:
@@ -466,9 +336,8 @@ class ChatStream:
     def __init__(self, call: Call) -> None:
         self._call = call
         self._now = call.now
-        self._attempt: AttemptRun | None = None
+        self._attempt: AttemptRun | None = None  # the committed attempt, until closed
         self._request: ChatRequest | None = None
-        self._reading: AttemptRun | None = None  # the committed attempt, once entered
         self._buffered: list[ChatCompletionChunk] = []
         self._last_content_at: float | None = None
         self._accumulator = Accumulator()
@@ -484,8 +353,7 @@ class ChatStream:
     @property
     def request(self) -> ChatRequest:
         """The request as sent by the committed attempt (model without its backend prefix)."""
-        request = self._request
-        return request if request is not None else self._call.request
+        return self._request or self._call.request
 
     def _mark_content(self, now: float) -> None:
         timing = self._call.timing
@@ -496,19 +364,9 @@ class ChatStream:
         self._last_content_at = now
 
     async def __aenter__(self) -> ChatStream:
-        call = self._call
-        call.begin()
-        try:
-            attempt, buffered = await run_with_retries(call.policy, call.deadline, call.open_round)
-        except BaseException as exc:
-            call.failed(exc)
-            call.finish(exc)
-            raise
-        if not call.winner:
-            call.commit(attempt)
+        attempt, buffered = await self._call.run(self._call.open_round)
         self._attempt = attempt
         self._request = attempt.request
-        self._reading = attempt
         self._buffered = buffered
         if attempt.first_token_at is None:
             self._done = True  # the stream ended without content
@@ -543,14 +401,14 @@ class ChatStream:
             chunk = self._buffered.pop(0)
             self._accumulator.add(chunk)
             return chunk
-        attempt = self._reading
-        if attempt is None and not self._done:
+        if self._done:
+            raise StopAsyncIteration
+        attempt = self._attempt
+        if attempt is None:
             raise errors.ConfigurationError(
                 "a stream is read inside its block: "
                 "`async with client.stream(...) as stream: async for chunk in stream: ...`"
             )
-        if self._done or attempt is None:
-            raise StopAsyncIteration
         try:
             # a chunk already received is taken without a coroutine; else the read waits
             next_chunk = attempt.ready()
@@ -558,14 +416,12 @@ class ChatStream:
                 next_chunk = await attempt.read()
         except BaseException as exc:
             self._done = True
-            if self._attempt is not None:
-                self._attempt.finish(exc)
+            attempt.finish(exc)
             self._call.failed(exc)
             raise
         if next_chunk is None:
             self._done = True
-            if self._attempt is not None:
-                self._attempt.finish(None)
+            attempt.finish(None)
             self._call.finish()
             raise StopAsyncIteration
         if self._accumulator.add(next_chunk):

@@ -19,7 +19,7 @@ import inspect
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, Literal, TypeVar
 
 import anyio
@@ -190,35 +190,29 @@ async def race(
     raise state.failures[-1]
 
 
+@dataclass(eq=False)
 class _Race(Generic[T]):
     """The shared state of one :func:`race`: its attempts, who won, what failed."""
 
-    def __init__(
-        self,
-        attempts: Sequence[StartAttempt[T]],
-        delay: Callable[[int], float],
-        may_hedge: Callable[[], bool | Awaitable[bool]],
-        max_in_flight: int,
-        commit: Callable[[T], None],
-        discard: Callable[[T], Awaitable[None]],
-    ) -> None:
-        self.attempts = attempts
-        self.delay = delay
-        self.may_hedge = may_hedge
-        self.max_in_flight = max_in_flight
-        self.commit = commit
-        self.discard = discard
-        self.won: list[T] = []
-        self.fatal: list[BaseException] = []
-        self.failures: list[BaseException] = []
-        self.in_flight = 0
-        self.last_start = -math.inf
-        self.wake = anyio.Event()
-        """Set when an attempt ends (a failure, or a win with nothing else in flight)."""
-        self.first_wait = delay(1) if len(attempts) > 1 else 0.0  # asked once, at the start
-        self.staggering = False
-        """The hedge timer started :meth:`stagger` (the calling task must not as well)."""
-        self.tg: anyio.abc.TaskGroup | None = None
+    attempts: Sequence[StartAttempt[T]]
+    delay: Callable[[int], float]
+    may_hedge: Callable[[], bool | Awaitable[bool]]
+    max_in_flight: int
+    commit: Callable[[T], None]
+    discard: Callable[[T], Awaitable[None]]
+    won: list[T] = field(default_factory=list)
+    fatal: list[BaseException] = field(default_factory=list)
+    failures: list[BaseException] = field(default_factory=list)
+    in_flight: int = 0
+    last_start: float = -math.inf
+    wake: anyio.Event = field(default_factory=anyio.Event)
+    """Set when an attempt ends (a failure, or a win with nothing else in flight)."""
+    staggering: bool = False
+    """The hedge timer started :meth:`stagger` (the calling task must not as well)."""
+    tg: anyio.abc.TaskGroup | None = None
+
+    def __post_init__(self) -> None:
+        self.first_wait = self.delay(1) if len(self.attempts) > 1 else 0.0  # asked once
 
     @property
     def over(self) -> bool:

@@ -198,7 +198,8 @@ class _TargetInfo:
 
 
 class _Instruments:
-    """The client's metric instruments, created once per :class:`Telemetry`."""
+    """The client's metric instruments, created once per :class:`Telemetry` (the counters
+    of attempts are named by their trigger)."""
 
     def __init__(self, meter: metrics.Meter) -> None:
         self.duration = meter.create_histogram(
@@ -225,12 +226,12 @@ class _Instruments:
             description="Time between consecutive output chunks after the first one.",
             explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
         )
-        self.retries = meter.create_counter(
+        self.retry = meter.create_counter(
             "swiftclient.client.retries",
             unit="{attempt}",
             description="Attempts started as a retry of an earlier round.",
         )
-        self.hedges = meter.create_counter(
+        self.hedge = meter.create_counter(
             "swiftclient.client.hedges",
             unit="{attempt}",
             description="Attempts started as a hedge (another attempt was still running).",
@@ -240,7 +241,7 @@ class _Instruments:
             unit="{attempt}",
             description="Hedge attempts the call committed to.",
         )
-        self.fallbacks = meter.create_counter(
+        self.fallback = meter.create_counter(
             "swiftclient.client.fallbacks",
             unit="{attempt}",
             description="Attempts started because an earlier target failed.",
@@ -384,7 +385,7 @@ class Telemetry:
         recording = span.is_recording()
         if not (recording or metered or span.get_span_context().is_valid):
             return None
-        trace_ = CallTrace(self, call, span, info, recording, metered)
+        trace_ = CallTrace(self, span, info, recording, metered)
         if recording:
             trace_.request_attributes(call)
         return trace_
@@ -411,7 +412,6 @@ class CallTrace:
     def __init__(
         self,
         telemetry: Telemetry,
-        call: Call,
         span: trace.Span,
         info: _TargetInfo,
         recording: bool,
@@ -497,7 +497,8 @@ class CallTrace:
         timing = record.timing
         winner = record.winner
         usage = winner.usage if winner is not None else None
-        reply = _Reply.of(record.reply)
+        reply: Any = record.reply  # a completion, the stream's accumulator, or None
+        model = reply.model if reply is not None else None
         span = self.span
         exc = record.error
         error = None if exc is None else error_type(exc)
@@ -507,14 +508,21 @@ class CallTrace:
                 "gen_ai.request.stream": record.streamed,
             }
             if reply is not None:
+                completion = reply if isinstance(reply, ChatCompletion) else None
                 if reply.id:
                     attributes["gen_ai.response.id"] = reply.id
-                if reply.model:
-                    attributes["gen_ai.response.model"] = reply.model
-                if reply.finish_reasons:
-                    attributes["gen_ai.response.finish_reasons"] = reply.finish_reasons
+                if model:
+                    attributes["gen_ai.response.model"] = model
+                reasons = (
+                    reply.finish_reasons()
+                    if completion is None
+                    else [c.finish_reason for c in completion.choices if c.finish_reason]
+                )
+                if reasons:
+                    attributes["gen_ai.response.finish_reasons"] = reasons
                 if self._telemetry.capture_content:
-                    attributes["gen_ai.output.messages"] = json.dumps(reply.output_messages())
+                    messages = output_messages(completion or reply.build())
+                    attributes["gen_ai.output.messages"] = json.dumps(messages)
             if usage is not None:
                 attributes.update(_usage_attributes(usage))
             if timing.ttft is not None:
@@ -527,17 +535,17 @@ class CallTrace:
             span.set_attributes(attributes)
         span.end()
         if self.metered:
-            self._record(timing, error, usage, reply)
+            self._record(timing, error, usage, model)
 
     def _record(
-        self, timing: Timing, error: str | None, usage: Usage | None, reply: _Reply | None
+        self, timing: Timing, error: str | None, usage: Usage | None, model: str | None
     ) -> None:
         instruments = self._telemetry.instruments
         attributes: dict[str, Any] = self._info.attributes
-        if (reply is not None and reply.model) or error is not None:
+        if model or error is not None:
             attributes = dict(attributes)
-            if reply is not None and reply.model:
-                attributes["gen_ai.response.model"] = reply.model
+            if model:
+                attributes["gen_ai.response.model"] = model
             if error is not None:
                 attributes["error.type"] = error
         if timing.total is not None:
@@ -581,14 +589,9 @@ class CallTrace:
                 attributes=attributes,
             )
             self._attempts[attempt.number] = span
-        if self.metered and trigger != "first":
-            counter = {
-                "retry": self._telemetry.instruments.retries,
-                "hedge": self._telemetry.instruments.hedges,
-                "fallback": self._telemetry.instruments.fallbacks,
-            }.get(trigger)
-            if counter is not None:
-                counter.add(1, {"swiftclient.target": target.name})
+        if self.metered and trigger != "first":  # its counter: retry, hedge or fallback
+            counter = getattr(self._telemetry.instruments, trigger)
+            counter.add(1, {"swiftclient.target": target.name})
 
     def headers_for(self, attempt: AttemptResult) -> dict[str, str]:
         """The trace context for ``attempt``'s request: its span's, else the call's."""
@@ -601,8 +604,7 @@ class CallTrace:
         """An event on the attempt's span, with its time to first token."""
         span = self._attempts.get(attempt.number)
         if span is not None:
-            ttft = attempt.ttft
-            span.add_event("swiftclient.first_token", {"swiftclient.ttft": ttft or 0.0})
+            span.add_event("swiftclient.first_token", {"swiftclient.ttft": attempt.ttft or 0.0})
 
     def on_commit(self, attempt: AttemptResult) -> None:
         """Count a hedge that won (the call keeps which attempt won)."""
@@ -634,35 +636,6 @@ class CallTrace:
             span.set_status(Status(StatusCode.ERROR, kind))
         span.set_attributes(attributes)
         span.end()
-
-
-class _Reply:
-    """What the call span reads of a reply: a completion, or a stream's accumulator."""
-
-    __slots__ = ("_source", "finish_reasons", "id", "model")
-
-    def __init__(self, source: Any, id: str, model: str, finish_reasons: list[str]) -> None:
-        self._source = source
-        self.id = id
-        self.model = model
-        self.finish_reasons = finish_reasons
-
-    @classmethod
-    def of(cls, source: Any) -> _Reply | None:
-        """Read ``source`` (None, a ChatCompletion, or anything with ``id``, ``model`` and
-        ``finish_reasons()`` and ``build()``, like the stream's accumulator)."""
-        if source is None:
-            return None
-        if isinstance(source, ChatCompletion):
-            reasons = [c.finish_reason for c in source.choices if c.finish_reason]
-            return cls(source, source.id, source.model, reasons)
-        return cls(source, source.id, source.model, source.finish_reasons())
-
-    def output_messages(self) -> list[dict[str, Any]]:
-        """The reply's choices in the conventions' ``gen_ai.output.messages`` shape."""
-        source = self._source
-        completion = source if isinstance(source, ChatCompletion) else source.build()
-        return output_messages(completion)
 
 
 def _usage_attributes(usage: Usage) -> dict[str, Any]:

@@ -575,16 +575,12 @@ class ChatCompletion(BaseModel):
     @property
     def text(self) -> str:
         """The first choice's text ("" when it has none)."""
-        if not self.choices:
-            return ""
-        return self.choices[0].message.content or ""
+        return (self.choices[0].message.content or "") if self.choices else ""
 
     @property
     def tool_calls(self) -> list[ToolCall]:
         """The first choice's tool calls (empty when it has none)."""
-        if not self.choices:
-            return []
-        return self.choices[0].message.tool_calls or []
+        return (self.choices[0].message.tool_calls or []) if self.choices else []
 
     @property
     def finish_reason(self) -> str | None:

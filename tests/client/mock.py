@@ -6,6 +6,7 @@ gated in-test backend, a recording observer and a three-turn tool loop.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -27,6 +28,7 @@ from swiftclient import (
     HTTPBackend,
     RetryPolicy,
 )
+from swiftclient._deadline import DeadlineWatch, Waiter
 from swiftclient.extend import AttemptResult, Deadline, RequestOptions
 from swiftclient.testing import FakeProvider, Reply
 
@@ -473,3 +475,10 @@ async def settle(fake: Any, requests: int, limit: float = 30.0) -> None:
     (never a speed assertion)."""
     with anyio.fail_after(limit):
         await fake.wait_until_idle(after=requests)
+
+
+def watch_wait(watch: DeadlineWatch, task: asyncio.Task[Any], due: float) -> Waiter:
+    """A wait of ``task`` on ``watch`` that must end by ``due`` (stop it with ``.stop()``)."""
+    waiter = Waiter(watch)
+    waiter.start(task, due)
+    return waiter

@@ -503,7 +503,7 @@ def test_a_uvloop_clock_is_read_through_time_monotonic_only_when_it_is_that_cloc
     try:
 
         async def clock() -> object:
-            return _deadline._clock()
+            return _deadline._clock(asyncio.get_running_loop())
 
         got = loop.run_until_complete(clock())
     finally:

@@ -18,7 +18,7 @@ from swiftclient import AsyncClient, ChatCompletionChunk, ChatRequest, Hedge
 from swiftclient._deadline import DeadlineWatch, deadline_watch
 from swiftclient.extend import Deadline, RequestOptions
 
-from .mock import Gated, Recorder
+from .mock import Gated, Recorder, watch_wait
 
 pytestmark = pytest.mark.anyio
 
@@ -86,7 +86,7 @@ async def _watched(
     was left behind (the next checkpoint passes)."""
     task = asyncio.current_task()
     assert task is not None
-    watched = watch.add(task, due)
+    watched = watch_wait(watch, task, due)
     try:
         await wait()
         outcome = "done"
@@ -96,7 +96,7 @@ async def _watched(
             raise
         outcome = "expired"
     finally:
-        watch.discard(watched)
+        watched.stop()
     assert task.cancelling() == 0
     await asyncio.sleep(0)
     results.append(outcome)
@@ -162,13 +162,13 @@ def test_event_loops_in_two_threads_each_get_their_own_deadline_watch() -> None:
         await asyncio.to_thread(barrier.wait)
         task = asyncio.current_task()
         assert task is not None
-        watched = watch.add(task, loop.time())
+        watched = watch_wait(watch, task, loop.time())
         try:
             await asyncio.Event().wait()
         except asyncio.CancelledError:
             results.append((watch.loop is loop, watched.expired()))
         finally:
-            watch.discard(watched)
+            watched.stop()
 
     threads = [threading.Thread(target=asyncio.run, args=(body(),)) for _ in range(2)]
     for thread in threads:

@@ -12,7 +12,7 @@ import pytest
 from swiftclient import AsyncClient, StreamStalled, Timeout
 from swiftclient._deadline import Deadline, DeadlineWatch, Waiter, deadline_watch
 
-from .mock import NO_RETRY, Script, chunk, scripted_client
+from .mock import NO_RETRY, Script, chunk, scripted_client, watch_wait
 
 pytestmark = pytest.mark.anyio
 
@@ -125,8 +125,8 @@ async def test_deadline_watch_cancels_each_task_at_its_own_deadline() -> None:
     late = asyncio.ensure_future(_wait_forever())
     early = asyncio.ensure_future(_wait_forever())
     await asyncio.sleep(0)
-    late_entry = watch.add(late, loop.time() + 3600.0)
-    early_entry = watch.add(early, loop.time() + 0.05)
+    late_entry = watch_wait(watch, late, loop.time() + 3600.0)
+    early_entry = watch_wait(watch, early, loop.time() + 0.05)
     with anyio.fail_after(30):
         with pytest.raises(asyncio.CancelledError):
             await early
@@ -134,7 +134,7 @@ async def test_deadline_watch_cancels_each_task_at_its_own_deadline() -> None:
     assert not late.done() and not late_entry.fired
     # The watch re-armed for the task left.
     assert watch._handle is not None and watch._armed_at == late_entry.due
-    watch.discard(late_entry)
+    late_entry.stop()
     late.cancel()
     with pytest.raises(asyncio.CancelledError):
         await late
@@ -148,15 +148,15 @@ async def test_deadline_watch_leaves_a_discarded_task_alone() -> None:
     assert task is not None
     watch = deadline_watch(loop)
     assert deadline_watch(loop) is watch  # one per loop
-    done = watch.add(task, loop.time() + 0.01)
-    watch.discard(done)  # the wait ended in time
+    done = watch_wait(watch, task, loop.time() + 0.01)
+    done.stop()  # the wait ended in time
     # A second wait, due later, is cancelled: by then the first one's deadline has passed.
-    entry = watch.add(task, loop.time() + 0.05)
+    entry = watch_wait(watch, task, loop.time() + 0.05)
     with anyio.fail_after(30):
         with pytest.raises(asyncio.CancelledError):
             await asyncio.Event().wait()
     assert entry.expired() and not done.fired
-    watch.discard(entry)
+    entry.stop()
     assert task.cancelling() == 0
 
 

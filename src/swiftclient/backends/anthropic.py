@@ -56,7 +56,6 @@ from .http import (
     HTTPBackend,
     TextChunks,
     _ChunkStream,
-    _deadline_exceeded,
     _Response,
 )
 
@@ -968,5 +967,5 @@ class AnthropicBackend(HTTPBackend):
         body = await self._whole_body(request, deadline, options)
         completion = decode_message(body, self, output_names(request, self.structured_output))
         if deadline.now() >= deadline.at:  # parsing took the call past its deadline
-            raise _deadline_exceeded(self, deadline)
+            raise deadline.exceeded(self.name)
         return completion

@@ -758,7 +758,7 @@ class HTTPBackend:
         if extra and "error" in extra:
             raise _stream_error(self, body)
         if deadline.now() >= deadline.at:  # parsing took the call past its deadline
-            raise _deadline_exceeded(self, deadline)
+            raise deadline.exceeded(self.name)
         return completion
 
 
@@ -976,7 +976,7 @@ class _ChunkStream:
         deadline = self._deadline
         if deadline.now() >= deadline.at:
             self._done = True
-            raise _deadline_exceeded(self._backend, deadline)
+            raise deadline.exceeded(self._backend.name)
         if size >= _YIELD_FROM and self._events:
             self._held, self._events = self._events, deque()
 
@@ -1106,15 +1106,6 @@ def _check_shape(backend: HTTPBackend, data: bytes, what: str) -> None:
     where = "" if problem == "choices" else " in one message"
     raise errors.ResponseTooLarge(
         f"{name}: {what} holds more than {limit} {problem}{where}", backend=name
-    )
-
-
-def _deadline_exceeded(backend: HTTPBackend, deadline: Deadline) -> errors.DeadlineExceeded:
-    """The call's deadline error (the wording of the attempt layer's own)."""
-    name = backend.name
-    return errors.DeadlineExceeded(
-        f"{name}: the call's total deadline of {deadline.timeout.total}s was exceeded",
-        backend=name,
     )
 
 

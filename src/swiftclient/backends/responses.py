@@ -52,7 +52,6 @@ from .http import (
     HTTPBackend,
     TextChunks,
     _ChunkStream,
-    _deadline_exceeded,
     _inband_error,
     _Response,
     _stream_error,
@@ -323,7 +322,7 @@ class ResponsesBackend(HTTPBackend):
                 f"{self.name}: response body is not a Responses API response", backend=self.name
             )
         if deadline.now() >= deadline.at:  # parsing took the call past its deadline
-            raise _deadline_exceeded(self, deadline)
+            raise deadline.exceeded(self.name)
         return completion
 
 
