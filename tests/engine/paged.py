@@ -10,11 +10,13 @@ import random
 from collections.abc import Mapping, Sequence
 
 import torch
+import torch.nn.functional as F
 
 from local_engine.attention import build_attention_metadata
 from local_engine.model import DecoderModel
+from local_engine.quant import DEQUANT_ROWS
 
-__all__ = ["PagedRunner"]
+__all__ = ["PagedRunner", "logit_agreement", "random_tokens", "stepped_logits"]
 
 
 class PagedRunner:
@@ -71,3 +73,27 @@ def scattered_tables(lens: Sequence[int], block: int, seed: int) -> tuple[list[l
     free = list(range(need + 3))
     rng.shuffle(free)
     return [[free.pop() for _ in range(-(-n // block))] for n in lens], need + 3
+
+
+def random_tokens(n: int, seed: int) -> list[int]:
+    """``n`` token ids in [3, 256), reproducible from ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(3, 256, (n,), generator=gen).tolist()
+
+
+def stepped_logits(model: DecoderModel, ids: list[int]) -> torch.Tensor:
+    """Float32 logits of every position of ``ids``: one prefill longer than DEQUANT_ROWS (the
+    dequantize-then-matmul path of quantized weights), then one decode step per token (the
+    native decode kernels where the CPU has them)."""
+    runner = PagedRunner(model, block_size=4, num_blocks=64)
+    split = DEQUANT_ROWS + 8
+    steps = [runner.step({"a": ids[:split]})["a"]]
+    steps += [runner.step({"a": [tok]})["a"] for tok in ids[split:]]
+    return torch.cat(steps)
+
+
+def logit_agreement(ours: torch.Tensor, reference: torch.Tensor) -> tuple[float, float]:
+    """The minimum cosine over positions and the top-1 agreement of two logit tensors."""
+    cosine = F.cosine_similarity(ours, reference, dim=-1).min().item()
+    top1 = (ours.argmax(-1) == reference.argmax(-1)).float().mean().item()
+    return cosine, top1

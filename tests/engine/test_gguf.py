@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 pytest.importorskip("gguf")
 
@@ -23,7 +22,7 @@ from local_engine.gguf_loader import (  # noqa: E402
     read_gguf_config,
 )
 from local_engine.loader import load_model  # noqa: E402
-from local_engine.model import DecoderLayer, DecoderModel  # noqa: E402
+from local_engine.model import DecoderLayer  # noqa: E402
 from local_engine.quant import (  # noqa: E402
     DEQUANT_ROWS,
     Int4Weight,
@@ -32,34 +31,13 @@ from local_engine.quant import (  # noqa: E402
 )
 
 from .gguf_files import add_tokenizer, write_gguf  # noqa: E402
-from .paged import PagedRunner  # noqa: E402
+from .paged import logit_agreement, random_tokens, stepped_logits  # noqa: E402
 from .tiny import make_tiny_model, write_char_tokenizer  # noqa: E402
 
 GGUF_FAMILIES = ("qwen2", "qwen3", "llama")
 COSINE_FLOOR = 0.99
 INT4_FLOORS = (0.8, 0.4)  # 4-bit against float32 on random weights: see test_quant.py
 _METHOD = {"Q8_0": "int8", "Q4_0": "int4"}
-
-
-def _tokens(n: int, seed: int) -> list[int]:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(3, 256, (n,), generator=gen).tolist()
-
-
-def _run_logits(model: DecoderModel, ids: list[int]) -> torch.Tensor:
-    """Float32 logits of every position: a prefill longer than DEQUANT_ROWS, then decode
-    steps (the native kernels where the CPU has them)."""
-    runner = PagedRunner(model, block_size=4, num_blocks=64)
-    split = DEQUANT_ROWS + 8
-    steps = [runner.step({"a": ids[:split]})["a"]]
-    steps += [runner.step({"a": [tok]})["a"] for tok in ids[split:]]
-    return torch.cat(steps)
-
-
-def _compare(ours: torch.Tensor, reference: torch.Tensor) -> tuple[float, float]:
-    cosine = F.cosine_similarity(ours, reference, dim=-1).min().item()
-    top1 = (ours.argmax(-1) == reference.argmax(-1)).float().mean().item()
-    return cosine, top1
 
 
 @pytest.fixture(scope="module", params=GGUF_FAMILIES)
@@ -73,9 +51,9 @@ def test_f32_gguf_is_the_hf_checkpoint(hf_dir: Path, tmp_path: Path) -> None:
     config = read_gguf_config(path)
     assert config == load_model(hf_dir).config
     assert gguf_quantization(path) is None
-    ids = _tokens(DEQUANT_ROWS + 12, seed=3)
-    ours = _run_logits(load_model(path), ids)
-    reference = _run_logits(load_model(hf_dir), ids)
+    ids = random_tokens(DEQUANT_ROWS + 12, seed=3)
+    ours = stepped_logits(load_model(path), ids)
+    reference = stepped_logits(load_model(hf_dir), ids)
     torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-5)
 
 
@@ -85,9 +63,9 @@ def test_llama3_rope_freqs_become_its_rope_scaling(tmp_path: Path) -> None:
     hf_dir = make_tiny_model(tmp_path / "hf", "llama3")
     path = write_gguf(hf_dir, tmp_path / "llama3.gguf", "F32")
     assert read_gguf_config(path) == load_model(hf_dir).config
-    ids = _tokens(40, seed=4)
+    ids = random_tokens(40, seed=4)
     torch.testing.assert_close(
-        _run_logits(load_model(path), ids), _run_logits(load_model(hf_dir), ids)
+        stepped_logits(load_model(path), ids), stepped_logits(load_model(hf_dir), ids)
     )
 
 
@@ -104,12 +82,14 @@ def test_quantized_gguf_logits(
     layer = model.layers[0]
     assert isinstance(layer, DecoderLayer) and isinstance(layer.qkv_weight, weight_kind)
     assert model.dtype == torch.bfloat16
-    ids = _tokens(DEQUANT_ROWS + 24, seed=5)
-    ours = _run_logits(model, ids)
-    reference = _run_logits(load_model(hf_dir), ids)
-    vs_hf = _compare(ours, reference)
-    vs_file = _compare(ours, _run_logits(load_model(dequant, dtype="bfloat16"), ids))
-    at_load = _compare(_run_logits(load_model(hf_dir, quantization=_METHOD[qtype]), ids), reference)
+    ids = random_tokens(DEQUANT_ROWS + 24, seed=5)
+    ours = stepped_logits(model, ids)
+    reference = stepped_logits(load_model(hf_dir), ids)
+    vs_hf = logit_agreement(ours, reference)
+    vs_file = logit_agreement(ours, stepped_logits(load_model(dequant, dtype="bfloat16"), ids))
+    at_load = logit_agreement(
+        stepped_logits(load_model(hf_dir, quantization=_METHOD[qtype]), ids), reference
+    )
     print(
         f"{model.config.family} {qtype}: vs float32 HF min cosine {vs_hf[0]:.5f} top-1 "
         f"{vs_hf[1]:.3f}; vs its own weights in bf16 min cosine {vs_file[0]:.5f} top-1 "

@@ -12,16 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from local_engine.errors import EngineConfigError
 from local_engine.gptq import UnsupportedCheckpointError
 from local_engine.loader import load_model
-from local_engine.model import DecoderLayer, DecoderModel
+from local_engine.model import DecoderLayer
 from local_engine.quant import DEQUANT_ROWS, Int4Weight, Int8Weight, dequantize_int4
 
-from .paged import PagedRunner
+from .paged import logit_agreement, random_tokens, stepped_logits
 from .tiny import make_tiny_model
 
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -102,25 +101,6 @@ def _write_gptq(
     return out
 
 
-def _tokens(n: int, seed: int) -> list[int]:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(3, 256, (n,), generator=gen).tolist()
-
-
-def _run_logits(model: DecoderModel, ids: list[int]) -> torch.Tensor:
-    runner = PagedRunner(model, block_size=4, num_blocks=64)
-    split = DEQUANT_ROWS + 8
-    steps = [runner.step({"a": ids[:split]})["a"]]
-    steps += [runner.step({"a": [tok]})["a"] for tok in ids[split:]]
-    return torch.cat(steps)
-
-
-def _compare(ours: torch.Tensor, reference: torch.Tensor) -> tuple[float, float]:
-    cosine = F.cosine_similarity(ours, reference, dim=-1).min().item()
-    top1 = (ours.argmax(-1) == reference.argmax(-1)).float().mean().item()
-    return cosine, top1
-
-
 @pytest.mark.parametrize("family", ["qwen2", "qwen3", "llama"])
 @pytest.mark.parametrize("group", [32, 128])
 def test_symmetric_gptq_loads_exactly(tmp_path: Path, family: str, group: int) -> None:
@@ -141,12 +121,14 @@ def test_symmetric_gptq_loads_exactly(tmp_path: Path, family: str, group: int) -
 def test_gptq_logits(tmp_path: Path, family: str, record_property: pytest.RecordProperty) -> None:
     hf_dir = make_tiny_model(tmp_path / "hf", family, **_SHAPE)
     path = _write_gptq(hf_dir, tmp_path / "gptq", 128)
-    ids = _tokens(DEQUANT_ROWS + 24, seed=7)
+    ids = random_tokens(DEQUANT_ROWS + 24, seed=7)
     model = load_model(path)
     assert model.dtype == torch.bfloat16 and model.quantization == "int4"
-    ours = _run_logits(model, ids)
-    vs_hf = _compare(ours, _run_logits(load_model(hf_dir), ids))
-    vs_own = _compare(ours, _run_logits(load_model(path / "dequantized", dtype="bfloat16"), ids))
+    ours = stepped_logits(model, ids)
+    vs_hf = logit_agreement(ours, stepped_logits(load_model(hf_dir), ids))
+    vs_own = logit_agreement(
+        ours, stepped_logits(load_model(path / "dequantized", dtype="bfloat16"), ids)
+    )
     print(
         f"{family} GPTQ g=128: vs float32 HF min cosine {vs_hf[0]:.5f} top-1 {vs_hf[1]:.3f}; "
         f"vs its own weights in bf16 min cosine {vs_own[0]:.5f} top-1 {vs_own[1]:.3f}"
@@ -166,10 +148,10 @@ def test_other_gptq_layouts_are_requantized(tmp_path: Path, sym: bool, act_order
     model = load_model(path)
     layer = model.layers[0]
     assert isinstance(layer, DecoderLayer) and isinstance(layer.qkv_weight, Int4Weight)
-    ids = _tokens(DEQUANT_ROWS + 8, seed=8)
-    own = _compare(
-        _run_logits(model, ids),
-        _run_logits(load_model(path / "dequantized", dtype="bfloat16"), ids),
+    ids = random_tokens(DEQUANT_ROWS + 8, seed=8)
+    own = logit_agreement(
+        stepped_logits(model, ids),
+        stepped_logits(load_model(path / "dequantized", dtype="bfloat16"), ids),
     )
     print(f"GPTQ sym={sym} act_order={act_order}, requantized: vs its own weights {own}")
     assert own[0] >= 0.9

@@ -14,7 +14,7 @@ from local_engine.engine import Engine, EngineConfig
 from local_engine.errors import EngineConfigError
 from local_engine.fp8 import Fp8Weight
 from local_engine.loader import load_model
-from local_engine.model import DecoderLayer, DecoderModel
+from local_engine.model import DecoderLayer
 from local_engine.quant import (
     DEQUANT_ROWS,
     INT4_BLOCK,
@@ -29,7 +29,7 @@ from local_engine.quant import (
 from local_engine.sampling_params import SamplingParams
 from swiftclient.errors import ConfigurationError
 
-from .paged import PagedRunner
+from .paged import random_tokens, stepped_logits
 from .tiny import FAMILIES, make_tiny_model
 
 COSINE_FLOOR = 0.99
@@ -41,24 +41,10 @@ TOP1_FLOOR = 0.8  # measured 0.9-1.0 on every family; the floor catches a broken
 INT4_FLOORS = (0.8, 0.4)
 
 
-def _tokens(n: int, seed: int) -> list[int]:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(3, 256, (n,), generator=gen).tolist()
-
-
 def _logits(path: Path, ids: list[int], **load: object) -> torch.Tensor:
     """Float32 logits of every position: one prefill longer than DEQUANT_ROWS (the
     dequantize-then-matmul path), then one decode step per token (the fused int8 kernel)."""
-    return _run_logits(load_model(path, **load), ids)  # type: ignore[arg-type]
-
-
-def _run_logits(model: DecoderModel, ids: list[int]) -> torch.Tensor:
-    """:func:`_logits` for a loaded model."""
-    runner = PagedRunner(model, block_size=4, num_blocks=64)
-    split = DEQUANT_ROWS + 8
-    steps = [runner.step({"a": ids[:split]})["a"]]
-    steps += [runner.step({"a": [tok]})["a"] for tok in ids[split:]]
-    return torch.cat(steps)
+    return stepped_logits(load_model(path, **load), ids)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -75,7 +61,7 @@ def family_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 def test_logits_close_to_float32(
     family_dir: Path, load: dict[str, object], record_property: pytest.RecordProperty
 ) -> None:
-    ids = _tokens(DEQUANT_ROWS + 24, seed=5)
+    ids = random_tokens(DEQUANT_ROWS + 24, seed=5)
     reference = _logits(family_dir, ids)
     ours = _logits(family_dir, ids, **load)
     cosine = F.cosine_similarity(ours, reference, dim=-1)
@@ -99,7 +85,7 @@ def test_int4_logits_are_its_dequantized_weights(tmp_path: Path) -> None:
     """An int4 model computes what a bfloat16 model holding its dequantized weights computes
     (up to the decode kernel's quantized activations and bfloat16 rounding)."""
     path = make_tiny_model(tmp_path, "qwen2")
-    ids = _tokens(DEQUANT_ROWS + 24, seed=6)
+    ids = random_tokens(DEQUANT_ROWS + 24, seed=6)
     int4 = load_model(path, quantization="int4")
     dense = load_model(path, dtype="bfloat16")
     for q, d in zip(int4.layers, dense.layers, strict=True):
@@ -108,8 +94,8 @@ def test_int4_logits_are_its_dequantized_weights(tmp_path: Path) -> None:
             weight = getattr(q, name)
             assert isinstance(weight, Int4Weight)
             getattr(d, name).copy_(weight.dequantize())
-    ours = _run_logits(int4, ids)
-    reference = _run_logits(dense, ids)
+    ours = stepped_logits(int4, ids)
+    reference = stepped_logits(dense, ids)
     cosine = F.cosine_similarity(ours, reference, dim=-1)
     assert cosine.min().item() >= 0.995
     assert (ours.argmax(-1) == reference.argmax(-1)).float().mean().item() >= 0.9
@@ -227,7 +213,7 @@ def test_engine_generates_quantized(tmp_path: Path, method: str) -> None:
     path = make_tiny_model(tmp_path, "qwen3")
     engine = Engine.from_pretrained(path, EngineConfig(num_blocks=64, quantization=method))  # type: ignore[arg-type]
     assert engine.model.quantization == method
-    prompts = [_tokens(n, seed=n) for n in (3, 9, 80)]
+    prompts = [random_tokens(n, seed=n) for n in (3, 9, 80)]
     results = engine.generate(prompts, SamplingParams(max_tokens=6, ignore_eos=True))
     assert [len(r.token_ids) for r in results] == [6, 6, 6]
 
