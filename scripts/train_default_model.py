@@ -2,11 +2,11 @@
 onwards from an earlier model directory (``--init``).
 
 Reproducible: the data (scripts/default_model_data.py), the tokenizer, the initial weights
-and the batch order all come from fixed seeds. Runs on CPU (the shipped weights took about
-44 minutes on one thread of the shared 2-core development machine, ``--threads 1``: while
-another process holds a core, two threads run several times slower than one) or on a
-GPU when one is present. The forward pass runs under bfloat16 autocast and, unless
-``--no-compile``, through ``torch.compile``.
+and the batch order all come from fixed seeds. Runs on CPU (the shipped weights, this
+script's defaults, took 54.8 minutes on one thread of the 2-core development machine,
+``taskset -c 1 ... --threads 1``: while another process holds a core, two threads run
+several times slower than one) or on a GPU when one is present. The forward pass runs
+under bfloat16 autocast and, unless ``--no-compile``, through ``torch.compile``.
 
 Steps: generate synthetic chat conversations (tool calls, tool follow-ups, JSON extraction,
 structured output, copy and light edits, sessions, greetings and canned facts), render them
@@ -21,10 +21,9 @@ bfloat16, ``tokenizer.json``, ``tokenizer_config.json`` with the chat template,
 
 Usage::
 
-    .venv/bin/python scripts/train_default_model.py --threads 1  # from scratch
-    # onwards from the shipped weights on the current mix (--mix "name=weight,..." reweighs
-    # tasks): run A of docs/local-engine.md (measured there, not shipped; the shipped weights
-    # came from scratch, with the script and data of commit 2974c32)
+    .venv/bin/python scripts/train_default_model.py --threads 1  # the shipped weights
+    # onwards from earlier weights on the current mix (--mix "name=weight,..." reweighs
+    # tasks): run A of docs/local-engine.md (measured there, not shipped)
     .venv/bin/python scripts/train_default_model.py --threads 1 --no-compile \
         --init local_engine/models/swift-tiny --mix "copy_general=2.5,edit_general=1" \
         --steps 320 --conversations 10000 --lr 1e-3 --warmup 20 --seed 2835 --out /tmp/A
@@ -45,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -79,15 +79,21 @@ class TrainConfig:
     num_kv_heads: int = 3
     head_dim: int = 64
     seed: int = 1234
-    conversations: int = 180_000
+    conversations: int = 110_000
     vocab_size: int = 3072
-    steps: int = 5200
+    steps: int = 3800
     batch_tokens: int = 4096
     lr: float = 3e-3
     min_lr_ratio: float = 0.05
     warmup: int = 100
     weight_decay: float = 0.05
     max_len: int = 640
+    #: 1: a space is a token of its own, never merged into the word after it, so that a word
+    #: is the same tokens after a space (" Paris" in a question), after a quote or a newline
+    #: (``"Paris"`` in JSON, the first word of an answer); 0: GPT-2's byte-level pieces
+    #: (" Paris" and "Paris" differ), as the weights before issue 28. A from-scratch run only
+    #: (with ``init`` the tokenizer comes from there).
+    split_spaces: int = 1
     #: A model directory to start from (its tokenizer and weights; same shape), or "" to
     #: train the tokenizer and the model from scratch.
     init: str = ""
@@ -178,18 +184,18 @@ def fixed_phrases() -> list[str]:
     return list(dict.fromkeys(phrases))
 
 
-def train_tokenizer(texts: list[str], vocab_size: int) -> Any:
-    """A byte-level BPE (digits split one by one) trained on ``texts``."""
+def train_tokenizer(texts: list[str], vocab_size: int, split_spaces: bool = True) -> Any:
+    """A byte-level BPE (digits split one by one, and with ``split_spaces`` every space
+    too) trained on ``texts``."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
     from tokenizers.trainers import BpeTrainer
 
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-        ]
-    )
+    steps: list[Any] = [pre_tokenizers.Digits(individual_digits=True)]
+    if split_spaces:
+        steps.append(pre_tokenizers.Split(" ", behavior="isolated"))
+    steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True))
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(steps)
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
     tokenizer.add_special_tokens(
@@ -239,6 +245,33 @@ def encode(
                 span += 1
             mask.append(int(span < len(spans) and spans[span][0] <= first))
         out.append((list(encoding.ids), mask))
+    return out
+
+
+#: How many of the generated conversations the BPE tokenizer is trained on (the first ones;
+#: a from-scratch run only).
+TOKENIZER_SAMPLE = 40_000
+#: Conversations rendered and encoded at a time: only their text is held at once, the rest
+#: is kept as compact arrays.
+ENCODE_CHUNK = 4_000
+
+Example = tuple["np.ndarray[Any, Any]", "np.ndarray[Any, Any]"]
+
+
+def encode_compact(tokenizer: Any, convs: list[dict[str, Any]], max_len: int) -> list[Example]:
+    """:func:`encode` for every conversation, a chunk at a time, as numpy arrays (token ids
+    as int16 or int32, the loss mask as bool), dropping those longer than ``max_len``.
+
+    Python lists of ints take about 20 times the memory: the 72,000 conversations of run C
+    (docs/local-engine.md) held 6.9 GB that way.
+    """
+    dtype = np.int16 if tokenizer.get_vocab_size(with_added_tokens=True) < 2**15 else np.int32
+    out: list[Example] = []
+    for first in range(0, len(convs), ENCODE_CHUNK):
+        rendered = [assistant_spans(conv) for conv in convs[first : first + ENCODE_CHUNK]]
+        for ids, mask in encode(tokenizer, rendered):
+            if len(ids) <= max_len:
+                out.append((np.asarray(ids, dtype=dtype), np.asarray(mask, dtype=np.bool_)))
     return out
 
 
@@ -361,9 +394,7 @@ def load_weights(model: TinyQwen3, path: Path) -> None:
 # ----------------------------------------------------------------------------- training
 
 
-def batches(
-    examples: list[tuple[list[int], list[int]]], batch_tokens: int, rng: random.Random
-) -> list[list[int]]:
+def batches(examples: list[Example], batch_tokens: int, rng: random.Random) -> list[list[int]]:
     """Indices grouped by similar length so that each batch pads little."""
     order = sorted(range(len(examples)), key=lambda i: (len(examples[i][0]), rng.random()))
     groups: list[list[int]] = []
@@ -381,7 +412,7 @@ def batches(
 
 
 def collate(
-    examples: list[tuple[list[int], list[int]]], group: list[int], pad: int
+    examples: list[Example], group: list[int], pad: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Inputs, next-token targets and the loss mask of one right-padded batch."""
     width = max(len(examples[i][0]) for i in group)
@@ -389,8 +420,8 @@ def collate(
     mask = torch.zeros((len(group), width), dtype=torch.bool)
     for row, i in enumerate(group):
         tokens, loss_mask = examples[i]
-        ids[row, : len(tokens)] = torch.tensor(tokens)
-        mask[row, : len(tokens)] = torch.tensor(loss_mask, dtype=torch.bool)
+        ids[row, : len(tokens)] = torch.from_numpy(tokens.astype(np.int64))
+        mask[row, : len(tokens)] = torch.from_numpy(loss_mask)
     return ids[:, :-1], ids[:, 1:], mask[:, 1:]
 
 
@@ -424,18 +455,19 @@ def train(
     torch.manual_seed(cfg.seed)
     heldout = {data.conversation_key(conv) for conv in data.heldout_set()}
     convs = data.generate(cfg.conversations, cfg.seed, exclude=heldout, mix=cfg.mix)
-    rendered = [assistant_spans(conv) for conv in convs]
     if cfg.init:
         tokenizer = load_tokenizer(Path(cfg.init))
     else:
-        tokenizer = train_tokenizer([text for text, _ in rendered], cfg.vocab_size)
-    examples = encode(tokenizer, rendered)
-    examples = [e for e in examples if len(e[0]) <= cfg.max_len]
+        sample = convs[:TOKENIZER_SAMPLE]
+        texts = [render(conv) for conv in sample]
+        tokenizer = train_tokenizer(texts, cfg.vocab_size, bool(cfg.split_spaces))
+    examples = encode_compact(tokenizer, convs, cfg.max_len)
+    del convs
     lengths = [len(ids) for ids, _ in examples]
     print(
         f"data: {len(examples)} conversations, {sum(lengths)} tokens "
         f"(mean {sum(lengths) / len(lengths):.0f}, max {max(lengths)}), "
-        f"{sum(sum(m) for _, m in examples)} assistant tokens; "
+        f"{sum(int(m.sum()) for _, m in examples)} assistant tokens; "
         f"{time.monotonic() - started:.0f}s",
         flush=True,
     )
@@ -494,7 +526,7 @@ def train(
             )
     minutes = (time.monotonic() - started) / 60
     save(model, tokenizer, config, ids, out, cfg, params, minutes, device)
-    check_against_engine(model, out, examples[0][0], device)
+    check_against_engine(model, out, examples[0][0].tolist(), device)
     print(f"done in {minutes:.1f} min -> {out}", flush=True)
 
 

@@ -1,11 +1,12 @@
 """The embedded model through what agent frameworks send by default (issue 28).
 
 PENDING: not collected (no ``test_`` prefix) while the shipped swift-tiny fails it. On the
-weights of 2026-12-04 four of the five tests fail (pydantic-ai's output was
-``Person(age=340519045)``, LangChain's ``Order(item=', ', quantity=30)``, compact JSON
-``12.2`` answered as ``-11.22`` and ``-21.2``); only ``Conversation`` with a dict (spaced
-``json.dumps``) passes. Rename it to ``test_framework_paths.py`` once the retrained model
-passes: ``pytest tests/engine/pending_framework_paths.py`` runs it meanwhile.
+weights of 2026-12-05 the three tool-result tests pass and the two structured-output ones
+fail (pydantic-ai's output ``Person(name='Or Fort properties', age=6)``, LangChain's
+``Order(item='quantity type', quantity=2)``); on those of 2026-12-04 four of the five
+failed (``Person(age=340519045)``, ``Order(item=', ', quantity=30)``, compact JSON ``12.2``
+answered as ``-11.22`` and ``-21.2``). Rename it to ``test_framework_paths.py`` once the
+retrained model passes: ``pytest tests/engine/pending_framework_paths.py`` runs it meanwhile.
 
 In process: the openai SDK over swiftclient's transport onto ``LocalBackend()`` (swift-tiny,
 greedy by its generation config), driven by pydantic-ai and LangChain with their default
