@@ -88,6 +88,7 @@ typedef void (*task_fn)(void *ctx, int id, int team);
     !defined(__STDC_NO_ATOMICS__)
 #define SWIFT_POOL 1
 #include <linux/futex.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <sys/syscall.h>
@@ -143,6 +144,7 @@ static void await_change(atomic_uint *word, unsigned old, atomic_int *sleeping) 
                 cpu_relax();
             }
             if (now_ns() >= deadline) break;
+            sched_yield(); /* a thread waiting for this core (the pool's own) goes first */
         }
     }
     while (atomic_load(word) == old) {
@@ -252,7 +254,10 @@ static int pool_run(task_fn fn, void *ctx, int team) {
                 cpu_relax();
                 continue;
             }
-            if (spin > 0 && now_ns() < deadline) continue;
+            if (spin > 0 && now_ns() < deadline) {
+                sched_yield();
+                continue;
+            }
             const int left = atomic_load(&pool.pending);
             if (left == 0) break;
             atomic_store(&pool.caller_sleeping, 1);
