@@ -70,7 +70,11 @@ typedef uint16_t bf16_t;
  * The yield matters where threads outnumber the free cores: a caller spinning for a worker
  * that waits for the caller's own core let it run only after the whole bound (a 2 MiB
  * projection on 2 threads pinned to one core took 251 us a call without it, 55 with it,
- * 48 on one thread).
+ * 48 on one thread). Spinning threads lose their core to a busy neighbour and then start
+ * their next share late (GNU OpenMP's short spins cost int8 decode up to 90% that way on the
+ * project's VM), so a worker that picks up a share more than POOL_LATE_NS after it was
+ * handed out, though it was spinning, turns spinning off for every waiting thread for the
+ * next POOL_QUIET_NS: they sleep at once, as torch's passive threads do.
  *
  * One job at a time: a caller that finds the pool busy (another Python thread, another
  * engine) runs every share itself, in order, on its own thread. After fork() the child
@@ -122,10 +126,21 @@ static struct {
     int64_t spin_ns;
     task_fn fn; /* the running job's, read by workers after their seq */
     void *ctx;
+    int64_t posted_ns; /* when the running job was handed out, read by workers after seq */
     _Alignas(64) atomic_int pending; /* workers yet to finish the running job */
     atomic_int caller_sleeping;
+    _Alignas(64) _Atomic int64_t quiet_until; /* no spinning before this time (ns) */
     worker_t slots[MAX_THREADS];
 } pool = {.lock = PTHREAD_MUTEX_INITIALIZER, .enabled = -1};
+
+/* A spinning worker that picks up its share this long after it was handed out lost its core
+   to another thread while it spun (no spin loop takes that long to see a change): another
+   process wants the cores. Every waiting thread then sleeps at once for POOL_QUIET_NS (the
+   engine's passive behaviour, where a futex wake-up preempts the neighbour promptly), and
+   spins again after it, which tells within a job or two whether the neighbour is still
+   there. */
+#define POOL_LATE_NS 50000
+#define POOL_QUIET_NS 50000000
 
 static long futex(atomic_uint *addr, int op, unsigned val) {
     return syscall(SYS_futex, (void *)addr, op, val, NULL, NULL, 0);
@@ -137,14 +152,20 @@ static inline int64_t now_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-/* Spin until *word differs from old, or the spin bound passes: then sleep on it. */
-static void await_change(atomic_uint *word, unsigned old, atomic_int *sleeping) {
-    const int64_t spin = pool.spin_ns;
+/* How long a waiting thread spins now: 0 while another process was seen to want the cores. */
+static inline int64_t spin_bound(int64_t now) {
+    return now < atomic_load_explicit(&pool.quiet_until, memory_order_relaxed) ? 0 : pool.spin_ns;
+}
+
+/* Spin until *word differs from old, or the spin bound passes: then sleep on it. Returns 1
+   where the change was seen while spinning, 0 after sleeping. */
+static int await_change(atomic_uint *word, unsigned old, atomic_int *sleeping) {
+    const int64_t start = now_ns(), spin = spin_bound(start);
     if (spin > 0) {
-        const int64_t deadline = now_ns() + spin;
+        const int64_t deadline = start + spin;
         for (;;) {
             for (int i = 0; i < 16; i++) {
-                if (atomic_load_explicit(word, memory_order_acquire) != old) return;
+                if (atomic_load_explicit(word, memory_order_acquire) != old) return 1;
                 cpu_relax();
             }
             if (now_ns() >= deadline) break;
@@ -157,14 +178,21 @@ static void await_change(atomic_uint *word, unsigned old, atomic_int *sleeping) 
         atomic_store(sleeping, 0);
     }
     atomic_thread_fence(memory_order_acquire);
+    return 0;
 }
 
 static void *worker_main(void *arg) {
     worker_t *w = (worker_t *)arg;
     unsigned seen = w->born; /* not seq: the first job may be posted before this runs */
-    for (;;) {
-        await_change(&w->seq, seen, &w->sleeping);
+    for (int first = 1;; first = 0) {
+        const int spun = await_change(&w->seq, seen, &w->sleeping);
         seen = atomic_load_explicit(&w->seq, memory_order_acquire);
+        if (spun && !first) { /* the first share waited for the thread to start */
+            const int64_t now = now_ns();
+            if (now - pool.posted_ns > POOL_LATE_NS)
+                atomic_store_explicit(&pool.quiet_until, now + POOL_QUIET_NS,
+                                      memory_order_relaxed);
+        }
         pool.fn(pool.ctx, w->id, w->team);
         if (atomic_fetch_sub(&pool.pending, 1) == 1 && /* seq_cst: then reads the flag */
             atomic_load(&pool.caller_sleeping))
@@ -180,6 +208,7 @@ static void pool_after_fork_child(void) {
     pool.started = 0;
     atomic_store(&pool.pending, 0);
     atomic_store(&pool.caller_sleeping, 0);
+    atomic_store(&pool.quiet_until, 0);
     for (int i = 0; i < MAX_THREADS; i++) {
         atomic_store(&pool.slots[i].seq, 0);
         atomic_store(&pool.slots[i].sleeping, 0);
@@ -238,6 +267,7 @@ static int pool_run(task_fn fn, void *ctx, int team) {
     if (team > 1) {
         pool.fn = fn;
         pool.ctx = ctx;
+        pool.posted_ns = now_ns();
         atomic_store_explicit(&pool.pending, team - 1, memory_order_relaxed);
         for (int i = 1; i < team; i++) {
             worker_t *w = &pool.slots[i];
@@ -251,8 +281,8 @@ static int pool_run(task_fn fn, void *ctx, int team) {
     if (team > 1) {
         /* wait for pending to reach 0: spin, then sleep on it */
         atomic_uint *word = (atomic_uint *)&pool.pending;
-        const int64_t spin = pool.spin_ns;
-        int64_t deadline = spin > 0 ? now_ns() + spin : 0;
+        const int64_t start = now_ns(), spin = spin_bound(start);
+        const int64_t deadline = start + spin;
         for (int i = 0; atomic_load_explicit(&pool.pending, memory_order_acquire) != 0; i++) {
             if (spin > 0 && (i & 15) != 15) {
                 cpu_relax();
