@@ -1,9 +1,14 @@
 """The CPU paged-decode kernel: C source shipped with the package, compiled on first use.
 
-The kernel (``csrc/paged_decode.c``) is plain C99 with no Python or torch headers, so
-building it takes well under a second with the system C compiler. Its threads are an OpenMP
-team on torch's own runtime where torch uses GNU OpenMP (Linux wheels), else pthreads. The
-shared library is cached under ``<cache root>/kernels/`` (the root is
+The kernel (``csrc/paged_decode.c``) is plain C (C11 atomics for its thread pool) with no
+Python or torch headers, so building it takes well under a second with the system C compiler.
+Its parallel parts run on the library's own worker pool (Linux): ``nthreads - 1`` threads,
+started on first use, that spin for a bounded time after each part
+(``$SWIFTCLIENT_NATIVE_POOL_SPIN_US``, default 100 microseconds) and then sleep, so that a
+decode step's kernels find them awake while a busy neighbour gets the core back soon.
+``SWIFTCLIENT_NATIVE_POOL=0`` (read once per process) runs them as before: an OpenMP team on
+torch's own runtime where torch uses GNU OpenMP (Linux wheels), else threads started per call.
+The shared library is cached under ``<cache root>/kernels/`` (the root is
 ``$SWIFTCLIENT_CACHE_DIR`` or ``~/.cache/swiftclient``), named by a hash of the source, the
 command line, the compiler's version and the CPU's features, and written to a temporary file
 that is renamed into place, so concurrent first uses are safe. It is loaded with
@@ -42,6 +47,8 @@ from local_engine.default_model import default_cache_root
 
 __all__ = [
     "DISABLE_ENV",
+    "POOL_ENV",
+    "POOL_SPIN_ENV",
     "KERNEL_DTYPES",
     "LINEAR_MAX_ROWS",
     "WEIGHT_KINDS",
@@ -60,6 +67,12 @@ __all__ = [
 logger = logging.getLogger("local_engine")
 
 DISABLE_ENV = "SWIFTCLIENT_NATIVE_KERNELS"
+POOL_ENV = "SWIFTCLIENT_NATIVE_POOL"
+"""``0`` runs the kernels' parallel parts on OpenMP (or threads started per call) instead of
+the library's worker pool; read by the library once per process."""
+POOL_SPIN_ENV = "SWIFTCLIENT_NATIVE_POOL_SPIN_US"
+"""How long (microseconds, default 100) a pool thread spins for its next part before it
+sleeps; read by the library once per process."""
 SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
 SYMBOL = "swift_paged_decode_f32"
 SYMBOL_BF16 = "swift_paged_decode_bf16"
@@ -77,6 +90,7 @@ SYMBOL_LINEAR_INT4 = "swift_linear_int4"
 SYMBOL_DEQUANTIZE_INT4 = "swift_dequantize_int4"
 SYMBOL_DECODE_LAYER = "swift_decode_layer_bf16"
 SYMBOL_FEATURES = "swift_kernel_features"
+SYMBOL_POOL_WORKERS = "swift_pool_workers"
 _FEATURE_VECTOR_ACTIVATION = 1
 _FEATURE_BF16_LINEAR = 2
 _FEATURE_INT8_LINEAR = 4
@@ -195,6 +209,17 @@ class PagedDecodeKernel:
     int8_linear: bool = False
     """Whether :meth:`linear_int8`, :meth:`linear_int4` and :meth:`dequantize_int4` run here
     (a build that also has AVX-512 VNNI and VL); where not, they decline."""
+    _pool_workers: Callable[[], int] | None = None
+
+    def pool_workers(self) -> int | None:
+        """How many worker threads the library's pool has started in this process (the
+        calling thread runs a share too, so a part on ``n`` threads needs ``n - 1``), or None
+        where the kernels run without the pool (``SWIFTCLIENT_NATIVE_POOL=0``, or a build
+        without Linux futexes)."""
+        if self._pool_workers is None:
+            return None
+        workers = int(self._pool_workers())
+        return None if workers < 0 else workers
 
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, threads: int
@@ -316,10 +341,10 @@ class PagedDecodeKernel:
         """SwiGLU's ``silu(gate) * up`` for ``gate_up`` ``[T, 2 * I]`` (the gate half first,
         as the fused projection writes it; rows may be strided, their values contiguous) in a
         new contiguous ``[T, I]`` tensor, or None where the kernel does not take it (also
-        where the build has no AVX-512 with BW and VL: :attr:`vector_activation`). Where the
-        library is the pthread build (no OpenMP), it runs on one thread. exp is a polynomial
-        within 2 ulp of float32's; in bfloat16 ``silu(gate)`` rounds to bfloat16 before the
-        product, as the unfused form does.
+        where the build has no AVX-512 with BW and VL: :attr:`vector_activation`). Without
+        the pool, the pthread build (no OpenMP) runs it on threads started per call. exp is a
+        polynomial within 2 ulp of float32's; in bfloat16 ``silu(gate)`` rounds to bfloat16
+        before the product, as the unfused form does.
 
         Raises:
             KernelError: the kernel refused the sizes it was given.
@@ -834,6 +859,12 @@ def open_library(path: Path) -> PagedDecodeKernel:
     features_fn.argtypes = []
     features_fn.restype = ctypes.c_int
     features = int(features_fn())
+    try:
+        pool_fn = getattr(library, SYMBOL_POOL_WORKERS)
+    except AttributeError as exc:
+        raise OSError(f"{path} has no {SYMBOL_POOL_WORKERS}") from exc
+    pool_fn.argtypes = []
+    pool_fn.restype = ctypes.c_int
     fn, fn_bf16, rms, rms_bf16, rope, rope_bf16, rope_decode, rope_decode_bf16 = functions[:8]
     silu, silu_bf16, linear_bf16, linear_int8, linear_int4, dequantize_int4 = functions[8:14]
     decode_layer = functions[14]
@@ -857,4 +888,5 @@ def open_library(path: Path) -> PagedDecodeKernel:
         vector_activation=bool(features & _FEATURE_VECTOR_ACTIVATION),
         bf16_linear=bool(features & _FEATURE_BF16_LINEAR),
         int8_linear=bool(features & _FEATURE_INT8_LINEAR),
+        _pool_workers=pool_fn,
     )

@@ -18,8 +18,9 @@
  *
  * Work is split into tasks, one row each when there are at least two rows per thread (each
  * token's keys and values are then one contiguous read), else one (row, KV head) pair each,
- * over `nthreads` threads: an OpenMP team when built with -fopenmp (against the runtime
- * torch uses), else pthreads with the caller's thread as one of them. Each task reads its
+ * over `nthreads` threads: the library's worker pool (below), with the caller's thread as
+ * one of them (without the pool: an OpenMP team when built with -fopenmp, against the runtime
+ * torch uses, else threads started for the call). Each task reads its
  * keys once, keeps the scores of its query heads in a scratch buffer, applies an exact
  * softmax (max-subtracted, float32) and reads its values once. Returns 0 on success, 1 when
  * scratch memory could not be allocated, 2 for arguments the kernel does not take (shapes
@@ -30,11 +31,13 @@
  *
  * Compiled on first use by local_engine/attention/native.py.
  */
+#define _GNU_SOURCE /* syscall(), strcasecmp() */
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -47,6 +50,330 @@
 #define MAX_THREADS 64
 
 typedef uint16_t bf16_t;
+
+/*
+ * The kernels' own worker pool. Every parallel part of this library runs as
+ * parallel_run(fn, ctx, n): fn(ctx, id, team) for id in [0, team), the caller running id 0,
+ * with team <= n (a share partitions its rows by (id, team), so the split is the same
+ * whatever runs it, and the results are bit-identical to a serial run).
+ *
+ * Why its own pool: the engine runs torch's OpenMP threads passive (they sleep at once, to
+ * stay graceful beside other work), and waking a sleeping thread on a VM costs tens of
+ * microseconds, more than a decode step's smaller kernels take. The pool's n - 1 workers
+ * (created on first use, one per extra thread ever asked for) wait for their next share by
+ * spinning on their own cache line for a bounded time, SWIFT_POOL_SPIN_US microseconds
+ * (default 100; $SWIFTCLIENT_NATIVE_POOL_SPIN_US overrides it, read once; 0 sleeps at once),
+ * checking the clock and calling sched_yield() every 16 pauses, and then sleep on a futex;
+ * the caller waits for the workers' shares the same way. Within a decode step the kernels
+ * follow each other closely, so the workers are awake for the next one; beside a busy
+ * process a waiting thread gives its core back within the bound, as llama.cpp's threads do.
+ * The yield matters where threads outnumber the free cores: a caller spinning for a worker
+ * that waits for the caller's own core let it run only after the whole bound (a 2 MiB
+ * projection on 2 threads pinned to one core took 251 us a call without it, 55 with it,
+ * 48 on one thread). Spinning threads lose their core to a busy neighbour and then start
+ * their next share late (GNU OpenMP's short spins cost int8 decode up to 90% that way on the
+ * project's VM), so a worker that picks up a share more than POOL_LATE_NS after it was
+ * handed out, though it was spinning, turns spinning off for every waiting thread for the
+ * next POOL_QUIET_NS: they sleep at once, as torch's passive threads do.
+ *
+ * One job at a time: a caller that finds the pool busy (another Python thread, another
+ * engine) runs every share itself, in order, on its own thread. After fork() the child
+ * forgets the parent's workers (they do not exist in it) and starts its own on first use.
+ * Workers block signals and are never joined: at exit they are asleep on a futex (or
+ * finishing a share) and go with the process.
+ *
+ * $SWIFTCLIENT_NATIVE_POOL=0 (read once), or a build without Linux futexes, runs the parts
+ * as before: an OpenMP team when built with -fopenmp, else threads started per call; the
+ * parallel thresholds are then the larger ones measured for woken teams.
+ */
+#ifndef SWIFT_POOL_SPIN_US
+#define SWIFT_POOL_SPIN_US 100
+#endif
+
+typedef void (*task_fn)(void *ctx, int id, int team);
+
+#if defined(__linux__) && defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L &&           \
+    !defined(__STDC_NO_ATOMICS__)
+#define SWIFT_POOL 1
+#include <linux/futex.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define cpu_relax() _mm_pause()
+#elif defined(__aarch64__)
+#define cpu_relax() __asm__ __volatile__("yield")
+#else
+#define cpu_relax() ((void)0)
+#endif
+
+typedef struct {
+    _Alignas(64) atomic_uint seq; /* bumped by the caller for each share it hands this worker */
+    atomic_int sleeping;          /* the worker is (about to be) in futex_wait on seq */
+    int id, team;                 /* the share; read after seq */
+    unsigned born;                /* seq when the worker was started */
+    char pad[64 - 5 * sizeof(int)];
+} worker_t;
+
+static struct {
+    pthread_mutex_t lock; /* held by the caller of the running job */
+    int started;          /* workers 1..started exist (worker i in slots[i]) */
+    int enabled;          /* -1 until read from the environment */
+    int64_t spin_ns;
+    task_fn fn; /* the running job's, read by workers after their seq */
+    void *ctx;
+    int64_t posted_ns; /* when the running job was handed out, read by workers after seq */
+    _Alignas(64) atomic_int pending; /* workers yet to finish the running job */
+    atomic_int caller_sleeping;
+    _Alignas(64) _Atomic int64_t quiet_until; /* no spinning before this time (ns) */
+    worker_t slots[MAX_THREADS];
+} pool = {.lock = PTHREAD_MUTEX_INITIALIZER, .enabled = -1};
+
+/* A spinning worker that picks up its share this long after it was handed out lost its core
+   to another thread while it spun (no spin loop takes that long to see a change): another
+   process wants the cores. Every waiting thread then sleeps at once for POOL_QUIET_NS (the
+   engine's passive behaviour, where a futex wake-up preempts the neighbour promptly), and
+   spins again after it, which tells within a job or two whether the neighbour is still
+   there. */
+#define POOL_LATE_NS 50000
+#define POOL_QUIET_NS 50000000
+
+static long futex(atomic_uint *addr, int op, unsigned val) {
+    return syscall(SYS_futex, (void *)addr, op, val, NULL, NULL, 0);
+}
+
+static inline int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* How long a waiting thread spins now: 0 while another process was seen to want the cores. */
+static inline int64_t spin_bound(int64_t now) {
+    return now < atomic_load_explicit(&pool.quiet_until, memory_order_relaxed) ? 0 : pool.spin_ns;
+}
+
+/* Spin until *word differs from old, or the spin bound passes: then sleep on it. Returns 1
+   where the change was seen while spinning, 0 after sleeping. */
+static int await_change(atomic_uint *word, unsigned old, atomic_int *sleeping) {
+    const int64_t start = now_ns(), spin = spin_bound(start);
+    if (spin > 0) {
+        const int64_t deadline = start + spin;
+        for (;;) {
+            for (int i = 0; i < 16; i++) {
+                if (atomic_load_explicit(word, memory_order_acquire) != old) return 1;
+                cpu_relax();
+            }
+            if (now_ns() >= deadline) break;
+            sched_yield(); /* a thread waiting for this core (the pool's own) goes first */
+        }
+    }
+    while (atomic_load(word) == old) {
+        atomic_store(sleeping, 1); /* seq_cst, as the waker's store then load: one sees the other */
+        if (atomic_load(word) == old) futex((atomic_uint *)word, FUTEX_WAIT_PRIVATE, old);
+        atomic_store(sleeping, 0);
+    }
+    atomic_thread_fence(memory_order_acquire);
+    return 0;
+}
+
+static void *worker_main(void *arg) {
+    worker_t *w = (worker_t *)arg;
+    unsigned seen = w->born; /* not seq: the first job may be posted before this runs */
+    for (int first = 1;; first = 0) {
+        const int spun = await_change(&w->seq, seen, &w->sleeping);
+        seen = atomic_load_explicit(&w->seq, memory_order_acquire);
+        if (spun && !first) { /* the first share waited for the thread to start */
+            const int64_t now = now_ns();
+            if (now - pool.posted_ns > POOL_LATE_NS)
+                atomic_store_explicit(&pool.quiet_until, now + POOL_QUIET_NS,
+                                      memory_order_relaxed);
+        }
+        pool.fn(pool.ctx, w->id, w->team);
+        if (atomic_fetch_sub(&pool.pending, 1) == 1 && /* seq_cst: then reads the flag */
+            atomic_load(&pool.caller_sleeping))
+            futex((atomic_uint *)&pool.pending, FUTEX_WAKE_PRIVATE, 1);
+    }
+    return NULL;
+}
+
+/* In a forked child only the forking thread exists: forget the parent's workers, and a lock
+   another parent thread held. */
+static void pool_after_fork_child(void) {
+    pthread_mutex_init(&pool.lock, NULL);
+    pool.started = 0;
+    atomic_store(&pool.pending, 0);
+    atomic_store(&pool.caller_sleeping, 0);
+    atomic_store(&pool.quiet_until, 0);
+    for (int i = 0; i < MAX_THREADS; i++) {
+        atomic_store(&pool.slots[i].seq, 0);
+        atomic_store(&pool.slots[i].sleeping, 0);
+    }
+}
+
+static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
+
+static void pool_init(void) {
+    const char *on = getenv("SWIFTCLIENT_NATIVE_POOL");
+    pool.enabled = !(on && (!strcmp(on, "0") || !strcasecmp(on, "false") ||
+                            !strcasecmp(on, "no") || !strcasecmp(on, "off")));
+    const char *spin = getenv("SWIFTCLIENT_NATIVE_POOL_SPIN_US");
+    long us = SWIFT_POOL_SPIN_US;
+    if (spin && *spin) {
+        char *end;
+        const long v = strtol(spin, &end, 10);
+        if (*end == '\0' && v >= 0 && v <= 1000000) us = v;
+    }
+    pool.spin_ns = (int64_t)us * 1000;
+    pthread_atfork(NULL, NULL, pool_after_fork_child);
+}
+
+static int pool_enabled(void) {
+    pthread_once(&pool_once, pool_init);
+    return pool.enabled;
+}
+
+/* Start workers up to `want` - 1 (the caller holds the lock); returns the team it can use. */
+static int pool_grow(int want) {
+    if (pool.started + 1 >= want) return want;
+    pthread_attr_t attr;
+    sigset_t all, old;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&attr, (size_t)8 << 20); /* kernels keep 64 KiB rows on stack */
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old); /* workers inherit it: signals go elsewhere */
+    while (pool.started + 1 < want) {
+        const int i = pool.started + 1;
+        pthread_t thread;
+        pool.slots[i].sleeping = 0;
+        pool.slots[i].born = atomic_load(&pool.slots[i].seq);
+        if (pthread_create(&thread, &attr, worker_main, &pool.slots[i])) break;
+        pool.started = i;
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_attr_destroy(&attr);
+    return pool.started + 1 < want ? pool.started + 1 : want;
+}
+
+/* Run the job on the pool; 0 where it is busy (the caller then runs it itself). */
+static int pool_run(task_fn fn, void *ctx, int team) {
+    if (pthread_mutex_trylock(&pool.lock)) return 0;
+    team = pool_grow(team);
+    if (team > 1) {
+        pool.fn = fn;
+        pool.ctx = ctx;
+        pool.posted_ns = now_ns();
+        atomic_store_explicit(&pool.pending, team - 1, memory_order_relaxed);
+        for (int i = 1; i < team; i++) {
+            worker_t *w = &pool.slots[i];
+            w->id = i;
+            w->team = team;
+            atomic_fetch_add(&w->seq, 1); /* seq_cst: publishes the job, then reads sleeping */
+            if (atomic_load(&w->sleeping)) futex(&w->seq, FUTEX_WAKE_PRIVATE, 1);
+        }
+    }
+    fn(ctx, 0, team);
+    if (team > 1) {
+        /* wait for pending to reach 0: spin, then sleep on it */
+        atomic_uint *word = (atomic_uint *)&pool.pending;
+        const int64_t start = now_ns(), spin = spin_bound(start);
+        const int64_t deadline = start + spin;
+        for (int i = 0; atomic_load_explicit(&pool.pending, memory_order_acquire) != 0; i++) {
+            if (spin > 0 && (i & 15) != 15) {
+                cpu_relax();
+                continue;
+            }
+            if (spin > 0 && now_ns() < deadline) {
+                sched_yield();
+                continue;
+            }
+            const int left = atomic_load(&pool.pending);
+            if (left == 0) break;
+            atomic_store(&pool.caller_sleeping, 1);
+            if (atomic_load(&pool.pending) == left)
+                futex(word, FUTEX_WAIT_PRIVATE, (unsigned)left);
+            atomic_store(&pool.caller_sleeping, 0);
+        }
+        atomic_thread_fence(memory_order_acquire);
+    }
+    pthread_mutex_unlock(&pool.lock);
+    return 1;
+}
+#else
+#define SWIFT_POOL 0
+static int pool_enabled(void) { return 0; }
+#endif
+
+#if !defined(_OPENMP)
+/* Fallback without the pool: threads started for this call (the caller runs share 0). */
+struct spawned {
+    task_fn fn;
+    void *ctx;
+    int id, team;
+};
+
+static void *spawned_main(void *arg) {
+    struct spawned *s = (struct spawned *)arg;
+    s->fn(s->ctx, s->id, s->team);
+    return NULL;
+}
+#endif
+
+static void parallel_run(task_fn fn, void *ctx, int team) {
+    if (team > MAX_THREADS) team = MAX_THREADS;
+    if (team <= 1) {
+        fn(ctx, 0, 1);
+        return;
+    }
+#if SWIFT_POOL
+    if (pool_enabled()) {
+        if (!pool_run(fn, ctx, team))
+            for (int id = 0; id < team; id++) fn(ctx, id, team); /* the pool is busy */
+        return;
+    }
+#endif
+#if defined(_OPENMP)
+#pragma omp parallel num_threads(team)
+    fn(ctx, omp_get_thread_num(), omp_get_num_threads());
+#else
+    struct spawned jobs[MAX_THREADS];
+    pthread_t threads[MAX_THREADS];
+    int started = 1;
+    for (int i = 0; i < team; i++) jobs[i] = (struct spawned){fn, ctx, i, team};
+    while (started < team && pthread_create(&threads[started], NULL, spawned_main, &jobs[started]) == 0)
+        started++;
+    fn(ctx, 0, team);
+    for (int i = started; i < team; i++) fn(ctx, i, team); /* threads that did not start */
+    for (int i = 1; i < started; i++) pthread_join(threads[i], NULL);
+#endif
+}
+
+/* The pool's worker threads started in this process (the caller's thread is not one), or -1
+   where the parts run without the pool (switched off, or a build without it). */
+int swift_pool_workers(void) {
+#if SWIFT_POOL
+    if (!pool_enabled()) return -1;
+    pthread_mutex_lock(&pool.lock);
+    const int started = pool.started;
+    pthread_mutex_unlock(&pool.lock);
+    return started;
+#else
+    return -1;
+#endif
+}
+
+/* Rows [*lo, *hi) of `n` for share `id` of `team`: contiguous, ceil(n / team) each (OpenMP's
+   static schedule). */
+static inline void share_of(int64_t n, int id, int team, int64_t *lo, int64_t *hi) {
+    const int64_t per = (n + team - 1) / team, a = (int64_t)id * per;
+    *lo = a < n ? a : n;
+    *hi = a + per < n ? a + per : n;
+}
 
 typedef struct {
     const void *q;
@@ -311,6 +638,20 @@ static void *run(void *arg) {
     return NULL;
 }
 
+struct decode_ctx {
+    job_t base;
+    int status;
+};
+
+static void decode_share(void *p, int id, int team) {
+    struct decode_ctx *c = (struct decode_ctx *)p;
+    job_t job = c->base;
+    job.tid = id;
+    job.nthreads = team;
+    run(&job);
+    if (job.status) __atomic_fetch_or(&c->status, job.status, __ATOMIC_RELAXED);
+}
+
 static int paged_decode(const void *q, int64_t q_row, int64_t q_head, void *k, void *v,
                         const int64_t *tables, int64_t table_stride,
                         const int64_t *lens, void *out, int64_t rows, int64_t heads,
@@ -336,35 +677,9 @@ static int paged_decode(const void *q, int64_t q_row, int64_t q_head, void *k, v
     const job_t base = {q, q_row, q_head, k, v, tables, table_stride, lens, out, rows, heads,
                         kv_heads, dim, block_size, window, max_len, scale, nthreads, 0, 0, bf16,
                         rot};
-    int status = 0;
-#if defined(_OPENMP)
-    /* Built against the OpenMP runtime torch already loaded: the work runs on torch's own
-       worker threads, which are awake (spinning) right after the projection before it. */
-#pragma omp parallel num_threads(nthreads)
-    {
-        job_t job = base;
-        job.tid = omp_get_thread_num();
-        job.nthreads = omp_get_num_threads();
-        run(&job);
-#pragma omp atomic
-        status |= job.status;
-    }
-#else
-    job_t jobs[MAX_THREADS];
-    pthread_t threads[MAX_THREADS];
-    for (int i = 0; i < nthreads; i++) {
-        jobs[i] = base;
-        jobs[i].tid = i;
-    }
-    int started = 1; /* jobs[0] runs on the caller's thread */
-    while (started < nthreads && pthread_create(&threads[started], NULL, run, &jobs[started]) == 0)
-        started++;
-    run(&jobs[0]);
-    for (int i = started; i < nthreads; i++) run(&jobs[i]); /* threads that did not start */
-    for (int i = 1; i < started; i++) pthread_join(threads[i], NULL);
-    for (int i = 0; i < nthreads; i++) status |= jobs[i].status;
-#endif
-    return status;
+    struct decode_ctx ctx = {base, 0};
+    parallel_run(decode_share, &ctx, nthreads);
+    return ctx.status;
 }
 
 int swift_paged_decode_f32(const float *q, int64_t q_row, int64_t q_head, const float *k,
@@ -397,8 +712,8 @@ int swift_paged_decode_bf16(const bf16_t *q, int64_t q_row, int64_t q_head, cons
  *   out = x / sqrt(mean(x^2) + eps) * w, the sum of squares in float32. bfloat16
  * (swift_rms_norm_bf16) converts on load, rounds the normalized value to bfloat16 before the
  * weight multiply and rounds the product again, as the float32-upcast reference does.
- * Rows are split over an OpenMP team of up to `nthreads` threads when there are enough of
- * them to pay for it. Returns 0, or 2 for sizes it does not take.
+ * Rows are split over up to `nthreads` threads (the pool's) when there are enough of them
+ * to pay for it. Returns 0, or 2 for sizes it does not take.
  */
 static inline float sum_squares(const float *x, int64_t n) {
     float s = 0.0f;
@@ -415,9 +730,12 @@ static inline float sum_squares(const float *x, int64_t n) {
     return s;
 }
 
-/* Threads for `work` values: one below `min_work` (a parallel region would cost more). */
-static inline int team_size(int nthreads, int64_t work, int64_t min_work) {
-    if (nthreads < 1 || work < min_work) return 1;
+/* Threads for `work` values: one below the threshold (a parallel region would cost more):
+   `min_woken` where each part wakes sleeping threads (OpenMP under the engine's passive wait
+   policy, or threads started per call), `min_pool` on the pool, whose workers are still
+   awake from the kernel before. */
+static inline int team_size(int nthreads, int64_t work, int64_t min_woken, int64_t min_pool) {
+    if (nthreads < 1 || work < (pool_enabled() ? min_pool : min_woken)) return 1;
     return nthreads > MAX_THREADS ? MAX_THREADS : nthreads;
 }
 
@@ -427,6 +745,11 @@ static inline int team_size(int nthreads, int64_t work, int64_t min_work) {
    524,288 values, RoPE up to about 200,000, SiLU-mul up to 393,216 (and won from 786,432). */
 #define RMS_PARALLEL_MIN 1048576
 #define ROPE_PARALLEL_MIN 262144
+/* On the pool a second thread costs a cache line's round trip (well under a microsecond)
+   rather than a wake-up: it pays once a part takes some microseconds on one thread. Chosen
+   by that reasoning, not yet measured: 32,768 values of a norm, RoPE or SiLU-mul (tens of
+   microseconds on one thread). */
+#define POOL_PARALLEL_MIN 32768
 
 static void rms_row_f32(const float *x, const float *w, float *y, int64_t cols, float eps) {
     const float inv = 1.0f / sqrtf(sum_squares(x, cols) / (float)cols + eps);
@@ -443,27 +766,45 @@ static void rms_row_bf16(const bf16_t *x, const bf16_t *w, bf16_t *y, int64_t co
     }
 }
 
+struct rms_ctx {
+    const void *x;
+    int64_t inner, x_outer, x_inner;
+    const void *w;
+    int64_t w_inner;
+    void *out;
+    int64_t cols, rows;
+    float eps;
+    int bf16;
+};
+
+static void rms_share(void *p, int id, int team) {
+    const struct rms_ctx *c = (const struct rms_ctx *)p;
+    const int64_t inner = c->inner, cols = c->cols;
+    int64_t lo, hi;
+    share_of(c->rows, id, team, &lo, &hi);
+    for (int64_t r = lo; r < hi; r++) {
+        const int64_t o = r / inner, i = r % inner;
+        if (c->bf16) {
+            float scratch[RMS_MAX_COLS]; /* 64 KiB of the thread's stack */
+            rms_row_bf16((const bf16_t *)c->x + o * c->x_outer + i * c->x_inner,
+                         (const bf16_t *)c->w + i * c->w_inner, (bf16_t *)c->out + r * cols,
+                         cols, c->eps, scratch);
+        } else {
+            rms_row_f32((const float *)c->x + o * c->x_outer + i * c->x_inner,
+                        (const float *)c->w + i * c->w_inner, (float *)c->out + r * cols, cols,
+                        c->eps);
+        }
+    }
+}
+
 static int rms_norm(const void *x, int64_t outer, int64_t inner, int64_t x_outer,
                     int64_t x_inner, const void *w, int64_t w_inner, void *out, int64_t cols,
                     float eps, int nthreads, int bf16) {
     if (outer < 0 || inner < 1 || cols < 1 || cols > RMS_MAX_COLS) return 2;
     const int64_t rows = outer * inner;
-    nthreads = team_size(nthreads, rows * cols, RMS_PARALLEL_MIN);
-#if defined(_OPENMP)
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
-#endif
-    for (int64_t r = 0; r < rows; r++) {
-        const int64_t o = r / inner, i = r % inner;
-        if (bf16) {
-            float scratch[RMS_MAX_COLS]; /* 64 KiB of the thread's stack */
-            rms_row_bf16((const bf16_t *)x + o * x_outer + i * x_inner,
-                         (const bf16_t *)w + i * w_inner, (bf16_t *)out + r * cols, cols, eps,
-                         scratch);
-        } else {
-            rms_row_f32((const float *)x + o * x_outer + i * x_inner,
-                        (const float *)w + i * w_inner, (float *)out + r * cols, cols, eps);
-        }
-    }
+    const struct rms_ctx ctx = {x, inner, x_outer, x_inner, w, w_inner, out, cols, rows, eps, bf16};
+    parallel_run(rms_share, (void *)&ctx,
+                 team_size(nthreads, rows * cols, RMS_PARALLEL_MIN, POOL_PARALLEL_MIN));
     return 0;
 }
 
@@ -525,6 +866,33 @@ static NO_CONTRACT void rotate_bf16(const float *x, const bf16_t *c, const bf16_
     }
 }
 
+struct rope_ctx {
+    const void *x;
+    int64_t heads, x_row, x_head;
+    const void *w;
+    int64_t w_head;
+    float eps;
+    const void *cos, *sin;
+    const int64_t *positions;
+    void *out;
+    int64_t dim, n;
+    int bf16;
+};
+
+static void rope_share(void *p, int id, int team) {
+    const struct rope_ctx *c = (const struct rope_ctx *)p;
+    const size_t elem = c->bf16 ? sizeof(bf16_t) : sizeof(float);
+    int64_t lo, hi;
+    share_of(c->n, id, team, &lo, &hi);
+    for (int64_t i = lo; i < hi; i++) {
+        const int64_t r = i / c->heads, h = i % c->heads;
+        rope_head((const char *)c->x + (r * c->x_row + h * c->x_head) * (int64_t)elem,
+                  c->w ? (const char *)c->w + h * c->w_head * (int64_t)elem : NULL, c->eps,
+                  c->cos, c->sin, c->positions[r], (char *)c->out + i * c->dim * (int64_t)elem,
+                  c->dim, c->bf16);
+    }
+}
+
 static int rope(const void *x, int64_t rows, int64_t heads, int64_t x_row, int64_t x_head,
                 const void *w, int64_t w_head, float eps, const void *cos, const void *sin,
                 const int64_t *positions, int64_t max_pos, void *out, int64_t dim, int nthreads,
@@ -534,17 +902,10 @@ static int rope(const void *x, int64_t rows, int64_t heads, int64_t x_row, int64
     for (int64_t r = 0; r < rows; r++)
         if (positions[r] < 0 || positions[r] >= max_pos) return 2;
     const int64_t n = rows * heads;
-    nthreads = team_size(nthreads, n * dim, ROPE_PARALLEL_MIN);
-#if defined(_OPENMP)
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
-#endif
-    for (int64_t i = 0; i < n; i++) {
-        const int64_t r = i / heads, h = i % heads;
-        const size_t elem = bf16 ? sizeof(bf16_t) : sizeof(float);
-        rope_head((const char *)x + (r * x_row + h * x_head) * (int64_t)elem,
-                  w ? (const char *)w + h * w_head * (int64_t)elem : NULL, eps, cos, sin,
-                  positions[r], (char *)out + i * dim * (int64_t)elem, dim, bf16);
-    }
+    const struct rope_ctx ctx = {x, heads, x_row, x_head, w, w_head, eps, cos, sin, positions,
+                                 out, dim, n, bf16};
+    parallel_run(rope_share, (void *)&ctx,
+                 team_size(nthreads, n * dim, ROPE_PARALLEL_MIN, POOL_PARALLEL_MIN));
     return 0;
 }
 
@@ -729,20 +1090,24 @@ static inline void store_bf16_masked(bf16_t *p, __mmask16 m, __m512 rounded) {
 
 #define SILU_PARALLEL_MIN 524288 /* elements (see RMS_PARALLEL_MIN) */
 
-static int silu_mul(const void *gu, int64_t rows, int64_t gu_row, void *out, int64_t cols,
-                    int nthreads, int bf16) {
-#if !SWIFT_VECTOR_ACTIVATION
-    (void)gu, (void)rows, (void)gu_row, (void)out, (void)cols, (void)nthreads, (void)bf16;
-    return 3;
-#else
-    if (rows < 0 || cols < 1 || gu_row < 2 * cols) return 2;
-    nthreads = team_size(nthreads, rows * cols, SILU_PARALLEL_MIN);
-    /* Column chunks of each row, so that a decode step's few rows keep every thread busy. */
-    const int64_t chunk = 512, per_row = (cols + chunk - 1) / chunk, tasks = rows * per_row;
-#if defined(_OPENMP)
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
-#endif
-    for (int64_t t = 0; t < tasks; t++) {
+#if SWIFT_VECTOR_ACTIVATION
+struct silu_ctx {
+    const void *gu;
+    int64_t gu_row;
+    void *out;
+    int64_t cols, chunk, per_row, tasks;
+    int bf16;
+};
+
+static void silu_share(void *p, int id, int team) {
+    const struct silu_ctx *c = (const struct silu_ctx *)p;
+    const void *gu = c->gu;
+    void *out = c->out;
+    const int64_t gu_row = c->gu_row, cols = c->cols, chunk = c->chunk, per_row = c->per_row;
+    const int bf16 = c->bf16;
+    int64_t t0, t1;
+    share_of(c->tasks, id, team, &t0, &t1);
+    for (int64_t t = t0; t < t1; t++) {
         const int64_t r = t / per_row, lo = (t % per_row) * chunk;
         const int64_t hi = lo + chunk < cols ? lo + chunk : cols;
         for (int64_t j = lo; j < hi; j += 16) {
@@ -775,6 +1140,21 @@ static int silu_mul(const void *gu, int64_t rows, int64_t gu_row, void *out, int
             }
         }
     }
+}
+#endif
+
+static int silu_mul(const void *gu, int64_t rows, int64_t gu_row, void *out, int64_t cols,
+                    int nthreads, int bf16) {
+#if !SWIFT_VECTOR_ACTIVATION
+    (void)gu, (void)rows, (void)gu_row, (void)out, (void)cols, (void)nthreads, (void)bf16;
+    return 3;
+#else
+    if (rows < 0 || cols < 1 || gu_row < 2 * cols) return 2;
+    nthreads = team_size(nthreads, rows * cols, SILU_PARALLEL_MIN, POOL_PARALLEL_MIN);
+    /* Column chunks of each row, so that a decode step's few rows keep every thread busy. */
+    const int64_t chunk = 512, per_row = (cols + chunk - 1) / chunk, tasks = rows * per_row;
+    const struct silu_ctx ctx = {gu, gu_row, out, cols, chunk, per_row, tasks, bf16};
+    parallel_run(silu_share, (void *)&ctx, nthreads);
     return 0;
 #endif
 }
@@ -810,9 +1190,13 @@ int swift_silu_mul_bf16(const bf16_t *gu, int64_t rows, int64_t gu_row, bf16_t *
  * BW) only: elsewhere it returns 3 and the caller uses torch (swift_kernel_features tells it
  * beforehand). Returns 0, 2 for sizes it does not take, or 3.
  */
-/* Weight bytes below which one thread streams a layer faster than a woken team. */
+/* Weight bytes below which one thread streams a layer faster than a woken team; on the
+   pool, below which it streams faster than two awake threads. The pool's bound is reasoned,
+   not yet measured: 256 KiB take about 13 us on one thread at 19 GB/s and 7-10 us on two,
+   against a dispatch of well under a microsecond. */
 #define LINEAR_MAX_ROWS 8
 #define LINEAR_PARALLEL_MIN_BYTES (4 << 20)
+#define POOL_LINEAR_PARALLEL_MIN_BYTES (256 << 10)
 
 #if SWIFT_BF16_LINEAR
 /* A weight row's outputs: scale * sum (+ bias) (+ residual), rounded once to bfloat16. */
@@ -875,6 +1259,28 @@ static void linear_span(const bf16_t *x, int rows, int64_t x_row, const bf16_t *
     FOR_ROWS(rows)
 #undef SPAN
 }
+
+struct linear_ctx {
+    const bf16_t *x;
+    int rows;
+    int64_t x_row;
+    const bf16_t *w;
+    int64_t k, n;
+    const bf16_t *bias, *res;
+    int64_t res_row;
+    bf16_t *out;
+    int64_t out_row;
+};
+
+/* Threads take contiguous ranges of weight rows. */
+static void linear_share(void *p, int id, int team) {
+    const struct linear_ctx *c = (const struct linear_ctx *)p;
+    int64_t n0, n1;
+    share_of(c->n, id, team, &n0, &n1);
+    if (n0 < n1)
+        linear_span(c->x, c->rows, c->x_row, c->w, c->k, n0, n1, c->bias, c->res, c->res_row,
+                    c->out, c->out_row);
+}
 #endif
 
 int swift_linear_bf16(const bf16_t *x, int64_t rows, int64_t x_row, const bf16_t *w, int64_t n,
@@ -888,22 +1294,11 @@ int swift_linear_bf16(const bf16_t *x, int64_t rows, int64_t x_row, const bf16_t
     if (rows < 1 || rows > LINEAR_MAX_ROWS || n < 1 || k < 1 || x_row < k || out_row < n ||
         (res && res_row < n))
         return 2;
-    nthreads = team_size(nthreads, n * k * 2, LINEAR_PARALLEL_MIN_BYTES);
+    nthreads = team_size(nthreads, n * k * 2, LINEAR_PARALLEL_MIN_BYTES,
+                         POOL_LINEAR_PARALLEL_MIN_BYTES);
     if (nthreads > n) nthreads = (int)n;
-#if defined(_OPENMP)
-    if (nthreads > 1) {
-#pragma omp parallel num_threads(nthreads)
-        {
-            const int64_t team = omp_get_num_threads(), id = omp_get_thread_num();
-            const int64_t per = (n + team - 1) / team, n0 = id * per;
-            const int64_t n1 = n0 + per < n ? n0 + per : n;
-            if (n0 < n1)
-                linear_span(x, (int)rows, x_row, w, k, n0, n1, bias, res, res_row, out, out_row);
-        }
-        return 0;
-    }
-#endif
-    linear_span(x, (int)rows, x_row, w, k, 0, n, bias, res, res_row, out, out_row);
+    const struct linear_ctx ctx = {x, (int)rows, x_row, w, k, n, bias, res, res_row, out, out_row};
+    parallel_run(linear_share, (void *)&ctx, nthreads);
     return 0;
 #endif
 }
@@ -1063,6 +1458,35 @@ static void linear_span_int4(const int8_t *q, const float *xs, const int32_t *st
 #undef SPAN
 }
 
+struct quantized_ctx {
+    const int8_t *q;
+    const float *xs;
+    const int32_t *start;
+    int rows;
+    int64_t kpad;
+    const void *w;
+    int64_t k;
+    const bf16_t *wscale;
+    int64_t n;
+    const bf16_t *bias, *res;
+    int64_t res_row;
+    bf16_t *out;
+    int64_t out_row;
+    int bits;
+};
+
+static void quantized_share(void *p, int id, int team) {
+    const struct quantized_ctx *c = (const struct quantized_ctx *)p;
+    int64_t n0, n1;
+    share_of(c->n, id, team, &n0, &n1);
+    if (n0 < n1 && c->bits == 4)
+        linear_span_int4(c->q, c->xs, c->start, c->rows, c->kpad, (const uint8_t *)c->w, c->k,
+                         c->wscale, n0, n1, c->bias, c->res, c->res_row, c->out, c->out_row);
+    else if (n0 < n1)
+        linear_span_int8(c->q, c->xs, c->start, c->rows, c->kpad, (const int8_t *)c->w, c->k,
+                         c->wscale, n0, n1, c->bias, c->res, c->res_row, c->out, c->out_row);
+}
+
 /* The int8 and int4 kernels' shared part: quantize x's rows, then split the weight rows over
    the threads. */
 static int linear_quantized(const bf16_t *x, int64_t rows, int64_t x_row, const void *w,
@@ -1083,26 +1507,13 @@ static int linear_quantized(const bf16_t *x, int64_t rows, int64_t x_row, const 
     for (int64_t t = 0; t < rows; t++)
         quantize_row_q8(x + t * x_row, k, kpad, q + t * kpad, xs + t * kpad / 4,
                         start + t * kpad / 4, bits == 4 ? 8 : 128);
-    nthreads = team_size(nthreads, n * k * bits / 8, LINEAR_PARALLEL_MIN_BYTES);
+    nthreads = team_size(nthreads, n * k * bits / 8, LINEAR_PARALLEL_MIN_BYTES,
+                         POOL_LINEAR_PARALLEL_MIN_BYTES);
     if (nthreads > n) nthreads = (int)n;
-#if defined(_OPENMP)
-#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
-#endif
-    {
-#if defined(_OPENMP)
-        const int64_t team = omp_get_num_threads(), id = omp_get_thread_num();
-#else
-        const int64_t team = 1, id = 0;
-#endif
-        const int64_t per = (n + team - 1) / team, n0 = id * per;
-        const int64_t n1 = n0 + per < n ? n0 + per : n;
-        if (n0 < n1 && bits == 4)
-            linear_span_int4(q, xs, start, (int)rows, kpad, (const uint8_t *)w, k, wscale, n0, n1,
-                             bias, res, res_row, out, out_row);
-        else if (n0 < n1)
-            linear_span_int8(q, xs, start, (int)rows, kpad, (const int8_t *)w, k, wscale, n0, n1,
-                             bias, res, res_row, out, out_row);
-    }
+    const struct quantized_ctx ctx = {q,     xs,     start, (int)rows, kpad, w,       k,
+                                      wscale, n,     bias,  res,       res_row, out, out_row,
+                                      bits};
+    parallel_run(quantized_share, (void *)&ctx, nthreads);
     free(scratch);
     return 0;
 }
@@ -1137,21 +1548,23 @@ int swift_linear_int4(const bf16_t *x, int64_t rows, int64_t x_row, const uint8_
 #endif
 }
 
-/* Dequantize int4 codes (the layout above) into bfloat16 weights [n, k]: (code - 8) * scale,
-   rounded once; for the steps with more rows than the linear kernels take. Returns 0, 2 for
-   sizes it does not take, 3 where the build has no AVX-512 BF16 kernels. */
-int swift_dequantize_int4(const uint8_t *w, const bf16_t *wscale, int64_t n, int64_t k,
-                          bf16_t *out, int nthreads) {
-#if !SWIFT_INT8_LINEAR
-    (void)w, (void)wscale, (void)n, (void)k, (void)out, (void)nthreads;
-    return 3;
-#else
-    if (n < 1 || k < 32 || k % 32) return 2;
-    nthreads = team_size(nthreads, n * k, LINEAR_PARALLEL_MIN_BYTES);
-#if defined(_OPENMP)
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
-#endif
-    for (int64_t r = 0; r < n; r++) {
+#if SWIFT_INT8_LINEAR
+struct dequantize_ctx {
+    const uint8_t *w;
+    const bf16_t *wscale;
+    int64_t n, k;
+    bf16_t *out;
+};
+
+static void dequantize_share(void *p, int id, int team) {
+    const struct dequantize_ctx *ctx = (const struct dequantize_ctx *)p;
+    const uint8_t *w = ctx->w;
+    const bf16_t *wscale = ctx->wscale;
+    const int64_t k = ctx->k;
+    bf16_t *out = ctx->out;
+    int64_t r0, r1;
+    share_of(ctx->n, id, team, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) {
         const uint8_t *wr = w + r * (k / 2);
         const bf16_t *sr = wscale + r * (k / 32);
         bf16_t *o = out + r * k;
@@ -1171,6 +1584,23 @@ int swift_dequantize_int4(const uint8_t *w, const bf16_t *wscale, int64_t n, int
             }
         }
     }
+}
+#endif
+
+/* Dequantize int4 codes (the layout above) into bfloat16 weights [n, k]: (code - 8) * scale,
+   rounded once; for the steps with more rows than the linear kernels take. Returns 0, 2 for
+   sizes it does not take, 3 where the build has no AVX-512 BF16 kernels. */
+int swift_dequantize_int4(const uint8_t *w, const bf16_t *wscale, int64_t n, int64_t k,
+                          bf16_t *out, int nthreads) {
+#if !SWIFT_INT8_LINEAR
+    (void)w, (void)wscale, (void)n, (void)k, (void)out, (void)nthreads;
+    return 3;
+#else
+    if (n < 1 || k < 32 || k % 32) return 2;
+    const struct dequantize_ctx ctx = {w, wscale, n, k, out};
+    parallel_run(dequantize_share, (void *)&ctx,
+                 team_size(nthreads, n * k, LINEAR_PARALLEL_MIN_BYTES,
+                           POOL_LINEAR_PARALLEL_MIN_BYTES));
     return 0;
 #endif
 }
