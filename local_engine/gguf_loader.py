@@ -14,7 +14,7 @@ Tensor types:
 - ``F32``, ``F16``, ``BF16``: loaded as the engine's dtype (a float32 file runs in float32).
 - ``Q4_0``: onto the int4 path (``quantization="int4"``, chosen by default for such a
   file). Its numbers map exactly: 4-bit codes ``q`` with ``value = (q - 8) * d`` per block of
-  32 are the int4 weights' stored codes; only the nibble order is repacked, and the block
+  32 are the int4 weights' stored codes (laid out 16 rows at a time), and the block
   scale ``d`` is stored in the activation dtype (float16: exact; bfloat16: rounded to 8
   significant bits).
 - ``Q8_0``: onto the int8 path (``quantization="int8"``). Its per-32 scales do not map onto
@@ -411,6 +411,7 @@ def load_gguf_model(
             f"GGUF file lacks {len(missing)} tensors the {config.family} config needs, "
             f"e.g. {missing[:5]}"
         )
+    model.tie_head()
     return model
 
 
@@ -444,12 +445,7 @@ def _load_tensor(
     elif config.family == "llama" and ".attn_k." in name:
         data = _unpermute(data, config.num_kv_heads)
     if kind == "Q4_0" and isinstance(target, Int4Rows):
-        from .quant import _pack_nibbles
-
-        codes, scales = _q4_0_codes(data, rows, shape[1])
-        weight = target.weight
-        weight.qweight[target.start : target.stop].copy_(_pack_nibbles(codes))
-        weight.scales[target.start : target.stop].copy_(scales)
+        target.write(*_q4_0_codes(data, rows, shape[1]))
         return
     values = _dequantize(data, tensor.tensor_type, shape)
     target.copy_(values)

@@ -32,7 +32,7 @@ from local_engine.errors import EngineConfigError
 
 from .config import ModelConfig, _read_json
 from .model import DecoderModel
-from .quant import INT4_BLOCK, Int4Rows, Quantization, _pack_nibbles, check_quantization
+from .quant import INT4_BLOCK, Int4Rows, Quantization, check_quantization
 from .weight_rows import QuantizedRows
 
 __all__ = [
@@ -230,9 +230,8 @@ def load_gptq_model(
                 target.copy_(dequantize_gptq(weight))
                 continue
             assert isinstance(target, Int4Rows)
-            codes, scales = exact
-            target.weight.qweight[target.start : target.stop].copy_(_pack_nibbles(codes))
-            target.weight.scales[target.start : target.stop].copy_(scales)
+            target.write(*exact)
+    model.tie_head()
     return model
 
 

@@ -114,6 +114,7 @@ def load_model(
                 for name in shapes:
                     if name in targets:
                         targets[name][0].copy_(handle.get_tensor(name))
+    model.tie_head()
     return model
 
 

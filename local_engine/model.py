@@ -5,9 +5,10 @@ in float32 and cast to the model dtype, SwiGLU MLP). Weights are stored fused: q
 matrix and gate/up in another, so each layer runs three matmuls before its MLP down
 projection. Attention goes through an :class:`AttentionBackend` over a paged KV cache.
 Parameters are allocated uninitialized; :func:`local_engine.loader.load_model` fills them.
-With ``quantization="int8"`` the four projections of every layer and an untied LM head hold
-int8 weights with per-row scales (:mod:`local_engine.quant`); embeddings, norms and
-activations stay in the model dtype. With ``quantization="fp8"`` (CUDA GPUs with fp8 tensor
+With ``quantization="int8"`` the four projections of every layer and the LM head hold int8
+weights with per-row scales (:mod:`local_engine.quant`; a tied head is an int8 copy of the
+embeddings, :meth:`DecoderModel.tie_head`); embeddings, norms and activations stay in the
+model dtype. With ``quantization="fp8"`` (CUDA GPUs with fp8 tensor
 cores only) the four projections hold fp8 weights with per-row scales (:mod:`local_engine.fp8`)
 and the LM head stays bfloat16.
 """
@@ -184,7 +185,13 @@ def _decode_linear(
         )
     if isinstance(weight, Int4Weight):
         return kernel.linear_int4(
-            x, weight.qweight, weight.scales, bias, residual, torch.get_num_threads()
+            x,
+            weight.qweight,
+            weight.scales,
+            bias,
+            residual,
+            torch.get_num_threads(),
+            weight.out_features,
         )
     return None
 
@@ -458,12 +465,15 @@ class DecoderModel(nn.Module):
         self._layer_seq: tuple[DecoderLayer, ...] = tuple(layers)
         self.norm = _param(config.hidden_size, dtype=dtype, device=dev)
         self.lm_head: torch.Tensor | Int8Weight
-        if config.tie_word_embeddings:
-            self.lm_head = self.embed_tokens  # the lookup needs its rows dense: not quantized
-        elif scratch is not None:  # int8 for int4 too: the head decides the tokens
+        if scratch is not None:
+            # int8 for int4 too: the head decides the tokens. A tied head is an int8 copy of
+            # the embeddings (tie_head), which the lookup keeps dense: a decode step streams
+            # half the bytes of a bfloat16 head.
             self.lm_head = Int8Weight(
                 config.vocab_size, config.hidden_size, dtype=dtype, device=dev, scratch=scratch
             )
+        elif config.tie_word_embeddings:
+            self.lm_head = self.embed_tokens
         else:
             self.lm_head = _param(config.vocab_size, config.hidden_size, dtype=dtype, device=dev)
         inv_freq = rope_inverse_frequencies(config.head_dim, config.rope_theta, config.rope_scaling)
@@ -582,6 +592,12 @@ class DecoderModel(nn.Module):
             return False
         del alive
         return True
+
+    def tie_head(self) -> None:
+        """Quantize the loaded embeddings into the int8 LM head of a tied int8 or int4 model
+        (the loaders call it last); nothing for other models."""
+        if self.config.tie_word_embeddings and isinstance(self.lm_head, Int8Weight):
+            self.lm_head.rows(0, self.config.vocab_size).copy_(self.embed_tokens)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Project hidden states ``[N, hidden]`` to float32 logits ``[N, vocab]``."""

@@ -18,9 +18,11 @@ q8_0 does).
 
 ``quantization="int4"`` stores 4-bit codes with one scale per block of 32 values along each
 row (llama.cpp's q4_0 layout of the numbers: the block's value of largest magnitude maps to
--8, codes in [-8, 7]), half the bytes of int8. Decode steps run the native kernel, which
-reads the packed codes; other steps (and CPUs without the kernel) dequantize the weight into
-the shared scratch buffer and run a dense matmul. In-features must be a multiple of 32.
+-8, codes in [-8, 7]), half the bytes of int8, stored in groups of 16 rows
+(:func:`quantize_int4_rows`) so that the native kernel's dot products run on 16 rows at once.
+Decode steps run that kernel, which reads the packed codes; other steps (and CPUs without
+the kernel) dequantize the weight into the shared scratch buffer and run a dense matmul.
+In-features must be a multiple of 32.
 """
 
 from __future__ import annotations
@@ -40,9 +42,13 @@ from .weight_rows import QuantizedRows
 __all__ = [
     "DEQUANT_ROWS",
     "INT4_BLOCK",
+    "INT4_GROUP",
     "Int4Rows",
     "Int4Weight",
+    "deinterleave_int4",
     "dequantize_int4",
+    "int4_blocks",
+    "interleave_int4",
     "quantize_int4_rows",
     "QUANTIZATION_METHODS",
     "DequantScratch",
@@ -104,18 +110,34 @@ INT4_BLOCK = 32
 """Values per int4 scale, along a row."""
 
 
+INT4_GROUP = 16
+"""Rows per group of the int4 layout (:func:`quantize_int4_rows`)."""
+
+
 def quantize_int4_rows(
     weight: torch.Tensor, scale_dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize ``weight [N, K]`` (``K`` a multiple of 32) to packed int4 codes
-    ``[N, K / 2]`` (uint8) and scales ``[N, K / 32]``.
+    ``[N', K / 2]`` (uint8) and scales ``[N', K / 32]``, ``N'`` being ``N`` rounded up to a
+    multiple of 16 (the padding rows: codes 0, scales 0).
 
     Each block of 32 values along a row gets the scale ``v / -8`` for its value ``v`` of
     largest magnitude (rounded to ``scale_dtype`` first), codes ``round(w / scale)`` in
-    [-8, 7], stored as ``code + 8``. Packing, per 64 values of a row (the last 32 when ``K``
-    is an odd multiple of 32): value ``i`` in the low nibble of byte ``i``, value
-    ``i + 32`` (``i + 16``) in its high nibble, as the native kernel reads them. An all-zero
-    block gets scale 0 and code 0.
+    [-8, 7], stored as ``code + 8`` (:func:`int4_blocks`). The layout
+    (:func:`interleave_int4`) keeps 16 rows together, as the native kernel reads them.
+
+    Raises:
+        EngineConfigError: ``K`` is not a multiple of 32.
+    """
+    return interleave_int4(*int4_blocks(weight, scale_dtype))
+
+
+def int4_blocks(
+    weight: torch.Tensor, scale_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The stored codes ``[N, K]`` (uint8, ``code + 8`` in 0..15) and block scales
+    ``[N, K / 32]`` of ``weight [N, K]``, row by row (:func:`quantize_int4_rows` before the
+    layout); an all-zero block gets scale 0 and code 0.
 
     Raises:
         EngineConfigError: ``K`` is not a multiple of 32.
@@ -131,41 +153,60 @@ def quantize_int4_rows(
     wide = scales.to(torch.float32).unsqueeze(-1)
     safe = torch.where(wide == 0, torch.ones_like(wide), wide)
     codes = torch.where(wide == 0, 0.0, torch.round(blocks / safe)).clamp_(-8, 7)
-    stored = (codes + 8).to(torch.uint8).view(n, k)
-    return _pack_nibbles(stored), scales
+    return (codes + 8).to(torch.uint8).view(n, k), scales
 
 
-def _pack_nibbles(stored: torch.Tensor) -> torch.Tensor:
-    """Pack ``[N, K]`` values 0..15 as :func:`quantize_int4_rows` describes."""
+def interleave_int4(
+    stored: torch.Tensor, scales: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lay out stored codes ``[N, K]`` (0..15) and block scales ``[N, K / 32]`` as the int4
+    weights keep them: rows padded to a multiple of 16 (codes 0, scales 0) and taken 16 at a
+    time. Per group of 16 rows and block of 32 values, 256 bytes: four slices ``m`` of the
+    16 rows' 4 bytes each, byte ``j`` of a row's 4 in slice ``m`` holding the block's value
+    ``4m + j`` in its low nibble and value ``16 + 4m + j`` in its high nibble (a row's 16
+    bytes, slice after slice, are llama.cpp's q4_0 bytes); the scales, per group and block,
+    the 16 rows' in turn. Returns ``[N', K / 2]`` uint8 and ``[N', K / 32]``."""
     n, k = stored.shape
-    full = k // 64 * 64
-    parts = []
-    if full:
-        chunks = stored[:, :full].reshape(n, full // 64, 2, 32)
-        parts.append((chunks[:, :, 0] | (chunks[:, :, 1] << 4)).reshape(n, full // 2))
-    if k > full:
-        tail = stored[:, full:].reshape(n, 2, 16)
-        parts.append(tail[:, 0] | (tail[:, 1] << 4))
-    return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0].contiguous()
+    padded = -(-n // INT4_GROUP) * INT4_GROUP
+    if padded != n:
+        stored = torch.cat((stored, stored.new_zeros(padded - n, k)))
+        scales = torch.cat((scales, scales.new_zeros(padded - n, scales.shape[1])))
+    groups, blocks = padded // INT4_GROUP, k // INT4_BLOCK
+    # (group, row, block, nibble, slice, byte): value 16 * nibble + 4 * slice + byte
+    values = stored.reshape(groups, INT4_GROUP, blocks, 2, 4, 4)
+    packed = values[:, :, :, 0] | (values[:, :, :, 1] << 4)
+    packed = packed.permute(0, 2, 3, 1, 4).contiguous().view(padded, k // 2)
+    grouped = scales.reshape(groups, INT4_GROUP, blocks).permute(0, 2, 1).contiguous()
+    return packed, grouped.view(padded, blocks)
+
+
+def deinterleave_int4(
+    packed: torch.Tensor, scales: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The stored codes ``[N', K]`` and block scales ``[N', K / 32]`` of
+    :func:`interleave_int4`'s layout, rows in order (the padding rows included)."""
+    padded, half = packed.shape
+    groups, blocks = padded // INT4_GROUP, half // 16
+    slices = packed.reshape(groups, blocks, 4, INT4_GROUP, 4).permute(0, 3, 1, 2, 4)
+    stored = torch.stack((slices & 15, slices >> 4), dim=3).reshape(padded, half * 2)
+    rows = scales.reshape(groups, blocks, INT4_GROUP).permute(0, 2, 1).reshape(padded, blocks)
+    return stored, rows
 
 
 def dequantize_int4(
-    packed: torch.Tensor, scales: torch.Tensor, out: torch.Tensor | None = None
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    out: torch.Tensor | None = None,
+    rows: int | None = None,
 ) -> torch.Tensor:
     """The weight ``[N, K]`` in ``scales``' dtype (into ``out`` when given) from
-    :func:`quantize_int4_rows`' codes and scales."""
-    n, k = packed.shape[0], packed.shape[1] * 2
-    full = k // 64 * 64
-    parts = []
-    if full:
-        chunks = packed[:, : full // 2].reshape(n, full // 64, 1, 32)
-        parts.append(torch.cat((chunks & 15, chunks >> 4), dim=2).reshape(n, full))
-    if k > full:
-        tail = packed[:, full // 2 :]
-        parts.append(torch.cat((tail & 15, tail >> 4), dim=1))
-    stored = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
-    values = (stored.to(torch.float32) - 8).view(n, k // INT4_BLOCK, INT4_BLOCK)
-    weight = (values * scales.to(torch.float32).unsqueeze(-1)).view(n, k)
+    :func:`quantize_int4_rows`' codes and scales; ``N`` is ``out``'s rows, else ``rows``,
+    else every stored row (the padding included)."""
+    stored, block_scales = deinterleave_int4(packed, scales)
+    n = out.shape[0] if out is not None else stored.shape[0] if rows is None else rows
+    k = stored.shape[1]
+    values = (stored[:n].to(torch.float32) - 8).view(n, k // INT4_BLOCK, INT4_BLOCK)
+    weight = (values * block_scales[:n].to(torch.float32).unsqueeze(-1)).view(n, k)
     if out is None:
         return weight.to(scales.dtype)
     return out.copy_(weight)
@@ -293,16 +334,17 @@ class Int4Weight(_CodedWeight):
                 f"int4 weights need in_features divisible by {INT4_BLOCK}; this model has a "
                 f"{out_features}x{in_features} projection (use int8)"
             )
-        codes = torch.empty(out_features, in_features // 2, dtype=torch.uint8, device=device)
+        # Zeros: the padding rows of the last group are never loaded.
+        padded = -(-out_features // INT4_GROUP) * INT4_GROUP
+        codes = torch.zeros(padded, in_features // 2, dtype=torch.uint8, device=device)
         blocks = in_features // INT4_BLOCK
-        super().__init__(
-            codes, torch.empty(out_features, blocks, dtype=dtype, device=device), scratch
-        )
+        super().__init__(codes, torch.zeros(padded, blocks, dtype=dtype, device=device), scratch)
+        self.out_features = out_features
 
     @property
     def shape(self) -> torch.Size:
         """The shape of the weight it stands for."""
-        return torch.Size((self.qweight.shape[0], self.qweight.shape[1] * 2))
+        return torch.Size((self.out_features, self.qweight.shape[1] * 2))
 
     def rows(self, start: int, stop: int) -> Int4Rows:
         """Rows ``start:stop`` as a load target."""
@@ -323,7 +365,7 @@ class Int4Weight(_CodedWeight):
             is not None
         ):
             return done
-        return dequantize_int4(self.qweight, self.scales, out)
+        return dequantize_int4(self.qweight, self.scales, out, self.out_features)
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """``x [T, in_features] @ W.T (+ bias)`` in ``x``'s dtype, the scales' dtype, through
@@ -344,8 +386,38 @@ class Int4Rows(QuantizedRows):
     """A row range of an :class:`Int4Weight`, as the loader's copy target."""
 
     def quantize(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Packed codes and block scales for ``src``."""
-        return quantize_int4_rows(src, self.weight.scales.dtype)
+        """Stored codes and block scales for ``src``, row by row (:func:`int4_blocks`)."""
+        return int4_blocks(src, self.weight.scales.dtype)
+
+    def write(self, stored: torch.Tensor, scales: torch.Tensor) -> None:
+        """Write the rows' stored codes ``[rows, K]`` (0..15) and block scales
+        ``[rows, K / 32]`` as they are (a checkpoint already in int4's blocks).
+
+        Raises:
+            EngineConfigError: ``stored`` or ``scales`` has another shape.
+        """
+        rows, k = self.stop - self.start, self.weight.shape[1]
+        if tuple(stored.shape) != (rows, k) or tuple(scales.shape) != (rows, k // INT4_BLOCK):
+            raise EngineConfigError(
+                f"expected int4 codes {(rows, k)} and scales {(rows, k // INT4_BLOCK)}, got "
+                f"{tuple(stored.shape)} and {tuple(scales.shape)}"
+            )
+        with torch.no_grad():
+            self._store(self.start, self.stop, stored, scales)
+
+    def _store(self, start: int, stop: int, codes: torch.Tensor, scales: torch.Tensor) -> None:
+        """Write rows ``start:stop`` into the 16-row groups that hold them (the groups are
+        read back, changed and laid out again: rows of a group may come in separate
+        writes)."""
+        weight = self.weight
+        lo = start // INT4_GROUP * INT4_GROUP
+        hi = -(-stop // INT4_GROUP) * INT4_GROUP
+        stored, block_scales = deinterleave_int4(weight.qweight[lo:hi], weight.scales[lo:hi])
+        stored[start - lo : stop - lo] = codes
+        block_scales[start - lo : stop - lo] = scales
+        packed, grouped = interleave_int4(stored, block_scales)
+        weight.qweight[lo:hi].copy_(packed)
+        weight.scales[lo:hi].copy_(grouped)
 
 
 QuantizedWeight = Int8Weight | Int4Weight | Fp8Weight

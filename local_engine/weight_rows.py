@@ -56,5 +56,9 @@ class QuantizedRows:
             for lo in range(0, expected[0], step):
                 hi = min(lo + step, expected[0])
                 codes, scales = self.quantize(src[lo:hi])
-                self.weight.qweight[self.start + lo : self.start + hi].copy_(codes)
-                self.weight.scales[self.start + lo : self.start + hi].copy_(scales)
+                self._store(self.start + lo, self.start + hi, codes, scales)
+
+    def _store(self, start: int, stop: int, codes: torch.Tensor, scales: torch.Tensor) -> None:
+        """Write :meth:`quantize`'s codes and scales into rows ``start:stop``."""
+        self.weight.qweight[start:stop].copy_(codes)
+        self.weight.scales[start:stop].copy_(scales)

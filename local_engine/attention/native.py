@@ -428,34 +428,40 @@ class PagedDecodeKernel:
         bias: torch.Tensor | None,
         residual: torch.Tensor | None,
         threads: int,
+        rows: int | None = None,
     ) -> torch.Tensor | None:
-        """:meth:`linear_int8` for an int4 weight: ``codes`` ``[N, K / 2]`` (contiguous
-        uint8, packed as :func:`local_engine.quant.quantize_int4_rows` packs them) and
-        ``scales`` ``[N, K / 32]`` (bfloat16, one per block of 32 values); ``x``'s rows are
-        quantized as for int8. None where the kernel does not take the arguments.
+        """:meth:`linear_int8` for an int4 weight of ``rows`` rows (None: all of ``codes``'):
+        ``codes`` ``[N', K / 2]`` (contiguous uint8, ``N'`` a multiple of 16, in 16-row
+        groups as :func:`local_engine.quant.quantize_int4_rows` lays them out) and
+        ``scales`` ``[N', K / 32]`` (bfloat16, one per block of 32 values, grouped alike);
+        ``x``'s rows are quantized in blocks of 32 as for int8, and each block's 16 rows
+        multiply with AVX-512 VNNI at once. None where the kernel does not take the
+        arguments.
 
         Raises:
             KernelError: the kernel refused the sizes it was given, or ran out of memory.
         """
-        if not self._takes_int4(codes, scales):
+        n = codes.shape[0] if rows is None else rows
+        if not self._takes_int4(codes, scales, n):
             return None
-        n, k = codes.shape[0], codes.shape[1] * 2
+        k = codes.shape[1] * 2
         return self._linear(self._linear_int4, x, (codes, scales), n, k, bias, residual, threads)
 
     def dequantize_int4(
         self, codes: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, threads: int
     ) -> torch.Tensor | None:
         """Write the bfloat16 weight ``[N, K]`` of :meth:`linear_int4`'s ``codes`` and
-        ``scales`` into ``out`` (``(code - 8) * scale``, rounded once) and return it; None
-        where the kernel does not take the arguments.
+        ``scales`` (its first ``N`` rows: ``out``'s) into ``out`` (``(code - 8) * scale``,
+        rounded once) and return it; None where the kernel does not take the arguments.
 
         Raises:
             KernelError: the kernel refused the sizes it was given.
         """
         if (
-            not self._takes_int4(codes, scales)
+            out.dim() != 2
+            or not self._takes_int4(codes, scales, out.shape[0])
             or out.dtype != torch.bfloat16
-            or out.shape != (codes.shape[0], codes.shape[1] * 2)
+            or out.shape[1] != codes.shape[1] * 2
             or not out.is_contiguous()
         ):
             return None
@@ -466,11 +472,15 @@ class PagedDecodeKernel:
             raise KernelError(f"int4 dequantize kernel refused its arguments (status {status})")
         return out
 
-    def _takes_int4(self, codes: torch.Tensor, scales: torch.Tensor) -> bool:
-        """Whether ``codes`` and ``scales`` are an int4 weight the kernels take."""
-        rows, packed = codes.shape if codes.dim() == 2 else (0, 1)
-        return not packed % 16 and self._takes_codes(
-            codes, torch.uint8, scales, (rows, packed // 16)
+    def _takes_int4(self, codes: torch.Tensor, scales: torch.Tensor, rows: int) -> bool:
+        """Whether ``codes`` and ``scales`` are an int4 weight of ``rows`` rows (in 16-row
+        groups) the kernels take."""
+        padded, packed = codes.shape if codes.dim() == 2 else (0, 1)
+        return (
+            not packed % 16
+            and not padded % 16
+            and padded - 16 < rows <= padded
+            and self._takes_codes(codes, torch.uint8, scales, (padded, packed // 16))
         )
 
     def _takes_codes(

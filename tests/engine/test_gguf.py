@@ -117,7 +117,7 @@ def test_q4_0_codes_load_exactly(tmp_path: Path) -> None:
             assert isinstance(ours, DecoderLayer) and isinstance(ref, DecoderLayer)
             weight = ours.qkv_weight
             assert isinstance(weight, Int4Weight)
-            got = dequantize_int4(weight.qweight, weight.scales.float())
+            got = dequantize_int4(weight.qweight, weight.scales.float(), rows=weight.out_features)
             expected = ref.qkv_weight
             assert isinstance(expected, torch.Tensor)
             if dtype == torch.float16:  # fp16 scales: exact

@@ -113,7 +113,7 @@ def test_symmetric_gptq_loads_exactly(tmp_path: Path, family: str, group: int) -
         for name in ("qkv_weight", "o_weight", "gate_up_weight", "down_weight"):
             weight, expected = getattr(ours, name), getattr(ref, name)
             assert isinstance(weight, Int4Weight) and isinstance(expected, torch.Tensor)
-            got = dequantize_int4(weight.qweight, weight.scales.float())
+            got = dequantize_int4(weight.qweight, weight.scales.float(), rows=weight.out_features)
             torch.testing.assert_close(got, expected, rtol=0, atol=0)  # fp16 scales: exact
 
 

@@ -161,12 +161,12 @@ def test_int4_linear_is_the_q8_product(
 ) -> None:
     x, weight, bias, residual = _inputs(rows, n, k, seed=5 * n + k + rows)
     packed, block_scales = quantize_int4_rows(weight, torch.bfloat16)
-    dequantized = dequantize_int4(packed, block_scales.float())  # exact in float32
+    dequantized = dequantize_int4(packed, block_scales.float(), rows=n)  # exact in float32
     expected = _q8_reference(x, dequantized, torch.ones(n))
-    out = int8_kernel.linear_int4(x, packed, block_scales, None, None, threads)
+    out = int8_kernel.linear_int4(x, packed, block_scales, None, None, threads, n)
     assert out is not None and out.dtype == torch.bfloat16 and out.shape == (rows, n)
     torch.testing.assert_close(out.double(), expected, rtol=2**-7, atol=1e-3)
-    fused = int8_kernel.linear_int4(x, packed, block_scales, bias, residual, threads)
+    fused = int8_kernel.linear_int4(x, packed, block_scales, bias, residual, threads, n)
     assert fused is not None
     want = expected + bias.double() + residual.double()
     torch.testing.assert_close(fused.double(), want, rtol=2**-7, atol=1e-2)
@@ -178,7 +178,7 @@ def test_int4_dequantize_kernel_is_torchs(int8_kernel: PagedDecodeKernel, n: int
     for threads in (1, 2):
         out = torch.empty(n, k, dtype=torch.bfloat16)
         assert int8_kernel.dequantize_int4(packed, scales, out, threads) is out
-        assert torch.equal(out, dequantize_int4(packed, scales))
+        assert torch.equal(out, dequantize_int4(packed, scales, rows=n))
     wrong = torch.empty(n, k, dtype=torch.float16)
     assert int8_kernel.dequantize_int4(packed, scales, wrong, 1) is None
     assert int8_kernel.dequantize_int4(packed, scales.float(), out, 1) is None
@@ -191,6 +191,10 @@ def test_int4_linear_declines_what_it_does_not_take(int8_kernel: PagedDecodeKern
     assert int8_kernel.linear_int4(x, packed.view(torch.int8), scales, None, None, 1) is None
     assert int8_kernel.linear_int4(x, packed, scales[:, :1], None, None, 1) is None
     assert int8_kernel.linear_int4(x[:, :32], packed, scales, None, None, 1) is None
+    # rows: the weight's 96 rows are six whole groups; 80 or fewer leave a group unused
+    assert int8_kernel.linear_int4(x, packed, scales, None, None, 1, 80) is None
+    assert int8_kernel.linear_int4(x, packed, scales, None, None, 1, 97) is None
+    assert int8_kernel.linear_int4(x, packed[:95], scales[:95], None, None, 1) is None
 
 
 def test_int8_linear_declines_what_it_does_not_take(int8_kernel: PagedDecodeKernel) -> None:

@@ -18,11 +18,15 @@ from local_engine.model import DecoderLayer
 from local_engine.quant import (
     DEQUANT_ROWS,
     INT4_BLOCK,
+    INT4_GROUP,
     DequantScratch,
     Int4Weight,
     Int8Weight,
     check_quantization,
+    deinterleave_int4,
     dequantize_int4,
+    int4_blocks,
+    interleave_int4,
     quantize_int4_rows,
     quantize_rows,
 )
@@ -113,7 +117,10 @@ def test_int8_model_holds_int8_projections(tmp_path: Path) -> None:
     tied_dir = make_tiny_model(tmp_path / "t", "llama", tie_word_embeddings=True)
     tied = load_model(tied_dir, quantization="int8", dtype="float16")
     assert tied.dtype == torch.float16
-    assert tied.lm_head is tied.embed_tokens  # the embedding lookup keeps it dense
+    # the embedding lookup keeps its table dense; the head is an int8 copy of it
+    assert isinstance(tied.lm_head, Int8Weight) and tied.embed_tokens.dtype == torch.float16
+    codes, scales = quantize_rows(tied.embed_tokens, torch.float16)
+    assert torch.equal(tied.lm_head.qweight, codes) and torch.equal(tied.lm_head.scales, scales)
 
 
 def test_loaded_codes_and_scales_match_the_checkpoint_rows(tmp_path: Path) -> None:
@@ -244,21 +251,25 @@ def test_int4_model_holds_int4_projections_and_an_int8_head(tmp_path: Path) -> N
         assert isinstance(weight, Int4Weight)
         assert weight.qweight.dtype == torch.uint8
         rows, cols = weight.shape
-        assert weight.qweight.shape == (rows, cols // 2)
-        assert weight.scales.shape == (rows, cols // INT4_BLOCK)
+        padded = -(-rows // INT4_GROUP) * INT4_GROUP  # in 16-row groups
+        assert weight.qweight.shape == (padded, cols // 2)
+        assert weight.scales.shape == (padded, cols // INT4_BLOCK)
     assert isinstance(untied.lm_head, Int8Weight)  # the head picks the tokens: 8 bits
 
 
-@pytest.mark.parametrize("cols", [64, 96, 32])  # 96 and 32: a last block of 32 (16 bytes)
-def test_int4_round_trip_and_packing(cols: int) -> None:
+@pytest.mark.parametrize("cols", [64, 96, 32])
+def test_int4_round_trip(cols: int) -> None:
     torch.manual_seed(cols)
     weight = torch.randn(6, cols) * torch.linspace(0.01, 3.0, 6).unsqueeze(1)
     weight[2, :32] = 0.0  # an all-zero block
-    packed, scales = quantize_int4_rows(weight, torch.float32)
-    assert packed.dtype == torch.uint8 and packed.shape == (6, cols // 2)
-    assert scales.shape == (6, cols // 32) and scales[2, 0].item() == 0.0
-    restored = dequantize_int4(packed, scales)
-    step = scales.abs().repeat_interleave(32, dim=1)
+    packed, grouped = quantize_int4_rows(weight, torch.float32)
+    assert packed.dtype == torch.uint8 and packed.shape == (16, cols // 2)  # 6 rows padded
+    assert grouped.shape == (16, cols // 32)
+    stored, scales = deinterleave_int4(packed, grouped)
+    assert scales[2, 0].item() == 0.0 and not scales[6:].any() and not stored[6:].any()
+    restored = dequantize_int4(packed, grouped, rows=6)
+    assert restored.shape == (6, cols)
+    step = scales[:6].abs().repeat_interleave(32, dim=1)
     # round to nearest, but the block's value opposite its largest one may clamp at +7
     assert ((restored - weight).abs() <= step + 1e-6).all()
     assert ((restored - weight).abs() <= step / 2 + 1e-6).float().mean().item() > 0.97
@@ -270,14 +281,51 @@ def test_int4_round_trip_and_packing(cols: int) -> None:
         extreme,
         rtol=1e-6,
     )
-    # the layout: per 64 values, value i in byte i's low nibble and i + 32 in its high one
-    codes = torch.arange(cols).remainder(16).to(torch.uint8).expand(1, cols)
-    values = (codes.float() - 8).contiguous()
-    packed_codes, unit = quantize_int4_rows(values * 0.5, torch.float32)
-    lo, hi = packed_codes[0] & 15, packed_codes[0] >> 4
-    half = 32 if cols >= 64 else 16
-    assert lo[:half].tolist() == codes[0, :half].tolist()
-    assert hi[:half].tolist() == codes[0, half : 2 * half].tolist()
+
+
+def test_int4_layout_keeps_16_rows_together() -> None:
+    torch.manual_seed(0)
+    rows, cols = 20, 96  # a second, partial group of 4 rows; 3 blocks
+    stored = torch.randint(0, 16, (rows, cols), dtype=torch.uint8)
+    block_scales = torch.arange(rows * 3, dtype=torch.float32).view(rows, 3) + 1
+    packed, grouped = interleave_int4(stored, block_scales)
+    assert packed.shape == (32, cols // 2) and grouped.shape == (32, 3)
+    flat, flat_scales = packed.reshape(-1), grouped.reshape(-1)
+    for r in range(rows):
+        g, i = divmod(r, 16)
+        for b in range(3):
+            base = (g * 3 + b) * 256
+            # the row's 16 bytes of the block, slice after slice, are q4_0's: byte jj holds
+            # value jj in its low nibble and value jj + 16 in its high one
+            row_bytes = [flat[base + m * 64 + i * 4 + j].item() for m in range(4) for j in range(4)]
+            block = stored[r, b * 32 : (b + 1) * 32].tolist()
+            assert [v & 15 for v in row_bytes] == block[:16]
+            assert [v >> 4 for v in row_bytes] == block[16:]
+            assert flat_scales[(g * 3 + b) * 16 + i].item() == block_scales[r, b].item()
+    assert not flat[(3 * 256) + 0 :].view(3, 4, 16, 4)[:, :, 4:].any()  # padding rows
+    back, back_scales = deinterleave_int4(packed, grouped)
+    assert torch.equal(back[:rows], stored) and torch.equal(back_scales[:rows], block_scales)
+
+
+def test_int4_rows_written_in_pieces_match_one_write() -> None:
+    torch.manual_seed(1)
+    dense = torch.randn(37, 64)
+    whole = Int4Weight(
+        37, 64, dtype=torch.bfloat16, device=torch.device("cpu"), scratch=DequantScratch()
+    )
+    whole.rows(0, 37).copy_(dense)
+    pieces = Int4Weight(
+        37, 64, dtype=torch.bfloat16, device=torch.device("cpu"), scratch=DequantScratch()
+    )
+    for start, stop in ((20, 37), (0, 5), (5, 20)):  # unaligned, out of order
+        pieces.rows(start, stop).copy_(dense[start:stop])
+    assert torch.equal(whole.qweight, pieces.qweight)
+    assert torch.equal(whole.scales, pieces.scales)
+    stored, scales = int4_blocks(dense[3:9], torch.bfloat16)
+    pieces.rows(3, 9).write(stored, scales)
+    assert torch.equal(whole.qweight, pieces.qweight)
+    with pytest.raises(EngineConfigError, match="expected int4 codes"):
+        pieces.rows(3, 9).write(stored[:5], scales)
 
 
 def test_int4_needs_in_features_in_blocks_of_32() -> None:

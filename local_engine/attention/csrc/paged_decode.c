@@ -139,7 +139,7 @@ static struct {
    engine's passive behaviour, where a futex wake-up preempts the neighbour promptly), and
    spins again after it, which tells within a job or two whether the neighbour is still
    there. */
-#define POOL_LATE_NS 50000
+#define POOL_LATE_NS 200000
 #define POOL_QUIET_NS 50000000
 
 static long futex(atomic_uint *addr, int op, unsigned val) {
@@ -1319,10 +1319,10 @@ int swift_linear_bf16(const bf16_t *x, int64_t rows, int64_t x_row, const bf16_t
 #if SWIFT_INT8_LINEAR
 /* Quantize `k` bfloat16 values into `q` (zero padded to `kpad`, a multiple of 64) with one
    scale per 32 values, written as a 16-lane vector per 64 values (8 lanes per block) into
-   `scales`; and into `start`, per 64 values, the 16 lanes' -offset * (sum of their 4 codes):
-   the dot products' starting values for weight codes stored offset (unsigned). */
+   `scales`; and into `start`, per 64 values, the 16 lanes' -128 * (sum of their 4 codes):
+   the dot products' starting values for weight codes read unsigned (code + 128). */
 static void quantize_row_q8(const bf16_t *x, int64_t k, int64_t kpad, int8_t *q, float *scales,
-                            int32_t *start, int offset) {
+                            int32_t *start) {
     for (int64_t b = 0; b < kpad; b += 32) {
         const int64_t left = k - b;
         const __mmask16 m0 = left >= 16 ? 0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
@@ -1340,7 +1340,7 @@ static void quantize_row_q8(const bf16_t *x, int64_t k, int64_t kpad, int8_t *q,
         float *lanes = scales + (b / 64) * 16 + ((b / 32) % 2) * 8;
         for (int l = 0; l < 8; l++) lanes[l] = scale;
     }
-    const __m512i by = _mm512_set1_epi8((char)offset); /* unsigned operand: 128 is 0x80 */
+    const __m512i by = _mm512_set1_epi8((char)0x80); /* unsigned operand: the codes' 128 */
     for (int64_t j = 0; j < kpad; j += 64) {
         const __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), by,
                                                  _mm512_loadu_si512((const void *)(q + j)));
@@ -1396,64 +1396,98 @@ static void linear_span_int8(const int8_t *q, const float *xs, const int32_t *st
 #endif
 
 #if SWIFT_INT8_LINEAR
-/* The int4 span: codes [n, k / 2] bytes, each 64 codes of a row (32 for a row's last when k
-   is an odd multiple of 32) in as many halves' bytes, value i in the low nibble of byte i and
-   value i + half in the high nibble, stored as code + 8 (0..15); one bfloat16 scale per 32
-   codes, [n, k / 32]. */
-static inline __attribute__((always_inline)) void linear_span_q4(
-    const int8_t *q, const float *xs, const int32_t *start, const int rows, int64_t kpad,
-    const uint8_t *w, int64_t k, const bf16_t *wscale, int64_t n0, int64_t n1,
-    const bf16_t *bias, const bf16_t *res, int64_t res_row, bf16_t *out, int64_t out_row) {
-    const int64_t full = k & ~(int64_t)63;
-    const __m256i nibble = _mm256_set1_epi8(0x0f);
-    const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
-    for (int64_t n = n0; n < n1; n++) {
-        const uint8_t *wr = w + n * (k / 2);
-        const bf16_t *sr = wscale + n * (k / 32);
-        __m512 acc[LINEAR_MAX_ROWS];
-        for (int t = 0; t < rows; t++) acc[t] = _mm512_setzero_ps();
-#define Q4_DOT(codes, ws, j)                                                                  \
-    for (int t = 0; t < rows; t++) {                                                          \
-        const __m512i d = _mm512_dpbusd_epi32(                                                \
-            _mm512_loadu_si512((const void *)(start + (t * kpad + (j)) / 4)), (codes),       \
-            _mm512_loadu_si512((const void *)(q + t * kpad + (j))));                          \
-        const __m512 sc = _mm512_mul_ps((ws), _mm512_loadu_ps(xs + (t * kpad + (j)) / 4));   \
-        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sc, acc[t]);                          \
-    }
-        for (int64_t j = 0; j < full; j += 64) {
-            const __m256i b = _mm256_loadu_si256((const __m256i *)(wr + j / 2));
-            const __m512i codes = _mm512_inserti64x4(
-                _mm512_castsi256_si512(_mm256_and_si256(b, nibble)),
-                _mm256_and_si256(_mm256_srli_epi16(b, 4), nibble), 1);
-            /* The chunk's two block scales: lanes 0-7 the first, 8-15 the second. */
-            uint32_t pair;
-            memcpy(&pair, sr + j / 32, sizeof pair);
-            const __m512i both = _mm512_set1_epi32((int)pair);
-            const __m512 ws = _mm512_castsi512_ps(_mm512_mask_blend_epi32(
-                (__mmask16)0xff00, _mm512_slli_epi32(both, 16), _mm512_and_si512(both, high)));
-            Q4_DOT(codes, ws, j)
-        }
-        if (full < k) { /* the last 32 codes: 16 bytes; the upper lanes multiply zero padding */
-            const __m128i b = _mm_loadu_si128((const __m128i *)(wr + full / 2));
-            const __m128i lo = _mm_and_si128(b, _mm256_castsi256_si128(nibble));
-            const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm256_castsi256_si128(nibble));
-            const __m512i codes = _mm512_maskz_mov_epi64(
-                (__mmask8)0x0f, _mm512_castsi256_si512(_mm256_set_m128i(hi, lo)));
-            const __m512 ws = _mm512_maskz_mov_ps((__mmask16)0x00ff,
-                                                  _mm512_set1_ps(bf16_to_f32(sr[full / 32])));
-            Q4_DOT(codes, ws, full)
-        }
-#undef Q4_DOT
-        store_row(acc, rows, n, 1.0f, bias, res, res_row, out, out_row);
+/*
+ * The int4 layout: 16-row groups. The weight's rows are padded to a multiple of 16 (the
+ * padding's codes 8, its scales 0) and stored a group of 16 rows at a time; a group holds,
+ * per block of 32 values along the rows, 256 bytes: four 64-byte slices m = 0..3, each the
+ * group's 16 rows' 4 bytes in turn. Byte j of a row's 4 in slice m holds the block's value
+ * 4m + j (its code + 8) in its low nibble and value 16 + 4m + j in its high nibble, so a
+ * row's 16 bytes of a block, slice after slice, are llama.cpp's q4_0 bytes. The scales:
+ * per group and block, the 16 rows' bfloat16 scales in turn ([n_pad / 16, k / 32, 16]).
+ *
+ * One 64-byte read gives 16 rows x 8 values: its low nibbles multiply 4 activation codes
+ * broadcast to every lane (one VNNI instruction for 16 rows x 4 values), its high nibbles 4
+ * others, so a block is 8 instructions for 16 rows, the lanes are the rows, and no dot
+ * product needs a horizontal sum; the weights are still read as one sequential stream. The
+ * activations are quantized per block of 32 (as for int8), with -8 * (the sum of a block's
+ * codes) as each block's starting value (the codes are stored + 8).
+ */
+#define INT4_GROUP 16
+
+static void quantize_row_blocks(const bf16_t *x, int64_t k, int8_t *q, float *bscale,
+                                int32_t *bsum) {
+    for (int64_t b = 0; b < k; b += 32) {
+        const __m512 v0 = load_bf16x16(x + b), v1 = load_bf16x16(x + b + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(inv)));
+        const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(inv)));
+        _mm_storeu_si128((__m128i *)(q + b), _mm512_cvtsepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(q + b + 16), _mm512_cvtsepi32_epi8(q1));
+        bscale[b / 32] = amax / 127.0f;
+        bsum[b / 32] = -8 * _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
     }
 }
 
-static void linear_span_int4(const int8_t *q, const float *xs, const int32_t *start, int rows,
-                             int64_t kpad, const uint8_t *w, int64_t k, const bf16_t *wscale,
-                             int64_t n0, int64_t n1, const bf16_t *bias, const bf16_t *res,
-                             int64_t res_row, bf16_t *out, int64_t out_row) {
+/* A group's 16 outputs per row of x: sum (+ bias) (+ residual), rounded once to bfloat16;
+   the lanes past n are not written. */
+static inline __attribute__((always_inline)) void store_group(
+    const __m512 *acc, int rows, int64_t n0, int64_t n, const bf16_t *bias, const bf16_t *res,
+    int64_t res_row, bf16_t *out, int64_t out_row) {
+    const int64_t left = n - n0;
+    const __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+    const __m512 b = bias ? load_bf16_masked(bias + n0, m) : _mm512_setzero_ps();
+    for (int t = 0; t < rows; t++) {
+        __m512 v = _mm512_add_ps(acc[t], b);
+        if (res) v = _mm512_add_ps(v, load_bf16_masked(res + t * res_row + n0, m));
+        store_bf16_masked(out + t * out_row + n0, m, round_bf16x16(v));
+    }
+}
+
+static inline __attribute__((always_inline)) void linear_span_q4(
+    const int8_t *q, const float *bscale, const int32_t *bsum, const int rows, int64_t k,
+    const uint8_t *w, const bf16_t *wscale, int64_t n, int64_t g0, int64_t g1,
+    const bf16_t *bias, const bf16_t *res, int64_t res_row, bf16_t *out, int64_t out_row) {
+    const int64_t kb = k / 32;
+    const __m512i nibble = _mm512_set1_epi8(0x0f);
+    for (int64_t g = g0; g < g1; g++) {
+        const uint8_t *wg = w + g * kb * 256;
+        const bf16_t *sg = wscale + g * kb * INT4_GROUP;
+        __m512 acc[LINEAR_MAX_ROWS];
+        for (int t = 0; t < rows; t++) acc[t] = _mm512_setzero_ps();
+        for (int64_t b = 0; b < kb; b++) {
+            const uint8_t *wb = wg + b * 256;
+            __m512i dot[LINEAR_MAX_ROWS];
+            for (int t = 0; t < rows; t++) dot[t] = _mm512_set1_epi32(bsum[t * kb + b]);
+            for (int m = 0; m < 4; m++) {
+                const __m512i v = _mm512_loadu_si512((const void *)(wb + m * 64));
+                const __m512i lo = _mm512_and_si512(v, nibble);
+                const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+                for (int t = 0; t < rows; t++) {
+                    const int8_t *qb = q + t * k + b * 32;
+                    int32_t a, c;
+                    memcpy(&a, qb + 4 * m, sizeof a);
+                    memcpy(&c, qb + 16 + 4 * m, sizeof c);
+                    dot[t] = _mm512_dpbusd_epi32(dot[t], lo, _mm512_set1_epi32(a));
+                    dot[t] = _mm512_dpbusd_epi32(dot[t], hi, _mm512_set1_epi32(c));
+                }
+            }
+            const __m512 ws = load_bf16x16(sg + b * INT4_GROUP);
+            for (int t = 0; t < rows; t++)
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[t]),
+                                         _mm512_mul_ps(ws, _mm512_set1_ps(bscale[t * kb + b])),
+                                         acc[t]);
+        }
+        store_group(acc, rows, g * INT4_GROUP, n, bias, res, res_row, out, out_row);
+    }
+}
+
+static void linear_span_int4(const int8_t *q, const float *bscale, const int32_t *bsum,
+                             int rows, int64_t k, const uint8_t *w, const bf16_t *wscale,
+                             int64_t n, int64_t g0, int64_t g1, const bf16_t *bias,
+                             const bf16_t *res, int64_t res_row, bf16_t *out, int64_t out_row) {
 #define SPAN(R)                                                                             \
-    linear_span_q4(q, xs, start, R, kpad, w, k, wscale, n0, n1, bias, res, res_row, out, out_row)
+    linear_span_q4(q, bscale, bsum, R, k, w, wscale, n, g0, g1, bias, res, res_row, out, out_row)
     FOR_ROWS(rows)
 #undef SPAN
 }
@@ -1478,11 +1512,16 @@ struct quantized_ctx {
 static void quantized_share(void *p, int id, int team) {
     const struct quantized_ctx *c = (const struct quantized_ctx *)p;
     int64_t n0, n1;
+    if (c->bits == 4) { /* threads take contiguous ranges of 16-row groups */
+        share_of((c->n + INT4_GROUP - 1) / INT4_GROUP, id, team, &n0, &n1);
+        if (n0 < n1)
+            linear_span_int4(c->q, c->xs, c->start, c->rows, c->k, (const uint8_t *)c->w,
+                             c->wscale, c->n, n0, n1, c->bias, c->res, c->res_row, c->out,
+                             c->out_row);
+        return;
+    }
     share_of(c->n, id, team, &n0, &n1);
-    if (n0 < n1 && c->bits == 4)
-        linear_span_int4(c->q, c->xs, c->start, c->rows, c->kpad, (const uint8_t *)c->w, c->k,
-                         c->wscale, n0, n1, c->bias, c->res, c->res_row, c->out, c->out_row);
-    else if (n0 < n1)
+    if (n0 < n1)
         linear_span_int8(c->q, c->xs, c->start, c->rows, c->kpad, (const int8_t *)c->w, c->k,
                          c->wscale, n0, n1, c->bias, c->res, c->res_row, c->out, c->out_row);
 }
@@ -1497,16 +1536,22 @@ static int linear_quantized(const bf16_t *x, int64_t rows, int64_t x_row, const 
         (res && res_row < n) || (bits == 4 && k % 32))
         return 2;
     const int64_t kpad = (k + 63) & ~(int64_t)63;
-    /* Per row of x: its codes, one float scale per 4 codes and one int32 start per 4 codes
-       (16 lanes per 64 codes each: kpad bytes apiece). */
+    /* Per row of x, int8: its codes, one float scale per 4 codes and one int32 start per 4
+       codes (16 lanes per 64 codes each: kpad bytes apiece); int4: its k codes, and one
+       float scale and one int32 start per block of 32. */
     char *scratch = aligned_alloc(64, (size_t)(3 * rows * kpad));
     if (!scratch) return 1;
     int8_t *q = (int8_t *)scratch;
     float *xs = (float *)(scratch + rows * kpad);
     int32_t *start = (int32_t *)(scratch + 2 * rows * kpad);
-    for (int64_t t = 0; t < rows; t++)
-        quantize_row_q8(x + t * x_row, k, kpad, q + t * kpad, xs + t * kpad / 4,
-                        start + t * kpad / 4, bits == 4 ? 8 : 128);
+    for (int64_t t = 0; t < rows; t++) {
+        if (bits == 4)
+            quantize_row_blocks(x + t * x_row, k, q + t * k, xs + t * (k / 32),
+                                start + t * (k / 32));
+        else
+            quantize_row_q8(x + t * x_row, k, kpad, q + t * kpad, xs + t * kpad / 4,
+                            start + t * kpad / 4);
+    }
     nthreads = team_size(nthreads, n * k * bits / 8, LINEAR_PARALLEL_MIN_BYTES,
                          POOL_LINEAR_PARALLEL_MIN_BYTES);
     if (nthreads > n) nthreads = (int)n;
@@ -1558,37 +1603,53 @@ struct dequantize_ctx {
 
 static void dequantize_share(void *p, int id, int team) {
     const struct dequantize_ctx *ctx = (const struct dequantize_ctx *)p;
-    const uint8_t *w = ctx->w;
-    const bf16_t *wscale = ctx->wscale;
-    const int64_t k = ctx->k;
-    bf16_t *out = ctx->out;
-    int64_t r0, r1;
-    share_of(ctx->n, id, team, &r0, &r1);
-    for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *wr = w + r * (k / 2);
-        const bf16_t *sr = wscale + r * (k / 32);
-        bf16_t *o = out + r * k;
-        for (int64_t j = 0; j < k; j += 64) {
-            const int64_t half = k - j >= 64 ? 32 : 16;
-            for (int part = 0; part < 2; part++) { /* low nibbles, then high nibbles */
-                for (int64_t i = 0; i < half; i += 16) {
-                    const __m128i b = _mm_loadu_si128((const __m128i *)(wr + j / 2 + i));
-                    const __m128i c = part ? _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0f))
-                                           : _mm_and_si128(b, _mm_set1_epi8(0x0f));
-                    const int64_t at = j + part * half + i;
-                    const __m512 v = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(c)),
-                                                   _mm512_set1_ps(8.0f));
-                    const __m512 scaled = _mm512_mul_ps(v, _mm512_set1_ps(bf16_to_f32(sr[at / 32])));
-                    _mm256_storeu_si256((__m256i *)(o + at), (__m256i)_mm512_cvtneps_pbh(scaled));
-                }
+    const int64_t k = ctx->k, kb = k / 32;
+    const __m128i nibble = _mm_set1_epi8(0x0f);
+    int64_t g0, g1;
+    share_of((ctx->n + INT4_GROUP - 1) / INT4_GROUP, id, team, &g0, &g1);
+    for (int64_t g = g0; g < g1; g++) {
+        for (int64_t b = 0; b < kb; b++) {
+            const uint8_t *wb = ctx->w + (g * kb + b) * 256;
+            const bf16_t *sb = ctx->wscale + (g * kb + b) * INT4_GROUP;
+            /* Transpose the four slices (16 rows' 4 bytes each) into the rows' 16 bytes:
+               row 4L + c ends in 128-bit lane L of u[c]. */
+            const __m512i v0 = _mm512_loadu_si512((const void *)wb);
+            const __m512i v1 = _mm512_loadu_si512((const void *)(wb + 64));
+            const __m512i v2 = _mm512_loadu_si512((const void *)(wb + 128));
+            const __m512i v3 = _mm512_loadu_si512((const void *)(wb + 192));
+            const __m512i t0 = _mm512_unpacklo_epi32(v0, v1), t1 = _mm512_unpackhi_epi32(v0, v1);
+            const __m512i t2 = _mm512_unpacklo_epi32(v2, v3), t3 = _mm512_unpackhi_epi32(v2, v3);
+            __m128i rows16[INT4_GROUP];
+            const __m512i u[4] = {_mm512_unpacklo_epi64(t0, t2), _mm512_unpackhi_epi64(t0, t2),
+                                  _mm512_unpacklo_epi64(t1, t3), _mm512_unpackhi_epi64(t1, t3)};
+            for (int c = 0; c < 4; c++) {
+                rows16[c] = _mm512_castsi512_si128(u[c]);
+                rows16[4 + c] = _mm512_extracti32x4_epi32(u[c], 1);
+                rows16[8 + c] = _mm512_extracti32x4_epi32(u[c], 2);
+                rows16[12 + c] = _mm512_extracti32x4_epi32(u[c], 3);
+            }
+            for (int i = 0; i < INT4_GROUP && g * INT4_GROUP + i < ctx->n; i++) {
+                const __m512 scale = _mm512_set1_ps(bf16_to_f32(sb[i]));
+                bf16_t *o = ctx->out + (g * INT4_GROUP + i) * k + b * 32;
+                const __m128i lo = _mm_and_si128(rows16[i], nibble);
+                const __m128i hi = _mm_and_si128(_mm_srli_epi16(rows16[i], 4), nibble);
+                const __m512 vlo = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)),
+                                                 _mm512_set1_ps(8.0f));
+                const __m512 vhi = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)),
+                                                 _mm512_set1_ps(8.0f));
+                _mm256_storeu_si256((__m256i *)o,
+                                    (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(vlo, scale)));
+                _mm256_storeu_si256((__m256i *)(o + 16),
+                                    (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(vhi, scale)));
             }
         }
     }
 }
 #endif
 
-/* Dequantize int4 codes (the layout above) into bfloat16 weights [n, k]: (code - 8) * scale,
-   rounded once; for the steps with more rows than the linear kernels take. Returns 0, 2 for
+/* Dequantize int4 codes (the 16-row groups above linear_span_q4, n rows of them) into
+   bfloat16 weights [n, k]: (code - 8) * scale, rounded once; for the steps with more rows
+   than the linear kernels take. Returns 0, 2 for
    sizes it does not take, 3 where the build has no AVX-512 BF16 kernels. */
 int swift_dequantize_int4(const uint8_t *w, const bf16_t *wscale, int64_t n, int64_t k,
                           bf16_t *out, int nthreads) {
