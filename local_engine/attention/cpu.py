@@ -7,7 +7,7 @@ values where they lie in the paged cache, once. Prefill (many query tokens per s
 matrix-shaped work that SDPA already does well, so it stays on the reference path, as do
 decode rows the kernel does not take (float16 or non-CPU tensors, more than ``MAX_HEADS``
 query heads) and every row when the kernel is unavailable. The kernel takes float32 and
-bfloat16 (converted as it loads, computed in float32).
+bfloat16 (float32 sums; for head sizes 32, 64 and 128 with bfloat16 dot products).
 """
 
 from __future__ import annotations

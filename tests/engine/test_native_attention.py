@@ -110,21 +110,35 @@ def test_kernel_uses_every_thread_setting_alike(kernel: PagedDecodeKernel) -> No
 
 
 @pytest.mark.parametrize("window", [None, 5])
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim"),
+    [(8, 2, 64), (14, 2, 64), (16, 1, 32), (16, 2, 128), (13, 1, 128), (4, 4, 20)],
+    ids=["gqa4-d64", "gqa7-d64", "mqa16-d32", "gqa8-d128", "mqa13-d128", "mha-d20"],
+)
 def test_bf16_kernel_matches_float32_attention_on_the_same_values(
-    kernel: PagedDecodeKernel, window: int | None
+    kernel: PagedDecodeKernel, window: int | None, heads: int, kv_heads: int, dim: int
 ) -> None:
-    """bfloat16 rows: converted on load and computed in float32, so the result is the
-    float32 attention over the same (bf16-representable) values, rounded once."""
-    lens = [1, 4, 5, 37, 64, 11]
+    """bfloat16 rows: float32 sums over the bfloat16 values (dims 32, 64 and 128 through the
+    kernel's bfloat16 path: bfloat16 dot products, a polynomial exp, values summed for
+    several heads at once; others converted on load), so the result is the float32 attention
+    over the same values, rounded once, up to float32 rounding."""
+    lens = [1, 4, 5, 37, 64, 11, 130]
     q, k, v, cache, meta = _decode_step(
-        lens, heads=8, kv_heads=2, dim=64, block=4, seed=7, dtype=torch.bfloat16
+        lens,
+        heads=heads,
+        kv_heads=kv_heads,
+        dim=dim,
+        block=4,
+        seed=7 + dim + heads,
+        dtype=torch.bfloat16,
     )
+    scale = dim**-0.5
     want = ReferenceAttention().forward(
-        q.float(), k.float(), v.float(), cache.float(), meta, scale=0.125, sliding_window=window
+        q.float(), k.float(), v.float(), cache.float(), meta, scale=scale, sliding_window=window
     )
     meta.derived.clear()
     got = CPUPagedAttention(kernel).forward(
-        q, k, v, cache, meta, scale=0.125, sliding_window=window
+        q, k, v, cache, meta, scale=scale, sliding_window=window
     )
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), want.to(torch.bfloat16).float(), atol=1e-2, rtol=1e-2)

@@ -497,6 +497,14 @@ static inline const char *next_block(const void *base, const int64_t *table, int
     return (const char *)base + at * (int64_t)elem;
 }
 
+/* The bfloat16 fast path of one task (defined with the AVX-512 kernels below): returns 1 where
+   it took the task (dim 32, 64 or 128 on a build with AVX-512 BF16), 0 to use the path in
+   run(). */
+static int attend_bf16(const bf16_t *q, int64_t q_head, const bf16_t *k, const bf16_t *v,
+                       const int64_t *table, int64_t first, int64_t len, int64_t bs,
+                       int64_t token_stride, int64_t h0, int64_t span, int64_t group,
+                       int64_t dim, float scale, float *scores, bf16_t *out);
+
 static void *run(void *arg) {
     job_t *j = (job_t *)arg;
     const int64_t kvh = j->kv_heads, group = j->heads / kvh, dim = j->dim, bs = j->block_size;
@@ -559,6 +567,11 @@ static void *run(void *arg) {
             qsrc = (const char *)qr;
             q_head = dim;
         }
+        if (bf16 && attend_bf16((const bf16_t *)qsrc, q_head, (const bf16_t *)j->k,
+                                (const bf16_t *)j->v, table, first, len, bs, token_stride, h0,
+                                span, group, dim, j->scale, scores,
+                                (bf16_t *)j->out + (row * j->heads + h0 * group) * dim))
+            continue;
         const float *q = (const float *)qsrc;
         if (bf16) {
             const bf16_t *qb = (const bf16_t *)qsrc;
@@ -1085,6 +1098,126 @@ static inline __m512 load_bf16_masked(const bf16_t *p, __mmask16 m) {
 static inline void store_bf16_masked(bf16_t *p, __mmask16 m, __m512 rounded) {
     const __m512i bits = _mm512_srli_epi32(_mm512_castps_si512(rounded), 16);
     _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(bits));
+}
+#endif
+
+/*
+ * attend_bf16: one task's query heads (span KV heads x group) against a bfloat16 paged cache,
+ * for dim 32, 64 or 128. Each key row is read once for its group's query heads, whose scores
+ * are AVX-512 BF16 dot products of the bfloat16 query and key (float32 sums); the softmax's
+ * exponentials are exp16's, 16 at a time; the values are read once per position for up to
+ * VB(dim) query heads of a group, whose float32 sums stay in registers. The scores of run()'s
+ * path (float32 products and exp) differ from these by float32 rounding only.
+ */
+#if SWIFT_BF16_LINEAR
+#define ATTEND_ACC 24 /* float32 accumulators the value pass keeps in registers */
+
+/* Walk positions [first, len) block by block: `body` runs with `row_ptr` at position t's row
+   (head h0) of `base`, prefetching the row's next block as run() does. */
+#define FOR_POSITIONS(base, row_ptr, body)                                                    \
+    for (int64_t t = first; t < len;) {                                                      \
+        const int64_t offset_ = t % bs;                                                      \
+        const int64_t stop_ = (t - offset_ + bs < len) ? t - offset_ + bs : len;             \
+        const bf16_t *row_ptr =                                                              \
+            (base) + (table[t / bs] * bs + offset_) * token_stride + h0 * dim;               \
+        const char *ahead_ =                                                                 \
+            next_block(base, table, t, len, bs, token_stride, h0 * dim, sizeof(bf16_t));     \
+        for (; t < stop_; t++, row_ptr += token_stride) {                                    \
+            if (ahead_) {                                                                    \
+                prefetch_span(ahead_, span * dim * (int64_t)sizeof(bf16_t));                 \
+                ahead_ += token_stride * (int64_t)sizeof(bf16_t);                            \
+            }                                                                                \
+            body                                                                             \
+        }                                                                                    \
+    }
+
+/* The value pass for heads [i0, i0 + hb) of KV head g, VC vectors of 16 per head, HB heads
+   at most: acc[h * VC + c] in registers. */
+#define VALUE_PASS(VC, HB)                                                                   \
+    do {                                                                                     \
+        __m512 acc[(HB) * (VC)];                                                             \
+        for (int a = 0; a < (HB) * (VC); a++) acc[a] = _mm512_setzero_ps();                 \
+        FOR_POSITIONS(v, row, {                                                              \
+            __m512 vv[VC];                                                                   \
+            for (int c = 0; c < (VC); c++) vv[c] = load_bf16x16(row + g * dim + 16 * c);    \
+            for (int h = 0; h < (HB); h++) {                                                 \
+                if (h < hb) {                                                                \
+                    const __m512 p = _mm512_set1_ps(scores[(i0 + h) * n + t - first]);      \
+                    for (int c = 0; c < (VC); c++)                                           \
+                        acc[h * (VC) + c] = _mm512_fmadd_ps(p, vv[c], acc[h * (VC) + c]);   \
+                }                                                                            \
+            }                                                                                \
+        })                                                                                   \
+        for (int h = 0; h < hb; h++) {                                                       \
+            const __m512 inv = _mm512_set1_ps(1.f / total[i0 + h]);                          \
+            for (int c = 0; c < (VC); c++)                                                   \
+                store_bf16_masked(out + (i0 + h) * dim + 16 * c, (__mmask16)0xffff,          \
+                                  round_bf16x16(_mm512_mul_ps(acc[h * (VC) + c], inv)));     \
+        }                                                                                    \
+    } while (0)
+
+static int attend_bf16(const bf16_t *q, int64_t q_head, const bf16_t *k, const bf16_t *v,
+                       const int64_t *table, int64_t first, int64_t len, int64_t bs,
+                       int64_t token_stride, int64_t h0, int64_t span, int64_t group,
+                       int64_t dim, float scale, float *scores, bf16_t *out) {
+    if (dim != 32 && dim != 64 && dim != 128) return 0;
+    const int64_t heads = span * group, n = len - first, chunks = dim / 32;
+    float top[MAX_HEADS], total[MAX_HEADS];
+    for (int64_t i = 0; i < heads; i++) top[i] = -INFINITY;
+    FOR_POSITIONS(k, row, {
+        for (int64_t g = 0; g < span; g++) {
+            __m512bh kc[4];
+            for (int64_t c = 0; c < chunks; c++)
+                kc[c] = (__m512bh)_mm512_loadu_si512((const void *)(row + g * dim + 32 * c));
+            for (int64_t i = g * group; i < (g + 1) * group; i++) {
+                const bf16_t *qi = q + i * q_head;
+                __m512 acc = _mm512_setzero_ps();
+                for (int64_t c = 0; c < chunks; c++)
+                    acc = _mm512_dpbf16_ps(
+                        acc, (__m512bh)_mm512_loadu_si512((const void *)(qi + 32 * c)), kc[c]);
+                const float sc = _mm512_reduce_add_ps(acc) * scale;
+                scores[i * n + t - first] = sc;
+                top[i] = sc > top[i] ? sc : top[i];
+            }
+        }
+    })
+    for (int64_t i = 0; i < heads; i++) {
+        float *srow = scores + i * n;
+        const __m512 mx = _mm512_set1_ps(top[i]);
+        __m512 sum = _mm512_setzero_ps();
+        for (int64_t t = 0; t < n; t += 16) {
+            const __mmask16 m = n - t >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - t)) - 1);
+            const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, srow + t), mx));
+            _mm512_mask_storeu_ps(srow + t, m, e);
+            sum = _mm512_mask_add_ps(sum, m, sum, e);
+        }
+        total[i] = _mm512_reduce_add_ps(sum);
+    }
+    for (int64_t g = 0; g < span; g++) {
+        const int64_t vb = dim == 32 ? ATTEND_ACC / 2 : dim == 64 ? ATTEND_ACC / 4 : 2;
+        for (int64_t i0 = g * group; i0 < (g + 1) * group; i0 += vb) {
+            const int64_t hb = (g + 1) * group - i0 < vb ? (g + 1) * group - i0 : vb;
+            if (dim == 32)
+                VALUE_PASS(2, ATTEND_ACC / 2);
+            else if (dim == 64)
+                VALUE_PASS(4, ATTEND_ACC / 4);
+            else
+                VALUE_PASS(8, 2);
+        }
+    }
+    return 1;
+}
+#undef VALUE_PASS
+#undef FOR_POSITIONS
+#else
+static int attend_bf16(const bf16_t *q, int64_t q_head, const bf16_t *k, const bf16_t *v,
+                       const int64_t *table, int64_t first, int64_t len, int64_t bs,
+                       int64_t token_stride, int64_t h0, int64_t span, int64_t group,
+                       int64_t dim, float scale, float *scores, bf16_t *out) {
+    (void)q, (void)q_head, (void)k, (void)v, (void)table, (void)first, (void)len, (void)bs;
+    (void)token_stride, (void)h0, (void)span, (void)group, (void)dim, (void)scale;
+    (void)scores, (void)out;
+    return 0;
 }
 #endif
 
