@@ -22,7 +22,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 from . import errors
 from ._deadline import Deadline
 
-__all__ = ["RetryPolicy", "retry_after", "retry_after_seconds", "run_with_retries"]
+__all__ = ["RetryPolicy", "retry_after", "retry_after_seconds"]
 
 T = TypeVar("T")
 
@@ -93,22 +93,6 @@ class RetryPolicy:
         return random.uniform(0.0, ceiling)
 
 
-async def run_with_retries(
-    policy: RetryPolicy,
-    deadline: Deadline,
-    attempt: Callable[[int], Awaitable[T]],
-) -> T:
-    """Run ``attempt(n)`` until it succeeds, the policy gives up, or the deadline would pass.
-
-    The first attempt runs directly (most calls succeed at once and need no retry
-    machinery); after a retryable failure :func:`retry_after` drives the rest.
-    """
-    try:
-        return await attempt(1)
-    except Exception as exc:
-        return await retry_after(policy, deadline, attempt, exc)
-
-
 async def retry_after(
     policy: RetryPolicy,
     deadline: Deadline,
@@ -116,8 +100,9 @@ async def retry_after(
     failure: Exception,
 ) -> T:
     """Attempts 2, 3, ... of a call whose first attempt raised ``failure`` (re-raised when
-    it is not worth a retry); tenacity drives them, with the rules of
-    :func:`run_with_retries`."""
+    it is not worth a retry), for a caller that ran attempt 1 itself (most calls succeed at
+    once and need no retry machinery); tenacity drives them, each wait the policy's backoff
+    and none that the deadline would pass."""
     if policy.max_attempts <= 1 or not policy.is_retryable(failure):
         raise failure
     delay = policy.wait_seconds(1, failure)

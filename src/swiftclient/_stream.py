@@ -290,7 +290,7 @@ class Call:
         that won (a non-streamed one ends then); a failure finishes the call."""
         self.begin()
         try:
-            try:  # run_with_retries, in this frame: one coroutine less per call
+            try:  # attempt 1 in this frame (one coroutine less per call); retry_after the rest
                 attempt, result = await round_(1)
             except Exception as exc:
                 attempt, result = await retry_after(self.policy, self.deadline, round_, exc)
