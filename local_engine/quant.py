@@ -172,12 +172,13 @@ def interleave_int4(
         stored = torch.cat((stored, stored.new_zeros(padded - n, k)))
         scales = torch.cat((scales, scales.new_zeros(padded - n, scales.shape[1])))
     groups, blocks = padded // INT4_GROUP, k // INT4_BLOCK
-    # (group, row, block, nibble, slice, byte): value 16 * nibble + 4 * slice + byte
-    values = stored.reshape(groups, INT4_GROUP, blocks, 2, 4, 4)
-    packed = values[:, :, :, 0] | (values[:, :, :, 1] << 4)
-    packed = packed.permute(0, 2, 3, 1, 4).contiguous().view(padded, k // 2)
+    # (group, row, block, nibble, 16 values): value 16 * nibble + 4 * slice + byte
+    values = stored.reshape(groups, INT4_GROUP, blocks, 2, 16)
+    rows = (values[:, :, :, 0] | (values[:, :, :, 1] << 4)).contiguous()  # q4_0's 16 bytes
+    # a slice's 4 bytes as one int32: the permute moves words, not bytes
+    words = rows.view(torch.int32).permute(0, 2, 3, 1).contiguous()  # (group, block, slice, row)
     grouped = scales.reshape(groups, INT4_GROUP, blocks).permute(0, 2, 1).contiguous()
-    return packed, grouped.view(padded, blocks)
+    return words.view(torch.uint8).view(padded, k // 2), grouped.view(padded, blocks)
 
 
 def deinterleave_int4(
@@ -187,8 +188,9 @@ def deinterleave_int4(
     :func:`interleave_int4`'s layout, rows in order (the padding rows included)."""
     padded, half = packed.shape
     groups, blocks = padded // INT4_GROUP, half // 16
-    slices = packed.reshape(groups, blocks, 4, INT4_GROUP, 4).permute(0, 3, 1, 2, 4)
-    stored = torch.stack((slices & 15, slices >> 4), dim=3).reshape(padded, half * 2)
+    words = packed.contiguous().view(torch.int32).reshape(groups, blocks, 4, INT4_GROUP)
+    rows = words.permute(0, 3, 1, 2).contiguous().view(torch.uint8)  # (group, row, block, 16)
+    stored = torch.stack((rows & 15, rows >> 4), dim=3).reshape(padded, half * 2)
     rows = scales.reshape(groups, blocks, INT4_GROUP).permute(0, 2, 1).reshape(padded, blocks)
     return stored, rows
 
@@ -385,6 +387,8 @@ class Int4Weight(_CodedWeight):
 class Int4Rows(QuantizedRows):
     """A row range of an :class:`Int4Weight`, as the loader's copy target."""
 
+    row_multiple = INT4_GROUP
+
     def quantize(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Stored codes and block scales for ``src``, row by row (:func:`int4_blocks`)."""
         return int4_blocks(src, self.weight.scales.dtype)
@@ -410,6 +414,13 @@ class Int4Rows(QuantizedRows):
         read back, changed and laid out again: rows of a group may come in separate
         writes)."""
         weight = self.weight
+        assert isinstance(weight, Int4Weight)
+        if start % INT4_GROUP == 0 and (stop % INT4_GROUP == 0 or stop == weight.out_features):
+            # whole groups (the last one's padding rows zero): nothing to read back
+            packed, grouped = interleave_int4(codes, scales)
+            weight.qweight[start : start + packed.shape[0]].copy_(packed)
+            weight.scales[start : start + packed.shape[0]].copy_(grouped)
+            return
         lo = start // INT4_GROUP * INT4_GROUP
         hi = -(-stop // INT4_GROUP) * INT4_GROUP
         stored, block_scales = deinterleave_int4(weight.qweight[lo:hi], weight.scales[lo:hi])

@@ -31,6 +31,9 @@ class QuantizedRows:
     """Rows ``start:stop`` of a quantized weight: ``copy_(src)`` quantizes ``src`` (any float
     dtype) into them with :meth:`quantize`, which each format defines."""
 
+    row_multiple = 1
+    """Blocks of rows :meth:`copy_` quantizes at a time are a multiple of this many rows."""
+
     def __init__(self, weight: _Codes, start: int, stop: int) -> None:
         """Target rows ``start:stop`` of ``weight``."""
         self.weight = weight
@@ -52,6 +55,7 @@ class QuantizedRows:
         if tuple(src.shape) != expected:
             raise EngineConfigError(f"expected a {expected} weight, got {tuple(src.shape)}")
         step = max(1, CHUNK_VALUES // max(1, expected[1]))
+        step = max(self.row_multiple, step // self.row_multiple * self.row_multiple)
         with torch.no_grad():
             for lo in range(0, expected[0], step):
                 hi = min(lo + step, expected[0])

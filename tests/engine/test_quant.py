@@ -197,10 +197,16 @@ def test_rows_are_quantized_a_block_at_a_time_with_the_same_result(
         return weight, seen
 
     whole, whole_blocks = load(1 << 22)
-    blocked, blocks = load(7 * 32)  # 7 rows at a time
-    assert whole_blocks == [45] and blocks == [7] * 6 + [3]
-    assert torch.equal(blocked.qweight[3:].view(torch.uint8), whole.qweight[3:].view(torch.uint8))
-    assert torch.equal(blocked.scales[3:], whole.scales[3:])
+    blocked, blocks = load(7 * 32)  # 7 rows at a time; int4: whole 16-row groups
+    assert whole_blocks == [45]
+    assert blocks == ([16, 16, 13] if fmt == "int4" else [7] * 6 + [3])
+    # int4 storage rows are 16-row groups (zeros where never written); the others' rows 0-2
+    # were never written
+    first = 0 if fmt == "int4" else 3
+    assert torch.equal(
+        blocked.qweight[first:].view(torch.uint8), whole.qweight[first:].view(torch.uint8)
+    )
+    assert torch.equal(blocked.scales[first:], whole.scales[first:])
 
 
 def test_int8_linear_rejects_other_inputs() -> None:
