@@ -85,10 +85,16 @@ def test_logits_close_to_float32(
     assert top1 >= top1_floor
 
 
-def test_int4_logits_are_its_dequantized_weights(tmp_path: Path) -> None:
+# head_dim 12, 8 heads, 1 KV head: a fused q/k/v projection of 120 rows (k's and v's rows
+# straddle the int4 weights' 16-row groups, the last group half padding)
+_ODD_SHAPE = {"num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 12}
+
+
+@pytest.mark.parametrize("shape", [{}, _ODD_SHAPE], ids=["default", "odd-rows"])
+def test_int4_logits_are_its_dequantized_weights(tmp_path: Path, shape: dict[str, int]) -> None:
     """An int4 model computes what a bfloat16 model holding its dequantized weights computes
     (up to the decode kernel's quantized activations and bfloat16 rounding)."""
-    path = make_tiny_model(tmp_path, "qwen2")
+    path = make_tiny_model(tmp_path, "qwen2", **shape)
     ids = random_tokens(DEQUANT_ROWS + 24, seed=6)
     int4 = load_model(path, quantization="int4")
     dense = load_model(path, dtype="bfloat16")
