@@ -334,6 +334,19 @@ def test_int4_rows_written_in_pieces_match_one_write() -> None:
         pieces.rows(3, 9).write(stored[:5], scales)
 
 
+def test_int4_rows_past_the_weight_are_refused() -> None:
+    """The padding rows of the last group are storage, not rows: a target reaching into them
+    is an error (as a slice past an int8 weight's rows is), not a silent write."""
+    weight = Int4Weight(
+        50, 96, dtype=torch.bfloat16, device=torch.device("cpu"), scratch=DequantScratch()
+    )
+    for start, stop in ((48, 52), (50, 51), (45, 70), (-1, 3), (5, 4)):
+        with pytest.raises(EngineConfigError, match="rows"):
+            weight.rows(start, stop).copy_(torch.randn(max(stop - start, 0), 96))
+    assert not weight.qweight.any() and not weight.scales.any()
+    weight.rows(48, 50).copy_(torch.randn(2, 96))  # the last rows themselves are fine
+
+
 def test_int4_needs_in_features_in_blocks_of_32() -> None:
     with pytest.raises(EngineConfigError, match="divisible by 32"):
         Int4Weight(
