@@ -349,7 +349,17 @@ class Int4Weight(_CodedWeight):
         return torch.Size((self.out_features, self.qweight.shape[1] * 2))
 
     def rows(self, start: int, stop: int) -> Int4Rows:
-        """Rows ``start:stop`` as a load target."""
+        """Rows ``start:stop`` as a load target.
+
+        Raises:
+            EngineConfigError: the range is not within the weight's rows (the padding of its
+                last group is no row).
+        """
+        if not 0 <= start <= stop <= self.out_features:
+            raise EngineConfigError(
+                f"rows {start}:{stop} are not within the {self.out_features} rows of this "
+                "int4 weight"
+            )
         return Int4Rows(self, start, stop)
 
     def dequantize(self, out: torch.Tensor | None = None) -> torch.Tensor:

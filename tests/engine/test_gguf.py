@@ -28,6 +28,7 @@ from local_engine.quant import (  # noqa: E402
     Int4Weight,
     Int8Weight,
     dequantize_int4,
+    quantize_rows,
 )
 
 from .gguf_files import add_tokenizer, write_gguf  # noqa: E402
@@ -124,6 +125,23 @@ def test_q4_0_codes_load_exactly(tmp_path: Path) -> None:
                 torch.testing.assert_close(got, expected, rtol=0, atol=0)
             else:  # the scale rounded to bf16: at most 2^-9 relative
                 torch.testing.assert_close(got, expected, rtol=2**-8, atol=0)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0"])
+def test_tied_file_gets_an_int8_copy_of_its_embeddings_as_head(tmp_path: Path, qtype: str) -> None:
+    hf_dir = make_tiny_model(tmp_path / "hf", "llama", tie_word_embeddings=True)
+    path = write_gguf(hf_dir, tmp_path / "model.gguf", qtype)
+    model = load_model(path)
+    assert model.quantization == _METHOD[qtype] and isinstance(model.lm_head, Int8Weight)
+    codes, scales = quantize_rows(model.embed_tokens, model.dtype)
+    assert torch.equal(model.lm_head.qweight, codes)
+    assert torch.equal(model.lm_head.scales, scales)
+    ids = random_tokens(24, seed=2)
+    cosine, top1 = logit_agreement(
+        stepped_logits(model, ids), stepped_logits(load_model(hf_dir), ids)
+    )
+    floors = INT4_FLOORS if qtype == "Q4_0" else (COSINE_FLOOR, 0.8)
+    assert cosine >= floors[0] and top1 >= floors[1]
 
 
 def test_mixed_file_follows_its_projections(tmp_path: Path) -> None:

@@ -18,7 +18,13 @@ from local_engine.errors import EngineConfigError
 from local_engine.gptq import UnsupportedCheckpointError
 from local_engine.loader import load_model
 from local_engine.model import DecoderLayer
-from local_engine.quant import DEQUANT_ROWS, Int4Weight, Int8Weight, dequantize_int4
+from local_engine.quant import (
+    DEQUANT_ROWS,
+    Int4Weight,
+    Int8Weight,
+    dequantize_int4,
+    quantize_rows,
+)
 
 from .paged import logit_agreement, random_tokens, stepped_logits
 from .tiny import make_tiny_model
@@ -137,6 +143,20 @@ def test_gptq_logits(tmp_path: Path, family: str, record_property: pytest.Record
     record_property("min_cosine_vs_own", round(vs_own[0], 5))
     assert vs_own[0] >= 0.99 and vs_own[1] >= 0.8
     assert vs_hf[0] >= 0.8 and vs_hf[1] >= 0.4  # 4-bit on random weights: see test_quant.py
+
+
+def test_tied_gptq_gets_an_int8_copy_of_its_embeddings_as_head(tmp_path: Path) -> None:
+    hf_dir = make_tiny_model(tmp_path / "hf", "qwen2", tie_word_embeddings=True, **_SHAPE)
+    path = _write_gptq(hf_dir, tmp_path / "gptq", 32)
+    model = load_model(path)
+    assert isinstance(model.lm_head, Int8Weight)
+    codes, scales = quantize_rows(model.embed_tokens, model.dtype)
+    assert torch.equal(model.lm_head.qweight, codes)
+    assert torch.equal(model.lm_head.scales, scales)
+    ids = random_tokens(24, seed=3)
+    reference = stepped_logits(load_model(path / "dequantized"), ids)
+    cosine, top1 = logit_agreement(stepped_logits(model, ids), reference)
+    assert cosine >= 0.99 and top1 >= 0.8
 
 
 @pytest.mark.parametrize(("sym", "act_order"), [(False, False), (True, True)])

@@ -13,7 +13,7 @@ import torch
 
 from local_engine.attention.native import LINEAR_MAX_ROWS, PagedDecodeKernel
 from local_engine.loader import load_model
-from local_engine.model import DecoderModel
+from local_engine.model import DecoderLayer, DecoderModel
 
 from .paged import PagedRunner
 from .tiny import FAMILIES, make_tiny_model
@@ -56,7 +56,43 @@ def test_whole_layer_decode_is_the_layer_path_bit_for_bit(
     family: str,
     load: dict[str, Any],
 ) -> None:
-    path = make_tiny_model(tmp_path, family)
+    _check_bit_for_bit(native, monkeypatch, make_tiny_model(tmp_path, family), load)
+
+
+# q 8 x 12 and k, v 12 rows each: a fused q/k/v projection of 120 rows, seven and a half of
+# the int4 weights' 16-row groups (k and v each straddle a group boundary)
+_ODD_SHAPE = {
+    "hidden_size": 64,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 1,
+    "head_dim": 12,
+    "intermediate_size": 96,
+}
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("load", [{"quantization": "int8"}, {"quantization": "int4"}])
+def test_whole_layer_decode_with_rows_not_in_16_row_groups(
+    native: PagedDecodeKernel,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    family: str,
+    load: dict[str, Any],
+) -> None:
+    path = make_tiny_model(tmp_path, family, **_ODD_SHAPE)
+    layer = load_model(path, **load).layers[0]
+    assert isinstance(layer, DecoderLayer) and layer.qkv_weight.shape == (120, 64)
+    _check_bit_for_bit(native, monkeypatch, path, load)
+
+
+def _check_bit_for_bit(
+    native: PagedDecodeKernel,
+    monkeypatch: pytest.MonkeyPatch,
+    path: Path,
+    load: dict[str, Any],
+) -> None:
+    """Decode steps of 3 rows, then 1, through the whole-layer call and the layer path of the
+    model at ``path``: the same logits and KV cache, and every step took the call."""
     fused = PagedRunner(load_model(path, **load), block_size=4, num_blocks=64)
     layered = PagedRunner(_layer_path(load_model(path, **load)), block_size=4, num_blocks=64)
     calls = _counting(native, monkeypatch)

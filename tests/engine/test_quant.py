@@ -85,10 +85,16 @@ def test_logits_close_to_float32(
     assert top1 >= top1_floor
 
 
-def test_int4_logits_are_its_dequantized_weights(tmp_path: Path) -> None:
+# head_dim 12, 8 heads, 1 KV head: a fused q/k/v projection of 120 rows (k's and v's rows
+# straddle the int4 weights' 16-row groups, the last group half padding)
+_ODD_SHAPE = {"num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 12}
+
+
+@pytest.mark.parametrize("shape", [{}, _ODD_SHAPE], ids=["default", "odd-rows"])
+def test_int4_logits_are_its_dequantized_weights(tmp_path: Path, shape: dict[str, int]) -> None:
     """An int4 model computes what a bfloat16 model holding its dequantized weights computes
     (up to the decode kernel's quantized activations and bfloat16 rounding)."""
-    path = make_tiny_model(tmp_path, "qwen2")
+    path = make_tiny_model(tmp_path, "qwen2", **shape)
     ids = random_tokens(DEQUANT_ROWS + 24, seed=6)
     int4 = load_model(path, quantization="int4")
     dense = load_model(path, dtype="bfloat16")
@@ -332,6 +338,19 @@ def test_int4_rows_written_in_pieces_match_one_write() -> None:
     assert torch.equal(whole.qweight, pieces.qweight)
     with pytest.raises(EngineConfigError, match="expected int4 codes"):
         pieces.rows(3, 9).write(stored[:5], scales)
+
+
+def test_int4_rows_past_the_weight_are_refused() -> None:
+    """The padding rows of the last group are storage, not rows: a target reaching into them
+    is an error (as a slice past an int8 weight's rows is), not a silent write."""
+    weight = Int4Weight(
+        50, 96, dtype=torch.bfloat16, device=torch.device("cpu"), scratch=DequantScratch()
+    )
+    for start, stop in ((48, 52), (50, 51), (45, 70), (-1, 3), (5, 4)):
+        with pytest.raises(EngineConfigError, match="rows"):
+            weight.rows(start, stop).copy_(torch.randn(max(stop - start, 0), 96))
+    assert not weight.qweight.any() and not weight.scales.any()
+    weight.rows(48, 50).copy_(torch.randn(2, 96))  # the last rows themselves are fine
 
 
 def test_int4_needs_in_features_in_blocks_of_32() -> None:

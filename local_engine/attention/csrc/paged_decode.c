@@ -1531,7 +1531,7 @@ static void linear_span_int8(const int8_t *q, const float *xs, const int32_t *st
 #if SWIFT_INT8_LINEAR
 /*
  * The int4 layout: 16-row groups. The weight's rows are padded to a multiple of 16 (the
- * padding's codes 8, its scales 0) and stored a group of 16 rows at a time; a group holds,
+ * padding's bytes 0, its scales 0) and stored a group of 16 rows at a time; a group holds,
  * per block of 32 values along the rows, 256 bytes: four 64-byte slices m = 0..3, each the
  * group's 16 rows' 4 bytes in turn. Byte j of a row's 4 in slice m holds the block's value
  * 4m + j (its code + 8) in its low nibble and value 16 + 4m + j in its high nibble, so a
