@@ -84,8 +84,8 @@ def load_model(
     :func:`local_engine.gguf_loader.load_gguf_model` (``quantization`` None: the file's own),
     a directory whose config.json has a ``quantization_config`` by
     :func:`local_engine.gptq.load_gptq_model` (GPTQ 4-bit onto int4).
-    ``quantization="int8"`` quantizes the projection weights and the LM head (a tied one: an
-    int8 copy of the embeddings, :meth:`DecoderModel.tie_head`) from the checkpoint's own
+    ``quantization="int8"`` quantizes the projection weights and the LM head (a tied one on
+    CPU: an int8 copy of the embeddings, :meth:`DecoderModel.tie_head`) from the checkpoint's own
     precision as they are read; activations then default to bfloat16.
 
     Raises:

@@ -465,10 +465,10 @@ class DecoderModel(nn.Module):
         self._layer_seq: tuple[DecoderLayer, ...] = tuple(layers)
         self.norm = _param(config.hidden_size, dtype=dtype, device=dev)
         self.lm_head: torch.Tensor | Int8Weight
-        if scratch is not None:
-            # int8 for int4 too: the head decides the tokens. A tied head is an int8 copy of
-            # the embeddings (tie_head), which the lookup keeps dense: a decode step streams
-            # half the bytes of a bfloat16 head.
+        if scratch is not None and (not config.tie_word_embeddings or dev.type == "cpu"):
+            # int8 for int4 too: the head decides the tokens. On CPU a tied head is an int8
+            # copy of the embeddings (tie_head), which the lookup keeps dense: a decode step
+            # streams half the bytes of a bfloat16 head.
             self.lm_head = Int8Weight(
                 config.vocab_size, config.hidden_size, dtype=dtype, device=dev, scratch=scratch
             )
@@ -595,7 +595,7 @@ class DecoderModel(nn.Module):
 
     def tie_head(self) -> None:
         """Quantize the loaded embeddings into the int8 LM head of a tied int8 or int4 model
-        (the loaders call it last); nothing for other models."""
+        on CPU (the loaders call it last); nothing for other models."""
         if self.config.tie_word_embeddings and isinstance(self.lm_head, Int8Weight):
             self.lm_head.rows(0, self.config.vocab_size).copy_(self.embed_tokens)
 

@@ -416,6 +416,10 @@ class Int4Rows(QuantizedRows):
                 f"expected int4 codes {(rows, k)} and scales {(rows, k // INT4_BLOCK)}, got "
                 f"{tuple(stored.shape)} and {tuple(scales.shape)}"
             )
+        if stored.numel() and int(stored.max()) > 15:
+            raise EngineConfigError(
+                f"int4 stored codes are 0..15 (code + 8), got {int(stored.max())}"
+            )
         with torch.no_grad():
             self._store(self.start, self.stop, stored, scales)
 

@@ -338,6 +338,8 @@ def test_int4_rows_written_in_pieces_match_one_write() -> None:
     assert torch.equal(whole.qweight, pieces.qweight)
     with pytest.raises(EngineConfigError, match="expected int4 codes"):
         pieces.rows(3, 9).write(stored[:5], scales)
+    with pytest.raises(EngineConfigError, match="0..15"):
+        pieces.rows(3, 9).write(stored + 16, scales)
 
 
 def test_int4_rows_past_the_weight_are_refused() -> None:
