@@ -20,6 +20,10 @@ Tasks:
 * ``copy``: repeat a text exactly; ``rename``: swap a name for another; ``summary``: extract a
   paragraph's first sentence; ``reformat``: comma list <-> bulleted list.
 * ``chat``: greetings, thanks, who-are-you and short canned facts (with or without tools).
+* the general tasks of issue 28 (below ``# general data``): any phrasing of the tool
+  requests, tool results in other shapes, forced-tool and JSON-schema structured output,
+  copying and light edits of arbitrary text, sessions; ``copy_chars``, texts drawn character
+  by character from many alphabets; ``structured_any``, schemas with made-up field names.
 """
 
 from __future__ import annotations
@@ -1625,6 +1629,13 @@ def gen_forced_tool(rng: random.Random) -> Conversation:
     are the output schema (pydantic-ai's ``final_result``, or a tool named after the schema as
     LangChain's function calling sends it, then the only tool shown)."""
     schema, value = small_schema(rng)
+    return _forced_tool_conv("forced_tool", schema, value, rng)
+
+
+def _forced_tool_conv(
+    task: str, schema: dict[str, Any], value: dict[str, Any], rng: random.Random
+) -> Conversation:
+    """A request to fill ``schema`` from a text through a forced tool, and the call."""
     if rng.random() < 0.55:
         function: dict[str, Any] = {
             "name": "final_result",
@@ -1647,12 +1658,19 @@ def gen_forced_tool(rng: random.Random) -> Conversation:
     prompt = rng.choice(_EXTRACT_PROMPTS).format(t=describe(value, rng))
     messages = [*_system(rng), {"role": "user", "content": prompt}]
     messages.append(_call_message(function["name"], value))
-    return _conv("forced_tool", messages, tools, {"name": function["name"], "arguments": value})
+    return _conv(task, messages, tools, {"name": function["name"], "arguments": value})
 
 
 def gen_json_general(rng: random.Random) -> Conversation:
     """An arbitrary small schema filled from a text, under a JSON response format."""
     schema, value = small_schema(rng)
+    return _json_general_conv("json_general", schema, value, rng)
+
+
+def _json_general_conv(
+    task: str, schema: dict[str, Any], value: dict[str, Any], rng: random.Random
+) -> Conversation:
+    """A request to fill ``schema`` from a text under a JSON response format, and the JSON."""
     text = describe(value, rng)
     if rng.random() < 0.75:
         name = schema.get("title") or rng.choice(_SCHEMA_TITLES)
@@ -1676,7 +1694,7 @@ def gen_json_general(rng: random.Random) -> Conversation:
         {"role": "user", "content": prompt},
         {"role": "assistant", "content": json.dumps(value, ensure_ascii=False)},
     ]
-    conv = _conv("json_general", messages, None, value)
+    conv = _conv(task, messages, None, value)
     conv["response_format"] = response_format
     return conv
 
@@ -1779,6 +1797,213 @@ def gen_edit_general(rng: random.Random) -> Conversation:
     return _text_conv("edit_general", prompt, _plain(value[key]), rng)
 
 
+# ----------------------------------------------------------------------- character-level copy
+#
+# With a small vocabulary (the 256 bytes and several hundred merges) every token is frequent,
+# and these texts make every one of them a token to copy: strings drawn character by
+# character from many alphabets, so that copying is a skill over any token rather than over
+# the words of a list.
+
+# Letters that take diacritics, and some of their accented forms (Latin-1 and Latin
+# Extended-A).
+_ACCENTS = {
+    "a": "áàâäãåāă",
+    "c": "çćč",
+    "e": "éèêëēěę",
+    "i": "íìîïī",
+    "n": "ñńň",
+    "o": "óòôöõøō",
+    "s": "śšş",
+    "u": "úùûüūů",
+    "y": "ýÿ",
+    "z": "źżž",
+    "g": "ğ",
+    "l": "ł",
+    "r": "ř",
+    "d": "ď",
+    "t": "ť",
+}
+# Unicode code point ranges for other strings: Latin Extended-A and -B, Greek, Cyrillic,
+# Armenian, Hebrew, Arabic, Devanagari, hiragana, katakana, CJK ideographs, Hangul syllables,
+# arrows, mathematical operators, miscellaneous symbols and emoji (UTF-8 of 2, 3 and 4 bytes).
+_SCRIPTS = (
+    (0x0100, 0x024F),
+    (0x03B1, 0x03C9),
+    (0x0391, 0x03A1),
+    (0x0430, 0x044F),
+    (0x0410, 0x042F),
+    (0x0531, 0x0556),
+    (0x05D0, 0x05EA),
+    (0x0627, 0x064A),
+    (0x0905, 0x0939),
+    (0x3041, 0x3096),
+    (0x30A1, 0x30FA),
+    (0x4E00, 0x9FFF),
+    (0xAC00, 0xD7A3),
+    (0x2190, 0x21FF),
+    (0x2200, 0x22FF),
+    (0x2600, 0x26FF),
+    (0x1F300, 0x1F64F),
+)
+_SYMBOLS = "!#$%&'()*+,-./:;=?@[]^_`|~\"" + "°±²³µ¶·¹º¼½¾¿¡§©®«»€£¥¢–—‘’“”„…•‰′″‹›"
+
+
+def _char_from(start: int, stop: int, rng: random.Random) -> str:
+    return chr(rng.randint(start, stop))
+
+
+def random_chars(rng: random.Random) -> str:
+    """One whitespace-free string drawn character by character: letters, digits, symbols,
+    accented letters, other scripts, emoji, or a word of the list with its case and letters
+    changed."""
+    kind = rng.random()
+    length = rng.randint(1, 10)
+    if kind < 0.14:
+        alphabet = rng.choice(
+            (
+                string.ascii_lowercase,
+                string.ascii_uppercase,
+                string.ascii_letters,
+                string.ascii_letters + string.digits,
+                string.digits + "abcdef",
+                string.ascii_uppercase + string.digits,
+            )
+        )
+        return "".join(rng.choice(alphabet) for _ in range(length))
+    if kind < 0.28:  # a word of the list in a random case pattern
+        word = rng.choice(WORDS)
+        style = rng.random()
+        if style < 0.5:
+            return "".join(c.upper() if rng.random() < 0.5 else c for c in word)
+        if style < 0.75:
+            return rng.choice(WORDS).capitalize() + word.capitalize()  # CamelCase
+        return word[0] + word[1:].upper()
+    if kind < 0.42:  # a word of the list with accented letters
+        word = rng.choice(WORDS)
+        chars = [
+            rng.choice(_ACCENTS[c]) if c in _ACCENTS and rng.random() < 0.35 else c for c in word
+        ]
+        text = "".join(chars)
+        return text.capitalize() if rng.random() < 0.3 else text
+    if kind < 0.6:  # another script
+        start, stop = rng.choice(_SCRIPTS)
+        return "".join(_char_from(start, stop, rng) for _ in range(rng.randint(1, 6)))
+    if kind < 0.72:  # symbols, alone or around a word or a number
+        marks = "".join(rng.choice(_SYMBOLS) for _ in range(rng.randint(1, 3)))
+        core = rng.choice((rng.choice(WORDS), str(rng.randint(0, 9999)), ""))
+        return rng.choice((marks + core, core + marks, marks[:1] + core + marks[1:])) or marks
+    if kind < 0.82:  # numbers as people write them
+        return rng.choice(
+            (
+                f"{rng.randint(1, 999)},{rng.randint(0, 999):03d}",
+                f"-{rng.uniform(0, 100):.{rng.randint(1, 3)}f}",
+                f"{rng.randint(1, 9)}/{rng.randint(2, 12)}",
+                f"{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}",
+                f"{rng.randint(1, 31)}.{rng.randint(1, 12)}.{rng.randint(1950, 2040)}",
+                f"#{rng.randint(1, 99999)}",
+                f"{rng.randint(1, 100)}%",
+                f"0x{rng.randint(0, 65535):x}",
+            )
+        )
+    # a mix of all of the above, character by character
+    pools = (string.ascii_letters, string.digits, _SYMBOLS, "".join(_ACCENTS.values()))
+    out = []
+    for _ in range(length):
+        if rng.random() < 0.15:
+            out.append(_char_from(*rng.choice(_SCRIPTS), rng))
+        else:
+            out.append(rng.choice(rng.choice(pools)))
+    return "".join(out)
+
+
+def char_text(rng: random.Random, low: int = 1, high: int = 20) -> str:
+    """``low`` to ``high`` pieces, each a :func:`random_chars` string or a piece of
+    :func:`random_token`, one space apart."""
+    count = rng.randint(low, high)
+    share = rng.choice((0.3, 0.6, 1.0))
+    pieces = [
+        random_chars(rng) if rng.random() < share else random_token(rng) for _ in range(count)
+    ]
+    return " ".join(pieces)
+
+
+def gen_copy_chars(rng: random.Random) -> Conversation:
+    """Repeat a text drawn at the character level (:func:`char_text`) exactly."""
+    text = char_text(rng, 1, rng.choice((6, 12, 20, 20)))
+    prompt = dress(rng.choice(_COPY_FORMS), rng, t=text)
+    return _text_conv("copy_chars", prompt, text, rng)
+
+
+# ------------------------------------------------------------------ structured output, any schema
+
+
+def _field_name(rng: random.Random) -> str:
+    """A made-up field name: a word of the list, two joined in snake_case or camelCase."""
+    first, second = rng.choice(WORDS).lower(), rng.choice(WORDS).lower()
+    style = rng.random()
+    if style < 0.45:
+        return first
+    if style < 0.8:
+        return f"{first}_{second}"
+    return first + second.capitalize()
+
+
+def _any_value(kind: str, rng: random.Random, choices: tuple[str, ...]) -> Any:
+    if kind == "enum":
+        return rng.choice(choices)
+    if kind == "boolean":
+        return rng.random() < 0.5
+    if kind == "integer":
+        return rng.randint(0, rng.choice((20, 100, 5000)))
+    if kind == "number":
+        return round(rng.uniform(-50, 2000), rng.choice((1, 2)))
+    style = rng.random()
+    if style < 0.3:
+        return proper_name(rng)
+    if style < 0.55:
+        return random_text(rng, 1, 3)
+    return char_text(rng, 1, 3)
+
+
+def any_schema(rng: random.Random) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A flat object schema with made-up field names (one to five), and a value for it whose
+    strings are drawn like the texts to copy."""
+    names: list[str] = []
+    count = rng.randint(1, 5)
+    while len(names) < count:
+        name = _field_name(rng)
+        if name not in names:
+            names.append(name)
+    properties: dict[str, Any] = {}
+    value: dict[str, Any] = {}
+    for name in names:
+        kind = rng.choice(("string", "string", "string", "integer", "number", "boolean", "enum"))
+        choices = tuple(dict.fromkeys(rng.choice(WORDS) for _ in range(rng.randint(2, 4))))
+        spec: dict[str, Any] = (
+            {"enum": list(choices), "type": "string"} if kind == "enum" else {"type": kind}
+        )
+        if rng.random() < 0.5:
+            spec = {"title": name.replace("_", " ").title(), **spec}
+        properties[name] = spec
+        value[name] = _any_value(kind, rng, choices)
+    schema: dict[str, Any] = {"properties": properties, "required": list(properties)}
+    if rng.random() < 0.5:
+        schema["title"] = _field_name(rng).replace("_", " ").title().replace(" ", "")
+    schema["type"] = "object"
+    if rng.random() < 0.4:
+        schema["additionalProperties"] = False
+    return schema, value
+
+
+def gen_structured_any(rng: random.Random) -> Conversation:
+    """A schema with made-up field names filled from a text: as a forced tool (a
+    ``final_result`` tool or one named after the schema) or under a JSON response format."""
+    schema, value = any_schema(rng)
+    if rng.random() < 0.6:
+        return _forced_tool_conv("structured_any", schema, value, rng)
+    return _json_general_conv("structured_any", schema, value, rng)
+
+
 # ----------------------------------------------------------------------------- sessions
 
 _THANKS = _casual(
@@ -1857,8 +2082,8 @@ def gen_session(rng: random.Random) -> Conversation:
 #: most of all, as they learned slowest (31.7% and 66.7% exact at 2.5 and 3). The tool
 #: calls, tool answers and JSON, learnt by mid-run, weigh less; the canned chat least.
 TASKS: dict[str, tuple[Callable[[random.Random], Conversation], float]] = {
-    # The generators the shipped weights were trained on, with the weights they had then: the
-    # general ones below are learned on top of them, and these keep their held-out rows.
+    # The original nine generators, with the weights they had before issue 28: their
+    # held-out rows must stay at 85% or more for new weights to ship.
     "tool_call": (gen_tool_call, 2.5),
     "tool_second_call": (gen_tool_second_call, 1.5),
     "tool_followup": (gen_tool_followup, 2.0),
@@ -1868,7 +2093,7 @@ TASKS: dict[str, tuple[Callable[[random.Random], Conversation], float]] = {
     "summary": (gen_summary, 2.5),
     "reformat": (gen_reformat, 4.5),
     "chat": (gen_chat, 0.5),
-    # The general generators of issue 28 (about half the mix).
+    # The general generators of issue 28 (more than half the mix).
     "tool_call_general": (gen_tool_call_general, 4.5),
     "tool_result_general": (gen_tool_result_general, 3.75),
     "forced_tool": (gen_forced_tool, 3.0),
@@ -1876,6 +2101,13 @@ TASKS: dict[str, tuple[Callable[[random.Random], Conversation], float]] = {
     "copy_general": (gen_copy_general, 5.25),
     "edit_general": (gen_edit_general, 2.0),
     "session": (gen_session, 3.75),
+    # Copying at the character level and schemas with made-up field names, added after the
+    # others (so the held-out draws of every task above stay the same) and weighed 0: the
+    # shipped weights were trained without them, and run G of docs/local-engine.md, which
+    # drew them (--mix "chat=0.75,copy_general=4.25,copy_chars=3,structured_any=2"), was not
+    # better. A zero weight draws nothing and leaves every other draw as it was.
+    "copy_chars": (gen_copy_chars, 0.0),
+    "structured_any": (gen_structured_any, 0.0),
 }
 
 

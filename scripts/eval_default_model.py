@@ -1,8 +1,9 @@
 """Held-out accuracy of the embedded default model, per task (greedy decoding).
 
 The held-out set is :func:`default_model_data.heldout_set` (60 conversations per generator,
-960 in all: the first 540 from the original generators, unchanged, then the general ones;
-drawn from their own seed and excluded from training). Each prompt goes through
+1,080 in all: the first 540 from the original generators, unchanged, then the general ones,
+``copy_chars`` and ``structured_any`` last; drawn from their own seed and excluded from
+training). Each prompt goes through
 the engine's own request path (:class:`local_engine.chat.ChatFormatter` with the model's chat
 template and the JSON response-format instruction), is decoded greedily by the engine, and
 the reply is parsed as the local backend parses it (Hermes tool calls). Columns:
@@ -10,7 +11,10 @@ the reply is parsed as the local backend parses it (Hermes tool calls). Columns:
 * ``exact``: the reply is exactly the expected one (a tool call with the same name and
   arguments, a JSON value equal to the expected one, or the same text).
 * ``tool call``: the reply holds one well-formed tool call (tool tasks only).
-* ``json``: the reply parses as JSON and has the schema's keys and types (JSON task only).
+* ``json``: the reply parses as JSON and has the schema's keys and types (JSON tasks only).
+
+``structured_any`` asks for a forced tool or a JSON response format: its ``tool call`` and
+``json`` columns are each over its conversations of that kind.
 
 Usage::
 
@@ -57,7 +61,7 @@ def request(conv: dict[str, Any]) -> ChatRequest:
         body["tools"] = conv["tools"]
     if conv.get("response_format"):
         body["response_format"] = conv["response_format"]
-    if conv["task"] == "forced_tool":  # as the frameworks send it: required, or by name
+    if forced_tool(conv):  # as the frameworks send it: required, or by name
         name = conv["expected"]["name"]
         body["tool_choice"] = (
             "required"
@@ -65,6 +69,14 @@ def request(conv: dict[str, Any]) -> ChatRequest:
             else {"type": "function", "function": {"name": name}}
         )
     return ChatRequest.model_validate(body)
+
+
+def forced_tool(conv: dict[str, Any]) -> bool:
+    """Whether the conversation asks for structured output through a forced tool (the
+    ``forced_tool`` task, and ``structured_any`` when it answers with a call)."""
+    return conv["task"] == "forced_tool" or (
+        conv["task"] == "structured_any" and bool(conv["messages"][-1].get("tool_calls"))
+    )
 
 
 def expected_schema(conv: dict[str, Any]) -> dict[str, Any]:
@@ -100,7 +112,7 @@ def schema_valid(value: Any, schema: dict[str, Any]) -> bool:
 def score(conv: dict[str, Any], text: str, tool_format: str) -> dict[str, bool]:
     """The metrics of one reply."""
     task, expected = conv["task"], conv["expected"]
-    if task in TOOL_TASKS:
+    if task in TOOL_TASKS or forced_tool(conv):
         parsed = parse_tool_calls(text, "hermes" if tool_format == "hermes" else "none")
         calls = parsed.tool_calls
         well_formed = len(calls) == 1 and not (parsed.content or "").strip()
@@ -116,7 +128,7 @@ def score(conv: dict[str, Any], text: str, tool_format: str) -> dict[str, bool]:
             and arguments == expected["arguments"]
         )
         return {"exact": exact, "tool_call": well_formed}
-    if task in JSON_TASKS:
+    if task in JSON_TASKS or conv.get("response_format"):
         try:
             value = json.loads(text)
         except ValueError:
@@ -163,9 +175,10 @@ def table(rows: list[dict[str, Any]]) -> str:
     ]
 
     def rate(subset: list[dict[str, Any]], key: str) -> str:
-        if key not in subset[0]:
+        measured = [r[key] for r in subset if key in r]  # structured_any: its rows of a kind
+        if not measured:
             return "-"
-        return f"{100 * sum(r[key] for r in subset) / len(subset):.1f}%"
+        return f"{100 * sum(measured) / len(measured):.1f}%"
 
     for task in tasks:
         subset = [row for row in rows if row["task"] == task]

@@ -61,9 +61,11 @@ def test_training_data_is_seeded_and_never_holds_a_heldout_prompt(
     assert not keys & {data.conversation_key(conv) for conv in sample}
     assert data.generate(50, 1234, exclude=keys) == sample[:50]
     assert data.generate(50, 1235, exclude=keys) != sample[:50]
-    # Every task of the mix is drawn.
+    # Every task of the mix is drawn (those weighed 0 are not).
     assert {conv["task"] for conv in sample} == {
-        "tool_call_multiturn" if name == "tool_second_call" else name for name in data.TASKS
+        "tool_call_multiturn" if name == "tool_second_call" else name
+        for name, (_, weight) in data.TASKS.items()
+        if weight
     }
 
 
@@ -75,7 +77,7 @@ def test_expected_is_the_last_turn(sample: list[dict[str, Any]]) -> None:
             (call,) = last["tool_calls"]
             assert call["function"]["name"] == expected["name"]
             assert json.loads(call["function"]["arguments"]) == expected["arguments"]
-        elif conv["task"] in ("json", "json_general"):
+        elif conv["response_format"]:  # json, json_general and some of structured_any
             assert json.loads(last["content"]) == expected
         else:
             assert last["content"] == expected
@@ -115,6 +117,21 @@ def test_the_data_asks_for_what_users_send(data: ModuleType, sample: list[dict[s
     new_words = {w for text in copies for w in text.split() if w.isalpha()} - old_vocabulary
     assert len(new_words) > 500
     assert any(not text.isascii() for text in copies)
+    # Texts drawn character by character: many alphabets, so every byte is seen copied; and
+    # schemas with made-up field names, through a forced tool and a response format (both
+    # weighed 0 by default: run G's --mix draws them).
+    others = ",".join(f"{name}=0" for name in data.TASKS)
+    extra = data.generate(600, 7, mix=f"{others},copy_chars=1,structured_any=1")
+    chars = {ch for c in extra if c["task"] == "copy_chars" for ch in c["expected"]}
+    assert len(chars) > 500 and {len(ch.encode()) for ch in chars} == {1, 2, 3, 4}
+    anys = [c for c in extra if c["task"] == "structured_any"]
+    fields = {
+        key
+        for c in anys
+        for key in (c["expected"] if c["response_format"] else c["expected"]["arguments"])
+    }
+    assert len(fields - {name for name, _ in data._FIELDS}) > 100
+    assert {bool(c["response_format"]) for c in anys} == {True, False}
     results = [m["content"] for c in sample for m in c["messages"] if m["role"] == "tool"]
     assert any(r.startswith('{"') and '":' in r and ", " not in r for r in results)  # compact
     assert any('": ' in r for r in results) and any("\n" in r for r in results)
