@@ -139,30 +139,50 @@ def test_openai_tools_schema_n_logprobs_and_legacy(oa: Any) -> None:
 # ---------------------------------------------------------------------- langchain-openai
 
 
-def _chat(base_url: str, **options: Any) -> Any:
+@pytest.fixture
+def lc_http() -> Iterator[Any]:
+    """An HTTP client the test owns and closes: ChatOpenAI otherwise takes one from a
+    process-wide cache that nothing closes (its socket outlives the tests)."""
+    import httpx
+
+    with httpx.Client(timeout=LIMIT) as client:
+        yield client
+
+
+def _chat(base_url: str, http: Any, **options: Any) -> Any:
     return langchain_openai.ChatOpenAI(
-        base_url=base_url, api_key=KEY, model="default", max_retries=0, timeout=LIMIT, **options
+        base_url=base_url,
+        api_key=KEY,
+        model="default",
+        max_retries=0,
+        timeout=LIMIT,
+        http_client=http,
+        **options,
     )
 
 
-def test_langchain_plain_stream_tools_and_structured(base_url: str) -> None:
-    chat = _chat(base_url, max_tokens=16)
+def test_langchain_plain_stream_tools_and_structured(base_url: str, lc_http: Any) -> None:
+    chat = _chat(base_url, lc_http, max_tokens=16)
     reply = chat.invoke("hi")
     assert isinstance(reply.content, str) and reply.content
     streamed = "".join(str(piece.content) for piece in chat.stream("hi"))
     assert streamed == reply.content
-    called = _chat(base_url).bind_tools([TOOL]).invoke(WEATHER)
+    called = _chat(base_url, lc_http).bind_tools([TOOL]).invoke(WEATHER)
     assert called.tool_calls and called.tool_calls[0]["name"] == "get_weather"
-    structured = _chat(base_url, max_tokens=40).with_structured_output(City, method="json_schema")
+    structured = _chat(base_url, lc_http, max_tokens=40).with_structured_output(
+        City, method="json_schema"
+    )
     assert isinstance(structured.invoke("Which city? Answer in JSON."), City)
 
 
-def test_langchain_n_logprobs_and_legacy(base_url: str) -> None:
+def test_langchain_n_logprobs_and_legacy(base_url: str, lc_http: Any) -> None:
     from langchain_core.messages import HumanMessage
 
-    result = _chat(base_url, n=2, max_tokens=8, temperature=1.0).generate([[HumanMessage("hi")]])
+    result = _chat(base_url, lc_http, n=2, max_tokens=8, temperature=1.0).generate(
+        [[HumanMessage("hi")]]
+    )
     assert len(result.generations[0]) == 2
-    reply = _chat(base_url, max_tokens=4, logprobs=True).invoke("hi")
+    reply = _chat(base_url, lc_http, max_tokens=4, logprobs=True).invoke("hi")
     assert reply.response_metadata["logprobs"]["content"]
     legacy = langchain_openai.OpenAI(
         base_url=base_url, api_key=KEY, model="default", max_tokens=4, max_retries=0
@@ -171,6 +191,21 @@ def test_langchain_n_logprobs_and_legacy(base_url: str) -> None:
 
 
 # ---------------------------------------------------------------------- litellm
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_litellm_clients() -> Iterator[None]:
+    """litellm keeps the OpenAI clients it builds in a process-wide cache and never closes
+    them; close the synchronous ones when this module's tests are done, so no socket
+    outlives them."""
+    yield
+    import httpx
+
+    cache = litellm.in_memory_llm_clients_cache
+    for client in list(cache.cache_dict.values()):
+        if isinstance(client, openai.OpenAI | httpx.Client):
+            client.close()
+    cache.flush_cache()
 
 
 def _litellm(base_url: str, **options: Any) -> Any:

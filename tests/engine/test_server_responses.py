@@ -375,14 +375,23 @@ def _third_party(test: Any) -> Any:
 @_third_party
 def test_langchain_use_responses_api(base_url: str) -> None:
     langchain_openai = pytest.importorskip("langchain_openai")
-    llm = langchain_openai.ChatOpenAI(
-        model="default", base_url=base_url, api_key=KEY, use_responses_api=True, max_retries=0
-    )
-    assert llm.invoke("hi").text
-    weather = {"type": "function", "function": {k: v for k, v in TOOL.items() if k != "type"}}
-    called = llm.bind_tools([weather]).invoke(WEATHER)
-    assert [call["name"] for call in called.tool_calls] == ["get_weather"]
-    assert "".join(chunk.text for chunk in llm.stream("hi"))
+    import httpx
+
+    # a client the test closes: ChatOpenAI's default comes from a cache nothing closes
+    with httpx.Client(timeout=LIMIT) as http:
+        llm = langchain_openai.ChatOpenAI(
+            model="default",
+            base_url=base_url,
+            api_key=KEY,
+            use_responses_api=True,
+            max_retries=0,
+            http_client=http,
+        )
+        assert llm.invoke("hi").text
+        weather = {"type": "function", "function": {k: v for k, v in TOOL.items() if k != "type"}}
+        called = llm.bind_tools([weather]).invoke(WEATHER)
+        assert [call["name"] for call in called.tool_calls] == ["get_weather"]
+        assert "".join(chunk.text for chunk in llm.stream("hi"))
 
 
 @_third_party
