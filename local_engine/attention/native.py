@@ -51,6 +51,7 @@ __all__ = [
     "POOL_SPIN_ENV",
     "KERNEL_DTYPES",
     "LINEAR_MAX_ROWS",
+    "PREFILL_DIMS",
     "WEIGHT_KINDS",
     "LayerArgs",
     "StepArgs",
@@ -89,6 +90,7 @@ SYMBOL_LINEAR_INT8 = "swift_linear_int8"
 SYMBOL_LINEAR_INT4 = "swift_linear_int4"
 SYMBOL_DEQUANTIZE_INT4 = "swift_dequantize_int4"
 SYMBOL_DECODE_LAYER = "swift_decode_layer_bf16"
+SYMBOL_PREFILL_BF16 = "swift_prefill_attention_bf16"
 SYMBOL_FEATURES = "swift_kernel_features"
 SYMBOL_POOL_WORKERS = "swift_pool_workers"
 _FEATURE_VECTOR_ACTIVATION = 1
@@ -127,6 +129,10 @@ _ROPE_DECODE_ARGTYPES += [ctypes.c_float, ctypes.c_int]
 _LINEAR_ARGTYPES = [_PTR, _I64, _I64, _PTR, _I64, _I64, _PTR, _PTR, _I64, _PTR, _I64, ctypes.c_int]
 _LINEAR_INT8_ARGTYPES = [_PTR, _I64, _I64, _PTR, *_LINEAR_ARGTYPES[3:]]
 _DEQUANTIZE_ARGTYPES = [_PTR, _PTR, _I64, _I64, _PTR, ctypes.c_int]
+_PREFILL_ARGTYPES = [_PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _I64, _PTR] + [_I64] * 7
+_PREFILL_ARGTYPES += [ctypes.c_float, ctypes.c_int]
+PREFILL_DIMS = (32, 64, 128)
+"""Head sizes :meth:`PagedDecodeKernel.prefill_attention` takes."""
 
 
 class KernelError(RuntimeError):
@@ -210,6 +216,70 @@ class PagedDecodeKernel:
     """Whether :meth:`linear_int8`, :meth:`linear_int4` and :meth:`dequantize_int4` run here
     (a build that also has AVX-512 VNNI and VL); where not, they decline."""
     _pool_workers: Callable[[], int] | None = None
+    _prefill_bf16: Callable[..., int] | None = None
+
+    @property
+    def prefill_bf16(self) -> bool:
+        """Whether :meth:`prefill_attention` runs here (a build with AVX-512 BF16, F, BW and
+        VL); where not, it declines."""
+        return self._prefill_bf16 is not None and self.bf16_linear and self.vector_activation
+
+    def prefill_attention(
+        self,
+        *,
+        q: int,
+        q_strides: tuple[int, int],
+        k: int,
+        v: int,
+        tables: int,
+        table_stride: int,
+        seqs: int,
+        num_seqs: int,
+        out: int,
+        shape: tuple[int, int, int, int],
+        block_size: int,
+        window: int,
+        num_blocks: int,
+        scale: float,
+        threads: int,
+    ) -> bool:
+        """Causal attention for the query rows of prefilling sequences over their keys and
+        values in the paged cache (raw pointers to bfloat16 data; see
+        ``swift_prefill_attention_bf16`` in the C source): ``seqs`` holds ``num_seqs`` int64
+        rows ``(first query row, query count, context length, row of tables)``, ``shape`` is
+        ``(rows, heads, kv_heads, dim)`` of ``q`` (at ``q_strides`` for a row and a head) and
+        of the contiguous ``out``. Every block id a sequence uses is checked against
+        ``num_blocks`` first.
+
+        Returns:
+            False where this build has no such kernel (nothing was read or written).
+
+        Raises:
+            KernelError: the kernel refused its arguments or ran out of scratch memory.
+        """
+        if not self.prefill_bf16 or self._prefill_bf16 is None:
+            return False
+        status = self._prefill_bf16(
+            q,
+            *q_strides,
+            k,
+            v,
+            tables,
+            table_stride,
+            seqs,
+            num_seqs,
+            out,
+            *shape,
+            block_size,
+            window,
+            num_blocks,
+            scale,
+            threads,
+        )
+        if status == 3:
+            return False
+        _check_decode(status)
+        return True
 
     def pool_workers(self) -> int | None:
         """How many worker threads the library's pool has started in this process (the
@@ -854,6 +924,7 @@ def open_library(path: Path) -> PagedDecodeKernel:
         (SYMBOL_LINEAR_INT4, _LINEAR_INT8_ARGTYPES),
         (SYMBOL_DEQUANTIZE_INT4, _DEQUANTIZE_ARGTYPES),
         (SYMBOL_DECODE_LAYER, [_PTR] * 6),
+        (SYMBOL_PREFILL_BF16, _PREFILL_ARGTYPES),
     ):
         try:
             fn = getattr(library, symbol)
@@ -877,7 +948,7 @@ def open_library(path: Path) -> PagedDecodeKernel:
     pool_fn.restype = ctypes.c_int
     fn, fn_bf16, rms, rms_bf16, rope, rope_bf16, rope_decode, rope_decode_bf16 = functions[:8]
     silu, silu_bf16, linear_bf16, linear_int8, linear_int4, dequantize_int4 = functions[8:14]
-    decode_layer = functions[14]
+    decode_layer, prefill_bf16 = functions[14:16]
     return PagedDecodeKernel(
         path,
         fn,
@@ -899,4 +970,5 @@ def open_library(path: Path) -> PagedDecodeKernel:
         bf16_linear=bool(features & _FEATURE_BF16_LINEAR),
         int8_linear=bool(features & _FEATURE_INT8_LINEAR),
         _pool_workers=pool_fn,
+        _prefill_bf16=prefill_bf16,
     )

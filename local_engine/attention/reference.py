@@ -2,7 +2,8 @@
 
 Decode sequences (one new token each) are batched into one SDPA call over their blocks,
 padded to the longest context with a mask; the query heads of each KV group ride along as
-the query axis, so GQA needs no key/value repetition. Prefill sequences run one SDPA each.
+the query axis, so GQA needs no key/value repetition. Prefill sequences run one SDPA each
+(the CPU backend runs bfloat16 ones in a native kernel instead).
 Everything derived from the step's metadata is computed once, on the first layer, and
 reused by the rest; gathers land in reusable scratch buffers rather than fresh allocations.
 """
@@ -76,16 +77,30 @@ class ReferenceAttention:
         decode = plan.decode
         if decode is not None and decode.tokens is None:
             return self._decode(q, kv_cache, meta, decode, scale, sliding_window)
-        out = torch.empty_like(q)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         if decode is not None and decode.tokens is not None:
             out[decode.tokens] = self._decode(
                 q[decode.tokens], kv_cache, meta, decode, scale, sliding_window
             )
-        for seq in plan.prefills:
-            out[seq.start : seq.end] = self._prefill(
-                q, k, v, kv_cache, meta, seq, scale, sliding_window
-            )
+        self._prefill_rows(q, k, v, kv_cache, meta, plan.prefills, out, scale, sliding_window)
         return out
+
+    def _prefill_rows(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        prefills: tuple[_Prefill, ...],
+        out: torch.Tensor,
+        scale: float,
+        window: int | None,
+    ) -> None:
+        """Write the attention output of every prefilling sequence's rows into ``out``
+        (contiguous, shaped as ``q``), one SDPA call per sequence."""
+        for seq in prefills:
+            out[seq.start : seq.end] = self._prefill(q, k, v, kv_cache, meta, seq, scale, window)
 
     def _decode(
         self,

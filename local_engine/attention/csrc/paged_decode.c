@@ -1874,3 +1874,290 @@ int swift_decode_layer_bf16(const swift_layer_t *L, const swift_step_t *S, bf16_
     return linear_kind(L->kinds[3], act, rows, L->weights[3], L->scales[3], hidden, inter, NULL,
                        x, x, threads);
 }
+
+/*
+ * Prefill attention, bfloat16, on AVX-512 BF16: the new query tokens of one or more
+ * sequences attend causally over their context where it lies in the paged cache (the chunk's
+ * own keys and values written there already), a flash-attention loop without gathering:
+ *   q      [T, heads, dim] rotated queries, strides q_row, q_head (dim contiguous)
+ *   seqs   [num_seqs, 4] int64: the sequence's first row of q and out, its query count n,
+ *          its context length c (n <= c; query i is position c - n + i) and its row of
+ *          `tables`
+ *   out    [T, heads, dim] contiguous (T = rows); rows no sequence names are not written
+ * k, v, tables, block_size, window (0: none; else position p sees positions > p - window),
+ * num_blocks and scale as in swift_paged_decode_bf16; dim 32, 64 or 128.
+ *
+ * The work is split into tasks of (sequence, KV head, PF_QB query positions), heaviest first,
+ * taken in turn by the pool's threads. A task copies the keys and values its queries see
+ * into pair-interleaved tiles (two bfloat16 values a 32-bit lane, as AVX-512 BF16's dot
+ * product reads them: keys 16 to a vector with their dimensions paired, values with pairs of
+ * positions), then runs its rows (query head x position, PF_R at a time) over the keys in
+ * blocks of PF_KB: scores as float32 sums of bfloat16 products in registers, the softmax
+ * online (float32; exp as exp16), the probabilities rounded to bfloat16 for the value
+ * products, the output sums in float32, rounded once. The results differ from SDPA's by
+ * float32 summation order and that rounding. Returns 0, 1 when scratch memory could not be
+ * allocated, 2 for arguments it does not take (it then reads nothing), 3 where the build
+ * lacks AVX-512 BF16.
+ */
+#define PF_QB 32 /* query positions per task */
+#define PF_KB 64 /* keys per score block: PF_KB / 16 vectors */
+#define PF_R 6   /* rows per register block */
+
+#if SWIFT_BF16_LINEAR && SWIFT_VECTOR_ACTIVATION
+struct prefill_task {
+    int64_t seq, g, qa, cost;
+};
+
+struct prefill_ctx {
+    const bf16_t *q;
+    int64_t q_row, q_head;
+    const bf16_t *k, *v;
+    const int64_t *tables, *seqs;
+    int64_t table_stride;
+    bf16_t *out;
+    int64_t heads, kv_heads, dim, bs, window, max_keys;
+    float scale;
+    const struct prefill_task *tasks;
+    int64_t num_tasks, next; /* next: the first task no thread took yet (atomic) */
+    int status;
+};
+
+static inline uint32_t pair_bf16(bf16_t lo, bf16_t hi) { return (uint32_t)lo | (uint32_t)hi << 16; }
+
+/* o[r] = o[r] * alpha[r] + p[r] . values for RN rows (VECS vectors of 16 a row: the sums stay
+   in registers), over one block's PF_KB / 2 position pairs; rows from `keep` on are computed
+   and not stored. */
+static inline __attribute__((always_inline)) void prefill_values(
+    const int VECS, const int RN, const uint32_t *vt, const bf16_t *pb, const float *alpha,
+    float *o, int keep) {
+    __m512 ov[24]; /* RN * VECS <= 24 */
+    for (int r = 0; r < RN; r++) {
+        const __m512 a = _mm512_set1_ps(alpha[r]);
+        for (int v = 0; v < VECS; v++)
+            ov[r * VECS + v] = _mm512_mul_ps(_mm512_loadu_ps(o + r * VECS * 16 + 16 * v), a);
+    }
+    for (int p = 0; p < PF_KB / 2; p++) {
+        __m512bh vz[8];
+        for (int v = 0; v < VECS; v++)
+            vz[v] = (__m512bh)_mm512_loadu_si512((const void *)(vt + (p * VECS + v) * 16));
+        for (int r = 0; r < RN; r++) {
+            uint32_t word;
+            memcpy(&word, pb + r * PF_KB + 2 * p, sizeof word);
+            const __m512bh b = (__m512bh)_mm512_set1_epi32((int)word);
+            for (int v = 0; v < VECS; v++) ov[r * VECS + v] = _mm512_dpbf16_ps(ov[r * VECS + v], vz[v], b);
+        }
+    }
+    for (int r = 0; r < RN && r < keep; r++)
+        for (int v = 0; v < VECS; v++) _mm512_storeu_ps(o + r * VECS * 16 + 16 * v, ov[r * VECS + v]);
+}
+
+/* One register block: rows r < nr of the task (PF_R slots; slots past nr repeat row 0 and are
+   not kept), against key tiles [t0, t0 + PF_KB / 16) of kp/vp. */
+static inline __attribute__((always_inline)) void prefill_block(
+    const struct prefill_ctx *c, const bf16_t *const *qp, const int64_t *pos, const int64_t *first,
+    int nr, int64_t kfirst, int64_t t0, const uint32_t *kp, const uint32_t *vp, float *m,
+    float *l, float *o, bf16_t *pb) {
+    const int64_t dim = c->dim, pairs = dim / 2, vecs = dim / 16;
+    __m512 acc[PF_R][PF_KB / 16];
+    for (int r = 0; r < PF_R; r++)
+        for (int j = 0; j < PF_KB / 16; j++) acc[r][j] = _mm512_setzero_ps();
+    const uint32_t *kt = kp + t0 * pairs * 16;
+    for (int64_t d2 = 0; d2 < pairs; d2++) {
+        __m512bh kv[PF_KB / 16];
+        for (int j = 0; j < PF_KB / 16; j++)
+            kv[j] = (__m512bh)_mm512_loadu_si512((const void *)(kt + (j * pairs + d2) * 16));
+        for (int r = 0; r < PF_R; r++) {
+            uint32_t word;
+            memcpy(&word, qp[r] + 2 * d2, sizeof word);
+            const __m512bh b = (__m512bh)_mm512_set1_epi32((int)word);
+            for (int j = 0; j < PF_KB / 16; j++) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], kv[j], b);
+        }
+    }
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512 sc = _mm512_set1_ps(c->scale);
+    float alpha[PF_R];
+    for (int r = 0; r < nr; r++) {
+        __mmask16 valid[PF_KB / 16];
+        __m512 s[PF_KB / 16];
+        __m512 top = _mm512_set1_ps(-INFINITY);
+        for (int j = 0; j < PF_KB / 16; j++) {
+            const int64_t key0 = kfirst + (t0 + j) * 16;
+            const __m512i keys = _mm512_add_epi32(_mm512_set1_epi32((int)key0), iota);
+            valid[j] = _mm512_cmple_epi32_mask(keys, _mm512_set1_epi32((int)pos[r])) &
+                       _mm512_cmpge_epi32_mask(keys, _mm512_set1_epi32((int)first[r]));
+            s[j] = _mm512_mul_ps(acc[r][j], sc);
+            top = _mm512_mask_max_ps(top, valid[j], top, s[j]);
+        }
+        const float block_max = _mm512_reduce_max_ps(top);
+        bf16_t *prow = pb + r * PF_KB;
+        if (block_max == -INFINITY) { /* no key of this block is visible to the row */
+            memset(prow, 0, sizeof(bf16_t) * PF_KB);
+            alpha[r] = 1.0f;
+            continue;
+        }
+        const float mnew = m[r] > block_max ? m[r] : block_max;
+        alpha[r] = m[r] == -INFINITY ? 0.0f : expf(m[r] - mnew);
+        m[r] = mnew;
+        const __m512 mv = _mm512_set1_ps(mnew);
+        __m512 sum = _mm512_setzero_ps();
+        for (int j = 0; j < PF_KB / 16; j++) {
+            const __m512 p = _mm512_maskz_mov_ps(valid[j], exp16(_mm512_sub_ps(s[j], mv)));
+            sum = _mm512_add_ps(sum, p);
+            _mm256_storeu_si256((__m256i *)(prow + 16 * j), (__m256i)_mm512_cvtneps_pbh(p));
+        }
+        l[r] = l[r] * alpha[r] + _mm512_reduce_add_ps(sum);
+    }
+    for (int r = nr; r < PF_R; r++) alpha[r] = 0.0f; /* slots past nr: computed, not kept */
+    const uint32_t *vt = vp + t0 * 8 * dim; /* 8 position pairs a tile */
+    if (dim == 32) {
+        prefill_values(2, 6, vt, pb, alpha, o, nr);
+    } else if (dim == 64) {
+        prefill_values(4, 6, vt, pb, alpha, o, nr);
+    } else {
+        prefill_values(8, 3, vt, pb, alpha, o, nr);
+        prefill_values(8, 3, vt, pb + 3 * PF_KB, alpha + 3, o + 3 * 128, nr - 3);
+    }
+}
+
+static void prefill_run(const struct prefill_ctx *c, const struct prefill_task *t, uint32_t *kp,
+                        uint32_t *vp, float *o, bf16_t *pb) {
+    const int64_t dim = c->dim, pairs = dim / 2, bs = c->bs, group = c->heads / c->kv_heads;
+    const int64_t *sq = c->seqs + 4 * t->seq;
+    const int64_t q0 = sq[0], n = sq[1], ctx = sq[2], base = ctx - n;
+    const int64_t *table = c->tables + sq[3] * c->table_stride;
+    const int64_t qa = t->qa, qb = qa + PF_QB < n ? qa + PF_QB : n;
+    const int64_t g = t->g, token_stride = c->kv_heads * dim;
+    const int64_t kfirst = c->window > 0 && base + qa - c->window + 1 > 0 ? base + qa - c->window + 1 : 0;
+    const int64_t nkeys = base + qb - kfirst;
+    const int64_t tiles = (nkeys + 15) / 16, padded = (tiles + PF_KB / 16) * 16;
+    /* keys: tile t, pair d2, lane i = position kfirst + 16 t + i; values: pair of positions
+       (kfirst + 2 p, + 1), dimension d at vp[p * dim + d]; zeros past the last position */
+    for (int64_t key = 0; key < padded; key++) {
+        uint32_t *kdst = kp + (key / 16) * pairs * 16 + key % 16;
+        if (key < nkeys) {
+            const int64_t at = kfirst + key;
+            const int64_t row = (table[at / bs] * bs + at % bs) * token_stride + g * dim;
+            const bf16_t *ks = c->k + row, *vs = c->v + row;
+            for (int64_t d2 = 0; d2 < pairs; d2++) kdst[d2 * 16] = pair_bf16(ks[2 * d2], ks[2 * d2 + 1]);
+            bf16_t *vdst = (bf16_t *)(vp + (key / 2) * dim) + key % 2;
+            for (int64_t d = 0; d < dim; d++) vdst[2 * d] = vs[d];
+        } else {
+            for (int64_t d2 = 0; d2 < pairs; d2++) kdst[d2 * 16] = 0;
+            bf16_t *vdst = (bf16_t *)(vp + (key / 2) * dim) + key % 2;
+            for (int64_t d = 0; d < dim; d++) vdst[2 * d] = 0;
+        }
+    }
+    const int64_t rows = (qb - qa) * group;
+    for (int64_t r0 = 0; r0 < rows; r0 += PF_R) {
+        const int nr = rows - r0 < PF_R ? (int)(rows - r0) : PF_R;
+        const bf16_t *qp[PF_R];
+        int64_t pos[PF_R], first[PF_R];
+        float m[PF_R], l[PF_R];
+        for (int r = 0; r < PF_R; r++) {
+            const int64_t row = r0 + (r < nr ? r : 0), i = qa + row / group;
+            const int64_t h = g * group + row % group;
+            qp[r] = c->q + (q0 + i) * c->q_row + h * c->q_head;
+            pos[r] = base + i;
+            first[r] = c->window > 0 && pos[r] - c->window + 1 > 0 ? pos[r] - c->window + 1 : 0;
+            m[r] = -INFINITY;
+            l[r] = 0.0f;
+        }
+        memset(o, 0, sizeof(float) * (size_t)(PF_R * dim));
+        /* key blocks from the first one a row sees to the last row's position */
+        const int64_t t_lo = (first[0] - kfirst) / 16, t_hi = (pos[nr - 1] - kfirst) / 16;
+        for (int64_t t0 = t_lo; t0 <= t_hi; t0 += PF_KB / 16)
+            prefill_block(c, qp, pos, first, nr, kfirst, t0, kp, vp, m, l, o, pb);
+        for (int r = 0; r < nr; r++) {
+            const int64_t row = r0 + r, i = qa + row / group, h = g * group + row % group;
+            bf16_t *dst = c->out + ((q0 + i) * c->heads + h) * dim;
+            const __m512 inv = _mm512_set1_ps(1.0f / l[r]);
+            for (int64_t v = 0; v < dim / 16; v++)
+                store_bf16_masked(dst + 16 * v, (__mmask16)0xffff,
+                                  round_bf16x16(_mm512_mul_ps(_mm512_loadu_ps(o + r * dim + 16 * v), inv)));
+        }
+    }
+}
+
+static void prefill_share(void *p, int id, int team) {
+    (void)id, (void)team;
+    struct prefill_ctx *c = (struct prefill_ctx *)p;
+    const int64_t dim = c->dim, padded = ((c->max_keys + 15) / 16 + PF_KB / 16) * 16;
+    uint32_t *kp = aligned_alloc(64, sizeof(uint32_t) * (size_t)(padded * dim / 2));
+    uint32_t *vp = aligned_alloc(64, sizeof(uint32_t) * (size_t)(padded / 2 * dim));
+    float *o = malloc(sizeof(float) * (size_t)(PF_R * dim));
+    bf16_t *pb = malloc(sizeof(bf16_t) * PF_R * PF_KB);
+    if (kp == NULL || vp == NULL || o == NULL || pb == NULL) {
+        __atomic_fetch_or(&c->status, 1, __ATOMIC_RELAXED);
+    } else {
+        for (;;) {
+            const int64_t i = __atomic_fetch_add(&c->next, 1, __ATOMIC_RELAXED);
+            if (i >= c->num_tasks) break;
+            prefill_run(c, &c->tasks[i], kp, vp, o, pb);
+        }
+    }
+    free(kp);
+    free(vp);
+    free(o);
+    free(pb);
+}
+
+static int heavier_first(const void *a, const void *b) {
+    const int64_t ca = ((const struct prefill_task *)a)->cost, cb = ((const struct prefill_task *)b)->cost;
+    return (ca < cb) - (ca > cb);
+}
+#endif
+
+int swift_prefill_attention_bf16(const bf16_t *q, int64_t q_row, int64_t q_head, const bf16_t *k,
+                                 const bf16_t *v, const int64_t *tables, int64_t table_stride,
+                                 const int64_t *seqs, int64_t num_seqs, bf16_t *out,
+                                 int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim, int64_t block_size,
+                                 int64_t window, int64_t num_blocks, float scale, int nthreads) {
+#if !(SWIFT_BF16_LINEAR && SWIFT_VECTOR_ACTIVATION)
+    (void)q, (void)q_row, (void)q_head, (void)k, (void)v, (void)tables, (void)table_stride;
+    (void)seqs, (void)num_seqs, (void)out, (void)rows, (void)heads, (void)kv_heads, (void)dim;
+    (void)block_size, (void)window, (void)num_blocks, (void)scale, (void)nthreads;
+    return 3;
+#else
+    if (num_seqs < 1 || heads < 1 || kv_heads < 1 || heads % kv_heads || block_size < 1 ||
+        (dim != 32 && dim != 64 && dim != 128) || q_head < dim || q_row < heads * q_head ||
+        window < 0 || num_blocks < 1 || table_stride < 1)
+        return 2;
+    int64_t num_tasks = 0, max_keys = 0;
+    for (int64_t s = 0; s < num_seqs; s++) {
+        const int64_t *sq = seqs + 4 * s;
+        const int64_t n = sq[1], ctx = sq[2];
+        if (sq[0] < 0 || n < 1 || sq[0] + n > rows || ctx < n || ctx > INT32_MAX - 2 * PF_KB || sq[3] < 0 ||
+            (ctx - 1) / block_size >= table_stride)
+            return 2;
+        for (int64_t b = 0; b <= (ctx - 1) / block_size; b++) {
+            const int64_t id = tables[sq[3] * table_stride + b];
+            if (id < 0 || id >= num_blocks) return 2; /* never read outside the cache */
+        }
+        num_tasks += (n + PF_QB - 1) / PF_QB * kv_heads;
+        const int64_t keys = window > 0 && window + PF_QB < ctx ? window + PF_QB : ctx;
+        max_keys = keys > max_keys ? keys : max_keys;
+    }
+    struct prefill_task *tasks = malloc(sizeof(struct prefill_task) * (size_t)num_tasks);
+    if (tasks == NULL) return 1;
+    int64_t at = 0;
+    for (int64_t s = 0; s < num_seqs; s++) {
+        const int64_t n = seqs[4 * s + 1], base = seqs[4 * s + 2] - n;
+        for (int64_t qa = 0; qa < n; qa += PF_QB) {
+            const int64_t last = base + (qa + PF_QB < n ? qa + PF_QB : n);
+            const int64_t from = window > 0 && base + qa - window + 1 > 0 ? base + qa - window + 1 : 0;
+            for (int64_t g = 0; g < kv_heads; g++)
+                tasks[at++] = (struct prefill_task){s, g, qa, last - from};
+        }
+    }
+    qsort(tasks, (size_t)num_tasks, sizeof *tasks, heavier_first);
+    if (nthreads < 1) nthreads = 1;
+    if (nthreads > MAX_THREADS) nthreads = MAX_THREADS;
+    if ((int64_t)nthreads > num_tasks) nthreads = (int)num_tasks;
+    struct prefill_ctx ctx = {q, q_row, q_head, k, v, tables, seqs, table_stride, out, heads,
+                              kv_heads, dim, block_size, window, max_keys, scale, tasks,
+                              num_tasks, 0, 0};
+    parallel_run(prefill_share, &ctx, nthreads);
+    free(tasks);
+    return ctx.status;
+#endif
+}
