@@ -411,7 +411,7 @@ def load_gguf_model(
             f"GGUF file lacks {len(missing)} tensors the {config.family} config needs, "
             f"e.g. {missing[:5]}"
         )
-    model.tie_head()
+    model.finish_loading()
     return model
 
 

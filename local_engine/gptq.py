@@ -231,7 +231,7 @@ def load_gptq_model(
                 continue
             assert isinstance(target, Int4Rows)
             target.write(*exact)
-    model.tie_head()
+    model.finish_loading()
     return model
 
 

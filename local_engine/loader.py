@@ -24,7 +24,14 @@ from .config import ModelConfig, normalize_dtype_name
 from .fp8 import Fp8Rows
 from .gptq import load_gptq_model, quantization_config
 from .model import DecoderLayer, DecoderModel
-from .quant import Int4Rows, Int8Rows, Quantization, QuantizedWeight, check_quantization
+from .quant import (
+    Int4Rows,
+    Int8Rows,
+    PackedWeight,
+    Quantization,
+    QuantizedWeight,
+    check_quantization,
+)
 
 __all__ = ["load_model", "resolve_dtype"]
 
@@ -115,7 +122,7 @@ def load_model(
                 for name in shapes:
                     if name in targets:
                         targets[name][0].copy_(handle.get_tensor(name))
-    model.tie_head()
+    model.finish_loading()
     return model
 
 
@@ -237,7 +244,13 @@ def _targets(model: DecoderModel) -> _Targets:
 def _rows(
     weight: torch.Tensor | QuantizedWeight, start: int, stop: int
 ) -> torch.Tensor | Int8Rows | Int4Rows | Fp8Rows:
-    """Rows ``start:stop`` of a dense or quantized weight, as a copy target."""
+    """Rows ``start:stop`` of a dense or quantized weight, as a copy target.
+
+    Raises:
+        EngineConfigError: a packed weight (packed once loaded, never a load target).
+    """
     if isinstance(weight, torch.Tensor):
         return weight[start:stop]
+    if isinstance(weight, PackedWeight):
+        raise EngineConfigError("a packed weight is not a load target; load before packing")
     return weight.rows(start, stop)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -42,13 +43,24 @@ from .quant import (
     DequantScratch,
     Int4Weight,
     Int8Weight,
+    PackedWeight,
     Quantization,
     QuantizedWeight,
     check_quantization,
     linear,
 )
 
-__all__ = ["DecoderLayer", "DecoderModel", "Rotary", "rope_inverse_frequencies"]
+__all__ = [
+    "PACKED_WEIGHTS_ENV",
+    "DecoderLayer",
+    "DecoderModel",
+    "Rotary",
+    "rope_inverse_frequencies",
+]
+
+PACKED_WEIGHTS_ENV = "SWIFTCLIENT_PACKED_WEIGHTS"
+"""``0`` keeps a bfloat16 CPU model's projections row-major (the packed layout is the
+default where the native kernels have it); read when a model finishes loading."""
 
 logger = logging.getLogger("local_engine")
 
@@ -168,14 +180,22 @@ def _decode_linear(
     residual: torch.Tensor | None,
 ) -> torch.Tensor | None:
     """The native kernel's ``x @ weight.T (+ bias) (+ residual)`` for a decode step's few
-    bfloat16 rows against a dense or int8 weight on CPU (one pass over the weight at memory
-    speed); None where it does not apply (the caller then uses torch)."""
-    if (
-        x.dtype != torch.bfloat16
-        or x.dim() != 2
-        or x.shape[0] > LINEAR_MAX_ROWS
-        or (kernel := _cpu_kernel(x)) is None
-    ):
+    bfloat16 rows against a dense, int8 or int4 weight on CPU (one pass over the weight at
+    memory speed), or for any number of rows against a packed one; None where it does not
+    apply (the caller then uses torch)."""
+    if x.dtype != torch.bfloat16 or x.dim() != 2 or (kernel := _cpu_kernel(x)) is None:
+        return None
+    if isinstance(weight, PackedWeight):
+        return kernel.linear_packed(
+            x,
+            weight.packed,
+            weight.out_features,
+            weight.in_features,
+            bias,
+            residual,
+            torch.get_num_threads(),
+        )
+    if x.shape[0] > LINEAR_MAX_ROWS:
         return None
     if isinstance(weight, torch.Tensor):
         return kernel.linear(x, weight, bias, residual, torch.get_num_threads())
@@ -317,7 +337,10 @@ class DecoderLayer(nn.Module):
         sources: list[object] = [self.input_norm, self.post_norm, self.qkv_bias, self.o_bias]
         sources.append(self.qk_norm_weight)
         for w in (self.qkv_weight, self.o_weight, self.gate_up_weight, self.down_weight):
-            sources += (w, w.qweight, w.scales) if isinstance(w, Int8Weight | Int4Weight) else (w,)
+            if isinstance(w, Int8Weight | Int4Weight):
+                sources += (w, w.qweight, w.scales)
+            else:
+                sources += (w, w.packed) if isinstance(w, PackedWeight) else (w,)
         return tuple(sources)
 
     def _build_native_args(self, kernel: PagedDecodeKernel) -> LayerArgs | None:
@@ -346,6 +369,10 @@ class DecoderLayer(nn.Module):
                 if not kernel.bf16_linear or w.dtype != bf16 or not w.is_contiguous():
                     return None
                 kind, codes, scales = "bf16", w, None
+            elif isinstance(w, PackedWeight):
+                if not kernel.packed_linear:
+                    return None
+                kind, codes, scales = "packed", w.packed, None
             elif isinstance(w, Int8Weight | Int4Weight):
                 if not kernel.int8_linear or w.scales.dtype != bf16:
                     return None
@@ -598,6 +625,36 @@ class DecoderModel(nn.Module):
         on CPU (the loaders call it last); nothing for other models."""
         if self.config.tie_word_embeddings and isinstance(self.lm_head, Int8Weight):
             self.lm_head.rows(0, self.config.vocab_size).copy_(self.embed_tokens)
+
+    def finish_loading(self) -> None:
+        """What the loaders do once every weight is in: the int8 copy of a tied head
+        (:meth:`tie_head`), then the packed layout for bfloat16 projections on CPU
+        (:meth:`pack_weights`)."""
+        self.tie_head()
+        self.pack_weights()
+
+    def pack_weights(self) -> int:
+        """Keep the layers' bfloat16 projections on CPU in the native kernels' packed layout
+        (:class:`~local_engine.quant.PackedWeight`), one weight at a time (the row-major copy
+        is dropped as its packed one is made), where the kernel library has the packed
+        kernel; ``SWIFTCLIENT_PACKED_WEIGHTS=0`` keeps them row-major. Returns how many were
+        packed."""
+        if os.environ.get(PACKED_WEIGHTS_ENV, "1").strip() == "0":
+            return 0
+        packed = 0
+        with torch.no_grad():
+            for layer in self._layer_seq:
+                for name in ("qkv_weight", "o_weight", "gate_up_weight", "down_weight"):
+                    weight = getattr(layer, name)
+                    if not isinstance(weight, torch.Tensor) or weight.device.type != "cpu":
+                        continue
+                    made = PackedWeight.pack(weight.detach())
+                    if made is None:
+                        continue
+                    delattr(layer, name)  # an nn.Parameter: the module forgets it first
+                    setattr(layer, name, made)
+                    packed += 1
+        return packed
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Project hidden states ``[N, hidden]`` to float32 logits ``[N, vocab]``."""

@@ -54,6 +54,7 @@ __all__ = [
     "DequantScratch",
     "Int8Rows",
     "Int8Weight",
+    "PackedWeight",
     "Quantization",
     "QuantizedWeight",
     "check_quantization",
@@ -445,8 +446,80 @@ class Int4Rows(QuantizedRows):
         weight.scales[lo:hi].copy_(grouped)
 
 
-QuantizedWeight = Int8Weight | Int4Weight | Fp8Weight
-"""The quantized weight types a model's projections may hold."""
+class PackedWeight(nn.Module):
+    """A bfloat16 linear weight ``[out_features, in_features]`` on CPU, kept in the native
+    kernels' packed layout (16 rows a group, each pair of input columns side by side; see
+    ``swift_linear_packed_bf16``) instead of row-major: the same bytes (rows padded to a
+    multiple of 64), read by one kernel for every row count, from batch-1 decode to whole
+    prompts. The loaders pack a bfloat16 CPU model's projections once loaded
+    (:meth:`local_engine.model.DecoderModel.pack_weights`); :meth:`linear` is ``F.linear``
+    against the weight."""
+
+    packed: torch.Tensor
+
+    def __init__(self, packed: torch.Tensor, out_features: int, in_features: int) -> None:
+        """Hold ``packed`` (from :meth:`PagedDecodeKernel.pack_bf16`) for a weight of this
+        shape."""
+        super().__init__()
+        self.register_buffer("packed", packed)
+        self.out_features = out_features
+        self.in_features = in_features
+
+    @classmethod
+    def pack(cls, weight: torch.Tensor) -> PackedWeight | None:
+        """``weight`` packed, or None where the native kernel does not take it (no kernel
+        with AVX-512 BF16 here, not a contiguous bfloat16 CPU matrix, an odd column count)."""
+        kernel = load_paged_decode()
+        packed = None if kernel is None else kernel.pack_bf16(weight)
+        return None if packed is None else cls(packed, weight.shape[0], weight.shape[1])
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """bfloat16, the weight's and its outputs' dtype."""
+        return self.packed.dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        """The shape of the weight it stands for."""
+        return torch.Size((self.out_features, self.in_features))
+
+    def dequantize(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The weight, row-major (into ``out`` when given)."""
+        groups, pairs = self.packed.numel() // (16 * self.in_features), self.in_features // 2
+        rows = self.packed.view(groups, pairs, 16, 2).permute(0, 2, 1, 3)
+        dense = rows.reshape(groups * 16, self.in_features)[: self.out_features]
+        return dense.contiguous() if out is None else out.copy_(dense)
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``x [T, in_features] @ W.T (+ bias)`` in bfloat16, through the packed kernel (any
+        ``T``), or ``F.linear`` against the unpacked weight where the kernel declines.
+
+        Raises:
+            EngineConfigError: ``x`` is not a 2-D bfloat16 tensor.
+        """
+        if x.dim() != 2 or x.dtype != self.dtype:
+            raise EngineConfigError(
+                "packed linear takes 2-D bfloat16 inputs, got "
+                f"{str(x.dtype).removeprefix('torch.')} {tuple(x.shape)}"
+            )
+        kernel = load_paged_decode()
+        if kernel is not None:
+            out = kernel.linear_packed(
+                x,
+                self.packed,
+                self.out_features,
+                self.in_features,
+                bias,
+                None,
+                torch.get_num_threads(),
+            )
+            if out is not None:
+                return out
+        return F.linear(x, self.dequantize(), bias)
+
+
+QuantizedWeight = Int8Weight | Int4Weight | Fp8Weight | PackedWeight
+"""The weight types other than a dense tensor that a model's projections may hold."""
 
 
 def linear(

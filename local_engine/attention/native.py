@@ -51,6 +51,7 @@ __all__ = [
     "POOL_SPIN_ENV",
     "KERNEL_DTYPES",
     "LINEAR_MAX_ROWS",
+    "PACK_ROWS",
     "PREFILL_DIMS",
     "WEIGHT_KINDS",
     "LayerArgs",
@@ -91,6 +92,8 @@ SYMBOL_LINEAR_INT4 = "swift_linear_int4"
 SYMBOL_DEQUANTIZE_INT4 = "swift_dequantize_int4"
 SYMBOL_DECODE_LAYER = "swift_decode_layer_bf16"
 SYMBOL_PREFILL_BF16 = "swift_prefill_attention_bf16"
+SYMBOL_LINEAR_PACKED = "swift_linear_packed_bf16"
+SYMBOL_PACK_BF16 = "swift_pack_bf16"
 SYMBOL_FEATURES = "swift_kernel_features"
 SYMBOL_POOL_WORKERS = "swift_pool_workers"
 _FEATURE_VECTOR_ACTIVATION = 1
@@ -131,6 +134,9 @@ _LINEAR_INT8_ARGTYPES = [_PTR, _I64, _I64, _PTR, *_LINEAR_ARGTYPES[3:]]
 _DEQUANTIZE_ARGTYPES = [_PTR, _PTR, _I64, _I64, _PTR, ctypes.c_int]
 _PREFILL_ARGTYPES = [_PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _I64, _PTR] + [_I64] * 7
 _PREFILL_ARGTYPES += [ctypes.c_float, ctypes.c_int]
+_PACK_ARGTYPES = [_PTR, _I64, _I64, _I64, _I64, _PTR]
+PACK_ROWS = 64
+"""The packed bfloat16 layout's row multiple (``swift_pack_bf16``): 4 groups of 16 rows."""
 PREFILL_DIMS = (32, 64, 128)
 """Head sizes :meth:`PagedDecodeKernel.prefill_attention` takes."""
 
@@ -182,7 +188,7 @@ class StepArgs(ctypes.Structure):
     ]
 
 
-WEIGHT_KINDS = {"bf16": 0, "int8": 1, "int4": 2}
+WEIGHT_KINDS = {"bf16": 0, "int8": 1, "int4": 2, "packed": 3}
 """The decode-layer call's weight kinds (``kinds`` in :class:`LayerArgs`)."""
 
 
@@ -217,6 +223,8 @@ class PagedDecodeKernel:
     (a build that also has AVX-512 VNNI and VL); where not, they decline."""
     _pool_workers: Callable[[], int] | None = None
     _prefill_bf16: Callable[..., int] | None = None
+    _linear_packed: Callable[..., int] | None = None
+    _pack_bf16: Callable[..., int] | None = None
 
     @property
     def prefill_bf16(self) -> bool:
@@ -467,6 +475,62 @@ class PagedDecodeKernel:
         n, k = weight.shape
         return self._linear(self._linear_bf16, x, (weight,), n, k, bias, residual, threads)
 
+    def pack_bf16(self, weight: torch.Tensor) -> torch.Tensor | None:
+        """A contiguous bfloat16 ``[N, K]`` CPU weight (even ``K``) in the packed layout of
+        :meth:`linear_packed`: a new flat tensor of ``ceil(N / PACK_ROWS) * PACK_ROWS * K``
+        bfloat16 values (the padding rows zero); None where this build has no packed kernel
+        or the weight is not such a tensor."""
+        if (
+            not self.packed_linear
+            or self._pack_bf16 is None
+            or weight.dtype != torch.bfloat16
+            or weight.dim() != 2
+            or weight.device.type != "cpu"
+            or not weight.is_contiguous()
+            or weight.shape[1] % 2
+            or 0 in weight.shape
+        ):
+            return None
+        n, k = weight.shape
+        packed = torch.zeros(-(-n // PACK_ROWS) * PACK_ROWS * k, dtype=torch.bfloat16)
+        if self._pack_bf16(weight.data_ptr(), n, k, 0, n, packed.data_ptr()):
+            raise KernelError(f"packing refused a {n}x{k} weight")
+        return packed
+
+    def linear_packed(
+        self,
+        x: torch.Tensor,
+        packed: torch.Tensor,
+        n: int,
+        k: int,
+        bias: torch.Tensor | None,
+        residual: torch.Tensor | None,
+        threads: int,
+    ) -> torch.Tensor | None:
+        """:meth:`linear` against a weight ``[n, k]`` packed by :meth:`pack_bf16`, for any
+        number of rows ``T >= 1`` (decode steps, batches and prompts alike); None where the
+        kernel does not take the arguments.
+
+        Raises:
+            KernelError: the kernel refused the sizes it was given.
+        """
+        if (
+            not self.packed_linear
+            or self._linear_packed is None
+            or packed.dtype != torch.bfloat16
+            or packed.numel() != -(-n // PACK_ROWS) * PACK_ROWS * k
+        ):
+            return None
+        return self._linear(
+            self._linear_packed, x, (packed,), n, k, bias, residual, threads, max_rows=None
+        )
+
+    @property
+    def packed_linear(self) -> bool:
+        """Whether :meth:`linear_packed` and :meth:`pack_bf16` run here (a build with AVX-512
+        BF16, F, BW and VL); where not, they decline."""
+        return self._linear_packed is not None and self.bf16_linear and self.vector_activation
+
     def linear_int8(
         self,
         x: torch.Tensor,
@@ -578,14 +642,18 @@ class PagedDecodeKernel:
         bias: torch.Tensor | None,
         residual: torch.Tensor | None,
         threads: int,
+        *,
+        max_rows: int | None = LINEAR_MAX_ROWS,
     ) -> torch.Tensor | None:
         """Check the shared arguments of the linear kernels and run ``fn`` (``weights`` are
-        its weight pointers, contiguous, for an ``[N, K]`` weight)."""
+        its weight pointers, contiguous, for an ``[N, K]`` weight; ``max_rows`` None: any
+        number of rows)."""
         if (
             x.dtype != torch.bfloat16
             or x.device.type != "cpu"
             or x.dim() != 2
-            or not 0 < x.shape[0] <= LINEAR_MAX_ROWS
+            or x.shape[0] < 1
+            or (max_rows is not None and x.shape[0] > max_rows)
             or x.stride(1) != 1
             or x.shape[1] != k
             or not all(w.is_contiguous() and w.device.type == "cpu" for w in weights)
@@ -925,6 +993,8 @@ def open_library(path: Path) -> PagedDecodeKernel:
         (SYMBOL_DEQUANTIZE_INT4, _DEQUANTIZE_ARGTYPES),
         (SYMBOL_DECODE_LAYER, [_PTR] * 6),
         (SYMBOL_PREFILL_BF16, _PREFILL_ARGTYPES),
+        (SYMBOL_LINEAR_PACKED, _LINEAR_ARGTYPES),
+        (SYMBOL_PACK_BF16, _PACK_ARGTYPES),
     ):
         try:
             fn = getattr(library, symbol)
@@ -948,7 +1018,7 @@ def open_library(path: Path) -> PagedDecodeKernel:
     pool_fn.restype = ctypes.c_int
     fn, fn_bf16, rms, rms_bf16, rope, rope_bf16, rope_decode, rope_decode_bf16 = functions[:8]
     silu, silu_bf16, linear_bf16, linear_int8, linear_int4, dequantize_int4 = functions[8:14]
-    decode_layer, prefill_bf16 = functions[14:16]
+    decode_layer, prefill_bf16, linear_packed, pack_bf16 = functions[14:18]
     return PagedDecodeKernel(
         path,
         fn,
@@ -971,4 +1041,6 @@ def open_library(path: Path) -> PagedDecodeKernel:
         int8_linear=bool(features & _FEATURE_INT8_LINEAR),
         _pool_workers=pool_fn,
         _prefill_bf16=prefill_bf16,
+        _linear_packed=linear_packed,
+        _pack_bf16=pack_bf16,
     )

@@ -14,6 +14,7 @@ import torch
 from local_engine.attention.native import LINEAR_MAX_ROWS, PagedDecodeKernel
 from local_engine.loader import load_model
 from local_engine.model import DecoderLayer, DecoderModel
+from local_engine.quant import PackedWeight
 
 from .paged import PagedRunner
 from .tiny import FAMILIES, make_tiny_model
@@ -146,5 +147,7 @@ def test_a_replaced_weight_is_seen(native: PagedDecodeKernel, tmp_path: Path) ->
         runner.step({"a": [3, 4, 5]})
         runner.step({"a": [6]})
         layer = runner.model.layers[0]
-        layer.o_weight = torch.nn.Parameter(layer.o_weight.detach() * 2, requires_grad=False)
+        weight = layer.o_weight
+        dense = weight.dequantize() if isinstance(weight, PackedWeight) else weight.detach()
+        layer.o_weight = torch.nn.Parameter(dense * 2, requires_grad=False)
     assert torch.equal(fused.step({"a": [7]})["a"], layered.step({"a": [7]})["a"])

@@ -5,6 +5,7 @@ refusing what it does not take; and safe to lose."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import cast
 
 import pytest
@@ -214,3 +215,15 @@ def test_float32_and_float16_prefills_stay_on_sdpa() -> None:
         got = backend.forward(q, k, v, cache, meta, scale=0.3, sliding_window=None)
         assert torch.equal(got, want)
     assert refusing.calls == 0
+
+
+def test_a_cpu_with_avx512_bf16_gets_the_bfloat16_kernels(kernel: PagedDecodeKernel) -> None:
+    """The first build flags (-march=native) failing would leave a portable build without
+    the AVX-512 kernels, which runs, slower: where the CPU has the instructions, the build
+    must have the kernels."""
+    info = Path("/proc/cpuinfo")
+    flags = set(info.read_text().split()) if info.is_file() else set()
+    if not {"avx512_bf16", "avx512bw", "avx512vl"} <= flags:
+        pytest.skip("this CPU has no AVX-512 BF16")
+    assert kernel.bf16_linear and kernel.vector_activation
+    assert kernel.prefill_bf16 and kernel.packed_linear

@@ -14,7 +14,7 @@ from local_engine.engine import Engine, EngineConfig
 from local_engine.errors import EngineConfigError
 from local_engine.fp8 import Fp8Weight
 from local_engine.loader import load_model
-from local_engine.model import DecoderLayer
+from local_engine.model import PACKED_WEIGHTS_ENV, DecoderLayer
 from local_engine.quant import (
     DEQUANT_ROWS,
     INT4_BLOCK,
@@ -91,12 +91,15 @@ _ODD_SHAPE = {"num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 12
 
 
 @pytest.mark.parametrize("shape", [{}, _ODD_SHAPE], ids=["default", "odd-rows"])
-def test_int4_logits_are_its_dequantized_weights(tmp_path: Path, shape: dict[str, int]) -> None:
+def test_int4_logits_are_its_dequantized_weights(
+    tmp_path: Path, shape: dict[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An int4 model computes what a bfloat16 model holding its dequantized weights computes
     (up to the decode kernel's quantized activations and bfloat16 rounding)."""
     path = make_tiny_model(tmp_path, "qwen2", **shape)
     ids = random_tokens(DEQUANT_ROWS + 24, seed=6)
     int4 = load_model(path, quantization="int4")
+    monkeypatch.setenv(PACKED_WEIGHTS_ENV, "0")  # row-major weights to copy into
     dense = load_model(path, dtype="bfloat16")
     for q, d in zip(int4.layers, dense.layers, strict=True):
         assert isinstance(q, DecoderLayer) and isinstance(d, DecoderLayer)
