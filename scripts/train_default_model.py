@@ -113,6 +113,9 @@ class TrainConfig:
     #: The shortest and the longest synthetic sequence of the warm-up, in tokens.
     copy_min_len: int = 8
     copy_max_len: int = 64
+    #: The warm-up draws its tokens from the first ``copy_pool`` ordinary ids of the
+    #: tokenizer (the byte alphabet, then the most frequent merges), or from all of them (0).
+    copy_pool: int = 0
 
     def spec(self) -> DefaultModelSpec:
         """The model shape."""
@@ -409,7 +412,7 @@ def load_weights(model: TinyQwen3, path: Path) -> None:
 
 #: The fields that only matter with a copy warm-up: left out of the recorded settings when
 #: it is off, so that such a run writes the same files as before the field existed.
-COPY_FIELDS = ("copy_warmup", "copy_min_len", "copy_max_len")
+COPY_FIELDS = ("copy_warmup", "copy_min_len", "copy_max_len", "copy_pool")
 
 
 def recorded(cfg: TrainConfig) -> dict[str, Any]:
@@ -433,14 +436,17 @@ class CopyTokens:
     pad: int
 
     @classmethod
-    def of(cls, tokenizer: Any) -> CopyTokens:
-        """The ids of ``tokenizer`` (one trained by :func:`train_tokenizer`)."""
+    def of(cls, tokenizer: Any, size: int = 0) -> CopyTokens:
+        """The ids of ``tokenizer`` (one trained by :func:`train_tokenizer`); with ``size``,
+        only the first ``size`` ordinary ids."""
         special = {tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
         space = tokenizer.encode(" ", add_special_tokens=False).ids
         if len(space) != 1:
             raise SystemExit("the copy warm-up needs a tokenizer with a token for one space")
         base = tokenizer.get_vocab_size(with_added_tokens=False)
         pool = np.asarray([i for i in range(base) if i not in special and i != space[0]])
+        if size:
+            pool = pool[:size]
         return cls(
             pool=pool,
             space=space[0],
@@ -595,7 +601,7 @@ def train(
     rng = random.Random(cfg.seed)
     # The warm-up's own generator, so that nothing else draws differently with it on or off.
     copy_rng = np.random.default_rng([cfg.seed, 0xC0])
-    copy_tokens = CopyTokens.of(tokenizer) if cfg.copy_warmup else None
+    copy_tokens = CopyTokens.of(tokenizer, cfg.copy_pool) if cfg.copy_warmup else None
     schedule: list[list[int]] = []
     step, seen, window = 0, 0, 0.0
     pad = ids["<|endoftext|>"]
