@@ -32,6 +32,10 @@ Usage::
     .venv/bin/python scripts/train_default_model.py --threads 1 --vocab-size 1024 \
         --max-len 1024 --steps 2400 --conversations 60000 \
         --mix "chat=0.75,copy_general=4.25,copy_chars=3,structured_any=2" --out /tmp/G
+    # run H (from scratch, the first 400 of the 3,800 steps on synthetic copy sequences;
+    # measured there, not shipped)
+    .venv/bin/python scripts/train_default_model.py --threads 1 --copy-warmup 400 \
+        --copy-pool 256 --copy-min-len 4 --copy-max-len 32 --save-every 950 --out /tmp/H
     .venv/bin/python scripts/train_default_model.py --steps 50 --out /tmp/m   # a quick smoke run
     .venv/bin/python scripts/eval_default_model.py             # the held-out accuracy table
 """
