@@ -32,6 +32,10 @@ Usage::
     .venv/bin/python scripts/train_default_model.py --threads 1 --vocab-size 1024 \
         --max-len 1024 --steps 2400 --conversations 60000 \
         --mix "chat=0.75,copy_general=4.25,copy_chars=3,structured_any=2" --out /tmp/G
+    # run H (from scratch, the first 400 of the 3,800 steps on synthetic copy sequences;
+    # measured there, not shipped)
+    .venv/bin/python scripts/train_default_model.py --threads 1 --copy-warmup 400 \
+        --copy-pool 256 --copy-min-len 4 --copy-max-len 32 --save-every 950 --out /tmp/H
     .venv/bin/python scripts/train_default_model.py --steps 50 --out /tmp/m   # a quick smoke run
     .venv/bin/python scripts/eval_default_model.py             # the held-out accuracy table
 """
@@ -105,6 +109,17 @@ class TrainConfig:
     #: Task weight overrides, ``"name=weight,..."`` (the others keep those of
     #: ``default_model_data.TASKS``), or "" for the module's own weights.
     mix: str = ""
+    #: A curriculum: the first ``copy_warmup`` steps train on synthetic copy sequences
+    #: (:func:`copy_batch`) instead of the mix, so that induction heads form before the chat
+    #: data; 0 (the shipped weights): none. Counted in ``steps`` (the learning-rate schedule
+    #: spans them all); the mix's batches then come in the same order as without it.
+    copy_warmup: int = 0
+    #: The shortest and the longest synthetic sequence of the warm-up, in tokens.
+    copy_min_len: int = 8
+    copy_max_len: int = 64
+    #: The warm-up draws its tokens from the first ``copy_pool`` ordinary ids of the
+    #: tokenizer (the byte alphabet, then the most frequent merges), or from all of them (0).
+    copy_pool: int = 0
 
     def spec(self) -> DefaultModelSpec:
         """The model shape."""
@@ -399,6 +414,94 @@ def load_weights(model: TinyQwen3, path: Path) -> None:
 # ----------------------------------------------------------------------------- training
 
 
+#: The fields that only matter with a copy warm-up: left out of the recorded settings when
+#: it is off, so that such a run writes the same files as before the field existed.
+COPY_FIELDS = ("copy_warmup", "copy_min_len", "copy_max_len", "copy_pool")
+
+
+def recorded(cfg: TrainConfig) -> dict[str, Any]:
+    """The settings as written to ``training.json`` and the model card."""
+    settings = dict(vars(cfg))
+    if not cfg.copy_warmup:
+        for field in COPY_FIELDS:
+            settings.pop(field)
+    return settings
+
+
+@dataclass
+class CopyTokens:
+    """What :func:`copy_batch` draws from: the tokenizer's ordinary BPE ids (no special or
+    added tokens), the space token, and the separator and end tokens."""
+
+    pool: np.ndarray[Any, Any]
+    space: int
+    separator: int
+    end: int
+    pad: int
+
+    @classmethod
+    def of(cls, tokenizer: Any, size: int = 0) -> CopyTokens:
+        """The ids of ``tokenizer`` (one trained by :func:`train_tokenizer`); with ``size``,
+        only the first ``size`` ordinary ids."""
+        special = {tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
+        space = tokenizer.encode(" ", add_special_tokens=False).ids
+        if len(space) != 1:
+            raise SystemExit("the copy warm-up needs a tokenizer with a token for one space")
+        base = tokenizer.get_vocab_size(with_added_tokens=False)
+        pool = np.asarray([i for i in range(base) if i not in special and i != space[0]])
+        if size:
+            pool = pool[:size]
+        return cls(
+            pool=pool,
+            space=space[0],
+            separator=tokenizer.token_to_id("<|im_start|>"),
+            end=tokenizer.token_to_id("<|im_end|>"),
+            pad=tokenizer.token_to_id("<|endoftext|>"),
+        )
+
+
+def copy_sequence(tokens: CopyTokens, length: int, rng: np.random.Generator) -> list[int]:
+    """``length`` random tokens: half the time uniform ids, half the time made-up "words" of
+    one to three ids separated by the space token (the way a text tokenizes, where the space
+    before each word makes the previous token ambiguous)."""
+    if rng.random() < 0.5:
+        return [int(i) for i in rng.choice(tokens.pool, size=length)]
+    out: list[int] = []
+    while len(out) < length:
+        if out:
+            out.append(tokens.space)
+        out += [int(i) for i in rng.choice(tokens.pool, size=int(rng.integers(1, 4)))]
+    return out[:length]
+
+
+def copy_batch(
+    tokens: CopyTokens, cfg: TrainConfig, rng: np.random.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inputs, next-token targets and loss mask of a batch of the copy warm-up.
+
+    Each row packs segments ``sequence <|im_start|> sequence <|im_end|>`` (lengths uniform
+    in ``copy_min_len..copy_max_len``) and pads the rest; the loss is on the repeat and its
+    ``<|im_end|>`` only. Rows are ``4 * copy_max_len + 4`` tokens wide (at least two
+    segments of the longest kind), as many as fit in ``batch_tokens``.
+    """
+    width = 4 * cfg.copy_max_len + 4
+    rows = max(1, cfg.batch_tokens // width)
+    ids = torch.full((rows, width), tokens.pad, dtype=torch.long)
+    mask = torch.zeros((rows, width), dtype=torch.bool)
+    for row in range(rows):
+        at = 0
+        while True:
+            length = int(rng.integers(cfg.copy_min_len, cfg.copy_max_len + 1))
+            if at + 2 * length + 2 > width:
+                break
+            sequence = copy_sequence(tokens, length, rng)
+            segment = [*sequence, tokens.separator, *sequence, tokens.end]
+            ids[row, at : at + len(segment)] = torch.tensor(segment)
+            mask[row, at + length + 1 : at + len(segment)] = True
+            at += len(segment)
+    return ids[:, :-1], ids[:, 1:], mask[:, 1:]
+
+
 def batches(examples: list[Example], batch_tokens: int, rng: random.Random) -> list[list[int]]:
     """Indices grouped by similar length so that each batch pads little."""
     order = sorted(range(len(examples)), key=lambda i: (len(examples[i][0]), rng.random()))
@@ -500,20 +603,31 @@ def train(
     )
     forward = torch.compile(model, dynamic=True) if compile_model else model
     rng = random.Random(cfg.seed)
+    # The warm-up's own generator, so that nothing else draws differently with it on or off.
+    copy_rng = np.random.default_rng([cfg.seed, 0xC0])
+    copy_tokens = CopyTokens.of(tokenizer, cfg.copy_pool) if cfg.copy_warmup else None
     schedule: list[list[int]] = []
     step, seen, window = 0, 0, 0.0
     pad = ids["<|endoftext|>"]
     model.train()
+    copy_right = copy_total = 0
     while step < cfg.steps:
-        if not schedule:
-            schedule = batches(examples, cfg.batch_tokens, rng)
-        group = schedule.pop()
-        inputs, targets, mask = (t.to(device) for t in collate(examples, group, pad))
+        warming = copy_tokens is not None and step < cfg.copy_warmup
+        if copy_tokens is not None and warming:
+            batch = copy_batch(copy_tokens, cfg, copy_rng)
+        else:
+            if not schedule:
+                schedule = batches(examples, cfg.batch_tokens, rng)
+            batch = collate(examples, schedule.pop(), pad)
+        inputs, targets, mask = (t.to(device) for t in batch)
         for group_ in optimizer.param_groups:
             group_["lr"] = learning_rate(step, cfg)
         with torch.autocast(device.type, dtype=torch.bfloat16):
             logits = forward(inputs, mask)
         loss = F.cross_entropy(logits.float(), targets[mask])
+        if warming:
+            copy_right += int((logits.argmax(-1) == targets[mask]).sum())
+            copy_total += int(mask.sum())
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -526,11 +640,15 @@ def train(
             print(f"saved the step-{step} weights to {out}", flush=True)
         if step % 20 == 0 or step == cfg.steps:
             elapsed = time.monotonic() - started
+            # During the warm-up: the share of the repeats' tokens predicted right since the
+            # last line.
+            copied = f" copy {100 * copy_right / copy_total:.1f}%" if copy_total else ""
             print(
                 f"step {step}/{cfg.steps} loss {window:.4f} lr {learning_rate(step, cfg):.2e} "
-                f"tokens {seen} elapsed {elapsed:.0f}s",
+                f"tokens {seen} elapsed {elapsed:.0f}s{copied}",
                 flush=True,
             )
+            copy_right = copy_total = 0
     minutes = (time.monotonic() - started) / 60
     save(model, tokenizer, config, ids, out, cfg, params, minutes, device)
     check_against_engine(model, out, examples[0][0].tolist(), device)
@@ -575,7 +693,7 @@ def save(
     write_json(
         out / "training.json",
         {
-            "config": vars(cfg),
+            "config": recorded(cfg),
             "parameters": params,
             "minutes": round(minutes, 1),
             "device": device.type,
@@ -613,7 +731,13 @@ def model_card(cfg: TrainConfig, params: int) -> str:
             if cfg.init
             else ""
         )
-        + f"Training settings: `{json.dumps(vars(cfg))}`.\n\n"
+        + (
+            f"The first {cfg.copy_warmup} steps trained on synthetic copy sequences only (random\n"
+            "token ids, repeated after a separator) before the task mix.\n\n"
+            if cfg.copy_warmup
+            else ""
+        )
+        + f"Training settings: `{json.dumps(recorded(cfg))}`.\n\n"
         f"Task mix (sampling weights of the generated conversations): `{json.dumps(mix)}`.\n"
     )
 
