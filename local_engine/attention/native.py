@@ -134,7 +134,7 @@ _LINEAR_INT8_ARGTYPES = [_PTR, _I64, _I64, _PTR, *_LINEAR_ARGTYPES[3:]]
 _DEQUANTIZE_ARGTYPES = [_PTR, _PTR, _I64, _I64, _PTR, ctypes.c_int]
 _PREFILL_ARGTYPES = [_PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _I64, _PTR] + [_I64] * 7
 _PREFILL_ARGTYPES += [ctypes.c_float, ctypes.c_int]
-_PACK_ARGTYPES = [_PTR, _I64, _I64, _I64, _I64, _PTR]
+_PACK_ARGTYPES = [_PTR, _I64, _I64, _PTR]
 PACK_ROWS = 64
 """The packed bfloat16 layout's row multiple (``swift_pack_bf16``): 4 groups of 16 rows."""
 PREFILL_DIMS = (32, 64, 128)
@@ -493,7 +493,7 @@ class PagedDecodeKernel:
             return None
         n, k = weight.shape
         packed = torch.zeros(-(-n // PACK_ROWS) * PACK_ROWS * k, dtype=torch.bfloat16)
-        if self._pack_bf16(weight.data_ptr(), n, k, 0, n, packed.data_ptr()):
+        if self._pack_bf16(weight.data_ptr(), n, k, packed.data_ptr()):
             raise KernelError(f"packing refused a {n}x{k} weight")
         return packed
 

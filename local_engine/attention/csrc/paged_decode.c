@@ -1907,15 +1907,14 @@ int swift_linear_packed_bf16(const bf16_t *x, int64_t rows, int64_t x_row, const
 #endif
 }
 
-/* Pack rows [r0, r1) of a row-major bfloat16 weight [n, k] (k even; `w` points at row r0,
-   the rows contiguous) into the layout above
-   (`wp` holds n rounded up to 64 rows; rows never packed keep what they hold). Returns 0 or
-   2 for sizes it does not take. */
-int swift_pack_bf16(const bf16_t *w, int64_t n, int64_t k, int64_t r0, int64_t r1, bf16_t *wp) {
-    if (n < 1 || k < 2 || k % 2 || r0 < 0 || r1 > n || r0 > r1) return 2;
+/* Pack a contiguous row-major bfloat16 weight [n, k] (k even) into the layout above (`wp`
+   holds n rounded up to 64 rows; the padding rows keep what they hold). Returns 0 or 2 for
+   sizes it does not take. */
+int swift_pack_bf16(const bf16_t *w, int64_t n, int64_t k, bf16_t *wp) {
+    if (n < 1 || k < 2 || k % 2) return 2;
     const int64_t pairs = k / 2;
-    for (int64_t r = r0; r < r1; r++) {
-        const uint32_t *src = (const uint32_t *)(const void *)(w + (r - r0) * k);
+    for (int64_t r = 0; r < n; r++) {
+        const uint32_t *src = (const uint32_t *)(const void *)(w + r * k);
         uint32_t *dst = (uint32_t *)(void *)(wp + (r / 16) * pairs * 32) + r % 16;
         for (int64_t p = 0; p < pairs; p++) dst[p * 16] = src[p];
     }
@@ -2048,6 +2047,11 @@ struct prefill_ctx {
 
 static inline uint32_t pair_bf16(bf16_t lo, bf16_t hi) { return (uint32_t)lo | (uint32_t)hi << 16; }
 
+/* The first position that position p sees under `window` (0: no window). */
+static inline int64_t window_first(int64_t p, int64_t window) {
+    return window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+}
+
 /* o[r] = o[r] * alpha[r] + p[r] . values for RN rows (VECS vectors of 16 a row: the sums stay
    in registers), over one block's PF_KB / 2 position pairs; rows from `keep` on are computed
    and not stored. */
@@ -2151,7 +2155,7 @@ static void prefill_run(const struct prefill_ctx *c, const struct prefill_task *
     const int64_t *table = c->tables + sq[3] * c->table_stride;
     const int64_t qa = t->qa, qb = qa + PF_QB < n ? qa + PF_QB : n;
     const int64_t g = t->g, token_stride = c->kv_heads * dim;
-    const int64_t kfirst = c->window > 0 && base + qa - c->window + 1 > 0 ? base + qa - c->window + 1 : 0;
+    const int64_t kfirst = window_first(base + qa, c->window);
     const int64_t nkeys = base + qb - kfirst;
     const int64_t tiles = (nkeys + 15) / 16, padded = (tiles + PF_KB / 16) * 16;
     /* keys: tile t, pair d2, lane i = position kfirst + 16 t + i; values: pair of positions
@@ -2182,7 +2186,7 @@ static void prefill_run(const struct prefill_ctx *c, const struct prefill_task *
             const int64_t h = g * group + row % group;
             qp[r] = c->q + (q0 + i) * c->q_row + h * c->q_head;
             pos[r] = base + i;
-            first[r] = c->window > 0 && pos[r] - c->window + 1 > 0 ? pos[r] - c->window + 1 : 0;
+            first[r] = window_first(pos[r], c->window);
             m[r] = -INFINITY;
             l[r] = 0.0f;
         }
@@ -2268,7 +2272,7 @@ int swift_prefill_attention_bf16(const bf16_t *q, int64_t q_row, int64_t q_head,
         const int64_t n = seqs[4 * s + 1], base = seqs[4 * s + 2] - n;
         for (int64_t qa = 0; qa < n; qa += PF_QB) {
             const int64_t last = base + (qa + PF_QB < n ? qa + PF_QB : n);
-            const int64_t from = window > 0 && base + qa - window + 1 > 0 ? base + qa - window + 1 : 0;
+            const int64_t from = window_first(base + qa, window);
             for (int64_t g = 0; g < kv_heads; g++)
                 tasks[at++] = (struct prefill_task){s, g, qa, last - from};
         }
