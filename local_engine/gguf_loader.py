@@ -20,12 +20,19 @@ Tensor types:
 - ``Q8_0``: onto the int8 path (``quantization="int8"``). Its per-32 scales do not map onto
   the int8 weights' one scale per row, so each row is dequantized and requantized per row
   (a rounding, measured in docs/local-engine.md).
-- The token embedding and the LM head also take any type the ``gguf`` package dequantizes
-  (llama.cpp's ``llama-quantize`` stores the head as ``Q6_K`` in a ``Q4_0`` file); they are
-  dense in the engine (the LM head of an int8/int4 model is requantized to int8).
+- Any other type the ``gguf`` package dequantizes (the K-quants ``Q2_K``..``Q6_K`` of the
+  common ``Q4_K_M``-style files, ``Q4_1``, ``Q5_0``, ``Q5_1``, the ``IQ`` types, ...): each
+  tensor is dequantized to float32 and requantized, to int8 for types above 5 bits a weight
+  (``Q5_0``, ``Q5_1``, ``Q5_K``, ``Q6_K``) and to int4 for the others: a second rounding,
+  measured in docs/local-engine.md. The engine runs one quantization for all projections, the
+  one most of the file's projections map onto, so a ``Q4_K_M`` file (mostly ``Q4_K``, some
+  ``Q6_K``) runs as int4.
+- The token embedding and the LM head take the same types; they are dense in the engine
+  (the LM head of an int8/int4 model is requantized to int8).
 
-Any other type in a projection raises :class:`UnsupportedGGUFError` naming it. A
-``quantization`` given explicitly wins: the weights are dequantized and requantized to it.
+A type the ``gguf`` package cannot dequantize (``Q8_K``, ``Q8_1``, integer tensors) raises
+:class:`UnsupportedGGUFError` naming it. A ``quantization`` given explicitly wins: the
+weights are dequantized and requantized to it.
 
 The tokenizer: ``tokenizer.ggml.model = "gpt2"`` (byte-level BPE) is rebuilt from the
 vocabulary, merges and token types with the pre-tokenizer that ``tokenizer.ggml.pre`` names
@@ -63,8 +70,8 @@ GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 """The ``general.architecture`` values the engine loads."""
 
 _FLOAT_TYPES = ("F32", "F16", "BF16")
-_PROJECTION_TYPES = (*_FLOAT_TYPES, "Q8_0", "Q4_0")
-_DENSE_ONLY = ("token_embd.weight", "output.weight")
+_NATIVE_TYPES = {"Q8_0": "int8", "Q4_0": "int4"}  # the types whose numbers map directly
+_INT8_ABOVE_BITS = 5.0  # a requantized type above this many bits a weight goes to int8
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -87,7 +94,7 @@ _TOP_NAMES = {
 
 
 _WHAT_TO_DO = (
-    "use the model's Q4_0, Q8_0, F16 or BF16 file, or make one with llama.cpp's "
+    "use the model's Q4_K_M, Q4_0, Q8_0, F16 or BF16 file, or make one with llama.cpp's "
     "`llama-quantize --allow-requantize IN.gguf OUT.gguf Q8_0` (or Q4_0; from an F16/BF16 "
     "file when there is one), or load the Hugging Face checkpoint directory with "
     "quantization='int8' or 'int4'"
@@ -281,32 +288,69 @@ def _float_dtype(tensors: dict[str, Any]) -> str:
 
 
 def gguf_quantization(path: str | Path) -> Quantization | None:
-    """The quantization a GGUF file's projections map onto: ``"int4"`` for ``Q4_0``,
-    ``"int8"`` for ``Q8_0`` (the more common of the two when both occur), None for float.
+    """The quantization a GGUF file's projections map onto: ``"int4"`` for ``Q4_0`` and the
+    types of 5 bits a weight or fewer (``Q4_K``, ``Q4_1``, ``Q3_K``, ...), ``"int8"`` for
+    ``Q8_0`` and the other types above that (``Q5_0``, ``Q5_K``, ``Q6_K``, ...); the one most
+    projections map onto when they differ (int4 on a tie); None for a float file.
 
     Raises:
-        UnsupportedGGUFError: a projection in a type other than F32, F16, BF16, Q8_0, Q4_0.
+        UnsupportedGGUFError: a tensor in a type the ``gguf`` package cannot dequantize.
     """
     reader = _reader(path)
     return _quantization_of({t.name: t for t in reader.tensors})
 
 
 def _quantization_of(tensors: dict[str, Any]) -> Quantization | None:
-    counts = {"Q4_0": 0, "Q8_0": 0}
+    counts = {"int4": 0, "int8": 0}
     for name, tensor in tensors.items():
-        if not _is_projection(name):
-            continue
-        kind = _type_name(tensor)
-        if kind not in _PROJECTION_TYPES:
-            raise UnsupportedGGUFError(
-                f"GGUF tensor {name!r} has type {kind}, which the local engine cannot load: "
-                f"projections must be one of {', '.join(_PROJECTION_TYPES)}; {_WHAT_TO_DO}"
-            )
-        if kind in counts:
-            counts[kind] += 1
-    if not counts["Q4_0"] and not counts["Q8_0"]:
+        _check_type(name, tensor)
+        if _is_projection(name) and _type_name(tensor) not in _FLOAT_TYPES:
+            counts[_maps_onto(tensor)] += 1
+    if not counts["int4"] and not counts["int8"]:
         return None
-    return "int4" if counts["Q4_0"] >= counts["Q8_0"] else "int8"
+    return "int4" if counts["int4"] >= counts["int8"] else "int8"
+
+
+def _maps_onto(tensor: Any) -> Quantization:
+    """The engine quantization a quantized tensor's type maps onto."""
+    kind = _type_name(tensor)
+    if kind in _NATIVE_TYPES:
+        return "int8" if _NATIVE_TYPES[kind] == "int8" else "int4"
+    from gguf.constants import GGML_QUANT_SIZES
+
+    block, size = GGML_QUANT_SIZES[tensor.tensor_type]
+    return "int8" if 8 * size / block > _INT8_ABOVE_BITS else "int4"
+
+
+def _check_type(name: str, tensor: Any) -> None:
+    """Refuse a tensor whose type the ``gguf`` package cannot dequantize (before any weight
+    is read)."""
+    if not _dequantizable(tensor.tensor_type):
+        raise UnsupportedGGUFError(
+            f"GGUF tensor {name!r} has type {_type_name(tensor)}, which the local engine "
+            f"cannot load (the gguf package does not dequantize it); {_WHAT_TO_DO}"
+        )
+
+
+_DEQUANTIZABLE: dict[Any, bool] = {}
+
+
+def _dequantizable(kind: Any) -> bool:
+    """Whether ``gguf.quants.dequantize`` takes ``kind`` (tried once, on a zero block)."""
+    known = _DEQUANTIZABLE.get(kind)
+    if known is None:
+        from gguf.constants import GGML_QUANT_SIZES
+        from gguf.quants import dequantize
+
+        sizes = GGML_QUANT_SIZES.get(kind)
+        known = sizes is not None
+        if sizes is not None:
+            try:
+                dequantize(np.zeros((1, sizes[1]), dtype=np.uint8), kind)
+            except NotImplementedError:
+                known = False
+        _DEQUANTIZABLE[kind] = known
+    return known
 
 
 def read_gguf_config(path: str | Path) -> ModelConfig:
@@ -431,11 +475,7 @@ def _load_tensor(
     config: ModelConfig,
 ) -> None:
     kind = _type_name(tensor)
-    if kind not in _PROJECTION_TYPES and name not in _DENSE_ONLY:
-        raise UnsupportedGGUFError(
-            f"GGUF tensor {name!r} has type {kind}, which the local engine cannot load: "
-            f"expected one of {', '.join(_PROJECTION_TYPES)}; {_WHAT_TO_DO}"
-        )
+    _check_type(name, tensor)
     data = np.asarray(tensor.data)
     rows = shape[0]
     if len(shape) == 2:

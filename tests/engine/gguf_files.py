@@ -10,16 +10,25 @@ from __future__ import annotations
 
 import json
 import math
+import zlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType, GGUFWriter
+from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize, quantize
 from safetensors.torch import load_file, save_file
 
-__all__ = ["add_tokenizer", "gguf_name", "llama3_rope_factors", "permute", "write_gguf"]
+__all__ = [
+    "add_tokenizer",
+    "gguf_name",
+    "llama3_rope_factors",
+    "permute",
+    "random_blocks",
+    "write_gguf",
+]
 
 _LAYER = {
     "self_attn.q_proj": "attn_q",
@@ -60,12 +69,59 @@ def permute(weights: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarr
     )
 
 
+# Byte offsets of a block's float16 scale and (when it has one) its float16 minimum, for the
+# types the gguf package dequantizes but does not quantize (ggml's block layouts).
+_SCALE_FIELDS: dict[str, tuple[int, int | None]] = {
+    "Q2_K": (80, 82),
+    "Q3_K": (108, None),
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208, None),
+    "IQ4_NL": (0, None),
+    "IQ4_XS": (0, None),
+}
+
+
+# Types neither quantized nor dequantized by the gguf package: written as random bytes.
+_UNREADABLE = ("Q8_K", "Q8_1")
+
+
+def random_blocks(kind: str, shape: tuple[int, int], std: float, seed: int) -> np.ndarray:
+    """Valid ``kind`` blocks for a ``shape`` tensor, for the types the gguf package cannot
+    quantize (the K-quants): random codes and sub-block scales, the block's float16 scale
+    (and minimum) set so that the values are about zero-mean with standard deviation
+    ``std``. Returns the raw bytes ``[rows, bytes per row]``."""
+    gtype = GGMLQuantizationType[kind]
+    block, size = GGML_QUANT_SIZES[gtype]
+    rows, cols = shape
+    raw = np.random.default_rng(seed).integers(0, 256, (rows * cols // block, size), np.uint8)
+    d_at, m_at = _SCALE_FIELDS[kind]
+
+    def with_scales(d: float, m: float) -> np.ndarray:
+        out = raw.copy()
+        out[:, d_at : d_at + 2] = np.frombuffer(np.float16(d).tobytes(), np.uint8)
+        if m_at is not None:
+            out[:, m_at : m_at + 2] = np.frombuffer(np.float16(m).tobytes(), np.uint8)
+        return out
+
+    def values(blocks: np.ndarray) -> np.ndarray:
+        return np.asarray(dequantize(blocks, gtype), dtype=np.float64)
+
+    minimum = 0.0
+    if m_at is not None:  # the minimum's share that centres the values on zero
+        lows = -values(with_scales(0.0, 1.0)).mean()
+        minimum = float(values(with_scales(1.0, 0.0)).mean() / lows)
+    scale = std / float(values(with_scales(1.0, minimum)).std())
+    return with_scales(scale, minimum * scale).reshape(rows, -1)
+
+
 def write_gguf(
     hf_dir: Path,
     out: Path,
     qtype: str,
     *,
     head_qtype: str | None = None,
+    qtypes: dict[str, str] | None = None,
     arch: str | None = None,
     extra: dict[str, Any] | None = None,
     dequant_dir: Path | None = None,
@@ -74,8 +130,12 @@ def write_gguf(
 ) -> Path:
     """Write the float32 HF checkpoint in ``hf_dir`` as the GGUF file ``out``.
 
-    ``qtype`` (``F32``, ``F16``, ``Q8_0``, ``Q4_0``, ...) is the type of every 2-D tensor;
-    ``head_qtype`` overrides it for the LM head (``output.weight``, when untied). ``arch``
+    ``qtype`` (``F32``, ``F16``, ``Q8_0``, ``Q4_0``, ...) is the type of every 2-D tensor
+    (for a type the gguf package cannot quantize, a K-quant, :func:`random_blocks` of each
+    tensor's spread: the file's weights are then not the checkpoint's, and ``dequant_dir``
+    holds them);
+    ``head_qtype`` overrides it for the LM head (``output.weight``, when untied), ``qtypes``
+    for the 2-D tensors of a kind (``{"ffn_down": "Q6_K"}``, as llama-quantize's mixes do). ``arch``
     overrides ``general.architecture``; ``extra`` adds tensors (name -> float32 array).
     With ``dequant_dir``, the weights as the file holds them (quantized and dequantized)
     are also saved there as an HF checkpoint: the reference the file should load as.
@@ -120,9 +180,23 @@ def write_gguf(
         kind = "F32" if data.ndim == 1 else qtype
         if name == "output.weight" and head_qtype is not None:
             kind = head_qtype
+        for part, override in (qtypes or {}).items():
+            if data.ndim == 2 and f".{part}." in name:
+                kind = override
         gtype = GGMLQuantizationType[kind]
-        packed = quantize(np.ascontiguousarray(data, dtype=np.float32), gtype)
+        seed = zlib.crc32(name.encode())
+        if kind in _SCALE_FIELDS:  # no quantizer: random blocks of the tensor's spread
+            packed = random_blocks(kind, data.shape, float(data.std()), seed)
+        elif kind in _UNREADABLE:  # bytes only, for files the loader must refuse
+            block, size = GGML_QUANT_SIZES[gtype]
+            rng = np.random.default_rng(seed)
+            packed = rng.integers(0, 256, (data.shape[0], data.shape[1] // block * size), np.uint8)
+        else:
+            packed = quantize(np.ascontiguousarray(data, dtype=np.float32), gtype)
         writer.add_tensor(name, packed, raw_dtype=gtype)
+        if kind in _UNREADABLE:  # nothing to compare against: the loader refuses the file
+            stored[hf] = torch.zeros(value.shape)
+            continue
         back = np.asarray(dequantize(packed, gtype), dtype=np.float32).reshape(value.shape)
         if family == "llama" and ".attn_q." in name:
             back = _unpermute(back, heads)

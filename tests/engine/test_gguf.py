@@ -38,6 +38,7 @@ from .tiny import make_tiny_model, write_char_tokenizer  # noqa: E402
 GGUF_FAMILIES = ("qwen2", "qwen3", "llama")
 COSINE_FLOOR = 0.99
 INT4_FLOORS = (0.8, 0.4)  # 4-bit against float32 on random weights: see test_quant.py
+_REQUANT_FLOORS = {"int8": (COSINE_FLOOR, 0.8), "int4": (0.8, 0.4)}  # against the file's own
 _METHOD = {"Q8_0": "int8", "Q4_0": "int4"}
 
 
@@ -161,11 +162,78 @@ def test_explicit_quantization_requantizes(tmp_path: Path) -> None:
 
 
 def test_unsupported_tensor_type_names_it(tmp_path: Path) -> None:
-    hf_dir = make_tiny_model(tmp_path / "hf", "qwen2")
-    path = write_gguf(hf_dir, tmp_path / "model.gguf", "Q5_0")
-    with pytest.raises(UnsupportedGGUFError, match=r"type Q5_0.*F32, F16, BF16, Q8_0, Q4_0") as e:
+    """A type the gguf package cannot dequantize is refused before any weight loads."""
+    hf_dir = make_tiny_model(tmp_path / "hf", "qwen2", **_K_SHAPE)
+    path = write_gguf(hf_dir, tmp_path / "model.gguf", "Q4_K", qtypes={"ffn_up": "Q8_K"})
+    with pytest.raises(UnsupportedGGUFError, match=r"ffn_up.*type Q8_K.*does not dequantize"):
+        gguf_quantization(path)
+    with pytest.raises(UnsupportedGGUFError, match=r"type Q8_K") as e:
         load_model(path)
     assert "llama-quantize" in str(e.value)  # and what to do about it
+
+
+# Row lengths a multiple of 256, as the K-quants' blocks need.
+_K_SHAPE: dict[str, Any] = {"hidden_size": 256, "intermediate_size": 512, "head_dim": 64}
+# What each requantized type runs as: int8 above 5 bits a weight, int4 at or below.
+_REQUANTIZED = {
+    "Q2_K": "int4",
+    "Q3_K": "int4",
+    "Q4_K": "int4",
+    "IQ4_XS": "int4",
+    "IQ4_NL": "int4",
+    "Q4_1": "int4",
+    "Q5_0": "int8",
+    "Q5_1": "int8",
+    "Q5_K": "int8",
+    "Q6_K": "int8",
+}
+
+
+@pytest.mark.parametrize("qtype", sorted(_REQUANTIZED))
+def test_other_quantized_types_are_requantized(
+    tmp_path: Path, qtype: str, record_property: pytest.RecordProperty
+) -> None:
+    """K-quants, the other legacy types and IQ4: each tensor dequantized by the gguf package
+    and requantized (int8 above 5 bits a weight, int4 otherwise); the logits against the
+    weights the file holds, dense in bfloat16: what the second rounding costs."""
+    hf_dir = make_tiny_model(tmp_path / "hf", "qwen2", **_K_SHAPE)
+    dequant = tmp_path / "dequantized"
+    path = write_gguf(hf_dir, tmp_path / f"model-{qtype}.gguf", qtype, dequant_dir=dequant)
+    method = _REQUANTIZED[qtype]
+    assert gguf_quantization(path) == method
+    model = load_model(path)
+    layer = model.layers[0]
+    weight_kind = Int4Weight if method == "int4" else Int8Weight
+    assert model.quantization == method and isinstance(layer, DecoderLayer)
+    assert isinstance(layer.gate_up_weight, weight_kind)
+    ids = random_tokens(DEQUANT_ROWS + 24, seed=5)
+    reference = stepped_logits(load_model(dequant, dtype="bfloat16"), ids)
+    cosine, top1 = logit_agreement(stepped_logits(model, ids), reference)
+    print(f"{qtype} -> {method}: vs its weights in bf16 min cosine {cosine:.5f} top-1 {top1:.3f}")
+    record_property("min_cosine_vs_file", round(cosine, 5))
+    record_property("top1_vs_file", round(top1, 3))
+    floors = _REQUANT_FLOORS[method]
+    assert cosine >= floors[0] and top1 >= floors[1]
+
+
+def test_a_q4_k_m_style_mix_runs_as_int4(tmp_path: Path) -> None:
+    """llama-quantize's Q4_K_M keeps some tensors in Q6_K: the engine runs the quantization
+    most projections map onto, and the Q6_K ones are requantized to it."""
+    hf_dir = make_tiny_model(tmp_path / "hf", "llama", **_K_SHAPE)
+    dequant = tmp_path / "dequantized"
+    mix = {"ffn_down": "Q6_K", "attn_v": "Q6_K"}
+    path = write_gguf(hf_dir, tmp_path / "m.gguf", "Q4_K", qtypes=mix, dequant_dir=dequant)
+    assert gguf_quantization(path) == "int4"
+    model = load_model(path)
+    layer = model.layers[0]
+    assert isinstance(layer, DecoderLayer) and isinstance(layer.down_weight, Int4Weight)
+    ids = random_tokens(40, seed=6)
+    reference = stepped_logits(load_model(dequant, dtype="bfloat16"), ids)
+    cosine, top1 = logit_agreement(stepped_logits(model, ids), reference)
+    assert cosine >= _REQUANT_FLOORS["int4"][0] and top1 >= _REQUANT_FLOORS["int4"][1]
+    # Asked for int8, the same file keeps more of what it holds.
+    at_int8 = stepped_logits(load_model(path, quantization="int8"), ids)
+    assert logit_agreement(at_int8, reference)[0] > max(cosine, 0.98)
 
 
 def test_a_cut_or_foreign_file_is_a_clear_error(tmp_path: Path) -> None:
