@@ -26,6 +26,7 @@ __all__ = [
     "gguf_name",
     "llama3_rope_factors",
     "permute",
+    "add_sentencepiece_tokenizer",
     "random_blocks",
     "write_gguf",
 ]
@@ -126,6 +127,7 @@ def write_gguf(
     extra: dict[str, Any] | None = None,
     dequant_dir: Path | None = None,
     tokenizer: tuple[Any, str, str] | None = None,
+    sentencepiece: tuple[bytes, str] | None = None,
     split_max_tensors: int = 0,
 ) -> Path:
     """Write the float32 HF checkpoint in ``hf_dir`` as the GGUF file ``out``.
@@ -140,7 +142,9 @@ def write_gguf(
     With ``dequant_dir``, the weights as the file holds them (quantized and dequantized)
     are also saved there as an HF checkpoint: the reference the file should load as.
     ``tokenizer`` (a ``tokenizers.Tokenizer``, its pre-tokenizer name, a chat template) adds
-    the tokenizer metadata (:func:`add_tokenizer`). ``split_max_tensors`` splits the file
+    the tokenizer metadata (:func:`add_tokenizer`); ``sentencepiece`` (a serialized
+    SentencePiece model, a chat template) a SentencePiece one
+    (:func:`add_sentencepiece_tokenizer`). ``split_max_tensors`` splits the file
     into shards of that many tensors, as llama.cpp's ``--split-max-tensors`` does
     (``out``'s stem gets ``-00001-of-0000N``).
     """
@@ -162,7 +166,9 @@ def write_gguf(
     if "head_dim" in config:
         writer.add_key_length(config["head_dim"])
         writer.add_value_length(config["head_dim"])
-    if tokenizer is None:
+    if sentencepiece is not None:
+        add_sentencepiece_tokenizer(writer, *sentencepiece)
+    elif tokenizer is None:
         writer.add_bos_token_id(config["bos_token_id"])
         writer.add_eos_token_id(config["eos_token_id"])
     else:
@@ -265,6 +271,40 @@ def add_tokenizer(writer: GGUFWriter, backend: Any, pre: str, template: str) -> 
     writer.add_token_types(types)
     writer.add_token_merges(merges)
     writer.add_eos_token_id(backend.token_to_id("<|im_end|>"))
+    writer.add_chat_template(template)
+
+
+def add_sentencepiece_tokenizer(writer: GGUFWriter, model: bytes, template: str) -> None:
+    """The tokenizer metadata llama.cpp's converter writes for a SentencePiece model (a
+    serialized ``ModelProto``): pieces, scores and types by id (unknown, control, byte,
+    user-defined, normal), BOS/EOS/UNK ids, BOS added, the dummy-prefix setting."""
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_proto=model)
+    tokens, scores, types = [], [], []
+    for i in range(sp.get_piece_size()):
+        tokens.append(sp.id_to_piece(i))
+        scores.append(sp.get_score(i))
+        if sp.is_unknown(i):
+            types.append(2)
+        elif sp.is_control(i):
+            types.append(3)
+        elif sp.is_byte(i):
+            types.append(6)
+        elif sp.is_unused(i):
+            types.append(5)
+        else:
+            types.append(1)
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(sp.bos_id())
+    writer.add_eos_token_id(sp.eos_id())
+    writer.add_unk_token_id(sp.unk_id())
+    writer.add_add_bos_token(True)
+    writer.add_add_space_prefix(True)
     writer.add_chat_template(template)
 
 

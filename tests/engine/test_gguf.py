@@ -31,7 +31,7 @@ from local_engine.quant import (  # noqa: E402
     quantize_rows,
 )
 
-from .gguf_files import add_tokenizer, write_gguf  # noqa: E402
+from .gguf_files import add_sentencepiece_tokenizer, add_tokenizer, write_gguf  # noqa: E402
 from .paged import logit_agreement, random_tokens, stepped_logits  # noqa: E402
 from .tiny import make_tiny_model, write_char_tokenizer  # noqa: E402
 
@@ -282,13 +282,15 @@ def test_a_split_file_says_to_merge_it(tmp_path: Path) -> None:
 
 
 def test_an_unusable_tokenizer_fails_before_the_weights_load(tmp_path: Path) -> None:
-    """Engine.from_pretrained checks the file's tokenizer first: a Q5_0 file whose
-    tokenizer cannot be rebuilt reports the tokenizer (what to do first), not the weights."""
-    hf_dir = make_tiny_model(tmp_path / "hf", "qwen2")
+    """Engine.from_pretrained checks the file's tokenizer first: a file with a Q8_K tensor
+    whose tokenizer cannot be rebuilt reports the tokenizer (what to do first), not the
+    weights."""
+    hf_dir = make_tiny_model(tmp_path / "hf", "qwen2", **_K_SHAPE)
     out = tmp_path / "gguf"
     out.mkdir()
     tokenizer = (_hf_bpe("qwen2"), "deepseek-llm", "")
-    path = write_gguf(hf_dir, out / "model.gguf", "Q5_0", tokenizer=tokenizer)
+    mix = {"ffn_up": "Q8_K"}
+    path = write_gguf(hf_dir, out / "model.gguf", "Q4_K", qtypes=mix, tokenizer=tokenizer)
     with pytest.raises(UnsupportedGGUFError, match="pre-tokenizer 'deepseek-llm'"):
         Engine.from_pretrained(path, EngineConfig(num_blocks=32, block_size=4))
 
@@ -396,6 +398,127 @@ def test_tokenizer_from_gguf_matches_hf(tmp_path: Path, pre: str) -> None:
     assert tokenizer.eos_token_ids == (backend.token_to_id("<|im_end|>"),)
     assert tokenizer.chat_template == template
     assert backend.token_to_id("<|im_start|>") in tokenizer.special_token_ids
+
+
+_SPM_PROBES = [
+    *_PROBES,
+    "",
+    " one leading space, two trailing  ",
+    "Ünïcödé ✓ 中文字符 🚀🙂 outside the training text",
+    "digits 31415926535 and CamelCaseWords",
+    "tabs\tand\nnewlines\n\n  indented",
+]
+
+
+def _sentencepiece_model() -> bytes:
+    """A small SentencePiece BPE model shaped like Llama 2's (byte fallback, digits split,
+    a dummy prefix, whitespace kept as written), trained on the corpus."""
+    import io
+
+    import sentencepiece as spm
+
+    out = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(_CORPUS),
+        model_writer=out,
+        model_type="bpe",
+        vocab_size=420,
+        byte_fallback=True,
+        split_digits=True,
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        add_dummy_prefix=True,
+        allow_whitespace_only_pieces=True,
+        character_coverage=0.9995,
+        hard_vocab_limit=False,
+        minloglevel=2,
+    )
+    return out.getvalue()
+
+
+def test_sentencepiece_tokenizer_from_gguf_matches_sentencepiece(tmp_path: Path) -> None:
+    """A "llama" (SentencePiece BPE) tokenizer rebuilt from a GGUF file's pieces, scores
+    and types gives sentencepiece's own ids and text, byte fallback included."""
+    pytest.importorskip("sentencepiece")
+    import sentencepiece as spm
+    from gguf import GGUFWriter
+
+    from local_engine.gguf_loader import load_gguf_tokenizer
+
+    model = _sentencepiece_model()
+    sp = spm.SentencePieceProcessor(model_proto=model)
+    path = tmp_path / "spm.gguf"
+    writer = GGUFWriter(path, "llama")
+    template = "{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}"
+    add_sentencepiece_tokenizer(writer, model, template)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tokenizer = load_gguf_tokenizer(path)
+    assert tokenizer is not None
+    fallback = 0
+    for text in _SPM_PROBES:
+        expected = sp.encode(text)
+        assert tokenizer.encode(text) == expected, text
+        assert tokenizer.decode(expected) == sp.decode(expected), text
+        fallback += sum(sp.is_byte(i) for i in expected)
+    assert fallback > 0  # the probes reach characters the model only spells in bytes
+    assert tokenizer.encode("hi", add_special_tokens=True) == [sp.bos_id(), *sp.encode("hi")]
+    assert tokenizer.bos_token_id == sp.bos_id()
+    assert tokenizer.eos_token_ids == (sp.eos_id(),)
+    assert tokenizer.chat_template == template
+    # Streaming decode, token by token, gives the same text (the dummy prefix dropped once).
+    ids = sp.encode(_SPM_PROBES[0])
+    assert "".join(tokenizer.token_text(i) for i in ids).removeprefix(" ") == sp.decode(ids)
+
+
+def test_engine_runs_a_llama_k_quant_file_with_its_sentencepiece_tokenizer(
+    tmp_path: Path,
+) -> None:
+    """What a Llama 2 / Mistral Q4_K_M file is, in small: llama architecture, Q4_K with some
+    Q6_K, a SentencePiece tokenizer in the file and nothing beside it. The engine loads it
+    alone, encodes a prompt with the file's tokenizer and decodes what it generates."""
+    pytest.importorskip("sentencepiece")
+    import sentencepiece as spm
+
+    from local_engine.sampler import SamplingParams
+
+    model = _sentencepiece_model()
+    sp = spm.SentencePieceProcessor(model_proto=model)
+    shape = {**_K_SHAPE, "vocab_size": sp.get_piece_size()}
+    hf_dir = make_tiny_model(tmp_path / "hf", "llama", **shape)
+    out = tmp_path / "gguf"
+    out.mkdir()
+    mix = {"ffn_down": "Q6_K", "attn_v": "Q6_K"}
+    template = "{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}"
+    path = write_gguf(hf_dir, out / "m.gguf", "Q4_K", qtypes=mix, sentencepiece=(model, template))
+    engine = Engine.from_pretrained(path, EngineConfig(num_blocks=32, block_size=4))
+    tokenizer = engine.tokenizer
+    assert tokenizer is not None and engine.model.quantization == "int4"
+    prompt = tokenizer.encode("[INST] Grüße, 東京 🙂 [/INST]", add_special_tokens=True)
+    assert prompt == [sp.bos_id(), *sp.encode("[INST] Grüße, 東京 🙂 [/INST]")]
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    (result,) = engine.generate([prompt], params)
+    assert len(result.token_ids) == 6
+    assert result.text == sp.decode(result.token_ids)
+
+
+def test_tokenizer_model_it_cannot_rebuild_names_it(tmp_path: Path) -> None:
+    from gguf import GGUFWriter
+
+    from local_engine.gguf_loader import load_gguf_tokenizer
+
+    path = tmp_path / "t.gguf"
+    writer = GGUFWriter(path, "llama")
+    writer.add_tokenizer_model("bert")
+    writer.add_token_list(["[PAD]", "[UNK]", "hello"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(UnsupportedGGUFError, match="model 'bert'.*'gpt2'.*'llama'.*tokenizer.json"):
+        load_gguf_tokenizer(path)
 
 
 def test_tokenizer_from_gguf_unknown_pre(tmp_path: Path) -> None:
