@@ -25,8 +25,9 @@ Tensor types:
   tensor is dequantized to float32 and requantized, to int8 for types above 5 bits a weight
   (``Q5_0``, ``Q5_1``, ``Q5_K``, ``Q6_K``) and to int4 for the others: a second rounding,
   measured in docs/local-engine.md. The engine runs one quantization for all projections, the
-  one most of the file's projections map onto, so a ``Q4_K_M`` file (mostly ``Q4_K``, some
-  ``Q6_K``) runs as int4.
+  one most of the file's projections map onto: a ``Q4_K_M`` file of a 7B Llama (mostly
+  ``Q4_K``, some ``Q6_K``) runs as int4, one of a model whose rows llama.cpp cannot
+  K-quantize (mostly ``Q5_0``) as int8.
 - The token embedding and the LM head take the same types; they are dense in the engine
   (the LM head of an int8/int4 model is requantized to int8).
 
