@@ -37,8 +37,10 @@ weights are dequantized and requantized to it.
 
 The tokenizer: ``tokenizer.ggml.model = "gpt2"`` (byte-level BPE) is rebuilt from the
 vocabulary, merges and token types with the pre-tokenizer that ``tokenizer.ggml.pre`` names
-(:data:`local_engine.gguf_tokenizer.PRE_TOKENIZERS`); the chat template comes from
-``tokenizer.chat_template``. A ``tokenizer.json`` beside the file takes precedence.
+(:data:`local_engine.gguf_tokenizer.PRE_TOKENIZERS`), and ``"llama"`` (SentencePiece BPE:
+Llama 2, Mistral) from its pieces, scores and token types (:mod:`local_engine.gguf_tokenizer`);
+the chat template comes from ``tokenizer.chat_template``. A ``tokenizer.json`` beside the
+file takes precedence.
 """
 
 from __future__ import annotations
@@ -494,7 +496,8 @@ def _load_tensor(
 
 def load_gguf_tokenizer(path: str | Path) -> Tokenizer | None:
     """The tokenizer for a GGUF file: ``tokenizer.json`` beside it when present, else one
-    rebuilt from the file's byte-level BPE metadata; None when the file carries none.
+    rebuilt from the file's byte-level BPE or SentencePiece metadata; None when the file
+    carries none.
 
     Raises:
         UnsupportedGGUFError: a tokenizer model or pre-tokenizer it cannot rebuild.

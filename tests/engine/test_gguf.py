@@ -521,6 +521,23 @@ def test_tokenizer_model_it_cannot_rebuild_names_it(tmp_path: Path) -> None:
         load_gguf_tokenizer(path)
 
 
+def test_sentencepiece_pieces_without_scores_is_a_clear_error(tmp_path: Path) -> None:
+    from gguf import GGUFWriter
+
+    from local_engine.gguf_loader import load_gguf_tokenizer
+
+    path = tmp_path / "t.gguf"
+    writer = GGUFWriter(path, "llama")
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(["<unk>", "<s>", "</s>", "\u2581hi"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(EngineConfigError, match="4 pieces but 0 scores.*tokenizer.json"):
+        load_gguf_tokenizer(path)
+
+
 def test_tokenizer_from_gguf_unknown_pre(tmp_path: Path) -> None:
     from local_engine.gguf_loader import load_gguf_tokenizer
 
