@@ -64,6 +64,56 @@ Item = TypeVar("Item")
 
 _THREAD_NAME = "swiftclient-loop"
 
+#: The longest the main thread blocks at a time while it waits on the loop. CPython runs a
+#: signal's Python handler (Ctrl-C's ``KeyboardInterrupt``) in the main thread only, and
+#: only once that thread runs again: a SIGINT whose C handler ran on another thread, or
+#: that landed just as the main thread let go of the GIL to block, leaves it asleep in an
+#: untimed wait for as long as the call runs (seen as a rare hang of the Ctrl-C test). A
+#: timed wait wakes it, and taking the GIL back makes it see the pending signal.
+_SIGNAL_SLICE_S = 0.1
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def _result(future: concurrent.futures.Future[R]) -> R:
+    """``future.result()``; in the main thread the wait is cut into slices of
+    :data:`_SIGNAL_SLICE_S` so that a Ctrl-C is seen while it waits."""
+    if _in_main_thread():
+        while not _settled(future, _SIGNAL_SLICE_S):
+            pass
+    return future.result()
+
+
+def _settled(future: concurrent.futures.Future[Any], timeout: float) -> bool:
+    """Whether ``future`` finished (or was cancelled) within ``timeout`` seconds."""
+    try:
+        future.exception(timeout)  # returns (not raises) the call's own exceptions
+    except concurrent.futures.TimeoutError:
+        return False
+    except concurrent.futures.CancelledError:
+        pass
+    return True
+
+
+def _next_item(items: queue.SimpleQueue[Item]) -> Item:
+    """``items.get()``; in slices in the main thread, as :func:`_result`."""
+    if not _in_main_thread():
+        return items.get()
+    while True:
+        try:
+            return items.get(timeout=_SIGNAL_SLICE_S)
+        except queue.Empty:
+            pass
+
+
+def _wait(event: threading.Event) -> None:
+    """``event.wait()``; in slices in the main thread, as :func:`_result`."""
+    timeout = _SIGNAL_SLICE_S if _in_main_thread() else None
+    while not event.wait(timeout):
+        pass
+
 
 class _Loop:
     """The client's event loop: a blocking portal in its own thread, with the
@@ -164,7 +214,7 @@ class _Loop:
             aloop.call_soon_threadsafe(start)
             if self.closed:  # closed in between: the sweep may have missed this call
                 future.cancel()
-            return future.result()
+            return _result(future)
         except concurrent.futures.CancelledError:
             if self.closed:
                 raise errors.ConfigurationError(
@@ -411,7 +461,7 @@ class _Pump(Generic[Item]):
 
     def _get(self) -> object:
         try:
-            item = self.items.get()
+            item = _next_item(self.items)
         except BaseException:
             self.stop()  # interrupted while waiting: the task should not run on for nobody
             raise
@@ -425,7 +475,7 @@ class _Pump(Generic[Item]):
         if not self.done.is_set():
             self.stop()
             if not self._loop.on_loop_thread() and not self._loop.forked:
-                self.done.wait()
+                _wait(self.done)
 
 
 class SyncChatStream:

@@ -402,6 +402,43 @@ def test_ctrl_c_in_the_calling_thread_cancels_the_call_and_the_loop_serves_on() 
         assert done.stderr == ""
 
 
+# The same calls, with the SIGINT's C handler run on another thread than the main one (the
+# main thread blocks the signal; the thread that sends it does not): Python then runs the
+# handler only once the main thread wakes. Before, the main thread waited untimed for the
+# loop and so for ever: the rare hang of the test above, made certain (the same stack).
+_INTERRUPT_ELSEWHERE_SCRIPT = (
+    _INTERRUPT_SCRIPT.replace(
+        """def interrupt_when_held():
+    gate.entered.wait()
+    signal.pthread_kill(main, signal.SIGINT)""",
+        """def interrupt_when_held():
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+    gate.entered.wait()
+    os.kill(os.getpid(), signal.SIGINT)""",
+    )
+    .replace("import signal, sys, threading", "import os, signal, sys, threading")
+    .replace(
+        "    threading.Thread(target=interrupt_when_held).start()",
+        """    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])
+    threading.Thread(target=interrupt_when_held).start()""",
+    )
+    .replace(
+        "    assert gate.released.wait(60)",
+        """    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+    assert gate.released.wait(60)""",
+    )
+)
+
+
+def test_ctrl_c_handled_on_another_thread_still_interrupts_the_waiting_caller() -> None:
+    assert _INTERRUPT_ELSEWHERE_SCRIPT.count("pthread_sigmask") == 3  # every edit applied
+    with fake(Reply(text="fine")) as provider:
+        done = run_script(_INTERRUPT_ELSEWHERE_SCRIPT, provider.base_url)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == "ok"
+        assert done.stderr == ""
+
+
 class _Held:
     """A backend whose calls hold until cancelled, with events for entered and released."""
 
