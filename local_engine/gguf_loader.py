@@ -73,7 +73,8 @@ GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 """The ``general.architecture`` values the engine loads."""
 
 _FLOAT_TYPES = ("F32", "F16", "BF16")
-_NATIVE_TYPES = {"Q8_0": "int8", "Q4_0": "int4"}  # the types whose numbers map directly
+# The types whose numbers map directly onto the engine's quantized weights.
+_NATIVE_TYPES: dict[str, Quantization] = {"Q8_0": "int8", "Q4_0": "int4"}
 _INT8_ABOVE_BITS = 5.0  # a requantized type above this many bits a weight goes to int8
 
 _LAYER_NAMES = {
@@ -318,7 +319,7 @@ def _maps_onto(tensor: Any) -> Quantization:
     """The engine quantization a quantized tensor's type maps onto."""
     kind = _type_name(tensor)
     if kind in _NATIVE_TYPES:
-        return "int8" if _NATIVE_TYPES[kind] == "int8" else "int4"
+        return _NATIVE_TYPES[kind]
     from gguf.constants import GGML_QUANT_SIZES
 
     block, size = GGML_QUANT_SIZES[tensor.tensor_type]
@@ -477,8 +478,7 @@ def _load_tensor(
     shape: tuple[int, ...],
     config: ModelConfig,
 ) -> None:
-    kind = _type_name(tensor)
-    _check_type(name, tensor)
+    kind = _type_name(tensor)  # every type was checked by _quantization_of already
     data = np.asarray(tensor.data)
     rows = shape[0]
     if len(shape) == 2:
