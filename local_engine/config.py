@@ -105,8 +105,13 @@ class ModelConfig:
             EngineConfigError: the directory or config is missing, unreadable or unsupported.
         """
         root = Path(path)
+        if not root.exists():
+            raise EngineConfigError(f"model path {str(root)!r} does not exist")
         if not root.is_dir():
-            raise EngineConfigError(f"model path {str(root)!r} is not a directory")
+            raise EngineConfigError(
+                f"model path {str(root)!r} is neither a model directory (with config.json) "
+                "nor a .gguf file"
+            )
         config = _read_json(root / "config.json", required=True)
         generation = _read_json(root / "generation_config.json", required=False)
         return cls.from_dict(config, generation)

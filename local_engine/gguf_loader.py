@@ -40,7 +40,8 @@ vocabulary, merges and token types with the pre-tokenizer that ``tokenizer.ggml.
 (:data:`local_engine.gguf_tokenizer.PRE_TOKENIZERS`), and ``"llama"`` (SentencePiece BPE:
 Llama 2, Mistral) from its pieces, scores and token types (:mod:`local_engine.gguf_tokenizer`);
 the chat template comes from ``tokenizer.chat_template``. A ``tokenizer.json`` beside the
-file takes precedence.
+file takes precedence (the file's chat template still applies where no
+``tokenizer_config.json`` or ``chat_template.jinja`` beside it gives one).
 """
 
 from __future__ import annotations
@@ -154,6 +155,15 @@ def _check_not_split(meta: dict[str, Any]) -> None:
         )
 
 
+#: The metadata keys (after ``{arch}.``) that give the model's shape: no default fits them.
+_REQUIRED_KEYS = (
+    "embedding_length",
+    "feed_forward_length",
+    "block_count",
+    "attention.head_count",
+)
+
+
 def _config_dict(meta: dict[str, Any], tensors: dict[str, Any]) -> dict[str, Any]:
     """An HF ``config.json`` equivalent of the GGUF metadata."""
     _check_not_split(meta)
@@ -162,6 +172,12 @@ def _config_dict(meta: dict[str, Any], tensors: dict[str, Any]) -> dict[str, Any
     def key(name: str, default: Any = None) -> Any:
         return meta.get(f"{arch}.{name}", default)
 
+    missing = [f"{arch}.{name}" for name in _REQUIRED_KEYS if key(name) is None]
+    if missing:
+        raise UnsupportedGGUFError(
+            f"this GGUF file lacks {', '.join(missing)}, which the model's shape is read from "
+            "(an incomplete conversion?)"
+        )
     heads = key("attention.head_count")
     embed = tensors.get("token_embd.weight")
     vocab = key("vocab_size")
@@ -504,7 +520,13 @@ def load_gguf_tokenizer(path: str | Path) -> Tokenizer | None:
     """
     file = Path(path)
     if (file.parent / "tokenizer.json").is_file():
-        return Tokenizer.from_dir(file.parent)
+        tokenizer = Tokenizer.from_dir(file.parent)
+        if tokenizer.chat_template is None:  # no tokenizer_config.json beside gave one
+            field = _reader(file).fields.get("tokenizer.chat_template")
+            template = None if field is None else field.contents()
+            if isinstance(template, str):
+                tokenizer.chat_template = template
+        return tokenizer
     meta = _fields(_reader(file))
     if "tokenizer.ggml.model" not in meta:
         return None

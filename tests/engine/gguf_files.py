@@ -129,6 +129,7 @@ def write_gguf(
     tokenizer: tuple[Any, str, str] | None = None,
     sentencepiece: tuple[bytes, str] | None = None,
     split_max_tensors: int = 0,
+    drop_keys: tuple[str, ...] = (),
 ) -> Path:
     """Write the float32 HF checkpoint in ``hf_dir`` as the GGUF file ``out``.
 
@@ -146,7 +147,8 @@ def write_gguf(
     SentencePiece model, a chat template) a SentencePiece one
     (:func:`add_sentencepiece_tokenizer`). ``split_max_tensors`` splits the file
     into shards of that many tensors, as llama.cpp's ``--split-max-tensors`` does
-    (``out``'s stem gets ``-00001-of-0000N``).
+    (``out``'s stem gets ``-00001-of-0000N``). ``drop_keys`` leaves those metadata keys out
+    (``"qwen2.block_count"``), as an incomplete conversion would.
     """
     config = json.loads((hf_dir / "config.json").read_text())
     family = config["model_type"]
@@ -215,6 +217,8 @@ def write_gguf(
         writer.add_tensor("rope_freqs.weight", llama3_rope_factors(rope, head_dim))
     for name, value in (extra or {}).items():
         writer.add_tensor(name, np.ascontiguousarray(value, dtype=np.float32))
+    for key in drop_keys:
+        assert writer.kv_data[0].pop(key, None) is not None, key
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -5,6 +5,7 @@ converter writes them."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from local_engine.errors import EngineConfigError  # noqa: E402
 from local_engine.gguf_loader import (  # noqa: E402
     UnsupportedGGUFError,
     gguf_quantization,
+    load_gguf_tokenizer,
     read_gguf_config,
 )
 from local_engine.loader import load_model  # noqa: E402
@@ -307,6 +309,26 @@ def test_unsupported_architecture_and_rope(tmp_path: Path) -> None:
     assert issubclass(UnsupportedGGUFError, EngineConfigError)
 
 
+def test_a_file_without_its_shape_metadata_names_the_missing_keys(tmp_path: Path) -> None:
+    hf_dir = make_tiny_model(tmp_path / "hf", "qwen2")
+    for dropped in (
+        ("qwen2.embedding_length", "qwen2.attention.head_count"),  # was a bare TypeError
+        ("qwen2.block_count",),  # was "config.json lacks required field 'num_hidden_layers'"
+    ):
+        path = write_gguf(hf_dir, tmp_path / f"{len(dropped)}.gguf", "F32", drop_keys=dropped)
+        with pytest.raises(UnsupportedGGUFError, match="lacks " + ", ".join(dropped) + ","):
+            load_model(path)
+
+
+def test_a_missing_model_path_says_so(tmp_path: Path) -> None:
+    with pytest.raises(EngineConfigError, match="does not exist"):
+        load_model(tmp_path / "nope.gguf")
+    text = tmp_path / "notes.txt"
+    text.write_text("not a model")
+    with pytest.raises(EngineConfigError, match="neither a model directory .* nor a .gguf"):
+        load_model(text)
+
+
 def test_engine_serves_a_gguf_file(tmp_path: Path) -> None:
     """Engine.from_pretrained takes the file; a tokenizer.json beside it is its tokenizer."""
     hf_dir = make_tiny_model(tmp_path / "hf", "qwen2")
@@ -382,7 +404,6 @@ def _write_tokenizer_gguf(backend: Any, pre: str, path: Path, template: str) -> 
 
 @pytest.mark.parametrize("pre", ["qwen2", "llama-bpe"])
 def test_tokenizer_from_gguf_matches_hf(tmp_path: Path, pre: str) -> None:
-    from local_engine.gguf_loader import load_gguf_tokenizer
 
     backend = _hf_bpe(pre)
     template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
@@ -442,8 +463,6 @@ def test_sentencepiece_tokenizer_from_gguf_matches_sentencepiece(tmp_path: Path)
     pytest.importorskip("sentencepiece")
     import sentencepiece as spm
     from gguf import GGUFWriter
-
-    from local_engine.gguf_loader import load_gguf_tokenizer
 
     model = _sentencepiece_model()
     sp = spm.SentencePieceProcessor(model_proto=model)
@@ -507,8 +526,6 @@ def test_engine_runs_a_llama_k_quant_file_with_its_sentencepiece_tokenizer(
 def test_tokenizer_model_it_cannot_rebuild_names_it(tmp_path: Path) -> None:
     from gguf import GGUFWriter
 
-    from local_engine.gguf_loader import load_gguf_tokenizer
-
     path = tmp_path / "t.gguf"
     writer = GGUFWriter(path, "llama")
     writer.add_tokenizer_model("bert")
@@ -524,8 +541,6 @@ def test_tokenizer_model_it_cannot_rebuild_names_it(tmp_path: Path) -> None:
 def test_sentencepiece_pieces_without_scores_is_a_clear_error(tmp_path: Path) -> None:
     from gguf import GGUFWriter
 
-    from local_engine.gguf_loader import load_gguf_tokenizer
-
     path = tmp_path / "t.gguf"
     writer = GGUFWriter(path, "llama")
     writer.add_tokenizer_model("llama")
@@ -539,7 +554,6 @@ def test_sentencepiece_pieces_without_scores_is_a_clear_error(tmp_path: Path) ->
 
 
 def test_tokenizer_from_gguf_unknown_pre(tmp_path: Path) -> None:
-    from local_engine.gguf_loader import load_gguf_tokenizer
 
     path = _write_tokenizer_gguf(_hf_bpe("qwen2"), "deepseek-llm", tmp_path / "t.gguf", "")
     with pytest.raises(UnsupportedGGUFError, match="pre-tokenizer 'deepseek-llm'.*llama-bpe"):
@@ -548,8 +562,6 @@ def test_tokenizer_from_gguf_unknown_pre(tmp_path: Path) -> None:
 
 def test_tokenizer_metadata_without_tokens_is_a_clear_error(tmp_path: Path) -> None:
     from gguf import GGUFWriter
-
-    from local_engine.gguf_loader import load_gguf_tokenizer
 
     path = tmp_path / "t.gguf"
     writer = GGUFWriter(path, "qwen2")
@@ -588,3 +600,33 @@ async def test_local_backend_chats_with_a_gguf_file_alone(tmp_path: Path) -> Non
         )
         assert local.model_dir == path
     assert completion.usage is not None and completion.usage.completion_tokens == 3
+
+
+@pytest.mark.anyio
+async def test_a_tokenizer_json_beside_the_file_keeps_the_files_chat_template(
+    tmp_path: Path,
+) -> None:
+    """The docs' advice for a tokenizer the engine cannot rebuild: put tokenizer.json beside
+    the file. Without a tokenizer_config.json there, the file's own chat template applies
+    (before, none did, and every chat failed with "this model has no chat template")."""
+    from local_engine import LocalBackend
+    from swiftclient import AsyncClient
+
+    backend = _hf_bpe("qwen2")
+    vocab = backend.get_vocab_size(with_added_tokens=True)
+    hf_dir = make_tiny_model(tmp_path / "hf", "qwen2", vocab_size=vocab, eos_token_id=vocab - 2)
+    path = write_gguf(
+        hf_dir, tmp_path / "beside" / "model.gguf", "Q8_0", tokenizer=(backend, "qwen2", _TEMPLATE)
+    )
+    backend.save(str(path.parent / "tokenizer.json"))
+    tokenizer = load_gguf_tokenizer(path)
+    assert tokenizer is not None and tokenizer.chat_template == _TEMPLATE
+    async with AsyncClient(LocalBackend(path)) as client:
+        completion = await client.chat(
+            "Hello", max_tokens=3, temperature=0.0, extra_body={"ignore_eos": True}
+        )
+    assert completion.usage is not None and completion.usage.completion_tokens == 3
+    # a chat template beside the file is the user's choice: it wins
+    (path.parent / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ 1 }}"}))
+    tokenizer = load_gguf_tokenizer(path)
+    assert tokenizer is not None and tokenizer.chat_template == "{{ 1 }}"
