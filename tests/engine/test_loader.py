@@ -166,7 +166,7 @@ def test_config_rejects_unsupported(changes: dict[str, Any], match: str) -> None
 def test_missing_or_broken_config(tmp_path: Path) -> None:
     with pytest.raises(EngineConfigError, match="config.json not found"):
         load_model(tmp_path)
-    with pytest.raises(EngineConfigError, match="not a directory"):
+    with pytest.raises(EngineConfigError, match="does not exist"):
         load_model(tmp_path / "nope")
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(EngineConfigError, match="cannot read"):
