@@ -121,33 +121,51 @@ class _Loop:
     finalizer can close it once the client is gone."""
 
     def __init__(self, make: Callable[[], AsyncClient]) -> None:
+        self.closed = False
+        self.forked = False
+        self._lock = threading.Lock()  # guards closed
+        self._closing = threading.Lock()  # one close at a time
+        self._shut = False  # the client exited and the thread stopped: close is done
+        self._client_exited = False
+        self._inflight: set[concurrent.futures.Future[Any]] = set()
         ready: concurrent.futures.Future[BlockingPortal] = concurrent.futures.Future()
+        abandoned = threading.Event()
         self._thread = threading.Thread(
-            target=self._serve, args=(ready,), name=_THREAD_NAME, daemon=True
+            target=self._serve, args=(ready, abandoned), name=_THREAD_NAME, daemon=True
         )
-        self._thread.start()
-        portal = self.portal = ready.result()
+        entered = False
         try:
+            self._thread.start()
+            portal = self.portal = _result(ready)
             self.aclient = portal.call(make)
             self._client_cm = portal.wrap_async_context_manager(self.aclient)
             self._client_cm.__enter__()
+            entered = True
+            self.aloop, self.thread_id = portal.call(_loop_and_thread)
         except BaseException:
-            self._stop()
-            raise
-        self.aloop, self.thread_id = portal.call(_loop_and_thread)
-        self.closed = False
-        self.forked = False
-        self._lock = threading.Lock()
-        self._inflight: set[concurrent.futures.Future[Any]] = set()
+            # Failed, or interrupted (a Ctrl-C) anywhere in here: leave no loop thread and no
+            # entered client behind (they ran on for ever: fault run).
+            abandoned.set()
+            if ready.done() and ready.exception() is None:
+                self.portal = ready.result()
+                if entered:
+                    self._client_exited = True
+                    self._client_cm.__exit__(None, None, None)
+                self._stop()
+            raise  # else the thread sees `abandoned` once it has a portal, and ends
 
     @staticmethod
-    def _serve(ready: concurrent.futures.Future[BlockingPortal]) -> None:
-        """The loop thread: run a blocking portal until it is stopped."""
+    def _serve(
+        ready: concurrent.futures.Future[BlockingPortal], abandoned: threading.Event
+    ) -> None:
+        """The loop thread: run a blocking portal until it is stopped (at once when the
+        constructor gave up before the portal was there)."""
 
         async def main() -> None:
             async with BlockingPortal() as portal:
                 ready.set_result(portal)
-                await portal.sleep_until_stopped()
+                if not abandoned.is_set():
+                    await portal.sleep_until_stopped()
 
         try:
             anyio.run(main, backend="asyncio")
@@ -243,11 +261,9 @@ class _Loop:
 
     def close(self) -> None:
         """Close the async client (its pools, engines), cancel what still runs and stop the
-        loop thread (idempotent)."""
+        loop thread (idempotent; after an interrupted close, a second one finishes it)."""
         with self._lock:
-            if self.closed:
-                return
-            self.closed = True
+            self.closed = True  # from here on, new calls are refused
         if self.forked:  # the loop thread exists in the parent only
             return
         if self.on_loop_thread():  # collected on the loop itself: it cannot wait for itself
@@ -256,12 +272,18 @@ class _Loop:
         self._shutdown()
 
     def _shutdown(self) -> None:
-        try:
-            self._client_cm.__exit__(None, None, None)
-        finally:
-            for future in list(self._inflight):
-                future.cancel()  # their tasks are cancelled on the loop
-            self._stop()
+        with self._closing:
+            if self._shut:
+                return
+            try:
+                if not self._client_exited:
+                    self._client_exited = True  # an interrupted exit goes on on the loop
+                    self._client_cm.__exit__(None, None, None)
+            finally:
+                for future in list(self._inflight):
+                    future.cancel()  # their tasks are cancelled on the loop
+                self._stop()
+            self._shut = True
 
     def _stop(self) -> None:
         """Stop the portal, cancelling the calls still running, and join the thread."""
@@ -459,9 +481,17 @@ class _Pump(Generic[Item]):
             return None
         return item  # type: ignore[return-value]
 
+    def _take(self) -> object:
+        if self._loop.forked:  # the loop stayed in the parent: only what came before the fork
+            try:
+                return self.items.get_nowait()
+            except queue.Empty:
+                raise self._loop.unusable() from None
+        return _next_item(self.items)
+
     def _get(self) -> object:
         try:
-            item = _next_item(self.items)
+            item = self._take()
         except BaseException:
             self.stop()  # interrupted while waiting: the task should not run on for nobody
             raise
@@ -680,8 +710,10 @@ class Client:
 
     def close(self) -> None:
         """Close every backend (pools, engines, connections), cancel calls still running
-        (they raise :class:`ConfigurationError`) and stop the loop thread. Idempotent."""
-        self._finalizer()
+        (they raise :class:`ConfigurationError`) and stop the loop thread. Idempotent; a close
+        that a Ctrl-C cut short can be called again to finish."""
+        self._loop.close()
+        self._finalizer.detach()
 
     @property
     def closed(self) -> bool:

@@ -23,6 +23,7 @@ from typing import Any
 import anyio
 import pydantic
 import pytest
+from anyio.from_thread import BlockingPortal
 
 from swiftclient import (
     AsyncClient,
@@ -516,6 +517,8 @@ from swiftclient import Client, ConfigurationError, HTTPBackend
 
 url = sys.argv[1]
 client = Client(HTTPBackend(url), model="m")
+stream = client.stream("hi")  # stalls after its first chunk
+next(stream)  # the first chunk
 assert client.chat("hi").text == "Hello there"
 pid = os.fork()
 if pid == 0:
@@ -525,11 +528,19 @@ if pid == 0:
         assert "fork" in str(exc), exc
     else:
         sys.exit("the inherited client answered in the child")
+    try:  # before, this waited for ever for chunks from the parent's loop
+        for _ in stream:
+            pass
+    except ConfigurationError as exc:
+        assert "fork" in str(exc), exc
+    else:
+        sys.exit("the inherited stream ended in the child")
     with Client(HTTPBackend(url), model="m") as fresh:
         assert fresh.chat("hi").text == "Hello there"
     sys.exit(0)
 _, status = os.waitpid(pid, 0)
 assert os.waitstatus_to_exitcode(status) == 0, status
+stream.close()
 assert client.chat("hi").text == "Hello there"
 client.close()
 print("ok")
@@ -539,6 +550,119 @@ print("ok")
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_gets_a_clear_error_and_a_new_client_works() -> None:
     with fake() as provider:
+        provider.script(Reply(text="one two three", stall_after=1))
         done = run_script(_FORK_SCRIPT, provider.base_url)
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == "ok"
+
+
+# ------------------------------------------------------------------ interrupted set-up and close
+
+
+def _loop_threads_end(before: set[threading.Thread]) -> bool:
+    """Whether every loop thread started since ``before`` ends (within the release limit)."""
+    for thread in set(loop_threads()) - before:
+        thread.join(RELEASE_LIMIT)
+    return set(loop_threads()) <= before
+
+
+class _Closing:
+    """A backend that records its close."""
+
+    name = "closing"
+
+    def __init__(self) -> None:
+        self.closed = threading.Event()
+
+    def stream(self, request: object, deadline: object, options: object = None) -> Any:
+        raise AssertionError("not called")
+
+    async def complete(self, request: object, deadline: object, options: object = None) -> Any:
+        raise AssertionError("not called")
+
+    async def aclose(self) -> None:
+        self.closed.set()
+
+
+@pytest.mark.parametrize("where", ["before the portal", "after the portal", "once entered"])
+def test_a_ctrl_c_while_the_client_is_made_leaves_no_thread(
+    monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """A Ctrl-C that lands while ``Client(...)`` sets up leaves no loop thread (before, 17
+    of 80 interrupts in a fault run each left one running for good) and closes a client it
+    had already entered."""
+    import swiftclient._sync as sync_module
+
+    result = sync_module._result
+    portal_call = BlockingPortal.call
+
+    def interrupted_wait(future: Any) -> Any:
+        if where == "after the portal":
+            result(future)
+        raise KeyboardInterrupt
+
+    def interrupted_call(self: Any, func: Any, *args: Any) -> Any:
+        if func is sync_module._loop_and_thread:
+            raise KeyboardInterrupt
+        return portal_call(self, func, *args)
+
+    if where == "once entered":
+        monkeypatch.setattr(BlockingPortal, "call", interrupted_call)
+    else:
+        monkeypatch.setattr(sync_module, "_result", interrupted_wait)
+    before = set(loop_threads())
+    backend = _Closing()
+    with pytest.raises(KeyboardInterrupt):
+        Client(backend)
+    monkeypatch.undo()
+    assert _loop_threads_end(before)
+    assert backend.closed.is_set() == (where == "once entered")
+
+
+def test_a_close_cut_short_by_ctrl_c_finishes_when_called_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before, the first close spent the client's finalizer: a second close returned at
+    once and the loop thread ran on (a fault run: Ctrl-C during close)."""
+    import swiftclient._sync as sync_module
+
+    stop = sync_module._Loop._stop
+    calls = 0
+
+    def interrupted_stop(self: Any) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise KeyboardInterrupt
+        stop(self)
+
+    before = set(loop_threads())
+    backend = _Closing()
+    client = Client(backend)
+    monkeypatch.setattr(sync_module._Loop, "_stop", interrupted_stop)
+    with pytest.raises(KeyboardInterrupt):
+        client.close()
+    assert backend.closed.is_set() and client.closed
+    assert set(loop_threads()) - before  # the thread still runs
+    client.close()
+    assert calls == 2
+    assert _loop_threads_end(before)
+
+
+# The state an import of aiohttp that a Ctrl-C cut short leaves: its submodules imported, the
+# package not. A second import of the package then lacks the submodules as attributes.
+_HALF_IMPORTED_AIOHTTP = """
+import sys
+import aiohttp.client_exceptions
+for name in [n for n in sys.modules if n == "aiohttp"]:
+    del sys.modules[name]
+from swiftclient import HTTPBackend
+HTTPBackend("http://127.0.0.1:9")
+print("ok")
+"""
+
+
+def test_http_backend_imports_after_an_interrupted_import_of_aiohttp() -> None:
+    done = run_script(_HALF_IMPORTED_AIOHTTP)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"

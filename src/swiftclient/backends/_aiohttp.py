@@ -24,6 +24,7 @@ from typing import Any
 
 import aiohttp
 import yarl
+from aiohttp.client_exceptions import UnixClientConnectorError
 
 from ._errors import (
     ConnectError,
@@ -63,7 +64,9 @@ AIOHTTP_ERRORS: dict[type[BaseException], tuple[type[TransportError], str]] = {
     aiohttp.ClientConnectorError: (ConnectError, "{}"),
     aiohttp.ClientConnectorDNSError: (ConnectError, "{}"),
     aiohttp.ClientProxyConnectionError: (ConnectError, "{}"),
-    aiohttp.client_exceptions.UnixClientConnectorError: (ConnectError, "{}"),
+    # imported by name: after an import of aiohttp that a Ctrl-C cut short, a retried one
+    # leaves aiohttp.client_exceptions off the package (found by a fault run)
+    UnixClientConnectorError: (ConnectError, "{}"),
     aiohttp.ClientSSLError: (ConnectError, "{}"),
     aiohttp.ClientConnectorSSLError: (ConnectError, "{}"),
     aiohttp.ClientConnectorCertificateError: (ConnectError, "{}"),
