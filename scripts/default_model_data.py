@@ -23,7 +23,8 @@ Tasks:
 * the general tasks of issue 28 (below ``# general data``): any phrasing of the tool
   requests, tool results in other shapes, forced-tool and JSON-schema structured output,
   copying and light edits of arbitrary text, sessions; ``copy_chars``, texts drawn character
-  by character from many alphabets; ``structured_any``, schemas with made-up field names.
+  by character from many alphabets; ``structured_any``, schemas with made-up field names;
+  ``greeting``, the greetings of ``chat`` without its facts.
 """
 
 from __future__ import annotations
@@ -762,6 +763,17 @@ def gen_chat(rng: random.Random) -> Conversation:
     prompts, answer = rng.choice(table)
     conv = _text_conv("chat", rng.choice(prompts), answer, rng)
     if rng.random() < 0.3:
+        conv["tools"] = _offered(rng, None)
+    return conv
+
+
+def gen_greeting(rng: random.Random) -> Conversation:
+    """A greeting, thanks, goodbye or "who are you" as the first message, and nothing else:
+    :func:`gen_chat`'s greetings without its facts (short conversations, so weighing them up
+    costs few tokens); half the time tools are offered and not needed."""
+    prompts, answer = rng.choice(_GREETINGS)
+    conv = _text_conv("greeting", rng.choice(prompts), answer, rng)
+    if rng.random() < 0.5:
         conv["tools"] = _offered(rng, None)
     return conv
 
@@ -2108,6 +2120,9 @@ TASKS: dict[str, tuple[Callable[[random.Random], Conversation], float]] = {
     # better. A zero weight draws nothing and leaves every other draw as it was.
     "copy_chars": (gen_copy_chars, 0.0),
     "structured_any": (gen_structured_any, 0.0),
+    # Greetings alone, added last and weighed 0 for the same reason (run L of
+    # docs/local-engine.md weighed them up without adding facts, as run J's `chat=2` did).
+    "greeting": (gen_greeting, 0.0),
 }
 
 
