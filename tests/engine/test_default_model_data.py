@@ -171,3 +171,17 @@ def test_a_mix_override_changes_only_the_named_weights(data: ModuleType) -> None
     assert {conv["task"] for conv in only_copy} == {"copy"}
     with pytest.raises(ValueError, match="no task"):
         data.task_weights("nonsense=1")
+
+
+def test_the_greeting_task_draws_greetings_alone(data: ModuleType) -> None:
+    """``greeting`` (weighed 0 by default; run L's ``--mix "greeting=1"``): first messages
+    from the greeting table and their replies, never a canned fact, tools offered or not."""
+    others = ",".join(f"{name}=0" for name in data.TASKS)
+    convs = data.generate(300, 11, mix=f"{others},greeting=1")
+    assert {conv["task"] for conv in convs} == {"greeting"}
+    replies = {answer for _, answer in data._GREETINGS}
+    firsts = {prompt for prompts, _ in data._GREETINGS for prompt in prompts}
+    assert {conv["expected"] for conv in convs} == replies
+    assert all(conv["messages"][-2]["content"] in firsts for conv in convs)
+    assert {"hi", "who are you", "thanks", "bye"} <= {c["messages"][-2]["content"] for c in convs}
+    assert {bool(conv["tools"]) for conv in convs} == {True, False}
