@@ -437,6 +437,21 @@ class ChatStream:
         if self._completion is None:
             async for _ in self:
                 pass
+        completion = self._assembled()
+        assert completion is not None  # read to the end: done
+        return completion
+
+    def _assembled(self) -> ChatCompletion | None:
+        """The completion once the stream is over (read to its end, or closed), assembled
+        here without I/O; None while chunks may still come. The blocking client's
+        ``final()`` calls it from its own thread once the loop is done with the stream, so
+        that a finished stream needs no loop (it may be closed by then)."""
+        if self._completion is None:
+            if not self._done:
+                return None
+            for chunk in self._buffered:  # left unread by a reader that closed early
+                self._accumulator.add(chunk)
+            self._buffered = []
             completion = self._accumulator.build()
             set_timing(completion, self._call.timing)
             self._completion = completion

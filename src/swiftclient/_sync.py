@@ -592,8 +592,12 @@ class SyncChatStream:
         if self._completion is None:
             for _ in self:
                 pass
-            self.close()  # the task is done with the stream: the rest is read on the loop
-            self._completion = self._loop.run(self._stream.final)
+            self.close()  # the task is done with the stream: it is over, nothing is left to read
+            # Assembled in this thread: no round trip to the loop, which may be closed by now.
+            completion = self._stream._assembled()
+            self._completion = (
+                completion if completion is not None else self._loop.run(self._stream.final)
+            )
         return self._completion
 
 

@@ -619,6 +619,29 @@ def test_a_ctrl_c_while_the_client_is_made_leaves_no_thread(
     assert backend.closed.is_set() == (where == "once entered")
 
 
+def test_a_finished_stream_gives_its_completion_after_the_client_closed() -> None:
+    """``final()`` of a stream read to its end is assembled in the caller's thread: it needs
+    no loop (before, it raised "this Client is closed" once the client was closed: a fault
+    run). A stream left early gives what it had read, as before."""
+    with fake(Reply(text="one two three four")) as provider:
+        client = Client(HTTPBackend(provider.base_url), model="m")
+        with client.stream("hi") as stream:
+            chunks = list(stream)
+        client.close()
+        completion = stream.final()
+        assert completion.text == "one two three four"
+        assert completion.text == "".join(c.text for c in chunks)
+        assert completion.timing is not None and completion.timing.ttft is not None
+        assert stream.final() is completion
+
+        provider.script(Reply(text="one two three", stall_after=1))
+        with Client(HTTPBackend(provider.base_url), model="m") as client:
+            with client.stream("hi") as stream:
+                next(iter(stream))
+            assert stream.final().text == "one"  # closed early: what had come
+        wait_idle(provider)
+
+
 def test_a_close_cut_short_by_ctrl_c_finishes_when_called_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
