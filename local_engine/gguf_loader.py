@@ -47,6 +47,7 @@ file takes precedence (the file's chat template still applies where no
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
@@ -144,14 +145,18 @@ def _arch(meta: dict[str, Any]) -> str:
     return str(arch)
 
 
-def _check_not_split(meta: dict[str, Any]) -> None:
+def _check_not_split(meta: dict[str, Any], path: str | Path) -> None:
     count = meta.get("split.count")
     if isinstance(count, int) and count > 1:
+        # llama.cpp names shards NAME-00001-of-00003.gguf; the merge reads the first one
+        file = Path(path)
+        stem = re.sub(r"-\d{5}-of-\d{5}$", "", file.stem)
+        first = file.with_name(f"{stem}-00001-of-{count:05d}.gguf")
         raise UnsupportedGGUFError(
             f"this GGUF file is shard {int(meta.get('split.no', 0)) + 1} of {count} of a split "
             f"model, which the local engine does not load; merge the shards into one file "
-            f"with llama.cpp's `llama-gguf-split --merge NAME-00001-of-{count:05d}.gguf "
-            f"NAME.gguf` and load that"
+            f"with llama.cpp's `llama-gguf-split --merge {first} {file.with_name(stem)}.gguf` "
+            f"and load that"
         )
 
 
@@ -164,9 +169,9 @@ _REQUIRED_KEYS = (
 )
 
 
-def _config_dict(meta: dict[str, Any], tensors: dict[str, Any]) -> dict[str, Any]:
-    """An HF ``config.json`` equivalent of the GGUF metadata."""
-    _check_not_split(meta)
+def _config_dict(meta: dict[str, Any], tensors: dict[str, Any], path: str | Path) -> dict[str, Any]:
+    """An HF ``config.json`` equivalent of the GGUF metadata (of the file at ``path``)."""
+    _check_not_split(meta, path)
     arch = _arch(meta)
 
     def key(name: str, default: Any = None) -> Any:
@@ -382,7 +387,7 @@ def read_gguf_config(path: str | Path) -> ModelConfig:
     """
     reader = _reader(path)
     meta = _fields(reader)
-    return ModelConfig.from_dict(_config_dict(meta, {t.name: t for t in reader.tensors}))
+    return ModelConfig.from_dict(_config_dict(meta, {t.name: t for t in reader.tensors}, path))
 
 
 def _hf_name(name: str) -> str | None:
@@ -442,7 +447,7 @@ def load_gguf_model(
     reader = _reader(path)
     meta = _fields(reader)
     tensors = {t.name: t for t in reader.tensors}
-    config = ModelConfig.from_dict(_config_dict(meta, tensors))
+    config = ModelConfig.from_dict(_config_dict(meta, tensors, path))
     native = _quantization_of(tensors)
     quantization = check_quantization(quantization) if quantization is not None else native
     torch_dtype = resolve_dtype(dtype, config, quantization)
