@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -150,14 +151,25 @@ def _check_not_split(meta: dict[str, Any], path: str | Path) -> None:
     if isinstance(count, int) and count > 1:
         # llama.cpp names shards NAME-00001-of-00003.gguf; the merge reads the first one
         file = Path(path)
-        stem = re.sub(r"-\d{5}-of-\d{5}$", "", file.stem)
-        first = file.with_name(f"{stem}-00001-of-{count:05d}.gguf")
+        named = _SHARD_NAME.fullmatch(file.name)
+        if named:
+            stem, suffix = named.group(1), named.group(2)
+            first = file.with_name(f"{stem}-00001-of-{count:05d}{suffix}")
+            merged = file.with_name(f"{stem}{suffix}")
+            command = (
+                f"llama-gguf-split --merge {shlex.quote(str(first))} {shlex.quote(str(merged))}"
+            )
+        else:  # renamed: the first shard's name is not known
+            command = "llama-gguf-split --merge FIRST-SHARD.gguf MERGED.gguf"
         raise UnsupportedGGUFError(
             f"this GGUF file is shard {int(meta.get('split.no', 0)) + 1} of {count} of a split "
             f"model, which the local engine does not load; merge the shards into one file "
-            f"with llama.cpp's `llama-gguf-split --merge {first} {file.with_name(stem)}.gguf` "
-            f"and load that"
+            f"with llama.cpp's `{command}` and load that"
         )
+
+
+#: llama.cpp's name for a shard of a split model: NAME-00002-of-00003.gguf.
+_SHARD_NAME = re.compile(r"(.+)-\d{5}-of-\d{5}(\.gguf)", re.IGNORECASE)
 
 
 #: The metadata keys (after ``{arch}.``) that give the model's shape: no default fits them.

@@ -142,16 +142,20 @@ class _Loop:
             self._client_cm.__enter__()
             entered = True
             self.aloop, self.thread_id = portal.call(_loop_and_thread)
-        except BaseException:
+        except BaseException as exc:
             # Failed, or interrupted (a Ctrl-C) anywhere in here: leave no loop thread and no
             # entered client behind (they ran on for ever: fault run).
             abandoned.set()
             if ready.done() and ready.exception() is None:
                 self.portal = ready.result()
-                if entered:
-                    self._client_exited = True
-                    self._client_cm.__exit__(None, None, None)
-                self._stop()
+                try:
+                    if entered:
+                        self._client_exited = True
+                        self._client_cm.__exit__(None, None, None)
+                except Exception as cleanup:  # the first error stays the one raised
+                    exc.add_note(f"closing the client after this also failed: {cleanup!r}")
+                finally:  # a backend whose close fails must not keep the thread alive
+                    self._stop()
             raise  # else the thread sees `abandoned` once it has a portal, and ends
 
     @staticmethod
@@ -691,9 +695,13 @@ class Client:
             limits=limits,
         )
         loop = _Loop(make)
-        self._loop = loop
-        _LOOPS.add(loop)
-        self._finalizer = weakref.finalize(self, loop.close)
+        try:
+            self._loop = loop
+            _LOOPS.add(loop)
+            self._finalizer = weakref.finalize(self, loop.close)
+        except BaseException:  # a Ctrl-C before the finalizer holds the loop: nothing would
+            loop.close()  # ever close it
+            raise
 
     def __repr__(self) -> str:
         aclient = self._loop.aclient

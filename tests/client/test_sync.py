@@ -619,6 +619,50 @@ def test_a_ctrl_c_while_the_client_is_made_leaves_no_thread(
     assert backend.closed.is_set() == (where == "once entered")
 
 
+class _FailingClose(_Closing):
+    async def aclose(self) -> None:
+        self.closed.set()
+        raise OSError("the backend could not close")
+
+
+class _InterruptedAdd:
+    def add(self, loop: object) -> None:
+        raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("where", ["entered, its close failing", "made, not yet registered"])
+def test_a_ctrl_c_at_the_end_of_making_the_client_closes_it(
+    monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """A review found two more ways to leave the loop running: a backend whose close fails
+    while a half-made client is closed (the thread was never stopped, and the caller saw the
+    backend's error), and a Ctrl-C after the loop was made but before the client's finalizer
+    held it (nothing would ever close it)."""
+    import swiftclient._sync as sync_module
+
+    portal_call = BlockingPortal.call
+
+    def interrupted_call(self: Any, func: Any, *args: Any) -> Any:
+        if func is sync_module._loop_and_thread:
+            raise KeyboardInterrupt
+        return portal_call(self, func, *args)
+
+    before = set(loop_threads())
+    if where == "entered, its close failing":
+        backend: _Closing = _FailingClose()
+        monkeypatch.setattr(BlockingPortal, "call", interrupted_call)
+    else:
+        backend = _Closing()
+        monkeypatch.setattr(sync_module, "_LOOPS", _InterruptedAdd())
+    with pytest.raises(KeyboardInterrupt) as caught:
+        Client(backend)
+    monkeypatch.undo()
+    assert _loop_threads_end(before)
+    assert backend.closed.is_set()
+    if isinstance(backend, _FailingClose):
+        assert "could not close" in " ".join(getattr(caught.value, "__notes__", []))
+
+
 def test_a_finished_stream_gives_its_completion_after_the_client_closed() -> None:
     """``final()`` of a stream read to its end is assembled in the caller's thread: it needs
     no loop (before, it raised "this Client is closed" once the client was closed: a fault

@@ -6,6 +6,7 @@ converter writes them."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -283,6 +284,18 @@ def test_a_split_file_says_to_merge_it(tmp_path: Path) -> None:
         with pytest.raises(UnsupportedGGUFError, match=f"shard {number} of 3") as caught:
             Engine.from_pretrained(shard, EngineConfig(num_blocks=32, block_size=4))
         assert merge in str(caught.value)  # the command to run, with this model's names
+    # A folder with a space and an upper-case suffix: quoted for the shell, the suffix kept.
+    odd = tmp_path / "My Models" / "m-00002-of-00003.GGUF"
+    odd.parent.mkdir()
+    shutil.copyfile(shards[1], odd)
+    with pytest.raises(UnsupportedGGUFError) as caught:
+        Engine.from_pretrained(odd, EngineConfig(num_blocks=32, block_size=4))
+    first, merged = odd.with_name("m-00001-of-00003.GGUF"), odd.with_name("m.GGUF")
+    assert f"--merge '{first}' '{merged}'`" in str(caught.value)
+    renamed = tmp_path / "part2.gguf"  # not llama.cpp's name: no made-up first shard
+    shutil.copyfile(shards[1], renamed)
+    with pytest.raises(UnsupportedGGUFError, match="merge FIRST-SHARD.gguf MERGED.gguf"):
+        Engine.from_pretrained(renamed, EngineConfig(num_blocks=32, block_size=4))
 
 
 def test_an_unusable_tokenizer_fails_before_the_weights_load(tmp_path: Path) -> None:
