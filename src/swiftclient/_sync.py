@@ -123,7 +123,6 @@ class _Loop:
     def __init__(self, make: Callable[[], AsyncClient]) -> None:
         self.closed = False
         self.forked = False
-        self._lock = threading.Lock()  # guards closed
         self._closing = threading.Lock()  # one close at a time
         self._shut = False  # the client exited and the thread stopped: close is done
         self._client_exited = False
@@ -266,8 +265,7 @@ class _Loop:
     def close(self) -> None:
         """Close the async client (its pools, engines), cancel what still runs and stop the
         loop thread (idempotent; after an interrupted close, a second one finishes it)."""
-        with self._lock:
-            self.closed = True  # from here on, new calls are refused
+        self.closed = True  # from here on, new calls are refused
         if self.forked:  # the loop thread exists in the parent only
             return
         if self.on_loop_thread():  # collected on the loop itself: it cannot wait for itself
