@@ -606,9 +606,13 @@ class Engine:
     def _grammar_verdict(self, seq: Sequence, token: int) -> GrammarVerdict:
         """Advance a constrained request's grammar: ``"stop"`` once the reply is complete,
         ``"error"`` when the grammar failed (the reply cannot be valid), else None."""
-        if seq.params.grammar is None or self.structured is None:
+        grammar = seq.params.grammar
+        if grammar is None or self.structured is None:
             return None
-        return self.structured.accept(seq.request_id, token)
+        verdict = self.structured.accept(seq.request_id, token)
+        if token == grammar.trigger:
+            seq.constrained = self.structured.constrains(seq.request_id)
+        return verdict
 
     def _grammar_error(self, seq: Sequence) -> str:
         structured = self.structured

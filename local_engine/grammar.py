@@ -16,6 +16,13 @@ OpenAI request fields:
   newline; ``"llama3"``: ``{"name": ..., "parameters": {...}}``, calls separated by ``; ``),
   whose name is one of the offered tools and whose arguments follow that tool's parameter
   schema. ``parallel_tool_calls=False`` allows exactly one call.
+- ``tool_choice="auto"`` (or unset) with tools, in the ``"hermes"`` format when the
+  tokenizer has ``<tool_call>`` as one added token: the same tool-call grammar, held back
+  until the model samples ``<tool_call>`` (its *trigger*, :attr:`Grammar.trigger`). Until then
+  the reply is free text, decoded without a mask; once the model opens a call, the call must
+  name an offered tool and give arguments valid under its schema, and nothing but further
+  calls may follow. A tool schema the grammar compiler refuses leaves the reply unconstrained
+  instead of failing the request (an ``auto`` request never needed a grammar).
 
 JSON is generated without free whitespace, with ``", "`` and ``": "`` separators (what
 ``json.dumps`` and the chat templates write), so a reply cannot pad itself with blanks.
@@ -46,6 +53,7 @@ __all__ = [
     "GrammarError",
     "schema_problem",
     "GrammarKind",
+    "auto_tool_grammar",
     "closed_objects",
     "json_object_grammar",
     "json_schema_grammar",
@@ -55,8 +63,9 @@ __all__ = [
     "ToolLike",
 ]
 
-GrammarKind = Literal["json_object", "json_schema", "tool_call"]
+GrammarKind = Literal["json_object", "json_schema", "tool_call", "tool_call_auto"]
 
+_HERMES_OPEN = "<tool_call>"
 _JSON_OPTIONS: dict[str, Any] = {
     "whitespace_flexible": False,
     "item_separator": ", ",
@@ -183,14 +192,18 @@ class ChatFields(Protocol):
 class Grammar:
     """A grammar in llguidance's serialized form, and what it was built for.
 
-    Equal grammars have equal ``text``; compiled matchers are cached by it.
+    Equal grammars have equal ``text``; compiled matchers are cached by it. ``trigger``
+    (a token id) makes the grammar lazy: it constrains nothing until that token is sampled,
+    and its text starts with that token (see :func:`auto_tool_grammar`).
     """
 
     text: str
     kind: GrammarKind
+    trigger: int | None = None
 
     def __repr__(self) -> str:
-        return f"Grammar(kind={self.kind!r}, {len(self.text)} chars)"
+        lazy = f", trigger={self.trigger}" if self.trigger is not None else ""
+        return f"Grammar(kind={self.kind!r}, {len(self.text)} chars{lazy})"
 
 
 def llguidance_module() -> ModuleType:
@@ -285,10 +298,15 @@ def closed_objects(schema: Any, *, close: bool = True) -> Any:
 
 
 def _call_schema(tool: ToolLike, arguments_key: str, defs: dict[str, Any]) -> dict[str, Any]:
-    """One tool's call object; its ``$defs`` move to ``defs`` (the combined schema's root,
-    where its ``#/$defs/...`` references point once it is nested)."""
+    """One tool's call object, its parameter objects closed (:func:`closed_objects`); its
+    ``$defs`` move to ``defs`` (the combined schema's root, where its ``#/$defs/...``
+    references point once it is nested)."""
     fn = tool.function
-    params: dict[str, Any] = fn.parameters if fn.parameters is not None else {"type": "object"}
+    # Closed as response_format's schemas are (see closed_objects): a call cannot invent
+    # arguments the tool does not take.
+    params: dict[str, Any] = (
+        closed_objects(fn.parameters) if fn.parameters is not None else {"type": "object"}
+    )
     for key in ("$defs", "definitions"):
         found = params.get(key)
         if not isinstance(found, dict):
@@ -345,7 +363,7 @@ def tool_call_grammar(
     body = json.dumps({**schema, "x-guidance": _JSON_OPTIONS}, ensure_ascii=False)
     if tool_format == "hermes":
         call = (
-            f'{_literal("<tool_call>", added)} "\\n" %json {body} '
+            f'{_literal(_HERMES_OPEN, added)} "\\n" %json {body} '
             f'"\\n" {_literal("</tool_call>", added)}'
         )
         sep = '"\\n"'
@@ -355,6 +373,33 @@ def tool_call_grammar(
     start = "start: call" if not parallel else f"start: call ({sep} call)*"
     lark = f"{start}\ncall: {call}\n"
     return Grammar(str(llguidance_module().LLMatcher.grammar_from_lark(lark)), "tool_call")
+
+
+def auto_tool_grammar(
+    tools: Sequence[ToolLike],
+    *,
+    tool_format: str,
+    parallel: bool = True,
+    added_tokens: Mapping[str, int] | None = None,
+) -> Grammar | None:
+    """The lazy grammar of ``tool_choice="auto"``: :func:`tool_call_grammar`'s calls, held
+    back until the model samples ``<tool_call>`` (the grammar's ``trigger``).
+
+    None where it cannot apply, and the reply stays unconstrained as before: no tools, a
+    format other than ``"hermes"`` (Llama 3.1's calls open with no marker of their own), a
+    tokenizer without ``<tool_call>`` as one added token, a tool schema the grammar
+    compiler refuses, or no llguidance installed.
+    """
+    trigger = (added_tokens or {}).get(_HERMES_OPEN)
+    if not tools or tool_format != "hermes" or trigger is None:
+        return None
+    try:
+        calls = tool_call_grammar(
+            tools, tool_format=tool_format, parallel=parallel, added_tokens=added_tokens
+        )
+    except (ValueError, EngineConfigError):  # GrammarError is a ValueError
+        return None
+    return Grammar(calls.text, "tool_call_auto", trigger)
 
 
 def _forced_tools(
@@ -373,7 +418,9 @@ def request_grammar(
     """The grammar a chat request's reply must follow, or None when it is free text.
 
     A forced tool call (``tool_choice="required"`` or a named tool) wins over
-    ``response_format``; with the ``"none"`` tool format it is not enforced.
+    ``response_format``; with the ``"none"`` tool format it is not enforced. Otherwise a
+    ``response_format`` grammar applies; without one, tools offered under
+    ``tool_choice="auto"`` (or unset) get :func:`auto_tool_grammar`'s lazy grammar.
     """
     forced = _forced_tools(request.tools, request.tool_choice)
     if forced is not None and tool_format in ("hermes", "llama3"):
@@ -383,4 +430,12 @@ def request_grammar(
             parallel=request.parallel_tool_calls is not False,
             added_tokens=added_tokens,
         )
-    return response_format_grammar(request.response_format)
+    grammar = response_format_grammar(request.response_format)
+    if grammar is None and request.tools and request.tool_choice in (None, "auto"):
+        return auto_tool_grammar(
+            request.tools,
+            tool_format=tool_format,
+            parallel=request.parallel_tool_calls is not False,
+            added_tokens=added_tokens,
+        )
+    return grammar

@@ -171,14 +171,14 @@ class Sampler:
 
     def _apply_bans(self, logits: torch.Tensor, seqs: SequenceABC[Sequence]) -> None:
         """Mask ``banned_token_ids``, and the stop and EOS ids of rows short of
-        ``min_tokens`` (not under a grammar, which decides when the reply may end)."""
+        ``min_tokens`` (not under a grammar's mask, which decides when the reply may end)."""
         rows: list[int] = []
         cols: list[int] = []
         vocab = logits.shape[1]
         for i, seq in enumerate(seqs):
             params = seq.params
             banned = list(params.banned_token_ids)
-            if params.min_tokens > seq.num_generated_tokens and params.grammar is None:
+            if params.min_tokens > seq.num_generated_tokens and not seq.constrained:
                 banned.extend(params.stop_token_ids)
                 if not params.ignore_eos:
                     banned.extend(self.eos_token_ids)

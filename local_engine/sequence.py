@@ -38,6 +38,7 @@ class Sequence:
 
     __slots__ = (
         "block_table",
+        "constrained",
         "num_cached_tokens",
         "num_computed_tokens",
         "num_preemptions",
@@ -73,6 +74,10 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.spec_token_ids: list[int] = []
         self.shares_prompt_of = shares_prompt_of
+        # Whether a grammar masks the next token: from the start, or once a lazy grammar
+        # (one with a trigger token) has seen its trigger (the engine sets it then).
+        grammar = params.grammar
+        self.constrained = grammar is not None and grammar.trigger is None
 
     def __repr__(self) -> str:
         return (

@@ -61,7 +61,7 @@ from swiftclient.types import ChatCompletion, ChatCompletionChunk, ChatRequest, 
 from .chat import ChatFormatter, ChatPrompt, CompletionStream, build_completion, make_usage
 from .engine import Engine, RequestOutput
 from .errors import EngineConfigError, EngineError, GrammarFailedError, InvalidRequestError
-from .grammar import Grammar, request_grammar
+from .grammar import Grammar, GrammarError, request_grammar
 from .sampling_params import SamplingParams, TokenLogprob
 from .tokenizer import Tokenizer
 from .tool_calls import tool_call_marker
@@ -363,7 +363,12 @@ class ChatService:
         )
         structured = self.engine.structured
         if grammar is not None and structured is not None:
-            structured.compile(grammar)
+            try:
+                structured.compile(grammar)
+            except GrammarError:
+                if grammar.kind != "tool_call_auto":
+                    raise
+                return None  # tool_choice="auto" never needed a grammar: go unconstrained
         return grammar
 
     # ------------------------------------------------------------------ responses

@@ -104,6 +104,8 @@ class StructuredOutput:
         self._executor: Any = None  # llguidance.LLExecutor, for masks of several rows
         self._compiled: OrderedDict[str, Any] = OrderedDict()
         self._matchers: dict[str, Any] = {}
+        # Lazy grammars not yet triggered: request id -> (trigger token, matcher).
+        self._waiting: dict[str, tuple[int, Any]] = {}
         self._worker: ThreadPoolExecutor | None = None
 
     @property
@@ -142,7 +144,7 @@ class StructuredOutput:
         error = matcher.get_error() if matcher.is_error() else _probe(matcher)
         if error:
             problem = schema_problem(error)
-            param = "tools" if grammar.kind == "tool_call" else "response_format"
+            param = "tools" if grammar.kind.startswith("tool_call") else "response_format"
             raise GrammarError(f"the {_describe(grammar)} cannot be compiled: {problem}", param)
         with self._lock:
             self._compiled[grammar.text] = matcher
@@ -152,12 +154,23 @@ class StructuredOutput:
 
     def add(self, request_id: str, grammar: Grammar) -> None:
         """Give ``request_id`` a fresh matcher for ``grammar`` (GrammarError when it cannot
-        be compiled)."""
-        self._matchers[request_id] = self.compile(grammar).deep_copy()
+        be compiled). A lazy grammar (one with a ``trigger``) waits, constraining nothing,
+        until :meth:`accept` sees its trigger token."""
+        matcher = self.compile(grammar).deep_copy()
+        if grammar.trigger is None:
+            self._matchers[request_id] = matcher
+        else:
+            self._waiting[request_id] = (grammar.trigger, matcher)
+
+    def constrains(self, request_id: str) -> bool:
+        """Whether ``request_id``'s next token is constrained (it holds a matcher that is not
+        a lazy grammar still waiting for its trigger)."""
+        return request_id in self._matchers
 
     def release(self, request_id: str) -> None:
         """Drop a request's matcher (finished or aborted); unknown ids are ignored."""
         self._matchers.pop(request_id, None)
+        self._waiting.pop(request_id, None)
 
     def begin(self, seqs: SequenceABC[Sequence]) -> TokenMask | None:
         """Start computing the masks of the constrained rows among ``seqs`` (a step's sampled
@@ -192,13 +205,20 @@ class StructuredOutput:
         self._executor.unsafe_compute_mask_ptr(pairs, bitmask.data_ptr(), row_bytes, len(pairs))
 
     def accept(self, request_id: str, token_id: int) -> GrammarVerdict:
-        """Advance a request's matcher by its sampled token.
+        """Advance a request's matcher by its sampled token (a lazy grammar's trigger token
+        starts its matcher; other tokens before it pass unchecked).
 
         ``"stop"`` when the grammar is complete (nothing more may follow); ``"error"`` when
         the matcher failed, in computing this step's mask or in taking the token (a limit of
         llguidance's, or a token the mask should have kept out): the reply so far is not
         valid, and :meth:`error` says why. None while more may follow.
         """
+        waiting = self._waiting.get(request_id)
+        if waiting is not None:
+            if token_id != waiting[0]:
+                return None
+            del self._waiting[request_id]
+            self._matchers[request_id] = waiting[1]
         matcher = self._matchers.get(request_id)
         if matcher is None:
             return None
@@ -252,4 +272,5 @@ def _describe(grammar: Grammar) -> str:
         "json_object": "JSON object grammar",
         "json_schema": "response_format JSON schema",
         "tool_call": "tools' parameter schema",
+        "tool_call_auto": "tools' parameter schema",
     }[grammar.kind]

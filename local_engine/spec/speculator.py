@@ -96,6 +96,7 @@ class _RequestState:
     stats: SpecStats
     average: float  # moving average of accepted drafts per verification
     stop_ids: frozenset[int]  # tokens that end the request: drafts stop at the first
+    trigger: int | None  # a lazy grammar's trigger token: drafts stop before it
     pause: int = 0  # steps left without speculation
     backoff: int = 2  # length of the next pause
 
@@ -156,7 +157,8 @@ class Speculator:
         if not asking:
             return
         for seq, draft in zip(asking, self.proposer.propose(asking, counts), strict=True):
-            draft = _cut_at_stop(draft, self._states[seq.request_id].stop_ids)
+            state = self._states[seq.request_id]
+            draft = _cut_at_stop(_cut_before(draft, state.trigger), state.stop_ids)
             if draft.tokens:
                 seq.spec_token_ids = list(draft.tokens)
                 self._drafts[seq.request_id] = (seq, draft)
@@ -200,7 +202,9 @@ class Speculator:
         state = self._states.get(seq.request_id)
         if state is None:
             stop_ids = stop_token_ids(seq.params, self.eos_token_ids)
-            state = _RequestState(SpecStats(), self._start_average, stop_ids)
+            grammar = seq.params.grammar
+            trigger = grammar.trigger if grammar is not None else None
+            state = _RequestState(SpecStats(), self._start_average, stop_ids, trigger)
             self._states[seq.request_id] = state
         return state
 
@@ -217,13 +221,26 @@ def _cut_at_stop(draft: Draft, stop_ids: frozenset[int]) -> Draft:
     return draft
 
 
+def _cut_before(draft: Draft, trigger: int | None) -> Draft:
+    """``draft`` up to, not including, its first ``trigger`` (a lazy grammar's): tokens
+    after the trigger would need the grammar's masks, so the trigger itself comes only
+    from the target model's own token at the end of a verification, and the grammar
+    starts from there."""
+    if trigger is None or trigger not in draft.tokens:
+        return draft
+    j = list(draft.tokens).index(trigger)
+    probs = draft.probs[:j] if draft.probs is not None else None
+    return Draft(draft.tokens[:j], probs)
+
+
 def _may_speculate(seq: Sequence) -> bool:
     """Whether ``seq`` may take drafts: its sampling needs no state per position (no
-    penalties, no logprobs, no grammar, whose mask covers only the next token)."""
+    penalties, no logprobs, no grammar mask, which covers only the next token; a lazy
+    grammar waiting for its trigger masks nothing yet)."""
     params = seq.params
     return (
         seq.status is SequenceStatus.RUNNING
         and not params.has_penalties
         and not params.logprobs
-        and params.grammar is None
+        and not seq.constrained
     )

@@ -12,6 +12,7 @@ import re
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,6 +38,7 @@ from local_engine.loader import load_model
 from local_engine.sampler import Sampler, SamplingParams
 from local_engine.sequence import Sequence
 from local_engine.service import ChatService
+from local_engine.spec import SpeculativeConfig
 from local_engine.structured import TokenMask
 from swiftclient.types import ChatRequest, Tool
 
@@ -453,18 +455,131 @@ def test_tool_definitions_that_clash_are_a_grammar_error() -> None:
         tool_call_grammar([CONVERT, other], tool_format="hermes")
 
 
-def test_which_requests_get_a_grammar() -> None:
+def test_which_requests_get_a_grammar(tiny: TinyModel) -> None:
     plain = ChatRequest.model_validate(
         {"model": "m", "messages": [{"role": "user", "content": "x"}]}
     )
     assert request_grammar(plain, "hermes") is None
     auto = _chat("auto")
+    # tool_choice="auto" is lazy, triggered by the tokenizer's own <tool_call> token...
+    added = tiny.tokenizer.added_tokens
+    for request in (auto, _chat(None)):
+        lazy = request_grammar(request, "hermes", added_tokens=added)
+        assert lazy is not None and lazy.kind == "tool_call_auto"
+        assert lazy.trigger == added["<tool_call>"]
+        assert f"<[{lazy.trigger}]>" in lazy.text
+    # ... and stays free where it cannot be: no such token, another format, no tools, "none".
     assert request_grammar(auto, "hermes") is None
+    assert request_grammar(auto, "llama3", added_tokens=added) is None
+    assert request_grammar(plain, "hermes", added_tokens=added) is None
+    assert request_grammar(_chat("none"), "hermes", added_tokens=added) is None
     assert request_grammar(_chat("required"), "none") is None  # no format to force
     forced = request_grammar(_chat("required", response_format={"type": "json_object"}), "hermes")
     assert isinstance(forced, Grammar) and forced.kind == "tool_call"
     json_mode = request_grammar(_chat("auto", response_format={"type": "json_object"}), "hermes")
     assert json_mode is not None and json_mode.kind == "json_object"
+
+
+def test_tool_call_arguments_take_no_keys_the_tool_does_not_list(tiny: TinyModel) -> None:
+    """Tool parameter objects are closed, as response_format's are: a call cannot invent an
+    argument the tool would refuse."""
+    structured = tiny.engine().structured
+    assert structured is not None
+    added = tiny.tokenizer.added_tokens
+    open_schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    tool = Tool.model_validate(
+        {"type": "function", "function": {"name": "get_weather", "parameters": open_schema}}
+    )
+    grammar = tool_call_grammar([tool], tool_format="hermes", added_tokens=added)
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"%s}}\n</tool_call>'
+
+    def follows(text: str) -> bool:
+        matcher = structured.compile(grammar).deep_copy()
+        ids = tiny.tokenizer.encode(text)
+        return all(matcher.consume_token(t) for t in ids) and matcher.is_accepting()
+
+    assert follows(call % "")
+    assert not follows(call % ', "country": "NO"')
+
+
+def _lazy_grammar(trigger: int, schema: dict[str, Any]) -> Grammar:
+    """A lazy grammar: after its ``trigger`` token, a newline and a JSON value of ``schema``."""
+    import llguidance
+
+    body = json.dumps(schema)
+    text = llguidance.LLMatcher.grammar_from_lark(f'start: <[{trigger}]> "\\n" %json {body}')
+    return Grammar(str(text), "tool_call_auto", trigger)
+
+
+_SMALL_INT = {"type": "integer", "minimum": 0, "maximum": 999}
+
+
+def _first_new_token(tokens: list[int], start: int) -> int:
+    """The position of the first token at or after ``start`` that does not occur before it."""
+    return next(k for k in range(start, len(tokens)) if tokens[k] not in tokens[:k])
+
+
+@pytest.mark.parametrize("speculative", [False, True], ids=["plain", "draft=target"])
+def test_a_lazy_grammar_leaves_the_reply_free_until_its_trigger(
+    tiny: TinyModel, micro: Engine, speculative: bool
+) -> None:
+    """tool_choice="auto"'s grammar: the reply is the model's own until the trigger token,
+    and follows the grammar after it, with or without speculative decoding (whose drafts stop
+    before the trigger)."""
+    prompt = _prompt(tiny, "Tell me something.")
+    free = micro.generate(
+        [prompt], SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    )[0]
+    k = _first_new_token(free.token_ids, 3)
+    trigger = free.token_ids[k]
+    engine = micro
+    if speculative:
+        config = EngineConfig(
+            num_blocks=1024,
+            seed=0,
+            speculative=SpeculativeConfig(method="draft", draft_model="the same model"),
+        )
+        engine = Engine(micro.model, config, tiny.tokenizer, draft_model=micro.model)
+    params = SamplingParams(
+        max_tokens=40, temperature=0.0, grammar=_lazy_grammar(trigger, _SMALL_INT)
+    )
+    result = engine.generate([prompt], params)[0]
+    assert result.token_ids[: k + 1] == free.token_ids[: k + 1]
+    rest = tiny.tokenizer.decode(result.token_ids[k + 1 :])
+    assert rest.startswith("\n") and 0 <= json.loads(rest) <= 999, rest
+    assert result.finish_reason == "stop"
+    if speculative:
+        stats = engine.spec_stats
+        assert stats is not None and stats.num_draft_tokens > 0
+    assert engine.structured is not None and engine.structured.num_active == 0
+
+
+def test_a_lazy_grammar_that_never_triggers_constrains_nothing(
+    tiny: TinyModel, micro: Engine
+) -> None:
+    prompt = _prompt(tiny, "Tell me something.")
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, min_tokens=12)
+    free = micro.generate([prompt], params)[0]
+    unused = next(t for t in range(3, 1000) if t not in free.token_ids)
+    lazy = replace(params, grammar=_lazy_grammar(unused, _SMALL_INT))
+    assert micro.generate([prompt], lazy)[0].token_ids == free.token_ids
+    assert micro.structured is not None and micro.structured.num_active == 0
+
+
+@pytest.mark.anyio
+async def test_auto_tool_choice_with_a_schema_the_compiler_refuses_still_answers(
+    tiny: TinyModel,
+) -> None:
+    service = ChatService(tiny.engine())
+    request = _chat("auto", max_tokens=8)
+    assert request.tools is not None
+    request.tools[0].function.parameters = {
+        "type": "object",
+        "properties": {"x": {"type": "strin"}},
+    }
+    async with AsyncEngine(service.engine) as runner:
+        completion = await service.complete(runner, request)
+    assert completion.choices[0].finish_reason in ("stop", "length", "tool_calls")
 
 
 def test_llama3_tool_calls_parse(engine: Engine, tiny: TinyModel) -> None:

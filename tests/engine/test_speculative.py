@@ -14,6 +14,7 @@ import torch
 from local_engine import LocalBackend
 from local_engine.engine import Engine, EngineConfig, GenerationResult
 from local_engine.errors import EngineConfigError
+from local_engine.grammar import Grammar
 from local_engine.kv_cache import BlockPool
 from local_engine.loader import load_model
 from local_engine.model import DecoderModel
@@ -249,6 +250,24 @@ def test_drafts_end_at_the_first_stop_token(params: SamplingParams, expected: li
     emitted = speculator.verify(torch.randn(k + 1, 8), [item])
     assert 1 <= len(emitted[0]) <= k + 1
     assert emitted[0][:-1] == expected[: len(emitted[0]) - 1]
+
+
+@pytest.mark.parametrize(("triggered", "expected"), [(False, [5]), (True, [])])
+def test_drafts_end_before_a_lazy_grammars_trigger(triggered: bool, expected: list[int]) -> None:
+    """A lazy grammar (tool_choice="auto") masks nothing until its trigger token: drafts stop
+    before the trigger, which only the target model's own last token of a step can be, and
+    once the grammar is triggered its masks cover one token at a time, so no drafts."""
+    grammar = Grammar("unused: never compiled here", "tool_call_auto", trigger=6)
+    speculator = Speculator(
+        SpeculativeConfig(num_speculative_tokens=6), _FixedProposer([5, 6, 2, 7]), Sampler(), [2]
+    )
+    seq = Sequence_("r", [1, 3, 4], SamplingParams(max_tokens=32, grammar=grammar))
+    assert not seq.constrained
+    seq.constrained = triggered
+    seq.status = SequenceStatus.RUNNING
+    seq.num_computed_tokens = 2
+    speculator.propose([seq])
+    assert seq.spec_token_ids == expected
 
 
 def test_greedy_ngram_matches_plain_in_shared_steps(model: DecoderModel) -> None:
