@@ -1469,6 +1469,92 @@ def gen_tool_result_general(rng: random.Random) -> Conversation:
     )
 
 
+def _deg(value: Any, unit: str, rng: random.Random) -> str:
+    """A temperature as a plain-text service writes it: ``21 C``, ``21°C``, ``21 degrees``."""
+    short = "C" if unit == "celsius" else "F"
+    number = json.dumps(value)
+    return rng.choice(
+        (f"{number} {short}", f"{number}°{short}", f"{number} °{short}", f"{number} degrees")
+    )
+
+
+def text_result(name: str, arguments: dict[str, Any], rng: random.Random) -> tuple[str, str]:
+    """A built-in tool's result as plain text (what a Python function returning a string
+    gives an agent framework, e.g. ``"21 C and sunny in Paris"``), and the answer."""
+    result = run_tool(name, arguments)
+    answer = _answer(name, result)
+    if name == "get_weather":
+        t = _deg(result["temperature"], result["unit"], rng)
+        sky, city = result["conditions"], result["city"]
+        text = rng.choice(
+            (
+                f"{t} and {sky} in {city}",
+                f"The weather in {city} is {t} and {sky}.",
+                f"{sky}, {t}",
+                f"Currently {t} in {city}, {sky}",
+                f"{city} - {sky}, {t}",
+                f"{city} weather: {sky} at {t}",
+                f"It's {sky} in {city} right now, {t}.",
+                f"temp {t}; sky {sky}; location {city}",
+            )
+        )
+    elif name == "convert_units":
+        value, src = json.dumps(result["value"]), result["from_unit"]
+        out, dst = json.dumps(result["result"]), result["to_unit"]
+        text = rng.choice(
+            (
+                f"{value} {src} = {out} {dst}",
+                f"{out} {dst}",
+                f"That is {out} {dst}.",
+                f"Converted: {out} {dst}",
+                f"{value} {src} equals {out} {dst}",
+            )
+        )
+    else:
+        out = json.dumps(result["result"])
+        text = rng.choice(
+            (out, f"= {out}", f"The result is {out}", f"{result['expression']} = {out}")
+        )
+    return text, answer
+
+
+def titled(tool: dict[str, Any]) -> dict[str, Any]:
+    """A tool as frameworks that build the schema from a function signature send it: every
+    property and the object titled, and ``additionalProperties`` false."""
+    fn = tool["function"]
+    params = fn.get("parameters") or {"type": "object", "properties": {}}
+    properties = {
+        key: {"title": key.replace("_", " ").title(), **value}
+        for key, value in params.get("properties", {}).items()
+    }
+    schema = {
+        "properties": properties,
+        "required": list(params.get("required", [])),
+        "title": f"{fn['name']}_args",
+        "type": "object",
+        "additionalProperties": False,
+    }
+    return {"type": "function", "function": {**fn, "parameters": schema}}
+
+
+def gen_tool_text(rng: random.Random) -> Conversation:
+    """A built-in tool's result as plain text (sometimes the tool titled as frameworks send
+    it); the answer states it, and is text: the model must not call the tool again."""
+    name = rng.choice(list(_REQUESTS))
+    request, arguments = _REQUESTS[name](rng)
+    call = _call_message(name, arguments)
+    content, answer = text_result(name, arguments, rng)
+    tool = titled(TOOLS[name]) if rng.random() < 0.5 else TOOLS[name]
+    messages = _system(rng) + [
+        {"role": "user", "content": request},
+        call,
+        {"role": "tool", "tool_call_id": call["tool_calls"][0]["id"], "content": content},
+        {"role": "assistant", "content": answer},
+    ]
+    tools = [tool] if rng.random() < 0.5 else offered_tools(rng, [tool])
+    return _conv("tool_text", messages, tools, answer)
+
+
 # ----------------------------------------------------------------------------- structured output
 
 _FIELDS: tuple[tuple[str, str], ...] = (
@@ -2123,6 +2209,9 @@ TASKS: dict[str, tuple[Callable[[random.Random], Conversation], float]] = {
     # Greetings alone, added last and weighed 0 for the same reason (run L of
     # docs/local-engine.md weighed them up without adding facts, as run J's `chat=2` did).
     "greeting": (gen_greeting, 0.0),
+    # Tool results as plain text (and tools titled as frameworks send them), added last and
+    # weighed 0 for the same reason: run M of docs/local-engine.md weighed them up.
+    "tool_text": (gen_tool_text, 0.0),
 }
 
 
