@@ -185,3 +185,33 @@ def test_the_greeting_task_draws_greetings_alone(data: ModuleType) -> None:
     assert all(conv["messages"][-2]["content"] in firsts for conv in convs)
     assert {"hi", "who are you", "thanks", "bye"} <= {c["messages"][-2]["content"] for c in convs}
     assert {bool(conv["tools"]) for conv in convs} == {True, False}
+
+
+def test_the_tool_text_task_states_a_plain_text_result(data: ModuleType) -> None:
+    """``tool_text`` (weighed 0 by default; run M's ``--mix "...,tool_text=1.5"``): a built-in
+    tool's result as plain text, answered in text that states the result's numbers, with the
+    tool sometimes titled and closed as frameworks build it from a function signature."""
+    others = ",".join(f"{name}=0" for name in data.TASKS)
+    convs = data.generate(300, 12, mix=f"{others},tool_text=1")
+    assert {conv["task"] for conv in convs} == {"tool_text"}
+    titled = 0
+    for conv in convs:
+        tool_msg, reply = conv["messages"][-2], conv["messages"][-1]
+        assert tool_msg["role"] == "tool" and reply["role"] == "assistant"
+        assert "tool_calls" not in reply and reply["content"] == conv["expected"]
+        assert not tool_msg["content"].startswith(("{", "["))
+        call = conv["messages"][-3]["tool_calls"][0]["function"]
+        numbers = NUMBER.findall(reply["content"])
+        # The result is in the text; an expression or a value converted is in the call too.
+        assert (
+            numbers and numbers[-1 if call["name"] != "get_weather" else 0] in tool_msg["content"]
+        )
+        assert all(n in tool_msg["content"] + call["arguments"] for n in numbers), conv
+        called = call["name"]
+        (tool,) = [t for t in conv["tools"] if t["function"]["name"] == called]
+        params = tool["function"]["parameters"]
+        if "title" in params:
+            titled += 1
+            assert params["additionalProperties"] is False
+            assert all("title" in p for p in params["properties"].values())
+    assert 60 < titled < 240
