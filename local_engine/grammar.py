@@ -20,8 +20,8 @@ OpenAI request fields:
   tokenizer has ``<tool_call>`` as one added token: the same tool-call grammar, held back
   until the model samples ``<tool_call>`` (its *trigger*, :attr:`Grammar.trigger`). Until then
   the reply is free text, decoded without a mask; once the model opens a call, the call must
-  name an offered tool and give arguments valid under its schema, and nothing but further
-  calls may follow. A tool schema the grammar compiler refuses leaves the reply unconstrained
+  name an offered tool and give arguments valid under its schema; further calls, or free
+  text, may follow it. A tool schema the grammar compiler refuses leaves the reply unconstrained
   instead of failing the request (an ``auto`` request never needed a grammar).
 
 JSON is generated without free whitespace, with ``", "`` and ``": "`` separators (what
@@ -267,32 +267,60 @@ _SUBSCHEMA = ("items", "additionalProperties", "not", "if", "then", "else", "con
 _SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
 
 
+_OPEN_KEYS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+# Keywords beside ``properties`` whose subschemas may add keys of their own: closing the
+# object would refuse those keys (``additionalProperties`` sees only its own ``properties``).
+_ADDING_KEYS = (
+    "anyOf",
+    "oneOf",
+    "allOf",
+    "if",
+    "then",
+    "else",
+    "dependentSchemas",
+    "dependencies",
+    "$ref",
+)
+
+
 def closed_objects(schema: Any, *, close: bool = True) -> Any:
     """A copy of ``schema`` where every object schema that lists ``properties`` and leaves
     ``additionalProperties`` (and ``patternProperties``, ``unevaluatedProperties``) unset
-    gets ``additionalProperties: false``. Members of an ``allOf`` of several schemas are
-    left open (closing each would refuse the keys the others add)."""
+    gets ``additionalProperties: false``, unless keywords beside it may add keys
+    (``anyOf``, ``oneOf``, ``allOf``, ``if``/``then``/``else``, ``dependentSchemas``,
+    ``$ref``): closing it would refuse those, and those branches' own tops stay open too (they
+    see the object's keys). Members of an ``allOf`` of several schemas are left open
+    (closing each would refuse the keys the others add)."""
     if isinstance(schema, list):
         return [closed_objects(item) for item in schema]
     if not isinstance(schema, Mapping):
         return schema
     node = dict(schema)
+    # The branches of an object that lists properties itself stay open at their top: the
+    # object's own keys appear in every branch's view of the value.
+    own = isinstance(node.get("properties"), Mapping)
+    adding = ("if", "then", "else", "anyOf", "oneOf")
     for key in _SUBSCHEMA:
         if isinstance(node.get(key), Mapping | list):
-            node[key] = closed_objects(node[key])
+            node[key] = closed_objects(node[key], close=not (own and key in adding))
     for key in _SUBSCHEMA_LISTS:
         if isinstance(node.get(key), list):
-            node[key] = [closed_objects(item) for item in node[key]]
+            branch = own and key in adding
+            node[key] = [closed_objects(item, close=not branch) for item in node[key]]
     for key in _SUBSCHEMA_MAPS:
         if isinstance(node.get(key), Mapping):
             node[key] = {name: closed_objects(sub) for name, sub in node[key].items()}
+    if isinstance(node.get("dependentSchemas"), Mapping):
+        node["dependentSchemas"] = {
+            name: closed_objects(sub, close=not own)
+            for name, sub in node["dependentSchemas"].items()
+        }
     members = node.get("allOf")
     if isinstance(members, list):
         several = len(members) > 1
-        node["allOf"] = [closed_objects(item, close=not several) for item in members]
-    open_keys = ("additionalProperties", "patternProperties", "unevaluatedProperties")
-    if close and isinstance(node.get("properties"), Mapping):
-        if not any(key in node for key in open_keys):
+        node["allOf"] = [closed_objects(item, close=not (several or own)) for item in members]
+    if close and own:
+        if not any(key in node for key in _OPEN_KEYS + _ADDING_KEYS):
             node["additionalProperties"] = False
     return node
 
@@ -339,13 +367,17 @@ def tool_call_grammar(
     tool_format: str,
     parallel: bool = True,
     added_tokens: Mapping[str, int] | None = None,
+    tail: bool = False,
 ) -> Grammar:
     """Tool calls to one of ``tools`` in ``tool_format`` ("hermes" or "llama3").
 
     ``added_tokens`` (the tokenizer's added tokens, text to id) says which markers, such as
-    ``<tool_call>``, are single tokens. GrammarError when a tool's parameter schema cannot be
-    compiled, or when there are no tools; EngineConfigError for a format that has no grammar
-    ("none").
+    ``<tool_call>``, are single tokens. Hermes calls are separated by a newline, and with
+    ``parallel`` one more newline may end the reply (so a newline is never a promise of
+    another call); ``tail`` lets free text follow the last call (``tool_choice="auto"``:
+    a remark after the calls, which the parser returns as content). GrammarError when a
+    tool's parameter schema cannot be compiled, or when there are no tools;
+    EngineConfigError for a format that has no grammar ("none").
     """
     added = added_tokens or {}
     if not tools:
@@ -371,6 +403,12 @@ def tool_call_grammar(
         call = f"%json {body}"
         sep = '"; "'
     start = "start: call" if not parallel else f"start: call ({sep} call)*"
+    if tail:
+        # Text after the calls (llguidance keeps added tokens, <tool_call> among them, out
+        # of a text lexeme, so the text cannot open another call in the marker's token).
+        start += " TAIL?\nTAIL: /(?s:.+)/"
+    elif parallel and tool_format == "hermes":
+        start += f" {sep}?"
     lark = f"{start}\ncall: {call}\n"
     return Grammar(str(llguidance_module().LLMatcher.grammar_from_lark(lark)), "tool_call")
 
@@ -395,7 +433,11 @@ def auto_tool_grammar(
         return None
     try:
         calls = tool_call_grammar(
-            tools, tool_format=tool_format, parallel=parallel, added_tokens=added_tokens
+            tools,
+            tool_format=tool_format,
+            parallel=parallel,
+            added_tokens=added_tokens,
+            tail=True,
         )
     except (ValueError, EngineConfigError):  # GrammarError is a ValueError
         return None

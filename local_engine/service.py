@@ -14,7 +14,10 @@ Mapping:
   (:mod:`local_engine.grammar`); one that cannot be compiled, or that fails on the text it
   forces from the start, is a :class:`~local_engine.grammar.GrammarError` (an
   InvalidRequestError: 400 from the server); one that fails later, partway through a reply,
-  is a :class:`~local_engine.errors.GrammarFailedError` (500 from the server), never a reply;
+  is a :class:`~local_engine.errors.GrammarFailedError` (500 from the server), never a reply.
+  Tools under ``tool_choice="auto"`` (or unset) get the tool-call grammar lazily, from the
+  ``<tool_call>`` token on (:func:`~local_engine.grammar.auto_tool_grammar`); when it
+  cannot be compiled the reply goes unconstrained, as an ``auto`` reply always could;
 - ``temperature``, ``top_p``, ``max_completion_tokens`` (else ``max_tokens``), ``stop``,
   ``seed``, ``presence_penalty``, ``frequency_penalty``, ``logprobs`` and ``top_logprobs``
   map one to one. A field the request leaves unset takes the model's default
@@ -34,8 +37,9 @@ Mapping:
   too long for ``max_model_len`` by its size alone is refused before it is tokenized;
 - ``n > 1`` (up to :data:`MAX_N`) samples that many choices of one prompt, which share its
   KV blocks through the prefix cache (see :func:`_fan_out`); usage counts the prompt once
-  and every choice's tokens. A non-empty ``logit_bias`` is refused; ``parallel_tool_calls``,
-  ``metadata``, ``service_tier`` and ``reasoning_effort`` have no effect.
+  and every choice's tokens. A non-empty ``logit_bias`` is refused;
+  ``parallel_tool_calls=False`` allows one call where a grammar applies (forced or
+  ``auto``); ``metadata``, ``service_tier`` and ``reasoning_effort`` have no effect.
 
 Errors are the engine's own (:mod:`local_engine.errors`): every request the engine or this
 layer refuses is an :class:`~local_engine.errors.InvalidRequestError`, which the server

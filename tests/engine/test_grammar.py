@@ -483,8 +483,6 @@ def test_which_requests_get_a_grammar(tiny: TinyModel) -> None:
 def test_tool_call_arguments_take_no_keys_the_tool_does_not_list(tiny: TinyModel) -> None:
     """Tool parameter objects are closed, as response_format's are: a call cannot invent an
     argument the tool would refuse."""
-    structured = tiny.engine().structured
-    assert structured is not None
     added = tiny.tokenizer.added_tokens
     open_schema = {"type": "object", "properties": {"city": {"type": "string"}}}
     tool = Tool.model_validate(
@@ -492,14 +490,61 @@ def test_tool_call_arguments_take_no_keys_the_tool_does_not_list(tiny: TinyModel
     )
     grammar = tool_call_grammar([tool], tool_format="hermes", added_tokens=added)
     call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"%s}}\n</tool_call>'
+    assert _follows(tiny, grammar, call % "")
+    assert not _follows(tiny, grammar, call % ', "country": "NO"')
 
-    def follows(text: str) -> bool:
-        matcher = structured.compile(grammar).deep_copy()
-        ids = tiny.tokenizer.encode(text)
-        return all(matcher.consume_token(t) for t in ids) and matcher.is_accepting()
 
-    assert follows(call % "")
-    assert not follows(call % ', "country": "NO"')
+def _follows(tiny: TinyModel, grammar: Grammar, text: str) -> bool:
+    """Whether ``text`` (as the tokenizer encodes it) is a complete reply under ``grammar``."""
+    structured = tiny.engine().structured
+    assert structured is not None
+    matcher = structured.compile(grammar).deep_copy()
+    ids = tiny.tokenizer.encode(text)
+    return all(matcher.consume_token(t) for t in ids) and matcher.is_accepting()
+
+
+_OSLO = (
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}}\n</tool_call>'
+)
+
+
+def test_a_newline_after_a_call_is_no_promise_of_another(tiny: TinyModel) -> None:
+    """After a call, a newline may end the reply (forced) or start a remark ("auto"), so a
+    model that writes "\n\n" after its call is not pushed into a call it did not mean."""
+    added = tiny.tokenizer.added_tokens
+    forced = tool_call_grammar([WEATHER], tool_format="hermes", added_tokens=added)
+    assert _follows(tiny, forced, _OSLO) and _follows(tiny, forced, _OSLO + "\n")
+    assert _follows(tiny, forced, _OSLO + "\n" + _OSLO)
+    assert not _follows(tiny, forced, _OSLO + "\n\nDone.")
+    auto = request_grammar(_chat("auto"), "hermes", added_tokens=added)
+    assert auto is not None
+    for after in ("", "\n", "\n\nI asked for the weather in Oslo.", "\n" + _OSLO + " ok"):
+        assert _follows(tiny, auto, _OSLO + after), after
+    single = request_grammar(_chat("auto", parallel_tool_calls=False), "hermes", added_tokens=added)
+    assert single is not None
+    assert _follows(tiny, single, _OSLO + "\n\nDone.")
+    assert not _follows(tiny, single, _OSLO + "\n" + _OSLO)
+
+
+def test_a_tool_schema_whose_branches_add_properties_stays_satisfiable(tiny: TinyModel) -> None:
+    """An object with properties of its own and ``anyOf`` branches that add more is left
+    open (closing it would refuse the branches' keys), and its branches too."""
+    schema = {
+        "type": "object",
+        "properties": {"kind": {"type": "string", "maxLength": 4}},
+        "required": ["kind"],
+        "anyOf": [
+            {"properties": {"x": {"type": "integer"}}, "required": ["x"]},
+            {"properties": {"y": {"type": "integer"}}, "required": ["y"]},
+        ],
+    }
+    tool = Tool.model_validate(
+        {"type": "function", "function": {"name": "pick", "parameters": schema}}
+    )
+    added = tiny.tokenizer.added_tokens
+    grammar = tool_call_grammar([tool], tool_format="hermes", added_tokens=added)
+    call = '<tool_call>\n{"name": "pick", "arguments": {"kind": "a", "x": 1}}\n</tool_call>'
+    assert _follows(tiny, grammar, call)
 
 
 def _lazy_grammar(trigger: int, schema: dict[str, Any]) -> Grammar:
