@@ -288,12 +288,22 @@ class _Loop:
             self._shut = True
 
     def _stop(self) -> None:
-        """Stop the portal, cancelling the calls still running, and join the thread."""
+        """Stop the portal, cancelling the calls still running, and join the thread and the
+        loop's worker threads."""
         try:
             self.portal.call(self.portal.stop, True)
         except RuntimeError:  # pragma: no cover - already stopped
             pass
         self._thread.join()
+        # The loop's worker threads (anyio.to_thread: the local engine's steps) were told to
+        # end when the loop did, but may still be freeing their last work item (a step's
+        # tensors) after its result came back. A caller that goes on to exit the interpreter
+        # must not race them: a daemon thread inside torch's deallocator when the interpreter
+        # finalizes aborts the process ("terminate called without an active exception").
+        loop = getattr(self, "aloop", None)
+        for thread in threading.enumerate():
+            if loop is not None and getattr(thread, "loop", None) is loop:
+                thread.join()
 
 
 def _settle(future: concurrent.futures.Future[Any], task: asyncio.Task[Any]) -> None:
