@@ -37,8 +37,9 @@ which swiftclient's ``ChatRequest``, ``Tool`` and ``ResponseFormat`` have.
 from __future__ import annotations
 
 import json
+import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -46,6 +47,8 @@ from local_engine.errors import EngineConfigError, InvalidRequestError
 
 if TYPE_CHECKING:
     from types import ModuleType
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "ChatFields",
@@ -289,8 +292,9 @@ def closed_objects(schema: Any, *, close: bool = True) -> Any:
     gets ``additionalProperties: false``, unless keywords beside it may add keys
     (``anyOf``, ``oneOf``, ``allOf``, ``if``/``then``/``else``, ``dependentSchemas``,
     ``$ref``): closing it would refuse those, and those branches' own tops stay open too (they
-    see the object's keys). Members of an ``allOf`` of several schemas are left open
-    (closing each would refuse the keys the others add)."""
+    see the object's keys); nor when ``required`` names a key ``properties`` does not list.
+    Members of an ``allOf`` of several schemas are left open (closing each would refuse the
+    keys the others add)."""
     if isinstance(schema, list):
         return [closed_objects(item) for item in schema]
     if not isinstance(schema, Mapping):
@@ -320,7 +324,11 @@ def closed_objects(schema: Any, *, close: bool = True) -> Any:
         several = len(members) > 1
         node["allOf"] = [closed_objects(item, close=not (several or own)) for item in members]
     if close and own:
-        if not any(key in node for key in _OPEN_KEYS + _ADDING_KEYS):
+        listed = node["properties"]
+        required = node.get("required")
+        # A required key the properties do not list: closing would leave no valid value.
+        unlisted = isinstance(required, list) and any(key not in listed for key in required)
+        if not unlisted and not any(key in node for key in _OPEN_KEYS + _ADDING_KEYS):
             node["additionalProperties"] = False
     return node
 
@@ -413,35 +421,79 @@ def tool_call_grammar(
     return Grammar(str(llguidance_module().LLMatcher.grammar_from_lark(lark)), "tool_call")
 
 
+@dataclass(frozen=True, slots=True)
+class _AnyArgumentsFunction:
+    name: str
+    parameters: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _AnyArguments:
+    """A tool kept by name whose arguments may be any object (its schema would not compile)."""
+
+    function: _AnyArgumentsFunction
+
+
 def auto_tool_grammar(
     tools: Sequence[ToolLike],
     *,
     tool_format: str,
     parallel: bool = True,
     added_tokens: Mapping[str, int] | None = None,
+    check: Callable[[Grammar], object] | None = None,
 ) -> Grammar | None:
     """The lazy grammar of ``tool_choice="auto"``: :func:`tool_call_grammar`'s calls, held
     back until the model samples ``<tool_call>`` (the grammar's ``trigger``).
 
-    None where it cannot apply, and the reply stays unconstrained as before: no tools, a
-    format other than ``"hermes"`` (Llama 3.1's calls open with no marker of their own), a
-    tokenizer without ``<tool_call>`` as one added token, a tool schema the grammar
-    compiler refuses, or no llguidance installed.
+    ``check`` (the engine's compile, which raises GrammarError) tries a grammar for the
+    tokenizer. A tool whose parameter schema the grammar compiler refuses is kept by name
+    with any object for its arguments (logged), so one such tool does not lift the grammar
+    from the others. None where it cannot apply, and the reply stays unconstrained as before:
+    no tools, a format other than ``"hermes"`` (Llama 3.1's calls open with no marker of
+    their own), a tokenizer without ``<tool_call>`` as one added token, tools that cannot
+    share one grammar (two ``$defs`` of one name), or no llguidance installed.
     """
     trigger = (added_tokens or {}).get(_HERMES_OPEN)
     if not tools or tool_format != "hermes" or trigger is None:
         return None
-    try:
+
+    def build(chosen: Sequence[ToolLike]) -> Grammar | None:
         calls = tool_call_grammar(
-            tools,
-            tool_format=tool_format,
-            parallel=parallel,
-            added_tokens=added_tokens,
-            tail=True,
+            chosen, tool_format=tool_format, parallel=parallel, added_tokens=added_tokens, tail=True
         )
-    except (ValueError, EngineConfigError):  # GrammarError is a ValueError
+        grammar = Grammar(calls.text, "tool_call_auto", trigger)
+        if check is not None:
+            check(grammar)
+        return grammar
+
+    def compiles(chosen: Sequence[ToolLike]) -> Grammar | None:
+        try:
+            return build(chosen)
+        except ValueError:  # GrammarError is a ValueError
+            return None
+
+    try:
+        whole = compiles(tools)
+    except EngineConfigError:  # no llguidance
         return None
-    return Grammar(calls.text, "tool_call_auto", trigger)
+    if whole is not None:
+        return whole
+    kept: list[ToolLike] = []
+    loose: list[str] = []
+    for tool in tools:
+        if compiles([tool]) is not None:
+            kept.append(tool)
+        else:
+            loose.append(tool.function.name)
+            kept.append(_AnyArguments(_AnyArgumentsFunction(tool.function.name)))
+    grammar = compiles(kept) if loose else None
+    if grammar is not None:
+        logger.warning(
+            'tool_choice="auto": the grammar cannot enforce the parameter schema of %s; '
+            "their calls may carry any JSON object",
+            ", ".join(repr(name) for name in loose),
+        )
+    return grammar
 
 
 def _forced_tools(
@@ -455,14 +507,19 @@ def _forced_tools(
 
 
 def request_grammar(
-    request: ChatFields, tool_format: str, *, added_tokens: Mapping[str, int] | None = None
+    request: ChatFields,
+    tool_format: str,
+    *,
+    added_tokens: Mapping[str, int] | None = None,
+    check: Callable[[Grammar], object] | None = None,
 ) -> Grammar | None:
     """The grammar a chat request's reply must follow, or None when it is free text.
 
     A forced tool call (``tool_choice="required"`` or a named tool) wins over
     ``response_format``; with the ``"none"`` tool format it is not enforced. Otherwise a
     ``response_format`` grammar applies; without one, tools offered under
-    ``tool_choice="auto"`` (or unset) get :func:`auto_tool_grammar`'s lazy grammar.
+    ``tool_choice="auto"`` (or unset) get :func:`auto_tool_grammar`'s lazy grammar
+    (``check`` is passed on to it).
     """
     forced = _forced_tools(request.tools, request.tool_choice)
     if forced is not None and tool_format in ("hermes", "llama3"):
@@ -479,5 +536,6 @@ def request_grammar(
             tool_format=tool_format,
             parallel=request.parallel_tool_calls is not False,
             added_tokens=added_tokens,
+            check=check,
         )
     return grammar

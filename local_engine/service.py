@@ -16,8 +16,8 @@ Mapping:
   InvalidRequestError: 400 from the server); one that fails later, partway through a reply,
   is a :class:`~local_engine.errors.GrammarFailedError` (500 from the server), never a reply.
   Tools under ``tool_choice="auto"`` (or unset) get the tool-call grammar lazily, from the
-  ``<tool_call>`` token on (:func:`~local_engine.grammar.auto_tool_grammar`); when it
-  cannot be compiled the reply goes unconstrained, as an ``auto`` reply always could;
+  ``<tool_call>`` token on (:func:`~local_engine.grammar.auto_tool_grammar`: a tool whose
+  schema cannot be compiled keeps its name and takes any arguments, logged);
 - ``temperature``, ``top_p``, ``max_completion_tokens`` (else ``max_tokens``), ``stop``,
   ``seed``, ``presence_penalty``, ``frequency_penalty``, ``logprobs`` and ``top_logprobs``
   map one to one. A field the request leaves unset takes the model's default
@@ -65,7 +65,7 @@ from swiftclient.types import ChatCompletion, ChatCompletionChunk, ChatRequest, 
 from .chat import ChatFormatter, ChatPrompt, CompletionStream, build_completion, make_usage
 from .engine import Engine, RequestOutput
 from .errors import EngineConfigError, EngineError, GrammarFailedError, InvalidRequestError
-from .grammar import Grammar, GrammarError, request_grammar
+from .grammar import Grammar, request_grammar
 from .sampling_params import SamplingParams, TokenLogprob
 from .tokenizer import Tokenizer
 from .tool_calls import tool_call_marker
@@ -362,17 +362,15 @@ class ChatService:
     def _grammar(self, request: ChatRequest, prompt: ChatPrompt) -> Grammar | None:
         """The reply's grammar, compiled (and cached) for the engine's tokenizer here, in the
         worker thread, so the engine only copies it."""
-        grammar = request_grammar(
-            request, prompt.tool_format, added_tokens=self.tokenizer.added_tokens
-        )
         structured = self.engine.structured
+        grammar = request_grammar(
+            request,
+            prompt.tool_format,
+            added_tokens=self.tokenizer.added_tokens,
+            check=structured.compile if structured is not None else None,
+        )
         if grammar is not None and structured is not None:
-            try:
-                structured.compile(grammar)
-            except GrammarError:
-                if grammar.kind != "tool_call_auto":
-                    raise
-                return None  # tool_choice="auto" never needed a grammar: go unconstrained
+            structured.compile(grammar)  # cached: "auto"'s grammar was compiled by its check
         return grammar
 
     # ------------------------------------------------------------------ responses

@@ -547,6 +547,51 @@ def test_a_tool_schema_whose_branches_add_properties_stays_satisfiable(tiny: Tin
     assert _follows(tiny, grammar, call)
 
 
+def test_a_required_key_the_properties_do_not_list_leaves_the_object_open(
+    tiny: TinyModel,
+) -> None:
+    """Closing an object whose ``required`` names a key it does not list would leave no valid
+    value (a forced call that worked became a 400): such an object stays open."""
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city", "day"],
+    }
+    tool = Tool.model_validate(
+        {"type": "function", "function": {"name": "get_weather", "parameters": schema}}
+    )
+    added = tiny.tokenizer.added_tokens
+    grammar = tool_call_grammar([tool], tool_format="hermes", added_tokens=added)
+    args = '{"city": "Oslo", "day": "Monday"}'
+    call = f'<tool_call>\n{{"name": "get_weather", "arguments": {args}}}\n</tool_call>'
+    assert _follows(tiny, grammar, call)
+
+
+def test_auto_keeps_a_tool_whose_schema_cannot_compile_by_name(
+    tiny: TinyModel, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One tool whose schema the grammar compiler refuses does not lift "auto"'s grammar from
+    the others: it keeps its name, with any object for its arguments, and a warning says so."""
+    structured = tiny.engine().structured
+    assert structured is not None
+    request = _chat("auto")
+    assert request.tools is not None
+    request.tools[1].function.parameters = {
+        "type": "object",
+        "properties": {"x": {"type": "strin"}},
+    }
+    added = tiny.tokenizer.added_tokens
+    with caplog.at_level("WARNING", logger="local_engine.grammar"):
+        grammar = request_grammar(request, "hermes", added_tokens=added, check=structured.compile)
+    assert grammar is not None and grammar.kind == "tool_call_auto"
+    assert "'convert'" in caplog.text
+    loose = '<tool_call>\n{"name": "convert", "arguments": {"anything": [1, "x"]}}\n</tool_call>'
+    assert _follows(tiny, grammar, loose)
+    assert _follows(tiny, grammar, _OSLO)
+    assert not _follows(tiny, grammar, _OSLO.replace('"c"', '"kelvin"'))
+    assert not _follows(tiny, grammar, loose.replace("convert", "get_time"))
+
+
 def _lazy_grammar(trigger: int, schema: dict[str, Any]) -> Grammar:
     """A lazy grammar: after its ``trigger`` token, a newline and a JSON value of ``schema``."""
     import llguidance
