@@ -116,7 +116,9 @@ async def _model(hosted: Hosted) -> str:
     if model:
         return model
     lister = getattr(hosted.backend, "list_models", None)
-    names: list[str] = await lister() if lister is not None else []
+    # aliases=False: a server that lists one model under two names (swiftclient serve's
+    # "default") serves one model.
+    names: list[str] = await lister(aliases=False) if lister is not None else []
     if len(names) != 1:
         served = f" (it lists {', '.join(names[:10])})" if names else ""
         raise DemoError(f"set SWIFTCLIENT_MODEL to the model {hosted.describe()} serves{served}")

@@ -332,9 +332,11 @@ class LocalBackend:
             raise errors.EngineError(f"loading the model in {path} failed: {exc!r}") from exc
         return path, service
 
-    async def list_models(self) -> list[str]:
+    async def list_models(self, *, aliases: bool = True) -> list[str]:
         """The model this backend serves, by its directory's name (requests may name it
-        or anything else: the backend serves one model)."""
+        or anything else: the backend serves one model, under one name, so ``aliases`` is
+        accepted, as :meth:`swiftclient.backends.HTTPBackend.list_models` takes it, and changes
+        nothing)."""
         if self._model_dir is not None:
             return [self._model_dir.name]
         if self._service is not None and self._model is None:

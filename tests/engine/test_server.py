@@ -24,6 +24,7 @@ import pytest
 from local_engine import LocalBackend
 from local_engine.engine import Engine
 from local_engine.server import LocalServer
+from swiftclient import HTTPBackend
 
 from ..conformance.tiny_local import CountingEngine, ReplyScriptEngine, TinyModel, load_tiny_model
 
@@ -414,6 +415,14 @@ async def test_health_and_models(served: Served) -> None:
     models = await served.oa.models.list()
     assert [m.id for m in models.data] == ["tiny-test", "default"]
     assert models.data[0].object == "model"
+    # The alias names its root: a client that wants one name per model can tell (the CLI's
+    # chat without --model, the demo against `swiftclient serve`).
+    backend = HTTPBackend(served.server.base_url, api_key=KEY)
+    try:
+        assert await backend.list_models() == ["tiny-test", "default"]
+        assert await backend.list_models(aliases=False) == ["tiny-test"]
+    finally:
+        await backend.aclose()
 
 
 async def test_overload_is_503_with_retry_after(tiny: TinyModel, anyio_backend: str) -> None:

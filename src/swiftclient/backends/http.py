@@ -432,11 +432,14 @@ class HTTPBackend:
             for _ in range(max(1, min(connections, self._max_connections))):
                 tg.start_soon(one)
 
-    async def list_models(self, timeout: float = 30.0) -> list[str]:
+    async def list_models(self, timeout: float = 30.0, *, aliases: bool = True) -> list[str]:
         """The model ids ``GET {base_url}/models`` lists, in the server's order.
 
-        An error status raises the matching :class:`~swiftclient.APIStatusError`; a body
-        that is not an OpenAI model list raises :class:`~swiftclient.APIResponseValidationError`.
+        ``aliases=False`` leaves out an entry whose ``root`` is another listed id (another
+        name for that model, such as the local server's ``default``), so that a server that
+        serves one model under two names lists it once. An error status raises the
+        matching :class:`~swiftclient.APIStatusError`; a body that is not an OpenAI model list
+        raises :class:`~swiftclient.APIResponseValidationError`.
         """
         self._open()
         slots = self._slots
@@ -457,9 +460,16 @@ class HTTPBackend:
                 f"{self.name}: GET /models got no answer within {timeout}s", backend=self.name
             )
         try:
-            listed = pydantic_core.from_json(body)
-            return [str(item["id"]) for item in listed["data"]]
-        except (ValueError, KeyError, TypeError):
+            items = pydantic_core.from_json(body)["data"]
+            ids = [str(item["id"]) for item in items]
+            if aliases:
+                return ids
+            return [
+                str(item["id"])
+                for item in items
+                if item.get("root") in (None, item["id"]) or str(item.get("root")) not in ids
+            ]
+        except (ValueError, KeyError, TypeError, AttributeError):
             pass
         raise errors.APIResponseValidationError(
             f"{self.name}: GET /models did not answer an OpenAI model list", backend=self.name

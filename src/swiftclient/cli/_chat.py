@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import inspect
 import json
 import signal
 import sys
@@ -170,7 +171,9 @@ def _only_model(options: TargetOptions) -> str:
 
     async def fetch() -> list[str]:
         try:
-            names: list[str] = await lister()
+            # One model served under two names (the local server's "default") is one model.
+            takes = "aliases" in inspect.signature(lister).parameters
+            names: list[str] = await (lister(aliases=False) if takes else lister())
         finally:
             await backend.aclose()
         return names
