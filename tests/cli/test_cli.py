@@ -287,6 +287,28 @@ def test_interactive_chat_keeps_history(monkeypatch: pytest.MonkeyPatch) -> None
     assert sum(line.startswith("[ttft ") for line in done.stderr.splitlines()) == 2
 
 
+def test_interactive_chat_reports_a_failed_turn_and_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A turn the backend refuses (a prompt over the model's context, say) is reported on
+    stderr and left out of the history; the conversation goes on (it used to end, exit 1)."""
+    clear_provider_env(monkeypatch)
+    refused = Reply(status=400, error_message="the prompt is 2069 tokens, over the context")
+    with FakeProvider(Reply(text="x")).run_in_thread() as fake:
+        fake.script(Reply(text="first answer"), refused, Reply(text="third answer"))
+        done = run(
+            "chat", "--base-url", fake.base_url, "-m", "m", "-i",
+            input="hello\ntoo long\nand again\n",
+        )  # fmt: skip
+        bodies = [r.body for r in fake.requests]
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "first answer\nthird answer\n"
+    assert [m["content"] for m in bodies[2]["messages"]] == ["hello", "first answer", "and again"]
+    (error,) = [line for line in done.stderr.splitlines() if "error" in line]
+    assert error.startswith("swiftclient: error: BadRequestError: ")
+    assert "2069 tokens" in error and error.endswith("(this turn was not kept; /exit quits)")
+
+
 def _first_output(process: subprocess.Popen[str]) -> str:
     assert process.stdout is not None
     return process.stdout.read(1)

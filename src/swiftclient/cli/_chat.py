@@ -18,7 +18,7 @@ import click
 import pydantic
 
 from .._client import AsyncClient
-from ..errors import SwiftClientError
+from ..errors import ConfigurationError, SwiftClientError
 from ..providers import BuiltinTools, local_tools
 from ..types import ChatCompletion, Message, Timing
 from ._common import (
@@ -297,6 +297,16 @@ def _interactive(
                 continue
             except concurrent.futures.CancelledError:
                 print("\n[reply stopped]", file=sys.stderr, flush=True)
+                continue
+            except ConfigurationError:
+                raise
+            except SwiftClientError as exc:  # this turn failed; the conversation goes on
+                reason = " ".join(f"{type(exc).__name__}: {exc}".split())
+                print(
+                    f"swiftclient: error: {reason} (this turn was not kept; /exit quits)",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 continue
             _report(completion)
 
