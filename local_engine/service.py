@@ -169,7 +169,32 @@ def _extra(request: ChatRequest) -> dict[str, Any]:
     return extra
 
 
+_NOT_OBJECT = ("string", "number", "integer", "boolean", "array", "null")
+
+
+def _check_tools(request: ChatRequest) -> None:
+    """Tools a model can be asked to call: each named, names unique, parameters an object
+    schema (OpenAI refuses the same with a 400)."""
+    seen: set[str] = set()
+    for i, tool in enumerate(request.tools or ()):
+        name, params = tool.function.name, tool.function.parameters
+        if not name.strip():
+            raise InvalidRequestError(f"tools[{i}].function.name must not be empty", "tools")
+        if name in seen:
+            raise InvalidRequestError(
+                f"tools[{i}] repeats the name {name!r} of another tool", "tools"
+            )
+        seen.add(name)
+        if params is not None and params.get("type") in _NOT_OBJECT:
+            raise InvalidRequestError(
+                f"tools[{i}].function.parameters must be an object schema "
+                f"(got type {params.get('type')!r})",
+                "tools",
+            )
+
+
 def _check_supported(request: ChatRequest) -> None:
+    _check_tools(request)
     if request.n is not None and request.n > MAX_N:
         raise InvalidRequestError(f"n={request.n} is over the local engine's limit of {MAX_N}", "n")
     if request.logit_bias:

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict
 
 from local_engine.async_engine import AsyncEngine
 from local_engine.engine import Engine, EngineConfig
+from local_engine.errors import InvalidRequestError
 from local_engine.grammar import (
     Grammar,
     GrammarError,
@@ -590,6 +591,33 @@ def test_auto_keeps_a_tool_whose_schema_cannot_compile_by_name(
     assert _follows(tiny, grammar, _OSLO)
     assert not _follows(tiny, grammar, _OSLO.replace('"c"', '"kelvin"'))
     assert not _follows(tiny, grammar, loose.replace("convert", "get_time"))
+
+
+@pytest.mark.parametrize(
+    ("tools", "match"),
+    [
+        ([{"name": " ", "parameters": {"type": "object"}}], r"tools\[0\]\.function\.name must not"),
+        ([{"name": "f"}, {"name": "f"}], r"tools\[1\] repeats the name 'f'"),
+        ([{"name": "f", "parameters": {"type": "string"}}], "must be an object schema"),
+    ],
+    ids=["empty-name", "repeated-name", "non-object-parameters"],
+)
+def test_tools_a_model_cannot_be_asked_to_call_are_a_400(
+    tiny: TinyModel, tools: list[dict[str, Any]], match: str
+) -> None:
+    """As OpenAI answers: such a tool would be a call the parser drops, or a grammar that
+    runs to max_tokens."""
+    service = ChatService(tiny.engine())
+    request = ChatRequest.model_validate(
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"type": "function", "function": fn} for fn in tools],
+        }
+    )
+    with pytest.raises(InvalidRequestError, match=match) as raised:
+        service.prepare(request)
+    assert raised.value.param == "tools"
 
 
 def _lazy_grammar(trigger: int, schema: dict[str, Any]) -> Grammar:
