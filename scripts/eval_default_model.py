@@ -1,12 +1,13 @@
 """Held-out accuracy of the embedded default model, per task (greedy decoding).
 
 The held-out set is :func:`default_model_data.heldout_set` (60 conversations per generator,
-1,140 in all: the first 540 from the original generators, unchanged, then the general ones,
-``copy_chars``, ``structured_any`` and ``greeting`` last, so each added row left the rows
-before it as they were; drawn from their own seed and excluded from training). Each prompt
-goes through the engine's own request path (:class:`local_engine.chat.ChatFormatter` with
-the model's chat template and the JSON response-format instruction), is decoded greedily by
-the engine, and the reply is parsed as the local backend parses it (Hermes tool calls).
+1,200 in all: the first 540 from the original generators, unchanged, then the general ones,
+``copy_chars``, ``structured_any``, ``greeting`` and ``tool_text`` last, so each added row
+left the rows before it as they were; drawn from their own seed and excluded from
+training). Each prompt goes through the engine's own request path
+(:class:`local_engine.chat.ChatFormatter` with the model's chat template and the JSON
+response-format instruction), is decoded greedily by the engine, and the reply is parsed as
+the local backend parses it (Hermes tool calls).
 Columns:
 
 * ``exact``: the reply is exactly the expected one (a tool call with the same name and
