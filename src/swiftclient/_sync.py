@@ -20,6 +20,7 @@ import functools
 import os
 import queue
 import threading
+import time
 import weakref
 from collections.abc import (
     AsyncIterator,
@@ -71,6 +72,9 @@ _THREAD_NAME = "swiftclient-loop"
 #: untimed wait for as long as the call runs (seen as a rare hang of the Ctrl-C test). A
 #: timed wait wakes it, and taking the GIL back makes it see the pending signal.
 _SIGNAL_SLICE_S = 0.1
+#: How long close() waits, in all, for the loop's worker threads to end (work abandoned on
+#: cancellation may still be running there).
+_WORKER_JOIN_S = 30.0
 
 
 def _in_main_thread() -> bool:
@@ -301,9 +305,11 @@ class _Loop:
         # must not race them: a daemon thread inside torch's deallocator when the interpreter
         # finalizes aborts the process ("terminate called without an active exception").
         loop = getattr(self, "aloop", None)
+        me = threading.current_thread()
+        deadline = time.monotonic() + _WORKER_JOIN_S
         for thread in threading.enumerate():
-            if loop is not None and getattr(thread, "loop", None) is loop:
-                thread.join()
+            if loop is not None and thread is not me and getattr(thread, "loop", None) is loop:
+                thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def _settle(future: concurrent.futures.Future[Any], task: asyncio.Task[Any]) -> None:

@@ -308,6 +308,33 @@ def test_close_waits_for_the_loops_worker_threads() -> None:
         assert done.is_set()
 
 
+def test_close_waits_for_a_stuck_worker_thread_only_so_long(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Work abandoned on cancellation that never ends does not hold close() for ever."""
+    from swiftclient import _sync
+
+    monkeypatch.setattr(_sync, "_WORKER_JOIN_S", 0.2)
+    started, release = threading.Event(), threading.Event()
+    workers: list[threading.Thread] = []
+
+    def stuck() -> None:
+        workers.append(threading.current_thread())
+        started.set()
+        release.wait(60)  # on a close() that waits for it, the test fails after this
+
+    with fake() as provider:
+        client = Client(HTTPBackend(provider.base_url), model="m")
+        client._loop.submit(lambda: anyio.to_thread.run_sync(stuck, abandon_on_cancel=True))
+        assert started.wait(10)
+        try:
+            client.close()
+            assert client.closed and workers[0].is_alive()  # close() did not wait it out
+        finally:
+            release.set()
+            workers[0].join(10)
+
+
 def test_close_cancels_a_stream_another_thread_is_reading() -> None:
     with fake() as provider:
         client = Client(HTTPBackend(provider.base_url), model="m")
