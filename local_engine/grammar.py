@@ -100,6 +100,12 @@ _EXPLAINED: tuple[tuple[re.Pattern[str], str], ...] = (
         "a $ref points outside the schema ({0!r}); only references within the schema are followed",
     ),
     (re.compile(r"Invalid type: (.+)"), "{0!r} is not a JSON schema type"),
+    (
+        re.compile(r"oneOf constraints are not supported"),
+        "it uses oneOf with branches a value could match more than one of, which the local "
+        "engine cannot enforce (anyOf is supported, and so is oneOf over branches told apart "
+        "by a const, as pydantic's discriminated unions are)",
+    ),
     (re.compile(r"Unsatisfiable schema: (.+)"), "no JSON value satisfies it ({0})"),
     (re.compile(r"Expected (.+) for '([^']+)', got (.+)"), "{1} must be: {0} (got {2})"),
     (
@@ -352,7 +358,8 @@ def _call_schema(tool: ToolLike, arguments_key: str, defs: dict[str, Any]) -> di
             if defs.setdefault(key, {}).setdefault(name, definition) != definition:
                 raise GrammarError(
                     f"tools define {key}/{name} differently; "
-                    "forced tool calls need one meaning per definition name"
+                    "forced tool calls need one meaning per definition name",
+                    "tools",
                 )
     return {
         "type": "object",

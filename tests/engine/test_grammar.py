@@ -452,8 +452,9 @@ def test_tool_definitions_that_clash_are_a_grammar_error() -> None:
     assert other.function.parameters is not None
     other.function.parameters["$defs"] = {"Amount": {"type": "string"}}
     other.function.name = "convert2"
-    with pytest.raises(GrammarError, match="differently"):
+    with pytest.raises(GrammarError, match="differently") as raised:
         tool_call_grammar([CONVERT, other], tool_format="hermes")
+    assert raised.value.param == "tools"
 
 
 def test_which_requests_get_a_grammar(tiny: TinyModel) -> None:
@@ -769,6 +770,9 @@ _EXPLAINED_SCHEMAS = {
         "a $ref points at '#/$defs/gone', which the schema does not define"
     ),
     '{"type": "strin"}': "'strin' is not a JSON schema type",
+    '{"oneOf": [{"type": "string"}, {"type": "string", "maxLength": 3}]}': (
+        "it uses oneOf with branches a value could match more than one of"
+    ),
 }
 
 
