@@ -519,6 +519,7 @@ def request_grammar(
     *,
     added_tokens: Mapping[str, int] | None = None,
     check: Callable[[Grammar], object] | None = None,
+    auto: bool = True,
 ) -> Grammar | None:
     """The grammar a chat request's reply must follow, or None when it is free text.
 
@@ -526,7 +527,7 @@ def request_grammar(
     ``response_format``; with the ``"none"`` tool format it is not enforced. Otherwise a
     ``response_format`` grammar applies; without one, tools offered under
     ``tool_choice="auto"`` (or unset) get :func:`auto_tool_grammar`'s lazy grammar
-    (``check`` is passed on to it).
+    (``check`` is passed on to it) unless ``auto`` is False.
     """
     forced = _forced_tools(request.tools, request.tool_choice)
     if forced is not None and tool_format in ("hermes", "llama3"):
@@ -537,7 +538,7 @@ def request_grammar(
             added_tokens=added_tokens,
         )
     grammar = response_format_grammar(request.response_format)
-    if grammar is None and request.tools and request.tool_choice in (None, "auto"):
+    if grammar is None and auto and request.tools and request.tool_choice in (None, "auto"):
         return auto_tool_grammar(
             request.tools,
             tool_format=tool_format,

@@ -27,8 +27,9 @@ Mapping:
   model's context is shorter;
 - ``extra_body`` may carry vLLM's extensions ``top_k``, ``min_p``, ``min_tokens``,
   ``repetition_penalty``, ``ignore_eos`` and ``stop_token_ids``, and ``cache_salt``,
-  ``chat_template_kwargs`` and ``continuous_usage_stats`` (a streamed reply carries the
-  running usage on every chunk); any other key is ignored, as the HTTP server ignores an
+  ``chat_template_kwargs``, ``continuous_usage_stats`` (a streamed reply carries the
+  running usage on every chunk) and ``tool_grammar`` (``False``: no grammar for
+  ``tool_choice="auto"``); any other key is ignored, as the HTTP server ignores an
   unknown field (a warning names it, once per name);
 - the prefix-cache salt (which keeps tenants from sharing cached prompt blocks) is
   ``extra_body["cache_salt"]``, else ``user``. ``prompt_cache_key`` is a routing hint for
@@ -89,6 +90,7 @@ EXTRA_BODY_KEYS = frozenset(
         "cache_salt",
         "chat_template_kwargs",
         "continuous_usage_stats",
+        "tool_grammar",
     }
 )
 """The ``extra_body`` keys the local engine understands."""
@@ -152,7 +154,7 @@ def _extra(request: ChatRequest) -> dict[str, Any]:
             ", ".join(unknown),
             ", ".join(sorted(EXTRA_BODY_KEYS)),
         )
-    for flag in ("ignore_eos", "continuous_usage_stats"):
+    for flag in ("ignore_eos", "continuous_usage_stats", "tool_grammar"):
         if flag in extra and not isinstance(extra[flag], bool):
             param = "stream_options." + flag if flag == "continuous_usage_stats" else flag
             raise InvalidRequestError(f"extra_body[{flag!r}] must be a boolean", param)
@@ -334,7 +336,7 @@ class ChatService:
             prompt = self.formatter.prepare(request, max_bytes=limit)
         except RecursionError as exc:
             raise InvalidRequestError("the request nests too deeply to render") from exc
-        grammar = self._grammar(request, prompt)
+        grammar = self._grammar(request, prompt, auto=extra.get("tool_grammar", True))
         params = self._params(
             request, extra, len(prompt.token_ids), grammar, self._markup_ids(prompt)
         )
@@ -384,7 +386,9 @@ class ChatService:
         engine's request errors are InvalidRequestErrors); leaving the block aborts it."""
         return _add(source, prepared)
 
-    def _grammar(self, request: ChatRequest, prompt: ChatPrompt) -> Grammar | None:
+    def _grammar(
+        self, request: ChatRequest, prompt: ChatPrompt, *, auto: bool = True
+    ) -> Grammar | None:
         """The reply's grammar, compiled (and cached) for the engine's tokenizer here, in the
         worker thread, so the engine only copies it."""
         structured = self.engine.structured
@@ -393,6 +397,7 @@ class ChatService:
             prompt.tool_format,
             added_tokens=self.tokenizer.added_tokens,
             check=structured.compile if structured is not None else None,
+            auto=auto,
         )
         if grammar is not None and structured is not None:
             structured.compile(grammar)  # cached: "auto"'s grammar was compiled by its check

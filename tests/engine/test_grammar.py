@@ -621,6 +621,19 @@ def test_tools_a_model_cannot_be_asked_to_call_are_a_400(
     assert raised.value.param == "tools"
 
 
+def test_extra_body_tool_grammar_false_turns_the_auto_grammar_off(tiny: TinyModel) -> None:
+    """A caller whose model writes calls the grammar would bend can turn "auto"'s grammar
+    off per request; a forced call keeps its grammar."""
+    service = ChatService(tiny.engine())
+    assert service.prepare(_chat("auto")).params.grammar is not None
+    off = service.prepare(_chat("auto", extra_body={"tool_grammar": False}))
+    assert off.params.grammar is None
+    forced = service.prepare(_chat("required", extra_body={"tool_grammar": False}))
+    assert forced.params.grammar is not None and forced.params.grammar.kind == "tool_call"
+    with pytest.raises(InvalidRequestError, match="must be a boolean"):
+        service.prepare(_chat("auto", extra_body={"tool_grammar": "no"}))
+
+
 def _lazy_grammar(trigger: int, schema: dict[str, Any]) -> Grammar:
     """A lazy grammar: after its ``trigger`` token, a newline and a JSON value of ``schema``."""
     import llguidance
