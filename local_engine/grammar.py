@@ -21,8 +21,9 @@ OpenAI request fields:
   until the model samples ``<tool_call>`` (its *trigger*, :attr:`Grammar.trigger`). Until then
   the reply is free text, decoded without a mask; once the model opens a call, the call must
   name an offered tool and give arguments valid under its schema; further calls, or free
-  text, may follow it. A tool schema the grammar compiler refuses leaves the reply unconstrained
-  instead of failing the request (an ``auto`` request never needed a grammar).
+  text, may follow it. A tool whose schema the grammar compiler refuses keeps its name with
+  any object for its arguments instead of failing the request (an ``auto`` request never
+  needed a grammar).
 
 JSON is generated without free whitespace, with ``", "`` and ``": "`` separators (what
 ``json.dumps`` and the chat templates write), so a reply cannot pad itself with blanks.
@@ -279,17 +280,9 @@ _SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
 _OPEN_KEYS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
 # Keywords beside ``properties`` whose subschemas may add keys of their own: closing the
 # object would refuse those keys (``additionalProperties`` sees only its own ``properties``).
-_ADDING_KEYS = (
-    "anyOf",
-    "oneOf",
-    "allOf",
-    "if",
-    "then",
-    "else",
-    "dependentSchemas",
-    "dependencies",
-    "$ref",
-)
+# Those whose subschemas are branches that see the object's own keys too.
+_BRANCH_KEYS = ("anyOf", "oneOf", "if", "then", "else")
+_ADDING_KEYS = (*_BRANCH_KEYS, "allOf", "dependentSchemas", "dependencies", "$ref")
 
 
 def closed_objects(schema: Any, *, close: bool = True) -> Any:
@@ -309,13 +302,12 @@ def closed_objects(schema: Any, *, close: bool = True) -> Any:
     # The branches of an object that lists properties itself stay open at their top: the
     # object's own keys appear in every branch's view of the value.
     own = isinstance(node.get("properties"), Mapping)
-    adding = ("if", "then", "else", "anyOf", "oneOf")
     for key in _SUBSCHEMA:
         if isinstance(node.get(key), Mapping | list):
-            node[key] = closed_objects(node[key], close=not (own and key in adding))
+            node[key] = closed_objects(node[key], close=not (own and key in _BRANCH_KEYS))
     for key in _SUBSCHEMA_LISTS:
         if isinstance(node.get(key), list):
-            branch = own and key in adding
+            branch = own and key in _BRANCH_KEYS
             node[key] = [closed_objects(item, close=not branch) for item in node[key]]
     for key in _SUBSCHEMA_MAPS:
         if isinstance(node.get(key), Mapping):
@@ -464,20 +456,22 @@ def auto_tool_grammar(
     if not tools or tool_format != "hermes" or trigger is None:
         return None
 
-    def build(chosen: Sequence[ToolLike]) -> Grammar | None:
-        calls = tool_call_grammar(
-            chosen, tool_format=tool_format, parallel=parallel, added_tokens=added_tokens, tail=True
-        )
-        grammar = Grammar(calls.text, "tool_call_auto", trigger)
-        if check is not None:
-            check(grammar)
-        return grammar
-
     def compiles(chosen: Sequence[ToolLike]) -> Grammar | None:
+        """The grammar for ``chosen``, or None when it does not compile."""
         try:
-            return build(chosen)
+            calls = tool_call_grammar(
+                chosen,
+                tool_format=tool_format,
+                parallel=parallel,
+                added_tokens=added_tokens,
+                tail=True,
+            )
+            grammar = Grammar(calls.text, "tool_call_auto", trigger)
+            if check is not None:
+                check(grammar)
         except ValueError:  # GrammarError is a ValueError
             return None
+        return grammar
 
     try:
         whole = compiles(tools)
