@@ -247,6 +247,22 @@ class StreamOptions(BaseModel):
     include_usage: bool | None = None
 
 
+def _tool_choice_hint(value: dict[str, Any]) -> str:
+    """Why a ``tool_choice`` object without ``function`` is refused, and what to send."""
+    kind, name = value.get("type"), value.get("name")
+    named = f"{{'type': 'function', 'function': {{'name': {name!r}}}}}"
+    if isinstance(name, str) and kind in ("tool", "function"):
+        wire = "Anthropic Messages" if kind == "tool" else "OpenAI Responses"
+        return f"tool_choice {value!r} is the {wire} form; Chat Completions takes {named}"
+    plain = {"any": "required", "auto": "auto", "none": "none", "required": "required"}
+    if isinstance(kind, str) and kind in plain:
+        return f"tool_choice {value!r} is not this wire's form; pass the string {plain[kind]!r}"
+    return (
+        f"tool_choice {value!r} is not valid: pass 'none', 'auto', 'required' or "
+        "{'type': 'function', 'function': {'name': ...}}"
+    )
+
+
 class ChatRequest(BaseModel):
     """A chat-completion request, as sent on the wire.
 
@@ -288,6 +304,14 @@ class ChatRequest(BaseModel):
     def _non_empty(cls, value: list[Message]) -> list[Message]:
         if not value:
             raise ValueError("messages must hold at least one message")
+        return value
+
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _tool_choice_shape(cls, value: Any) -> Any:
+        # A dict without "function" may be another wire's form: say which, and this wire's.
+        if isinstance(value, dict) and "function" not in value:
+            raise ValueError(_tool_choice_hint(value))
         return value
 
     @field_validator("tool_choice")

@@ -315,6 +315,29 @@ async def test_a_tool_choice_without_its_tool_is_refused_before_sending(
     assert sent == ["auto", "none", "required", chosen]
 
 
+@pytest.mark.parametrize(
+    ("choice", "fragment"),
+    [
+        ({"type": "tool", "name": "get_weather"}, "is the Anthropic Messages form"),
+        ({"type": "function", "name": "get_weather"}, "is the OpenAI Responses form"),
+        ({"type": "any"}, "pass the string 'required'"),
+        ({"type": "auto"}, "pass the string 'auto'"),
+        ({"name": "get_weather"}, "pass 'none', 'auto', 'required' or"),
+    ],
+)
+async def test_another_wires_tool_choice_is_refused_with_this_wires_form(
+    choice: dict[str, Any], fragment: str
+) -> None:
+    script = Script()
+    async with scripted_client(script) as client:
+        with pytest.raises(ConfigurationError) as raised:
+            await client.chat("x", tools=[_TOOL], tool_choice=choice)
+    assert fragment in str(raised.value)
+    if choice.get("type") in ("tool", "function"):
+        assert "{'type': 'function', 'function': {'name': 'get_weather'}}" in str(raised.value)
+    assert not script.requests
+
+
 @over_transports
 async def test_non_streamed_path() -> None:
     import httpx

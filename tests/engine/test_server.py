@@ -396,6 +396,22 @@ async def test_a_tool_choice_without_its_tool_is_400_as_on_openai(
     assert (await served.http.get("/health")).status_code == 200
 
 
+async def test_another_wires_tool_choice_is_400_naming_this_wires_form(served: Served) -> None:
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    for choice, fragment in (
+        ({"type": "tool", "name": "f"}, "is the Anthropic Messages form"),
+        ({"type": "function", "name": "f"}, "is the OpenAI Responses form"),
+        ({"type": "any"}, "pass the string 'required'"),
+    ):
+        body = {"model": "tiny-test", "messages": HI, "tools": tools, "tool_choice": choice}
+        response = await served.http.post("/v1/chat/completions", json=body)
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == "tool_choice" and fragment in error["message"]
+    await served.settle()
+    assert (await served.http.get("/health")).status_code == 200
+
+
 async def test_prompt_longer_than_the_context_is_400(served: Served) -> None:
     long: Any = [{"role": "user", "content": "word " * 6000}]
     with pytest.raises(openai.BadRequestError, match="max_model_len"):
