@@ -2,7 +2,7 @@
 
 ``swift-tiny`` (:data:`DEFAULT_MODEL_NAME`) is the model the local engine loads when no model
 is named. It is trained (by ``scripts/train_default_model.py``, on synthetic data) and its
-files ship inside this package in ``local_engine/models/swift-tiny``: about 3.2M parameters
+files ship inside this package in ``local_engine/models/swift-tiny``: about 2.9M parameters
 trained to call three built-in tools, answer in JSON, copy and lightly edit short texts and
 make small talk; it has learned the formats better than the content (docs/local-engine.md
 has its measured accuracy).

@@ -2,11 +2,12 @@
 onwards from an earlier model directory (``--init``).
 
 Reproducible: the data (scripts/default_model_data.py), the tokenizer, the initial weights
-and the batch order all come from fixed seeds. Runs on CPU (the shipped weights, this
-script's defaults, took 54.8 minutes on one thread of the 2-core development machine,
-``taskset -c 1 ... --threads 1``: while another process holds a core, two threads run
-several times slower than one) or on a GPU when one is present. The forward pass runs
-under bfloat16 autocast and, unless ``--no-compile``, through ``torch.compile``.
+and the batch order all come from fixed seeds. Runs on CPU (the shipped weights, two runs
+of this script given under Usage, took 54.6 and 4.7 minutes on one thread of the 2-core
+development machine, ``taskset -c 1 ... --threads 1``: while another process holds a core,
+two threads run several times slower than one) or on a GPU when one is present. The
+forward pass runs under bfloat16 autocast and, unless ``--no-compile``, through
+``torch.compile``.
 
 Steps: generate synthetic chat conversations (tool calls, tool follow-ups, JSON extraction,
 structured output, copy and light edits, sessions, greetings and canned facts), render them
@@ -21,7 +22,14 @@ bfloat16, ``tokenizer.json``, ``tokenizer_config.json`` with the chat template,
 
 Usage::
 
-    .venv/bin/python scripts/train_default_model.py --threads 1  # the shipped weights
+    # the shipped weights: run O from scratch, then run P6 onwards from it
+    .venv/bin/python scripts/train_default_model.py --threads 1 --vocab-size 1024 \
+        --max-len 1024 --steps 3700 --conversations 110000 --mix "chat=1,tool_text=0.5" \
+        --seed 7 --out /tmp/O
+    .venv/bin/python scripts/train_default_model.py --threads 1 --init /tmp/O \
+        --mix "chat=1,tool_text=0.5,greeting=2,tool_call=5,tool_call_general=9" \
+        --steps 300 --conversations 10000 --lr 1e-3 --warmup 20 --seed 2916
+    .venv/bin/python scripts/train_default_model.py --threads 1  # the defaults: run F
     # onwards from earlier weights on the current mix (--mix "name=weight,..." reweighs
     # tasks): run A of docs/local-engine.md (measured there, not shipped)
     .venv/bin/python scripts/train_default_model.py --threads 1 --no-compile \
@@ -690,16 +698,35 @@ def save(
             "do_sample": False,
         },
     )
-    write_json(
-        out / "training.json",
-        {
-            "config": recorded(cfg),
-            "parameters": params,
-            "minutes": round(minutes, 1),
-            "device": device.type,
-        },
-    )
-    (out / "README.md").write_text(model_card(cfg, params), encoding="utf-8")
+    earlier = earlier_run(cfg.init)
+    record: dict[str, Any] = {
+        "config": run_settings(cfg, earlier),
+        "parameters": params,
+        "minutes": round(minutes, 1),
+        "device": device.type,
+    }
+    if earlier is not None:  # the run this one continued, and so on back to the first
+        record["earlier"] = earlier
+    write_json(out / "training.json", record)
+    (out / "README.md").write_text(model_card(cfg, params, earlier), encoding="utf-8")
+
+
+def run_settings(cfg: TrainConfig, earlier: dict[str, Any] | None) -> dict[str, Any]:
+    """The settings recorded for a run: :func:`recorded`, with the vocabulary size of the
+    tokenizer a ``--init`` run keeps (``earlier``'s) rather than the unused option."""
+    settings = recorded(cfg)
+    if earlier is not None:
+        settings["vocab_size"] = earlier["config"]["vocab_size"]
+    return settings
+
+
+def earlier_run(init: str) -> dict[str, Any] | None:
+    """The ``training.json`` of the run ``init`` names (None when it has none, or no init)."""
+    path = Path(init) / "training.json" if init else None
+    if path is None or not path.is_file():
+        return None
+    record: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return record
 
 
 def write_json(path: Path, value: dict[str, Any]) -> None:
@@ -707,8 +734,9 @@ def write_json(path: Path, value: dict[str, Any]) -> None:
     path.write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def model_card(cfg: TrainConfig, params: int) -> str:
-    """The README.md of the model directory."""
+def model_card(cfg: TrainConfig, params: int, earlier: dict[str, Any] | None = None) -> str:
+    """The README.md of the model directory (``earlier``: the ``training.json`` of the run
+    this one continued, with ``--init``)."""
     spec = cfg.spec()
     mix = data.task_weights(cfg.mix)
     return (
@@ -725,20 +753,32 @@ def model_card(cfg: TrainConfig, params: int) -> str:
         "unicode), sessions of up to six turns, greetings and canned facts. It knows nothing\n"
         "else. `scripts/eval_default_model.py` measures it per task, and docs/local-engine.md\n"
         "has the tables.\n\n"
-        + (
-            f"This run continued from the weights and tokenizer in `{cfg.init}` when it started\n"
-            "(the previous weights, trained from scratch by this script on its earlier data).\n\n"
-            if cfg.init
-            else ""
-        )
+        + _continued(cfg.init, earlier)
         + (
             f"The first {cfg.copy_warmup} steps trained on synthetic copy sequences only (random\n"
             "token ids, repeated after a separator) before the task mix.\n\n"
             if cfg.copy_warmup
             else ""
         )
-        + f"Training settings: `{json.dumps(recorded(cfg))}`.\n\n"
+        + f"Training settings: `{json.dumps(run_settings(cfg, earlier))}`.\n\n"
         f"Task mix (sampling weights of the generated conversations): `{json.dumps(mix)}`.\n"
+    )
+
+
+def _continued(init: str, earlier: dict[str, Any] | None) -> str:
+    """The model card's paragraph on the run a ``--init`` run continued."""
+    if not init:
+        return ""
+    if earlier is None:
+        return (
+            f"This run continued from the weights and tokenizer in `{init}` when it started\n"
+            "(the previous weights, trained from scratch by this script on its earlier data).\n\n"
+        )
+    how = "onwards from earlier weights" if earlier["config"].get("init") else "from scratch"
+    return (
+        "This run continued from the weights and tokenizer of an earlier run of this script,\n"
+        f"trained {how} ({earlier['minutes']} minutes) with the settings\n"
+        f"`{json.dumps(earlier['config'])}`; `training.json` records both runs.\n\n"
     )
 
 

@@ -9,6 +9,7 @@ model's files.
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -92,3 +93,30 @@ def test_warmup_off_records_the_settings_as_before(train: ModuleType) -> None:
     on = train.recorded(train.TrainConfig(copy_warmup=400, copy_pool=256))
     assert on["copy_warmup"] == 400 and on["copy_pool"] == 256
     assert {k: v for k, v in on.items() if k not in train.COPY_FIELDS} == off
+
+
+def test_a_continued_run_records_the_run_it_continued(train: ModuleType, tmp_path: Path) -> None:
+    first = train.recorded(train.TrainConfig(vocab_size=1024, seed=7))
+    (tmp_path / "training.json").write_text(
+        json.dumps({"config": first, "parameters": 1, "minutes": 54.6, "device": "cpu"})
+    )
+    cfg = train.TrainConfig(init=str(tmp_path), steps=300, seed=2916)
+    earlier = train.earlier_run(cfg.init)
+    assert earlier is not None and earlier["config"] == first
+    # The run keeps the earlier tokenizer: its size is recorded, not the unused option's.
+    settings = train.run_settings(cfg, earlier)
+    assert settings["vocab_size"] == 1024 and settings["seed"] == 2916
+    card = train.model_card(cfg, 2_866_368, earlier)
+    assert "trained from scratch (54.6 minutes)" in card
+    assert json.dumps(first) in card and json.dumps(settings) in card
+    assert str(tmp_path) not in card.split("Training settings")[0]
+    # No record to read (an init directory from elsewhere, or no init): the path alone.
+    assert train.earlier_run(str(tmp_path / "missing")) is None and train.earlier_run("") is None
+    assert train.run_settings(cfg, None) == train.recorded(cfg)
+
+
+def test_the_shipped_model_card_is_the_one_the_script_writes(train: ModuleType) -> None:
+    record = json.loads((MODEL / "training.json").read_text(encoding="utf-8"))
+    cfg = train.TrainConfig(**record["config"])
+    card = train.model_card(cfg, record["parameters"], record.get("earlier"))
+    assert (MODEL / "README.md").read_text(encoding="utf-8") == card
