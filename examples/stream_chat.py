@@ -7,7 +7,8 @@ timing. The first line says which backend and model answer.
 By default it runs fully offline on the bundled local engine with the embedded default
 model, ``swift-tiny``: a 2.9M-parameter model trained to call exactly these tools, whose
 calls are well formed and whose arguments are right 93-100% of the time on held-out
-questions (docs/local-engine.md has its measured accuracy). Provider variables in the shell
+questions and 68% on questions phrased apart from its training data (docs/local-engine.md
+has its measured accuracy). Provider variables in the shell
 (``OPENAI_API_KEY``, ``SWIFTCLIENT_PROVIDER``...) are NOT used: a hosted provider, whose
 calls may be billed, runs only when asked for by name with ``SWIFTCLIENT_DEMO_PROVIDER``:
 a preset (``openai``, ``oxlo``, ``deepseek``, ``vllm``, ``sglang``; the key from the

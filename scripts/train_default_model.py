@@ -3,7 +3,7 @@ onwards from an earlier model directory (``--init``).
 
 Reproducible: the data (scripts/default_model_data.py), the tokenizer, the initial weights
 and the batch order all come from fixed seeds. Runs on CPU (the shipped weights, two runs
-of this script given under Usage, took 54.6 and 4.7 minutes on one thread of the 2-core
+of this script given under Usage, took 54.6 and 5.5 minutes on one thread of the 2-core
 development machine, ``taskset -c 1 ... --threads 1``: while another process holds a core,
 two threads run several times slower than one) or on a GPU when one is present. The
 forward pass runs under bfloat16 autocast and, unless ``--no-compile``, through
@@ -22,13 +22,13 @@ bfloat16, ``tokenizer.json``, ``tokenizer_config.json`` with the chat template,
 
 Usage::
 
-    # the shipped weights: run O from scratch, then run P6 onwards from it
+    # the shipped weights: run O from scratch, then run P9 onwards from it
     .venv/bin/python scripts/train_default_model.py --threads 1 --vocab-size 1024 \
         --max-len 1024 --steps 3700 --conversations 110000 --mix "chat=1,tool_text=0.5" \
         --seed 7 --out /tmp/O
     .venv/bin/python scripts/train_default_model.py --threads 1 --init /tmp/O \
         --mix "chat=1,tool_text=0.5,greeting=2,tool_call=5,tool_call_general=9" \
-        --steps 300 --conversations 10000 --lr 1e-3 --warmup 20 --seed 2916
+        --steps 300 --conversations 10000 --lr 1e-3 --warmup 20 --seed 2919
     .venv/bin/python scripts/train_default_model.py --threads 1  # the defaults: run F
     # onwards from earlier weights on the current mix (--mix "name=weight,..." reweighs
     # tasks): run A of docs/local-engine.md (measured there, not shipped)
