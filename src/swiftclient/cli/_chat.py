@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import inspect
 import json
 import signal
 import sys
@@ -172,8 +171,7 @@ def _only_model(options: TargetOptions) -> str:
     async def fetch() -> list[str]:
         try:
             # One model served under two names (the local server's "default") is one model.
-            takes = "aliases" in inspect.signature(lister).parameters
-            names: list[str] = await (lister(aliases=False) if takes else lister())
+            names: list[str] = await lister(aliases=False)
         finally:
             await backend.aclose()
         return names
