@@ -257,7 +257,10 @@ class ChatFormatter:
 
 
 def _final_reason(finish_reason: str | None, parsed: ParsedOutput) -> str | None:
-    return "tool_calls" if parsed.tool_calls and finish_reason == "stop" else finish_reason
+    """``finish_reason``, or "tool_calls" when the model stopped after whole calls (never for
+    a call cut short: the reason it was cut stays)."""
+    done = parsed.tool_calls and not parsed.partial and finish_reason == "stop"
+    return "tool_calls" if done else finish_reason
 
 
 def build_completion(
@@ -273,16 +276,19 @@ def build_completion(
     created: int | None = None,
     predictions: tuple[int, int] | None = None,
     markup_format: ToolCallFormat = "none",
+    stop_string: str | None = None,
 ) -> ChatCompletion:
     """A complete response for generated ``text``, with tool calls parsed out of it.
 
     ``finish_reason`` is the engine's ("stop", "length", ...); it becomes "tool_calls" when
-    the model stopped after calling tools. With no tools offered (``tool_format`` "none"),
-    tool-call markup in ``markup_format`` is removed from the text, never returned as content.
+    the model stopped after calling tools. A call cut short (at "length", or by the
+    ``stop_string`` that ended the text) is returned with the arguments generated so far and
+    the reason it was cut. With no tools offered (``tool_format`` "none"), tool-call markup in
+    ``markup_format`` is removed from the text, never returned as content.
     """
     if tool_format == "none" and markup_format != "none":
         text = strip_tool_markup(text, markup_format)
-    parsed = parse_tool_calls(text, tool_format)
+    parsed = parse_tool_calls(text, tool_format, cut=_cut(finish_reason, stop_string))
     message = AssistantMessage(content=parsed.content, tool_calls=parsed.tool_calls or None)
     return ChatCompletion(
         id=completion_id or new_completion_id(),
@@ -291,6 +297,11 @@ def build_completion(
         choices=[Choice(message=message, finish_reason=_final_reason(finish_reason, parsed))],
         usage=make_usage(prompt_tokens, completion_tokens, cached_tokens, predictions),
     )
+
+
+def _cut(finish_reason: str | None, stop_string: str | None) -> bool:
+    """Did the reply end before the model ended it (its token limit, or a stop string)?"""
+    return finish_reason == "length" or stop_string is not None
 
 
 class CompletionStream:
@@ -345,9 +356,12 @@ class CompletionStream:
         cached_tokens: int = 0,
         include_usage: bool = False,
         predictions: tuple[int, int] | None = None,
+        stop_string: str | None = None,
     ) -> list[ChatCompletionChunk]:
-        """The closing chunks: held content, tool calls, finish reason, then usage if asked."""
-        parsed = self._tools.finish()
+        """The closing chunks: held content, tool calls, finish reason, then usage if asked
+        (``stop_string``: the one that ended the text; a call it or "length" cut short is sent
+        as :func:`build_completion` returns it)."""
+        parsed = self._tools.finish(cut=_cut(finish_reason, stop_string))
         if self._markup != "none":  # no tools were offered: drop the calls and their markup
             content = strip_tool_markup(parsed.content or "", self._markup)
             parsed = ParsedOutput(content=content or None, tool_calls=[])

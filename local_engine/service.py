@@ -460,6 +460,7 @@ class ChatService:
                 tool_format=prepared.prompt.tool_format,
                 predictions=_predictions(out),
                 markup_format=prepared.prompt.markup_format,
+                stop_string=out.stop_string,
             )
             choice = completion.choices[0]
             choice.index = index
@@ -728,6 +729,7 @@ class ChatChunks:
             out.finish_reason,
             prompt_tokens=out.num_prompt_tokens,
             completion_tokens=out.num_generated_tokens,
+            stop_string=out.stop_string,
         )
         if out.stop_string is not None:  # on the finish chunk: which stop string ended it
             for chunk in closing:

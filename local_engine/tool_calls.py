@@ -6,7 +6,10 @@
   ``<|python_tag|>``; several calls may be separated by ``;`` or given as a JSON list.
 * ``"none"``: no parsing; all text is content.
 
-Malformed calls are never an error: their text stays in the content. :class:`ToolCallStream`
+Malformed calls are never an error: their text stays in the content. A call cut short (the
+reply ended at ``max_tokens`` or a stop string inside it) is returned as a call whose
+``arguments`` are the text generated so far, as OpenAI returns one (the finish reason says it
+was cut), once its name is whole; before that, its markup is dropped. :class:`ToolCallStream`
 does the same parsing on a stream of text deltas, passing content through as it comes and
 holding back only what may be the start of a tool call.
 """
@@ -87,10 +90,44 @@ def check_tool_format(value: str) -> ToolCallFormat:
 
 @dataclass
 class ParsedOutput:
-    """Model output split into content and tool calls."""
+    """Model output split into content and tool calls (``partial``: the last call was cut
+    short, so its ``arguments`` are incomplete JSON)."""
 
     content: str | None
     tool_calls: list[ToolCall] = field(default_factory=list)
+    partial: bool = False
+
+
+# The start of a call cut short: its name whole, then what followed it.
+_CUT_CALL = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*(?:,\s*(.*))?', re.DOTALL)
+_ARGUMENT_KEYS = ('"arguments"', '"parameters"')
+
+
+def _cut_call(text: str, *, named_arguments: bool = False) -> ToolCall | None:
+    """The call whose JSON ``text`` was cut short, when its name is whole (and, with
+    ``named_arguments``, its arguments key too): its ``arguments`` are the text generated so
+    far (the model's own, not re-encoded; empty when the cut came before them)."""
+    match = _CUT_CALL.fullmatch(text)
+    if match is None:
+        return None
+    rest = match.group(2) or ""
+    key = next((k for k in _ARGUMENT_KEYS if rest.startswith(k)), None)
+    if key is not None:
+        colon = rest[len(key) :].lstrip()
+        if colon and not colon.startswith(":"):
+            return None
+        arguments = colon[1:].strip()
+    elif named_arguments or not any(k.startswith(rest) for k in _ARGUMENT_KEYS):
+        return None  # something else follows the name (or nothing names the arguments)
+    else:
+        arguments = ""
+    try:
+        name = json.loads(match.group(1))
+    except ValueError:
+        return None
+    if not name:
+        return None
+    return ToolCall(id=new_tool_call_id(), function=FunctionCall(name=name, arguments=arguments))
 
 
 def _make_call(obj: Any, argument_keys: tuple[str, ...]) -> ToolCall | None:
@@ -113,35 +150,50 @@ def _make_call(obj: Any, argument_keys: tuple[str, ...]) -> ToolCall | None:
     return ToolCall(id=new_tool_call_id(), function=FunctionCall(name=obj["name"], arguments=text))
 
 
-def _parse_hermes(captured: str) -> ParsedOutput:
-    """Parse text that starts at the first ``<tool_call>``."""
+def _parse_hermes(captured: str, cut: bool = False) -> ParsedOutput:
+    """Parse text that starts at the first ``<tool_call>`` (``cut``: the reply was cut short,
+    so an unclosed last block is a call cut short, or markup to drop)."""
     calls: list[ToolCall] = []
     kept: list[str] = []
     pos = 0
+    partial = False
     for match in _HERMES_BLOCK.finditer(captured):
         try:
             call = _make_call(json.loads(match.group(1)), ("arguments", "parameters"))
         except ValueError:
             call = None
+        unclosed = match.end() == len(captured) and not match.group(0).endswith(_HERMES_CLOSE)
+        if call is None and cut and unclosed:
+            call = _cut_call(match.group(1))
+            partial = call is not None
+            if call is None:  # cut before its name was whole: the markup is dropped
+                kept.append(captured[pos : match.start()])
+                pos = match.end()
+                continue
         if call is None:
             continue  # malformed: its text stays in the content
         kept.append(captured[pos : match.start()])
         pos = match.end()
         calls.append(call)
-    if not calls:
-        return ParsedOutput(content=captured or None)
     kept.append(captured[pos:])
-    return ParsedOutput(content="".join(kept).strip() or None, tool_calls=calls)
+    content = "".join(kept)
+    if not calls:
+        return ParsedOutput(content=content or None)
+    return ParsedOutput(content=content.strip() or None, tool_calls=calls, partial=partial)
 
 
-def _parse_llama3(captured: str) -> ParsedOutput:
-    """Parse a reply that starts (after whitespace) with ``{``, ``[`` or ``<|python_tag|>``."""
+def _parse_llama3(captured: str, cut: bool = False) -> ParsedOutput:
+    """Parse a reply that starts (after whitespace) with ``{``, ``[`` or ``<|python_tag|>``
+    (``cut``: the reply was cut short, so a last object that names a call and its parameters
+    is a call cut short; a reply in this format may also be plain JSON, so nothing is
+    dropped)."""
     body = captured.strip()
     if body.startswith(_PYTHON_TAG):
         body = body[len(_PYTHON_TAG) :].lstrip()
     decoder = json.JSONDecoder()
     objects: list[Any] = []
     pos = 0
+    last: ToolCall | None = None
     try:
         while pos < len(body):
             value, pos = decoder.raw_decode(body, pos)
@@ -149,25 +201,29 @@ def _parse_llama3(captured: str) -> ParsedOutput:
             while pos < len(body) and (body[pos].isspace() or body[pos] == ";"):
                 pos += 1
     except ValueError:
-        return ParsedOutput(content=captured or None)
+        last = _cut_call(body[pos:], named_arguments=True) if cut else None
+        if last is None:
+            return ParsedOutput(content=captured or None)
     calls = [_make_call(obj, ("parameters", "arguments")) for obj in objects]
-    if not calls or any(call is None for call in calls):
+    if not (calls or last) or any(call is None for call in calls):
         return ParsedOutput(content=captured or None)
-    return ParsedOutput(content=None, tool_calls=[c for c in calls if c is not None])
+    found = [c for c in calls if c is not None] + ([last] if last else [])
+    return ParsedOutput(content=None, tool_calls=found, partial=last is not None)
 
 
-def parse_tool_calls(text: str, fmt: ToolCallFormat) -> ParsedOutput:
-    """Split a complete model reply into content and tool calls (never raises on bad JSON).
+def parse_tool_calls(text: str, fmt: ToolCallFormat, *, cut: bool = False) -> ParsedOutput:
+    """Split a complete model reply into content and tool calls (never raises on bad JSON;
+    ``cut``: the reply ended at its token limit or a stop string, see the module's notes).
 
     The result is what :class:`ToolCallStream` yields for the same text fed in one piece.
     """
     stream = ToolCallStream(fmt)
     shown = stream.feed(text)
-    end = stream.finish()
+    end = stream.finish(cut=cut)
     content = shown + (end.content or "")
     if end.tool_calls and not content.strip():
-        return ParsedOutput(content=None, tool_calls=end.tool_calls)
-    return ParsedOutput(content=content or None, tool_calls=end.tool_calls)
+        content = ""
+    return ParsedOutput(content=content or None, tool_calls=end.tool_calls, partial=end.partial)
 
 
 class ToolCallStream:
@@ -235,8 +291,9 @@ class ToolCallStream:
             return ""
         return text
 
-    def finish(self) -> ParsedOutput:
-        """End the stream: the content not yet returned by :meth:`feed`, and the tool calls."""
+    def finish(self, *, cut: bool = False) -> ParsedOutput:
+        """End the stream: the content not yet returned by :meth:`feed`, and the tool calls
+        (``cut``: the reply ended at its token limit or a stop string)."""
         if not self._capturing:
             rest, self._pending = self._pending, ""
             return ParsedOutput(content=rest or None)
@@ -244,6 +301,9 @@ class ToolCallStream:
         captured, self._captured = self._captured, ""
         if self.format == "hermes":
             start = captured.find(_HERMES_OPEN)
-            parsed = _parse_hermes(captured[start:])
-            return parsed if parsed.tool_calls else ParsedOutput(content=captured or None)
-        return _parse_llama3(captured)
+            parsed = _parse_hermes(captured[start:], cut)
+            if parsed.tool_calls:
+                return parsed
+            content = captured[:start] + (parsed.content or "")
+            return ParsedOutput(content=content if content.strip() else None)
+        return _parse_llama3(captured, cut)

@@ -431,6 +431,23 @@ def test_builtin_tools_stop_after_the_round_limit(
     assert len(bodies[-1]["messages"]) == 1 + 2 * MAX_TOOL_ROUNDS
 
 
+def test_builtin_tools_do_not_run_a_call_cut_at_the_token_limit(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reply that ended at ``max_tokens`` inside a call (``finish_reason`` "length") is not
+    run with arguments the model never finished: stderr says why, and the turn ends."""
+    clear_provider_env(monkeypatch)
+    call = [("get_weather", {"city": "Pa"})]
+    with FakeProvider().run_in_thread() as fake:
+        fake.script(Reply(tool_calls=call, finish_reason="length"), Reply(text="unused"))
+        argv = ["chat", "--base-url", fake.base_url, "-m", "m", "--builtin-tools", "Paris?"]
+        assert main(argv) == 0
+        assert len(fake.requests) == 1
+    lines = err_lines(capsys.readouterr().err)
+    assert not any(line.startswith("[tool] get_weather(") for line in lines)
+    assert any("not run" in line and "get_weather" in line for line in lines), lines
+
+
 def test_builtin_tools_without_the_local_extra_is_a_usage_error(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -506,6 +506,93 @@ def test_hermes_keeps_malformed_block_next_to_good_one() -> None:
     assert parsed.content == "<tool_call>{broken}</tool_call>"
 
 
+@pytest.mark.parametrize(
+    ("text", "content", "calls"),
+    [
+        ('Sure. <tool_call>\n{"na', "Sure. ", []),  # the name not whole: markup dropped
+        ('<tool_call>{"name": "get_wea', None, []),
+        ('<tool_call>{"name": "get_weather"', None, [("get_weather", "")]),
+        ('<tool_call>{"name": "get_weather", "argu', None, [("get_weather", "")]),
+        ('<tool_call>{"name": "f", "arguments": {"city": "Pa', None, [("f", '{"city": "Pa')]),
+        ('<tool_call>{"name": "f", "parameters": {"a": 1}', None, [("f", '{"a": 1}')]),
+        (
+            '<tool_call>{"name": "a", "arguments": {}}</tool_call>\n<tool_call>{"name": "b", '
+            '"arguments": {"x": [1',
+            None,
+            [("a", "{}"), ("b", '{"x": [1')],
+        ),
+        # what follows the name is not its arguments: not a call (the markup is dropped)
+        ('Hm. <tool_call>{"name": "f", "city": "Pa', "Hm. ", []),
+    ],
+)
+def test_a_hermes_call_cut_short_keeps_its_arguments_so_far(
+    text: str, content: str | None, calls: list[tuple[str, str]]
+) -> None:
+    parsed = parse_tool_calls(text, "hermes", cut=True)
+    assert (
+        parsed.content,
+        [(c.function.name, c.function.arguments) for c in parsed.tool_calls],
+    ) == (
+        content,
+        calls,
+    )
+    assert parsed.partial == bool(calls)
+    # not cut short (the model ended there itself): malformed text stays as it was
+    if not calls or calls[-1][1] != "{}":
+        uncut = parse_tool_calls(text, "hermes")
+        assert not uncut.partial and "<tool_call>" in (uncut.content or "")
+
+
+def test_a_llama3_call_cut_short_needs_its_parameters_named() -> None:
+    cut = parse_tool_calls('{"name": "f", "parameters": {"q": "x', "llama3", cut=True)
+    assert [(c.function.name, c.function.arguments) for c in cut.tool_calls] == [("f", '{"q": "x')]
+    assert cut.content is None and cut.partial
+    several = parse_tool_calls(
+        '{"name": "f", "parameters": {}}; {"name": "g", "parameters": ', "llama3", cut=True
+    )
+    assert [(c.function.name, c.function.arguments) for c in several.tool_calls] == [
+        ("f", "{}"),
+        ("g", ""),
+    ]
+    # a reply in this format may be plain JSON: cut short, it stays content
+    for text in ('{"name": "Bob", "age": 4', '{"answer": 4', '{"name": "Bob"'):
+        plain = parse_tool_calls(text, "llama3", cut=True)
+        assert plain.content == text and plain.tool_calls == []
+
+
+def test_a_call_cut_short_keeps_the_reason_it_was_cut() -> None:
+    text = 'Checking. <tool_call>{"name": "get_weather", "arguments": {"ci'
+    for reason, stop in (("length", None), ("stop", "ty")):
+        completion = build_completion(
+            text,
+            model="m",
+            finish_reason=reason,
+            prompt_tokens=1,
+            completion_tokens=1,
+            tool_format="hermes",
+            stop_string=stop,
+        )
+        assert completion.finish_reason == reason  # never "tool_calls" for a broken call
+        assert completion.text == "Checking. "
+        assert [c.function.arguments for c in completion.tool_calls] == ['{"ci']
+        stream = CompletionStream(model="m", tool_format="hermes")
+        assert stream.push(text) is not None  # "Checking. " shows at once
+        closing = stream.finish(reason, prompt_tokens=1, completion_tokens=1, stop_string=stop)
+        deltas = [t for c in closing for t in c.choices[0].delta.tool_calls or []]
+        assert [d.function.arguments for d in deltas if d.function] == ['{"ci']
+        assert closing[-1].choices[0].finish_reason == reason
+    # ended by the model itself (no limit, no stop string): malformed, so content as before
+    done = build_completion(
+        text,
+        model="m",
+        finish_reason="stop",
+        prompt_tokens=1,
+        completion_tokens=1,
+        tool_format="hermes",
+    )
+    assert done.finish_reason == "stop" and done.tool_calls == [] and done.text == text
+
+
 def test_llama3_parsing() -> None:
     assert _calls('{"name": "f", "parameters": {"q": "x"}}', "llama3") == [("f", {"q": "x"})]
     assert _calls('<|python_tag|>{"name": "f", "parameters": {}}', "llama3") == [("f", {})]

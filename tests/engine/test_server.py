@@ -13,7 +13,7 @@ import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
@@ -23,6 +23,7 @@ import pytest
 
 from local_engine import LocalBackend
 from local_engine.engine import Engine
+from local_engine.sampling_params import SamplingParams
 from local_engine.server import LocalServer
 from swiftclient import HTTPBackend
 
@@ -250,35 +251,97 @@ class ScriptedEngine(ReplyScriptEngine):
     )
 
 
+async def _chat_with_tools(
+    running: Served, stream: bool, max_tokens: int
+) -> tuple[str, list[tuple[str | None, str | None, str | None]], str | None]:
+    """One chat request with :data:`TOOLS`, streamed or not: its content, its calls as
+    ``(id, name, arguments)`` and its finish reason."""
+    params: dict[str, Any] = {"model": "tiny-test", "messages": HI, "tools": TOOLS}
+    params |= {"max_tokens": max_tokens, "extra_body": {"ignore_eos": True}}
+    create: Any = running.oa.chat.completions.create
+    if stream:
+        chunks = [c async for c in await create(stream=True, **params)]
+        content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        deltas = [t for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or []]
+        assert all(d.function is not None for d in deltas)
+        calls = [(d.id, d.function.name, d.function.arguments) for d in deltas if d.function]
+        return content, calls, chunks[-1].choices[0].finish_reason
+    completion = await create(**params)
+    message = completion.choices[0].message
+    assert all(call.type == "function" for call in message.tool_calls or [])
+    calls = [(c.id, c.function.name, c.function.arguments) for c in message.tool_calls or []]
+    return message.content or "", calls, completion.choices[0].finish_reason
+
+
 @pytest.mark.parametrize("stream", [True, False], ids=["streamed", "plain"])
 async def test_tool_call_output_is_returned_as_tool_calls(
     tiny: TinyModel, anyio_backend: str, stream: bool
 ) -> None:
     async with serve(tiny.build(ScriptedEngine)) as running:
-        params: dict[str, Any] = {"model": "tiny-test", "messages": HI, "tools": TOOLS}
-        params |= {"max_tokens": 50, "extra_body": {"ignore_eos": True}}
-        create: Any = running.oa.chat.completions.create
-        if stream:
-            chunks = [c async for c in await create(stream=True, **params)]
-            content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-            deltas = [t for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or []]
-            assert len(deltas) == 1 and deltas[0].function is not None
-            call_id, name = deltas[0].id, deltas[0].function.name
-            arguments = deltas[0].function.arguments
-            finish = chunks[-1].choices[0].finish_reason
-        else:
-            completion = await create(**params)
-            message = completion.choices[0].message
-            content = message.content or ""
-            assert message.tool_calls is not None and len(message.tool_calls) == 1
-            call = message.tool_calls[0]
-            assert call.type == "function"
-            call_id, name, arguments = call.id, call.function.name, call.function.arguments
-            finish = completion.choices[0].finish_reason
+        content, calls, finish = await _chat_with_tools(running, stream, 50)
         assert content.strip() == "Let me check."
+        assert len(calls) == 1
+        call_id, name, arguments = calls[0]
         assert call_id and call_id.startswith("call_")
         assert name == "get_weather" and json.loads(arguments or "") == {"city": "Paris"}
         assert finish == "tool_calls"
+        await running.settle()
+
+
+class CutCallEngine(ReplyScriptEngine):
+    """Writes a tool call one piece a step, for ``max_tokens`` to cut it short (the tiny
+    model's end-of-text token ignored, as no wire but OpenAI's can ask for that)."""
+
+    def add_request(self, prompt_ids: Any, params: SamplingParams, **kwargs: Any) -> str:
+        return super().add_request(prompt_ids, replace(params, ignore_eos=True), **kwargs)
+
+    replies = (
+        (
+            "Checking. ",
+            "<tool_call>",
+            '{"name": "get_weather", "arguments": ',
+            '{"city": "Pa',
+            'ris"}}',
+            "</tool_call>",
+        ),
+    )
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "plain"])
+async def test_a_call_cut_by_max_tokens_keeps_its_arguments_so_far_and_says_length(
+    tiny: TinyModel, anyio_backend: str, stream: bool
+) -> None:
+    """As OpenAI returns one: the call with the arguments generated so far, finish_reason
+    "length"; never the model's tool-call markup as content, never "tool_calls"."""
+    async with serve(tiny.build(CutCallEngine)) as running:
+        seen = []
+        for limit in (2, 3, 4):
+            content, calls, finish = await _chat_with_tools(running, stream, limit)
+            assert "<tool_call>" not in content and content.strip() == "Checking."
+            seen.append(([call[1:] for call in calls], finish))
+        assert seen == [
+            ([], "length"),  # cut before the call's name was whole: its markup is dropped
+            ([("get_weather", "")], "length"),
+            ([("get_weather", '{"city": "Pa')], "length"),
+        ]
+        # the Messages and Responses wires say the same in their words
+        function = TOOLS[0]["function"]
+        tool = {"name": "get_weather", "input_schema": function["parameters"]}
+        body = {"model": "tiny-test", "max_tokens": 4, "tools": [tool]}
+        body |= {"messages": [{"role": "user", "content": "Hi"}]}
+        message = (await running.http.post("/v1/messages", json=body)).json()
+        assert message["stop_reason"] == "max_tokens"
+        assert [b["type"] for b in message["content"]] == ["text", "tool_use"]
+        assert message["content"][1]["input"] == {}  # the SDK needs an object
+        body = {"model": "tiny-test", "max_output_tokens": 4, "input": "Hi"}
+        body["tools"] = [{"type": "function", **function}]
+        response = (await running.http.post("/v1/responses", json=body)).json()
+        assert response["status"] == "incomplete"
+        assert [(i["type"], i["status"]) for i in response["output"]] == [
+            ("message", "completed"),
+            ("function_call", "incomplete"),
+        ]
+        assert response["output"][1]["arguments"] == '{"city": "Pa'
         await running.settle()
 
 

@@ -91,7 +91,8 @@ class _Conversation:
 
         With tools, each reply that calls them is answered with the calls' results (shown on
         stderr with the reply's timing) and the model asked again, up to
-        :data:`MAX_TOOL_ROUNDS` times; the last reply is returned.
+        :data:`MAX_TOOL_ROUNDS` times; the last reply is returned. Calls cut short by the
+        token limit (``finish_reason`` "length") are not run: stderr says so.
         """
         messages = [*self.history, Message(role="user", content=prompt)]
         params = dict(self.params)
@@ -100,6 +101,15 @@ class _Conversation:
         for _ in range(MAX_TOOL_ROUNDS):
             completion = await self._ask(messages, params)
             if self.tools is None or not completion.tool_calls:
+                break
+            if completion.finish_reason == "length":
+                names = ", ".join(call.function.name for call in completion.tool_calls)
+                print(
+                    f"[tool] not run: the reply reached its token limit inside a call to "
+                    f"{names}; raise --max-tokens",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 break
             _report(completion)
             messages.append(Message.model_validate(completion.choices[0].message))

@@ -496,19 +496,21 @@ def response_body(
         reasoning = message.reasoning_items
     output: list[dict[str, Any]] = [dict(item) for item in reasoning or ()]
     logprobs = list((choice.logprobs or {}).get("content") or [])
-    if message.content or message.refusal or not message.tool_calls:
+    calls = message.tool_calls or []
+    # the last item is the one a token limit cut (as the streamed items' statuses say)
+    said = "completed" if calls else status
+    if message.content or message.refusal or not calls:
         if message.refusal and not message.content:
             part = {"type": "refusal", "refusal": message.refusal}
-            item = _message_item(_item_id("msg"), "", status, [])
+            item = _message_item(_item_id("msg"), "", said, [])
             item["content"] = [part]
         else:
-            item = _message_item(_item_id("msg"), message.content or "", status, logprobs)
+            item = _message_item(_item_id("msg"), message.content or "", said, logprobs)
         output.append(item)
-    for call in message.tool_calls or ():
+    for i, call in enumerate(calls):
+        done = status if i == len(calls) - 1 else "completed"
         output.append(
-            _call_item(
-                _item_id("fc"), call.id, call.function.name, call.function.arguments, "completed"
-            )
+            _call_item(_item_id("fc"), call.id, call.function.name, call.function.arguments, done)
         )
     return echo.response(status, output, _usage(completion.usage))
 
