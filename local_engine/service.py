@@ -323,6 +323,7 @@ class ChatService:
         it is rendered or tokenized.
         """
         _check_supported(request)
+        self._check_tool_names(request)
         extra = _extra(request)
         limit = self.max_prompt_bytes
         chars = sum(len(message.text()) for message in request.messages)
@@ -342,6 +343,28 @@ class ChatService:
         )
         salt = extra.get("cache_salt") or request.user or None
         return PreparedRequest(prompt, params, salt)
+
+    def _check_tool_names(self, request: ChatRequest) -> None:
+        """Tool names the model can write: no whitespace or control characters, and none of
+        the tokenizer's added tokens (``<tool_call>``, ``<|im_end|>``...), which the model
+        writes as tokens of their own, so a call could never spell the name (and its
+        markup would end the call early)."""
+        markers = [text for text in self.tokenizer.added_tokens if len(text.strip()) > 1]
+        for i, tool in enumerate(request.tools or ()):
+            name = tool.function.name
+            if any(char.isspace() or not char.isprintable() for char in name):
+                raise InvalidRequestError(
+                    f"tools[{i}].function.name {name!r} holds whitespace or a control "
+                    "character; a tool name is one word (OpenAI allows a-z, A-Z, 0-9, _ and -)",
+                    "tools",
+                )
+            marker = next((m for m in markers if m in name), None)
+            if marker is not None:
+                raise InvalidRequestError(
+                    f"tools[{i}].function.name {name!r} holds {marker!r}, one of this model's "
+                    "special tokens, which no call could spell",
+                    "tools",
+                )
 
     def prepare_text(self, request: ChatRequest, prompt: str | Sequence[int]) -> PreparedRequest:
         """A legacy text completion: ``prompt`` (text, or token ids) goes to the model as it

@@ -121,6 +121,42 @@ def test_a_missing_model_says_which_flag_to_pass(
     assert "--model" in line and "swiftclient models" in line
 
 
+@pytest.mark.parametrize("variable", ["SWIFTCLIENT_API_KEY", "OPENAI_API_KEY"])
+def test_base_url_takes_the_key_from_the_environment(
+    variable: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As --help says: --base-url's key defaults to $SWIFTCLIENT_API_KEY, else
+    $OPENAI_API_KEY (it sent none, and a server with a key answered 401)."""
+    clear_provider_env(monkeypatch)
+    monkeypatch.setenv(variable, "sk-env-key-123")
+    provider = FakeProvider(Reply(text="hello back"), api_key="sk-env-key-123")
+    with provider.run_in_thread() as fake:
+        assert main(["models", "--base-url", fake.base_url]) == 0
+        assert main(["chat", "--base-url", fake.base_url, "-m", "m", "hi"]) == 0
+    assert "hello back" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--local", "--backend", "openai"], "--local and --backend openai"),
+        (["--backend", "openai", "--local"], "--local and --backend openai"),
+        (["--local", "--base-url", "http://127.0.0.1:9/v1"], "--base-url"),
+        (["--backend", "local", "--base-url", "http://127.0.0.1:9/v1"], "--base-url"),
+    ],
+)
+def test_flags_that_name_two_targets_are_a_usage_error(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One of them was silently ignored (the last --local/--backend won; --base-url was
+    dropped beside --local)."""
+    clear_provider_env(monkeypatch)
+    for cmd in (["chat", *argv, "hi"], ["models", *argv], ["bench", *argv, "--requests", "1"]):
+        assert main(cmd) == 2, cmd
+        (line,) = err_lines(capsys.readouterr().err)
+        assert line.startswith("swiftclient: error: ") and says in line, line
+
+
 def test_chat_without_a_model_uses_the_only_one_the_backend_lists(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -600,8 +600,21 @@ def test_auto_keeps_a_tool_whose_schema_cannot_compile_by_name(
         ([{"name": " ", "parameters": {"type": "object"}}], r"tools\[0\]\.function\.name must not"),
         ([{"name": "f"}, {"name": "f"}], r"tools\[1\] repeats the name 'f'"),
         ([{"name": "f", "parameters": {"type": "string"}}], "must be an object schema"),
+        # the added token made the "auto" grammar unusable: a call named a tool never offered
+        ([{"name": "get<tool_call>"}], r"holds '<tool_call>', one of this model's special"),
+        ([{"name": "a<|im_end|>"}], r"holds '<\|im_end\|>'"),
+        ([{"name": "get weather"}], "holds whitespace or a control character"),
+        ([{"name": "f\x00"}], "holds whitespace or a control character"),
     ],
-    ids=["empty-name", "repeated-name", "non-object-parameters"],
+    ids=[
+        "empty-name",
+        "repeated-name",
+        "non-object-parameters",
+        "markup-in-name",
+        "special-token-in-name",
+        "space-in-name",
+        "control-in-name",
+    ],
 )
 def test_tools_a_model_cannot_be_asked_to_call_are_a_400(
     tiny: TinyModel, tools: list[dict[str, Any]], match: str

@@ -112,6 +112,9 @@ async def test_plain_and_streamed_responses_parse_with_the_same_text_and_usage(
     text = "".join(e.delta for e in deltas)
     assert text == plain.output_text  # greedy: the same reply
     item_id = events[2].item.id
+    # no part yet: content_part.added brings it (a part in both made the openai SDK's running
+    # snapshot hold two, the second empty)
+    assert events[2].item.content == [] and events[3].part.text == ""
     assert all(e.item_id == item_id and e.output_index == 0 for e in deltas)
     final = events[-1].response
     assert final.output[0].id == item_id and final.output_text == text

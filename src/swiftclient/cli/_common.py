@@ -145,7 +145,8 @@ def build_target(
         elif options.base_url:
             # Named by its host, as the user gave it (errors read "127.0.0.1:8000: ...").
             name = urlsplit(options.base_url).netloc.rpartition("@")[2] or "http"
-            backend = HTTPBackend(options.base_url, options.api_key, name=name, **http)
+            key = options.api_key or env.get("SWIFTCLIENT_API_KEY") or env.get("OPENAI_API_KEY")
+            backend = HTTPBackend(options.base_url, key, name=name, **http)
         else:
             try:
                 backend = from_env(**http)
@@ -185,8 +186,8 @@ def target_options(func: F) -> F:
         click.option("--provider", "backend", hidden=True),
         click.option(
             "--local",
-            "backend",
-            flag_value=LOCAL,
+            "local",
+            is_flag=True,
             help="Run the bundled local engine in this process (same as --backend local).",
         ),
         click.option(
@@ -208,10 +209,26 @@ def target_options(func: F) -> F:
 
 
 def options_from(kwargs: dict[str, Any]) -> TargetOptions:
-    """Take the target options out of a command's keyword arguments."""
+    """Take the target options out of a command's keyword arguments (a usage error for two
+    that name different targets: ``--local`` with another ``--backend``, or the local
+    engine with ``--base-url``)."""
+    backend: str | None = kwargs.pop("backend", None)
+    base_url: str | None = kwargs.pop("base_url", None)
+    if kwargs.pop("local", False):
+        if backend not in (None, LOCAL):
+            raise CLIError(
+                f"--local and --backend {backend} name two targets; give one", EXIT_USAGE
+            )
+        backend = LOCAL
+    if backend == LOCAL and base_url:
+        raise CLIError(
+            "--base-url has no use with the local engine (--local runs it in this process; "
+            "for a server, drop --local)",
+            EXIT_USAGE,
+        )
     return TargetOptions(
-        backend=kwargs.pop("backend", None),
-        base_url=kwargs.pop("base_url", None),
+        backend=backend,
+        base_url=base_url,
         api_key=kwargs.pop("api_key", None),
         model=kwargs.pop("model", None),
     )

@@ -627,12 +627,11 @@ class ResponseEvents:
         item = _Item(kind, len(self._items))
         self._items.append(item)
         self._current = item
+        opening = item.snapshot("in_progress")
+        if kind == "message":  # its one part comes next, in response.content_part.added
+            opening["content"] = []
         events.append(
-            self._event(
-                "response.output_item.added",
-                output_index=item.index,
-                item=item.snapshot("in_progress"),
-            )
+            self._event("response.output_item.added", output_index=item.index, item=opening)
         )
         if kind == "message":
             events.append(
