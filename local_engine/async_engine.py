@@ -29,6 +29,7 @@ or right after the step in flight.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from types import TracebackType
@@ -46,6 +47,8 @@ if TYPE_CHECKING:
     from local_engine.metrics import StepObserver
 
 __all__ = ["AsyncEngine"]
+
+logger = logging.getLogger(__name__)
 
 
 class _Bell:
@@ -502,8 +505,14 @@ class AsyncEngine:
                 if out.finished:
                     del self._mailboxes[out.request_id]
 
+    @property
+    def failure(self) -> BaseException | None:
+        """Why a step failed (the engine then refuses every request), else None."""
+        return self._failure
+
     def _fail(self, exc: Exception) -> None:
         """A step raised: fail every stream, drop every request, refuse new ones."""
+        logger.error("the engine failed; it refuses every request from now on", exc_info=exc)
         self._failure = exc
         self._accepting = False
         for mailbox in self._mailboxes.values():

@@ -40,6 +40,7 @@ from swiftclient.types import (
     Usage,
 )
 
+from .stop import _held_suffix
 from .templates import normalize_messages, render_normalized, select_template
 from .tokenizer import Tokenizer
 from .tool_calls import (
@@ -50,6 +51,7 @@ from .tool_calls import (
     detect_tool_format,
     parse_tool_calls,
     strip_tool_markup,
+    tool_call_closer,
 )
 
 __all__ = [
@@ -230,6 +232,12 @@ class ChatFormatter:
         extra = (request.extra_body or {}).get("chat_template_kwargs") or {}
         if not isinstance(extra, Mapping):
             raise ConfigurationError("extra_body['chat_template_kwargs'] must be an object")
+        taken = sorted(set(map(str, extra)) & _TEMPLATE_OWN)
+        if taken:
+            raise ConfigurationError(
+                f"extra_body['chat_template_kwargs'] may not set {', '.join(taken)}: the "
+                "request's own fields fill those template variables"
+            )
         text = self.render(
             request.messages,
             tools=tools,
@@ -254,6 +262,10 @@ class ChatFormatter:
             tool_format=self.tool_format(has_tools=tools is not None),
             markup_format=self.tool_format(has_tools=True) if tools is None else "none",
         )
+
+
+# Template variables the request itself fills (chat_template_kwargs may set any other).
+_TEMPLATE_OWN = frozenset({"messages", "tools", "documents", "response_format", "special_tokens"})
 
 
 def _final_reason(finish_reason: str | None, parsed: ParsedOutput) -> str | None:
@@ -329,6 +341,9 @@ class CompletionStream:
         self.model = model
         self._markup: ToolCallFormat = markup_format if tool_format == "none" else "none"
         self._tools = ToolCallStream(tool_format if self._markup == "none" else self._markup)
+        # stray closing tags of the markup, held and dropped as build_completion drops them
+        self._closer = tool_call_closer(self._markup)
+        self._held = ""
 
     def _chunk(self, delta: ChoiceDelta, finish_reason: str | None = None) -> ChatCompletionChunk:
         return ChatCompletionChunk(
@@ -344,8 +359,18 @@ class CompletionStream:
 
     def push(self, text: str) -> ChatCompletionChunk | None:
         """A content chunk for a text delta, or None when nothing can be shown yet."""
-        content = self._tools.feed(text)
+        content = self._without_closers(self._tools.feed(text))
         return self._chunk(ChoiceDelta(content=content)) if content else None
+
+    def _without_closers(self, content: str) -> str:
+        """``content`` without the markup's stray closing tags (with no tools offered),
+        holding back a tail that may begin one."""
+        if self._closer is None:
+            return content
+        text = (self._held + content).replace(self._closer, "")
+        keep = _held_suffix(text, (self._closer,))
+        self._held = text[len(text) - keep :]
+        return text[: len(text) - keep]
 
     def finish(
         self,
@@ -363,7 +388,8 @@ class CompletionStream:
         as :func:`build_completion` returns it)."""
         parsed = self._tools.finish(cut=_cut(finish_reason, stop_string))
         if self._markup != "none":  # no tools were offered: drop the calls and their markup
-            content = strip_tool_markup(parsed.content or "", self._markup)
+            held, self._held = self._held, ""
+            content = strip_tool_markup(held + (parsed.content or ""), self._markup)
             parsed = ParsedOutput(content=content or None, tool_calls=[])
         chunks: list[ChatCompletionChunk] = []
         if parsed.content:

@@ -27,7 +27,8 @@ def hash_block(parent: bytes | None, token_ids: Sequence[int], salt: str | None 
     """
     h = hashlib.blake2b(digest_size=16)
     if parent is None:
-        h.update(b"\x00" if salt is None else b"\x01" + salt.encode())
+        # surrogatepass: a salt is any str a request carried (a lone surrogate included)
+        h.update(b"\x00" if salt is None else b"\x01" + salt.encode("utf-8", "surrogatepass"))
     else:
         h.update(b"\x02" + parent)
     h.update(array("q", token_ids).tobytes())

@@ -113,7 +113,7 @@ class Sampler:
             return SamplerOutput(logits.argmax(dim=-1).tolist(), [None] * len(seqs))
         self._apply_penalties(logits, seqs)
         device = logits.device
-        temps = [p.temperature if p.temperature > 0 else 1.0 for p in params]
+        temps = [1.0 if p.greedy else p.temperature for p in params]
         if any(t != 1.0 for t in temps):
             logits.div_(_device_tensor(temps, logits.dtype, device).unsqueeze(1))
         logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None

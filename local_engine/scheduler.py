@@ -237,12 +237,12 @@ class Scheduler:
 
     def finish(self, seq: Sequence) -> None:
         """Retire ``seq`` (stopped or aborted) and free its blocks."""
-        if seq.status is SequenceStatus.RUNNING:
-            self.running.remove(seq)
-        elif seq.status is SequenceStatus.WAITING:
-            self.waiting.remove(seq)
-        else:
+        if seq.status is SequenceStatus.FINISHED:
             return
+        # a step that raised while admitting ``seq`` may have left it in neither queue
+        for queue in (self.running, self.waiting):
+            if seq in queue:
+                queue.remove(seq)
         self.pool.free(seq.block_table)
         seq.status = SequenceStatus.FINISHED
         del self._seqs[seq.request_id]

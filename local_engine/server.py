@@ -106,6 +106,33 @@ __all__ = ["LocalServer", "RequestError", "command", "main", "parse_chat_body"]
 _REQUEST_FIELDS = frozenset(ChatRequest.model_fields) - {"extra_body"}
 _STREAM_OPTIONS = frozenset(StreamOptions.model_fields)
 IGNORED_FIELDS_HEADER = "x-ignored-fields"
+_NAMED_AT_MOST = 20  # ignored field names in the header and a log line
+_REMEMBERED_AT_MOST = 1000  # field names logged once (a client could send any number)
+_NAME_CHARS = 64
+
+
+def _status_of(writer: ResponseWriter, raised: BaseException | None) -> int:
+    """The status a request ended with: the one sent; else 500 when an error escaped (the
+    app answers it so), 499 when the client went away (a cancellation) or nothing was sent."""
+    if writer.status is not None:
+        return writer.status
+    return 500 if isinstance(raised, Exception) else 499
+
+
+def _printable(name: str) -> str:
+    """A client's field name as it may go in a header or a log line: non-ASCII and control
+    characters escaped (``\\n``, ``\\u043a``), cut to :data:`_NAME_CHARS` characters."""
+    escaped = ascii(name)[1:-1]
+    return escaped if len(escaped) <= _NAME_CHARS else escaped[: _NAME_CHARS - 3] + "..."
+
+
+def _listed(names: list[str]) -> str:
+    """``names`` joined, the first :data:`_NAMED_AT_MOST` of them and a count of the rest."""
+    shown = ", ".join(names[:_NAMED_AT_MOST])
+    more = len(names) - _NAMED_AT_MOST
+    return shown + (f" and {more} more" if more > 0 else "")
+
+
 """The response header naming the request fields the server ignored (comma-separated)."""
 _log = logging.getLogger("local_engine.server")
 access_log = logging.getLogger("local_engine.server.access")
@@ -419,7 +446,10 @@ class LocalServer:
     # ------------------------------------------------------------------ routes
 
     async def _health(self, request: Request, writer: ResponseWriter) -> None:
-        if self.backend.running:
+        engine = self.backend.async_engine
+        if engine is not None and engine.failure is not None:
+            await writer.send_json(503, {"status": "failed"})  # it answers nothing but 500s
+        elif self.backend.running:
             await writer.send_json(200, {"status": "ok"})
         else:
             await writer.send_json(503, {"status": "stopped"})
@@ -452,7 +482,7 @@ class LocalServer:
         finally:
             _ACCESS.reset(token)
             if self._access_log:
-                _log_access(request, writer.status or 499, started, access)
+                _log_access(request, _status_of(writer, sys.exc_info()[1]), started, access)
 
     def _model_card(self, model_id: str) -> dict[str, Any]:
         """``/v1/models`` entry for one served name (the alias names its root)."""
@@ -488,15 +518,19 @@ class LocalServer:
         )
 
     def _note_ignored(self, writer: ResponseWriter, ignored: list[str]) -> None:
-        """Name the ignored fields in a header; log each field name the first time."""
+        """Name the ignored fields in a header; log each field name the first time (the
+        names escaped to printable ASCII and cut short, at most :data:`_NAMED_AT_MOST` of
+        them, and at most :data:`_REMEMBERED_AT_MOST` remembered: a client chooses them)."""
         if not ignored:
             return
-        names = sorted(set(ignored))
-        writer.headers[IGNORED_FIELDS_HEADER] = ", ".join(names)
+        names = sorted({_printable(name) for name in ignored})
+        writer.headers[IGNORED_FIELDS_HEADER] = _listed(names)
+        if len(self._ignored_seen) >= _REMEMBERED_AT_MOST:
+            return
         new = [name for name in names if name not in self._ignored_seen]
         if new:
-            self._ignored_seen.update(new)
-            _log.warning("ignoring request fields this server does not use: %s", ", ".join(new))
+            self._ignored_seen.update(new[: _REMEMBERED_AT_MOST - len(self._ignored_seen)])
+            _log.warning("ignoring request fields this server does not use: %s", _listed(new))
 
     async def _traced(
         self,
@@ -511,7 +545,7 @@ class LocalServer:
         try:
             await answer(request, writer, span, reply)
         finally:
-            self._tracer.end(span, status=writer.status or 499, **reply)
+            self._tracer.end(span, status=_status_of(writer, sys.exc_info()[1]), **reply)
 
     async def _chat(self, request: Request, writer: ResponseWriter) -> None:
         await self._traced(self._answer, request, writer)

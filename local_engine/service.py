@@ -145,7 +145,9 @@ _ignored_logged: set[str] = set()
 def _extra(request: ChatRequest) -> dict[str, Any]:
     """The ``extra_body`` keys the engine reads, checked; others are ignored (as the HTTP
     server ignores unknown fields, and vLLM does), each name logged once per process."""
-    extra = {k: v for k, v in (request.extra_body or {}).items() if k in EXTRA_BODY_KEYS}
+    # null is absent, as OpenAI's own optional fields are
+    body = request.extra_body or {}
+    extra = {k: v for k, v in body.items() if k in EXTRA_BODY_KEYS and v is not None}
     unknown = sorted(set(request.extra_body or {}) - EXTRA_BODY_KEYS - _ignored_logged)
     if unknown:
         _ignored_logged.update(unknown)

@@ -37,6 +37,7 @@ __all__ = [
     "new_tool_call_id",
     "parse_tool_calls",
     "strip_tool_markup",
+    "tool_call_closer",
     "tool_call_marker",
 ]
 
@@ -52,6 +53,11 @@ _HERMES_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
 def tool_call_marker(fmt: ToolCallFormat) -> str | None:
     """The text that opens a tool call in ``fmt`` (``<tool_call>``, ``<|python_tag|>``)."""
     return {"hermes": _HERMES_OPEN, "llama3": _PYTHON_TAG}.get(fmt)
+
+
+def tool_call_closer(fmt: ToolCallFormat) -> str | None:
+    """The text that closes a tool call in ``fmt`` (``</tool_call>``), if it has one."""
+    return _HERMES_CLOSE if fmt == "hermes" else None
 
 
 def strip_tool_markup(text: str, fmt: ToolCallFormat) -> str:

@@ -142,6 +142,27 @@ def test_a_body_counts_cache_reads_and_writes_apart() -> None:
     }
 
 
+def test_an_empty_reply_has_no_content_block_plain_or_streamed() -> None:
+    """A plain body said ``[{"type": "text", "text": ""}]`` where the stream sent no block;
+    Anthropic's API refuses such an empty text block when the reply is sent back."""
+    completion = ChatCompletion.model_validate(
+        {
+            "id": "c",
+            "created": 0,
+            "model": "m",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": None},
+                    "finish_reason": "length",
+                }
+            ],
+        }
+    )
+    body = message_body(completion, "m")
+    assert body["content"] == [] and body["stop_reason"] == "max_tokens"
+
+
 def test_an_empty_stream_is_still_a_whole_message() -> None:
     events = MessageEvents("m")
     usage_only = ChatCompletionChunk.model_validate(

@@ -181,6 +181,20 @@ def test_penalties_only_touch_their_own_row() -> None:
     assert dict(lp.top_logprobs)[1] == pytest.approx(float(ref[1]), abs=1e-6)
 
 
+@pytest.mark.parametrize("temperature", [1e-38, 1e-45, 1e-320, 9e-6])
+def test_a_vanishing_temperature_is_greedy_not_nan(temperature: float) -> None:
+    """Logits divided by 1e-38 overflowed to infinities: the softmax was NaN, the token the
+    end of text and every logprob null. Under 1e-5 it decodes greedily, logprobs at 1."""
+    params = SamplingParams(temperature=temperature, seed=3, logprobs=True, top_logprobs=2)
+    assert params.greedy
+    out = Sampler().sample(logits_for(ROW), [seq("t", params)])
+    assert out.token_ids == [max(range(V), key=ROW.__getitem__)]
+    lp = out.logprobs[0]
+    assert lp is not None and math.isfinite(lp.logprob)
+    assert all(math.isfinite(v) for _, v in lp.top_logprobs)
+    assert not SamplingParams(temperature=1e-5).greedy
+
+
 def test_logprobs_are_normalized_and_sorted() -> None:
     params = SamplingParams(temperature=0.7, top_k=2, seed=0, logprobs=True, top_logprobs=V)
     out = Sampler().sample(logits_for(ROW), [seq("l", params)])

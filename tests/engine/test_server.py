@@ -626,6 +626,54 @@ async def test_nesting_and_lone_surrogates_are_400_not_500(
         await running.settle()
 
 
+@pytest.mark.parametrize("words", [2, 40], ids=["running", "waiting"])
+async def test_a_lone_surrogate_in_the_cache_salt_is_served(
+    tiny: TinyModel, anyio_backend: str, words: int
+) -> None:
+    """The salt (``user``, ``cache_salt``, Messages' ``metadata.user_id``) is hashed into the
+    prefix cache's keys: a lone surrogate in it raised inside the engine's step, which failed
+    the engine for good (every later request a 500, /health still ok) or, for a request still
+    waiting, ended the process."""
+    prompt = " ".join(["word"] * words)
+    async with serve(tiny.engine()) as running:
+        bodies: list[tuple[str, dict[str, Any]]] = [
+            ("/v1/chat/completions", {"user": "\ud800"}),
+            ("/v1/chat/completions", {"cache_salt": "a\udfff"}),
+            ("/v1/completions", {"prompt": prompt, "user": "\udc80"}),
+            ("/v1/messages", {"metadata": {"user_id": "\ud800"}}),
+        ]
+        for path, extra in bodies:
+            body = {"model": "tiny-test", "max_tokens": 20, **extra}
+            if "prompt" not in body:
+                body["messages"] = [{"role": "user", "content": prompt}]
+            sent = json.dumps(body).encode()  # ASCII: the surrogate as a \\u escape
+            headers = {"content-type": "application/json"}
+            response = await running.http.post(path, content=sent, headers=headers)
+            assert response.status_code == 200, (path, response.text)
+        assert (await running.http.get("/health")).json() == {"status": "ok"}
+        await running.settle()
+
+
+async def test_health_says_failed_once_the_engine_failed(
+    tiny: TinyModel, anyio_backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failed engine answers every request 500: /health says so (it said ok)."""
+    engine = tiny.engine()
+    async with serve(engine) as running:
+
+        def broken() -> Any:
+            raise RuntimeError("a kernel fault")
+
+        monkeypatch.setattr(engine, "step", broken)
+        monkeypatch.setattr(engine, "overlap_output", False)
+        response = await running.http.post(
+            "/v1/chat/completions", json={"model": "tiny-test", "messages": HI, "max_tokens": 4}
+        )
+        assert response.status_code == 500
+        health = await running.http.get("/health")
+        assert (health.status_code, health.json()) == (503, {"status": "failed"})
+
+
 async def test_health_answers_while_a_huge_prompt_is_being_tokenized(
     tiny: TinyModel, anyio_backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

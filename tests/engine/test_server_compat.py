@@ -170,6 +170,53 @@ async def test_unknown_fields_are_ignored_named_in_a_header_and_logged_once(
 
 
 @pytest.mark.anyio
+async def test_any_unknown_field_name_is_a_200_with_a_safe_header_and_log_line(
+    served: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client picks the names: non-Latin-1 ones failed the header's encoding (a text/plain
+    500 after the reply was generated), one with a newline was refused as a header and could
+    forge a log line, and thousands of them made a header no client could read."""
+    forged = 'x\n2026-12-06 00:00:00,000 10.0.0.1:4444 "POST /v1/chat/completions" 200'
+    many = {f"field_{i:04d}_{'y' * 90}": 1 for i in range(300)}
+    bodies = [{"ключ": 1}, {forged: 1}, many]
+    with caplog.at_level(logging.WARNING, logger="local_engine.server"):
+        for extra in bodies:
+            body = {"model": "tiny-test", "messages": HI, "max_tokens": 2, **extra}
+            for stream in (False, True):
+                response = await served.http.post(
+                    "/v1/chat/completions", json={**body, "stream": stream}
+                )
+                assert response.status_code == 200, response.text
+                header = response.headers[IGNORED_FIELDS_HEADER]
+                assert header.isascii() and header.isprintable() and len(header) < 2000
+    assert "\\u043a\\u043b\\u044e\\u0447" in caplog.text  # ключ, escaped
+    lines = caplog.text.splitlines()
+    assert not any(line.startswith("2026-12-06 00:00:00,000") for line in lines)
+    assert "and 280 more" in caplog.text
+
+
+@pytest.mark.anyio
+async def test_null_extensions_are_absent_and_reserved_template_variables_are_400(
+    served: Served,
+) -> None:
+    """``"stop_token_ids": null`` was a 500 (a TypeError) and ``min_tokens``/``ignore_eos``
+    null were 400s, where ``top_k: null`` was fine; chat_template_kwargs naming a variable
+    the request fills (``messages``, ``tools``...) was a 500 (a TypeError) on every route."""
+    base = {"model": "tiny-test", "messages": HI, "max_tokens": 2}
+    for key in ("stop_token_ids", "min_tokens", "ignore_eos", "top_k", "cache_salt"):
+        for path in ("/v1/chat/completions", "/v1/messages"):
+            response = await served.http.post(path, json={**base, key: None})
+            assert response.status_code == 200, (key, path, response.text)
+    for key in ("messages", "tools", "documents", "response_format", "special_tokens"):
+        body = {**base, "chat_template_kwargs": {key: 1, "enable_thinking": False}}
+        for path in ("/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens"):
+            response = await served.http.post(path, json=body)
+            assert response.status_code == 400, (key, path, response.text)
+            assert key in response.text and "chat_template_kwargs" in response.text
+    assert (await served.http.get("/health")).status_code == 200
+
+
+@pytest.mark.anyio
 async def test_known_fields_with_values_the_engine_cannot_honour_stay_400(served: Served) -> None:
     cases: list[tuple[dict[str, Any], str]] = [
         ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"),
@@ -460,7 +507,15 @@ CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</
 def test_tool_markup_is_never_content_when_no_tools_were_offered() -> None:
     from local_engine.chat import CompletionStream, build_completion
 
-    for text, shown in [(CALL, ""), ("Sunny. " + CALL, "Sunny. "), ("<tool_call>{oops", "")]:
+    stray = '{"city": "Paris"}}\n</tool_call>'  # a closer with no opener: streamed, it leaked
+    cases = [
+        (CALL, ""),
+        ("Sunny. " + CALL, "Sunny. "),
+        ("<tool_call>{oops", ""),
+        (stray, '{"city": "Paris"}}\n'),
+        ("a </tool_call> b </tool_", "a  b </tool_"),
+    ]
+    for text, shown in cases:
         completion = build_completion(
             text,
             model="m",

@@ -473,8 +473,8 @@ def message_body(completion: ChatCompletion, model: str) -> dict[str, Any]:
     if not content and reasoning:  # unsigned: not sent back to a provider (see _assistant)
         content.append({"type": "thinking", "thinking": reasoning, "signature": ""})
     text = message.content or message.refusal
-    if text or not message.tool_calls:
-        content.append({"type": "text", "text": text or ""})
+    if text:  # an empty reply is no block, as the stream sends it (the API refuses "" blocks)
+        content.append({"type": "text", "text": text})
     for call in message.tool_calls or ():
         content.append(
             {
