@@ -316,11 +316,22 @@ class Engine:
     @classmethod
     def from_pretrained(cls, path: str | Path, config: EngineConfig | None = None) -> Engine:
         """Load the model under ``path`` (and its tokenizer when tokenizer.json exists), or
-        from a ``.gguf`` file (with the tokenizer it carries)."""
+        from a ``.gguf`` file (with the tokenizer it carries), or a model known by name
+        (the embedded ``swift-tiny``, as ``LocalBackend`` takes it) when no such path
+        exists."""
         from local_engine.loader import load_model
 
         config = config if config is not None else EngineConfig()
         root = Path(path)
+        if not root.exists():
+            from local_engine.default_model import (
+                DEFAULT_MODEL_NAME,
+                DEFAULT_MODELS,
+                find_default_model,
+            )
+
+            if str(path) == DEFAULT_MODEL_NAME or str(path) in DEFAULT_MODELS:
+                root = path = find_default_model(str(path))
         tokenizer: Tokenizer | None = None
         gguf = root.is_file() and root.suffix.lower() == ".gguf"
         if gguf:  # first: a tokenizer it cannot rebuild fails before the weights are read

@@ -77,6 +77,26 @@ def _check_not_a_gguf_folder(root: Path) -> None:
         )
 
 
+def check_device(device: str | torch.device) -> None:
+    """Raise EngineConfigError for a device name torch cannot parse, or a CUDA device this
+    torch build or machine lacks (torch's own errors there are assertion failures)."""
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise EngineConfigError(f"unknown device {device!r}: {exc}") from exc
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise EngineConfigError(
+                f"device {str(device)!r}: this torch has no usable CUDA "
+                f"(torch {torch.__version__}, torch.cuda.is_available() is False)"
+            )
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise EngineConfigError(
+                f"device {str(device)!r}: this machine has {torch.cuda.device_count()} CUDA "
+                "device(s)"
+            )
+
+
 def load_model(
     path: str | Path,
     *,
@@ -97,8 +117,10 @@ def load_model(
 
     Raises:
         EngineConfigError: the directory, config or weights are missing, unsupported or
-            do not match the config; an unknown ``quantization``, or int8 with float32.
+            do not match the config; an unknown ``quantization``, or int8 with float32; a
+            ``device`` this torch cannot use.
     """
+    check_device(device)
     root = Path(path)
     if root.is_file() and root.suffix.lower() == ".gguf":
         from .gguf_loader import load_gguf_model

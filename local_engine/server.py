@@ -1096,45 +1096,55 @@ class _ServeCommand(click.Command):
 @click.option("--model-name", help="The model id to report (default: the directory's name).")
 @click.option(
     "--max-tokens-limit",
-    type=int,
+    type=click.IntRange(min=1),
     default=4096,
     show_default=True,
     help="Largest max_tokens a request may ask for.",
 )
 @click.option(
     "--default-max-tokens",
-    type=int,
+    type=click.IntRange(min=1),
     default=1024,
     show_default=True,
     help="max_tokens of requests that set none.",
 )
 @click.option(
     "--max-body-bytes",
-    type=int,
+    type=click.IntRange(min=1),
     default=8 * 1024 * 1024,
     show_default=True,
     help="Largest request body.",
 )
-@click.option("--max-model-len", type=int, help="Context length (default: the model's).")
+@click.option(
+    "--max-model-len", type=click.IntRange(min=1), help="Context length (default: the model's)."
+)
 @click.option(
     "--max-num-seqs",
-    type=int,
+    type=click.IntRange(min=1),
     default=64,
     show_default=True,
     help="Requests decoded together at most.",
 )
 @click.option(
     "--max-num-batched-tokens",
-    type=int,
+    type=click.IntRange(min=1),
     default=2048,
     show_default=True,
     help="Tokens one engine step computes at most (prefill chunks and decodes together).",
 )
 @click.option(
-    "--max-waiting", type=int, default=1024, show_default=True, help="Queued requests before 503."
+    "--max-waiting",
+    type=click.IntRange(min=0),
+    default=1024,
+    show_default=True,
+    help="Queued requests before 503.",
 )
 @click.option(
-    "--kv-cache-mib", type=int, default=256, show_default=True, help="KV cache size in MiB."
+    "--kv-cache-mib",
+    type=click.IntRange(min=1),
+    default=256,
+    show_default=True,
+    help="KV cache size in MiB.",
 )
 @click.option("--dtype", help="float32, bfloat16 or float16 (default: the model's).")
 @click.option(
@@ -1149,26 +1159,26 @@ class _ServeCommand(click.Command):
 )
 @click.option(
     "--limit-concurrency",
-    type=int,
+    type=click.IntRange(min=1),
     help="Answer 503 past this many open connections or running requests (default: none).",
 )
 @click.option(
     "--timeout-keep-alive",
-    type=float,
+    type=click.FloatRange(min=0, min_open=True),
     default=5.0,
     show_default=True,
     help="Seconds an idle kept-alive connection stays open.",
 )
 @click.option(
     "--timeout-request-head",
-    type=float,
+    type=click.FloatRange(min=0, min_open=True),
     default=10.0,
     show_default=True,
     help="Seconds a client has to send a complete request head.",
 )
 @click.option(
     "--timeout-write",
-    type=float,
+    type=click.FloatRange(min=0, min_open=True),
     default=60.0,
     show_default=True,
     help="Seconds a stream waits for a client that stopped reading, then drops it.",
@@ -1176,7 +1186,9 @@ class _ServeCommand(click.Command):
 @click.option(
     "--root-path", default="", help="Path prefix stripped by a reverse proxy (e.g. /api)."
 )
-@click.option("--threads", type=int, help="torch CPU threads (default: torch's count).")
+@click.option(
+    "--threads", type=click.IntRange(min=1), help="torch CPU threads (default: torch's count)."
+)
 @click.option(
     "--tune-malloc/--no-tune-malloc",
     default=None,

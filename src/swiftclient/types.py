@@ -56,7 +56,7 @@ __all__ = [
     "Usage",
 ]
 
-_REQUEST = ConfigDict(extra="forbid", populate_by_name=True)
+_REQUEST = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 _RESPONSE = ConfigDict(extra="allow", populate_by_name=True)
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]

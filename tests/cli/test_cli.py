@@ -157,6 +157,29 @@ def test_flags_that_name_two_targets_are_a_usage_error(
         assert line.startswith("swiftclient: error: ") and says in line, line
 
 
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["serve", "--max-tokens-limit", "0"], "'--max-tokens-limit': 0 is not in the range"),
+        (["serve", "--kv-cache-mib", "0"], "'--kv-cache-mib'"),
+        (["serve", "--timeout-write", "-1"], "'--timeout-write'"),
+        (["chat", "--local", "--timeout", "0", "hi"], "'--timeout'"),
+        (["bench", "--local", "--duration", "0ms"], "'--duration'"),
+        (["chat", "--base-url", "notaurl", "-m", "m", "hi"], "--base-url must be an absolute"),
+        (["chat", "--backend", "openai", "-m", "x", "hi"], "pass --api-key or set"),
+    ],
+)
+def test_bad_values_are_usage_errors_naming_the_flag(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As docs/cli.md promises; they named the library's arguments (``default_max_tokens``,
+    ``Timeout.total``, ``api_key=``), or ended in an unexpected AssertionError."""
+    clear_provider_env(monkeypatch)
+    assert main(argv) == 2
+    (line,) = err_lines(capsys.readouterr().err)
+    assert line.startswith("swiftclient") and says in line, line
+
+
 def test_chat_without_a_model_uses_the_only_one_the_backend_lists(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -338,6 +338,16 @@ async def test_another_wires_tool_choice_is_refused_with_this_wires_form(
     assert not script.requests
 
 
+@pytest.mark.parametrize("field", ["temperature", "top_p", "presence_penalty"])
+async def test_a_nan_sampling_value_is_refused_as_not_finite(field: str) -> None:
+    """NaN was refused as "less than or equal to 2", which sends a caller to the wrong fix."""
+    script = Script()
+    async with scripted_client(script) as client:
+        with pytest.raises(ConfigurationError, match="finite number"):
+            await client.chat("x", **{field: float("nan")})
+    assert not script.requests
+
+
 @over_transports
 async def test_non_streamed_path() -> None:
     import httpx

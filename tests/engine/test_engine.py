@@ -306,3 +306,20 @@ def test_a_request_shares_only_the_same_prompt_and_salt(model: DecoderModel) -> 
     while engine.has_unfinished():
         engine.step()
     assert engine.num_free_blocks() == 256
+
+
+def test_from_pretrained_takes_the_embedded_model_by_name() -> None:
+    """As LocalBackend and SWIFTCLIENT_LOCAL_MODEL take it (docs' Engine API example failed
+    with "model path 'swift-tiny' does not exist")."""
+    from local_engine.default_model import DEFAULT_MODEL_NAME, embedded_model_dir
+
+    engine = Engine.from_pretrained(DEFAULT_MODEL_NAME, EngineConfig(num_blocks=8))
+    assert engine.tokenizer is not None
+    assert (
+        engine.tokenizer.vocab_size
+        == Engine.from_pretrained(
+            embedded_model_dir(), EngineConfig(num_blocks=8)
+        ).tokenizer.vocab_size
+    )  # type: ignore[union-attr]
+    with pytest.raises(Exception, match="does not exist"):
+        Engine.from_pretrained("no-such-model-dir", EngineConfig(num_blocks=8))

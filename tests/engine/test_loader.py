@@ -278,3 +278,20 @@ def test_corrupt_weights_file(tmp_path: Path) -> None:
     (path / "model.safetensors").write_bytes(b"\x00garbage")
     with pytest.raises(EngineConfigError, match="cannot read weights"):
         load_model(path)
+
+
+def test_a_device_torch_cannot_use_is_a_config_error() -> None:
+    """``serve --device cuda`` on a CPU-only torch ended in "unexpected AssertionError('Torch
+    not compiled with CUDA enabled')"; an unknown name in torch's RuntimeError."""
+    from local_engine.default_model import embedded_model_dir
+    from local_engine.loader import load_model
+
+    with pytest.raises(EngineConfigError, match="unknown device 'gpu0'"):
+        load_model(embedded_model_dir(), device="gpu0")
+    if not torch.cuda.is_available():
+        with pytest.raises(EngineConfigError, match="no usable CUDA"):
+            load_model(embedded_model_dir(), device="cuda")
+    else:
+        count = torch.cuda.device_count()
+        with pytest.raises(EngineConfigError, match="CUDA device"):
+            load_model(embedded_model_dir(), device=f"cuda:{count}")

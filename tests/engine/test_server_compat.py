@@ -417,6 +417,30 @@ async def test_every_request_gets_an_access_line(
     assert _parse("--no-access-log").access_log is False and _parse().access_log is True
 
 
+@pytest.mark.anyio
+async def test_a_request_answered_500_is_logged_as_500_not_499(
+    tiny: TinyModel,
+    anyio_backend: str,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An error that escaped the handler was answered 500 by the app, but the access line
+    (and the span) said 499, the client-went-away status."""
+    from local_engine.service import ChatService
+
+    def broken(self: Any, request: Any) -> Any:
+        raise RuntimeError("a bug in the server")
+
+    monkeypatch.setattr(ChatService, "prepare", broken)
+    with caplog.at_level(logging.INFO, logger="local_engine.server.access"):
+        async with serve(tiny.engine()) as running:
+            body = {"model": "tiny-test", "messages": HI, "max_tokens": 2}
+            response = await running.http.post("/v1/chat/completions", json=body)
+            assert response.status_code == 500
+    lines = [r.getMessage() for r in caplog.records if r.name == "local_engine.server.access"]
+    assert any('"POST /v1/chat/completions" 500 ' in line for line in lines), lines
+
+
 class _AccessLines(logging.Handler):
     """The access lines, from the server's thread; ``wait`` blocks for the next one."""
 

@@ -21,6 +21,7 @@ from ._common import (
     DURATION,
     EXIT_ERROR,
     EXIT_USAGE,
+    POSITIVE_DURATION,
     CLIError,
     TargetOptions,
     build_target,
@@ -293,7 +294,9 @@ class _Progress:
     "-n", "--requests", type=click.IntRange(min=1), help="Measured requests per level (default 32)."
 )
 @click.option(
-    "--duration", **DURATION, help="Measure each level for this long instead of -n (e.g. 30s)."
+    "--duration",
+    **POSITIVE_DURATION,
+    help="Measure each level for this long instead of -n (e.g. 30s).",
 )
 @click.option(
     "--warmup",
@@ -336,7 +339,9 @@ class _Progress:
     help="Ask the server to generate every requested token (local engine, vLLM, SGLang).",
 )
 @click.option("--temperature", type=float, help="Sampling temperature sent with every request.")
-@click.option("--timeout", **DURATION, help="Per-request time limit (default: the client's).")
+@click.option(
+    "--timeout", **POSITIVE_DURATION, help="Per-request time limit (default: the client's)."
+)
 @click.option(
     "--ramp-up",
     **DURATION,
@@ -362,7 +367,7 @@ class _Progress:
 )
 @click.option(
     "--slo-ttft",
-    **DURATION,
+    **POSITIVE_DURATION,
     help="Count goodput: requests per second with TTFT within this (e.g. 500ms).",
 )
 @click.option(

@@ -21,8 +21,8 @@ from ..errors import ConfigurationError, SwiftClientError
 from ..providers import BuiltinTools, local_tools
 from ..types import ChatCompletion, Message, Timing
 from ._common import (
-    DURATION,
     EXIT_USAGE,
+    POSITIVE_DURATION,
     CLIError,
     Target,
     TargetOptions,
@@ -336,7 +336,9 @@ def _interactive(
 )
 @click.option("--temperature", type=float, help="Sampling temperature.")
 @click.option(
-    "--timeout", **DURATION, help="Time limit for each reply (e.g. 30s; default: the client's)."
+    "--timeout",
+    **POSITIVE_DURATION,
+    help="Time limit for each reply (e.g. 30s; default: the client's).",
 )
 @click.option(
     "--interactive",

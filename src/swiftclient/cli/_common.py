@@ -25,6 +25,7 @@ __all__ = [
     "EXIT_ERROR",
     "EXIT_INTERRUPTED",
     "EXIT_USAGE",
+    "POSITIVE_DURATION",
     "CLIError",
     "Target",
     "TargetOptions",
@@ -76,6 +77,22 @@ def _duration_callback(ctx: click.Context, param: click.Parameter, value: Any) -
 
 DURATION: dict[str, Any] = {"callback": _duration_callback, "metavar": "DURATION"}
 """Keyword arguments of a click option that takes a duration (``500ms``, ``2s``, ``1m``)."""
+
+
+def _positive_duration_callback(
+    ctx: click.Context, param: click.Parameter, value: Any
+) -> float | None:
+    seconds = _duration_callback(ctx, param, value)
+    if seconds is not None and seconds <= 0:
+        raise click.BadParameter(f"{value!r} is not a positive duration (e.g. 500ms, 30s)")
+    return seconds
+
+
+POSITIVE_DURATION: dict[str, Any] = {
+    "callback": _positive_duration_callback,
+    "metavar": "DURATION",
+}
+"""As :data:`DURATION`, for a limit that must be above zero (a timeout, a run's length)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +170,7 @@ def build_target(
             except ConfigurationError:
                 raise CLIError(_NOT_CONFIGURED, EXIT_USAGE) from None
     except ConfigurationError as exc:
-        raise CLIError(str(exc), EXIT_USAGE) from exc
+        raise CLIError(_in_flags(str(exc)), EXIT_USAGE) from exc
     model = options.model or env.get("SWIFTCLIENT_MODEL") or ""
     if not model and need_model:
         raise CLIError(
@@ -162,6 +179,17 @@ def build_target(
             EXIT_USAGE,
         )
     return Target(backend, model)
+
+
+# The library's words for what the command line calls a flag.
+_FLAG_WORDS = (("pass api_key=", "pass --api-key"), ("base_url must", "--base-url must"))
+
+
+def _in_flags(message: str) -> str:
+    """A configuration error of the library, naming the flag where it names an argument."""
+    for words, flag in _FLAG_WORDS:
+        message = message.replace(words, flag)
+    return message
 
 
 def target_options(func: F) -> F:
