@@ -68,9 +68,9 @@ def text_request_fields(body: dict[str, Any]) -> tuple[dict[str, Any], str | lis
         )
     logprobs = fields.pop("logprobs", None)
     if logprobs is not None:
-        if isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0:
+        if isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= 20:
             raise InvalidRequestError(
-                "logprobs must be a non-negative int (alternatives per token)", "logprobs"
+                "logprobs must be an int from 0 to 20 (alternatives per token)", "logprobs"
             )
         fields["logprobs"] = True
         fields["top_logprobs"] = logprobs

@@ -465,7 +465,8 @@ class ChatService:
                 _check_output(out)
                 texts[index].append(out.new_text)
                 if prepared.params.logprobs and out.logprobs:
-                    logprobs[index].extend(self.logprob_entries(out.logprobs))
+                    shown = self.shown_logprobs(out, prepared.params)
+                    logprobs[index].extend(self.logprob_entries(shown))
                 if out.finished:
                     finals[index] = out
                     if len(finals) == n:
@@ -497,6 +498,21 @@ class ChatService:
         completion.choices = choices
         completion.usage = _usage([finals[i] for i in range(n)])
         return completion
+
+    def shown_logprobs(self, out: RequestOutput, params: SamplingParams) -> list[TokenLogprob]:
+        """``out``'s logprobs without the token that ended the reply by being an end or
+        stop token: its text is not in the content, so its entry would not be either."""
+        logprobs = list(out.logprobs or ())
+        if (
+            logprobs
+            and out.finished
+            and out.finish_reason == "stop"
+            and out.stop_string is None
+            and not params.ignore_eos
+            and logprobs[-1].token_id in (self.engine.eos_token_ids | set(params.stop_token_ids))
+        ):
+            logprobs.pop()
+        return logprobs
 
     def logprob_entries(self, logprobs: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
         """OpenAI ``logprobs.content`` entries for generated tokens."""
@@ -657,6 +673,7 @@ class ChatChunks:
         "_outputs",
         "_pending",
         "_prompt_tokens",
+        "_params",
         "_service",
         "_streams",
         "_usage",
@@ -673,6 +690,7 @@ class ChatChunks:
         continuous: bool = False,
     ) -> None:
         self._service = service
+        self._params = prepared.params
         self._continuous = continuous
         self._outputs = outputs
         first = CompletionStream(
@@ -742,7 +760,8 @@ class ChatChunks:
         self._latest[index] = out
         stream = self._streams[index]
         if out.logprobs:
-            self._held_logprobs[index].extend(self._service.logprob_entries(out.logprobs))
+            shown = self._service.shown_logprobs(out, self._params)
+            self._held_logprobs[index].extend(self._service.logprob_entries(shown))
         chunk = stream.push(out.new_text) if out.new_text else None
         if chunk is not None:
             self._attach_logprobs(chunk, index)

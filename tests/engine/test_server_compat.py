@@ -23,6 +23,7 @@ from local_engine.sampler import Sampler, SamplingParams
 from local_engine.sequence import Sequence
 from local_engine.server import IGNORED_FIELDS_HEADER, _build, command
 from local_engine.service import ChatService
+from swiftclient import AsyncClient
 from swiftclient.types import ChatRequest
 
 from ..conformance.tiny_local import TinyModel, load_tiny_model
@@ -379,6 +380,7 @@ async def test_legacy_completions(served: Served) -> None:
         ({"prompt": ""}, "prompt"),
         ({"prompt": "a", "n": 2}, "n"),
         ({"prompt": "a", "logprobs": -1}, "logprobs"),
+        ({"prompt": "a", "logprobs": 50}, "logprobs"),  # it named top_logprobs
     ):
         response = await served.http.post("/v1/completions", json={"model": "tiny-test", **bad})
         assert response.status_code == 400, bad
@@ -586,6 +588,28 @@ async def test_the_embedded_model_writes_no_tool_call_without_tools() -> None:
         assert service.prepare(with_tools).params.banned_token_ids == ()
         called = await backend.complete(with_tools, _deadline())
         assert called.choices[0].message.tool_calls  # the model does call it when offered
+
+
+@pytest.mark.anyio
+async def test_logprobs_cover_the_content_not_the_end_token() -> None:
+    """The end-of-text token that ended a reply had an entry (``<|im_end|>``) though its text
+    is not in the content, plain and streamed."""
+    hello: Any = [{"role": "user", "content": "Hello!"}]
+    params: dict[str, Any] = {"temperature": 0.0, "max_tokens": 60, "logprobs": True}
+    async with AsyncClient(backend=LocalBackend()) as client:
+        completion = await client.chat(hello, model="default", **params)
+        choice = completion.choices[0]
+        assert choice.finish_reason == "stop" and choice.logprobs is not None
+        tokens = [entry["token"] for entry in choice.logprobs["content"]]
+        assert "".join(tokens) == choice.message.content
+        async with client.stream(hello, model="default", **params) as stream:
+            streamed = [
+                entry["token"]
+                async for chunk in stream
+                if chunk.choices and chunk.choices[0].logprobs
+                for entry in chunk.choices[0].logprobs["content"]
+            ]
+    assert streamed == tokens
 
 
 def _weather_tool() -> Any:
