@@ -101,6 +101,7 @@ class ImageContentPart(BaseModel):
 
 
 ContentPart = Annotated[TextContentPart | ImageContentPart, Field(discriminator="type")]
+_PART_TYPES = ("text", "image_url")
 
 
 class FunctionCall(BaseModel):
@@ -150,6 +151,28 @@ class Message(BaseModel):
     tool_call_id: str | None = None
     refusal: str | None = None
     """An assistant message's refusal (instead of content)."""
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _content_parts(cls, value: Any) -> Any:
+        """Name what is wrong with a list of parts in words (pydantic's own errors for the
+        union of a string and tagged parts are two, of which the first is beside the point)."""
+        if not isinstance(value, list):
+            return value
+        for i, part in enumerate(value):
+            if isinstance(part, BaseModel):
+                continue
+            if not isinstance(part, dict):
+                raise ValueError(f"part {i} is {type(part).__name__}, not an object")
+            kind = part.get("type")
+            if kind not in _PART_TYPES:
+                raise ValueError(
+                    f"content parts of type {kind!r} are not supported here "
+                    f"(part {i}; this API takes {' and '.join(map(repr, _PART_TYPES))} parts)"
+                )
+            if kind == "text" and not isinstance(part.get("text"), str):
+                raise ValueError(f"part {i} is a text part without a string 'text'")
+        return value
 
     @model_validator(mode="after")
     def _well_formed(self) -> Message:
@@ -312,6 +335,11 @@ class ChatRequest(BaseModel):
         # A dict without "function" may be another wire's form: say which, and this wire's.
         if isinstance(value, dict) and "function" not in value:
             raise ValueError(_tool_choice_hint(value))
+        if isinstance(value, str) and value not in ("none", "auto", "required"):
+            raise ValueError(
+                f"tool_choice {value!r} is none of 'none', 'auto', 'required' (or name a tool: "
+                "{'type': 'function', 'function': {'name': ...}})"
+            )
         return value
 
     @field_validator("tool_choice")

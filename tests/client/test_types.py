@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import get_args
+from typing import Any, get_args
 
 import pytest
 from pydantic import TypeAdapter, ValidationError
@@ -131,3 +131,33 @@ def test_an_attempts_end_has_one_spelling_per_vocabulary_and_one_map_between_the
     assert {k: v for k, v in OUTCOME_OF.items() if k != v} == {"ok": "won", "error": "failed"}
     schema = TypeAdapter(Attempt).json_schema()["properties"]["outcome"]
     assert schema["enum"] == list(get_args(AttemptOutcome))
+
+
+@pytest.mark.parametrize(
+    ("parts", "says"),
+    [
+        ([{"type": "weird"}], "content parts of type 'weird' are not supported"),
+        ([{"type": "input_audio", "input_audio": {}}], "type 'input_audio'"),
+        ([None], "part 0 is NoneType, not an object"),
+        ([{"type": "text", "text": "a"}, {"type": "text"}], "part 1 is a text part without"),
+    ],
+)
+def test_bad_content_parts_are_one_error_in_words(parts: list[Any], says: str) -> None:
+    """It was two of pydantic's union errors, the first "Input should be a valid string"
+    (param ``messages.0.content.str`` on the local server)."""
+    with pytest.raises(ValidationError) as raised:
+        ChatRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": parts}]})
+    errors = raised.value.errors()
+    assert len(errors) == 1 and errors[0]["loc"] == ("messages", 0, "content")
+    assert says in errors[0]["msg"]
+
+
+def test_an_unknown_tool_choice_string_is_one_error_naming_the_choices() -> None:
+    """It was param ``tool_choice.literal['none','auto','required']`` and a second error."""
+    with pytest.raises(ValidationError) as raised:
+        ChatRequest.model_validate(
+            {"model": "m", "messages": [{"role": "user", "content": "x"}], "tool_choice": "any"}
+        )
+    errors = raised.value.errors()
+    assert len(errors) == 1 and errors[0]["loc"] == ("tool_choice",)
+    assert "'any' is none of 'none', 'auto', 'required'" in errors[0]["msg"]
