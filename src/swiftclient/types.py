@@ -313,7 +313,7 @@ class ChatRequest(BaseModel):
     logit_bias: dict[str, float] | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    stream: bool | None = None
+    stream: bool | None = Field(default=None, strict=True)  # "yes" or 0 is no boolean
     stream_options: StreamOptions | None = None
     user: str | None = None
     metadata: dict[str, str] | None = None
@@ -327,6 +327,25 @@ class ChatRequest(BaseModel):
     def _non_empty(cls, value: list[Message]) -> list[Message]:
         if not value:
             raise ValueError("messages must hold at least one message")
+        return value
+
+    @field_validator(
+        "temperature",
+        "top_p",
+        "max_tokens",
+        "max_completion_tokens",
+        "seed",
+        "n",
+        "presence_penalty",
+        "frequency_penalty",
+        "top_logprobs",
+        mode="before",
+    )
+    @classmethod
+    def _not_a_boolean(cls, value: Any) -> Any:
+        # pydantic reads True as 1 for a number; a request that sends a boolean here is wrong
+        if isinstance(value, bool):
+            raise ValueError("must be a number, not a boolean")
         return value
 
     @field_validator("tool_choice", mode="before")

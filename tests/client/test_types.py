@@ -161,3 +161,17 @@ def test_an_unknown_tool_choice_string_is_one_error_naming_the_choices() -> None
     errors = raised.value.errors()
     assert len(errors) == 1 and errors[0]["loc"] == ("tool_choice",)
     assert "'any' is none of 'none', 'auto', 'required'" in errors[0]["msg"]
+
+
+@pytest.mark.parametrize(
+    "field",
+    [{"max_tokens": True}, {"n": True}, {"temperature": False}, {"stream": "yes"}, {"stream": 0}],
+)
+def test_a_boolean_for_a_number_or_a_string_for_stream_is_refused(field: dict[str, Any]) -> None:
+    """``max_tokens: true`` was read as 1 and ``stream: "yes"`` as true (the local server
+    served both)."""
+    with pytest.raises(ValidationError) as raised:
+        ChatRequest.model_validate(
+            {"model": "m", "messages": [{"role": "user", "content": "x"}], **field}
+        )
+    assert raised.value.errors()[0]["loc"] == (next(iter(field)),)

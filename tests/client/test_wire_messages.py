@@ -235,3 +235,13 @@ def test_thinking_as_text_and_passed_fields() -> None:
     ]
     assert (fields["top_k"], fields["min_p"], "extra_body" in fields) == (3, 0.1, False)
     assert ignored == ["thinking"]
+
+
+def test_a_stream_that_is_no_boolean_is_refused() -> None:
+    """``"stream": "yes"`` was served unstreamed, without a word."""
+    body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    for value in ("yes", 1, "true"):
+        with pytest.raises(MessagesRequestError, match="stream must be a boolean"):
+            chat_fields({**body, "stream": value}, [])
+    assert chat_fields({**body, "stream": True}, [])["stream"] is True
+    assert "stream" not in chat_fields({**body, "stream": False}, [])

@@ -193,7 +193,10 @@ def chat_fields(
     if choice is not None:
         _tool_choice(choice, fields)
     _output_format(body, fields)
-    if body.get("stream") is True:
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise MessagesRequestError("stream must be a boolean", "stream")  # "yes" was false
+    if stream:
         fields["stream"] = True
     extra: dict[str, Any] = {}
     for name, value in body.items():
