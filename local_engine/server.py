@@ -843,7 +843,7 @@ class LocalServer:
         try:
             chat = self._parse_messages(request, ignored, counting=True)
             _, service = self.backend.serving()
-            prepared = await anyio.to_thread.run_sync(service.prepare, chat)
+            count = await anyio.to_thread.run_sync(service.count_prompt, chat)
         except RequestError as error:
             await _send_messages_error(writer, error)
             return
@@ -851,7 +851,7 @@ class LocalServer:
             await _send_messages_error(writer, _engine_error(exc))
             return
         self._note_ignored(writer, ignored)
-        await writer.send_json(200, {"input_tokens": len(prepared.prompt.token_ids)})
+        await writer.send_json(200, {"input_tokens": count})
 
     def _messages_authorized(self, request: Request) -> bool:
         """The key in Anthropic's ``x-api-key`` header or as a bearer token."""

@@ -346,6 +346,16 @@ class ChatService:
         salt = extra.get("cache_salt") or request.user or None
         return PreparedRequest(prompt, params, salt)
 
+    def count_prompt(self, request: ChatRequest) -> int:
+        """The prompt tokens ``request`` renders to, with no limit of the model's context
+        (counting a prompt that does not fit says by how much). Blocking (tokenizing)."""
+        _check_supported(request)
+        self._check_tool_names(request)
+        try:
+            return len(self.formatter.prepare(request).token_ids)
+        except RecursionError as exc:
+            raise InvalidRequestError("the request nests too deeply to render") from exc
+
     def _check_tool_names(self, request: ChatRequest) -> None:
         """Tool names the model can write: no whitespace or control characters, and none of
         the tokenizer's added tokens (``<tool_call>``, ``<|im_end|>``...), which the model

@@ -338,6 +338,13 @@ async def test_count_tokens_counts_the_prompt_a_message_would_take(served: Serve
     usage = reply.usage
     assert counted.input_tokens == usage.input_tokens + (usage.cache_read_input_tokens or 0)
     assert longer.input_tokens > counted.input_tokens
+    # a prompt over the model's context is counted too (it was a 400 "leaving no room")
+    limit = served.engine.max_model_len
+    long_text = " ".join(["word"] * (2 * limit))
+    body = {"model": "tiny-test", "messages": [{"role": "user", "content": long_text}]}
+    over = await served.http.post("/v1/messages/count_tokens", json=body)
+    assert over.status_code == 200, over.text
+    assert over.json()["input_tokens"] > limit
     await served.settle()
 
 
