@@ -143,6 +143,22 @@ def test_tool_choice_text_format_and_logprobs_map_to_chat_fields() -> None:
         ({"input": [{"type": "function_call", "name": "f"}]}, "input[0].call_id", "call_id"),
         ({"input": 3}, "input", "string or a list"),
         ({"input": [{"role": "user", "content": [{"type": "input_file"}]}]}, None, "input_file"),
+        # they named internal paths or the wrong field (input.1.tool_calls..., .content)
+        (
+            {"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": {}}]},
+            "input[0].arguments",
+            "must be a string",
+        ),
+        (
+            {"input": [{"type": "function_call_output", "call_id": "c", "output": {}}]},
+            "input[0].output",
+            r"input\[0\]\.output must be a string",
+        ),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f"}}]},
+            "tools[0]",
+            "Chat Completions form",
+        ),
     ],
 )
 def test_requests_the_stateless_server_cannot_serve_are_refused_by_name(

@@ -286,6 +286,13 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
                 f"(got type {kind!r}); hosted tools run on OpenAI's side",
                 f"tools[{index}].type",
             )
+        if "function" in tool and "name" not in tool:
+            raise ResponsesRequestError(
+                f"tools[{index}] is in the Chat Completions form ({{'type': 'function', "
+                "'function': {...}}); the Responses API takes the function's fields at the "
+                "top: {'type': 'function', 'name': ..., 'parameters': ...}",
+                f"tools[{index}]",
+            )
         function = {
             k: tool[k]
             for k in ("name", "description", "parameters", "strict")
@@ -331,13 +338,17 @@ def _messages(items: Any) -> list[dict[str, Any]]:
                 _attach_reasoning(message, reasoning, carried)
             messages.append(message)
         elif kind == "function_call":
+            arguments = item.get("arguments")
+            arguments = "" if arguments is None else arguments
+            if not isinstance(arguments, str):
+                raise ResponsesRequestError(
+                    f"{where}.arguments must be a string (the call's JSON arguments, encoded)",
+                    f"{where}.arguments",
+                )
             call = {
                 "id": _string(item, "call_id", where),
                 "type": "function",
-                "function": {
-                    "name": _string(item, "name", where),
-                    "arguments": item.get("arguments") or "",
-                },
+                "function": {"name": _string(item, "name", where), "arguments": arguments},
             }
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant" and not (reasoning or carried):
@@ -348,7 +359,7 @@ def _messages(items: Any) -> list[dict[str, Any]]:
                 messages.append(message)
         elif kind == "function_call_output":
             output = item.get("output")
-            content = output if isinstance(output, str) else _content(output, where)
+            content = output if isinstance(output, str) else _content(output, where, "output")
             messages.append(
                 {
                     "role": "tool",
@@ -396,18 +407,19 @@ def _reasoning_text(item: Mapping[str, Any]) -> list[str]:
     return [p["text"] for p in parts if isinstance(p, Mapping) and isinstance(p.get("text"), str)]
 
 
-def _content(content: Any, where: str) -> str | list[dict[str, Any]]:
-    """A message's content: a string, or parts as chat content parts."""
+def _content(content: Any, where: str, field: str = "content") -> str | list[dict[str, Any]]:
+    """A message's content (or a call output's ``output``, the ``field`` errors name): a
+    string, or parts as chat content parts."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list) or not content:
         raise ResponsesRequestError(
-            f"{where}.content must be a string or a non-empty list of parts", f"{where}.content"
+            f"{where}.{field} must be a string or a non-empty list of parts", f"{where}.{field}"
         )
     parts: list[dict[str, Any]] = []
     for index, part in enumerate(content):
         kind = part.get("type") if isinstance(part, Mapping) else None
-        at = f"{where}.content[{index}]"
+        at = f"{where}.{field}[{index}]"
         if kind in ("input_text", "output_text", "text") and isinstance(part.get("text"), str):
             parts.append({"type": "text", "text": part["text"]})
         elif kind == "refusal" and isinstance(part.get("refusal"), str):
