@@ -201,6 +201,7 @@ class ChatFormatter:
     def render(
         self,
         messages: Sequence[Message | Mapping[str, Any]],
+        /,
         *,
         tools: Sequence[Tool | Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
@@ -264,7 +265,8 @@ class ChatFormatter:
         )
 
 
-# Template variables the request itself fills (chat_template_kwargs may set any other).
+# Template variables the request itself fills (chat_template_kwargs may set any other;
+# the render functions take the source and messages positionally, so "source" is free).
 _TEMPLATE_OWN = frozenset({"messages", "tools", "documents", "response_format", "special_tokens"})
 
 

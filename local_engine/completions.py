@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +24,7 @@ from swiftclient.types import ChatRequest
 
 from .engine import RequestOutput
 from .errors import EngineError, InvalidRequestError
+from .sampling_params import TokenLogprob
 from .service import ChatService, OutputSource, PreparedRequest
 from .tokenizer import Tokenizer
 
@@ -121,8 +122,8 @@ class _Logprobs:
             "text_offset": [],
         }
 
-    def add(self, out: RequestOutput) -> None:
-        for item in out.logprobs or ():
+    def add(self, items: Sequence[TokenLogprob]) -> None:
+        for item in items:
             text = self._tokenizer.token_text(item.token_id)
             self.data["tokens"].append(text)
             self.data["token_logprobs"].append(item.logprob)
@@ -155,7 +156,7 @@ async def complete_text(
             _check(out)
             texts.append(out.new_text)
             if logprobs is not None:
-                logprobs.add(out)
+                logprobs.add(service.shown_logprobs(out, prepared.params))
             if out.finished:
                 choice = {
                     "index": 0,
@@ -192,7 +193,7 @@ async def text_chunks(
     async for out in outputs:
         _check(out)
         if logprobs is not None:
-            logprobs.add(out)
+            logprobs.add(service.shown_logprobs(out, prepared.params))
         text = pending + out.new_text
         pending = ""
         if not text and not out.finished and not continuous_usage:

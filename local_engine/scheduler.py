@@ -239,10 +239,11 @@ class Scheduler:
         """Retire ``seq`` (stopped or aborted) and free its blocks."""
         if seq.status is SequenceStatus.FINISHED:
             return
-        # a step that raised while admitting ``seq`` may have left it in neither queue
-        for queue in (self.running, self.waiting):
-            if seq in queue:
-                queue.remove(seq)
+        queue = self.running if seq.status is SequenceStatus.RUNNING else self.waiting
+        try:
+            queue.remove(seq)
+        except ValueError:
+            pass  # a step that raised while admitting ``seq`` left it in neither queue
         self.pool.free(seq.block_table)
         seq.status = SequenceStatus.FINISHED
         del self._seqs[seq.request_id]

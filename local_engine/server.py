@@ -106,6 +106,7 @@ __all__ = ["LocalServer", "RequestError", "command", "main", "parse_chat_body"]
 _REQUEST_FIELDS = frozenset(ChatRequest.model_fields) - {"extra_body"}
 _STREAM_OPTIONS = frozenset(StreamOptions.model_fields)
 IGNORED_FIELDS_HEADER = "x-ignored-fields"
+"""The response header naming the request fields the server ignored (comma-separated)."""
 _NAMED_AT_MOST = 20  # ignored field names in the header and a log line
 _REMEMBERED_AT_MOST = 1000  # field names logged once (a client could send any number)
 _NAME_CHARS = 64
@@ -133,7 +134,6 @@ def _listed(names: list[str]) -> str:
     return shown + (f" and {more} more" if more > 0 else "")
 
 
-"""The response header naming the request fields the server ignored (comma-separated)."""
 _log = logging.getLogger("local_engine.server")
 access_log = logging.getLogger("local_engine.server.access")
 """One INFO line per request: client, method, path, status, tokens, TTFT and duration."""

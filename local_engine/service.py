@@ -68,6 +68,7 @@ from .engine import Engine, RequestOutput
 from .errors import EngineConfigError, EngineError, GrammarFailedError, InvalidRequestError
 from .grammar import Grammar, request_grammar
 from .sampling_params import SamplingParams, TokenLogprob
+from .stop import stop_token_ids
 from .tokenizer import Tokenizer
 from .tool_calls import tool_call_marker
 
@@ -241,6 +242,7 @@ class ChatService:
         self.formatter = ChatFormatter(
             self.tokenizer, chat_template=chat_template, tool_format=tool_format
         )
+        self._name_markers: list[str] | None = None  # added tokens no tool name may hold
 
     @property
     def max_model_len(self) -> int:
@@ -361,8 +363,14 @@ class ChatService:
         the tokenizer's added tokens (``<tool_call>``, ``<|im_end|>``...), which the model
         writes as tokens of their own, so a call could never spell the name (and its
         markup would end the call early)."""
-        markers = [text for text in self.tokenizer.added_tokens if len(text.strip()) > 1]
-        for i, tool in enumerate(request.tools or ()):
+        if not request.tools:
+            return
+        markers = self._name_markers
+        if markers is None:
+            markers = self._name_markers = [
+                text for text in self.tokenizer.added_tokens if len(text.strip()) > 1
+            ]
+        for i, tool in enumerate(request.tools):
             name = tool.function.name
             if any(char.isspace() or not char.isprintable() for char in name):
                 raise InvalidRequestError(
@@ -518,8 +526,7 @@ class ChatService:
             and out.finished
             and out.finish_reason == "stop"
             and out.stop_string is None
-            and not params.ignore_eos
-            and logprobs[-1].token_id in (self.engine.eos_token_ids | set(params.stop_token_ids))
+            and logprobs[-1].token_id in stop_token_ids(params, self.engine.eos_token_ids)
         ):
             logprobs.pop()
         return logprobs

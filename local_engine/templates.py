@@ -236,6 +236,7 @@ def normalize_tools(
 def render_chat_template(
     source: str,
     messages: Sequence[Message | Mapping[str, Any]],
+    /,
     *,
     tools: Sequence[Tool | Mapping[str, Any]] | None = None,
     add_generation_prompt: bool = False,
@@ -260,6 +261,7 @@ def render_chat_template(
 def render_normalized(
     source: str,
     messages: list[dict[str, Any]],
+    /,
     *,
     tools: Sequence[Tool | Mapping[str, Any]] | None = None,
     add_generation_prompt: bool = False,

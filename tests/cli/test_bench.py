@@ -450,3 +450,18 @@ def test_workers_start_spread_over_the_ramp_up(
     assert starts[-1] - starts[0] >= 0.29
     assert all(b - a >= 0.09 for a, b in zip(starts, starts[1:], strict=False))
     assert first_wave(together)[-1] - first_wave(together)[0] < 0.29
+
+
+def test_compare_local_is_the_local_engine_and_alone() -> None:
+    """``--compare "--local"`` compared A with itself once --local became a flag of its own;
+    and --compare's options name one target, as the command line's do."""
+    from swiftclient.cli._bench import VariantSpec, _variant_b
+    from swiftclient.cli._common import CLIError, TargetOptions
+
+    a = VariantSpec(TargetOptions(base_url="http://127.0.0.1:9/v1", model="m"), None)
+    b = _variant_b("--local", a)
+    assert (b.target.backend, b.target.base_url, b.target.model) == ("local", None, "m")
+    for spec in ("--local --backend openai", "--local --base-url http://127.0.0.1:8/v1"):
+        with pytest.raises(CLIError) as raised:
+            _variant_b(spec, a)
+        assert raised.value.status == 2 and "--compare: " in raised.value.format_message()

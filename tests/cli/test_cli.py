@@ -505,6 +505,13 @@ def test_builtin_tools_do_not_run_a_call_cut_at_the_token_limit(
     lines = err_lines(capsys.readouterr().err)
     assert not any(line.startswith("[tool] get_weather(") for line in lines)
     assert any("not run" in line and "get_weather" in line for line in lines), lines
+    # with --json the cut reply is the document on stdout (stdout was empty)
+    with FakeProvider().run_in_thread() as fake:
+        fake.script(Reply(tool_calls=call, finish_reason="length"))
+        argv = ["chat", "--base-url", fake.base_url, "-m", "m", "--builtin-tools", "--json", "?"]
+        assert main(argv) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["choices"][0]["finish_reason"] == "length"
 
 
 def test_builtin_tools_without_the_local_extra_is_a_usage_error(

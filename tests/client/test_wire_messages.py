@@ -245,3 +245,26 @@ def test_a_stream_that_is_no_boolean_is_refused() -> None:
             chat_fields({**body, "stream": value}, [])
     assert chat_fields({**body, "stream": True}, [])["stream"] is True
     assert "stream" not in chat_fields({**body, "stream": False}, [])
+
+
+def test_a_call_a_stop_string_cut_short_is_the_stop_sequence_not_tool_use() -> None:
+    """It said ``stop_reason: "tool_use"`` with ``input: {}``: an agent loop would have run
+    the call the stop string cut short."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"ci'}}
+    completion = ChatCompletion.model_validate(
+        {
+            "id": "c",
+            "created": 0,
+            "model": "m",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": None, "tool_calls": [call]},
+                    "finish_reason": "stop",
+                    "stop_reason": "ris",
+                }
+            ],
+        }
+    )
+    body = message_body(completion, "m")
+    assert (body["stop_reason"], body["stop_sequence"]) == ("stop_sequence", "ris")

@@ -282,6 +282,47 @@ def test_chunks_become_numbered_events_text_then_a_streamed_call() -> None:
     assert event_bytes(out[0]).startswith(b"event: response.created\ndata: {")
 
 
+@pytest.mark.parametrize(("finish", "matched"), [("length", None), ("stop", "ris")])
+def test_a_call_cut_short_is_incomplete_plain_and_streamed_alike(
+    finish: str, matched: str | None
+) -> None:
+    """A whole call, then one cut by the token limit or a stop string: the cut one is
+    ``incomplete`` and the others ``completed``, in the plain body, in the streamed items and
+    in the stream's final response (that listed every item with the response's status; a
+    stop string's cut was ``completed`` everywhere)."""
+    whole = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    cut = {"id": "call_2", "type": "function", "function": {"name": "f", "arguments": '{"ci'}}
+    extra = {} if matched is None else {"stop_reason": matched}
+    choice = {
+        "index": 0,
+        "message": {"role": "assistant", "content": "Checking.", "tool_calls": [whole, cut]},
+        "finish_reason": finish,
+        **extra,
+    }
+    completion = ChatCompletion.model_validate(
+        {"id": "c", "created": 0, "model": "m", "choices": [choice]}
+    )
+    plain = [item["status"] for item in response_body(completion, _echo())["output"]]
+    assert plain == ["completed", "completed", "incomplete"]
+
+    events = ResponseEvents(_echo())
+    out = events.start() + events.feed(_chunk(content="Checking."))
+    for i, call in enumerate((whole, cut)):
+        delta = ToolCallDelta(
+            index=i,
+            id=call["id"],
+            function=FunctionCallDelta(name="f", arguments=call["function"]["arguments"]),
+        )
+        out += events.feed(_chunk(calls=[delta]))
+    last = _chunk(finish=finish)
+    if matched is not None:
+        last.choices[0].__pydantic_extra__ = {"stop_reason": matched}  # as the engine says it
+    out += events.feed(last) + events.end()
+    done = [e["item"]["status"] for e in out if e["type"] == "response.output_item.done"]
+    final = [item["status"] for item in out[-1]["response"]["output"]]
+    assert done == final == plain
+
+
 def test_a_reply_cut_short_ends_incomplete_and_a_broken_one_failed() -> None:
     events = ResponseEvents(_echo())
     out = events.start() + events.feed(_chunk(content="Hi", finish="length"))

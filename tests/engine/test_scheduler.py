@@ -188,6 +188,28 @@ def test_finish_frees_blocks_waiting_and_running() -> None:
     assert not sched.has_unfinished()
 
 
+def test_a_sequence_lost_by_a_failed_admission_can_still_be_finished(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An admission that raised (a salt the prefix cache could not hash) left the sequence
+    out of both queues while it still said waiting; finishing it (what aborting every
+    request does when the engine fails) raised "not in deque"."""
+    pool = BlockPool(8, BS)
+    sched = Scheduler(pool, max_num_seqs=2, max_num_batched_tokens=16)
+    seq = make_seq("a", 6)
+    sched.add(seq)
+
+    def broken(*args: object) -> None:
+        raise UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed")
+
+    monkeypatch.setattr(pool, "allocate", broken)
+    with pytest.raises(UnicodeEncodeError):
+        sched.schedule()
+    assert seq.status is SequenceStatus.WAITING and sched.num_waiting == 0
+    sched.finish(seq)
+    assert seq.is_finished and pool.num_free_blocks == 8 and not sched.has_unfinished()
+
+
 def test_update_ignores_sequences_aborted_mid_step() -> None:
     sched = Scheduler(BlockPool(8, BS), max_num_seqs=2, max_num_batched_tokens=16)
     seq = make_seq("a", 6)

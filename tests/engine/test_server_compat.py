@@ -208,6 +208,9 @@ async def test_null_extensions_are_absent_and_reserved_template_variables_are_40
         for path in ("/v1/chat/completions", "/v1/messages"):
             response = await served.http.post(path, json={**base, key: None})
             assert response.status_code == 200, (key, path, response.text)
+    # "source" is no variable the request fills: the template just sees it (it was a 500)
+    body = {**base, "chat_template_kwargs": {"source": 1}}
+    assert (await served.http.post("/v1/chat/completions", json=body)).status_code == 200
     for key in ("messages", "tools", "documents", "response_format", "special_tokens"):
         body = {**base, "chat_template_kwargs": {key: 1, "enable_thinking": False}}
         for path in ("/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens"):
@@ -610,6 +613,45 @@ async def test_logprobs_cover_the_content_not_the_end_token() -> None:
                 for entry in chunk.choices[0].logprobs["content"]
             ]
     assert streamed == tokens
+
+
+def test_shown_logprobs_leave_out_exactly_the_token_that_ended_the_reply(
+    tiny: TinyModel,
+) -> None:
+    """A stop token id ends a reply under ``ignore_eos`` too, and its entry went out then;
+    a stop string's tokens, a grammar's last token and an unfinished step keep theirs."""
+    from local_engine.engine import RequestOutput
+    from local_engine.sampling_params import TokenLogprob
+
+    service = ChatService(tiny.engine())
+    eos = next(iter(service.engine.eos_token_ids))
+
+    def out(last: int, *, finished: bool = True, stop: str | None = None) -> RequestOutput:
+        items = [TokenLogprob(5, -0.1, []), TokenLogprob(last, -0.2, [])]
+        return RequestOutput(
+            "r",
+            [5, last],
+            "x",
+            finished,
+            "stop" if finished else None,
+            1,
+            0,
+            2,
+            logprobs=items,
+            stop_string=stop,
+        )
+
+    def kept(output: RequestOutput, **params: Any) -> list[int]:
+        shown = service.shown_logprobs(output, SamplingParams(logprobs=True, **params))
+        return [item.token_id for item in shown]
+
+    assert kept(out(eos)) == [5]
+    assert kept(out(7), stop_token_ids=[7]) == [5]
+    assert kept(out(7), stop_token_ids=[7], ignore_eos=True) == [5]
+    assert kept(out(eos), ignore_eos=True) == [5, eos]  # EOS is text then, not an end
+    assert kept(out(7)) == [5, 7]  # a grammar that completed: its last token is content
+    assert kept(out(7, stop="x"), stop_token_ids=[7]) == [5, 7]
+    assert kept(out(eos, finished=False)) == [5, eos]
 
 
 def _weather_tool() -> Any:

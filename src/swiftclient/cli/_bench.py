@@ -161,6 +161,13 @@ def _variant_b(spec: str, a: VariantSpec) -> VariantSpec:
             '"--base-url http://other:8000/v1" or --compare "--hedge 150ms"',
             EXIT_USAGE,
         )
+    try:  # as the command line's own: --local is --backend local, alone
+        place = options_from(dict(given))
+    except CLIError as exc:
+        raise CLIError(f"--compare: {exc.format_message()}", EXIT_USAGE) from None
+    given.pop("local", None)
+    if place.backend is not None:
+        given["backend"] = place.backend
     target = a.target
     changes = {k: v for k, v in given.items() if k in ("backend", "base_url", "api_key", "model")}
     if "backend" in changes or "base_url" in changes:

@@ -110,6 +110,8 @@ class _Conversation:
                     file=sys.stderr,
                     flush=True,
                 )
+                if self.as_json:  # the reply is the turn's document (it was held back)
+                    self._write_json(completion)
                 break
             _report(completion)
             messages.append(Message.model_validate(completion.choices[0].message))
@@ -127,12 +129,7 @@ class _Conversation:
                 messages, model=self.model, **params
             )
             if "tools" not in params or not completion.tool_calls:
-                body = completion.model_dump(mode="json", exclude_none=True)
-                if completion.timing is not None:
-                    body["timing"] = _TIMING.dump_python(
-                        completion.timing, mode="json", exclude={"attempts"}
-                    )
-                self.out.write(json.dumps(body, indent=2) + "\n")
+                self._write_json(completion)
         else:
             wrote = False
             async with self.client.stream(messages, model=self.model, **params) as stream:
@@ -145,6 +142,16 @@ class _Conversation:
                 self.out.write("\n")
         self.out.flush()
         return completion
+
+    def _write_json(self, completion: ChatCompletion) -> None:
+        """The reply as one JSON document on stdout (with its timing)."""
+        body = completion.model_dump(mode="json", exclude_none=True)
+        if completion.timing is not None:
+            body["timing"] = _TIMING.dump_python(
+                completion.timing, mode="json", exclude={"attempts"}
+            )
+        self.out.write(json.dumps(body, indent=2) + "\n")
+        self.out.flush()
 
     @staticmethod
     def _run_tools(tools: BuiltinTools, completion: ChatCompletion) -> list[Message]:

@@ -16,7 +16,16 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["named_event"]
+from pydantic import BaseModel
+
+__all__ = ["matched_stop", "named_event"]
+
+
+def matched_stop(choice: BaseModel) -> str | None:
+    """The stop string that ended a chat choice (vLLM's ``stop_reason`` field, a string
+    when a stop string matched), else None."""
+    matched = (choice.model_extra or {}).get("stop_reason")
+    return matched if isinstance(matched, str) else None
 
 
 def named_event(kind: str, data: Mapping[str, Any]) -> bytes:

@@ -52,10 +52,8 @@ import secrets
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel
-
 from ..types import ChatCompletion, ChatCompletionChunk, ToolCallDelta, Usage
-from . import named_event
+from . import matched_stop, named_event
 
 __all__ = [
     "STOP_REASONS",
@@ -438,19 +436,13 @@ def _stop_reason(finish_reason: str | None) -> str | None:
     return STOP_REASONS.get(finish_reason, "end_turn")
 
 
-def _stop_string(choice: BaseModel) -> str | None:
-    """The stop sequence that ended a choice (vLLM's ``stop_reason``, a string when a stop
-    string matched), else None."""
-    matched = (choice.model_extra or {}).get("stop_reason")
-    return matched if isinstance(matched, str) else None
-
-
 def _stop_fields(finish_reason: str | None, calls: bool, matched: str | None) -> dict[str, Any]:
-    """A message's ``stop_reason`` and ``stop_sequence`` (``calls``: it made tool calls)."""
-    if finish_reason == "stop" and calls:
-        finish_reason = "tool_calls"
+    """A message's ``stop_reason`` and ``stop_sequence`` (``calls``: it made tool calls). A
+    matched stop string wins over the calls: a call it cut short is no finished call."""
     if finish_reason == "stop" and matched is not None:
         return {"stop_reason": "stop_sequence", "stop_sequence": matched}
+    if finish_reason == "stop" and calls:
+        finish_reason = "tool_calls"
     return {"stop_reason": _stop_reason(finish_reason) or "end_turn", "stop_sequence": None}
 
 
@@ -493,7 +485,7 @@ def message_body(completion: ChatCompletion, model: str) -> dict[str, Any]:
         "role": "assistant",
         "model": model,
         "content": content,
-        **_stop_fields(choice.finish_reason, bool(message.tool_calls), _stop_string(choice)),
+        **_stop_fields(choice.finish_reason, bool(message.tool_calls), matched_stop(choice)),
         "usage": _usage(completion.usage),
     }
 
@@ -596,7 +588,7 @@ class MessageEvents:
                 events.extend(self._call(call))
             if choice.finish_reason is not None:
                 self._finish = choice.finish_reason
-                self._matched = _stop_string(choice)
+                self._matched = matched_stop(choice)
         if chunk.usage is not None:
             self._usage = chunk.usage
         return events

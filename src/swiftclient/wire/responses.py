@@ -59,7 +59,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..types import ChatCompletion, ChatCompletionChunk, ToolCallDelta, Usage
-from . import named_event
+from . import matched_stop, named_event
 
 __all__ = [
     "ResponsesRequestError",
@@ -509,8 +509,12 @@ def response_body(
     output: list[dict[str, Any]] = [dict(item) for item in reasoning or ()]
     logprobs = list((choice.logprobs or {}).get("content") or [])
     calls = message.tool_calls or []
-    # the last item is the one a token limit cut (as the streamed items' statuses say)
+    # the last item is the one a token limit cut (as the streamed items' statuses say); a
+    # call a stop string cut short (it ended the text, and no "tool_calls" finish) is too
     said = "completed" if calls else status
+    cut_call = status
+    if calls and choice.finish_reason == "stop" and matched_stop(choice) is not None:
+        cut_call = "incomplete"
     if message.content or message.refusal or not calls:
         if message.refusal and not message.content:
             part = {"type": "refusal", "refusal": message.refusal}
@@ -520,7 +524,7 @@ def response_body(
             item = _message_item(_item_id("msg"), message.content or "", said, logprobs)
         output.append(item)
     for i, call in enumerate(calls):
-        done = status if i == len(calls) - 1 else "completed"
+        done = cut_call if i == len(calls) - 1 else "completed"
         output.append(
             _call_item(_item_id("fc"), call.id, call.function.name, call.function.arguments, done)
         )
@@ -545,6 +549,7 @@ class _Item:
         "logprobs",
         "name",
         "reasoning",
+        "status",
         "text",
     )
 
@@ -558,6 +563,7 @@ class _Item:
         self.name = ""
         self.arguments: list[str] = []
         self.reasoning: dict[str, Any] = {}
+        self.status: str | None = None  # the status it was closed with
 
     def snapshot(self, status: str) -> dict[str, Any]:
         if self.kind == "reasoning":
@@ -583,6 +589,7 @@ class ResponseEvents:
         self._current: _Item | None = None
         self._calls: dict[int, _Item] = {}
         self._finish: str | None = None
+        self._cut_by_stop = False
         self._usage: Usage | None = None
         self._reasoned = 0  # reasoning items already sent, of a stream that carries them
         self.closed = False
@@ -593,7 +600,7 @@ class ResponseEvents:
         return event
 
     def _output(self, status: str) -> list[dict[str, Any]]:
-        return [item.snapshot(status) for item in self._items]
+        return [item.snapshot(item.status or status) for item in self._items]
 
     def start(self) -> list[dict[str, Any]]:
         """``response.created`` and ``response.in_progress``."""
@@ -621,6 +628,8 @@ class ResponseEvents:
                 events.extend(self._call(call))
             if choice.finish_reason is not None:
                 self._finish = choice.finish_reason
+                # a stop string that ended a reply inside a call cut the call short
+                self._cut_by_stop = choice.finish_reason == "stop" and bool(matched_stop(choice))
         if chunk.usage is not None:
             self._usage = chunk.usage
             if not chunk.choices and not self.closed:
@@ -755,6 +764,9 @@ class ResponseEvents:
             return []
         self._current = None
         status = _status(self._finish) if self._finish is not None else "completed"
+        if item.kind == "function_call" and self._cut_by_stop:
+            status = "incomplete"
+        item.status = status
         events: list[dict[str, Any]] = []
         if item.kind == "message":
             text = "".join(item.text)
