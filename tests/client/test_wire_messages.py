@@ -109,6 +109,18 @@ def test_what_cannot_be_a_chat_call_is_refused(body: dict[str, Any], param: str 
         assert refused.value.param == param
 
 
+def _completion(message: dict[str, Any], **choice: Any) -> ChatCompletion:
+    """A one-choice completion of ``message``, the choice's other fields from ``choice``."""
+    return ChatCompletion.model_validate(
+        {
+            "id": "c",
+            "created": 0,
+            "model": "m",
+            "choices": [{"index": 0, "message": message, **choice}],
+        }
+    )
+
+
 def test_a_body_counts_cache_reads_and_writes_apart() -> None:
     completion = ChatCompletion.model_validate(
         {
@@ -145,20 +157,7 @@ def test_a_body_counts_cache_reads_and_writes_apart() -> None:
 def test_an_empty_reply_has_no_content_block_plain_or_streamed() -> None:
     """A plain body said ``[{"type": "text", "text": ""}]`` where the stream sent no block;
     Anthropic's API refuses such an empty text block when the reply is sent back."""
-    completion = ChatCompletion.model_validate(
-        {
-            "id": "c",
-            "created": 0,
-            "model": "m",
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": None},
-                    "finish_reason": "length",
-                }
-            ],
-        }
-    )
+    completion = _completion({"role": "assistant", "content": None}, finish_reason="length")
     body = message_body(completion, "m")
     assert body["content"] == [] and body["stop_reason"] == "max_tokens"
 
@@ -187,14 +186,7 @@ def _stop_chunk(finish: dict[str, Any], usage: dict[str, Any] | None = None) -> 
 
 def test_a_matched_stop_string_is_the_stop_sequence_plain_and_streamed() -> None:
     matched = {"finish_reason": "stop", "stop_reason": "END"}
-    completion = ChatCompletion.model_validate(
-        {
-            "id": "c",
-            "created": 0,
-            "model": "m",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi"}, **matched}],
-        }
-    )
+    completion = _completion({"role": "assistant", "content": "Hi"}, **matched)
     body = message_body(completion, "m")
     assert (body["stop_reason"], body["stop_sequence"]) == ("stop_sequence", "END")
     counts = {"prompt_tokens": 4, "completion_tokens": 0, "total_tokens": 4}
@@ -251,20 +243,7 @@ def test_a_call_a_stop_string_cut_short_is_the_stop_sequence_not_tool_use() -> N
     """It said ``stop_reason: "tool_use"`` with ``input: {}``: an agent loop would have run
     the call the stop string cut short."""
     call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"ci'}}
-    completion = ChatCompletion.model_validate(
-        {
-            "id": "c",
-            "created": 0,
-            "model": "m",
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": None, "tool_calls": [call]},
-                    "finish_reason": "stop",
-                    "stop_reason": "ris",
-                }
-            ],
-        }
-    )
+    message = {"role": "assistant", "content": None, "tool_calls": [call]}
+    completion = _completion(message, finish_reason="stop", stop_reason="ris")
     body = message_body(completion, "m")
     assert (body["stop_reason"], body["stop_sequence"]) == ("stop_sequence", "ris")
