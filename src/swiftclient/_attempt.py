@@ -50,6 +50,17 @@ _current_task = asyncio.current_task
 _cancelled = anyio.get_cancelled_exc_class
 
 
+def _is_cancellation(exc: BaseException) -> bool:
+    """True for the event loop's cancellation, also when it comes wrapped in an exception
+    group made of nothing else (trio's connect raises one out of its own nursery)."""
+    if isinstance(exc, _cancelled()):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        _, rest = exc.split(_cancelled())
+        return rest is None
+    return False
+
+
 class Target(NamedTuple):
     """Where one attempt goes: a backend, the backend's own model name, and the name the
     client registered the backend under (``AsyncClient(backends={"r0": ...})``; None: the
@@ -343,7 +354,7 @@ class AttemptRun:
         outcome: AttemptOutcome
         if lost:
             outcome = "lost"
-        elif cancelled or (exc is not None and isinstance(exc, _cancelled())):
+        elif cancelled or (exc is not None and _is_cancellation(exc)):
             outcome = "cancelled" if self._owner.winner in (0, record.number) else "lost"
         elif exc is None:
             outcome = "ok"

@@ -116,6 +116,17 @@ def _hedge(hedge: Hedge | None) -> Hedge | None:
     return hedge
 
 
+def _retry(retry: object) -> RetryPolicy | None:
+    """``retry`` checked: a :class:`RetryPolicy` or None (an int there raised AttributeError
+    only once a request failed)."""
+    if retry is not None and not isinstance(retry, RetryPolicy):
+        raise errors.ConfigurationError(
+            f"retry must be a RetryPolicy or None, got {retry!r} "
+            "(e.g. RetryPolicy(max_attempts=3), or RetryPolicy.none())"
+        )
+    return retry
+
+
 class AsyncClient:
     """The client agents call: ``await client.chat(messages=..., model=...)``.
 
@@ -215,7 +226,7 @@ class AsyncClient:
         self._default = default_backend
         self.model = model
         self.timeout = Timeout() if isinstance(timeout, NotGiven) else Timeout.coerce(timeout)
-        self.retry = retry or RetryPolicy()
+        self.retry = _retry(retry) or RetryPolicy()
         self.stream_chat = stream_chat
         self.hedge = _hedge(hedge)
         self.router = router
@@ -459,7 +470,7 @@ class AsyncClient:
             targets,
             request,
             Deadline(limits),
-            retry or self.retry,
+            _retry(retry) or self.retry,
             call_id=_call_key(),
             encoding=CallEncoding(static),
             streamed=streamed,

@@ -251,6 +251,14 @@ class ConfigurationError(SwiftClientError, ValueError):
     """Bad arguments, an unknown backend, or a missing optional extra."""
 
 
+def _restore_error(cls: type[APIError], args: tuple[Any, ...], state: dict[str, Any]) -> APIError:
+    """An :class:`APIError` of ``cls`` with ``args`` and the attributes in ``state``."""
+    error = cls.__new__(cls, *args)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
+
 class APIError(SwiftClientError):
     """A call to a model backend failed.
 
@@ -265,6 +273,11 @@ class APIError(SwiftClientError):
         super().__init__(message)
         self.message = message
         self.backend = backend
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt from its fields, not by calling __init__ again (whose keyword-only fields
+        # pickle's default leaves out): errors cross process pools and copy.copy whole.
+        return (_restore_error, (type(self), self.args, dict(self.__dict__)))
 
     def _rename_backend(self, old: str, new: str) -> None:
         """Name the backend ``new`` (the name the client registered it under) where the

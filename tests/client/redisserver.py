@@ -12,6 +12,7 @@ import subprocess
 import tempfile
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -30,6 +31,14 @@ def redis_server_binary() -> str:
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
     """``unix://...`` of a fresh redis-server that lives for the test session."""
+    with redis_process() as (url, _):
+        yield url
+
+
+@contextmanager
+def redis_process() -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """A fresh redis-server of its own (a test may stop it): its ``unix://...`` URL and
+    process, stopped on exit."""
     binary = redis_server_binary()
     with tempfile.TemporaryDirectory(prefix="swiftclient-redis-") as folder:
         socket = os.path.join(folder, "redis.sock")
@@ -69,7 +78,7 @@ def redis_url() -> Iterator[str]:
         try:
             if not ready.wait(60) or process.poll() is not None:
                 pytest.fail("redis-server did not start:\n" + "".join(lines[-20:]))
-            yield f"unix://{socket}"
+            yield f"unix://{socket}", process
         finally:
             process.terminate()
             try:

@@ -24,7 +24,7 @@ from swiftclient.admission import (
     StateStore,
 )
 
-from .redisserver import redis_url
+from .redisserver import redis_process, redis_url
 
 __all__ = ["redis_url"]  # the fixture, re-exported for pytest
 
@@ -173,6 +173,43 @@ async def test_redis_down_falls_back_to_per_process_limits_with_one_warning(
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
     assert "per-process" in warnings[0].getMessage()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_lease_a_timed_out_take_left_on_redis_is_released(anyio_backend: str) -> None:
+    """Redis ran a take after the client had timed out on it (the server stalled): the
+    call went on under the per-process fallback, released its lease there only, and the
+    lease held the target's one concurrency slot on Redis for its whole ttl (300 s)."""
+    import os
+    import signal
+
+    import redis.asyncio
+
+    target = key()
+    with redis_process() as (url, process):
+        raw = redis.asyncio.Redis.from_url(url)
+        leases = f"swiftclient:admission:{target}:leases"
+        async with raw, RedisStore(url, timeout=0.2, retry_after_down=1.0) as store:
+            # connected, and the script loaded, before the server stalls
+            assert (await store.take(target, [], concurrency=1, holder="h0", ttl=300)).granted
+            await store.release(target, "h0")
+            os.kill(process.pid, signal.SIGSTOP)
+            try:
+                admit = await store.take(target, [], concurrency=1, holder="h1", ttl=300)
+            finally:
+                os.kill(process.pid, signal.SIGCONT)
+            assert admit.granted  # by the per-process fallback
+            with anyio.fail_after(30):
+                # Redis runs the take it was sent (another process: polled)
+                while await raw.zcard(leases) == 0:  # noqa: ASYNC110
+                    await anyio.sleep(0.01)
+            await store.release(target, "h1")  # still degraded: released locally
+            await anyio.sleep(1.0)  # the store's down window (retry_after_down) passes
+            # the next call that reaches Redis clears the lease the failed take left
+            other = await store.take(target, [], concurrency=1, holder="h2", ttl=300)
+            assert other.granted
+            await store.release(target, "h2")
+            assert await raw.zcard(leases) == 0
 
 
 def test_redis_store_needs_exactly_one_of_url_and_client() -> None:

@@ -348,6 +348,17 @@ async def test_a_nan_sampling_value_is_refused_as_not_finite(field: str) -> None
     assert not script.requests
 
 
+async def test_a_retry_that_is_no_policy_is_refused_up_front() -> None:
+    """``retry=3`` was accepted and raised AttributeError only once a request failed."""
+    script = Script()
+    with pytest.raises(ConfigurationError, match="retry must be a RetryPolicy"):
+        AsyncClient(HTTPBackend("http://127.0.0.1:9/v1"), model="m", retry=3)  # type: ignore[arg-type]
+    async with scripted_client(script) as client:
+        with pytest.raises(ConfigurationError, match="retry must be a RetryPolicy"):
+            await client.chat("x", retry=5)  # type: ignore[arg-type]
+    assert not script.requests
+
+
 @over_transports
 async def test_non_streamed_path() -> None:
     import httpx

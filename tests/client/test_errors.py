@@ -224,3 +224,35 @@ def test_redact_shortcut_agrees_with_the_full_substitutions(text: str) -> None:
     full = errors._PREFIXED_KEY.sub(errors._mask_prefixed, full)
     full = errors._KEY_FIELD.sub(errors._mask_field, full)
     assert errors.redact(text) == full
+
+
+def test_every_api_error_survives_pickle_and_copy() -> None:
+    """Status errors and RateLimited need keyword-only fields, which pickle's default left
+    out: unpickling raised TypeError, and a ProcessPoolExecutor whose worker raised one died
+    ("A process in the process pool was terminated abruptly")."""
+    import copy
+    import pickle
+
+    from swiftclient.types import Attempt
+
+    status = errors.RateLimitError(
+        "b: HTTP 429",
+        status_code=429,
+        request_id="r1",
+        body={"e": 1},
+        headers={"h": "v"},
+        backend="b",
+    )
+    tried = [Attempt(number=n, backend="b", model="m", started=0.0) for n in (1, 2)]
+    status._record_attempts(tried)
+    cases: list[errors.APIError] = [
+        status,
+        errors.InternalServerError("b: HTTP 500", status_code=500, backend="b"),
+        errors.RateLimited("full", limit="concurrency", reset_after=None, target="b/m"),
+        errors.StreamError("in-band", body={"error": "x"}),
+        errors.APIConnectionError("down", backend="b"),
+    ]
+    for error in cases:
+        for again in (pickle.loads(pickle.dumps(error)), copy.copy(error), copy.deepcopy(error)):
+            assert type(again) is type(error) and str(again) == str(error)
+            assert again.__dict__ == error.__dict__ and again.attempts == error.attempts

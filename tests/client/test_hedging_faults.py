@@ -176,3 +176,39 @@ def test_event_loops_in_two_threads_each_get_their_own_deadline_watch() -> None:
     for thread in threads:
         thread.join(timeout=60)
     assert results == [(True, True), (True, True)]
+
+
+async def test_a_cancellation_wrapped_in_an_exception_group_is_a_cancellation() -> None:
+    """trio's connect raises the cancellation of a hedge's loser out of its own nursery, in
+    an exception group: the attempt was recorded as an error (``BaseExceptionGroup``), not
+    ``lost``, on trio only."""
+    from swiftclient._attempt import _is_cancellation
+
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        try:
+            await anyio.sleep(1)
+        except anyio.get_cancelled_exc_class() as exc:
+            assert _is_cancellation(exc)
+            assert _is_cancellation(BaseExceptionGroup("connect", [exc]))
+            nested = BaseExceptionGroup("outer", [BaseExceptionGroup("inner", [exc])])
+            assert _is_cancellation(nested)
+            assert not _is_cancellation(BaseExceptionGroup("mixed", [exc, ValueError("x")]))
+            raise
+    assert not _is_cancellation(ValueError("x"))
+
+
+async def test_a_hedge_loser_cancelled_while_connecting_is_lost() -> None:
+    """The slow target's attempts lose to the fast one's: every one is ``lost`` (on trio
+    most were ``error``, ``BaseExceptionGroup``)."""
+    from swiftclient import HTTPBackend
+    from swiftclient.testing import FakeProvider, Reply
+
+    async with FakeProvider(Reply(ttft=5)) as slow, FakeProvider(Reply(text="fast")) as fast:
+        backends = {"a": HTTPBackend(slow.base_url), "b": HTTPBackend(fast.base_url)}
+        hedge = Hedge(delay=0.0, budget=1.0, budget_burst=1000)
+        async with AsyncClient(backends=backends, hedge=hedge, timeout=10) as client:
+            for _ in range(8):
+                reply = await client.chat("hi", model=["a/m", "b/m"])
+                outcomes = [(a.backend, a.outcome) for a in reply.timing.attempts]
+                assert outcomes == [("a", "lost"), ("b", "ok")], outcomes

@@ -242,3 +242,33 @@ def test_a_base_url_with_a_query_or_fragment_is_refused(suffix: str) -> None:
     with pytest.raises(ConfigurationError, match="query string or fragment") as info:
         HTTPBackend("https://api.example.com" + suffix)
     assert "SECRET" not in str(info.value) and "example.com" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ({"api_key": "sk-secret-123\n"}, "api_key holds a control character"),
+        ({"api_key": "sk-sécret-123"}, "api_key holds a control character"),
+        ({"api_key": 123}, "api_key must be a str"),
+        ({"headers": {"x-team": 1}}, "header 'x-team': header names and values must be str"),
+        ({"headers": {"x-team": "a\r\nx-evil: 1"}}, "header 'x-team' holds a control"),
+        ({"max_connections": 2.5}, "max_connections must be an int"),
+    ],
+)
+def test_header_values_no_request_could_send_are_refused_up_front(
+    kwargs: dict[str, object], says: str
+) -> None:
+    """A key read from a file kept its newline: asyncio raised a bare ValueError at call
+    time, trio retried it as a connection error, and a non-ASCII key's UnicodeEncodeError
+    carried the whole key in its ``object``."""
+    with pytest.raises(ConfigurationError) as raised:
+        HTTPBackend("http://127.0.0.1:9/v1", **kwargs)  # type: ignore[arg-type]
+    assert says in str(raised.value)
+    assert "secret" not in str(raised.value) and raised.value.__cause__ is None
+
+
+@pytest.mark.parametrize("url", [123, "http://", "https:///v1"])
+def test_a_base_url_without_a_host_is_refused_up_front(url: object) -> None:
+    """``"http://"`` was accepted and every call retried "invalid URL" three times."""
+    with pytest.raises(ConfigurationError, match="base_url must"):
+        HTTPBackend(url)  # type: ignore[arg-type]

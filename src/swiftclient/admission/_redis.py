@@ -358,6 +358,11 @@ class RedisStore:
         self._owns_client = client is None
         self._scripts: dict[str, Any] = {}
         self._fallback = MemoryStore()
+        # Leases a take may have left on Redis though the call saw it fail (Redis ran the
+        # script after the client's timeout), and those of them released since: removed on
+        # Redis once it answers again, or each would hold a slot for its whole ttl.
+        self._uncertain: set[tuple[str, str]] = set()
+        self._to_release: set[tuple[str, str]] = set()
         self._down_until = -math.inf
         self._warned = False
         self._cache: dict[str, tuple[float, float, int]] = {}
@@ -419,6 +424,8 @@ class RedisStore:
         if now < self._down_until:
             return local()
         try:
+            if self._to_release:  # first: the leases failed takes left hold slots
+                await self._release_orphans()
             result = await self._on_asyncio(fn, *args)
         except self._errors as exc:
             self._down_until = anyio.current_time() + self._retry_after_down
@@ -434,6 +441,19 @@ class RedisStore:
             self._warned = False
             logger.info("admission: the Redis store answers again; limits are shared again")
         return result
+
+    async def _release_orphans(self) -> None:
+        """Remove from Redis the released leases a failed take may have left there (the
+        store's errors propagate, to :meth:`_run`)."""
+        pending = list(self._to_release)
+
+        async def remove() -> None:
+            client = self._redis()
+            for key, holder in pending:
+                await client.zrem(self._keys(key)[1], holder)
+
+        await self._on_asyncio(remove)
+        self._to_release.difference_update(pending)
 
     def _keys(self, key: str) -> list[str]:
         base = self._prefix + key
@@ -460,9 +480,12 @@ class RedisStore:
         args.extend((queue or "", repr(queue_ttl)))
 
         seen: dict[str, float] = {}
+        tried = False
 
         async def remote() -> Admit:
             # may run on the helper loop (trio): its clock is not the caller's
+            nonlocal tried
+            tried = True
             reply = await self._eval("take", _TAKE, self._keys(key), args)
             if int(reply[0]) == 1:
                 for cost, value in zip(costs, reply[1:], strict=False):
@@ -476,6 +499,8 @@ class RedisStore:
             return Admit(False, limit, float(wait) if wait else None, int(reply[4]))
 
         def local() -> Admit:
+            if tried and holder:  # the script may still run: its lease would outlive the call
+                self._uncertain.add((key, holder))
             return self._fallback.take_now(
                 key,
                 costs,
@@ -486,7 +511,12 @@ class RedisStore:
                 queue_ttl=queue_ttl,
             )
 
-        admit = await self._run(remote, (), local)
+        try:
+            admit = await self._run(remote, (), local)
+        except BaseException:
+            if tried and holder:  # cancelled while Redis ran it
+                self._uncertain.add((key, holder))
+            raise
         if seen:
             self._levels[key] = (anyio.current_time(), seen)
         return admit
@@ -508,6 +538,11 @@ class RedisStore:
             await self._redis().zrem(leases, holder)
 
         self._fallback.release_now(key, holder)
+        if (key, holder) in self._uncertain:
+            self._uncertain.discard((key, holder))
+            self._to_release.add((key, holder))  # until Redis confirms it is gone
+            await self._run(_nothing, (), lambda: None)  # removes it, when Redis answers
+            return
         await self._run(remote, (), lambda: None)
 
     async def update(
@@ -630,6 +665,10 @@ class RedisStore:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+
+async def _nothing() -> None:
+    """No store operation (:meth:`RedisStore._run` does its pending removals first)."""
 
 
 def _cost_args(cost: BucketCost) -> tuple[str, str, str, str]:

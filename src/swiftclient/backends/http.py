@@ -17,7 +17,7 @@ import re
 import socket
 import warnings
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Any, Literal
@@ -144,6 +144,22 @@ class _Response:
             slots.release()
 
 
+def _check_headers(headers: Mapping[str, Any], from_key: Iterable[str]) -> None:
+    """Refuse header names and values no request could send (not strings, control
+    characters such as a key file's trailing newline, non-ASCII text), naming the header
+    (or ``api_key`` for the headers in ``from_key``) and never the value: it may be a key."""
+    keyed = set(from_key)
+    for name, value in headers.items():
+        where = "api_key" if name in keyed else f"header {name!r}"
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise errors.ConfigurationError(f"{where}: header names and values must be str")
+        if not value.isascii() or any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise errors.ConfigurationError(
+                f"{where} holds a control character (a trailing newline?) or non-ASCII text; "
+                "an HTTP header cannot carry it"
+            )
+
+
 class HTTPBackend:
     """A backend for one OpenAI-compatible HTTP API.
 
@@ -222,8 +238,10 @@ class HTTPBackend:
         cache_ttl: Literal["30m", "12h"] = "30m",
         min_cache_tokens: int = DEFAULT_MIN_TOKENS,
     ) -> None:
-        if not base_url or "://" not in base_url:
+        if not isinstance(base_url, str) or "://" not in base_url:
             raise errors.ConfigurationError("base_url must be an absolute http(s) URL")
+        if not base_url.split("://", 1)[1].split("/", 1)[0]:
+            raise errors.ConfigurationError("base_url must name a host (http://HOST...)")
         if "@" in base_url.split("://", 1)[1].split("/", 1)[0]:
             raise errors.ConfigurationError(
                 "base_url must not carry credentials (user:password@host): pass api_key= instead"
@@ -234,8 +252,8 @@ class HTTPBackend:
                 "base_url must not carry a query string or fragment (paths are appended to it):"
                 " pass keys as api_key= and fixed parameters as headers="
             )
-        if max_connections < 1:
-            raise errors.ConfigurationError("max_connections must be at least 1")
+        if not isinstance(max_connections, int) or max_connections < 1:
+            raise errors.ConfigurationError("max_connections must be an int of at least 1")
         if max_body_bytes < 1 or max_event_bytes < 1:
             raise errors.ConfigurationError("max_body_bytes and max_event_bytes must be positive")
         if proxy is not None and not proxy.startswith(("http://", "https://")):
@@ -251,8 +269,11 @@ class HTTPBackend:
         }
         if headers:
             base_headers.update({k.lower(): v for k, v in headers.items()})
+        if api_key is not None and not isinstance(api_key, str):
+            raise errors.ConfigurationError("api_key must be a str")
         if api_key:
             base_headers.update(self._auth_headers(api_key))
+        _check_headers(base_headers, self._auth_headers("").keys() if api_key else ())
         # The transport is made with the headers of every request (the session's own on
         # aiohttp, merged in C); each request sends its accept (and key) on top of them.
         self._base_headers = {k: v for k, v in base_headers.items() if k != "accept"}
