@@ -13,6 +13,7 @@ import pydantic
 import pytest
 
 from swiftclient import (
+    APIResponseValidationError,
     AsyncClient,
     AuthenticationError,
     BadRequestError,
@@ -384,6 +385,51 @@ async def test_non_streamed_path() -> None:
     ):
         completion = await client.chat("hi", stream=False)
     assert completion.text == "plain" and completion.timing is not None
+
+
+@over_transports
+@pytest.mark.parametrize("body", [{}, {"status": "queued"}, {"id": "x", "choices": []}])
+async def test_a_200_body_with_no_choices_is_not_a_completion(body: dict[str, Any]) -> None:
+    """Every field of a completion has a default, so ``{"status": "queued"}`` from a
+    gateway came back as an empty reply (``text == ""``, no finish reason)."""
+    import httpx
+
+    calls: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        return httpx.Response(200, json=body)
+
+    async with (
+        serve_handler(handler) as base_url,
+        AsyncClient(backend_for(base_url), model="m") as client,
+    ):
+        with pytest.raises(APIResponseValidationError, match="it has no choices"):
+            await client.chat("hi", stream=False)
+    assert len(calls) == 1  # not retried
+
+
+@over_transports
+@pytest.mark.parametrize("status", [302, 204])
+async def test_a_redirect_or_no_content_is_no_answer_and_not_retried(status: int) -> None:
+    """A 302 to a streamed chat was read as an event stream that ended early: "stream ended
+    before the completion finished", retried three times."""
+    import httpx
+
+    calls: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        return httpx.Response(status, headers={"location": "https://example.com/login"})
+
+    async with (
+        serve_handler(handler) as base_url,
+        AsyncClient(backend_for(base_url), model="m") as client,
+    ):
+        for stream in (True, False):
+            with pytest.raises(APIResponseValidationError, match=f"HTTP {status} is no answer"):
+                await client.chat("hi", stream=stream)
+    assert len(calls) == 2
 
 
 def test_env_configuration_and_presets() -> None:

@@ -659,6 +659,16 @@ class HTTPBackend:
                     raise await self._status_error(response)
                 finally:
                     await response.aclose()
+            if not 200 <= response.status < 300 or response.status == 204:
+                await response.aclose()
+                raise errors.APIResponseValidationError(
+                    f"{self.name}: HTTP {response.status} is no answer to a chat request "
+                    "(a redirect: base_url should name the API itself, not a page that "
+                    "forwards to it)"
+                    if 300 <= response.status < 400
+                    else f"{self.name}: HTTP {response.status} is no answer to a chat request",
+                    backend=self.name,
+                )
             return response
         raise error  # outside the except block: the chain keeps no transport exception
 
@@ -783,6 +793,11 @@ class HTTPBackend:
             )
         else:
             error = None
+            if not completion.choices:  # {} and {"status": "queued"} validate: no fields needed
+                error = _inband_error(self, body) or errors.APIResponseValidationError(
+                    f"{self.name}: response body is not a chat completion: it has no choices",
+                    backend=self.name,
+                )
         if error is not None:
             raise error
         extra = completion.__pydantic_extra__
