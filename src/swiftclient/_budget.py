@@ -26,13 +26,18 @@ DEFAULT_MAX_PUSHBACK = 60.0
 """The longest rest :func:`pushback` grants a target, whatever the server asks for."""
 
 
-def check_number(name: str, value: float, *, positive: bool) -> None:
+def check_number(name: str, value: object, *, positive: bool) -> None:
     """Refuse a parameter that is not a finite number > 0 (``positive``) or >= 0.
 
     Raises:
         ConfigurationError: naming the parameter and the bound.
     """
-    ok = math.isfinite(value) and (value > 0 if positive else value >= 0)
+    ok = (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and (value > 0 if positive else value >= 0)
+    )
     if not ok:
         bound = "> 0" if positive else ">= 0"
         raise ConfigurationError(f"{name} must be a finite number {bound}, got {value!r}")

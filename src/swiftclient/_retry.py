@@ -10,6 +10,7 @@ wait would end past the deadline is not made: the last error is raised instead.
 from __future__ import annotations
 
 import email.utils
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -20,6 +21,7 @@ import anyio
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 
 from . import errors
+from ._budget import check_number
 from ._deadline import Deadline
 
 __all__ = ["RetryPolicy", "retry_after", "retry_after_seconds"]
@@ -62,10 +64,16 @@ class RetryPolicy:
     max_retry_after: float = 60.0
 
     def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise errors.ConfigurationError("RetryPolicy.max_attempts must be at least 1")
-        if self.initial_backoff < 0 or self.max_backoff < 0 or self.max_retry_after < 0:
-            raise errors.ConfigurationError("RetryPolicy waits must not be negative")
+        attempts = self.max_attempts
+        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+            raise errors.ConfigurationError(
+                f"RetryPolicy.max_attempts must be an int of at least 1, got {attempts!r}"
+            )
+        check_number("RetryPolicy.initial_backoff", self.initial_backoff, positive=False)
+        check_number("RetryPolicy.max_backoff", self.max_backoff, positive=False)
+        after = self.max_retry_after  # may be inf: always wait as long as the server asks
+        if after != math.inf:
+            check_number("RetryPolicy.max_retry_after", after, positive=False)
 
     @classmethod
     def none(cls) -> RetryPolicy:

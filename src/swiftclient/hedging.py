@@ -27,6 +27,7 @@ import anyio.abc
 import anyio.lowlevel
 
 from . import errors
+from ._budget import check_number
 from ._deadline import running_loop
 
 
@@ -85,12 +86,14 @@ class Hedge:
             raise errors.ConfigurationError("Hedge.quantile must be between 0 and 1")
         if not 0.0 <= self.min_delay <= self.max_delay:
             raise errors.ConfigurationError("Hedge needs 0 <= min_delay <= max_delay")
-        if self.max_attempts < 1:
-            raise errors.ConfigurationError("Hedge.max_attempts must be at least 1")
-        if self.min_samples < 1:
-            raise errors.ConfigurationError("Hedge.min_samples must be at least 1")
-        if self.budget < 0 or self.budget_floor < 0:
-            raise errors.ConfigurationError("Hedge.budget and budget_floor must not be negative")
+        for name in ("max_attempts", "min_samples"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise errors.ConfigurationError(
+                    f"Hedge.{name} must be an int of at least 1, got {value!r}"
+                )
+        check_number("Hedge.budget", self.budget, positive=False)
+        check_number("Hedge.budget_floor", self.budget_floor, positive=False)
         if not self.budget_burst >= 1.0:
             raise errors.ConfigurationError(
                 f"Hedge.budget_burst must be >= 1 (one hedge costs one token), got "

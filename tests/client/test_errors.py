@@ -256,3 +256,23 @@ def test_every_api_error_survives_pickle_and_copy() -> None:
         for again in (pickle.loads(pickle.dumps(error)), copy.copy(error), copy.deepcopy(error)):
             assert type(again) is type(error) and str(again) == str(error)
             assert again.__dict__ == error.__dict__ and again.attempts == error.attempts
+
+
+@pytest.mark.parametrize(
+    ("kind", "fields", "says"),
+    [
+        ("RetryPolicy", {"max_attempts": "3"}, "an int of at least 1"),
+        ("RetryPolicy", {"initial_backoff": float("nan")}, "finite"),
+        ("Hedge", {"budget": float("nan")}, "Hedge.budget"),
+        ("Hedge", {"max_attempts": 2.5}, "Hedge.max_attempts"),
+    ],
+)
+def test_policies_refuse_values_that_are_no_numbers_or_nan(
+    kind: str, fields: dict[str, object], says: str
+) -> None:
+    """``RetryPolicy(max_attempts="3")`` raised TypeError from a comparison, and NaN
+    budgets and backoffs were accepted."""
+    import swiftclient
+
+    with pytest.raises(errors.ConfigurationError, match=says):
+        getattr(swiftclient, kind)(**fields)

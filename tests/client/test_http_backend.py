@@ -272,3 +272,17 @@ def test_a_base_url_without_a_host_is_refused_up_front(url: object) -> None:
     """``"http://"`` was accepted and every call retried "invalid URL" three times."""
     with pytest.raises(ConfigurationError, match="base_url must"):
         HTTPBackend(url)  # type: ignore[arg-type]
+
+
+@pytest.mark.anyio
+async def test_a_request_json_cannot_carry_is_a_configuration_error() -> None:
+    """A lone surrogate or an object in extra_body raised pydantic's serialization error
+    from inside the backend."""
+    async with FakeProvider() as fake, AsyncClient(HTTPBackend(fake.base_url), model="m") as client:
+        for call in (
+            client.chat("\ud800"),
+            client.chat("hi", extra_body={"x": object()}),
+        ):
+            with pytest.raises(ConfigurationError, match="cannot be sent as JSON"):
+                await call
+        assert not fake.requests

@@ -547,7 +547,14 @@ class HTTPBackend:
                 )
             elif key:
                 headers = {**headers, "idempotency-key": key}
-        body = self._encode(request, stream, encoding)
+        try:
+            body = self._encode(request, stream, encoding)
+        except (pydantic_core.PydanticSerializationError, UnicodeEncodeError) as exc:
+            reason = errors.redact(str(exc).splitlines()[0], *self._secrets)
+            raise errors.ConfigurationError(
+                f"the request cannot be sent as JSON ({reason}): a lone surrogate such as "
+                "\\ud800 in a text, or a value JSON has no form for (in extra_body, say)"
+            ) from None
         url = self._url if self._url_of is None else self._url_of(request.model)
         slots = self._slots
         assert slots is not None
