@@ -202,7 +202,14 @@ class Hooks(NamedTuple):
             for name in HOOK_NAMES:
                 if name not in used or getattr(getattr(kind, name, None), _NOOP, False):
                     continue
-                found[name].append(getattr(observer, name))
+                hook = getattr(observer, name, None)
+                if not callable(hook):
+                    raise errors.ConfigurationError(
+                        f"observer {type(observer).__name__} has no {name}() method (an "
+                        "AttemptObserver needs one per hook it hears, or attempt_hooks naming "
+                        "those it has)"
+                    )
+                found[name].append(hook)
         return cls(*(tuple(found[name]) for name in HOOK_NAMES))
 
     def plus(self, observer: AttemptObserver) -> Hooks:

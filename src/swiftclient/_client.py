@@ -205,6 +205,12 @@ class AsyncClient:
                 f"backends must be a mapping of name to Backend, got {type(backends).__name__}"
             )
         named: dict[str, Backend] = dict(backends or {})
+        for label, given in [*named.items(), *([("backend", backend)] if backend else [])]:
+            if not all(callable(getattr(given, m, None)) for m in ("stream", "complete")):
+                raise errors.ConfigurationError(
+                    f"{label!r} is not a Backend (it needs stream() and complete()), got "
+                    f"{type(given).__name__}"
+                )
         if backend is not None:
             named.setdefault(backend.name, backend)
             default_backend = default_backend or backend.name

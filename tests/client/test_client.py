@@ -360,6 +360,16 @@ async def test_a_retry_that_is_no_policy_is_refused_up_front() -> None:
     assert not script.requests
 
 
+def test_what_is_no_backend_or_observer_is_refused_up_front() -> None:
+    """``backends={"a": 1}`` was accepted (AttributeError at the first call or on close),
+    and ``observers=[object()]`` raised AttributeError from inside the hook lookup."""
+    backend = HTTPBackend("http://127.0.0.1:9/v1")
+    with pytest.raises(ConfigurationError, match="'a' is not a Backend"):
+        AsyncClient(backends={"a": 1})  # type: ignore[dict-item]
+    with pytest.raises(ConfigurationError, match="has no on_start"):
+        AsyncClient(backend, observers=[object()])  # type: ignore[list-item]
+
+
 @over_transports
 async def test_non_streamed_path() -> None:
     import httpx
