@@ -123,7 +123,7 @@ def _status_of(writer: ResponseWriter, raised: BaseException | None) -> int:
 def _printable(name: str) -> str:
     """A client's field name as it may go in a header or a log line: non-ASCII and control
     characters escaped (``\\n``, ``\\u043a``), cut to :data:`_NAME_CHARS` characters."""
-    escaped = ascii(name)[1:-1]
+    escaped = ascii(name)[1:-1].replace(",", "\\x2c")  # the header lists names by commas
     return escaped if len(escaped) <= _NAME_CHARS else escaped[: _NAME_CHARS - 3] + "..."
 
 

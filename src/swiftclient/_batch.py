@@ -318,6 +318,10 @@ async def batch_iter(
         raise ConfigurationError(f"min_shared_bytes must be an int, got {min_shared_bytes!r}")
     if isinstance(requests, (str, bytes, Mapping, ChatRequest)):
         raise ConfigurationError("requests must be an iterable of requests, not one request")
+    if not isinstance(requests, Iterable):
+        raise ConfigurationError(
+            f"requests must be an iterable of requests, got {type(requests).__name__}"
+        )
     entries = [_entry(item, defaults, index) for index, item in enumerate(requests)]
     keys = [_prefix_key(entry, client.model) for entry in entries]
     scheduler = _Scheduler(plan_batch(keys, min_shared_bytes))

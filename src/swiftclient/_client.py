@@ -327,6 +327,10 @@ class AsyncClient:
 
     async def warmup(self, connections: int = 1) -> None:
         """Open pooled connections (HTTP) or load models (local) before the first call."""
+        if isinstance(connections, bool) or not isinstance(connections, int) or connections < 1:
+            raise errors.ConfigurationError(
+                f"warmup(connections) must be an int of at least 1, got {connections!r}"
+            )
         for backend in self._backends.values():
             warm = getattr(backend, "warmup", None)
             if warm is not None:

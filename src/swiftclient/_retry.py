@@ -9,7 +9,6 @@ wait would end past the deadline is not made: the last error is raised instead.
 
 from __future__ import annotations
 
-import email.utils
 import math
 import random
 import time
@@ -23,6 +22,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 from . import errors
 from ._budget import check_number
 from ._deadline import Deadline
+from .admission._headers import parse_retry_after
 
 __all__ = ["RetryPolicy", "retry_after", "retry_after_seconds"]
 
@@ -33,25 +33,8 @@ _RETRY_STATUSES = frozenset({408, 409, 429})
 
 def retry_after_seconds(headers: dict[str, str]) -> float | None:
     """Parse ``retry-after-ms`` or ``Retry-After`` (seconds or HTTP date) into seconds."""
-    lowered = {k.lower(): v for k, v in headers.items()}
-    value = lowered.get("retry-after-ms")
-    if value is not None:
-        try:
-            return max(0.0, float(value) / 1000.0)
-        except ValueError:
-            pass
-    value = lowered.get("retry-after")
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
+    # negative, NaN or infinite numbers are no wait to honour (backoff then), not "now"
+    return parse_retry_after({k.lower(): v for k, v in headers.items()}, time.time())
 
 
 @dataclass(frozen=True, slots=True)

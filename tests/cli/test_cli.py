@@ -136,6 +136,17 @@ def test_base_url_takes_the_key_from_the_environment(
     assert "hello back" in capsys.readouterr().out
 
 
+def test_the_local_provider_from_the_environment_refuses_a_base_url(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``SWIFTCLIENT_PROVIDER=local`` with ``--base-url`` answered from the local engine."""
+    clear_provider_env(monkeypatch)
+    monkeypatch.setenv("SWIFTCLIENT_PROVIDER", "local")
+    assert main(["chat", "--base-url", "http://127.0.0.1:9/v1", "hi"]) == 2
+    (line,) = err_lines(capsys.readouterr().err)
+    assert "--base-url has no use" in line and "SWIFTCLIENT_PROVIDER=local" in line
+
+
 @pytest.mark.parametrize(
     ("argv", "says"),
     [

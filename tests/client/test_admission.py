@@ -120,6 +120,18 @@ def test_retry_after_seconds_date_and_milliseconds() -> None:
     assert parse_retry_after({}, WALL) is None
 
 
+@pytest.mark.parametrize("value", ["-5", "nan", "inf", "-1e9"])
+def test_a_retry_after_that_is_no_wait_means_backoff_not_now(value: str) -> None:
+    """The retry path's own parser read a negative or NaN ``Retry-After`` as 0 (retry at
+    once); both parsers are one now, which ignores such a value, as admission did."""
+    from swiftclient._retry import retry_after_seconds
+
+    for name in ("retry-after", "Retry-After-Ms"):
+        assert retry_after_seconds({name: value}) is None
+    assert retry_after_seconds({"retry-after-ms": value, "retry-after": "3"}) == 3.0
+    assert retry_after_seconds({"Retry-After": "2"}) == 2.0
+
+
 def test_estimate_tokens_rounds_up() -> None:
     assert estimate_tokens("x" * 9) == 3
     assert estimate_tokens(b"x" * 8) == 2

@@ -370,6 +370,20 @@ def test_what_is_no_backend_or_observer_is_refused_up_front() -> None:
         AsyncClient(backend, observers=[object()])  # type: ignore[list-item]
 
 
+async def test_warmup_and_batch_refuse_what_they_cannot_take() -> None:
+    """``warmup("2")`` ended in an ExceptionGroup from a task group and ``batch(5)`` in
+    ``TypeError: 'int' object is not iterable``."""
+    script = Script()
+    async with scripted_client(script) as client:
+        with pytest.raises(ConfigurationError, match="warmup"):
+            await client.warmup("2")  # type: ignore[arg-type]
+        with pytest.raises(ConfigurationError, match="iterable of requests, got int"):
+            await client.batch(5)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="keepalive_expiry"):
+        HTTPBackend("http://127.0.0.1:9/v1", keepalive_expiry=-1)
+    assert not script.requests
+
+
 @over_transports
 async def test_non_streamed_path() -> None:
     import httpx

@@ -179,7 +179,7 @@ async def test_any_unknown_field_name_is_a_200_with_a_safe_header_and_log_line(
     forge a log line, and thousands of them made a header no client could read."""
     forged = 'x\n2026-12-06 00:00:00,000 10.0.0.1:4444 "POST /v1/chat/completions" 200'
     many = {f"field_{i:04d}_{'y' * 90}": 1 for i in range(300)}
-    bodies = [{"ключ": 1}, {forged: 1}, many]
+    bodies = [{"ключ": 1}, {forged: 1}, many, {"a, b": 1}]
     with caplog.at_level(logging.WARNING, logger="local_engine.server"):
         for extra in bodies:
             body = {"model": "tiny-test", "messages": HI, "max_tokens": 2, **extra}
@@ -194,6 +194,7 @@ async def test_any_unknown_field_name_is_a_200_with_a_safe_header_and_log_line(
     lines = caplog.text.splitlines()
     assert not any(line.startswith("2026-12-06 00:00:00,000") for line in lines)
     assert "and 280 more" in caplog.text
+    assert "a\\x2c b" in caplog.text  # a comma in a name would split it in two
 
 
 @pytest.mark.anyio

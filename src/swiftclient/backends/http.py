@@ -30,6 +30,7 @@ import pydantic
 import pydantic_core
 
 from .. import errors
+from .._budget import check_number
 from .._canonical import CallEncoding
 from .._canonical import encode as encode_request
 from .._deadline import Deadline, running_loop
@@ -254,6 +255,8 @@ class HTTPBackend:
             )
         if not isinstance(max_connections, int) or max_connections < 1:
             raise errors.ConfigurationError("max_connections must be an int of at least 1")
+        if keepalive_expiry is not None:
+            check_number("keepalive_expiry", keepalive_expiry, positive=False)
         if max_body_bytes < 1 or max_event_bytes < 1:
             raise errors.ConfigurationError("max_body_bytes and max_event_bytes must be positive")
         if proxy is not None and not proxy.startswith(("http://", "https://")):

@@ -151,6 +151,12 @@ def build_target(
     env = os.environ
     try:
         if provider == LOCAL:
+            if options.base_url:  # the flag conflict is options_from's; this is the variable's
+                raise CLIError(
+                    "--base-url has no use with the local engine (SWIFTCLIENT_PROVIDER=local "
+                    "runs it in this process; unset it, or pass --backend, for a server)",
+                    EXIT_USAGE,
+                )
             return Target(preset(LOCAL, model=options.model), LOCAL_MODEL)
         if provider:
             backend = preset(
