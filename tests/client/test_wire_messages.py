@@ -247,3 +247,11 @@ def test_a_call_a_stop_string_cut_short_is_the_stop_sequence_not_tool_use() -> N
     completion = _completion(message, finish_reason="stop", stop_reason="ris")
     body = message_body(completion, "m")
     assert (body["stop_reason"], body["stop_sequence"]) == ("stop_sequence", "ris")
+
+
+def test_a_user_turn_with_no_blocks_is_refused() -> None:
+    """``"content": []`` on a user turn was accepted (Anthropic's API refuses it)."""
+    body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": []}]}
+    with pytest.raises(MessagesRequestError, match="must not be empty") as refused:
+        chat_fields(body, [])
+    assert refused.value.param == "messages[0].content"

@@ -281,6 +281,11 @@ def _turn(turn: Any, where: str, thinking: str) -> list[dict[str, Any]]:
         )
     if role == "assistant":
         return [_assistant(content, f"{where}.content", thinking)]
+    if not content:  # as Anthropic's API answers: only a final assistant turn may be empty
+        raise MessagesRequestError(
+            f"{where}.content must not be empty (a user turn needs at least one block)",
+            f"{where}.content",
+        )
     tools: list[dict[str, Any]] = []
     rest: list[Any] = []
     for index, block in enumerate(content):
