@@ -160,18 +160,24 @@ def _extra(request: ChatRequest) -> dict[str, Any]:
     for flag in ("ignore_eos", "continuous_usage_stats", "tool_grammar"):
         if flag in extra and not isinstance(extra[flag], bool):
             param = "stream_options." + flag if flag == "continuous_usage_stats" else flag
-            raise InvalidRequestError(f"extra_body[{flag!r}] must be a boolean", param)
+            raise InvalidRequestError(f"{_sent_as(param)} must be a boolean", param)
     salt = extra.get("cache_salt")
     if salt is not None and (not isinstance(salt, str) or not salt):
         raise InvalidRequestError(
-            "extra_body['cache_salt'] must be a non-empty string", "cache_salt"
+            f"{_sent_as('cache_salt')} must be a non-empty string", "cache_salt"
         )
     stop_ids = extra.get("stop_token_ids")
     if stop_ids is not None and not isinstance(stop_ids, list | tuple):
         raise InvalidRequestError(
-            "extra_body['stop_token_ids'] must be a list of token ids", "stop_token_ids"
+            f"{_sent_as('stop_token_ids')} must be a list of token ids", "stop_token_ids"
         )
     return extra
+
+
+def _sent_as(param: str) -> str:
+    """An extension field as a request may send it: at the top level (as the local server
+    takes it) or in ``extra_body`` (as OpenAI's SDKs send it); a stream option as itself."""
+    return param if "." in param else f"{param} (at the top level or in extra_body)"
 
 
 _NOT_OBJECT = ("string", "number", "integer", "boolean", "array", "null")

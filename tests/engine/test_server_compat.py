@@ -222,6 +222,24 @@ async def test_null_extensions_are_absent_and_reserved_template_variables_are_40
 
 
 @pytest.mark.anyio
+async def test_a_bad_extension_at_the_top_level_is_named_where_it_was_sent(
+    served: Served,
+) -> None:
+    """The error said ``extra_body['ignore_eos']`` for a field sent at the top level."""
+    base = {"model": "tiny-test", "messages": HI, "max_tokens": 2}
+    for field, value, words in (
+        ("ignore_eos", "yes", "ignore_eos (at the top level or in extra_body) must be a boolean"),
+        ("cache_salt", "", "cache_salt (at the top level or in extra_body) must be a non-empty"),
+        ("stop_token_ids", 7, "stop_token_ids (at the top level or in extra_body) must be a"),
+    ):
+        response = await served.http.post("/v1/chat/completions", json={**base, field: value})
+        assert response.status_code == 400
+        error = response.json()["error"]
+        assert error["param"] == field and words in error["message"], error
+        assert "extra_body[" not in error["message"]
+
+
+@pytest.mark.anyio
 async def test_known_fields_with_values_the_engine_cannot_honour_stay_400(served: Served) -> None:
     cases: list[tuple[dict[str, Any], str]] = [
         ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"),
