@@ -434,6 +434,23 @@ async def test_a_200_body_with_no_choices_is_not_a_completion(body: dict[str, An
 
 
 @over_transports
+@pytest.mark.parametrize("events", [b"data: [DONE]\n\n", b"data: {}\n\ndata: [DONE]\n\n"])
+async def test_a_stream_with_no_choice_before_done_is_not_a_completion(events: bytes) -> None:
+    """``data: [DONE]`` alone (or after ``{}``) came back as an empty successful reply."""
+    import httpx
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=events, headers={"content-type": "text/event-stream"})
+
+    async with (
+        serve_handler(handler) as base_url,
+        AsyncClient(backend_for(base_url), model="m") as client,
+    ):
+        with pytest.raises(APIResponseValidationError, match="no chunk that holds a choice"):
+            await client.chat("hi")
+
+
+@over_transports
 @pytest.mark.parametrize("status", [302, 204])
 async def test_a_redirect_or_no_content_is_no_answer_and_not_retried(status: int) -> None:
     """A 302 to a streamed chat was read as an event stream that ended early: "stream ended

@@ -916,6 +916,7 @@ class _ChunkStream:
 
     __slots__ = (
         "_backend",
+        "_chose",
         "_choices",
         "_deadline",
         "_decoder",
@@ -953,6 +954,7 @@ class _ChunkStream:
         """The choices that reported a finish reason."""
         self._received = False
         self._seen_event = False
+        self._chose = False  # a chunk with choices came (an answer is more than [DONE])
 
     def __aiter__(self) -> _ChunkStream:
         return self
@@ -984,6 +986,12 @@ class _ChunkStream:
                 self._done = True
                 self.complete = True
                 events.clear()
+                if not self._chose:  # [DONE] alone (or after {}): no answer at all
+                    raise errors.APIResponseValidationError(
+                        f"{self._backend.name}: the stream ended ([DONE]) with no chunk "
+                        "that holds a choice: it is not a chat completion",
+                        backend=self._backend.name,
+                    )
                 return None
             if event.event == "error":
                 self._done = True
@@ -1017,6 +1025,7 @@ class _ChunkStream:
                 self._parsed_large(size)
             choices = chunk.choices
             if choices:
+                self._chose = True
                 for choice in choices:
                     if choice.finish_reason is not None:
                         self._finished = True
