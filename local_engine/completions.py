@@ -6,7 +6,11 @@ model as it is, with no chat template. Sampling fields map as for chat
 ``ignore_eos`` included); ``max_tokens`` defaults to 16, as in OpenAI's and vLLM's API;
 ``logprobs`` is the number of alternatives per token (0 to 20) and comes back in the legacy
 layout (``tokens``, ``token_logprobs``, ``top_logprobs``, ``text_offset``); ``echo`` puts
-the prompt before the reply (in the text only). Several prompts in one request, ``n > 1``,
+the prompt before the reply, in the text and, with ``logprobs``, in the logprobs too (the
+first prompt token's logprob and alternatives are null: nothing comes before it). With
+``echo``, ``max_tokens: 0`` scores the prompt alone: the reply holds the prompt and its
+logprobs, no generated token, ``finish_reason`` ``"length"`` (what evaluation harnesses send
+to score a text). Several prompts in one request, ``n > 1``,
 ``suffix`` and ``best_of`` other than ``n`` are refused (400). A streamed reply is one chunk
 per engine output that brings text or a finish reason, then a usage chunk with
 ``stream_options.include_usage`` (usage on every chunk with ``continuous_usage_stats``).
@@ -17,34 +21,52 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from swiftclient.types import ChatRequest
 
 from .engine import RequestOutput
 from .errors import EngineError, InvalidRequestError
-from .sampling_params import TokenLogprob
+from .sampling_params import SamplingParams, TokenLogprob
 from .service import ChatService, OutputSource, PreparedRequest
 from .tokenizer import Tokenizer
 
-__all__ = ["TextRequest", "complete_text", "text_chunks", "text_request_fields"]
+__all__ = ["TextRequest", "TextShape", "complete_text", "text_chunks", "text_request_fields"]
 
 LEGACY_DEFAULT_MAX_TOKENS = 16
 """``max_tokens`` of a legacy completion that sets none (OpenAI's and vLLM's default)."""
 
 
 @dataclass(frozen=True)
+class TextShape:
+    """What a legacy completion asks beyond the chat fields: the prompt, ``echo``, the
+    alternatives per token when it asked for logprobs, and whether it only scores the
+    prompt (``max_tokens: 0`` with ``echo``)."""
+
+    prompt: str | list[int]
+    echo: bool = False
+    logprobs: int | None = None
+    score_only: bool = False
+
+
+@dataclass(frozen=True)
 class TextRequest:
-    """A parsed legacy completion: the sampling request, the prompt, and the echo flag."""
+    """A parsed legacy completion: the sampling request and the rest of what it asks."""
 
     request: ChatRequest
-    prompt: str | list[int]
-    echo: bool
+    shape: TextShape
+
+    def params(self, params: SamplingParams) -> SamplingParams:
+        """``params`` (prepared from the chat fields) with the prompt logprobs that an
+        echoed request with logprobs needs."""
+        if not (self.shape.echo and self.shape.logprobs is not None):
+            return params
+        return replace(params, prompt_logprobs=self.shape.logprobs)
 
 
-def text_request_fields(body: dict[str, Any]) -> tuple[dict[str, Any], str | list[int], bool]:
-    """Split a ``/v1/completions`` body into chat-request fields, the prompt and ``echo``.
+def text_request_fields(body: dict[str, Any]) -> tuple[dict[str, Any], TextShape]:
+    """Split a ``/v1/completions`` body into chat-request fields and the rest.
 
     Raises InvalidRequestError (a ValueError) naming a prompt or field the server cannot
     serve, with the field as its ``param``.
@@ -78,8 +100,25 @@ def text_request_fields(body: dict[str, Any]) -> tuple[dict[str, Any], str | lis
     fields.setdefault("max_tokens", LEGACY_DEFAULT_MAX_TOKENS)
     if fields["max_tokens"] is None:
         fields["max_tokens"] = LEGACY_DEFAULT_MAX_TOKENS
+    score_only = _scores_only(fields, echo)
     fields["messages"] = [{"role": "user", "content": "(legacy completion)"}]
-    return fields, prompt, echo
+    return fields, TextShape(prompt, echo, logprobs, score_only)
+
+
+def _scores_only(fields: dict[str, Any], echo: bool) -> bool:
+    """Whether the request only scores its prompt (``max_tokens: 0`` with ``echo``); the
+    engine then generates one token, which the reply leaves out."""
+    max_tokens = fields["max_tokens"]
+    if max_tokens != 0 or isinstance(max_tokens, bool):
+        return False
+    if not echo:
+        raise InvalidRequestError(
+            "max_tokens 0 generates nothing: send echo=true to score the prompt", "max_tokens"
+        )
+    if fields.get("min_tokens"):
+        raise InvalidRequestError("min_tokens must not exceed max_tokens (0)", "min_tokens")
+    fields["max_tokens"] = 1
+    return True
 
 
 def _single_prompt(prompt: Any) -> str | list[int]:
@@ -98,15 +137,6 @@ def _single_prompt(prompt: Any) -> str | list[int]:
 
 def _completion_id() -> str:
     return f"cmpl-{secrets.token_hex(12)}"
-
-
-def _usage(out: RequestOutput) -> dict[str, Any]:
-    return {
-        "prompt_tokens": out.num_prompt_tokens,
-        "completion_tokens": out.num_generated_tokens,
-        "total_tokens": out.num_prompt_tokens + out.num_generated_tokens,
-        "prompt_tokens_details": {"cached_tokens": out.num_cached_tokens},
-    }
 
 
 class _Logprobs:
@@ -133,6 +163,19 @@ class _Logprobs:
             self.data["text_offset"].append(self.offset)
             self.offset += len(text)
 
+    def add_prompt(self, items: Sequence[TokenLogprob | None], first_token: int) -> None:
+        """The echoed prompt's entries (its first token, which has none, as nulls), from
+        text offset 0; the reply's entries then go on from the offset given at creation."""
+        reply_offset, self.offset = self.offset, 0
+        text = self._tokenizer.token_text(first_token)
+        self.data["tokens"].append(text)
+        self.data["token_logprobs"].append(None)
+        self.data["top_logprobs"].append(None)
+        self.data["text_offset"].append(0)
+        self.offset = len(text)
+        self.add([item for item in items if item is not None])
+        self.offset = reply_offset
+
     def take(self) -> dict[str, list[Any]]:
         data = self.data
         self.data = {key: [] for key in data}
@@ -148,21 +191,17 @@ async def complete_text(
     service: ChatService, source: OutputSource, parsed: TextRequest, prepared: PreparedRequest
 ) -> dict[str, Any]:
     """Run a legacy completion to the end; the ``text_completion`` response body."""
-    start = prepared.prompt.text if parsed.echo else ""
-    texts = [start]
-    logprobs = _Logprobs(service.tokenizer, len(start)) if prepared.params.logprobs else None
+    reply = _Reply(service, parsed, prepared)
     async with service.generate(source, prepared) as outputs:
         async for out in outputs:
             _check(out)
-            texts.append(out.new_text)
-            if logprobs is not None:
-                logprobs.add(service.shown_logprobs(out, prepared.params))
+            reply.texts.append(reply.add(out))
             if out.finished:
                 choice = {
                     "index": 0,
-                    "text": "".join(texts),
-                    "logprobs": None if logprobs is None else logprobs.take(),
-                    "finish_reason": out.finish_reason,
+                    "text": "".join(reply.texts),
+                    "logprobs": reply.take_logprobs(),
+                    "finish_reason": reply.finish_reason(out),
                 }
                 return {
                     "id": _completion_id(),
@@ -170,9 +209,58 @@ async def complete_text(
                     "created": int(time.time()),
                     "model": parsed.request.model,
                     "choices": [choice],
-                    "usage": _usage(out),
+                    "usage": reply.usage(out),
                 }
     raise EngineError("the engine ended the request without a final output")
+
+
+class _Reply:
+    """What a legacy completion's outputs add to its reply: text (the echoed prompt first)
+    and logprobs (the prompt's first when echoed), none of the generated token's when the
+    request only scores its prompt."""
+
+    def __init__(
+        self, service: ChatService, parsed: TextRequest, prepared: PreparedRequest
+    ) -> None:
+        """Start the reply of ``parsed`` as ``prepared`` for the model."""
+        self._service = service
+        self._prepared = prepared
+        self.score_only = parsed.shape.score_only
+        self.start = prepared.prompt.text if parsed.shape.echo else ""
+        self.echo = parsed.shape.echo
+        self.texts = [self.start]
+        self._logprobs = (
+            _Logprobs(service.tokenizer, len(self.start)) if prepared.params.logprobs else None
+        )
+
+    def add(self, out: RequestOutput) -> str:
+        """Take in ``out``'s logprobs; the text it adds."""
+        logprobs = self._logprobs
+        if logprobs is not None and self.echo and out.prompt_logprobs is not None:
+            logprobs.add_prompt(out.prompt_logprobs, self._prepared.prompt.token_ids[0])
+        if self.score_only:
+            return ""
+        if logprobs is not None:
+            logprobs.add(self._service.shown_logprobs(out, self._prepared.params))
+        return out.new_text
+
+    def take_logprobs(self) -> dict[str, list[Any]] | None:
+        """The logprobs taken in since the last call (None when not asked for)."""
+        return None if self._logprobs is None else self._logprobs.take()
+
+    def finish_reason(self, out: RequestOutput) -> str | None:
+        """The reply's finish reason once ``out`` finished it (a scored prompt: length)."""
+        return "length" if self.score_only else out.finish_reason
+
+    def usage(self, out: RequestOutput) -> dict[str, Any]:
+        """The usage of the reply so far (no completion tokens when only scoring)."""
+        generated = 0 if self.score_only else out.num_generated_tokens
+        return {
+            "prompt_tokens": out.num_prompt_tokens,
+            "completion_tokens": generated,
+            "total_tokens": out.num_prompt_tokens + generated,
+            "prompt_tokens_details": {"cached_tokens": out.num_cached_tokens},
+        }
 
 
 async def text_chunks(
@@ -187,29 +275,26 @@ async def text_chunks(
     """The ``text_completion`` chunks of a streamed legacy completion."""
     head = {"id": _completion_id(), "object": "text_completion", "created": int(time.time())}
     head["model"] = parsed.request.model
-    start = prepared.prompt.text if parsed.echo else ""
-    logprobs = _Logprobs(service.tokenizer, len(start)) if prepared.params.logprobs else None
-    pending = start
+    reply = _Reply(service, parsed, prepared)
+    pending = reply.start
     async for out in outputs:
         _check(out)
-        if logprobs is not None:
-            logprobs.add(service.shown_logprobs(out, prepared.params))
-        text = pending + out.new_text
+        text = pending + reply.add(out)
         pending = ""
         if not text and not out.finished and not continuous_usage:
             continue
         choice = {
             "index": 0,
             "text": text,
-            "logprobs": None if logprobs is None else logprobs.take(),
-            "finish_reason": out.finish_reason if out.finished else None,
+            "logprobs": reply.take_logprobs(),
+            "finish_reason": reply.finish_reason(out) if out.finished else None,
         }
         chunk = {**head, "choices": [choice]}
         if continuous_usage:
-            chunk["usage"] = _usage(out)
+            chunk["usage"] = reply.usage(out)
         yield chunk
         if out.finished:
             if include_usage:
-                yield {**head, "choices": [], "usage": _usage(out)}
+                yield {**head, "choices": [], "usage": reply.usage(out)}
             return
     raise EngineError("the engine ended the request without a final output")

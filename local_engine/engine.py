@@ -159,6 +159,10 @@ class RequestOutput:
     error: str | None = None
     stop_string: str | None = None
     """The stop string that ended the request (``finish_reason == "stop"``), else None."""
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    """On a request's first output when its params asked for them: one entry per prompt
+    token, None for the first (nothing comes before it), else the token's logprob given
+    the tokens before it (see :class:`~local_engine.sampling_params.SamplingParams`)."""
 
 
 @dataclass
@@ -175,6 +179,8 @@ class GenerationResult:
     spec: SpecStats | None = None
     error: str | None = None
     """Why the request's grammar failed (``finish_reason == "error"``), else None."""
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    """The prompt's logprobs when the params asked for them (as in :class:`RequestOutput`)."""
 
 
 @dataclass(slots=True)
@@ -198,6 +204,7 @@ class _Tokens:
     logprob: TokenLogprob | None
     spec: SpecStats | None
     error: str | None = None  # why the grammar failed (reason "error")
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # on the first output
 
 
 @dataclass(slots=True)
@@ -513,6 +520,8 @@ class Engine:
                 raise EngineError("the scheduler found no work for unfinished requests")
             return StepTokens()
         result = self.runner.execute(batch)
+        for scored_seq, scored in result.prompt_logprobs:
+            scored_seq.prompt_logprobs.extend(scored)
         sampled = result.sampled
         emitted: list[tuple[Sequence, list[int], TokenLogprob | None]] = []
         for seq, token, logprob in zip(
@@ -554,6 +563,9 @@ class Engine:
                 break
         # A snapshot: later verifications count in a new object.
         spec = self.speculator.request_stats(seq.request_id) if self.speculator else None
+        prompt_logprobs: list[TokenLogprob | None] | None = None
+        if before == 0 and seq.params.prompt_logprobs is not None:
+            prompt_logprobs = [None, *seq.prompt_logprobs]
         settled = _Tokens(
             req,
             tokens,
@@ -564,6 +576,7 @@ class Engine:
             logprob,
             spec,
             error,
+            prompt_logprobs,
         )
         if reason is not None:
             self._release(req)
@@ -610,6 +623,7 @@ class Engine:
                     spec=item.spec,
                     error=item.error if reason == "error" else None,
                     stop_string=req.stop.stopped_by if reason == "stop" else None,
+                    prompt_logprobs=item.prompt_logprobs,
                 )
             )
         return outputs
@@ -668,6 +682,8 @@ class Engine:
                     res.spec = out.spec
                     if res.logprobs is not None and out.logprobs is not None:
                         res.logprobs.extend(out.logprobs)
+                    if out.prompt_logprobs is not None:
+                        res.prompt_logprobs = out.prompt_logprobs
                     if out.finished:
                         res.finish_reason = out.finish_reason
                         res.error = out.error

@@ -107,8 +107,11 @@ class BlockPool:
         """Return how many blocks hold ``num_tokens`` tokens."""
         return -(-num_tokens // self.block_size)
 
-    def allocate(self, table: BlockTable, token_ids: Sequence[int]) -> int | None:
-        """Give an empty ``table`` blocks for all of ``token_ids``; reuse cached prefixes.
+    def allocate(
+        self, table: BlockTable, token_ids: Sequence[int], max_hit_tokens: int | None = None
+    ) -> int | None:
+        """Give an empty ``table`` blocks for all of ``token_ids``; reuse cached prefixes
+        (at most ``max_hit_tokens`` tokens of them when given).
 
         Returns the number of leading tokens whose KV is already cached (a multiple of
         ``block_size``, always leaving at least the last token to compute), or ``None``
@@ -119,6 +122,8 @@ class BlockPool:
         if not token_ids:
             raise ValueError("cannot allocate blocks for zero tokens")
         hits = self._lookup(table, token_ids)
+        if max_hit_tokens is not None:
+            del hits[max(max_hit_tokens, 0) // self.block_size :]
         needed = self.blocks_for(len(token_ids)) - len(hits)
         revived = sum(1 for b in hits if self._ref_counts[b] == 0)
         if needed > self.num_free_blocks - revived:

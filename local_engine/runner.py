@@ -15,6 +15,10 @@ and every one of those positions reaches the LM head; the rows go to :attr:`Mode
 instead of the sampler. Its positions are laid out as single-token attention rows over the
 same block table, each seeing the cache up to its own position (the step writes every key and
 value before any row attends), so they take the decode attention path with plain decodes.
+
+A sequence that asked for prompt logprobs sends the rows of its prompt positions (the
+prefill chunks, all but the prompt's last position) to the LM head as well, in slices of
+:data:`PROMPT_LOGPROB_ROWS`; each row scores the prompt token after it.
 """
 
 from __future__ import annotations
@@ -29,12 +33,17 @@ import torch
 from local_engine.attention import AttentionMetadata, build_attention_metadata
 from local_engine.model import DecoderModel
 from local_engine.sampler import Sampler, SamplerOutput
+from local_engine.sampling_params import TokenLogprob
 from local_engine.scheduler import ScheduledSequence, SchedulerOutput
 from local_engine.sequence import Sequence
 from local_engine.step_buffers import DecodeGraphs, StepBuffers, StepTensors, graph_buckets
 from local_engine.structured import StructuredOutput
 
-__all__ = ["ModelRunner", "RunnerOutput", "StepInputs"]
+__all__ = ["PROMPT_LOGPROB_ROWS", "ModelRunner", "RunnerOutput", "StepInputs"]
+
+PROMPT_LOGPROB_ROWS = 256
+"""Prompt positions scored at once for prompt logprobs (bounds the float32 logits held:
+256 rows of a 152k vocabulary are about 156 MB)."""
 
 
 @dataclass(slots=True)
@@ -60,6 +69,8 @@ class RunnerOutput:
     sampled: SamplerOutput
     spec_items: list[ScheduledSequence] = field(default_factory=list)
     spec_tokens: list[list[int]] = field(default_factory=list)
+    prompt_logprobs: list[tuple[Sequence, list[TokenLogprob]]] = field(default_factory=list)
+    """The prompt logprobs this step computed, per sequence that asked for them."""
 
 
 Verifier = Callable[[torch.Tensor, list[ScheduledSequence]], list[list[int]]]
@@ -222,11 +233,13 @@ class ModelRunner:
                 hidden = self.model.forward(
                     inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta
                 )
+            scored = self._prompt_logprobs(hidden, batch.scheduled)
             if not seqs and not inputs.spec_items:
-                return RunnerOutput([], SamplerOutput([], []))
+                return RunnerOutput([], SamplerOutput([], []), prompt_logprobs=scored)
             logits = self.model.compute_logits(hidden.index_select(0, inputs.sample_indices))
             if not inputs.spec_items:
-                return RunnerOutput(seqs, self.sampler.sample(logits, seqs, allowed=allowed))
+                sampled = self.sampler.sample(logits, seqs, allowed=allowed)
+                return RunnerOutput(seqs, sampled, prompt_logprobs=scored)
             if self.verify is None:
                 raise RuntimeError("a step scheduled draft tokens but the runner has no verifier")
             plain = len(seqs)
@@ -236,7 +249,50 @@ class ModelRunner:
                 else SamplerOutput([], [])
             )
             emitted = self.verify(logits[plain:], inputs.spec_items)
-            return RunnerOutput(seqs, sampled, inputs.spec_items, emitted)
+            return RunnerOutput(seqs, sampled, inputs.spec_items, emitted, scored)
         finally:
             if allowed is not None:
                 allowed.wait()  # never leave the worker writing into a mask nobody reads
+
+    def _prompt_logprobs(
+        self, hidden: torch.Tensor, scheduled: SequenceABC[ScheduledSequence]
+    ) -> list[tuple[Sequence, list[TokenLogprob]]]:
+        """Score the prompt positions this step computed for the sequences that asked for
+        prompt logprobs and do not have them yet (every item lays out ``num_new_tokens``
+        rows of ``hidden``, in order)."""
+        scored: list[tuple[Sequence, list[TokenLogprob]]] = []
+        offset = 0
+        for item in scheduled:
+            seq, rows = item.seq, item.num_new_tokens
+            k = seq.params.prompt_logprobs
+            low = max(item.start, len(seq.prompt_logprobs))
+            high = min(item.start + rows, seq.num_prompt_tokens - 1)
+            if k is not None and not item.num_spec_tokens and low < high:
+                targets = seq.token_ids[low + 1 : high + 1]
+                scored.append((seq, self._score(hidden, offset + low - item.start, targets, k)))
+            offset += rows
+        return scored
+
+    def _score(
+        self, hidden: torch.Tensor, first: int, targets: list[int], k: int
+    ) -> list[TokenLogprob]:
+        """Logprobs of ``targets`` at the rows of ``hidden`` from ``first`` on, with ``k``
+        alternatives each."""
+        out: list[TokenLogprob] = []
+        for at in range(0, len(targets), PROMPT_LOGPROB_ROWS):
+            chunk = targets[at : at + PROMPT_LOGPROB_ROWS]
+            rows = hidden[first + at : first + at + len(chunk)]
+            logprobs = torch.log_softmax(self.model.compute_logits(rows), dim=-1)
+            index = torch.tensor(chunk, dtype=torch.int64, device=logprobs.device)
+            chosen: list[float] = logprobs.gather(1, index.unsqueeze(1)).squeeze(1).tolist()
+            tops: list[tuple[tuple[int, float], ...]] = [()] * len(chunk)
+            if k:
+                vals, ids = logprobs.topk(min(k, logprobs.shape[1]), dim=-1)
+                tops = [
+                    tuple(zip(i, v, strict=True))
+                    for i, v in zip(ids.tolist(), vals.tolist(), strict=True)
+                ]
+            out.extend(
+                TokenLogprob(t, lp, top) for t, lp, top in zip(chunk, chosen, tops, strict=True)
+            )
+        return out

@@ -40,7 +40,12 @@ class SamplingParams:
     unless ``ignore_eos``) end generation; such a token is reported in the token ids
     but contributes no text. ``grammar`` (needs an engine with a tokenizer) restricts every
     token to those the grammar allows, and ends the reply once it is complete (see
-    :mod:`local_engine.grammar`).
+    :mod:`local_engine.grammar`). ``prompt_logprobs`` (None for none) asks for the
+    log-probability of every prompt token after the first, given the tokens before it, with
+    that many alternatives (0 to :data:`MAX_TOP_LOGPROBS`); they come with the request's
+    first output (:attr:`~local_engine.engine.RequestOutput.prompt_logprobs`). They are the
+    model's own distribution (no temperature or penalties), and such a request takes no
+    prompt blocks from the prefix cache, since a cached position has no logits.
     """
 
     max_tokens: int = 256
@@ -60,6 +65,7 @@ class SamplingParams:
     min_tokens: int = 0
     repetition_penalty: float = 1.0
     banned_token_ids: tuple[int, ...] = ()
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -94,6 +100,8 @@ class SamplingParams:
         _check_float("repetition_penalty", self.repetition_penalty, low=0.01, high=100.0)
         for t in self.banned_token_ids:
             _check_int("banned_token_ids entry", t, low=0)
+        if self.prompt_logprobs is not None:
+            _check_int("prompt_logprobs", self.prompt_logprobs, low=0, high=MAX_TOP_LOGPROBS)
         if self.grammar is not None and not isinstance(self.grammar, Grammar):
             raise ValueError(f"grammar must be a Grammar, got {type(self.grammar).__name__}")
 

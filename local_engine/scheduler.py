@@ -192,7 +192,7 @@ class Scheduler:
             if self._awaits_shared_prompt(seq):
                 passed_over.append(seq)
                 continue
-            cached = self.pool.allocate(seq.block_table, seq.token_ids)
+            cached = self.pool.allocate(seq.block_table, seq.token_ids, seq.prompt_cache_limit)
             if cached is None:
                 self.waiting.appendleft(seq)
                 break

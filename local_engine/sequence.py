@@ -6,7 +6,7 @@ import enum
 from collections.abc import Sequence as SequenceABC
 
 from local_engine.kv_cache import BlockTable
-from local_engine.sampling_params import SamplingParams
+from local_engine.sampling_params import SamplingParams, TokenLogprob
 
 __all__ = ["Sequence", "SequenceStatus"]
 
@@ -34,6 +34,9 @@ class Sequence:
     request): until that one has computed the prompt's full blocks, the scheduler leaves this
     one waiting, so that it takes them from the prefix cache instead of computing them too.
     The scheduler clears it at admission.
+
+    ``prompt_logprobs`` holds, for a request that asked for them, the log-probabilities of
+    the prompt's tokens after the first, in order, as far as the model has computed them.
     """
 
     __slots__ = (
@@ -44,6 +47,7 @@ class Sequence:
         "num_preemptions",
         "num_prompt_tokens",
         "params",
+        "prompt_logprobs",
         "request_id",
         "shares_prompt_of",
         "spec_token_ids",
@@ -73,6 +77,7 @@ class Sequence:
         self.num_preemptions = 0
         self.status = SequenceStatus.WAITING
         self.spec_token_ids: list[int] = []
+        self.prompt_logprobs: list[TokenLogprob] = []
         self.shares_prompt_of = shares_prompt_of
         # Whether a grammar masks the next token: from the start, or once a lazy grammar
         # (one with a trigger token) has seen its trigger (the engine sets it then).
@@ -109,6 +114,16 @@ class Sequence:
     def is_finished(self) -> bool:
         """True once the sequence has stopped or was aborted."""
         return self.status is SequenceStatus.FINISHED
+
+    @property
+    def prompt_cache_limit(self) -> int | None:
+        """The most leading tokens this sequence may take from the prefix cache: those whose
+        prompt logprobs it already has when it asked for them (a cached position brings no
+        logits), else no limit (None)."""
+        if self.params.prompt_logprobs is None:
+            return None
+        done = len(self.prompt_logprobs)
+        return None if done >= self.num_prompt_tokens - 1 else done
 
     def append_token(self, token_id: int) -> None:
         """Record a newly sampled token."""

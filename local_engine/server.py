@@ -46,7 +46,7 @@ import secrets
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -628,7 +628,7 @@ class LocalServer:
             if not isinstance(body, dict):
                 raise RequestError(400, "the request body must be a JSON object", "invalid_request")
             try:
-                fields, prompt, echo = text_request_fields(body)
+                fields, shape = text_request_fields(body)
             except ValueError as exc:
                 param = getattr(exc, "param", None)
                 raise RequestError(400, str(exc), "invalid_request", param) from exc
@@ -641,10 +641,11 @@ class LocalServer:
             await _send_error(writer, error)
             return
         self._note_ignored(writer, ignored)
-        parsed = TextRequest(chat, prompt, echo)
+        parsed = TextRequest(chat, shape)
         try:
             engine, service = self.backend.running_service()
-            prepared = await anyio.to_thread.run_sync(service.prepare_text, chat, prompt)
+            prepared = await anyio.to_thread.run_sync(service.prepare_text, chat, shape.prompt)
+            prepared = replace(prepared, params=parsed.params(prepared.params))
             if not chat.stream:
                 body = await complete_text(service, engine, parsed, prepared)
                 _access_usage(_UsageView(body["usage"]))

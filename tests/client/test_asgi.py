@@ -376,7 +376,15 @@ async def test_router_orders_404_405_401_and_matches_the_scheme_in_any_case() ->
             for scheme in ("Bearer", "bearer", "BEARER"):
                 ok = await client.post("/v1/x/", headers={"authorization": f"{scheme} sk-key-123"})
                 assert ok.status_code == 200, scheme
-            assert (await client.get("/health")).status_code == 200
+            get = await client.get("/health")
+            assert get.status_code == 200
+            # HEAD on a GET route: the GET's status and headers, no body
+            head = await client.head("/health")
+            assert head.status_code == 200 and head.content == b""
+            assert head.headers["content-length"] == get.headers["content-length"] != "0"
+            assert (await client.head("/v1/x")).headers["allow"] == "POST"
+            post = await client.post("/health")
+            assert post.status_code == 405 and post.headers["allow"] == "GET, HEAD"
 
 
 def test_bearer_key_matches() -> None:

@@ -323,3 +323,48 @@ def test_from_pretrained_takes_the_embedded_model_by_name() -> None:
     )  # type: ignore[union-attr]
     with pytest.raises(Exception, match="does not exist"):
         Engine.from_pretrained("no-such-model-dir", EngineConfig(num_blocks=8))
+
+
+def test_prompt_logprobs_match_transformers(model_dir: Path, model: DecoderModel) -> None:
+    """Each prompt token's logprob given the tokens before it, as the reference model
+    scores it: in one prefill, in chunks, with the prompt's blocks already cached (not
+    taken from the cache: a cached position has no logits), and through preemption."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    rng = random.Random(11)
+    prompts = [[rng.randrange(3, VOCAB) for _ in range(20)] for _ in range(3)]
+    expected = []
+    for prompt in prompts:
+        with torch.no_grad():
+            ref = torch.log_softmax(hf(torch.tensor([prompt])).logits[0].float(), dim=-1)
+        chosen = [ref[i - 1, prompt[i]].item() for i in range(1, len(prompt))]
+        top = [ref[i - 1].topk(3).indices.tolist() for i in range(1, len(prompt))]
+        expected.append((chosen, top))
+
+    def check(results: Sequence[GenerationResult]) -> None:
+        for result, (chosen, top) in zip(results, expected, strict=True):
+            scores = result.prompt_logprobs
+            assert scores is not None and len(scores) == 20 and scores[0] is None
+            got = [s.logprob for s in scores[1:] if s is not None]
+            assert got == pytest.approx(chosen, abs=1e-4)
+            assert [[t for t, _ in s.top_logprobs] for s in scores[1:] if s is not None] == top
+            assert [s.token_id for s in scores[1:] if s is not None] == result.prompt_token_ids[1:]
+
+    params = SamplingParams(max_tokens=12, ignore_eos=True, prompt_logprobs=3)
+    check(engine_for(model).generate(prompts, params))
+    check(engine_for(model, max_num_seqs=4, max_num_batched_tokens=5).generate(prompts, params))
+    warm = engine_for(model)
+    warm.generate(prompts, SamplingParams(max_tokens=2))
+    again = warm.generate(prompts, params)
+    check(again)
+    assert [r.num_cached_tokens for r in again] == [0, 0, 0]
+    assert warm.generate(prompts, SamplingParams(max_tokens=2))[0].num_cached_tokens > 0
+    # 12 blocks of 4 tokens: two prompts fit, and their replies push one out
+    tight = engine_for(model, num_blocks=12, max_num_seqs=3, max_num_batched_tokens=5)
+    check(tight.generate(prompts, params))
+    assert tight.scheduler.num_preemptions > 0
+    plain = engine_for(model).generate(prompts[:1], SamplingParams(max_tokens=2))
+    assert plain[0].prompt_logprobs is None
+    with pytest.raises(ValueError, match="prompt_logprobs"):
+        SamplingParams(prompt_logprobs=21)

@@ -490,7 +490,9 @@ async def test_unknown_routes_and_methods(served: Served) -> None:
 async def test_health_and_models(served: Served) -> None:
     async with httpx.AsyncClient() as bare:  # no key needed
         health = await bare.get(served.server.base_url.removesuffix("/v1") + "/health")
+        head = await bare.head(served.server.base_url.removesuffix("/v1") + "/health")
     assert health.status_code == 200 and health.json() == {"status": "ok"}
+    assert head.status_code == 200 and head.content == b""  # load balancers probe with HEAD
     models = await served.oa.models.list()
     assert [m.id for m in models.data] == ["tiny-test", "default"]
     assert models.data[0].object == "model"

@@ -375,8 +375,11 @@ async def test_legacy_completions(served: Served) -> None:
     )
     choice = echoed.choices[0]
     assert choice.text == "Once upon a time" + text
-    assert choice.logprobs is not None and len(choice.logprobs.tokens or []) == 5
-    assert all(len(top) == 2 for top in choice.logprobs.top_logprobs or [])
+    assert choice.logprobs is not None
+    prompt_tokens = echoed.usage.prompt_tokens if echoed.usage else 0
+    assert len(choice.logprobs.tokens or []) == prompt_tokens + 5  # the prompt's, then the reply's
+    tops = choice.logprobs.top_logprobs or []
+    assert tops[0] is None and all(len(top) == 2 for top in tops[1:])
     stream = await served.oa.completions.create(
         model="tiny-test",
         prompt="Once upon a time",
@@ -407,6 +410,71 @@ async def test_legacy_completions(served: Served) -> None:
         response = await served.http.post("/v1/completions", json={"model": "tiny-test", **bad})
         assert response.status_code == 400, bad
         assert response.json()["error"]["param"] == param, bad
+
+
+async def _scored(served: Served, prompt: list[int], **fields: Any) -> dict[str, Any]:
+    body = {"model": "tiny-test", "prompt": prompt, "echo": True, "logprobs": 2, **fields}
+    response = await served.http.post("/v1/completions", json=body)
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+@pytest.mark.anyio
+async def test_echo_with_logprobs_scores_the_prompt(served: Served) -> None:
+    """What evaluation harnesses send to score a text (``echo``, ``logprobs``, ``max_tokens``
+    0): every prompt token's logprob given the tokens before it, the same numbers the model
+    gives those tokens when it generates them, whether or not the prompt is cached."""
+    prompt = list(range(40, 75))
+    body = {"model": "tiny-test", "prompt": prompt, "max_tokens": 6, "temperature": 0.0}
+    body |= {"logprobs": 2, "ignore_eos": True}
+    generated = (await served.http.post("/v1/completions", json=body)).json()["choices"][0]
+    reply_logprobs = generated["logprobs"]["token_logprobs"]
+    tokenizer = served.engine.tokenizer
+    assert tokenizer is not None
+    ids = tokenizer.encode(generated["text"])
+    assert len(ids) == 6 and len(reply_logprobs) == 6
+    text = prompt + ids
+    for attempt in range(2):  # the second time every block of it is in the prefix cache
+        scored = await _scored(served, text, max_tokens=0)
+        choice, usage = scored["choices"][0], scored["usage"]
+        assert usage["completion_tokens"] == 0 and usage["prompt_tokens"] == len(text)
+        assert usage["prompt_tokens_details"]["cached_tokens"] == 0, attempt
+        assert choice["finish_reason"] == "length"
+        assert choice["text"] == tokenizer.decode(text, skip_special_tokens=False)
+        logprobs = choice["logprobs"]
+        assert len(logprobs["tokens"]) == len(text)
+        assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
+        assert all(lp <= 0 for lp in logprobs["token_logprobs"][1:])
+        assert all(len(top) == 2 for top in logprobs["top_logprobs"][1:])
+        assert logprobs["text_offset"][0] == 0 and logprobs["text_offset"] == sorted(
+            logprobs["text_offset"]
+        )
+        tail = logprobs["token_logprobs"][len(prompt) :]
+        assert tail == pytest.approx(reply_logprobs, abs=2e-3)
+    # with tokens to generate, the prompt's entries come first, then the reply's
+    more = (await _scored(served, text, max_tokens=3, ignore_eos=True))["choices"][0]
+    assert len(more["logprobs"]["tokens"]) == len(text) + 3
+    assert more["logprobs"]["token_logprobs"][0] is None
+    assert more["logprobs"]["token_logprobs"][1 : len(text)] == pytest.approx(
+        logprobs["token_logprobs"][1:], abs=2e-3
+    )
+    # streamed: the prompt's entries in the first chunk, the same numbers
+    streamed = {"model": "tiny-test", "prompt": text, "echo": True, "logprobs": 2}
+    streamed |= {"max_tokens": 0, "stream": True}
+    entries: list[float | None] = []
+    async with served.http.stream("POST", "/v1/completions", json=streamed) as response:
+        async for line in response.aiter_lines():
+            if line.startswith("data: {"):
+                chunk = json.loads(line[6:])
+                for c in chunk["choices"]:
+                    entries.extend((c["logprobs"] or {}).get("token_logprobs", []))
+    assert entries[0] is None and entries[1:] == pytest.approx(
+        logprobs["token_logprobs"][1:], abs=2e-3
+    )
+    for bad in ({"echo": False}, {"logprobs": 2, "echo": False}):
+        body = {"model": "tiny-test", "prompt": text, "max_tokens": 0, **bad}
+        response = await served.http.post("/v1/completions", json=body)
+        assert response.status_code == 400 and response.json()["error"]["param"] == "max_tokens"
 
 
 @pytest.mark.anyio

@@ -136,6 +136,7 @@ class ResponseWriter:
         "_tracker",
         "_write_timeout",
         "headers",
+        "head_only",
         "status",
     )
 
@@ -155,6 +156,9 @@ class ResponseWriter:
         self._gone = anyio.Event()
         self.headers: dict[str, str] = {}
         self.status: int | None = None
+        self.head_only = False
+        """Answering ``HEAD``: whole responses keep their headers (``Content-Length``
+        included) and send no body."""
 
     @property
     def started(self) -> bool:
@@ -202,7 +206,8 @@ class ResponseWriter:
         head = self._head(status, headers, len(body))
         self._state = _DONE
         await self._send(head)
-        await self._send({"type": "http.response.body", "body": body, "more_body": False})
+        content = b"" if self.head_only else body
+        await self._send({"type": "http.response.body", "body": content, "more_body": False})
 
     async def send_json(
         self, status: int, obj: Any, headers: Mapping[str, str] | None = None
@@ -471,7 +476,8 @@ class Router:
 
     Unknown paths get 404, a wrong method 405 (with ``Allow``), a missing or wrong key 401
     (with ``WWW-Authenticate``), each an OpenAI-style error. Paths in ``public`` need no key.
-    A trailing slash is ignored.
+    A trailing slash is ignored. ``HEAD`` on a ``GET`` route runs the ``GET`` handler and
+    sends its headers without the body.
     """
 
     def __init__(
@@ -503,12 +509,14 @@ class Router:
             )
             return
         method, handler = route
-        if request.method != method:
+        head = request.method == "HEAD" and method == "GET"
+        if request.method != method and not head:
+            allow = "GET, HEAD" if method == "GET" else method
             await writer.send_error(
                 405,
                 f"Use {method} for {path}.",
                 code="method_not_allowed",
-                headers={"allow": method},
+                headers={"allow": allow},
             )
         elif path not in self.public and not self.authorized(request):
             await writer.send_error(
@@ -518,4 +526,5 @@ class Router:
                 headers={"www-authenticate": "Bearer"},
             )
         else:
+            writer.head_only = head
             await handler(request, writer)
