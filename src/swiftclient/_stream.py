@@ -344,6 +344,7 @@ class ChatStream:
         call.reply = self._accumulator
         self._done = False
         self._completion: ChatCompletion | None = None
+        self._failed: Exception | None = None  # what ended the stream, when it broke
 
     @property
     def timing(self) -> Timing:
@@ -416,6 +417,8 @@ class ChatStream:
                 next_chunk = await attempt.read()
         except BaseException as exc:
             self._done = True
+            if isinstance(exc, Exception):
+                self._failed = exc
             attempt.finish(exc)
             self._call.failed(exc)
             raise
@@ -433,7 +436,12 @@ class ChatStream:
         return _TextIterator(self)
 
     async def final(self) -> ChatCompletion:
-        """Consume what is left and return the assembled completion, with timing."""
+        """Consume what is left and return the assembled completion, with timing.
+
+        A stream that broke (the error its iteration raised) raises that error again here
+        rather than return the part that came; a stream closed early by its reader returns
+        what was read (``finish_reason`` None).
+        """
         if self._completion is None:
             async for _ in self:
                 pass
@@ -445,7 +453,10 @@ class ChatStream:
         """The completion once the stream is over (read to its end, or closed), assembled
         here without I/O; None while chunks may still come. The blocking client's
         ``final()`` calls it from its own thread once the loop is done with the stream, so
-        that a finished stream needs no loop (it may be closed by then)."""
+        that a finished stream needs no loop (it may be closed by then). Raises the error
+        that broke the stream, if one did."""
+        if self._failed is not None:
+            raise self._failed
         if self._completion is None:
             if not self._done:
                 return None

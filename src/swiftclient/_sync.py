@@ -606,7 +606,8 @@ class SyncChatStream:
                 yield text
 
     def final(self) -> ChatCompletion:
-        """Consume what is left and return the assembled completion, with timing."""
+        """Consume what is left and return the assembled completion, with timing (the
+        error that broke the stream, raised again, if one did)."""
         if self._completion is None:
             for _ in self:
                 pass

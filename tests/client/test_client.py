@@ -231,6 +231,24 @@ async def test_in_band_error_event_is_typed() -> None:
 
 
 @over_transports
+async def test_final_after_a_broken_stream_raises_its_error_not_the_part_that_came() -> None:
+    parts = [chunk("a"), sse({"error": {"message": "overloaded", "type": "server_error"}})]
+    async with scripted_client(Script().add(parts=parts)) as client:
+        async with client.stream("hi") as stream:
+            with pytest.raises(StreamError) as broke:
+                async for _ in stream:
+                    pass
+            with pytest.raises(StreamError) as again:
+                await stream.final()
+        assert again.value is broke.value
+        async with client.stream("hi") as stream:  # closed early by its reader: what came
+            async for _ in stream:
+                break
+        partial = await stream.final()
+    assert partial.text == "Hello" and partial.choices[0].finish_reason is None
+
+
+@over_transports
 async def test_stream_that_ends_without_finish_is_an_error_and_retried_before_content() -> None:
     script = Script().add(parts=[chunk(role="assistant")]).add()
     async with scripted_client(script) as client:
