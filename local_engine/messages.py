@@ -43,7 +43,8 @@ as the choice's ``stop_reason``), ``max_tokens`` or ``tool_use``. Usage counts
 ``input_tokens`` (prompt tokens not read from the prefix cache),
 ``cache_read_input_tokens`` (those read from it), ``cache_creation_input_tokens`` (0: the
 local cache is automatic) and ``output_tokens``. The stream is named server-sent events:
-``message_start`` (usage with the input counts), one ``ping``, per content block
+``message_start`` (usage with the input counts, sent once the engine has run the prompt,
+so its cache reads count as in ``message_delta``), one ``ping``, per content block
 ``content_block_start``, ``content_block_delta``... (``text_delta``, ``input_json_delta``,
 ``thinking_delta``), ``content_block_stop``, then ``message_delta`` (``stop_reason`` and the
 final usage) and ``message_stop``; an engine failure partway ends it with an ``error``
@@ -120,10 +121,26 @@ class MessageEvents:
         """Stream a message from ``model``."""
         self._events = wire.MessageEvents(model, ping=True)
         self.closed = False
+        self._first: ChatCompletionChunk | None = None
+        self._fed = False
 
     def feed(self, chunk: ChatCompletionChunk) -> list[dict[str, Any]]:
-        """The events a chat chunk brings."""
-        events = self._events.feed(chunk)
+        """The events a chat chunk brings.
+
+        The first chunk (the role, sent before the engine has run the prompt) is held until
+        the next one, whose usage it takes: ``message_start`` then counts the prompt's
+        cache reads as ``message_delta`` does.
+        """
+        if not self._fed:
+            self._fed = True
+            self._first = chunk
+            return []
+        events = []
+        first, self._first = self._first, None
+        if first is not None:
+            usage = chunk.usage if chunk.usage is not None else first.usage
+            events = self._events.feed(first.model_copy(update={"usage": usage}))
+        events.extend(self._events.feed(chunk))
         if chunk.usage is not None and not chunk.choices and not self.closed:
             events.extend(self._events.end())
             self.closed = True

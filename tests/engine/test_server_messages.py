@@ -369,6 +369,31 @@ async def test_the_stream_is_named_events_with_a_ping(served: Served) -> None:
 
 
 @pytest.mark.anyio
+async def test_message_start_counts_the_prompt_cache_as_message_delta_does(served: Served) -> None:
+    """``message_start`` was sent before the engine ran the prompt: a prompt read from the
+    prefix cache was all ``input_tokens`` there and mostly ``cache_read_input_tokens`` in
+    ``message_delta`` (an SDK that keeps the first counts billed it as uncached)."""
+    text = "the same long question again " * 20
+    body = {"model": "tiny-test", "messages": [{"role": "user", "content": text}]}
+    body |= {"max_tokens": 2, "stream": True}
+    for attempt in range(2):  # the second time the prompt's blocks are cached
+        usages: dict[str, dict[str, int]] = {}
+        async with served.http.stream("POST", "/v1/messages", json=body) as response:
+            async for line in response.aiter_lines():
+                if line.startswith("data: "):
+                    event = json.loads(line.removeprefix("data: "))
+                    if event["type"] == "message_start":
+                        usages["start"] = event["message"]["usage"]
+                    elif event["type"] == "message_delta":
+                        usages["delta"] = event["usage"]
+        start, delta = usages["start"], usages["delta"]
+        for key in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"):
+            assert start[key] == delta[key], (attempt, key)
+    assert delta["cache_read_input_tokens"] > 0
+    await served.settle()
+
+
+@pytest.mark.anyio
 async def test_the_anthropic_backend_gets_what_the_chat_backend_gets(served: Served) -> None:
     """swiftclient's own Messages wire against the server: the same greedy reply, finish
     reason and usage as over chat completions, plain and streamed."""
