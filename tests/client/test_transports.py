@@ -142,6 +142,59 @@ async def test_the_async_sdk_gets_its_own_types_plain_and_streamed(flavour: str)
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("flavour", ["httpx2", "httpx"])
+async def test_a_stream_carries_usage_only_when_the_sdk_asked_for_it(flavour: str) -> None:
+    """OpenAI sends the usage chunk (``choices: []``) only for ``include_usage``; sent
+    unasked, the usual ``chunk.choices[0]`` loop raised IndexError after the text."""
+    async with providers("p") as fakes:
+        async with AsyncClient(
+            HTTPBackend(fakes["p"].base_url, name="p"), retry=NO_RETRY
+        ) as client:
+            sdk = sdk_async(client, flavour)
+            for options, asked in ((None, False), (False, False), (True, True)):
+                extra = {} if options is None else {"stream_options": {"include_usage": options}}
+                stream = await sdk.chat.completions.create(
+                    model="p/m", messages=USER, stream=True, **extra
+                )
+                chunks = [chunk async for chunk in stream]
+                assert any(not chunk.choices for chunk in chunks) is asked, options
+                assert any(chunk.usage is not None for chunk in chunks) is asked, options
+                text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+                assert text == "from p"
+            # unasked, the client still asked its provider for usage (its own accounting)
+            assert fakes["p"].requests[0].body["stream_options"] == {"include_usage": True}
+            await sdk.close()
+
+
+@pytest.mark.anyio
+async def test_the_sdks_own_timeout_bounds_the_call() -> None:
+    """``timeout=`` on the SDK (or one of its calls) was ignored: the call waited for the
+    provider as long as the client's own limits allowed."""
+    async with providers("p") as fakes:
+        fakes["p"].script(Reply(ttft=120), Reply(ttft=120), Reply(text="a b c", stall_after=1))
+        backend = HTTPBackend(fakes["p"].base_url, name="p")
+        async with AsyncClient(backend, retry=NO_RETRY, timeout=120) as client:
+            sdk = sdk_async(client)
+            with anyio.fail_after(RELEASE_LIMIT):
+                with pytest.raises(openai.APIStatusError) as plain:
+                    await sdk.chat.completions.create(model="p/m", messages=USER, timeout=0.5)
+                assert plain.value.status_code == 504
+                with pytest.raises(openai.APIStatusError) as first_token:
+                    await sdk.chat.completions.create(
+                        model="p/m", messages=USER, stream=True, timeout=0.5
+                    )
+                assert first_token.value.status_code == 504
+                stream = await sdk.chat.completions.create(
+                    model="p/m", messages=USER, stream=True, timeout=0.5
+                )
+                with pytest.raises(openai.APIError, match="StreamStalled|stalled|idle"):
+                    async for _ in stream:
+                        pass
+            await sdk.close()
+            await wait_idle(fakes["p"])
+
+
+@pytest.mark.anyio
 async def test_tools_and_structured_output_through_the_async_sdk() -> None:
     async with providers("p") as fakes:
         async with AsyncClient(HTTPBackend(fakes["p"].base_url), model="m") as client:

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .. import errors
-from ._core import SSE, Reply, parse, sse_sync, stream_headers
+from ._core import SSE, Reply, parse, sdk_timeout, sse_sync, stream_headers
 
 if TYPE_CHECKING:
     from .._client import AsyncClient
@@ -94,13 +94,20 @@ async def handle_async(client: AsyncClient, request: Any, module: Any, body: typ
     if isinstance(wanted, Reply):
         return _response(module, wanted, request)
     wire = wanted.wire
+    timeout = sdk_timeout(client.timeout, request.extensions, wanted.stream)
     try:
         if not wanted.stream:
             completion = await client.chat(
-                wanted.messages, model=wanted.model, response_model=None, **wanted.params
+                wanted.messages,
+                model=wanted.model,
+                response_model=None,
+                timeout=timeout,
+                **wanted.params,
             )
             return _response(module, wire.completion(completion), request)
-        stream = client.stream(wanted.messages, model=wanted.model, **wanted.params)
+        stream = client.stream(
+            wanted.messages, model=wanted.model, timeout=timeout, **wanted.params
+        )
         await stream.__aenter__()  # up to the first token: a failure is still a status
     except errors.SwiftClientError as exc:
         return _response(module, wire.error(exc), request)
@@ -118,13 +125,20 @@ def handle(client: Client, request: Any, module: Any, body: type[Any]) -> Any:
     if isinstance(wanted, Reply):
         return _response(module, wanted, request)
     wire = wanted.wire
+    timeout = sdk_timeout(client.aclient.timeout, request.extensions, wanted.stream)
     try:
         if not wanted.stream:
             completion = client.chat(
-                wanted.messages, model=wanted.model, response_model=None, **wanted.params
+                wanted.messages,
+                model=wanted.model,
+                response_model=None,
+                timeout=timeout,
+                **wanted.params,
             )
             return _response(module, wire.completion(completion), request)
-        stream = client.stream(wanted.messages, model=wanted.model, **wanted.params)
+        stream = client.stream(
+            wanted.messages, model=wanted.model, timeout=timeout, **wanted.params
+        )
         stream.__enter__()
     except errors.SwiftClientError as exc:
         return _response(module, wire.error(exc), request)

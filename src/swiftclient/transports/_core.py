@@ -10,13 +10,14 @@ completion, a failed call and a stream (an :class:`Encoder`) are written on it.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import pydantic
 import pydantic_core
 
 from .. import errors
+from .._deadline import Timeout
 from ..asgi._wire import error_body
 from ..types import Attempt, ChatCompletion, ChatCompletionChunk, ChatRequest, Timing
 from ..wire import messages, responses
@@ -36,6 +37,7 @@ __all__ = [
     "error_event",
     "error_reply",
     "parse",
+    "sdk_timeout",
     "sse_sync",
     "stream_headers",
 ]
@@ -142,6 +144,26 @@ def parse(method: str, path: str, body: bytes) -> Exchange | Reply:
     return reader(data)
 
 
+def sdk_timeout(base: Timeout, extensions: Mapping[str, Any], stream: bool) -> Timeout:
+    """The call's limits: the client's ``base``, tightened by the SDK's own timeout (httpx's
+    ``extensions["timeout"]``, what ``timeout=`` on the SDK or on one of its calls sets),
+    whose ``read`` limit is how long the SDK waits for bytes. A whole answer comes in one
+    read, so it bounds the call's ``total``; a stream's headers come with its first token,
+    then its events, so it bounds ``first_token`` and ``idle``. The SDK's ``connect`` and
+    ``pool`` limits are about connections the transport does not make."""
+    limits = extensions.get("timeout")
+    read = limits.get("read") if isinstance(limits, Mapping) else None
+    if isinstance(read, bool) or not isinstance(read, int | float) or not read > 0:
+        return base
+
+    def tighter(limit: float | None) -> float:
+        return float(read) if limit is None else min(limit, float(read))
+
+    if stream:
+        return replace(base, first_token=tighter(base.first_token), idle=tighter(base.idle))
+    return replace(base, total=tighter(base.total))
+
+
 def _split(data: Mapping[str, Any]) -> dict[str, Any]:
     """A chat body's fields other than model, messages and stream, as ``client.chat``
     parameters: :class:`ChatRequest` fields as they are, the others in ``extra_body``."""
@@ -163,7 +185,10 @@ def _chat_exchange(data: dict[str, Any]) -> Exchange | Reply:
     if not isinstance(data.get("messages"), list):
         return _error(400, "the request body must be a JSON object with messages")
     stream = data.get("stream") is True
-    return Exchange(data.get("model") or None, data["messages"], stream, _split(data), CHAT)
+    options = data.get("stream_options")
+    usage = not stream or (isinstance(options, dict) and options.get("include_usage") is True)
+    wire = CHAT if usage else _CHAT_WITHOUT_USAGE
+    return Exchange(data.get("model") or None, data["messages"], stream, _split(data), wire)
 
 
 def _responses_exchange(data: dict[str, Any]) -> Exchange | Reply:
@@ -294,9 +319,21 @@ def stream_headers(timing: Timing) -> list[tuple[str, str]]:
 
 
 class _ChatEncoder:
-    __slots__ = ()
+    """Chunks as they come; without ``usage`` (the SDK did not ask for
+    ``stream_options.include_usage``): the usage-only chunk is left out and no chunk carries
+    usage, as OpenAI sends it (a loop reading ``chunk.choices[0]`` would fail on it). The
+    client itself still asks its provider for usage, for its own accounting."""
+
+    __slots__ = ("_usage",)
+
+    def __init__(self, usage: bool) -> None:
+        self._usage = usage
 
     def chunk(self, chunk: ChatCompletionChunk) -> bytes:
+        if not self._usage and chunk.usage is not None:
+            if not chunk.choices:
+                return b""
+            chunk = chunk.model_copy(update={"usage": None})
         return chunk_event(chunk)
 
     def end(self) -> bytes:
@@ -307,11 +344,13 @@ class _ChatEncoder:
 
 
 class _ChatWire:
-    """Chat Completions: the client's own types, written as the provider would."""
+    """Chat Completions: the client's own types, written as the provider would (a stream's
+    usage only when the SDK asked for it)."""
 
-    __slots__ = ("headers",)
+    __slots__ = ("_usage", "headers")
 
-    def __init__(self) -> None:
+    def __init__(self, usage: bool = True) -> None:
+        self._usage = usage
         self.headers: list[tuple[str, str]] = []
 
     def completion(self, completion: ChatCompletion) -> Reply:
@@ -321,11 +360,13 @@ class _ChatWire:
         return error_reply(exc)
 
     def encoder(self) -> Encoder:
-        return _ChatEncoder()
+        return _ChatEncoder(self._usage)
 
 
 CHAT: Wire = _ChatWire()
-"""The Chat Completions wire (stateless, so one for every exchange)."""
+"""The Chat Completions wire (stateless, so one for every exchange that may carry usage)."""
+_CHAT_WITHOUT_USAGE: Wire = _ChatWire(usage=False)
+"""The Chat Completions wire of a stream whose request did not ask for usage."""
 
 
 class _ResponsesEncoder:
