@@ -196,6 +196,32 @@ async def test_the_stream_is_named_events_without_a_done_marker(served: Served) 
     await served.settle()
 
 
+JSON = {"content-type": "application/json"}
+
+
+@pytest.mark.anyio
+async def test_a_lone_surrogate_the_response_echoes_goes_back_escaped(served: Served) -> None:
+    """Valid JSON (``"\\ud800"``) in a field the response object echoes was a 500, or a
+    200 stream cut off before its first event: UTF-8 cannot carry it. It goes back
+    escaped, as it came."""
+    ask = {"model": "tiny-test", "input": "Hi", "max_output_tokens": 2}
+    for extra in ({"user": "\ud800"}, {"metadata": {"k": "\ud800"}}, {"truncation": "\ud800"}):
+        sent = json.dumps({**ask, **extra})  # escaped, as every JSON encoder sends it
+        plain = await served.http.post("/v1/responses", content=sent, headers=JSON)
+        assert plain.status_code == 200, (extra, plain.text)
+        assert plain.json()["status"] == "incomplete"  # 2 tokens: max_output_tokens
+        sent = json.dumps({**ask, **extra, "stream": True})
+        async with served.http.stream(
+            "POST", "/v1/responses", content=sent, headers=JSON
+        ) as response:
+            assert response.status_code == 200
+            raw = await response.aread()
+        last = raw.decode().rstrip("\n").split("\n\n")[-1]
+        assert last.startswith("event: response.incomplete"), (extra, raw[-200:])
+        assert b"\\ud800" in raw
+    await served.settle()
+
+
 @pytest.mark.anyio
 async def test_the_responses_backend_gets_what_the_chat_backend_gets(served: Served) -> None:
     """swiftclient's own Responses wire against the server: the same greedy reply, finish

@@ -46,8 +46,13 @@ def error_body(
 
 
 def dumps(obj: Any) -> bytes:
-    """Compact JSON bytes."""
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+    """Compact JSON bytes (UTF-8; text that UTF-8 cannot carry, a lone surrogate a request
+    sent escaped, goes back escaped as ``\\udXXX``, as it came)."""
+    text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return json.dumps(obj, separators=(",", ":")).encode()
 
 
 def sse_event(data: Mapping[str, Any] | str | bytes) -> bytes:

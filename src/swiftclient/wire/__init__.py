@@ -12,11 +12,12 @@ transports (:mod:`swiftclient.transports`) use them to answer the ``openai`` and
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel
+
+from ..asgi._wire import dumps
 
 __all__ = ["matched_stop", "named_event"]
 
@@ -31,5 +32,4 @@ def matched_stop(choice: BaseModel) -> str | None:
 def named_event(kind: str, data: Mapping[str, Any]) -> bytes:
     """One named server-sent event, as both wires send them: ``event: <kind>`` then its
     data as compact JSON."""
-    payload = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-    return f"event: {kind}\ndata: {payload}\n\n".encode()
+    return b"event: " + kind.encode() + b"\ndata: " + dumps(data) + b"\n\n"
