@@ -59,9 +59,9 @@ from typing import Any, Protocol
 
 import anyio
 import anyio.to_thread
-from pydantic import BaseModel
 
 from swiftclient.types import ChatCompletion, ChatCompletionChunk, ChatRequest, Usage
+from swiftclient.wire import mark_matched_stop
 
 from .chat import ChatFormatter, ChatPrompt, CompletionStream, build_completion, make_usage
 from .engine import Engine, RequestOutput
@@ -515,7 +515,7 @@ class ChatService:
             choice = completion.choices[0]
             choice.index = index
             if out.stop_string is not None:
-                _stop_reason(choice, out.stop_string)
+                mark_matched_stop(choice, out.stop_string)
             if prepared.params.logprobs:
                 choice.logprobs = {"content": logprobs[index]}
             choices.append(choice)
@@ -802,7 +802,7 @@ class ChatChunks:
             for chunk in closing:
                 for choice in chunk.choices:
                     if choice.finish_reason is not None:
-                        _stop_reason(choice, out.stop_string)
+                        mark_matched_stop(choice, out.stop_string)
         self._attach_logprobs(closing[0], index)
         self._pending.extend(_indexed(c, index) for c in closing)
         if len(self._finals) < self._n:
@@ -821,13 +821,6 @@ class ChatChunks:
         if self._held_logprobs[index] and chunk.choices:
             chunk.choices[0].logprobs = {"content": self._held_logprobs[index]}
             self._held_logprobs[index] = []
-
-
-def _stop_reason(choice: BaseModel, stop: str) -> None:
-    """Say which stop string ended a choice, as vLLM does: its ``stop_reason`` field."""
-    extra = choice.__pydantic_extra__
-    if extra is not None:
-        extra["stop_reason"] = stop
 
 
 def _indexed(chunk: ChatCompletionChunk, index: int) -> ChatCompletionChunk:

@@ -45,6 +45,7 @@ from swiftclient.providers import from_env, preset
 from swiftclient.testing import CacheSimulation, FakeProvider, Reply, ReplyUsage
 from swiftclient.testing._prompt_cache import prompt_blocks
 from swiftclient.types import ChatCompletionChunk, ChatRequest
+from swiftclient.wire import matched_stop
 
 from .mock import serve_handler, transport_options
 
@@ -923,3 +924,31 @@ def test_the_cache_simulation_honours_ttls_and_prefixes() -> None:
     }
     now[0] += 3000  # the 1h entry is still there
     assert cache.usage(body(None, "c"))["cache_read_input_tokens"] == 4
+
+
+def test_the_matched_stop_sequence_is_kept_plain_and_streamed() -> None:
+    """``stop_sequence`` named the string that matched; it became a bare ``"stop"`` (an
+    Anthropic SDK served through the transport saw ``end_turn``). It is kept as the
+    choice's ``stop_reason``, where vLLM names the matched stop string."""
+    body = {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-test",
+        "content": [{"type": "text", "text": "one two"}],
+        "stop_reason": "stop_sequence",
+        "stop_sequence": "END",
+        "usage": {"input_tokens": 10, "output_tokens": 5},
+    }
+    backend = AnthropicBackend("http://unused.test", api_key=KEY)
+    completion = decode_message(json.dumps(body).encode(), backend)
+    assert completion.finish_reason == "stop"
+    assert matched_stop(completion.choices[0]) == "END"
+    decoder = MessageDecoder()
+    decoder.event("message_start", {"type": "message_start", "message": {**body, "content": []}})
+    delta = {"stop_reason": "stop_sequence", "stop_sequence": "END"}
+    chunk = decoder.event("message_delta", {"type": "message_delta", "delta": delta})
+    assert chunk is not None and chunk.choices[0].finish_reason == "stop"
+    assert matched_stop(chunk.choices[0]) == "END"
+    body["stop_reason"], body["stop_sequence"] = "end_turn", None
+    assert matched_stop(decode_message(json.dumps(body).encode(), backend).choices[0]) is None

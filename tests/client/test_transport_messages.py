@@ -188,6 +188,15 @@ async def test_errors_reach_the_sdk_in_anthropics_shape() -> None:
             async with sdk.messages.stream(model="m", max_tokens=5, messages=USER) as stream:
                 async for _ in stream:
                     pass
+        for status, kind in ((402, "billing_error"), (504, "timeout_error")):  # Anthropic's
+            fakes["quick"].script(Reply(status=status, error_message="no"))
+            with pytest.raises(anthropic.APIStatusError) as failed:
+                await sdk.messages.create(model="m", max_tokens=5, messages=USER)
+            assert failed.value.body["error"]["type"] == kind  # type: ignore[index]
+        fakes["quick"].script(Reply(status=500, error_message="busy"))  # type: "server_error"
+        with pytest.raises(anthropic.InternalServerError) as failed:
+            await sdk.messages.create(model="m", max_tokens=5, messages=USER)
+        assert failed.value.body["error"]["type"] == "api_error"  # type: ignore[index]
 
 
 @pytest.mark.anyio

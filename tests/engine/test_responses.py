@@ -21,6 +21,7 @@ from swiftclient.types import (
     ChatRequest,
     ChoiceDelta,
     ChunkChoice,
+    CompletionTokensDetails,
     FunctionCallDelta,
     ToolCallDelta,
     Usage,
@@ -209,6 +210,11 @@ def test_a_completion_becomes_a_response_with_items_and_usage() -> None:
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": 14,
     }
+    thought = _completion("Sure.", "stop", [])
+    assert thought.usage is not None
+    thought.usage.completion_tokens_details = CompletionTokensDetails(reasoning_tokens=3)
+    reasoned = response_body(thought, _echo())["usage"]["output_tokens_details"]
+    assert reasoned == {"reasoning_tokens": 3}  # was always 0
     only_call = response_body(_completion(None, "tool_calls", [call]), _echo())
     assert [item["type"] for item in only_call["output"]] == ["function_call"]
     cut = response_body(_completion("Sure", "length", []), _echo())

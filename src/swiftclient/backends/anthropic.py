@@ -50,6 +50,7 @@ from ..types import (
     ToolChoice,
     Usage,
 )
+from ..wire import mark_matched_stop
 from .base import RequestOptions
 from .http import (
     NO_IDS,
@@ -564,16 +565,18 @@ def decode_message(
         thinking_blocks=thinking or None,
     )
     usage = raw.get("usage")
+    choice = Choice(
+        index=0,
+        message=message,
+        finish_reason=_finish(raw.get("stop_reason"), answered and not calls),
+    )
+    matched = _matched(raw.get("stop_reason"), raw.get("stop_sequence"))
+    if matched is not None:
+        mark_matched_stop(choice, matched)
     return ChatCompletion(
         id=str(raw.get("id", "")),
         model=str(raw.get("model", "")),
-        choices=[
-            Choice(
-                index=0,
-                message=message,
-                finish_reason=_finish(raw.get("stop_reason"), answered and not calls),
-            )
-        ],
+        choices=[choice],
         usage=_usage(usage) if isinstance(usage, dict) else None,
     )
 
@@ -606,9 +609,23 @@ def _chunk(
     delta: ChoiceDelta | None = None,
     finish_reason: str | None = None,
     usage: Usage | None = None,
+    matched: str | None = None,
 ) -> ChatCompletionChunk:
-    choices = [] if delta is None else [ChunkChoice(delta=delta, finish_reason=finish_reason)]
+    choices = []
+    if delta is not None:
+        choice = ChunkChoice(delta=delta, finish_reason=finish_reason)
+        if matched is not None:
+            mark_matched_stop(choice, matched)
+        choices.append(choice)
     return ChatCompletionChunk(id=message_id, model=model, choices=choices, usage=usage)
+
+
+def _matched(stop_reason: Any, stop_sequence: Any) -> str | None:
+    """The stop sequence that ended the message (kept as the choice's ``stop_reason``, the
+    field vLLM names the matched stop string in), else None."""
+    if stop_reason == "stop_sequence" and isinstance(stop_sequence, str):
+        return stop_sequence
+    return None
 
 
 class MessageDecoder:
@@ -701,7 +718,8 @@ class MessageDecoder:
                 counts.update({k: v for k, v in late.items() if v is not None})
             self._usage = _usage(counts)
             finish = _finish(delta.get("stop_reason"), self._answered and not self._calls)
-            return _chunk(self._id, self._model, ChoiceDelta(), finish_reason=finish)
+            matched = _matched(delta.get("stop_reason"), delta.get("stop_sequence"))
+            return _chunk(self._id, self._model, ChoiceDelta(), finish, matched=matched)
         if kind == "message_stop":
             self.done = True
             if self._usage is not None:  # the usage chunk, last and choice-less as on OpenAI

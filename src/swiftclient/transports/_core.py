@@ -462,14 +462,19 @@ def _messages_status(exc: errors.SwiftClientError) -> int:
     return _status_of(exc)
 
 
-def _provider_message(body: Any) -> str | None:
-    """The message of a provider's error body, in OpenAI's or Anthropic's shape."""
+def _provider_error(body: Any) -> tuple[str | None, str | None]:
+    """The message and ``type`` of a provider's error body, in OpenAI's or Anthropic's
+    shape (None for what it lacks)."""
     error = body.get("error") if isinstance(body, dict) else None
-    if isinstance(error, dict) and isinstance(error.get("message"), str):
-        return str(error["message"])
     if isinstance(error, str):
-        return error
-    return None
+        return error, None
+    if not isinstance(error, dict):
+        return None, None
+    message, kind = error.get("message"), error.get("type")
+    return (
+        message if isinstance(message, str) else None,
+        kind if isinstance(kind, str) else None,
+    )
 
 
 class MessagesWire:
@@ -492,19 +497,21 @@ class MessagesWire:
         return Reply(200, headers, body)
 
     def error(self, exc: errors.SwiftClientError) -> Reply:
-        """The failure in Anthropic's error shape: the provider's status, headers and
-        message when it answered with an error, else a status for what went wrong."""
+        """The failure in Anthropic's error shape: the provider's status, headers, message
+        and (one of Anthropic's) error type when it answered with an error, else a status
+        for what went wrong."""
         status = _messages_status(exc)
         headers = [("content-type", _JSON), *self.headers]
-        message = str(exc)
+        message, kind = str(exc), None
         if isinstance(exc, errors.APIStatusError):
             headers.extend(
                 (name, value)
                 for name, value in exc.headers.items()
                 if name not in _HOP_BY_HOP and name != "content-type"
             )
-            message = _provider_message(exc.body) or message
-        body = pydantic_core.to_json(messages.messages_error(status, message))
+            provided, kind = _provider_error(exc.body)
+            message = provided or message
+        body = pydantic_core.to_json(messages.messages_error(status, message, kind))
         return Reply(status, headers, body)
 
     def encoder(self) -> Encoder:

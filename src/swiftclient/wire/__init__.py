@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from ..asgi._wire import dumps
 
-__all__ = ["matched_stop", "named_event"]
+__all__ = ["mark_matched_stop", "matched_stop", "named_event"]
 
 
 def matched_stop(choice: BaseModel) -> str | None:
@@ -27,6 +27,14 @@ def matched_stop(choice: BaseModel) -> str | None:
     when a stop string matched), else None."""
     matched = (choice.model_extra or {}).get("stop_reason")
     return matched if isinstance(matched, str) else None
+
+
+def mark_matched_stop(choice: BaseModel, stop: str) -> None:
+    """Say which stop string ended a chat choice, as vLLM does: its ``stop_reason`` field
+    (what :func:`matched_stop` reads)."""
+    extra = choice.__pydantic_extra__
+    if extra is not None:
+        extra["stop_reason"] = stop
 
 
 def named_event(kind: str, data: Mapping[str, Any]) -> bytes:

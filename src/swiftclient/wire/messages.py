@@ -78,13 +78,17 @@ STOP_REASONS = {
 _ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    402: "billing_error",
     403: "permission_error",
     404: "not_found_error",
     413: "request_too_large",
     429: "rate_limit_error",
     503: "overloaded_error",
+    504: "timeout_error",
     529: "overloaded_error",
 }
+ERROR_TYPES = frozenset({*_ERROR_TYPES.values(), "api_error"})
+"""Anthropic's error ``type`` values (an answer in its shape names one of them)."""
 _THINKING = frozenset({"thinking", "redacted_thinking"})
 _SAME = ("temperature", "top_p")
 _EXTRA = ("top_k", "thinking")
@@ -112,9 +116,13 @@ def error_type(status: int) -> str:
     return _ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
 
 
-def messages_error(status: int, message: str) -> dict[str, Any]:
-    """An Anthropic error body."""
-    return {"type": "error", "error": {"type": error_type(status), "message": message}}
+def messages_error(status: int, message: str, kind: str | None = None) -> dict[str, Any]:
+    """An Anthropic error body: its ``type`` the one Anthropic gives the status, or, for a
+    status without one of its own, ``kind`` (the provider's) when that is one of Anthropic's
+    (:data:`ERROR_TYPES`), else ``api_error`` (5xx) or ``invalid_request_error``."""
+    if status in _ERROR_TYPES or kind not in ERROR_TYPES:
+        kind = error_type(status)
+    return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 def event_bytes(kind: str, data: Mapping[str, Any]) -> bytes:

@@ -446,6 +446,7 @@ def _usage(usage: Usage | None) -> dict[str, Any] | None:
     if usage is None:
         return None
     details = usage.prompt_tokens_details
+    output = usage.completion_tokens_details
     return {
         "input_tokens": usage.prompt_tokens,
         "input_tokens_details": {
@@ -453,7 +454,9 @@ def _usage(usage: Usage | None) -> dict[str, Any] | None:
             "cache_write_tokens": usage.cache_write_tokens,
         },
         "output_tokens": usage.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {
+            "reasoning_tokens": (output.reasoning_tokens if output else None) or 0
+        },
         "total_tokens": usage.total_tokens,
     }
 
