@@ -255,3 +255,18 @@ def test_a_user_turn_with_no_blocks_is_refused() -> None:
     with pytest.raises(MessagesRequestError, match="must not be empty") as refused:
         chat_fields(body, [])
     assert refused.value.param == "messages[0].content"
+
+
+def test_several_text_blocks_stay_apart() -> None:
+    """Two text blocks of a turn were joined with nothing between them ("...below.Q3 ...");
+    they stay two text parts, which an Anthropic backend sends back as two blocks."""
+    blocks = [{"type": "text", "text": "Summarise the report below."}]
+    blocks.append({"type": "text", "text": "Q3 revenue rose 4%."})
+    request, _ = _chat({"messages": [{"role": "user", "content": blocks}]})
+    parts = request.messages[0].content
+    assert isinstance(parts, list) and [getattr(p, "text", None) for p in parts] == [
+        "Summarise the report below.",
+        "Q3 revenue rose 4%.",
+    ]
+    one, _ = _chat({"messages": [{"role": "user", "content": blocks[:1]}]})
+    assert one.messages[0].content == "Summarise the report below."

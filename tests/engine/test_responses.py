@@ -352,3 +352,17 @@ def test_an_empty_reply_is_one_empty_message() -> None:
     final = out[-1]["response"]
     assert final["status"] == "completed"
     assert [item["content"][0]["text"] for item in final["output"]] == [""]
+
+
+def test_several_input_text_parts_stay_apart() -> None:
+    """Two ``input_text`` parts were joined with nothing between them."""
+    parts = [
+        {"type": "input_text", "text": "Read this."},
+        {"type": "input_text", "text": "Then that."},
+    ]
+    chat, _, _ = _chat({"model": "m", "input": [{"role": "user", "content": parts}]})
+    content = chat.messages[-1].content
+    assert isinstance(content, list) and [getattr(p, "text", None) for p in content] == [
+        "Read this.",
+        "Then that.",
+    ]

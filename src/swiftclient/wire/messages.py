@@ -268,8 +268,10 @@ def _parts(content: Any, where: str) -> list[dict[str, Any]]:
 
 
 def _content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
-    if all(part["type"] == "text" for part in parts):
-        return "".join(part["text"] for part in parts)
+    """One text block as a string; several blocks as parts, each kept apart (joined, two
+    blocks ran together with no space between them)."""
+    if len(parts) == 1 and parts[0]["type"] == "text":
+        return str(parts[0]["text"])
     return parts
 
 

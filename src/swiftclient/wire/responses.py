@@ -434,9 +434,9 @@ def _content(content: Any, where: str, field: str = "content") -> str | list[dic
                 f"{at}: content parts of type {kind!r} are not supported here",
                 at,
             )
-    if all(p["type"] == "text" for p in parts):
-        return "".join(p["text"] for p in parts)
-    return parts
+    if len(parts) == 1 and parts[0]["type"] == "text":
+        return str(parts[0]["text"])
+    return parts  # several parts kept apart (joined, two ran together with no space)
 
 
 # ---------------------------------------------------------------------- reply
