@@ -226,6 +226,10 @@ def test_json_schema_output_is_a_forced_tool_or_the_native_format() -> None:
         "format": {"type": "json_schema", "schema": {"type": "object", "properties": {}}}
     }
     assert "tools" not in native and "tool_choice" not in native
+    # an effort in extra_body joins the native format rather than replacing it
+    request.extra_body = {"output_config": {"effort": "low"}}
+    both = json.loads(encode_messages_request(request, stream=False, structured="native"))
+    assert both["output_config"] == {**native["output_config"], "effort": "low"}
     # thinking forbids a forced tool: the model is left to choose it
     thinking = encode(response_format=fmt, extra_body={"thinking": {"type": "enabled"}})
     assert "tool_choice" not in thinking

@@ -270,3 +270,18 @@ def test_several_text_blocks_stay_apart() -> None:
     ]
     one, _ = _chat({"messages": [{"role": "user", "content": blocks[:1]}]})
     assert one.messages[0].content == "Summarise the report below."
+
+
+def test_output_config_effort_goes_on_or_is_named() -> None:
+    """``output_config.effort`` was dropped without a word; it travels in ``extra_body``
+    (an Anthropic backend sends it on), or, where extra fields do not travel, is named."""
+    config = {"effort": "low", "format": {"type": "json_schema", "schema": {"type": "object"}}}
+    request, ignored = _chat(
+        {"messages": [{"role": "user", "content": "hi"}], "output_config": config}
+    )
+    assert request.extra_body == {"output_config": {"effort": "low"}} and ignored == []
+    assert request.response_format is not None
+    ignored = []
+    body = {"model": "m", "max_tokens": 9, "messages": [{"role": "user", "content": "hi"}]}
+    fields = chat_fields({**body, "output_config": config}, ignored, extra_body=False)
+    assert "extra_body" not in fields and ignored == ["output_config.effort"]

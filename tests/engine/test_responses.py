@@ -61,7 +61,9 @@ def test_a_string_input_with_instructions_is_a_system_and_a_user_message() -> No
     ]
     assert chat.max_completion_tokens == 7 and chat.temperature == 0.5
     assert echo["instructions"] == "Be brief." and echo["max_output_tokens"] == 7
-    assert ignored == ["safety_identifier"]  # store and truncation are accepted
+    # store: true is served statelessly (the response says store: false) and named;
+    # truncation "disabled" is what the server does anyway
+    assert ignored == ["safety_identifier", "store"]
 
 
 def test_items_become_messages_with_parallel_calls_kept_together() -> None:
@@ -366,3 +368,22 @@ def test_several_input_text_parts_stay_apart() -> None:
         "Read this.",
         "Then that.",
     ]
+
+
+def test_settings_that_cannot_be_honoured_are_named() -> None:
+    """``store: true``, a truncation, reasoning summaries and verbosity were accepted and
+    dropped without a word (the docs said they were named)."""
+    _, echo, ignored = _chat(
+        {
+            "model": "m",
+            "input": "hi",
+            "store": True,
+            "truncation": "auto",
+            "reasoning": {"effort": "low", "summary": "detailed"},
+            "text": {"verbosity": "low"},
+        }
+    )
+    assert ignored == ["store", "truncation", "reasoning.summary", "text.verbosity"]
+    assert echo["reasoning"]["effort"] == "low"
+    _, _, none = _chat({"model": "m", "input": "hi", "store": False, "truncation": "disabled"})
+    assert none == []

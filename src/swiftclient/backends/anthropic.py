@@ -464,7 +464,11 @@ def encode_messages_request(
     if stream:
         body["stream"] = True
     if extra_body:
+        own = body.get("output_config")
         body.update(extra_body if exact else {k: extra_body[k] for k in sorted(extra_body)})
+        config = extra_body.get("output_config")
+        if isinstance(own, dict) and isinstance(config, dict):  # the format and (say) effort
+            body["output_config"] = {**own, **config}
     return pydantic_core.to_json(body)
 
 

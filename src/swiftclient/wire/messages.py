@@ -205,6 +205,13 @@ def chat_fields(
     if stream:
         fields["stream"] = True
     extra: dict[str, Any] = {}
+    config = body.get("output_config")
+    if isinstance(config, Mapping):  # its format is mapped; the rest (effort) goes on as is
+        rest = {k: v for k, v in config.items() if k != "format" and v is not None}
+        if rest and extra_body and "output_config" not in passed:
+            extra["output_config"] = rest
+        elif rest and "output_config" not in passed:
+            ignored.extend(f"output_config.{key}" for key in rest)
     for name, value in body.items():
         if name in passed:
             fields[name] = value

@@ -215,7 +215,24 @@ def chat_fields(
             fields[name] = value
         elif name not in _HANDLED and name not in _ACCEPTED:
             ignored.append(str(name))
+    ignored.extend(_unserved(body))
     return fields, echo
+
+
+def _unserved(body: Mapping[str, Any]) -> list[str]:
+    """Accepted settings this translation cannot honour, as ``x-ignored-fields`` names
+    them: storing the response, truncating the input, reasoning summaries, verbosity."""
+    unserved = []
+    if body.get("store") is True:
+        unserved.append("store")
+    if body.get("truncation") not in (None, "disabled"):
+        unserved.append("truncation")
+    reasoning, text = body.get("reasoning"), body.get("text")
+    if isinstance(reasoning, Mapping) and reasoning.get("summary") is not None:
+        unserved.append("reasoning.summary")
+    if isinstance(text, Mapping) and text.get("verbosity") is not None:
+        unserved.append("text.verbosity")
+    return unserved
 
 
 _HANDLED = frozenset(
