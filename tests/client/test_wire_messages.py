@@ -72,7 +72,7 @@ def test_blocks_become_chat_messages() -> None:
     assert assistant["tool_calls"][0]["function"] == {"name": "f", "arguments": '{"a": 1}'}
     assert assistant["thinking_blocks"] == [SIGNED]  # the unsigned block is dropped
     assert tool == {"role": "tool", "tool_call_id": "t1", "content": "Error: boom"}
-    assert ignored == ["container"]
+    assert ignored == ["container", "cache_control"]  # the mark is dropped, and named
 
 
 def test_tools_choice_and_output_format() -> None:
@@ -285,3 +285,22 @@ def test_output_config_effort_goes_on_or_is_named() -> None:
     body = {"model": "m", "max_tokens": 9, "messages": [{"role": "user", "content": "hi"}]}
     fields = chat_fields({**body, "output_config": config}, ignored, extra_body=False)
     assert "extra_body" not in fields and ignored == ["output_config.effort"]
+
+
+def test_dropped_cache_marks_are_named() -> None:
+    """A ``cache_control`` mark anywhere (top level, tools, system, content) is dropped;
+    it was dropped silently, so a caller could not tell why nothing was cached."""
+    marked = {"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}
+    for body in (
+        {"messages": [{"role": "user", "content": [marked]}]},
+        {"messages": [{"role": "user", "content": "hi"}], "system": [marked]},
+        {"messages": [{"role": "user", "content": "hi"}], "cache_control": {"type": "ephemeral"}},
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"name": "f", "input_schema": {}, "cache_control": {"type": "ephemeral"}}],
+        },
+    ):
+        _, ignored = _chat(body)
+        assert ignored == ["cache_control"], body
+    _, none = _chat({"messages": [{"role": "user", "content": "hi"}]})
+    assert none == []

@@ -520,3 +520,19 @@ def test_a_stop_sequence_is_reported_with_the_string_that_matched(sdk: Any, base
         timeout=LIMIT,
     )
     assert chat.json()["choices"][0]["stop_reason"] == word
+
+
+@pytest.mark.anyio
+async def test_a_cache_mark_is_not_named_as_ignored_by_the_local_server(served: Served) -> None:
+    """The local prefix cache is automatic: a ``cache_control`` mark asks nothing more of
+    it, so it is not listed in ``x-ignored-fields`` (the transports name it: they drop it)."""
+    block = {"type": "text", "text": "Hi", "cache_control": {"type": "ephemeral"}}
+    body = {
+        "model": "tiny-test",
+        "max_tokens": 2,
+        "messages": [{"role": "user", "content": [block]}],
+    }
+    response = await served.http.post("/v1/messages", json=body)
+    assert response.status_code == 200
+    assert "x-ignored-fields" not in response.headers
+    await served.settle()

@@ -28,7 +28,8 @@ Request mapping:
   ``top_p``, ``metadata.user_id`` (``user``); ``output_format`` / ``output_config.format``
   (``json_schema``) becomes a ``json_schema`` ``response_format``; ``top_k`` and
   ``thinking`` travel in ``extra_body`` (an Anthropic backend sends them on);
-- ``cache_control`` marks are dropped (the client places its own breakpoints); other
+- ``cache_control`` marks are dropped and named in ``x-ignored-fields`` (an
+  ``AnthropicBackend`` with ``cache_breakpoints=True`` places its own); other
   fields are ignored and named to the caller.
 
 Reply mapping: the message's ``thinking_blocks`` first (or its reasoning text as a
@@ -220,9 +221,27 @@ def chat_fields(
                 extra[name] = value
         elif name not in _HANDLED:
             ignored.append(str(name))
+    if _cache_marks(body) and "cache_control" not in passed:
+        ignored.append("cache_control")
     if extra:
         fields["extra_body"] = extra
     return fields
+
+
+def _cache_marks(body: Mapping[str, Any]) -> bool:
+    """Whether the request marks a cache breakpoint anywhere Anthropic's API takes one (the
+    top level, tools, system blocks, content blocks): dropped, so named as ignored."""
+    if body.get("cache_control") is not None:
+        return True
+    blocks: list[Any] = []
+    for key in ("tools", "system"):
+        if isinstance(body.get(key), list):
+            blocks.extend(body[key])
+    for turn in body.get("messages") or ():
+        content = turn.get("content") if isinstance(turn, Mapping) else None
+        if isinstance(content, list):
+            blocks.extend(content)
+    return any(isinstance(b, Mapping) and b.get("cache_control") is not None for b in blocks)
 
 
 def _text(block: Any, where: str) -> str:
