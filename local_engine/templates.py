@@ -162,7 +162,7 @@ def _text_content(parts: Sequence[Any]) -> str:
             )
         else:
             raise ConfigurationError(f"unsupported message content part: {part!r}")
-    return "".join(texts)
+    return "\n".join(texts)  # as vLLM joins text parts (joined with nothing, they ran together)
 
 
 def _plain(value: Any) -> Any:

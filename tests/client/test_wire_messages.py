@@ -259,32 +259,24 @@ def test_a_user_turn_with_no_blocks_is_refused() -> None:
 
 def test_several_text_blocks_stay_apart() -> None:
     """Two text blocks of a turn were joined with nothing between them ("...below.Q3 ...");
-    they stay two text parts, which an Anthropic backend sends back as two blocks."""
+    they are joined by a newline, as vLLM joins text parts, into the string every chat
+    provider takes."""
     blocks = [{"type": "text", "text": "Summarise the report below."}]
     blocks.append({"type": "text", "text": "Q3 revenue rose 4%."})
     request, _ = _chat({"messages": [{"role": "user", "content": blocks}]})
-    parts = request.messages[0].content
-    assert isinstance(parts, list) and [getattr(p, "text", None) for p in parts] == [
-        "Summarise the report below.",
-        "Q3 revenue rose 4%.",
-    ]
+    assert request.messages[0].content == "Summarise the report below.\nQ3 revenue rose 4%."
     one, _ = _chat({"messages": [{"role": "user", "content": blocks[:1]}]})
     assert one.messages[0].content == "Summarise the report below."
 
 
-def test_output_config_effort_goes_on_or_is_named() -> None:
-    """``output_config.effort`` was dropped without a word; it travels in ``extra_body``
-    (an Anthropic backend sends it on), or, where extra fields do not travel, is named."""
+def test_output_config_effort_is_named_as_ignored() -> None:
+    """``output_config.effort`` was dropped without a word; it is named (sent on, it would
+    be a 400 from OpenAI-compatible providers), and the format is still mapped."""
     config = {"effort": "low", "format": {"type": "json_schema", "schema": {"type": "object"}}}
-    request, ignored = _chat(
-        {"messages": [{"role": "user", "content": "hi"}], "output_config": config}
-    )
-    assert request.extra_body == {"output_config": {"effort": "low"}} and ignored == []
+    body = {"messages": [{"role": "user", "content": "hi"}], "output_config": config}
+    request, ignored = _chat(body)
+    assert ignored == ["output_config.effort"] and request.extra_body is None
     assert request.response_format is not None
-    ignored = []
-    body = {"model": "m", "max_tokens": 9, "messages": [{"role": "user", "content": "hi"}]}
-    fields = chat_fields({**body, "output_config": config}, ignored, extra_body=False)
-    assert "extra_body" not in fields and ignored == ["output_config.effort"]
 
 
 def test_dropped_cache_marks_are_named() -> None:

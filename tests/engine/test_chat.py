@@ -338,7 +338,7 @@ def test_messages_are_normalized() -> None:
         ),
     ]
     out = render_chat_template(source, messages)
-    assert out == "system:rules:False;user:ab:False;assistant::False:5;"
+    assert out == "system:rules:False;user:a\nb:False;assistant::False:5;"  # parts: a newline
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ from local_engine.responses import (
     event_bytes,
     response_body,
 )
+from local_engine.templates import normalize_messages
 from swiftclient.types import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -357,17 +358,20 @@ def test_an_empty_reply_is_one_empty_message() -> None:
 
 
 def test_several_input_text_parts_stay_apart() -> None:
-    """Two ``input_text`` parts were joined with nothing between them."""
+    """Two ``input_text`` parts were joined with nothing between them; a newline now."""
     parts = [
         {"type": "input_text", "text": "Read this."},
         {"type": "input_text", "text": "Then that."},
     ]
     chat, _, _ = _chat({"model": "m", "input": [{"role": "user", "content": parts}]})
-    content = chat.messages[-1].content
-    assert isinstance(content, list) and [getattr(p, "text", None) for p in content] == [
-        "Read this.",
-        "Then that.",
-    ]
+    assert chat.messages[-1].content == "Read this.\nThen that."
+
+
+def test_the_local_template_joins_text_parts_with_a_newline() -> None:
+    """What the model sees of a chat message's text parts (they ran together before)."""
+    parts = [{"type": "text", "text": "Read this."}, {"type": "text", "text": "Then that."}]
+    [message] = normalize_messages([{"role": "user", "content": parts}])
+    assert message["content"] == "Read this.\nThen that."
 
 
 def test_settings_that_cannot_be_honoured_are_named() -> None:

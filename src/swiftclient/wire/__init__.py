@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from ..asgi._wire import dumps
 
-__all__ = ["mark_matched_stop", "matched_stop", "named_event"]
+__all__ = ["joined_content", "mark_matched_stop", "matched_stop", "named_event"]
 
 
 def matched_stop(choice: BaseModel) -> str | None:
@@ -27,6 +27,15 @@ def matched_stop(choice: BaseModel) -> str | None:
     when a stop string matched), else None."""
     matched = (choice.model_extra or {}).get("stop_reason")
     return matched if isinstance(matched, str) else None
+
+
+def joined_content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    """A turn's content parts as chat content: text alone as one string, its blocks joined
+    by a newline (as vLLM joins text parts; joined with nothing, two blocks ran together,
+    and a string is what every chat provider takes); with an image, the parts as they are."""
+    if all(part["type"] == "text" for part in parts):
+        return "\n".join(str(part["text"]) for part in parts)
+    return parts
 
 
 def mark_matched_stop(choice: BaseModel, stop: str) -> None:

@@ -54,7 +54,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from ..types import ChatCompletion, ChatCompletionChunk, ToolCallDelta, Usage
-from . import matched_stop, named_event
+from . import joined_content, matched_stop, named_event
 
 __all__ = [
     "STOP_REASONS",
@@ -207,12 +207,12 @@ def chat_fields(
         fields["stream"] = True
     extra: dict[str, Any] = {}
     config = body.get("output_config")
-    if isinstance(config, Mapping):  # its format is mapped; the rest (effort) goes on as is
-        rest = {k: v for k, v in config.items() if k != "format" and v is not None}
-        if rest and extra_body and "output_config" not in passed:
-            extra["output_config"] = rest
-        elif rest and "output_config" not in passed:
-            ignored.extend(f"output_config.{key}" for key in rest)
+    if isinstance(config, Mapping) and "output_config" not in passed:
+        # its format is mapped; the rest (effort) has no chat field that every provider
+        # takes (sent on, it is a 400 from OpenAI's API), so it is named
+        ignored.extend(
+            f"output_config.{k}" for k, v in config.items() if k != "format" and v is not None
+        )
     for name, value in body.items():
         if name in passed:
             fields[name] = value
@@ -293,14 +293,6 @@ def _parts(content: Any, where: str) -> list[dict[str, Any]]:
     return parts
 
 
-def _content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
-    """One text block as a string; several blocks as parts, each kept apart (joined, two
-    blocks ran together with no space between them)."""
-    if len(parts) == 1 and parts[0]["type"] == "text":
-        return str(parts[0]["text"])
-    return parts
-
-
 def _turn(turn: Any, where: str, thinking: str) -> list[dict[str, Any]]:
     """One Messages turn as chat messages."""
     if not isinstance(turn, Mapping):
@@ -331,7 +323,7 @@ def _turn(turn: Any, where: str, thinking: str) -> list[dict[str, Any]]:
             rest.append(block)
     out = list(tools)
     if rest or not tools:
-        out.append({"role": "user", "content": _content(_parts(rest, f"{where}.content"))})
+        out.append({"role": "user", "content": joined_content(_parts(rest, f"{where}.content"))})
     return out
 
 
@@ -365,7 +357,7 @@ def _assistant(content: list[Any], where: str, as_: str) -> dict[str, Any]:
         else:
             texts.extend(_parts([block], where))
     message: dict[str, Any] = {"role": "assistant"}
-    message["content"] = _content(texts) if texts else None
+    message["content"] = joined_content(texts) if texts else None
     if calls:
         message["tool_calls"] = calls
     if thinking:
@@ -390,7 +382,7 @@ def _tool_result(block: Mapping[str, Any], where: str) -> dict[str, Any]:
             raise MessagesRequestError(
                 f"{where}.content: a tool result carries text only here", f"{where}.content"
             )
-        text = "".join(part["text"] for part in parts)
+        text = "\n".join(part["text"] for part in parts)
     if block.get("is_error") is True:
         text = f"Error: {text}"
     return {"role": "tool", "tool_call_id": call_id, "content": text}

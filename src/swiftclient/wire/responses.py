@@ -59,7 +59,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..types import ChatCompletion, ChatCompletionChunk, ToolCallDelta, Usage
-from . import matched_stop, named_event
+from . import joined_content, matched_stop, named_event
 
 __all__ = [
     "ResponsesRequestError",
@@ -451,9 +451,7 @@ def _content(content: Any, where: str, field: str = "content") -> str | list[dic
                 f"{at}: content parts of type {kind!r} are not supported here",
                 at,
             )
-    if len(parts) == 1 and parts[0]["type"] == "text":
-        return str(parts[0]["text"])
-    return parts  # several parts kept apart (joined, two ran together with no space)
+    return joined_content(parts)
 
 
 # ---------------------------------------------------------------------- reply
