@@ -467,8 +467,16 @@ class LocalServer:
         token = _ACCESS.set(access)
         try:
             path = request.path.rstrip("/")
-            if path.startswith(_MODEL_PREFIX) and request.method == "GET":
-                if self._router.authorized(request):
+            if path.startswith(_MODEL_PREFIX):
+                if request.method not in ("GET", "HEAD"):  # as the router answers
+                    await writer.send_error(
+                        405,
+                        f"Use GET for {path}.",
+                        code="method_not_allowed",
+                        headers={"allow": "GET, HEAD"},
+                    )
+                elif self._router.authorized(request):
+                    writer.head_only = request.method == "HEAD"
                     await self._model(request, writer, path[len(_MODEL_PREFIX) :])
                 else:  # as the router answers
                     await writer.send_error(

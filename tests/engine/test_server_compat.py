@@ -349,6 +349,13 @@ async def test_a_model_can_be_fetched_by_id(served: Served) -> None:
     async with httpx.AsyncClient() as bare:
         anonymous = await bare.get(served.server.base_url + "/models/tiny-test")
     assert anonymous.status_code == 401
+    # HEAD as on every GET route (it was a 404); another method a 405 naming both
+    get = await served.http.get("/v1/models/tiny-test")
+    head = await served.http.head("/v1/models/tiny-test")
+    assert head.status_code == 200 and head.content == b""
+    assert head.headers["content-length"] == get.headers["content-length"]
+    wrong = await served.http.delete("/v1/models/tiny-test")
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "GET, HEAD"
 
 
 @pytest.mark.anyio
