@@ -345,6 +345,7 @@ class ChatStream:
         self._done = False
         self._completion: ChatCompletion | None = None
         self._failed: Exception | None = None  # what ended the stream, when it broke
+        self._failed_at: TracebackType | None = None  # its traceback where it broke
 
     @property
     def timing(self) -> Timing:
@@ -418,7 +419,7 @@ class ChatStream:
         except BaseException as exc:
             self._done = True
             if isinstance(exc, Exception):
-                self._failed = exc
+                self._failed, self._failed_at = exc, exc.__traceback__
             attempt.finish(exc)
             self._call.failed(exc)
             raise
@@ -439,8 +440,8 @@ class ChatStream:
         """Consume what is left and return the assembled completion, with timing.
 
         A stream that broke (the error its iteration raised) raises that error again here
-        rather than return the part that came; a stream closed early by its reader returns
-        what was read (``finish_reason`` None).
+        rather than return the part that came (:meth:`partial` gives that); a stream closed
+        early by its reader returns what was read (``finish_reason`` None).
         """
         if self._completion is None:
             async for _ in self:
@@ -449,14 +450,22 @@ class ChatStream:
         assert completion is not None  # read to the end: done
         return completion
 
+    def partial(self) -> ChatCompletion:
+        """The completion assembled from the chunks read so far, with timing: what came
+        before a stream broke, or a stream's progress while it is read (``finish_reason``
+        None until its finish arrived). No I/O."""
+        completion = self._accumulator.build()
+        set_timing(completion, self._call.timing)
+        return completion
+
     def _assembled(self) -> ChatCompletion | None:
         """The completion once the stream is over (read to its end, or closed), assembled
         here without I/O; None while chunks may still come. The blocking client's
         ``final()`` calls it from its own thread once the loop is done with the stream, so
         that a finished stream needs no loop (it may be closed by then). Raises the error
         that broke the stream, if one did."""
-        if self._failed is not None:
-            raise self._failed
+        if self._failed is not None:  # its traceback as it broke, not one more each time
+            raise self._failed.with_traceback(self._failed_at)
         if self._completion is None:
             if not self._done:
                 return None

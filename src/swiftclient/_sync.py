@@ -605,9 +605,15 @@ class SyncChatStream:
             if text:
                 yield text
 
+    def partial(self) -> ChatCompletion:
+        """The completion assembled from the chunks read so far (what came before a stream
+        broke; ``finish_reason`` None until its finish arrived). No I/O."""
+        return self._stream.partial()
+
     def final(self) -> ChatCompletion:
         """Consume what is left and return the assembled completion, with timing (the
-        error that broke the stream, raised again, if one did)."""
+        error that broke the stream, raised again, if one did: :meth:`partial` gives what
+        came)."""
         if self._completion is None:
             for _ in self:
                 pass

@@ -241,6 +241,8 @@ async def test_final_after_a_broken_stream_raises_its_error_not_the_part_that_ca
             with pytest.raises(StreamError) as again:
                 await stream.final()
         assert again.value is broke.value
+        assert stream.partial().text == "a"  # what came before it broke
+        assert stream.partial().choices[0].finish_reason is None
         async with client.stream("hi") as stream:  # closed early by its reader: what came
             async for _ in stream:
                 break

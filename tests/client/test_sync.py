@@ -186,6 +186,7 @@ def test_errors_are_the_async_clients_typed_errors() -> None:
         with pytest.raises(type(dropped.value)) as again:
             stream.final()  # the error again, not "partial" as if it were the whole reply
         assert again.value is dropped.value
+        assert stream.partial().text.startswith("partial")  # what came before it broke
         with pytest.raises(TypeError):
             client.warmup(connections=1, bogus=True)  # type: ignore[call-arg]
         assert client.chat("hi", model="m").text == "Hello there"
