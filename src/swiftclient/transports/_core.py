@@ -188,7 +188,16 @@ def _chat_exchange(data: dict[str, Any]) -> Exchange | Reply:
     options = data.get("stream_options")
     usage = not stream or (isinstance(options, dict) and options.get("include_usage") is True)
     wire = CHAT if usage else _CHAT_WITHOUT_USAGE
-    return Exchange(data.get("model") or None, data["messages"], stream, _split(data), wire)
+    params = _split(data)
+    if isinstance(options, dict) and "include_usage" in options:
+        # the client asks its provider for usage whatever the SDK wants (its own accounting
+        # needs it); the SDK gets it only when it asked (the wire's encoder sees to that)
+        rest = {k: v for k, v in options.items() if k != "include_usage"}
+        if rest:
+            params["stream_options"] = rest
+        else:
+            params.pop("stream_options", None)
+    return Exchange(data.get("model") or None, data["messages"], stream, params, wire)
 
 
 def _responses_exchange(data: dict[str, Any]) -> Exchange | Reply:
