@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import hmac
-import json
 from collections.abc import Mapping
 from typing import Any
+
+from .._json import dumps
 
 __all__ = ["SSE_DONE", "bearer_key_matches", "dumps", "error_body", "sse_event"]
 
@@ -43,16 +44,6 @@ def error_body(
     if param is not None:
         error["param"] = param
     return {"error": error}
-
-
-def dumps(obj: Any) -> bytes:
-    """Compact JSON bytes (UTF-8; text that UTF-8 cannot carry, a lone surrogate a request
-    sent escaped, goes back escaped as ``\\udXXX``, as it came)."""
-    text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
-    try:
-        return text.encode()
-    except UnicodeEncodeError:
-        return json.dumps(obj, separators=(",", ":")).encode()
 
 
 def sse_event(data: Mapping[str, Any] | str | bytes) -> bytes:

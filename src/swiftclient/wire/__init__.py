@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ..asgi._wire import dumps
+from .._json import dumps
 
 __all__ = ["joined_content", "mark_matched_stop", "matched_stop", "named_event"]
 
