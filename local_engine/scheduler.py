@@ -214,6 +214,8 @@ class Scheduler:
         source = seq.shares_prompt_of
         if source is None or not self.pool.enable_prefix_caching:
             return False
+        if seq.params.prompt_logprobs is not None:  # it takes no prompt blocks from the cache
+            return False
         bs = self.pool.block_size
         shared = (seq.num_prompt_tokens - 1) // bs * bs
         return source.status is not SequenceStatus.FINISHED and source.num_computed_tokens < shared

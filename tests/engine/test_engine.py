@@ -366,5 +366,12 @@ def test_prompt_logprobs_match_transformers(model_dir: Path, model: DecoderModel
     assert tight.scheduler.num_preemptions > 0
     plain = engine_for(model).generate(prompts[:1], SamplingParams(max_tokens=2))
     assert plain[0].prompt_logprobs is None
+    # a choice sharing its prompt with another (n > 1) does not wait for blocks it cannot take
+    shared = engine_for(model, max_num_seqs=4, max_num_batched_tokens=64)
+    first = shared.add_request(prompts[0], params)
+    shared.add_request(prompts[0], params, shares_prompt_with=first)
+    step = shared.scheduler.schedule()
+    assert len(step.scheduled) == 2  # both prefill in the first step
+    shared.abort_all()
     with pytest.raises(ValueError, match="prompt_logprobs"):
         SamplingParams(prompt_logprobs=21)
