@@ -21,14 +21,15 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from swiftclient.types import ChatRequest
 
+from .chat import make_usage
 from .engine import RequestOutput
 from .errors import EngineError, InvalidRequestError
-from .sampling_params import SamplingParams, TokenLogprob
+from .sampling_params import TokenLogprob
 from .service import ChatService, OutputSource, PreparedRequest
 from .tokenizer import Tokenizer
 
@@ -49,6 +50,11 @@ class TextShape:
     logprobs: int | None = None
     score_only: bool = False
 
+    @property
+    def prompt_logprobs(self) -> int | None:
+        """The prompt logprobs an echoed request with ``logprobs`` needs (else None)."""
+        return self.logprobs if self.echo else None
+
 
 @dataclass(frozen=True)
 class TextRequest:
@@ -56,13 +62,6 @@ class TextRequest:
 
     request: ChatRequest
     shape: TextShape
-
-    def params(self, params: SamplingParams) -> SamplingParams:
-        """``params`` (prepared from the chat fields) with the prompt logprobs that an
-        echoed request with logprobs needs."""
-        if not (self.shape.echo and self.shape.logprobs is not None):
-            return params
-        return replace(params, prompt_logprobs=self.shape.logprobs)
 
 
 def text_request_fields(body: dict[str, Any]) -> tuple[dict[str, Any], TextShape]:
@@ -106,8 +105,9 @@ def text_request_fields(body: dict[str, Any]) -> tuple[dict[str, Any], TextShape
 
 
 def _scores_only(fields: dict[str, Any], echo: bool) -> bool:
-    """Whether the request only scores its prompt (``max_tokens: 0`` with ``echo``); the
-    engine then generates one token, which the reply leaves out."""
+    """Whether the request only scores its prompt (``max_tokens: 0`` with ``echo``; the
+    chat fields then say 1, which the chat request takes, and the engine generates
+    nothing)."""
     max_tokens = fields["max_tokens"]
     if max_tokens != 0 or isinstance(max_tokens, bool):
         return False
@@ -201,7 +201,7 @@ async def complete_text(
                     "index": 0,
                     "text": "".join(reply.texts),
                     "logprobs": reply.take_logprobs(),
-                    "finish_reason": reply.finish_reason(out),
+                    "finish_reason": out.finish_reason,
                 }
                 return {
                     "id": _completion_id(),
@@ -225,7 +225,6 @@ class _Reply:
         """Start the reply of ``parsed`` as ``prepared`` for the model."""
         self._service = service
         self._prepared = prepared
-        self.score_only = parsed.shape.score_only
         self.start = prepared.prompt.text if parsed.shape.echo else ""
         self.echo = parsed.shape.echo
         self.texts = [self.start]
@@ -238,8 +237,6 @@ class _Reply:
         logprobs = self._logprobs
         if logprobs is not None and self.echo and out.prompt_logprobs is not None:
             logprobs.add_prompt(out.prompt_logprobs, self._prepared.prompt.token_ids[0])
-        if self.score_only:
-            return ""
         if logprobs is not None:
             logprobs.add(self._service.shown_logprobs(out, self._prepared.params))
         return out.new_text
@@ -248,19 +245,11 @@ class _Reply:
         """The logprobs taken in since the last call (None when not asked for)."""
         return None if self._logprobs is None else self._logprobs.take()
 
-    def finish_reason(self, out: RequestOutput) -> str | None:
-        """The reply's finish reason once ``out`` finished it (a scored prompt: length)."""
-        return "length" if self.score_only else out.finish_reason
-
-    def usage(self, out: RequestOutput) -> dict[str, Any]:
-        """The usage of the reply so far (no completion tokens when only scoring)."""
-        generated = 0 if self.score_only else out.num_generated_tokens
-        return {
-            "prompt_tokens": out.num_prompt_tokens,
-            "completion_tokens": generated,
-            "total_tokens": out.num_prompt_tokens + generated,
-            "prompt_tokens_details": {"cached_tokens": out.num_cached_tokens},
-        }
+    @staticmethod
+    def usage(out: RequestOutput) -> dict[str, Any]:
+        """The usage of the reply so far."""
+        usage = make_usage(out.num_prompt_tokens, out.num_generated_tokens, out.num_cached_tokens)
+        return usage.model_dump(exclude_none=True)
 
 
 async def text_chunks(
@@ -287,7 +276,7 @@ async def text_chunks(
             "index": 0,
             "text": text,
             "logprobs": reply.take_logprobs(),
-            "finish_reason": reply.finish_reason(out) if out.finished else None,
+            "finish_reason": out.finish_reason if out.finished else None,
         }
         chunk = {**head, "choices": [choice]}
         if continuous_usage:

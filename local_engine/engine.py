@@ -548,6 +548,9 @@ class Engine:
         reason: str | None = None
         error: str | None = None
         before = seq.num_generated_tokens - len(tokens)
+        if seq.params.max_tokens == 0:  # it only scores its prompt: no token is kept
+            del seq.token_ids[seq.num_prompt_tokens :]
+            tokens, reason, logprob = [], "length", None
         for n, token in enumerate(tokens, start=1):
             reason = req.stop.check(token, before + n)
             verdict = self._grammar_verdict(seq, token)
@@ -598,7 +601,7 @@ class Engine:
                 continue
             tokens = item.tokens
             texts: list[str] = []
-            reason: str | None = None
+            reason: str | None = item.reason if not tokens else None  # a scored prompt
             for n, token in enumerate(tokens, start=1):
                 text, reason = req.stop.push_text(token, item.reason if n == len(tokens) else None)
                 texts.append(text)

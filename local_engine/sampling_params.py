@@ -45,7 +45,10 @@ class SamplingParams:
     that many alternatives (0 to :data:`MAX_TOP_LOGPROBS`); they come with the request's
     first output (:attr:`~local_engine.engine.RequestOutput.prompt_logprobs`). They are the
     model's own distribution (no temperature or penalties), and such a request takes no
-    prompt blocks from the prefix cache, since a cached position has no logits.
+    prompt blocks from the prefix cache, since a cached position has no logits. With
+    ``prompt_logprobs``, ``max_tokens`` may be 0: the request only scores its prompt (it
+    ends after the prompt with ``"length"`` and no token, and its prompt may fill the whole
+    context).
     """
 
     max_tokens: int = 256
@@ -73,7 +76,7 @@ class SamplingParams:
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         object.__setattr__(self, "banned_token_ids", tuple(self.banned_token_ids))
-        _check_int("max_tokens", self.max_tokens, low=1)
+        _check_int("max_tokens", self.max_tokens, low=0)
         _check_float("temperature", self.temperature, low=0.0, high=100.0)
         _check_float("top_p", self.top_p, low=0.0, high=1.0)
         if self.top_p == 0.0:
@@ -102,6 +105,8 @@ class SamplingParams:
             _check_int("banned_token_ids entry", t, low=0)
         if self.prompt_logprobs is not None:
             _check_int("prompt_logprobs", self.prompt_logprobs, low=0, high=MAX_TOP_LOGPROBS)
+        elif self.max_tokens == 0:
+            raise ValueError("max_tokens 0 generates nothing: it scores a prompt (prompt_logprobs)")
         if self.grammar is not None and not isinstance(self.grammar, Grammar):
             raise ValueError(f"grammar must be a Grammar, got {type(self.grammar).__name__}")
 

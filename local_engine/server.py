@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import contextvars
+import functools
 import hmac
 import logging
 import re
@@ -46,7 +47,7 @@ import secrets
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -652,8 +653,12 @@ class LocalServer:
         parsed = TextRequest(chat, shape)
         try:
             engine, service = self.backend.running_service()
-            prepared = await anyio.to_thread.run_sync(service.prepare_text, chat, shape.prompt)
-            prepared = replace(prepared, params=parsed.params(prepared.params))
+            prepare = functools.partial(
+                service.prepare_text,
+                prompt_logprobs=shape.prompt_logprobs,
+                score_only=shape.score_only,
+            )
+            prepared = await anyio.to_thread.run_sync(prepare, chat, shape.prompt)
             if not chat.stream:
                 body = await complete_text(service, engine, parsed, prepared)
                 _access_usage(_UsageView(body["usage"]))

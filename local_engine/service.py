@@ -392,10 +392,19 @@ class ChatService:
                     "tools",
                 )
 
-    def prepare_text(self, request: ChatRequest, prompt: str | Sequence[int]) -> PreparedRequest:
+    def prepare_text(
+        self,
+        request: ChatRequest,
+        prompt: str | Sequence[int],
+        *,
+        prompt_logprobs: int | None = None,
+        score_only: bool = False,
+    ) -> PreparedRequest:
         """A legacy text completion: ``prompt`` (text, or token ids) goes to the model as it
         is, with no chat template; the sampling fields, ``extra_body`` and the cache salt
-        come from ``request`` (whose messages are not used). Blocking (tokenizing)."""
+        come from ``request`` (whose messages are not used). ``prompt_logprobs``: the
+        prompt's logprobs with that many alternatives; ``score_only``: nothing is generated
+        (the prompt may then fill the whole context). Blocking (tokenizing)."""
         _check_supported(request)
         extra = _extra(request)
         if isinstance(prompt, str):
@@ -424,7 +433,24 @@ class ChatService:
             text = self.tokenizer.decode(ids, skip_special_tokens=False)
         if not ids:
             raise InvalidRequestError("the prompt is empty", "prompt")
-        params = self._params(request, extra, len(ids))
+        limit = self.max_model_len
+        if len(ids) > limit or (len(ids) == limit and not score_only):
+            room = "" if score_only else ", leaving no room for a reply"
+            raise InvalidRequestError(
+                f"the prompt is {len(ids)} tokens, but this model's context (max_model_len) "
+                f"is {limit} tokens{room}",
+                "prompt",
+            )
+        # a scored prompt needs no room for a reply: its params are made as for one token
+        params = self._params(request, extra, len(ids) - score_only)
+        try:
+            params = dataclasses.replace(
+                params,
+                max_tokens=0 if score_only else params.max_tokens,
+                prompt_logprobs=prompt_logprobs,
+            )
+        except ValueError as exc:
+            raise InvalidRequestError(f"invalid sampling parameters: {exc}", "prompt") from exc
         salt = extra.get("cache_salt") or request.user or None
         return PreparedRequest(ChatPrompt(text, ids, "none"), params, salt)
 

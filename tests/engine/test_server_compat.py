@@ -478,6 +478,13 @@ async def test_echo_with_logprobs_scores_the_prompt(served: Served) -> None:
     assert entries[0] is None and entries[1:] == pytest.approx(
         logprobs["token_logprobs"][1:], abs=2e-3
     )
+    # a window that fills the whole context (evaluation harnesses send such) is scored too
+    window = [40 + i % 30 for i in range(served.engine.max_model_len)]
+    whole = (await _scored(served, window, max_tokens=0))["choices"][0]
+    assert len(whole["logprobs"]["tokens"]) == len(window)
+    too_long = {"model": "tiny-test", "prompt": window + [40], "echo": True, "max_tokens": 0}
+    refused = await served.http.post("/v1/completions", json=too_long)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "prompt"
     for bad in ({"echo": False}, {"logprobs": 2, "echo": False}):
         body = {"model": "tiny-test", "prompt": text, "max_tokens": 0, **bad}
         response = await served.http.post("/v1/completions", json=body)
