@@ -104,13 +104,12 @@ def chat_fields(body: Mapping[str, Any], ignored: list[str]) -> dict[str, Any]:
     cannot serve.
     """
     try:
-        fields = wire.chat_fields(body, ignored, extra_body=False, passed=_PASSED, thinking="text")
+        return wire.chat_fields(
+            body, ignored, extra_body=False, passed=_PASSED, thinking="text", automatic_cache=True
+        )
     except MessagesRequestError as exc:
         param = None if exc.param is None else _dotted(exc.param)
         raise MessagesRequestError(_dotted(str(exc)), param) from exc
-    if "cache_control" in ignored:  # the prefix cache is automatic: a mark asks nothing more
-        ignored.remove("cache_control")
-    return fields
 
 
 class MessageEvents:

@@ -294,5 +294,14 @@ def test_dropped_cache_marks_are_named() -> None:
     ):
         _, ignored = _chat(body)
         assert ignored == ["cache_control"], body
+    result = {"type": "tool_result", "tool_use_id": "t1", "content": [marked]}
+    call = {"type": "tool_use", "id": "t1", "name": "f", "input": {}}
+    turns = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": [call]},
+        {"role": "user", "content": [result]},
+    ]
+    _, ignored = _chat({"messages": turns})
+    assert ignored == ["cache_control"]  # inside a tool result's blocks too
     _, none = _chat({"messages": [{"role": "user", "content": "hi"}]})
     assert none == []

@@ -149,6 +149,7 @@ def chat_fields(
     passed: frozenset[str] = frozenset(),
     extra_body: bool = True,
     thinking: Literal["blocks", "text"] = "blocks",
+    automatic_cache: bool = False,
 ) -> dict[str, Any]:
     """A ``/v1/messages`` body as chat-completions fields (``model``, ``messages``,
     ``stream`` and :class:`~swiftclient.types.ChatRequest` fields); append the names of
@@ -160,6 +161,8 @@ def chat_fields(
     assistant turn's thinking blocks become: ``"blocks"``, the signed ones as the message's
     ``thinking_blocks`` (for a provider that takes them back); ``"text"``, all their text
     as its ``reasoning_content`` (for a model that reads its own reasoning).
+    ``automatic_cache``: the server caches prefixes itself, so ``cache_control`` marks ask
+    nothing of it and are not named as ignored.
 
     Raises :class:`MessagesRequestError` naming a field that cannot be served.
     """
@@ -221,7 +224,7 @@ def chat_fields(
                 extra[name] = value
         elif name not in _HANDLED:
             ignored.append(str(name))
-    if _cache_marks(body) and "cache_control" not in passed:
+    if not automatic_cache and "cache_control" not in passed and _cache_marks(body):
         ignored.append("cache_control")
     if extra:
         fields["extra_body"] = extra
@@ -241,6 +244,10 @@ def _cache_marks(body: Mapping[str, Any]) -> bool:
         content = turn.get("content") if isinstance(turn, Mapping) else None
         if isinstance(content, list):
             blocks.extend(content)
+            for block in content:  # a tool result's own blocks
+                inner = block.get("content") if isinstance(block, Mapping) else None
+                if isinstance(inner, list):
+                    blocks.extend(inner)
     return any(isinstance(b, Mapping) and b.get("cache_control") is not None for b in blocks)
 
 
