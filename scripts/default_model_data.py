@@ -1731,9 +1731,14 @@ def gen_forced_tool(rng: random.Random) -> Conversation:
 
 
 def _forced_tool_conv(
-    task: str, schema: dict[str, Any], value: dict[str, Any], rng: random.Random
+    task: str,
+    schema: dict[str, Any],
+    value: dict[str, Any],
+    rng: random.Random,
+    text: str | None = None,
 ) -> Conversation:
-    """A request to fill ``schema`` from a text through a forced tool, and the call."""
+    """A request to fill ``schema`` from a text (``text``, else one that labels each field)
+    through a forced tool, and the call."""
     if rng.random() < 0.55:
         function: dict[str, Any] = {
             "name": "final_result",
@@ -1753,7 +1758,9 @@ def _forced_tool_conv(
         if rng.random() < 0.5:
             del function["description"]
         tools = [{"type": "function", "function": function}]
-    prompt = rng.choice(_EXTRACT_PROMPTS).format(t=describe(value, rng))
+    if text is None:
+        text = describe(value, rng)
+    prompt = rng.choice(_EXTRACT_PROMPTS).format(t=text)
     messages = [*_system(rng), {"role": "user", "content": prompt}]
     messages.append(_call_message(function["name"], value))
     return _conv(task, messages, tools, {"name": function["name"], "arguments": value})
@@ -1766,10 +1773,16 @@ def gen_json_general(rng: random.Random) -> Conversation:
 
 
 def _json_general_conv(
-    task: str, schema: dict[str, Any], value: dict[str, Any], rng: random.Random
+    task: str,
+    schema: dict[str, Any],
+    value: dict[str, Any],
+    rng: random.Random,
+    text: str | None = None,
 ) -> Conversation:
-    """A request to fill ``schema`` from a text under a JSON response format, and the JSON."""
-    text = describe(value, rng)
+    """A request to fill ``schema`` from a text (``text``, else one that labels each field)
+    under a JSON response format, and the JSON."""
+    if text is None:
+        text = describe(value, rng)
     if rng.random() < 0.75:
         name = schema.get("title") or rng.choice(_SCHEMA_TITLES)
         response_format: dict[str, Any] = {
@@ -2102,6 +2115,89 @@ def gen_structured_any(rng: random.Random) -> Conversation:
     return _json_general_conv("structured_any", schema, value, rng)
 
 
+# ------------------------------------------------------- structured output from plain prose
+
+# How a sentence states a field without naming it: clauses per field of ``_FIELDS``, each
+# with the value's place ``{v}`` (booleans: a clause for true, one for false). Written for
+# this generator from the fields' meanings; the texts to fill a schema from are then
+# sentences, as people write them, not ``label: value`` lists.
+_PROSE: dict[str, tuple[str, ...]] = {
+    "name": ("this is {v}", "{v} joined us", "say hello to {v}", "the person is {v}"),
+    "age": ("{v} years old", "aged {v}", "who turned {v}", "at the age of {v}"),
+    "city": ("based in {v}", "living in {v}", "who moved to {v}", "out of {v}"),
+    "email": ("reachable at {v}", "writing from {v}", "whose address is {v}"),
+    "title": ('titled "{v}"', 'the one called "{v}"', 'known as "{v}"'),
+    "price": ("for {v} dollars", "costing {v}", "priced at {v}", "sold at {v} each"),
+    "quantity": ("{v} units of it", "a batch of {v}", "{v} pieces in all"),
+    "year": ("back in {v}", "first released in {v}", "dating from {v}"),
+    "country": ("shipped from {v}", "made in {v}", "over in {v}"),
+    "color": ("painted {v}", "the {v} model", "coloured {v}"),
+    "rating": ("rated {v}", "with a rating of {v}", "reviewed at {v}"),
+    "priority": ("flagged as {v} priority", "{v} on the priority list"),
+    "status": ("currently {v}", "now in the {v} state", "marked {v}"),
+    "language": ("written in {v}", "speaking {v}", "translated to {v}"),
+    "score": ("scoring {v}", "with {v} points", "who got {v}"),
+    "company": ("working for {v}", "employed at {v}", "on the payroll of {v}"),
+    "role": ("serving as {v}", "hired as {v}", "in the job of {v}"),
+    "date": ("on {v}", "scheduled for {v}", "since {v}"),
+    "amount": ("a total of {v}", "adding up to {v}", "paying {v}"),
+    "phone": ("on the phone at {v}", "call them at {v}", "dialling {v}"),
+    "product": ("who bought {v}", "ordering {v}", "interested in {v}"),
+    "category": ("filed under {v}", "in the {v} group", "sorted as {v}"),
+    "weight_kg": ("weighing {v} kg", "{v} kilograms heavy", "at {v} kg"),
+    "pages": ("{v} pages long", "running to {v} pages", "with {v} pages"),
+}
+_PROSE_FLAGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "active": (("still active", "in use today"), ("no longer active", "retired for now")),
+    "verified": (
+        ("checked and verified", "confirmed by the team"),
+        ("not verified yet", "still unconfirmed"),
+    ),
+}
+_PROSE_OPENERS = ("", "", "Note: ", "From the form: ", "Update: ", "FYI, ")
+
+
+def prose(value: dict[str, Any], rng: random.Random) -> str:
+    """A sentence that states every field of ``value`` without naming it (fields of
+    :data:`_PROSE` and :data:`_PROSE_FLAGS`, first and last names as one full name)."""
+    keys = list(value)
+    rng.shuffle(keys)
+    clauses: list[str] = []
+    if "first_name" in value and "last_name" in value:
+        full = f"{value['first_name']} {value['last_name']}"
+        clauses.append(rng.choice(_PROSE["name"]).format(v=full))
+        keys = [k for k in keys if k not in ("first_name", "last_name")]
+    for key in keys:
+        if key in _PROSE_FLAGS:
+            clauses.append(rng.choice(_PROSE_FLAGS[key][0 if value[key] else 1]))
+        else:
+            clauses.append(
+                rng.choice(_PROSE["name" if key.endswith("_name") else key]).format(
+                    v=_plain(value[key])
+                )
+            )
+    if len(clauses) == 1:
+        text = clauses[0]
+    else:
+        text = ", ".join(clauses[:-1]) + rng.choice((" and ", ", ", "; ")) + clauses[-1]
+    return rng.choice(_PROSE_OPENERS) + text[0].upper() + text[1:] + rng.choice((".", ".", "!"))
+
+
+def gen_structured_prose(rng: random.Random) -> Conversation:
+    """A small schema filled from a sentence that never names its fields, through a forced
+    tool or under a JSON response format."""
+    while True:
+        schema, value = small_schema(rng)
+        if not {"first_name", "last_name"} & set(value) or {"first_name", "last_name"} <= set(
+            value
+        ):
+            break
+    text = prose(value, rng)
+    if rng.random() < 0.6:
+        return _forced_tool_conv("structured_prose", schema, value, rng, text)
+    return _json_general_conv("structured_prose", schema, value, rng, text)
+
+
 # ----------------------------------------------------------------------------- sessions
 
 _THANKS = _casual(
@@ -2212,6 +2308,9 @@ TASKS: dict[str, tuple[Callable[[random.Random], Conversation], float]] = {
     # Tool results as plain text (and tools titled as frameworks send them), added last and
     # weighed 0 for the same reason: run M of docs/local-engine.md weighed them up.
     "tool_text": (gen_tool_text, 0.0),
+    # Schemas filled from sentences that never name their fields, added last and weighed 0
+    # for the same reason.
+    "structured_prose": (gen_structured_prose, 0.0),
 }
 
 
