@@ -25,7 +25,7 @@ from ._retry import RetryPolicy
 from ._stream import Call, ChatStream
 from ._structured import structured_output, validation_summary
 from .admission import Admission, Limits, TargetHealth
-from .backends.base import Backend, enter_backends
+from .backends.base import Backend, call_headers, enter_backends
 from .conversation import Conversation
 from .hedging import Hedge
 from .prompt_cache import CacheAccounting, CacheUsage, PrefixLint
@@ -443,11 +443,13 @@ class AsyncClient:
         hedge: Hedge | None | NotGiven,
         task: str | None,
         params: dict[str, Any],
-        *,
-        streamed: bool,
+        extra_headers: Mapping[str, str] | None,
+        streamed: bool = True,
     ) -> Call:
         if self._closed:
             raise errors.ConfigurationError("this AsyncClient is closed")
+        if extra_headers is not None:
+            extra_headers = call_headers(extra_headers)
         router = self.router
         static: int | None = None
         if router is None and isinstance(messages, list) and not has_marks(messages):
@@ -490,6 +492,7 @@ class AsyncClient:
             ledger=self._accounting if several else self._plain_ledger,
             tracer=self.telemetry,
             admission=self.admission,
+            headers=extra_headers or None,
         )
 
     # ------------------------------------------------------------------ calls
@@ -503,20 +506,22 @@ class AsyncClient:
         retry: RetryPolicy | None = None,
         hedge: Hedge | None | NotGiven = NOT_GIVEN,
         task: str | None = None,
+        extra_headers: Mapping[str, str] | None = None,
         **params: Any,
     ) -> ChatStream:
         """Open a streamed chat: ``async with client.stream(messages, model=...) as s``.
 
         ``params`` are :class:`ChatRequest` fields (``temperature``, ``tools``, ``stop``, ...;
         provider-specific ones go in ``extra_body``). ``task`` is a label for the client's
-        router only (never sent). ``model`` may be a list of targets:
+        router only (never sent). ``extra_headers`` go with every attempt of this call (a
+        provider's beta flag, say; credentials belong on the backend and are refused here).
+        ``model`` may be a list of targets:
         with ``hedge`` (or the client's default) they are raced, the first to deliver a
         content token wins and the others are cancelled; without, they are tried in order
         until one works (docs/hedging.md).
         """
-        return ChatStream(
-            self._call(messages, model, timeout, retry, hedge, task, params, streamed=True)
-        )
+        call = self._call(messages, model, timeout, retry, hedge, task, params, extra_headers)
+        return ChatStream(call)
 
     @overload
     async def chat(
@@ -530,6 +535,7 @@ class AsyncClient:
         hedge: Hedge | None | NotGiven = ...,
         task: str | None = ...,
         stream: bool | None = ...,
+        extra_headers: Mapping[str, str] | None = ...,
         **params: Any,
     ) -> ChatCompletion: ...
 
@@ -545,6 +551,7 @@ class AsyncClient:
         hedge: Hedge | None | NotGiven = ...,
         task: str | None = ...,
         stream: bool | None = ...,
+        extra_headers: Mapping[str, str] | None = ...,
         **params: Any,
     ) -> T: ...
 
@@ -559,10 +566,11 @@ class AsyncClient:
         hedge: Hedge | None | NotGiven = NOT_GIVEN,
         task: str | None = None,
         stream: bool | None = None,
+        extra_headers: Mapping[str, str] | None = None,
         **params: Any,
     ) -> ChatCompletion | T:
         """Run one chat completion and return it (with ``.text``, ``.tool_calls``,
-        ``.usage`` and ``.timing``).
+        ``.usage`` and ``.timing``). Arguments as :meth:`stream`.
 
         With ``response_model`` (a pydantic model, TypedDict or dataclass, or a list or dict
         of them), the model is asked for JSON matching that type's schema and the validated
@@ -578,7 +586,9 @@ class AsyncClient:
             structured = structured_output(response_model)
             params["response_format"] = structured.response_format
         use_stream = self.stream_chat if stream is None else stream
-        call = self._call(messages, model, timeout, retry, hedge, task, params, streamed=use_stream)
+        call = self._call(
+            messages, model, timeout, retry, hedge, task, params, extra_headers, use_stream
+        )
         if use_stream:
             async with ChatStream(call) as chat_stream:
                 completion = await chat_stream.final()

@@ -10,7 +10,7 @@ and a round is one attempt (one target), a sequential fallback, or a hedged race
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from operator import attrgetter
@@ -90,6 +90,7 @@ class Call:
         ledger: Accounting | None = None,
         tracer: Telemetry | None = None,
         admission: Admission | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         if not targets:
             raise errors.ConfigurationError("a call needs at least one target")
@@ -117,6 +118,8 @@ class Call:
         self.results: list[AttemptResult] = []
         """How each ended attempt ended, in the order they ended (frozen)."""
         self.tracer = tracer
+        self.headers = headers
+        """Headers every attempt sends (the caller's ``extra_headers``; None: none)."""
 
     def begin(self) -> None:
         """The call starts running: its telemetry (if any) starts following it, in the
@@ -148,6 +151,8 @@ class Call:
             trace=self.trace,
         )
         self.timing.attempts.append(attempt.record)
+        if self.headers is not None:
+            attempt.options = replace(attempt.options, headers=self.headers)
         hooks, trace = self.hooks.on_start, self.trace
         if not hooks and trace is None:
             return attempt

@@ -800,6 +800,7 @@ class Client:
         hedge: Hedge | None | NotGiven = ...,
         task: str | None = ...,
         stream: bool | None = ...,
+        extra_headers: Mapping[str, str] | None = ...,
         **params: Any,
     ) -> ChatCompletion: ...
 
@@ -815,6 +816,7 @@ class Client:
         hedge: Hedge | None | NotGiven = ...,
         task: str | None = ...,
         stream: bool | None = ...,
+        extra_headers: Mapping[str, str] | None = ...,
         **params: Any,
     ) -> T: ...
 
@@ -829,6 +831,7 @@ class Client:
         hedge: Hedge | None | NotGiven = NOT_GIVEN,
         task: str | None = None,
         stream: bool | None = None,
+        extra_headers: Mapping[str, str] | None = None,
         **params: Any,
     ) -> ChatCompletion | T:
         """Run one chat completion and return it (as :meth:`AsyncClient.chat`, blocking).
@@ -849,6 +852,7 @@ class Client:
                 hedge=hedge,
                 task=task,
                 stream=stream,
+                extra_headers=extra_headers,
                 **params,
             )
         )
@@ -862,6 +866,7 @@ class Client:
         retry: RetryPolicy | None = None,
         hedge: Hedge | None | NotGiven = NOT_GIVEN,
         task: str | None = None,
+        extra_headers: Mapping[str, str] | None = None,
         **params: Any,
     ) -> SyncChatStream:
         """Open a streamed chat: ``with client.stream(messages, model=...) as stream``
@@ -876,6 +881,7 @@ class Client:
                 retry=retry,
                 hedge=hedge,
                 task=task,
+                extra_headers=extra_headers,
                 **params,
             )
 

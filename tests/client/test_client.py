@@ -251,6 +251,32 @@ async def test_final_after_a_broken_stream_raises_its_error_not_the_part_that_ca
 
 
 @over_transports
+async def test_extra_headers_go_with_every_attempt_of_the_call() -> None:
+    """A call's own headers (a provider's beta flag, say), on every attempt, plain and
+    streamed; credentials belong on the backend and are refused on a call."""
+    script = Script().add(status=503).add().add().add()
+    async with scripted_client(script, retry=FAST_RETRY) as client:
+        beta = {"anthropic-beta": "context-1m-2025-08-07"}
+        completion = await client.chat("hi", extra_headers=beta)
+        assert completion.text == "ok"
+        async with client.stream("hi", extra_headers=beta) as stream:
+            assert (await stream.final()).text == "ok"
+        await client.chat("hi")  # another call: none
+        for bad, why in (
+            ({"authorization": "Bearer sk-other"}, "credential"),
+            ({"x-api-key": "sk-other"}, "credential"),
+            ({"x-beta": "a\nb"}, "control character"),
+            ({"x-beta": 1}, "must be str"),
+            ("x-beta: 1", "mapping"),
+        ):
+            with pytest.raises(ConfigurationError, match=why):
+                await client.chat("hi", extra_headers=bad)
+    sent = [request.headers.get("anthropic-beta") for request in script.requests]
+    assert sent == ["context-1m-2025-08-07"] * 3 + [None]  # the retry carried it too
+    assert all(r.headers["authorization"] == f"Bearer {KEY}" for r in script.requests)
+
+
+@over_transports
 async def test_stream_that_ends_without_finish_is_an_error_and_retried_before_content() -> None:
     script = Script().add(parts=[chunk(role="assistant")]).add()
     async with scripted_client(script) as client:

@@ -105,6 +105,10 @@ def test_the_sync_client_offers_the_async_surface() -> None:
     with fake() as provider, Client(HTTPBackend(provider.base_url), model="m") as client:
         client.warmup()
         assert client.chat("hi").text == "Hello there"
+        client.chat("hi", extra_headers={"x-beta": "on"})
+        with client.stream("hi", extra_headers={"x-beta": "streamed"}) as beta:
+            list(beta)
+        assert [r.headers.get("x-beta") for r in provider.requests[-2:]] == ["on", "streamed"]
         with client.stream("hi") as stream:
             assert isinstance(stream, SyncChatStream)
             chunks = list(stream)

@@ -292,3 +292,22 @@ def test_the_blocking_transports_hand_on_the_providers_headers(flavour: str) -> 
                 pieces = [c.choices[0].delta.content for c in streamed.parse() if c.choices]
             assert "".join(p or "" for p in pieces) == "ok"
             sdk.close()
+
+
+@pytest.mark.anyio
+async def test_the_anthropic_sdks_beta_flags_reach_the_provider() -> None:
+    """``betas=[...]`` (the ``anthropic-beta`` header) was left at the transport: beta
+    features turned off without a word. It goes on with the call; the SDK's own key and
+    version headers do not (the backend sends its own)."""
+    fake = FakeProvider(Reply(text="ok"), model="claude", api_key="sk-ant-real")
+    async with fake, AsyncClient(AnthropicBackend(fake.base_url, api_key="sk-ant-real")) as client:
+        sdk = anthropic_sdk(client)
+        beta = "context-1m-2025-08-07"
+        await sdk.beta.messages.create(
+            model="anthropic/c", max_tokens=20, messages=USER, betas=[beta]
+        )
+        sent = fake.requests[-1].headers
+        assert sent["anthropic-beta"] == beta and sent["x-api-key"] == "sk-ant-real"
+        await sdk.messages.create(model="anthropic/c", max_tokens=20, messages=USER)
+        assert "anthropic-beta" not in fake.requests[-1].headers
+        await sdk.close()

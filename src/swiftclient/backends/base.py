@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from .._canonical import CallEncoding
 from .._deadline import Deadline
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, is_secret_header
 from ..types import ChatCompletion, ChatCompletionChunk, ChatRequest
 
 __all__ = [
@@ -67,6 +67,40 @@ class RequestOptions:
     headers: Mapping[str, str] = field(default_factory=dict)
     encoding: CallEncoding | None = None
     on_response: Callable[[int, Mapping[str, str]], None] | None = None
+
+
+def check_headers(headers: Mapping[str, Any], from_key: Iterable[str] = ()) -> None:
+    """Refuse header names and values no request could send (not strings, control
+    characters such as a key file's trailing newline, non-ASCII text), naming the header
+    (or ``api_key`` for the headers in ``from_key``) and never the value: it may be a key."""
+    keyed = set(from_key)
+    for name, value in headers.items():
+        where = "api_key" if name in keyed else f"header {name!r}"
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise ConfigurationError(f"{where}: header names and values must be str")
+        if not value.isascii() or any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise ConfigurationError(
+                f"{where} holds a control character (a trailing newline?) or non-ASCII text; "
+                "an HTTP header cannot carry it"
+            )
+
+
+def call_headers(headers: Any) -> dict[str, str]:
+    """One call's ``extra_headers``, checked: a mapping of sendable headers, no credential
+    among them (a key belongs on the backend, where errors and logs are scrubbed of it)."""
+    if not isinstance(headers, Mapping):
+        raise ConfigurationError(
+            "extra_headers must be a mapping of header names to values, "
+            f"got {type(headers).__name__}"
+        )
+    check_headers(headers)
+    for name in headers:
+        if is_secret_header(name):
+            raise ConfigurationError(
+                f"extra_headers: {name!r} carries a credential; give keys to the backend "
+                "(api_key=, or its headers=), where they are kept out of errors and logs"
+            )
+    return dict(headers)
 
 
 @runtime_checkable

@@ -17,7 +17,7 @@ import re
 import socket
 import warnings
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Any, Literal
@@ -53,7 +53,7 @@ from ..types import (
 from ._errors import TransportError, to_public
 from ._httpx import HttpxTransport
 from ._network import Cert, Verify, env_proxy, keepalive_options, ssl_context
-from .base import RequestOptions, Transport, TransportResponse, check_backend_name
+from .base import RequestOptions, Transport, TransportResponse, check_backend_name, check_headers
 
 __all__ = ["HTTPBackend"]
 
@@ -143,22 +143,6 @@ class _Response:
                 await self.body.aclose()
         finally:
             slots.release()
-
-
-def _check_headers(headers: Mapping[str, Any], from_key: Iterable[str]) -> None:
-    """Refuse header names and values no request could send (not strings, control
-    characters such as a key file's trailing newline, non-ASCII text), naming the header
-    (or ``api_key`` for the headers in ``from_key``) and never the value: it may be a key."""
-    keyed = set(from_key)
-    for name, value in headers.items():
-        where = "api_key" if name in keyed else f"header {name!r}"
-        if not isinstance(name, str) or not isinstance(value, str):
-            raise errors.ConfigurationError(f"{where}: header names and values must be str")
-        if not value.isascii() or any(ord(c) < 32 or ord(c) == 127 for c in value):
-            raise errors.ConfigurationError(
-                f"{where} holds a control character (a trailing newline?) or non-ASCII text; "
-                "an HTTP header cannot carry it"
-            )
 
 
 class HTTPBackend:
@@ -276,7 +260,7 @@ class HTTPBackend:
             raise errors.ConfigurationError("api_key must be a str")
         if api_key:
             base_headers.update(self._auth_headers(api_key))
-        _check_headers(base_headers, self._auth_headers("").keys() if api_key else ())
+        check_headers(base_headers, self._auth_headers("").keys() if api_key else ())
         # The transport is made with the headers of every request (the session's own on
         # aiohttp, merged in C); each request sends its accept (and key) on top of them.
         self._base_headers = {k: v for k, v in base_headers.items() if k != "accept"}

@@ -11,10 +11,20 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .. import errors
-from ._core import SSE, Reply, parse, sdk_timeout, sse_sync, stream_headers
+from ._core import (
+    SSE,
+    Exchange,
+    Reply,
+    forwarded_headers,
+    parse,
+    sdk_timeout,
+    sse_sync,
+    stream_headers,
+)
 
 if TYPE_CHECKING:
     from .._client import AsyncClient
+    from .._deadline import Timeout
     from .._sync import Client
 
 __all__ = ["async_client", "body_classes", "handle", "handle_async", "sync_client"]
@@ -88,26 +98,30 @@ def body_classes(module: Any) -> tuple[type[Any], type[Any]]:
     return AsyncBody, SyncBody
 
 
+def _call_options(base: Timeout, request: Any, wanted: Exchange) -> dict[str, Any]:
+    """The call's arguments besides the messages and model: the SDK's request fields, its
+    timeout (tightening the client's ``base``) and the headers that go on to the provider."""
+    return {
+        **wanted.params,
+        "timeout": sdk_timeout(base, request.extensions, wanted.stream),
+        "extra_headers": forwarded_headers(request.headers),
+    }
+
+
 async def handle_async(client: AsyncClient, request: Any, module: Any, body: type[Any]) -> Any:
     """Run the SDK's ``request`` through ``client``; the response the SDK reads."""
     wanted = parse(request.method, request.url.path, await request.aread())
     if isinstance(wanted, Reply):
         return _response(module, wanted, request)
     wire = wanted.wire
-    timeout = sdk_timeout(client.timeout, request.extensions, wanted.stream)
+    options = _call_options(client.timeout, request, wanted)
     try:
         if not wanted.stream:
             completion = await client.chat(
-                wanted.messages,
-                model=wanted.model,
-                response_model=None,
-                timeout=timeout,
-                **wanted.params,
+                wanted.messages, model=wanted.model, response_model=None, **options
             )
             return _response(module, wire.completion(completion), request)
-        stream = client.stream(
-            wanted.messages, model=wanted.model, timeout=timeout, **wanted.params
-        )
+        stream = client.stream(wanted.messages, model=wanted.model, **options)
         await stream.__aenter__()  # up to the first token: a failure is still a status
     except errors.SwiftClientError as exc:
         return _response(module, wire.error(exc), request)
@@ -125,20 +139,14 @@ def handle(client: Client, request: Any, module: Any, body: type[Any]) -> Any:
     if isinstance(wanted, Reply):
         return _response(module, wanted, request)
     wire = wanted.wire
-    timeout = sdk_timeout(client.aclient.timeout, request.extensions, wanted.stream)
+    options = _call_options(client.aclient.timeout, request, wanted)
     try:
         if not wanted.stream:
             completion = client.chat(
-                wanted.messages,
-                model=wanted.model,
-                response_model=None,
-                timeout=timeout,
-                **wanted.params,
+                wanted.messages, model=wanted.model, response_model=None, **options
             )
             return _response(module, wire.completion(completion), request)
-        stream = client.stream(
-            wanted.messages, model=wanted.model, timeout=timeout, **wanted.params
-        )
+        stream = client.stream(wanted.messages, model=wanted.model, **options)
         stream.__enter__()
     except errors.SwiftClientError as exc:
         return _response(module, wire.error(exc), request)

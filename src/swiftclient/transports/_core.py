@@ -37,6 +37,7 @@ __all__ = [
     "error_event",
     "error_reply",
     "parse",
+    "forwarded_headers",
     "sdk_timeout",
     "sse_sync",
     "stream_headers",
@@ -142,6 +143,18 @@ def parse(method: str, path: str, body: bytes) -> Exchange | Reply:
     if model is not None and not isinstance(model, str):
         return fail(400, "model must be a string", param="model")
     return reader(data)
+
+
+FORWARDED_HEADERS = ("anthropic-beta",)
+"""Headers of an SDK's request that go on to the provider with the call (an Anthropic
+backend's beta features; another provider ignores an unknown header). The rest are the
+SDK's own (its key, its version, its client's name) and stay here."""
+
+
+def forwarded_headers(headers: Mapping[str, str]) -> dict[str, str] | None:
+    """The headers of an SDK's request that go on to the provider (None: none)."""
+    found = {name: headers[name] for name in FORWARDED_HEADERS if name in headers}
+    return found or None
 
 
 def sdk_timeout(base: Timeout, extensions: Mapping[str, Any], stream: bool) -> Timeout:
