@@ -52,8 +52,12 @@ class TextShape:
 
     @property
     def prompt_logprobs(self) -> int | None:
-        """The prompt logprobs an echoed request with ``logprobs`` needs (else None)."""
-        return self.logprobs if self.echo else None
+        """The prompt logprobs the engine computes: with ``echo``, ``logprobs`` many
+        alternatives; a scored prompt without ``logprobs`` still takes the scoring path
+        (none shown), else None."""
+        if not self.echo:
+            return None
+        return 0 if self.logprobs is None and self.score_only else self.logprobs
 
 
 @dataclass(frozen=True)

@@ -108,8 +108,23 @@ def _may_be_shaped(text: str) -> bool:
 # (``x-api-key``, ``x-goog-api-key``, ``x-amz-security-token``, ``set-cookie``), besides
 # the exact names below.
 _SECRET_HEADER_WORDS = frozenset(
-    {"authorization", "auth", "key", "apikey", "token", "secret", "password", "cookie"}
+    {
+        "authorization",
+        "auth",
+        "key",
+        "apikey",
+        "token",
+        "secret",
+        "password",
+        "passwd",
+        "cookie",
+        "credential",
+        "credentials",
+        "session",
+    }
 )
+# Name parts that end in these are credentials too (``xapikey``, ``accesstoken``).
+_SECRET_HEADER_ENDINGS = ("apikey", "token", "secret", "password")
 _SECRET_HEADERS = frozenset(
     {"authorization", "proxy-authorization", "api-key", "x-api-key", "cookie", "set-cookie"}
 )
@@ -190,15 +205,19 @@ def redact(text: str, *secrets: str | None) -> str:
 
 def is_secret_header(name: str) -> bool:
     """Whether a header's value is a credential, judged by its name: ``authorization``,
-    cookies, and any name with ``key``, ``token``, ``secret``, ``auth`` or ``password`` as
-    one of its parts (``x-api-key``, ``x-goog-api-key``, ``x-auth-token``), except
-    ``idempotency-key``."""
+    cookies, and any name with ``key``, ``token``, ``secret``, ``auth``, ``password``,
+    ``credential(s)`` or ``session`` as one of its parts, or a part ending in ``apikey``,
+    ``token``, ``secret`` or ``password`` (``x-api-key``, ``x-goog-api-key``,
+    ``x-auth-token``, ``xapikey``), except ``idempotency-key``."""
     name = name.lower()
     if name in _SECRET_HEADERS:
         return True
     if name in _NOT_SECRET_HEADERS:
         return False
-    return any(part in _SECRET_HEADER_WORDS for part in _HEADER_WORD_SPLIT.split(name))
+    return any(
+        part in _SECRET_HEADER_WORDS or part.endswith(_SECRET_HEADER_ENDINGS)
+        for part in _HEADER_WORD_SPLIT.split(name)
+    )
 
 
 def header_secrets(headers: Mapping[str, str]) -> tuple[str, ...]:

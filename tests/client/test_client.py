@@ -268,6 +268,13 @@ async def test_extra_headers_go_with_every_attempt_of_the_call() -> None:
             ({"x-beta": "a\nb"}, "control character"),
             ({"x-beta": 1}, "must be str"),
             ("x-beta: 1", "mapping"),
+            ({"X-A\r\nX-Injected": "1"}, "not an HTTP header name"),
+            ({"X Foo": "1"}, "not an HTTP header name"),
+            ({"": "1"}, "not an HTTP header name"),
+            ({"Content-Length": "3"}, "sets 'Content-Length' itself"),
+            ({"host": "evil.example"}, "sets 'host' itself"),
+            ({"xapikey": "sk-other"}, "credential"),
+            ({"x-session": "abc"}, "credential"),
         ):
             with pytest.raises(ConfigurationError, match=why):
                 await client.chat("hi", extra_headers=bad)

@@ -311,3 +311,18 @@ async def test_the_anthropic_sdks_beta_flags_reach_the_provider() -> None:
         await sdk.messages.create(model="anthropic/c", max_tokens=20, messages=USER)
         assert "anthropic-beta" not in fake.requests[-1].headers
         await sdk.close()
+    # a beta the backend sends on every request is kept beside the call's (it was replaced)
+    fake = FakeProvider(Reply(text="ok"), model="claude", api_key="sk-ant-real")
+    async with fake:
+        backend = AnthropicBackend(
+            fake.base_url, api_key="sk-ant-real", headers={"Anthropic-Beta": "backend-beta"}
+        )
+        async with AsyncClient(backend) as client:
+            sdk = anthropic_sdk(client)
+            await sdk.beta.messages.create(
+                model="anthropic/c", max_tokens=20, messages=USER, betas=["b1", "backend-beta"]
+            )
+            assert fake.requests[-1].headers["anthropic-beta"] == "backend-beta,b1"
+            await sdk.messages.create(model="anthropic/c", max_tokens=20, messages=USER)
+            assert fake.requests[-1].headers["anthropic-beta"] == "backend-beta"
+            await sdk.close()

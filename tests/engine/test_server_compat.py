@@ -485,6 +485,12 @@ async def test_echo_with_logprobs_scores_the_prompt(served: Served) -> None:
     too_long = {"model": "tiny-test", "prompt": window + [40], "echo": True, "max_tokens": 0}
     refused = await served.http.post("/v1/completions", json=too_long)
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "prompt"
+    # echo and max_tokens 0 without logprobs: the prompt back, as vLLM answers (it was a 400)
+    bare = {"model": "tiny-test", "prompt": text, "echo": True, "max_tokens": 0}
+    echoed = (await served.http.post("/v1/completions", json=bare)).json()
+    assert echoed["choices"][0]["text"] == choice["text"]
+    assert echoed["choices"][0]["logprobs"] is None
+    assert echoed["usage"]["completion_tokens"] == 0
     for bad in ({"echo": False}, {"logprobs": 2, "echo": False}):
         body = {"model": "tiny-test", "prompt": text, "max_tokens": 0, **bad}
         response = await served.http.post("/v1/completions", json=body)

@@ -6,6 +6,7 @@ execution policies in the client compose around it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass, field
@@ -69,15 +70,39 @@ class RequestOptions:
     on_response: Callable[[int, Mapping[str, str]], None] | None = None
 
 
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
+"""An HTTP header name (RFC 9110's token)."""
+_CLIENT_HEADERS = frozenset(
+    {
+        "host",
+        "content-length",
+        "content-type",
+        "content-encoding",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "te",
+        "upgrade",
+        "idempotency-key",
+    }
+)
+"""Headers the client sets itself for a request's framing and retries: not one call's."""
+LIST_HEADERS = frozenset({"anthropic-beta"})
+"""Headers whose value is a comma-separated list: one call's entries join the backend's."""
+
+
 def check_headers(headers: Mapping[str, Any], from_key: Iterable[str] = ()) -> None:
-    """Refuse header names and values no request could send (not strings, control
-    characters such as a key file's trailing newline, non-ASCII text), naming the header
-    (or ``api_key`` for the headers in ``from_key``) and never the value: it may be a key."""
+    """Refuse header names and values no request could send (not strings, a name that is
+    no HTTP token, control characters such as a key file's trailing newline, non-ASCII
+    text), naming the header (or ``api_key`` for the headers in ``from_key``) and never
+    the value: it may be a key."""
     keyed = set(from_key)
     for name, value in headers.items():
         where = "api_key" if name in keyed else f"header {name!r}"
         if not isinstance(name, str) or not isinstance(value, str):
             raise ConfigurationError(f"{where}: header names and values must be str")
+        if not _HEADER_NAME.match(name):
+            raise ConfigurationError(f"{where}: not an HTTP header name (letters, digits, -)")
         if not value.isascii() or any(ord(c) < 32 or ord(c) == 127 for c in value):
             raise ConfigurationError(
                 f"{where} holds a control character (a trailing newline?) or non-ASCII text; "
@@ -100,7 +125,23 @@ def call_headers(headers: Any) -> dict[str, str]:
                 f"extra_headers: {name!r} carries a credential; give keys to the backend "
                 "(api_key=, or its headers=), where they are kept out of errors and logs"
             )
-    return dict(headers)
+        if name.lower() in _CLIENT_HEADERS:
+            raise ConfigurationError(
+                f"extra_headers: the client sets {name!r} itself (the request's framing "
+                "and retries depend on it)"
+            )
+    return {name.lower(): value for name, value in headers.items()}
+
+
+def with_call_headers(headers: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
+    """A backend's request ``headers`` with one call's ``extra`` ones (lower-case names) on
+    top; a list header both give (:data:`LIST_HEADERS`) has the call's entries after the
+    backend's, each once."""
+    merged = {**headers, **extra}
+    for name in LIST_HEADERS & extra.keys() & headers.keys():
+        entries = [e.strip() for e in f"{headers[name]},{extra[name]}".split(",")]
+        merged[name] = ",".join(dict.fromkeys(e for e in entries if e))
+    return merged
 
 
 @runtime_checkable

@@ -53,7 +53,15 @@ from ..types import (
 from ._errors import TransportError, to_public
 from ._httpx import HttpxTransport
 from ._network import Cert, Verify, env_proxy, keepalive_options, ssl_context
-from .base import RequestOptions, Transport, TransportResponse, check_backend_name, check_headers
+from .base import (
+    LIST_HEADERS,
+    RequestOptions,
+    Transport,
+    TransportResponse,
+    check_backend_name,
+    check_headers,
+    with_call_headers,
+)
 
 __all__ = ["HTTPBackend"]
 
@@ -528,6 +536,9 @@ class HTTPBackend:
         if options is not None:
             encoding = options.encoding
             key, extra = options.idempotency_key, options.headers
+            if extra and LIST_HEADERS & extra.keys():  # a call's betas join the backend's
+                merged = with_call_headers(self._base_headers, extra)
+                extra = {name: merged[name] for name in extra}
             if extra:
                 headers = (
                     {**headers, "idempotency-key": key, **extra} if key else {**headers, **extra}
