@@ -265,11 +265,13 @@ class ModelRunner:
         for item in scheduled:
             seq, rows = item.seq, item.num_new_tokens
             k = seq.params.prompt_logprobs
-            low = max(item.start, len(seq.prompt_logprobs))
-            high = min(item.start + rows, seq.num_prompt_tokens - 1)
-            if k is not None and not item.num_spec_tokens and low < high:
-                targets = seq.token_ids[low + 1 : high + 1]
-                scored.append((seq, self._score(hidden, offset + low - item.start, targets, k)))
+            if k is not None and not item.num_spec_tokens:
+                low = max(item.start, len(seq.prompt_logprobs))
+                high = min(item.start + rows, seq.num_prompt_tokens - 1)
+                if low < high:
+                    targets = seq.token_ids[low + 1 : high + 1]
+                    first = offset + low - item.start
+                    scored.append((seq, self._score(hidden, first, targets, k)))
             offset += rows
         return scored
 
