@@ -120,7 +120,6 @@ _SECRET_HEADER_WORDS = frozenset(
         "cookie",
         "credential",
         "credentials",
-        "session",
     }
 )
 # Name parts that end in these are credentials too (``xapikey``, ``accesstoken``).
@@ -205,8 +204,8 @@ def redact(text: str, *secrets: str | None) -> str:
 
 def is_secret_header(name: str) -> bool:
     """Whether a header's value is a credential, judged by its name: ``authorization``,
-    cookies, and any name with ``key``, ``token``, ``secret``, ``auth``, ``password``,
-    ``credential(s)`` or ``session`` as one of its parts, or a part ending in ``apikey``,
+    cookies, and any name with ``key``, ``token``, ``secret``, ``auth``, ``password`` or
+    ``credential(s)`` as one of its parts, or a part ending in ``apikey``,
     ``token``, ``secret`` or ``password`` (``x-api-key``, ``x-goog-api-key``,
     ``x-auth-token``, ``xapikey``), except ``idempotency-key``."""
     name = name.lower()
@@ -218,6 +217,19 @@ def is_secret_header(name: str) -> bool:
         part in _SECRET_HEADER_WORDS or part.endswith(_SECRET_HEADER_ENDINGS)
         for part in _HEADER_WORD_SPLIT.split(name)
     )
+
+
+_CREDENTIAL_ENDINGS = ("apikey", "api-key", "api_key", "token", "secret", "password")
+
+
+def is_credential_header(name: str) -> bool:
+    """Whether a header certainly carries a credential, judged by its name (a narrower test
+    than :func:`is_secret_header`, which redacts any name that may): ``authorization``,
+    cookies, ``api-key`` and names ending in ``apikey``, ``api-key``, ``token``, ``secret``
+    or ``password`` (``x-goog-api-key``, ``x-access-token``). ``x-routing-key`` or
+    ``mcp-session-id`` are not."""
+    name = name.lower()
+    return name in _SECRET_HEADERS or name.endswith(_CREDENTIAL_ENDINGS)
 
 
 def header_secrets(headers: Mapping[str, str]) -> tuple[str, ...]:

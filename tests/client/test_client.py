@@ -254,7 +254,7 @@ async def test_final_after_a_broken_stream_raises_its_error_not_the_part_that_ca
 async def test_extra_headers_go_with_every_attempt_of_the_call() -> None:
     """A call's own headers (a provider's beta flag, say), on every attempt, plain and
     streamed; credentials belong on the backend and are refused on a call."""
-    script = Script().add(status=503).add().add().add()
+    script = Script().add(status=503).add().add().add().add()
     async with scripted_client(script, retry=FAST_RETRY) as client:
         beta = {"anthropic-beta": "context-1m-2025-08-07"}
         completion = await client.chat("hi", extra_headers=beta)
@@ -262,6 +262,8 @@ async def test_extra_headers_go_with_every_attempt_of_the_call() -> None:
         async with client.stream("hi", extra_headers=beta) as stream:
             assert (await stream.final()).text == "ok"
         await client.chat("hi")  # another call: none
+        # names that merely look like keys go (a session or routing id is no credential)
+        await client.chat("hi", extra_headers={"Mcp-Session-Id": "s1", "x-routing-key": "r1"})
         for bad, why in (
             ({"authorization": "Bearer sk-other"}, "credential"),
             ({"x-api-key": "sk-other"}, "credential"),
@@ -274,12 +276,13 @@ async def test_extra_headers_go_with_every_attempt_of_the_call() -> None:
             ({"Content-Length": "3"}, "sets 'Content-Length' itself"),
             ({"host": "evil.example"}, "sets 'host' itself"),
             ({"xapikey": "sk-other"}, "credential"),
-            ({"x-session": "abc"}, "credential"),
+            ({"x-access-token": "abc"}, "credential"),
         ):
             with pytest.raises(ConfigurationError, match=why):
                 await client.chat("hi", extra_headers=bad)
     sent = [request.headers.get("anthropic-beta") for request in script.requests]
-    assert sent == ["context-1m-2025-08-07"] * 3 + [None]  # the retry carried it too
+    assert sent == ["context-1m-2025-08-07"] * 3 + [None, None]  # the retry carried it too
+    assert script.requests[-1].headers["mcp-session-id"] == "s1"
     assert all(r.headers["authorization"] == f"Bearer {KEY}" for r in script.requests)
 
 

@@ -287,6 +287,7 @@ def test_dropped_cache_marks_are_named() -> None:
         {"messages": [{"role": "user", "content": [marked]}]},
         {"messages": [{"role": "user", "content": "hi"}], "system": [marked]},
         {"messages": [{"role": "user", "content": "hi"}], "cache_control": {"type": "ephemeral"}},
+        {"messages": [{"role": "user", "content": "hi", "cache_control": {"type": "ephemeral"}}]},
         {
             "messages": [{"role": "user", "content": "hi"}],
             "tools": [{"name": "f", "input_schema": {}, "cache_control": {"type": "ephemeral"}}],

@@ -14,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from .._canonical import CallEncoding
 from .._deadline import Deadline
-from ..errors import ConfigurationError, is_secret_header
+from ..errors import ConfigurationError, is_credential_header
 from ..types import ChatCompletion, ChatCompletionChunk, ChatRequest
 
 __all__ = [
@@ -120,15 +120,15 @@ def call_headers(headers: Any) -> dict[str, str]:
         )
     check_headers(headers)
     for name in headers:
-        if is_secret_header(name):
+        if is_credential_header(name):
             raise ConfigurationError(
                 f"extra_headers: {name!r} carries a credential; give keys to the backend "
                 "(api_key=, or its headers=), where they are kept out of errors and logs"
             )
         if name.lower() in _CLIENT_HEADERS:
             raise ConfigurationError(
-                f"extra_headers: the client sets {name!r} itself (the request's framing "
-                "and retries depend on it)"
+                f"extra_headers: the client sets {name!r} itself (the request's body, "
+                "connection or retries depend on it)"
             )
     return {name.lower(): value for name, value in headers.items()}
 

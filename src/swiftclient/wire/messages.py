@@ -232,8 +232,9 @@ def chat_fields(
 
 
 def _cache_marks(body: Mapping[str, Any]) -> bool:
-    """Whether the request marks a cache breakpoint anywhere Anthropic's API takes one (the
-    top level, tools, system blocks, content blocks): dropped, so named as ignored."""
+    """Whether the request marks a cache breakpoint anywhere (the top level, tools, system
+    blocks, a message, its content blocks, a tool result's blocks): dropped, so named as
+    ignored."""
     if body.get("cache_control") is not None:
         return True
     blocks: list[Any] = []
@@ -241,6 +242,8 @@ def _cache_marks(body: Mapping[str, Any]) -> bool:
         if isinstance(body.get(key), list):
             blocks.extend(body[key])
     for turn in body.get("messages") or ():
+        if isinstance(turn, Mapping) and turn.get("cache_control") is not None:
+            return True  # on the message itself, as some clients put it
         content = turn.get("content") if isinstance(turn, Mapping) else None
         if isinstance(content, list):
             blocks.extend(content)
