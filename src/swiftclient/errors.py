@@ -149,9 +149,16 @@ def _mask_field(match: re.Match[str]) -> str:
     return match.group(1) + _MASK if _secret_shaped(value) else match.group()
 
 
+#: Known secrets shorter than this are masked only where they stand alone: such a "key" is
+#: a placeholder (``"EMPTY"``, ``"none"``, ``"k"``), and masking every word that contains
+#: it (``model *** not found`` for a key ``"k"``) ruined messages for nothing.
+_SHORT_SECRET = 6
+
+
 def _known_spans(text: str, secrets: Sequence[str]) -> list[tuple[int, int]]:
     """Where the known secrets stand in ``text``, each span widened over the letters and
-    digits glued to it, overlapping spans merged."""
+    digits glued to it, overlapping spans merged; a secret shorter than
+    :data:`_SHORT_SECRET` only where no letter or digit is glued to it."""
     spans: list[tuple[int, int]] = []
     for secret in secrets:
         at = text.find(secret)
@@ -161,7 +168,8 @@ def _known_spans(text: str, secrets: Sequence[str]) -> list[tuple[int, int]]:
                 start -= 1
             while end < len(text) and text[end].isalnum():
                 end += 1
-            spans.append((start, end))
+            if len(secret) >= _SHORT_SECRET or end - start == len(secret):
+                spans.append((start, end))
             at = text.find(secret, at + 1)
     spans.sort()
     merged: list[tuple[int, int]] = []
@@ -180,10 +188,11 @@ def redact(text: str, *secrets: str | None) -> str:
     Every occurrence of a known secret is masked wherever it stands (inside a URL, before
     a full stop, glued to other text), with no rule about what may surround it. The mask
     ``***`` takes the letters and digits glued to the secret with it, so what is left
-    never reads as a word that was not there (a key ``ab`` masks ``about`` whole, not to
-    ``***out``). Unknown keys are masked by shape (``Bearer ...``, ``sk-...``-style
-    prefixes, ``api_key=...``); ordinary words, ``key_separator`` among them, are left
-    alone.
+    never reads as a word that was not there (a key ``hunter2`` masks ``xhunter2y`` whole).
+    A secret of fewer than six characters, a placeholder such as ``"EMPTY"`` or ``"k"``,
+    is masked only where it stands alone (``key k`` but not ``model``). Unknown keys are
+    masked by shape (``Bearer ...``, ``sk-...``-style prefixes, ``api_key=...``); ordinary
+    words, ``key_separator`` among them, are left alone.
     """
     known = [secret for secret in secrets if secret and secret in text] if secrets else None
     if known:

@@ -35,7 +35,7 @@ def test_new_timeouts_and_size_error_sit_in_the_tree() -> None:
 
 
 KEYS = [
-    "ab",  # two characters
+    "abc123",  # six characters (shorter ones are placeholders, masked where they stand alone)
     "0123456789abcdef0123456789abcdef",  # hex
     "123e4567-e89b-12d3-a456-426614174000",  # UUID
     "sk-proj-abcdefghijklmnop",
@@ -66,16 +66,24 @@ def test_a_known_key_is_masked_wherever_it_stands(key: str) -> None:
 
 
 def test_a_mask_never_leaves_part_of_a_word_behind() -> None:
-    # A two-letter key inside words: the whole word goes, so "about" never reads "***out".
-    text = "about a tab: key ab rejected (ab)."
-    assert errors.redact(text, "ab") == "*** a ***: key *** rejected (***)."
+    # A key inside a word: the whole word goes, so "xhunter2y" never reads "x***y".
+    text = "xhunter2y: key hunter2 rejected (hunter2)."
+    assert errors.redact(text, "hunter2") == "***: key *** rejected (***)."
     assert errors.redact("x", "") == "x"
     assert errors.redact("x", None) == "x"
 
 
+@pytest.mark.parametrize("key", ["EMPTY", "none", "k", "ab"])
+def test_a_placeholder_key_is_masked_only_where_it_stands_alone(key: str) -> None:
+    # api_key="k" used to mask every word with a k in it: "model *** not found".
+    text = f"model {key}s and x{key} not found; key {key} rejected ({key})."
+    expected = f"model {key}s and x{key} not found; key *** rejected (***)."
+    assert errors.redact(text, key) == expected
+
+
 def test_overlapping_known_secrets_leave_no_fragment() -> None:
     # Two secrets that overlap in the text, and a key that overlaps itself.
-    assert errors.redact("k-yk-y!", "k-y") == "***!"
+    assert errors.redact("abc-abc-abc!", "abc-abc") == "***!"
     out = errors.redact("id: abcdef-123 / 123-xyz", "abcdef-123", "123-xyz")
     assert out == "id: *** / ***"
 
