@@ -18,6 +18,7 @@ per engine output that brings text or a finish reason, then a usage chunk with
 
 from __future__ import annotations
 
+import codecs
 import secrets
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -143,12 +144,31 @@ def _completion_id() -> str:
     return f"cmpl-{secrets.token_hex(12)}"
 
 
+class _TextOffsets:
+    """The character offset in a text at which each token starts: tokens add their bytes
+    (special tokens none where the text drops them), and a token that ends inside a
+    multi-byte character moves the offset only once the character is whole."""
+
+    def __init__(self, tokenizer: Tokenizer, start: int, *, special: bool = False) -> None:
+        """Offsets from ``start``; ``special``: the text keeps special tokens (an echoed
+        prompt does, a reply does not)."""
+        self._bytes = tokenizer.token_bytes if special else tokenizer.text_bytes
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.chars = start
+
+    def next(self, token_id: int) -> int:
+        """The offset of ``token_id``, the next token; moves past it."""
+        offset = self.chars
+        self.chars += len(self._decoder.decode(self._bytes(token_id)))
+        return offset
+
+
 class _Logprobs:
     """Legacy ``logprobs``: tokens, their logprobs, alternatives, and text offsets."""
 
     def __init__(self, tokenizer: Tokenizer, offset: int) -> None:
         self._tokenizer = tokenizer
-        self.offset = offset
+        self._offsets = _TextOffsets(tokenizer, offset)
         self.data: dict[str, list[Any]] = {
             "tokens": [],
             "token_logprobs": [],
@@ -158,27 +178,24 @@ class _Logprobs:
 
     def add(self, items: Sequence[TokenLogprob]) -> None:
         for item in items:
-            text = self._tokenizer.token_text(item.token_id)
-            self.data["tokens"].append(text)
+            self.data["tokens"].append(self._tokenizer.token_text(item.token_id))
             self.data["token_logprobs"].append(item.logprob)
             self.data["top_logprobs"].append(
                 {self._tokenizer.token_text(t): lp for t, lp in item.top_logprobs}
             )
-            self.data["text_offset"].append(self.offset)
-            self.offset += len(text)
+            self.data["text_offset"].append(self._offsets.next(item.token_id))
 
     def add_prompt(self, items: Sequence[TokenLogprob | None], first_token: int) -> None:
         """The echoed prompt's entries (its first token, which has none, as nulls), from
         text offset 0; the reply's entries then go on from the offset given at creation."""
-        reply_offset, self.offset = self.offset, 0
-        text = self._tokenizer.token_text(first_token)
-        self.data["tokens"].append(text)
+        prompt_offsets = _TextOffsets(self._tokenizer, 0, special=True)
+        reply_offsets, self._offsets = self._offsets, prompt_offsets
+        self.data["tokens"].append(self._tokenizer.token_text(first_token))
         self.data["token_logprobs"].append(None)
         self.data["top_logprobs"].append(None)
-        self.data["text_offset"].append(0)
-        self.offset = len(text)
+        self.data["text_offset"].append(self._offsets.next(first_token))
         self.add([item for item in items if item is not None])
-        self.offset = reply_offset
+        self._offsets = reply_offsets
 
     def take(self) -> dict[str, list[Any]]:
         data = self.data

@@ -238,6 +238,14 @@ class Tokenizer:
                 return bytes([int(match[1], 16)])
         return self.token_text(token_id).encode("utf-8")
 
+    def text_bytes(self, token_id: int) -> bytes:
+        """The bytes one token adds to a decoded text (special tokens dropped, as
+        :meth:`decode` drops them): :meth:`token_bytes`, except that an added token gives
+        what it decodes to, nothing for a special one."""
+        if token_id in self._added_ids:
+            return self.decode([token_id]).encode("utf-8")
+        return self.token_bytes(token_id)
+
     def token_text(self, token_id: int) -> str:
         """The text one token adds after other text (the ``token`` of a logprob entry).
 

@@ -498,6 +498,36 @@ async def test_echo_with_logprobs_scores_the_prompt(served: Served) -> None:
 
 
 @pytest.mark.anyio
+async def test_text_offsets_count_characters_of_the_text(served: Served) -> None:
+    """``text_offset`` is where each token starts in the returned text, in characters: a
+    token inside a multi-byte character starts where the character does (the tokenizer's
+    own offsets), and an end token that ``ignore_eos`` keeps adds nothing (it counted token
+    texts: ``é`` split over two tokens moved it twice, an end token by its name)."""
+    tokenizer = served.engine.tokenizer
+    assert tokenizer is not None
+    text = "héllo wörld, naïve café: 東京 ✓ ok"
+    body = {"model": "tiny-test", "prompt": text, "echo": True, "logprobs": 1, "max_tokens": 0}
+    choice = (await served.http.post("/v1/completions", json=body)).json()["choices"][0]
+    assert choice["text"] == text
+    encoding = tokenizer.backend.encode(text, add_special_tokens=False)
+    starts = [start for start, _ in encoding.offsets]
+    assert len(set(starts)) < len(starts)  # some characters span two tokens or more
+    assert choice["logprobs"]["text_offset"] == starts
+    # an echoed prompt keeps its special tokens' text, and the offsets count it; a reply
+    # drops it, and a special token adds nothing there
+    eos = min(served.engine.eos_token_ids)
+    ids = tokenizer.encode("héllo") + [eos] + tokenizer.encode(" ok")
+    body = {"model": "tiny-test", "prompt": ids, "echo": True, "logprobs": 1, "max_tokens": 0}
+    choice = (await served.http.post("/v1/completions", json=body)).json()["choices"][0]
+    eos_text = tokenizer.token_text(eos)
+    assert choice["text"] == f"héllo{eos_text} ok"
+    offsets = choice["logprobs"]["text_offset"]
+    assert offsets[-len(tokenizer.encode(" ok")) - 1 :][:2] == [5, 5 + len(eos_text)]
+    assert tokenizer.text_bytes(eos) == b""
+    assert b"".join(tokenizer.text_bytes(i) for i in ids) == "héllo ok".encode()
+
+
+@pytest.mark.anyio
 async def test_every_request_gets_an_access_line(
     tiny: TinyModel, anyio_backend: str, caplog: pytest.LogCaptureFixture
 ) -> None:
