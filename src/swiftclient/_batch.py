@@ -48,9 +48,10 @@ BatchRequest = ChatRequest | str | Mapping[str, Any]
 """One batch entry: a :class:`ChatRequest`, a string (one user message, as
 ``client.chat("hi")`` takes it: the same as ``{"messages": "hi"}``), or the keyword arguments
 of ``client.stream(...)`` as a mapping (``messages`` required; ``model``, ``timeout``,
-``retry``, ``hedge``, ``task`` and request fields such as ``tools`` optional)."""
+``retry``, ``hedge``, ``task``, ``extra_headers`` and request fields such as ``tools``
+optional)."""
 
-_CALL_ONLY = frozenset({"timeout", "retry", "hedge", "task"})
+_CALL_ONLY = frozenset({"timeout", "retry", "hedge", "task", "extra_headers"})
 _NOT_FROM_REQUEST = frozenset({"model", "messages", "stream", "stream_options"})
 
 

@@ -49,6 +49,7 @@ class Scripted:
         self.open_now = 0
         self.most_open = 0
         self.changed = anyio.Event()
+        self.headers: list[dict[str, str]] = []  # each attempt's extra headers
 
     def _notify(self) -> None:
         self.changed.set()
@@ -88,6 +89,7 @@ class Scripted:
     def stream(
         self, request: ChatRequest, deadline: Deadline, options: RequestOptions | None = None
     ) -> Any:
+        self.headers.append(dict(options.headers) if options is not None else {})
         content = request.messages[-1].content
         return self._stream(content if isinstance(content, str) else "")
 
@@ -180,6 +182,29 @@ async def test_followers_wait_for_the_leaders_first_token() -> None:
     assert backend.opened[:2] == ["q0", "lonely"] or backend.opened[:2] == ["lonely", "q0"]
     assert sorted(backend.opened[2:]) == ["q1", "q2", "q3", "q4"]
     assert all(result.waited >= 0.0 for result in results)
+
+
+async def test_entries_with_their_own_headers_are_grouped_and_send_them() -> None:
+    # extra_headers made an entry's prompt unreadable to the planner: it never grouped
+    backend = Scripted()
+    backend.gates["q0"] = anyio.Event()
+    requests = [{"messages": _msgs(f"q{i}"), "extra_headers": {"x-n": f"{i}"}} for i in range(3)]
+    async with _client(backend) as client:
+        async with anyio.create_task_group() as tg:
+            results: list[BatchResult] = []
+
+            async def run() -> None:
+                results.extend(await client.batch(requests + [{"messages": _msgs("q3")}]))
+
+            tg.start_soon(run)
+            await backend.wait_for(lambda: len(backend.opened) == 1)
+            await anyio.sleep(0.05)  # room for a wrong early start to show (not a timing check)
+            assert backend.opened == ["q0"]  # the others wait for its first token
+            backend.gates["q0"].set()
+        results.extend(await client.batch(["q4"], extra_headers={"x-n": "all"}))
+    assert [result.unwrap().text for result in results] == [f"re: q{i}" for i in range(5)]
+    sent = dict(zip(backend.opened, backend.headers, strict=True))
+    assert sent == {f"q{i}": {"x-n": f"{i}"} for i in range(3)} | {"q3": {}, "q4": {"x-n": "all"}}
 
 
 async def test_errors_stay_with_their_entry_and_results_keep_input_order() -> None:
