@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import math
 import operator
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -85,17 +86,28 @@ UNITS: dict[str, tuple[float, str]] = {
     "f": (1.0, "temp"),
 }
 _SKIES = ("clear", "sunny", "cloudy", "rainy", "windy", "foggy", "snowy", "partly cloudy")
-_OPS: dict[type[ast.operator], Callable[[float, float], float]] = {
+_OPS: dict[type[ast.operator], Callable[[Any, Any], int | float]] = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
     ast.Mult: operator.mul,
     ast.Div: operator.truediv,
 }
+#: Results past this size are refused: a float would be infinite, an int too long to print.
+_LIMIT = 10**300
 
 
-def _number(value: float) -> int | float:
-    """A float rounded to 2 places, as an int when it is whole."""
-    rounded = round(value, 2)
+def _finite(value: int | float) -> int | float:
+    """``value``, or ValueError when it is not finite or beyond :data:`_LIMIT`."""
+    if (isinstance(value, float) and not math.isfinite(value)) or abs(value) >= _LIMIT:
+        raise ValueError("the result is out of range")
+    return value
+
+
+def _number(value: int | float) -> int | float:
+    """A float rounded to 2 places, as an int when it is whole; an int as it is."""
+    if isinstance(value, int):
+        return value
+    rounded = round(_finite(value), 2)
     return int(rounded) if rounded == int(rounded) else rounded
 
 
@@ -113,14 +125,18 @@ def _convert(value: float, from_unit: str, to_unit: str) -> float:
     return value * factor_from / factor_to
 
 
-def _evaluate(node: ast.AST) -> float:
+def _evaluate(node: ast.AST) -> int | float:
+    """The value of an arithmetic expression: whole numbers stay exact under ``+ - *``
+    (``123456789 * 987654321`` is not rounded to a float's 53 bits), ``/`` and decimals
+    compute in floats."""
     if isinstance(node, ast.Expression):
         return _evaluate(node.body)
     value = node.value if isinstance(node, ast.Constant) else None
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
+        return _finite(value)
     if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-        return _OPS[type(node.op)](_evaluate(node.left), _evaluate(node.right))
+        left, right = _evaluate(node.left), _evaluate(node.right)
+        return _finite(_OPS[type(node.op)](left, right))
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
         return -_evaluate(node.operand)
     raise ValueError("only numbers and + - * / are allowed")
@@ -162,6 +178,8 @@ def run_tool(name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
             or not isinstance(dst, str)
         ):
             raise ValueError("convert_units needs a number value, from_unit and to_unit")
+        if not math.isfinite(value) or abs(value) >= _LIMIT:
+            raise ValueError(f"convert_units needs a finite value under 1e300, got {value!r}")
         result = _number(_convert(float(value), src, dst))
         return {"value": value, "from_unit": src, "to_unit": dst, "result": result}
     if name == "calculator":
@@ -170,7 +188,8 @@ def run_tool(name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
             raise ValueError("calculator needs an expression string")
         try:
             result = _evaluate(ast.parse(expression, mode="eval"))
-        except (SyntaxError, ZeroDivisionError, RecursionError) as exc:
-            raise ValueError(f"cannot evaluate {expression!r}: {exc}") from exc
+        except (SyntaxError, ZeroDivisionError, RecursionError, OverflowError) as exc:
+            shown = expression if len(expression) <= 80 else expression[:77] + "..."
+            raise ValueError(f"cannot evaluate {shown!r}: {exc}") from exc
         return {"expression": expression, "result": _number(result)}
     raise ValueError(f"unknown tool {name!r}; known: {sorted(TOOLS)}")

@@ -78,6 +78,11 @@ def test_builtin_tools_compute_their_results() -> None:
     )
     assert run_tool("calculator", {"expression": "37 * 12 - 4 / 2"})["result"] == 442
     assert set(UNITS) >= {"km", "mi", "kg", "lb", "c", "f"}
+    # whole numbers stay exact (a float's 53 bits gave ...264 and 10**30 + 19884624838656)
+    product = run_tool("calculator", {"expression": "123456789 * 987654321"})["result"]
+    assert product == 123456789 * 987654321
+    assert run_tool("calculator", {"expression": "9" * 30 + " + 1"})["result"] == 10**30
+    assert run_tool("calculator", {"expression": "0.1 + 0.2"})["result"] == 0.3
 
 
 @pytest.mark.parametrize(
@@ -91,6 +96,13 @@ def test_builtin_tools_compute_their_results() -> None:
         ("calculator", {"expression": "__import__('os')"}, "only numbers"),
         ("calculator", {"expression": "1 / 0"}, "cannot evaluate"),
         ("calculator", {"expression": "2 ** 8"}, "only numbers"),
+        # past a float's range: OverflowError and an infinite result escaped as other errors
+        ("calculator", {"expression": "1e308 * 10"}, "out of range"),
+        ("calculator", {"expression": "1e308 * 10 - 1e308 * 10"}, "out of range"),
+        ("calculator", {"expression": "9" * 5000}, "cannot evaluate '9999"),
+        ("convert_units", {"value": 1e308, "from_unit": "km", "to_unit": "mi"}, "finite"),
+        ("convert_units", {"value": float("nan"), "from_unit": "km", "to_unit": "mi"}, "finite"),
+        ("convert_units", {"value": float("inf"), "from_unit": "c", "to_unit": "f"}, "finite"),
         ("send_email", {}, "unknown tool"),
     ],
 )
