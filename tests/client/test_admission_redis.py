@@ -212,6 +212,95 @@ async def test_a_lease_a_timed_out_take_left_on_redis_is_released(anyio_backend:
             assert await raw.zcard(leases) == 0
 
 
+@pytest.mark.anyio
+async def test_a_window_whose_log_expired_is_free_again(redis_url: str) -> None:
+    """Unused for longer than its window, a limit's log expires on Redis with what it
+    held: the sum kept beside it stayed, and every take was refused for an hour (the sum's
+    own lifetime), or lost part of the limit for each pause."""
+    import redis
+
+    target = key()
+    window = [BucketCost("requests", 1, 3, 60.0)]
+    async with RedisStore(redis_url, cache_ttl=0.0) as store:
+        for _ in range(3):
+            assert (await store.take(target, window)).granted
+        assert not (await store.take(target, window)).granted  # the window is full
+        with redis.Redis.from_url(redis_url) as raw:  # a blocking client: trio too
+            # what the log's expiry (its window and a second after its last use) does
+            log = f"swiftclient:admission:{target}:log:requests"
+            assert await anyio.to_thread.run_sync(raw.delete, log) == 1
+        assert [(await store.take(target, window)).granted for _ in range(4)] == [
+            True,
+            True,
+            True,
+            False,
+        ]
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_lease_released_while_redis_is_down_is_removed_when_it_answers(
+    anyio_backend: str,
+) -> None:
+    """A call that ended while the store ran on its fallback released its lease there
+    only: the lease held its concurrency slot on Redis for its whole ttl (300 s)."""
+    import os
+    import signal
+
+    import redis.asyncio
+
+    target = key()
+    with redis_process() as (url, process):
+        raw = redis.asyncio.Redis.from_url(url)
+        leases = f"swiftclient:admission:{target}:leases"
+        async with raw, RedisStore(url, timeout=0.2, retry_after_down=0.5) as store:
+            assert (await store.take(target, [], concurrency=1, holder="h0", ttl=300)).granted
+            os.kill(process.pid, signal.SIGSTOP)
+            try:
+                await store.leases("elsewhere")  # times out: the store falls back
+            finally:
+                os.kill(process.pid, signal.SIGCONT)
+            assert store.degraded
+            await store.release(target, "h0")  # on the fallback: Redis is not asked
+            assert await raw.zcard(leases) == 1
+            with anyio.fail_after(30):
+                while store.degraded:  # noqa: ASYNC110 (the store's own clock)
+                    await anyio.sleep(0.01)
+            # the next operation that reaches Redis removes it first: the slot is free
+            assert (await store.take(target, [], concurrency=1, holder="h1", ttl=300)).granted
+            assert [m.decode() for m in await raw.zrange(leases, 0, -1)] == ["h1"]
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_take_cancelled_while_redis_runs_it_leaves_no_lease(anyio_backend: str) -> None:
+    """A call cancelled (a timeout, a lost hedge) while its take was on its way to Redis
+    gets no permit, so nothing released the lease the script left: it held the slot for
+    its whole ttl."""
+    import os
+    import signal
+
+    import redis.asyncio
+
+    target = key()
+    with redis_process() as (url, process):
+        raw = redis.asyncio.Redis.from_url(url)
+        leases = f"swiftclient:admission:{target}:leases"
+        async with raw, RedisStore(url, timeout=5.0) as store:
+            assert (await store.take(target, [], concurrency=1, holder="h0", ttl=300)).granted
+            await store.release(target, "h0")  # connected, and the script loaded
+            os.kill(process.pid, signal.SIGSTOP)
+            try:
+                with anyio.move_on_after(0.2) as scope:
+                    await store.take(target, [], concurrency=1, holder="h1", ttl=300)
+            finally:
+                os.kill(process.pid, signal.SIGCONT)
+            assert scope.cancelled_caught
+            with anyio.fail_after(30):
+                while await raw.zcard(leases) == 0:  # noqa: ASYNC110 (Redis runs it)
+                    await anyio.sleep(0.01)
+            assert (await store.take(target, [], concurrency=1, holder="h2", ttl=300)).granted
+            assert [m.decode() for m in await raw.zrange(leases, 0, -1)] == ["h2"]
+
+
 def test_redis_store_needs_exactly_one_of_url_and_client() -> None:
     with pytest.raises(ConfigurationError):
         RedisStore()

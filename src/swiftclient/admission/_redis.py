@@ -59,12 +59,18 @@ local function trim(kind, window)
   local used = tonumber(redis.call('HGET', KEYS[1], 'u:' .. kind)) or 0
   local cutoff = now - window
   local gone = redis.call('ZRANGEBYSCORE', log, '-inf', cutoff)
-  if #gone > 0 then
+  local changed = #gone > 0
+  if changed then
     for _, member in ipairs(gone) do used = used - units_of(member) end
     redis.call('ZREMRANGEBYSCORE', log, '-inf', cutoff)
-    if redis.call('ZCARD', log) == 0 or used < 0 then used = 0 end
-    redis.call('HSET', KEYS[1], 'u:' .. kind, tostring(used))
   end
+  -- The sum is the log's: a log that expired whole (nothing used for longer than its
+  -- window) leaves nothing used, though no entry was trimmed here.
+  if used ~= 0 and (used < 0 or redis.call('ZCARD', log) == 0) then
+    used = 0
+    changed = true
+  end
+  if changed then redis.call('HSET', KEYS[1], 'u:' .. kind, tostring(used)) end
   return used
 end
 local function add(kind, window, used, units, at)
@@ -363,6 +369,9 @@ class RedisStore:
         # Redis once it answers again, or each would hold a slot for its whole ttl.
         self._uncertain: set[tuple[str, str]] = set()
         self._to_release: set[tuple[str, str]] = set()
+        # Leases taken on Redis and not released yet: one whose release cannot reach Redis
+        # (the store is down, or the removal failed) goes to _to_release, not lost.
+        self._held: set[tuple[str, str]] = set()
         self._down_until = -math.inf
         self._warned = False
         self._cache: dict[str, tuple[float, float, int]] = {}
@@ -490,6 +499,8 @@ class RedisStore:
             if int(reply[0]) == 1:
                 for cost, value in zip(costs, reply[1:], strict=False):
                     seen[cost.kind] = float(_text(value))
+                if holder and concurrency is not None:
+                    self._held.add((key, holder))
                 return Admit(True)
             limit = _text(reply[1])
             wait = _text(reply[2])
@@ -514,8 +525,11 @@ class RedisStore:
         try:
             admit = await self._run(remote, (), local)
         except BaseException:
-            if tried and holder:  # cancelled while Redis ran it
-                self._uncertain.add((key, holder))
+            if tried and holder:
+                # Cancelled while Redis ran it: no permit comes back, so nothing releases
+                # the lease the script may have left; the next operation removes it.
+                self._held.discard((key, holder))
+                self._to_release.add((key, holder))
             raise
         if seen:
             self._levels[key] = (anyio.current_time(), seen)
@@ -537,13 +551,19 @@ class RedisStore:
         async def remote() -> None:
             await self._redis().zrem(leases, holder)
 
+        def local() -> None:
+            if on_redis:  # down, or the removal failed: removed once Redis answers
+                self._to_release.add((key, holder))
+
         self._fallback.release_now(key, holder)
+        on_redis = (key, holder) in self._held
+        self._held.discard((key, holder))
         if (key, holder) in self._uncertain:
             self._uncertain.discard((key, holder))
             self._to_release.add((key, holder))  # until Redis confirms it is gone
             await self._run(_nothing, (), lambda: None)  # removes it, when Redis answers
             return
-        await self._run(remote, (), lambda: None)
+        await self._run(remote, (), local)
 
     async def update(
         self,
