@@ -636,7 +636,7 @@ class _Answer:
         self.record.headers = kept
 
 
-_KEPT_HEADERS = frozenset({"x-request-id", "request-id"})
+_KEPT_HEADERS = frozenset({"x-request-id", "request-id", "x-ignored-fields"})
 
 _HeadPlan = tuple[tuple[tuple[int, str], ...], bool]
 _HEAD_PLANS: dict[tuple[str, ...], _HeadPlan] = {}

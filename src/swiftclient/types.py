@@ -575,7 +575,8 @@ class Attempt:
     headers: dict[str, str] | None = None
     """The provider's rate-limit and request-id headers from this attempt's HTTP response
     (``x-ratelimit-*``, ``anthropic-ratelimit-*``, ``retry-after``, ``retry-after-ms``,
-    ``x-request-id``, ``request-id``; names lower-cased, values redacted like an error's),
+    ``x-request-id``, ``request-id``), and ``x-ignored-fields`` where the provider named
+    fields it ignored (names lower-cased, values redacted like an error's),
     set when the response's head arrived, whether it was a success or an error; ``{}``
     when it had none of them, None when no HTTP response came (the local engine, a
     connection failure, an attempt cancelled before the answer)."""

@@ -240,6 +240,37 @@ async def test_responses_hand_the_sdk_the_providers_headers() -> None:
         await sdk.close()
 
 
+@pytest.mark.anyio
+async def test_the_fields_a_provider_ignored_reach_the_sdk() -> None:
+    """A server that names the fields it ignored (``x-ignored-fields``: the local server,
+    say) is heard through the transports: a misspelt field sent through the SDK was
+    dropped without a word, though ``client.chat`` refuses it. A wire that ignores fields
+    of its own names them in the same header."""
+    async with hedged() as (fakes, client):
+        sdk = openai_sdk(client, "httpx2")
+        said = {"x-ignored-fields": "max_tokenz"}
+        fakes["quick"].script(Reply(text="ok", headers=said))
+        body: Any = {"max_tokenz": 3}
+        raw = await sdk.chat.completions.with_raw_response.create(
+            model=QUICK, messages=USER, extra_body=body
+        )
+        assert raw.headers["x-ignored-fields"] == "max_tokenz"
+        assert raw.parse().choices[0].message.content == "ok"
+        fakes["quick"].script(Reply(text="ok", headers=said))
+        async with sdk.chat.completions.with_streaming_response.create(
+            model=QUICK, messages=USER, stream=True, extra_body=body
+        ) as streamed:
+            assert streamed.headers.get_list("x-ignored-fields") == ["max_tokenz"]
+            assert [chunk async for chunk in await streamed.parse()]
+        fakes["quick"].script(Reply(text="ok", headers={"x-ignored-fields": "max_tokenz, store"}))
+        raw_response = await sdk.responses.with_raw_response.create(
+            model=QUICK, input="hi", store=True, extra_body=body
+        )
+        # the provider's and the wire's own (store), each once, in one header
+        assert raw_response.headers.get_list("x-ignored-fields") == ["max_tokenz, store"]
+        await sdk.close()
+
+
 # --------------------------------------------------------------------------- anthropic SDK
 
 

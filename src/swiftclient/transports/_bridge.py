@@ -127,7 +127,7 @@ async def handle_async(client: AsyncClient, request: Any, module: Any, body: typ
         return _response(module, wire.error(exc), request)
     return module.Response(
         200,
-        headers=[*stream_headers(stream.timing), *wire.headers],
+        headers=stream_headers(stream.timing, wire.headers),
         stream=body(SSE(stream, wire.encoder()), stream.aclose),
         request=request,
     )
@@ -152,7 +152,7 @@ def handle(client: Client, request: Any, module: Any, body: type[Any]) -> Any:
         return _response(module, wire.error(exc), request)
     return module.Response(
         200,
-        headers=[*stream_headers(stream.timing), *wire.headers],
+        headers=stream_headers(stream.timing, wire.headers),
         stream=body(sse_sync(stream, wire.encoder()), stream.close),
         request=request,
     )

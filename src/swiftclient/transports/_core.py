@@ -9,7 +9,7 @@ completion, a failed call and a stream (an :class:`Encoder`) are written on it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -44,6 +44,7 @@ __all__ = [
 ]
 
 DONE = b"data: [DONE]\n\n"
+_IGNORED = "x-ignored-fields"
 _JSON = "application/json"
 _FIELDS = frozenset(ChatRequest.model_fields) - {"model", "messages", "stream", "extra_body"}
 _CHUNK = pydantic.TypeAdapter(ChatCompletionChunk)
@@ -310,19 +311,30 @@ def _winner(timing: Timing) -> Attempt | None:
     return None
 
 
-def _call_headers(timing: Timing | None) -> list[tuple[str, str]]:
-    """Which target answered (``x-swiftclient-target``), how many attempts it took, and the
-    answering provider's rate-limit and request-id headers (the winner's
-    :attr:`~swiftclient.types.Attempt.headers`, none of a hedge that lost)."""
-    if timing is None:
-        return []
-    out = [("x-swiftclient-attempts", str(len(timing.attempts)))]
-    winner = _winner(timing)
-    if winner is not None:
-        out.append(("x-swiftclient-target", f"{winner.backend}/{winner.model}"))
-        if winner.headers:
-            out.extend(winner.headers.items())
-    return out
+def _call_headers(
+    timing: Timing | None, own: Sequence[tuple[str, str]] = ()
+) -> list[tuple[str, str]]:
+    """Which target answered (``x-swiftclient-target``), how many attempts it took, the
+    answering provider's rate-limit, request-id and ``x-ignored-fields`` headers (the
+    winner's :attr:`~swiftclient.types.Attempt.headers`, none of a hedge that lost), and
+    the wire's ``own`` headers; the fields the wire and the provider ignored are named in
+    one ``x-ignored-fields``."""
+    out: list[tuple[str, str]] = []
+    if timing is not None:
+        out.append(("x-swiftclient-attempts", str(len(timing.attempts))))
+        winner = _winner(timing)
+        if winner is not None:
+            out.append(("x-swiftclient-target", f"{winner.backend}/{winner.model}"))
+            if winner.headers:
+                out.extend(winner.headers.items())
+    out.extend(own)
+    ignored = [value for name, value in out if name == _IGNORED]
+    if len(ignored) < 2:
+        return out
+    names = dict.fromkeys(n.strip() for value in ignored for n in value.split(",") if n.strip())
+    return [(name, value) for name, value in out if name != _IGNORED] + [
+        (_IGNORED, ", ".join(names))
+    ]
 
 
 def completion_reply(completion: ChatCompletion) -> Reply:
@@ -331,12 +343,13 @@ def completion_reply(completion: ChatCompletion) -> Reply:
     return Reply(200, headers, _COMPLETION.dump_json(completion))
 
 
-def stream_headers(timing: Timing) -> list[tuple[str, str]]:
-    """The headers of a stream's 200 answer (sent once the first token committed)."""
+def stream_headers(timing: Timing, own: Sequence[tuple[str, str]] = ()) -> list[tuple[str, str]]:
+    """The headers of a stream's 200 answer (sent once the first token committed), with
+    the wire's ``own``."""
     return [
         ("content-type", "text/event-stream"),
         ("cache-control", "no-cache"),
-        *_call_headers(timing),
+        *_call_headers(timing, own),
     ]
 
 
@@ -440,7 +453,7 @@ class ResponsesWire:
     def completion(self, completion: ChatCompletion) -> Reply:
         """The completion as a ``response`` object."""
         body = pydantic_core.to_json(responses.response_body(completion, self._echo))
-        headers = [("content-type", _JSON), *_call_headers(completion.timing), *self.headers]
+        headers = [("content-type", _JSON), *_call_headers(completion.timing, self.headers)]
         return Reply(200, headers, body)
 
     def error(self, exc: errors.SwiftClientError) -> Reply:
@@ -515,7 +528,7 @@ class MessagesWire:
     def completion(self, completion: ChatCompletion) -> Reply:
         """The completion as a ``message`` body."""
         body = pydantic_core.to_json(messages.message_body(completion, self._model))
-        headers = [("content-type", _JSON), *_call_headers(completion.timing), *self.headers]
+        headers = [("content-type", _JSON), *_call_headers(completion.timing, self.headers)]
         return Reply(200, headers, body)
 
     def error(self, exc: errors.SwiftClientError) -> Reply:
