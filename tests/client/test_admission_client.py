@@ -165,3 +165,35 @@ async def test_a_hedge_is_not_sent_into_a_target_without_capacity_now() -> None:
         ("b", "hedge", "RateLimited"),
     ]
     assert completion.text == "A" and len(b.requests) == 1
+
+
+def test_an_admission_serves_one_event_loop_at_a_time() -> None:
+    """Two blocking Clients (each runs its own event loop) given one Admission: a waiter
+    on one loop was never woken by the other's release, so calls hung past their
+    deadlines. While one loop's requests are in flight, the other is told so; once they
+    are done, the admission serves whichever loop asks."""
+    from swiftclient import Client, ConfigurationError
+
+    admission = Admission(Limits(concurrency=1))
+    with FakeProvider(Reply(text="ok")).run_in_thread() as fake:
+        with (
+            Client(HTTPBackend(fake.base_url), model="m", limits=admission, timeout=30) as first,
+            Client(HTTPBackend(fake.base_url), model="m", limits=admission, timeout=30) as second,
+        ):
+            fake.script(Reply(text="one two three", stall_after=1))
+            with first.stream("hi") as held:  # holds the admission's one slot
+                assert next(iter(held.text())) == "one"
+                with pytest.raises(ConfigurationError, match="one event loop at a time"):
+                    second.chat("hi")
+            assert second.chat("hi").text == "ok"  # the first loop's call is over
+            assert first.chat("hi").text == "ok"
+    # and across runs of one thread: each run's calls are over before the next starts
+    for _ in range(2):
+        assert anyio.run(_one_call, admission, fake_text := "ok") == fake_text
+
+
+async def _one_call(admission: Admission, text: str) -> str:
+    async with FakeProvider(Reply(text=text)) as fake:
+        backend = HTTPBackend(fake.base_url, name="fake")
+        async with AsyncClient(backend, model="m", limits=admission, retry=RetryPolicy.none()) as c:
+            return (await c.chat("hi")).text

@@ -301,6 +301,27 @@ async def test_a_take_cancelled_while_redis_runs_it_leaves_no_lease(anyio_backen
             assert [m.decode() for m in await raw.zrange(leases, 0, -1)] == ["h2"]
 
 
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_one_store_serves_one_run_after_another(redis_url: str) -> None:
+    """redis-py's connections belong to the loop that opened them: a store used by a
+    second ``anyio.run`` (or a second blocking Client) failed its first operation there
+    with ``Event loop is closed``; each loop now gets its own connections."""
+    import gc
+
+    store = RedisStore(redis_url, cache_ttl=0.0)
+    target = key()
+
+    async def take(holder: str) -> bool:
+        admit = await store.take(target, [], concurrency=5, holder=holder, ttl=60)
+        return admit.granted and await store.leases(target) == int(holder)
+
+    assert anyio.run(take, "1", backend="asyncio")  # the first run's connection stays open
+    assert anyio.run(take, "2", backend="asyncio")
+    anyio.run(store.aclose, backend="asyncio")
+    gc.collect()  # the first loop's connection, dropped (its loop is gone): here, not later
+
+
 def test_redis_store_needs_exactly_one_of_url_and_client() -> None:
     with pytest.raises(ConfigurationError):
         RedisStore()

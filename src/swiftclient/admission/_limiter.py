@@ -21,7 +21,7 @@ from typing import NamedTuple, Protocol
 import anyio
 
 from .._budget import DEFAULT_MAX_PUSHBACK, check_number
-from .._deadline import loop_time
+from .._deadline import loop_time, running_loop
 from ..errors import ConfigurationError, RateLimited
 from ._headers import LEARNED_HEADERS, Observed, parse_rate_limit_headers
 from ._hedge import SharedHedgeBudget
@@ -58,6 +58,16 @@ def estimate_tokens(body: bytes | str, chars_per_token: float = CHARS_PER_TOKEN)
     (bytes count as characters), rounded up."""
     check_number("chars_per_token", chars_per_token, positive=True)
     return math.ceil(len(body) / chars_per_token)
+
+
+def _current_loop() -> object:
+    """The running event loop: asyncio's loop, or trio's run (its token)."""
+    loop = running_loop()
+    if loop is not None:
+        return loop
+    import trio  # reached only inside a trio run
+
+    return trio.lowlevel.current_trio_token()
 
 
 class Clock(Protocol):
@@ -312,6 +322,7 @@ class Admission:
         self._prefix = uuid.uuid4().hex[:12]
         self._opened: list[tuple[str, float]] = []
         self._budgets: dict[tuple[str, float, float, float], SharedHedgeBudget] = {}
+        self._loop: object = None  # the event loop it serves (see _bind)
 
     def __repr__(self) -> str:
         return f"Admission(targets={len(self._gates)}, store={self._store!r})"
@@ -411,6 +422,8 @@ class Admission:
             RateLimited: no capacity within ``timeout`` (says which limit and when it
                 frees), or (limit ``"deadline"``) too little of the deadline left.
         """
+        if _current_loop() is not self._loop:
+            self._bind()
         clock = self._clock
         start = clock.now()
         gate = self._gates.get(target) or self._gate(target)
@@ -697,6 +710,28 @@ class Admission:
                         await budget.flush()
             finally:
                 self._settled(gate)
+
+    def _bind(self) -> None:
+        """Serve the running event loop. Its waiters sleep on the loop's events, which
+        another loop's thread cannot set (the wake-up was lost, and two blocking
+        clients sharing one admission hung past their deadlines): while requests of
+        another loop are in flight or waiting, ConfigurationError; once that loop's are
+        done (a later ``anyio.run``, say), the admission moves to this one."""
+        busy = any(
+            gate.in_flight or any(not w.dead for *_, w in gate.queue)
+            for gate in self._gates.values()
+        )
+        if busy:
+            raise ConfigurationError(
+                "this Admission is in use on another event loop (another thread's, or "
+                "another blocking Client's): an Admission serves one event loop at a time. "
+                "Give each Client its own Admission, with a RedisStore each to share limits "
+                "between them"
+            )
+        for gate in self._gates.values():
+            gate.queue.clear()
+            gate.changed = anyio.Event()
+        self._loop = _current_loop()
 
     @staticmethod
     def _settled(gate: _Gate) -> None:

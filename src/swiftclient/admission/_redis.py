@@ -21,9 +21,11 @@ asyncio loop in one helper thread (an anyio blocking portal), one thread hop per
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import threading
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -361,8 +363,12 @@ class RedisStore:
         self._cache_ttl = cache_ttl
         self._retry_after_down = retry_after_down
         self._client: Redis | None = client
-        self._owns_client = client is None
-        self._scripts: dict[str, Any] = {}
+        # With url=: one client (and its loaded scripts) per event loop, since redis-py's
+        # connections belong to the loop that opened them: two blocking Clients (each runs
+        # its own loop) may share the store, and it outlives an ``anyio.run``.
+        self._per_loop: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, tuple[Redis, dict[str, Any]]
+        ] = weakref.WeakKeyDictionary()
         self._fallback = MemoryStore()
         # Leases a take may have left on Redis though the call saw it fail (Redis ran the
         # script after the client's timeout), and those of them released since: removed on
@@ -391,19 +397,27 @@ class RedisStore:
 
     # ------------------------------------------------------------------ plumbing
 
+    def _connection(self) -> tuple[Redis, dict[str, Any]]:
+        """The running loop's client and its scripts (called on an asyncio loop)."""
+        loop = asyncio.get_running_loop()
+        found = self._per_loop.get(loop)
+        if found is None:
+            client = self._client
+            if client is None:
+                client = _redis_module().asyncio.Redis.from_url(
+                    self._url, socket_timeout=self._timeout, socket_connect_timeout=self._timeout
+                )
+            found = self._per_loop[loop] = (client, {})
+        return found
+
     def _redis(self) -> Redis:
-        client = self._client
-        if client is None:
-            module = _redis_module()
-            client = self._client = module.asyncio.Redis.from_url(
-                self._url, socket_timeout=self._timeout, socket_connect_timeout=self._timeout
-            )
-        return client
+        return self._connection()[0]
 
     def _script(self, name: str, source: str) -> Any:
-        script = self._scripts.get(name)
+        client, scripts = self._connection()
+        script = scripts.get(name)
         if script is None:
-            script = self._scripts[name] = self._redis().register_script(source)
+            script = scripts[name] = client.register_script(source)
         return script
 
     async def _eval(self, name: str, source: str, keys: list[str], args: list[Any]) -> Any:
@@ -668,12 +682,20 @@ class RedisStore:
 
     async def aclose(self) -> None:
         """Close the connections the store opened, and its helper loop on trio."""
-        client, self._client = self._client, None
-        self._scripts.clear()
+        # the clients this store opened: this loop's (or the helper loop's) is closed;
+        # another loop's connections can only be dropped (its loop may be gone)
+        owned = self._client is None
+        clients, self._per_loop = self._per_loop, weakref.WeakKeyDictionary()
         with anyio.CancelScope(shield=True):
-            if client is not None and self._owns_client:
+            if owned and clients:
+
+                async def close_ours() -> None:
+                    ours = clients.get(asyncio.get_running_loop())
+                    if ours is not None:
+                        await ours[0].aclose()
+
                 try:
-                    await self._on_asyncio(client.aclose)
+                    await self._on_asyncio(close_ours)
                 except self._errors:
                     pass
             cm, self._portal_cm, self._portal = self._portal_cm, None, None
