@@ -159,6 +159,35 @@ class ChatPrompt:
     markup_format: ToolCallFormat = "none"
 
 
+def _prefill(request: ChatRequest) -> str | None:
+    """The final message's text when the request asks to continue it
+    (``extra_body["continue_final_message"]``, vLLM's extension: the reply is the rest of
+    that assistant message, as a Messages API prefill is), else None."""
+    wanted = (request.extra_body or {}).get("continue_final_message")
+    if wanted is None or wanted is False:
+        return None
+    if wanted is not True:
+        raise ConfigurationError("extra_body['continue_final_message'] must be a boolean")
+    last = request.messages[-1]
+    content = last.content
+    if isinstance(content, list):  # text parts, joined as the template joins them
+        texts = [text for part in content if isinstance(text := getattr(part, "text", None), str)]
+        content = "\n".join(texts) if len(texts) == len(content) else None
+    if last.role != "assistant" or last.tool_calls or not content:
+        raise ConfigurationError(
+            "continue_final_message needs the final message to be an assistant message with "
+            "text (and no tool calls) to continue"
+        )
+    forced = request.tool_choice not in (None, "auto", "none")
+    if forced or (request.response_format is not None and request.response_format.type != "text"):
+        raise ConfigurationError(
+            "continue_final_message cannot be combined with a response_format or a forced "
+            "tool_choice: their grammar holds from the reply's first token, which the final "
+            "message has already written"
+        )
+    return content
+
+
 class ChatFormatter:
     """Renders chat requests with a tokenizer's chat template.
 
@@ -239,12 +268,22 @@ class ChatFormatter:
                 f"extra_body['chat_template_kwargs'] may not set {', '.join(taken)}: the "
                 "request's own fields fill those template variables"
             )
+        prefill = _prefill(request)
         text = self.render(
             request.messages,
             tools=tools,
             response_format=request.response_format,
+            add_generation_prompt=prefill is None,
             **{str(k): v for k, v in extra.items()},
         )
+        if prefill is not None:  # the reply goes on from the final message's text
+            at = text.rfind(prefill)
+            if at < 0:
+                raise ConfigurationError(
+                    "continue_final_message: this model's chat template changes the final "
+                    "message's text, so the reply cannot continue it"
+                )
+            text = text[: at + len(prefill)]
         try:
             size = len(text.encode("utf-8"))
         except UnicodeEncodeError as exc:

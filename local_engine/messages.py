@@ -104,12 +104,25 @@ def chat_fields(body: Mapping[str, Any], ignored: list[str]) -> dict[str, Any]:
     cannot serve.
     """
     try:
-        return wire.chat_fields(
+        fields = wire.chat_fields(
             body, ignored, extra_body=False, passed=_PASSED, thinking="text", automatic_cache=True
         )
     except MessagesRequestError as exc:
         param = None if exc.param is None else _dotted(exc.param)
         raise MessagesRequestError(_dotted(str(exc)), param) from exc
+    last = fields["messages"][-1]
+    if last["role"] == "assistant" and not last.get("tool_calls"):
+        # a prefill: the reply continues the final assistant turn's text (what it says
+        # comes back without the prefill, as Anthropic's API answers)
+        content = last.get("content")
+        if isinstance(content, str) and content != content.rstrip():
+            raise MessagesRequestError(
+                "messages: final assistant content cannot end with trailing whitespace",
+                "messages",
+            )
+        if content:
+            fields["continue_final_message"] = True
+    return fields
 
 
 class MessageEvents:

@@ -90,6 +90,7 @@ EXTRA_BODY_KEYS = frozenset(
         "stop_token_ids",
         "cache_salt",
         "chat_template_kwargs",
+        "continue_final_message",
         "continuous_usage_stats",
         "tool_grammar",
     }

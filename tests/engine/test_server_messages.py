@@ -417,6 +417,54 @@ async def test_the_anthropic_backend_gets_what_the_chat_backend_gets(served: Ser
     await served.settle()
 
 
+@pytest.mark.anyio
+async def test_a_final_assistant_turn_is_a_prefill_the_reply_continues(
+    served: Served, tiny: TinyModel
+) -> None:
+    """Anthropic's prefill: a conversation that ends with an assistant turn asks for the
+    rest of that turn (it started a new turn, and nothing said so). The prompt ends with
+    the prefill's text; the reply is what comes after it, the same as chat completions
+    give with vLLM's ``continue_final_message``."""
+    from local_engine.chat import ChatFormatter
+    from local_engine.tokenizer import Tokenizer
+    from swiftclient.types import ChatRequest
+
+    turns: Any = [
+        {"role": "user", "content": "Hi there"},
+        {"role": "assistant", "content": [{"type": "text", "text": "The answer is"}]},
+    ]
+    formatter = ChatFormatter(Tokenizer.from_dir(tiny.path))
+    request = ChatRequest(model="m", messages=turns, extra_body={"continue_final_message": True})
+    prompt = formatter.prepare(request).text
+    assert prompt.endswith("assistant\nThe answer is"), prompt[-60:]
+    assert prompt.count("The answer is") == 1
+
+    body: Any = {"model": "tiny-test", "max_tokens": 5, "messages": turns, **GREEDY}
+    body["ignore_eos"] = True
+    message = await served.http.post("/v1/messages", json=body)
+    assert message.status_code == 200, message.text
+    continued = "".join(block["text"] for block in message.json()["content"])
+    chat: Any = {"model": "tiny-test", "max_tokens": 5, "messages": turns, **GREEDY}
+    chat |= {"ignore_eos": True, "continue_final_message": True}
+    reply = await served.http.post("/v1/chat/completions", json=chat)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["choices"][0]["message"]["content"] == continued
+    assert IGNORED_FIELDS_HEADER not in reply.headers
+
+    trailing = {**body, "messages": [turns[0], {"role": "assistant", "content": "So "}]}
+    refused = await served.http.post("/v1/messages", json=trailing)
+    assert refused.status_code == 400
+    assert "trailing whitespace" in refused.json()["error"]["message"]
+    for bad, why in (
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"continue_final_message": "yes"}, "must be a boolean"),
+        ({"messages": [turns[0]]}, "final message to be an assistant message"),
+    ):
+        response = await served.http.post("/v1/chat/completions", json={**chat, **bad})
+        assert response.status_code == 400 and why in response.text, response.text
+    await served.settle()
+
+
 # ---------------------------------------------------------------------- swiftclient serve
 
 
