@@ -322,6 +322,33 @@ def test_one_store_serves_one_run_after_another(redis_url: str) -> None:
     gc.collect()  # the first loop's connection, dropped (its loop is gone): here, not later
 
 
+def test_a_store_never_closed_does_not_keep_a_trio_script_from_exiting(redis_url: str) -> None:
+    """On trio the store runs redis-py on a helper loop in its own thread; a script that
+    never closed its store (a module-level one) did not exit after its last line, because
+    that thread was not a daemon."""
+    import subprocess
+    import sys
+
+    script = (
+        "import anyio\n"
+        "from swiftclient.admission import Admission, Limits, RedisStore\n"
+        f"store = RedisStore({redis_url!r})\n"
+        "async def main():\n"
+        "    admission = Admission(Limits(rpm=100), store=store)\n"
+        "    await admission.settle(await admission.acquire('fake/m', timeout=5))\n"
+        "anyio.run(main, backend='trio')\n"
+        "print('done', flush=True)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,  # a bound on a script that never exits, not a speed check
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "done\n"
+
+
 def test_redis_store_needs_exactly_one_of_url_and_client() -> None:
     with pytest.raises(ConfigurationError):
         RedisStore()

@@ -16,7 +16,8 @@ When the server cannot be reached, every operation falls back to a per-process
 server is tried again after ``retry_after_down`` seconds: a store outage never fails a call.
 
 redis-py's asyncio client runs on asyncio only. On trio the store runs it on a private
-asyncio loop in one helper thread (an anyio blocking portal), one thread hop per operation.
+asyncio loop in one helper thread (a daemon: a store never closed does not keep the
+interpreter from exiting), one thread hop per operation.
 """
 
 from __future__ import annotations
@@ -27,11 +28,9 @@ import math
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
-import anyio.from_thread
 import anyio.to_thread
 
 from .._budget import check_number
@@ -382,9 +381,8 @@ class RedisStore:
         self._warned = False
         self._cache: dict[str, tuple[float, float, int]] = {}
         self._levels: dict[str, tuple[float, dict[str, float]]] = {}
-        self._portal_cm: AbstractContextManager[anyio.from_thread.BlockingPortal] | None = None
-        self._portal: anyio.from_thread.BlockingPortal | None = None
-        self._portal_lock = threading.Lock()
+        self._helper: _HelperLoop | None = None
+        self._helper_lock = threading.Lock()
 
     def __repr__(self) -> str:
         where = "client" if self._url is None else _safe_url(self._url)
@@ -423,22 +421,20 @@ class RedisStore:
     async def _eval(self, name: str, source: str, keys: list[str], args: list[Any]) -> Any:
         return await self._script(name, source)(keys=keys, args=args)
 
-    def _start_portal(self) -> anyio.from_thread.BlockingPortal:
-        with self._portal_lock:
-            if self._portal is None:
-                cm = anyio.from_thread.start_blocking_portal("asyncio")
-                self._portal = cm.__enter__()
-                self._portal_cm = cm
-            return self._portal
+    def _start_helper(self) -> _HelperLoop:
+        with self._helper_lock:
+            if self._helper is None:
+                self._helper = _HelperLoop()
+            return self._helper
 
     async def _on_asyncio(self, fn: Callable[..., Awaitable[_T]], *args: Any) -> _T:
         """Run ``fn`` on asyncio: here, or on the helper loop when this loop is trio's."""
         if running_loop() is not None:
             return await fn(*args)
-        portal = self._portal
-        if portal is None:
-            portal = await anyio.to_thread.run_sync(self._start_portal)
-        return await anyio.to_thread.run_sync(portal.call, fn, *args)
+        helper = self._helper
+        if helper is None:
+            helper = await anyio.to_thread.run_sync(self._start_helper)
+        return await anyio.to_thread.run_sync(helper.call, fn, *args)
 
     async def _run(
         self, fn: Callable[..., Awaitable[_T]], args: Sequence[Any], local: Callable[[], _T]
@@ -698,15 +694,49 @@ class RedisStore:
                     await self._on_asyncio(close_ours)
                 except self._errors:
                     pass
-            cm, self._portal_cm, self._portal = self._portal_cm, None, None
-            if cm is not None:
-                await anyio.to_thread.run_sync(cm.__exit__, None, None, None)
+            helper, self._helper = self._helper, None
+            if helper is not None:
+                await anyio.to_thread.run_sync(helper.close)
 
     async def __aenter__(self) -> RedisStore:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+
+class _HelperLoop:
+    """A private asyncio loop in a daemon thread, for redis-py's asyncio client on trio. A
+    daemon thread: a store never closed does not keep the interpreter from exiting (the
+    thread of anyio's blocking portal did)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        started = threading.Event()
+        self._thread = threading.Thread(
+            target=self._main, args=(started,), name="swiftclient-redis", daemon=True
+        )
+        self._thread.start()
+        started.wait()
+
+    def _main(self, started: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.call_soon(started.set)
+        self.loop.run_forever()
+
+    def call(self, fn: Callable[..., Awaitable[_T]], *args: Any) -> _T:
+        """Run ``fn(*args)`` on the loop and wait for it (from a worker thread)."""
+
+        async def run() -> _T:
+            return await fn(*args)
+
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result()
+
+    def close(self) -> None:
+        """Stop the loop and its thread (from a worker thread)."""
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()
 
 
 async def _nothing() -> None:
