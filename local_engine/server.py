@@ -75,11 +75,11 @@ from swiftclient.errors import (
     redact,
 )
 from swiftclient.types import (
-    ChatCompletion,
     ChatCompletionChunk,
     ChatRequest,
     StreamOptions,
 )
+from swiftclient.wire import chat_completion_body
 
 from .backend import LocalBackend
 from .errors import EngineConfigError, EngineError, GrammarFailedError, OverloadedError
@@ -229,15 +229,6 @@ def _chunk_bytes(chunk: ChatCompletionChunk) -> bytes:
         choice.setdefault("logprobs", None)
         choice.setdefault("finish_reason", None)
     return sse_event(data)
-
-
-def _completion_json(completion: ChatCompletion) -> dict[str, Any]:
-    data = completion.model_dump(mode="json", exclude_none=True)
-    for choice in data["choices"]:
-        choice.setdefault("logprobs", None)
-        choice.setdefault("finish_reason", None)
-        choice["message"].setdefault("content", None)
-    return data
 
 
 _RESPONSES_NAMES = (
@@ -592,7 +583,7 @@ class LocalServer:
                     finish_reason=completion.finish_reason,
                 )
             _access_usage(completion.usage)
-            await writer.send_json(200, _completion_json(completion))
+            await writer.send_json(200, chat_completion_body(completion))
             return
         try:
             # always with usage, for the access line; dropped below unless the client asked

@@ -119,10 +119,19 @@ async def test_the_async_sdk_gets_its_own_types_plain_and_streamed(flavour: str)
         backend = HTTPBackend(fakes["p"].base_url, name="p")
         async with AsyncClient(backend, retry=NO_RETRY) as client:
             sdk = sdk_async(client, flavour)
-            reply = await sdk.chat.completions.create(model="m", messages=USER)
+            raw = await sdk.chat.completions.with_raw_response.create(model="m", messages=USER)
+            reply = raw.parse()
             assert reply.choices[0].message.content == "from p"
             assert reply.usage is not None and reply.usage.completion_tokens == 2
             assert fakes["p"].requests[-1].body["model"] == "m"
+            # a provider's body: no fields of swiftclient's own left null (the SDK showed
+            # thinking_blocks=None and the like), the nullable ones the schema requires kept
+            body = json.loads(raw.http_response.content)
+            message = body["choices"][0]["message"]
+            assert set(message) == {"role", "content"}
+            assert body["choices"][0]["logprobs"] is None
+            assert None not in body["usage"].values()
+            assert message == reply.choices[0].message.model_dump(exclude_none=True)
 
             stream = await sdk.chat.completions.create(
                 model="p/m", messages=USER, stream=True, stream_options={"include_usage": True}

@@ -20,7 +20,7 @@ from .. import errors
 from .._deadline import Timeout
 from ..asgi._wire import error_body
 from ..types import Attempt, ChatCompletion, ChatCompletionChunk, ChatRequest, Timing
-from ..wire import messages, responses
+from ..wire import chat_completion_body, messages, responses
 
 __all__ = [
     "CHAT",
@@ -48,7 +48,6 @@ _IGNORED = "x-ignored-fields"
 _JSON = "application/json"
 _FIELDS = frozenset(ChatRequest.model_fields) - {"model", "messages", "stream", "extra_body"}
 _CHUNK = pydantic.TypeAdapter(ChatCompletionChunk)
-_COMPLETION = pydantic.TypeAdapter(ChatCompletion)
 # Headers a provider's error answer keeps that describe the connection, not the answer.
 _HOP_BY_HOP = frozenset(
     {"connection", "content-length", "content-encoding", "keep-alive", "transfer-encoding"}
@@ -340,7 +339,7 @@ def _call_headers(
 def completion_reply(completion: ChatCompletion) -> Reply:
     """A finished completion as the provider's 200 JSON answer."""
     headers = [("content-type", _JSON), *_call_headers(completion.timing)]
-    return Reply(200, headers, _COMPLETION.dump_json(completion))
+    return Reply(200, headers, pydantic_core.to_json(chat_completion_body(completion)))
 
 
 def stream_headers(timing: Timing, own: Sequence[tuple[str, str]] = ()) -> list[tuple[str, str]]:

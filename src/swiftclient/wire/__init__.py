@@ -19,7 +19,26 @@ from pydantic import BaseModel
 
 from .._json import dumps
 
-__all__ = ["joined_content", "mark_matched_stop", "matched_stop", "named_event"]
+__all__ = [
+    "chat_completion_body",
+    "joined_content",
+    "mark_matched_stop",
+    "matched_stop",
+    "named_event",
+]
+
+
+def chat_completion_body(completion: BaseModel) -> dict[str, Any]:
+    """A chat completion as the JSON body a provider sends: fields without a value are
+    left out (swiftclient's own, such as ``thinking_blocks``, among them), but those the
+    Chat Completions schema requires though they may be null (a choice's ``logprobs`` and
+    ``finish_reason``, a message's ``content``) are sent as null."""
+    data: dict[str, Any] = completion.model_dump(mode="json", exclude_none=True)
+    for choice in data["choices"]:
+        choice.setdefault("logprobs", None)
+        choice.setdefault("finish_reason", None)
+        choice["message"].setdefault("content", None)
+    return data
 
 
 def matched_stop(choice: BaseModel) -> str | None:
