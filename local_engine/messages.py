@@ -110,6 +110,19 @@ def chat_fields(body: Mapping[str, Any], ignored: list[str]) -> dict[str, Any]:
     except MessagesRequestError as exc:
         param = None if exc.param is None else _dotted(exc.param)
         raise MessagesRequestError(_dotted(str(exc)), param) from exc
+    if body.get("model") is None:  # it read "Input should be a valid string"
+        raise MessagesRequestError("model: Field required", "model")
+    called: set[str] = set()
+    for message in fields["messages"]:
+        called.update(call["id"] for call in message.get("tool_calls") or ())
+        answered = message.get("tool_call_id")
+        if message["role"] == "tool" and answered not in called:
+            # a result of no call was accepted, and the model read it as if it were one
+            raise MessagesRequestError(
+                f"messages: the tool_result for tool_use_id {answered!r} answers no tool_use "
+                "before it",
+                "messages",
+            )
     last = fields["messages"][-1]
     if last["role"] == "assistant" and not last.get("tool_calls"):
         # a prefill: the reply continues the final assistant turn's text (what it says

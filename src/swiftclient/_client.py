@@ -520,6 +520,12 @@ class AsyncClient:
         content token wins and the others are cancelled; without, they are tried in order
         until one works (docs/hedging.md).
         """
+        if "response_model" in params:
+            raise errors.ConfigurationError(
+                "response_model is an argument of chat(), not stream(): a stream's chunks are "
+                "not validated; call chat(..., response_model=...), which streams too under "
+                "stream_chat=True"
+            )
         call = self._call(messages, model, timeout, retry, hedge, task, params, extra_headers)
         return ChatStream(call)
 

@@ -435,6 +435,9 @@ async def test_warmup_and_batch_refuse_what_they_cannot_take() -> None:
             await client.warmup("2")  # type: ignore[arg-type]
         with pytest.raises(ConfigurationError, match="iterable of requests, got int"):
             await client.batch(5)  # type: ignore[arg-type]
+        # it read "response_model: Extra inputs are not permitted", like a typo
+        with pytest.raises(ConfigurationError, match=r"an argument of chat\(\), not stream"):
+            client.stream("hi", response_model=dict)
     with pytest.raises(ConfigurationError, match="keepalive_expiry"):
         HTTPBackend("http://127.0.0.1:9/v1", keepalive_expiry=-1)
     assert not script.requests

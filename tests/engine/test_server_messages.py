@@ -153,6 +153,19 @@ def test_a_messages_body_becomes_chat_fields() -> None:
         ({"messages": [{"role": "user", "content": "hi"}]}, "max_tokens"),
         ({"max_tokens": 0, "messages": [{"role": "user", "content": "hi"}]}, "max_tokens"),
         ({"max_tokens": 8, "messages": []}, "messages"),
+        ({"model": None, "max_tokens": 8, "messages": [{"role": "user", "content": "x"}]}, "model"),
+        (  # a result of no call
+            {
+                "max_tokens": 8,
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "tool_result", "tool_use_id": "t9", "content": "5"}],
+                    }
+                ],
+            },
+            "messages",
+        ),
         ({"max_tokens": 8, "messages": [{"role": "system", "content": "x"}]}, "messages.0.role"),
         (
             {
