@@ -167,6 +167,17 @@ async def test_stall_without_comments_sends_nothing_more() -> None:
         assert fake.cancelled == 1
 
 
+async def test_a_wait_given_up_does_not_keep_the_fake_from_stopping() -> None:
+    """A wait for requests that never come, cut by a timeout, ends on the fake's loop too:
+    the fake then stops (it used to wait for the abandoned wait forever)."""
+    fake = FakeProvider()
+    with anyio.fail_after(30):  # bounds the hang this test is about; not a speed assertion
+        async with fake:
+            with anyio.move_on_after(0.2) as waited:
+                await fake.wait_until_idle(after=1)
+            assert waited.cancelled_caught
+
+
 async def test_ttft_delays_the_first_chunk_not_the_headers() -> None:
     async with FakeProvider(Reply(ttft=60)) as fake:
         async with httpx.AsyncClient(base_url=fake.base_url) as client:

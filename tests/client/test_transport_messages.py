@@ -124,6 +124,18 @@ async def test_messages_create_plain_and_streamed_is_a_chat_call() -> None:
 
 
 @pytest.mark.anyio
+async def test_the_message_names_the_model_that_answered() -> None:
+    """Called by a route (``quick/m``), a message reports the model the provider answered
+    with (``m``), as a Chat Completions answer does, streamed or not."""
+    async with setup() as (_, sdk):
+        reply = await sdk.messages.create(model="quick/m", max_tokens=20, messages=USER)
+        assert reply.model == "m"
+        async with sdk.messages.stream(model="quick/m", max_tokens=20, messages=USER) as stream:
+            final = await stream.get_final_message()
+        assert final.model == "m" and final.content[0].text == "from quick"  # type: ignore[union-attr]
+
+
+@pytest.mark.anyio
 async def test_tool_use_round_trip_plain_and_streamed() -> None:
     async with setup() as (fakes, sdk):
         fakes["quick"].script(Reply(tool_calls=[("weather", {"city": "Paris"})]))

@@ -47,6 +47,9 @@ TOOL: Any = {
 }
 
 
+USER_CHAT: Any = [{"role": "user", "content": "hi"}]
+
+
 class City(pydantic.BaseModel):
     city: str
     celsius: float
@@ -216,6 +219,22 @@ async def test_a_hedged_responses_call_is_won_by_the_fast_target(streamed: bool)
             text = raw.parse().output_text
         assert text == "from quick"
         await slow_was_cancelled(fakes)
+
+
+@pytest.mark.anyio
+async def test_the_response_names_the_model_that_answered_as_chat_does() -> None:
+    """Called by a route (``quick/m``), every wire reports the model the provider answered
+    with (``m``), as a Chat Completions answer does, not the name the SDK sent (the target
+    is in ``x-swiftclient-target``)."""
+    async with setup() as (_, sdk):
+        chat = await sdk.chat.completions.create(model="quick/m", messages=USER_CHAT)
+        raw = await sdk.responses.with_raw_response.create(model="quick/m", input="hi")
+        assert chat.model == raw.parse().model == "m"
+        assert raw.headers["x-swiftclient-target"] == "quick/m"
+        stream = await sdk.responses.create(model="quick/m", input="hi", stream=True)
+        async with stream:
+            models = [e.response.model async for e in stream if hasattr(e, "response")]
+        assert len(models) == 3 and set(models) == {"m"}  # created, in_progress, completed
 
 
 def test_the_blocking_transport_serves_responses() -> None:

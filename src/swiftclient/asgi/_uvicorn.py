@@ -371,8 +371,17 @@ class ThreadedServer:
         return portal.call(func)
 
     async def acall(self, func: Callable[[], Awaitable[_T]]) -> _T:
-        """:meth:`call` from async code on any loop; cancelling abandons the wait."""
-        return await anyio.to_thread.run_sync(self.call, func, abandon_on_cancel=True)
+        """:meth:`call` from async code on any loop; cancelling it cancels ``func()`` on
+        the server's loop too (left running, it would keep :meth:`stop` waiting for it)."""
+        portal = self._portal
+        if portal is None:
+            raise RuntimeError("the server is not running")
+        future = portal.start_task_soon(func)
+        try:
+            return await anyio.to_thread.run_sync(future.result, abandon_on_cancel=True)
+        except BaseException:
+            future.cancel()
+            raise
 
     async def _run(
         self,

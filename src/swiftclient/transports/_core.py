@@ -406,9 +406,10 @@ _CHAT_WITHOUT_USAGE: Wire = _ChatWire(usage=False)
 class _ResponsesEncoder:
     """A chat stream as the Responses event stream (``response.created`` first)."""
 
-    __slots__ = ("_events", "_started")
+    __slots__ = ("_echo", "_events", "_started")
 
     def __init__(self, echo: responses.ResponseEcho) -> None:
+        self._echo = echo
         self._events = responses.ResponseEvents(echo)
         self._started = False
 
@@ -419,6 +420,8 @@ class _ResponsesEncoder:
         return b"".join(responses.event_bytes(event) for event in events)
 
     def chunk(self, chunk: ChatCompletionChunk) -> bytes:
+        if not self._started and chunk.model:
+            self._echo.model = chunk.model  # the model that answers, as on chat
         return self._bytes(self._events.feed(chunk))
 
     def end(self) -> bytes:
@@ -451,6 +454,7 @@ class ResponsesWire:
 
     def completion(self, completion: ChatCompletion) -> Reply:
         """The completion as a ``response`` object."""
+        self._echo.model = completion.model or self._echo.model
         body = pydantic_core.to_json(responses.response_body(completion, self._echo))
         headers = [("content-type", _JSON), *_call_headers(completion.timing, self.headers)]
         return Reply(200, headers, body)
@@ -526,7 +530,8 @@ class MessagesWire:
 
     def completion(self, completion: ChatCompletion) -> Reply:
         """The completion as a ``message`` body."""
-        body = pydantic_core.to_json(messages.message_body(completion, self._model))
+        model = completion.model or self._model
+        body = pydantic_core.to_json(messages.message_body(completion, model))
         headers = [("content-type", _JSON), *_call_headers(completion.timing, self.headers)]
         return Reply(200, headers, body)
 

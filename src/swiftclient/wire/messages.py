@@ -556,8 +556,9 @@ class MessageEvents:
     )
 
     def __init__(self, model: str, *, ping: bool = False) -> None:
-        """Stream a message that echoes ``model`` (``ping``: a ``ping`` event follows
-        ``message_start``, as Anthropic's API sends)."""
+        """Stream a message for a request of ``model``; the first chunk's model, when it
+        names one, is the one reported (the model that answered, as a whole reply says).
+        ``ping``: a ``ping`` event follows ``message_start``, as Anthropic's API sends."""
         self._model = model
         self._ping = ping
         self._matched: str | None = None
@@ -569,7 +570,10 @@ class MessageEvents:
         self._finish: str | None = None
         self._usage: Usage | None = None
 
-    def _start(self, chunk_id: str, usage: Usage | None) -> list[tuple[str, dict[str, Any]]]:
+    def _start(
+        self, chunk_id: str, usage: Usage | None, model: str = ""
+    ) -> list[tuple[str, dict[str, Any]]]:
+        self._model = model or self._model
         self._started = True
         self._id = message_id(chunk_id)
         counts = _usage(usage)
@@ -611,7 +615,7 @@ class MessageEvents:
 
     def feed(self, chunk: ChatCompletionChunk) -> list[tuple[str, dict[str, Any]]]:
         """The events a chat chunk brings."""
-        events = [] if self._started else self._start(chunk.id, chunk.usage)
+        events = [] if self._started else self._start(chunk.id, chunk.usage, chunk.model)
         for choice in chunk.choices[:1]:
             delta = choice.delta
             extra = delta.__pydantic_extra__ or {}
