@@ -359,3 +359,31 @@ def test_redis_store_needs_exactly_one_of_url_and_client() -> None:
 def test_the_repr_shows_no_password() -> None:
     store = RedisStore("redis://user:hunter2@cache.internal:6379/0")
     assert "hunter2" not in repr(store) and "cache.internal" in repr(store)
+
+
+def test_the_store_times_its_fallback_on_its_own_clock() -> None:
+    """``degraded`` reads outside an event loop (it raised: the store timed its pause on the
+    running loop's clock), and a pause begun in one trio run still holds in the next,
+    whose clock starts somewhere else."""
+    import socket
+
+    import trio
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    store = RedisStore(f"redis://127.0.0.1:{port}", timeout=0.2, retry_after_down=600)
+    assert not store.degraded
+
+    async def fall_back() -> None:
+        assert await store.leases(key()) == 0  # refused: answered by the fallback
+
+    async def still_degraded() -> None:
+        try:
+            assert store.degraded
+        finally:
+            await store.aclose()
+
+    trio.run(fall_back)
+    assert store.degraded
+    trio.run(still_degraded)

@@ -26,6 +26,7 @@ import asyncio
 import logging
 import math
 import threading
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -390,8 +391,9 @@ class RedisStore:
 
     @property
     def degraded(self) -> bool:
-        """True while the store runs on its per-process fallback."""
-        return anyio.current_time() < self._down_until
+        """True while the store runs on its per-process fallback (readable anywhere: the
+        store times its own pauses on the monotonic clock, not an event loop's)."""
+        return time.monotonic() < self._down_until
 
     # ------------------------------------------------------------------ plumbing
 
@@ -439,7 +441,7 @@ class RedisStore:
     async def _run(
         self, fn: Callable[..., Awaitable[_T]], args: Sequence[Any], local: Callable[[], _T]
     ) -> _T:
-        now = anyio.current_time()
+        now = time.monotonic()
         if now < self._down_until:
             return local()
         try:
@@ -447,7 +449,7 @@ class RedisStore:
                 await self._release_orphans()
             result = await self._on_asyncio(fn, *args)
         except self._errors as exc:
-            self._down_until = anyio.current_time() + self._retry_after_down
+            self._down_until = time.monotonic() + self._retry_after_down
             if not self._warned:
                 self._warned = True
                 logger.warning(
@@ -542,7 +544,7 @@ class RedisStore:
                 self._to_release.add((key, holder))
             raise
         if seen:
-            self._levels[key] = (anyio.current_time(), seen)
+            self._levels[key] = (time.monotonic(), seen)
         return admit
 
     async def leave(self, key: str, queue: str) -> None:
@@ -616,7 +618,7 @@ class RedisStore:
         await self._run(remote, (), lambda: self._fallback.block_now(key, seconds))
 
     async def _read(self, key: str) -> tuple[float, int]:
-        now = anyio.current_time()
+        now = time.monotonic()
         cached = self._cache.get(key)
         if cached is not None and now - cached[0] < self._cache_ttl:
             return cached[1], cached[2]
@@ -665,7 +667,7 @@ class RedisStore:
         rest from the read cache), without asking the server: other processes' takes since
         then, and what left the window since, are not in it. The fallback's own state while
         degraded."""
-        now = anyio.current_time()
+        now = time.monotonic()
         if now < self._down_until:
             return self._fallback.peek_now(key, costs)
         seen = self._levels.get(key, (now, {}))[1]
