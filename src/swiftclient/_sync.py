@@ -50,7 +50,7 @@ from ._messages import MessagesInput
 from ._policies import PolicyHub
 from ._retry import RetryPolicy
 from ._stream import ChatStream
-from .admission import Admission, Limits, TargetHealth
+from .admission import Admission, Limits, RedisStore, TargetHealth
 from .backends.base import Backend
 from .hedging import Hedge
 from .telemetry import Telemetry
@@ -284,12 +284,22 @@ class _Loop:
             try:
                 if not self._client_exited:
                     self._client_exited = True  # an interrupted exit goes on on the loop
-                    self._client_cm.__exit__(None, None, None)
+                    try:
+                        self._client_cm.__exit__(None, None, None)
+                    finally:
+                        self._close_store_connections()
             finally:
                 for future in list(self._inflight):
                     future.cancel()  # their tasks are cancelled on the loop
                 self._stop()
             self._shut = True
+
+    def _close_store_connections(self) -> None:
+        """A shared admission store's connections on this loop, which ends here: closed
+        (the store is the caller's, and stays open; left, they warned at exit)."""
+        admission = self.aclient.admission
+        if admission is not None and isinstance(admission.store, RedisStore):
+            self.portal.call(admission.store.aclose_loop)
 
     def _stop(self) -> None:
         """Stop the portal, cancelling the calls still running, and join the thread and the

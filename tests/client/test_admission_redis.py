@@ -387,3 +387,31 @@ def test_the_store_times_its_fallback_on_its_own_clock() -> None:
     trio.run(fall_back)
     assert store.degraded
     trio.run(still_degraded)
+
+
+def test_a_blocking_client_closes_the_store_connections_of_its_loop() -> None:
+    """The blocking ``Client`` runs its own event loop; the store's connections on it
+    were left open when the client closed (a ``ResourceWarning`` at exit) and could not be
+    closed by the caller, whose code has no event loop. They close with the client; the
+    store stays usable."""
+    import redis
+
+    from swiftclient import Client, HTTPBackend
+    from swiftclient.testing import FakeProvider
+
+    def connected(raw: redis.Redis) -> int:
+        return len(raw.client_list()) - 1  # besides this one
+
+    with redis_process() as (url, _), FakeProvider().run_in_thread() as fake:
+        store = RedisStore(url)
+        with redis.Redis.from_url(url) as raw:
+            for _ in range(2):  # and again, over the same store
+                limits = Admission({"p": Limits(concurrency=2, rpm=100)}, store=store)
+                backend = HTTPBackend(fake.base_url, name="p")
+                with Client(backend, model="m", limits=limits) as client:
+                    assert client.chat("hi").text
+                    assert connected(raw) >= 1
+                deadline = time.monotonic() + 30  # bounds the server's noticing the close
+                while connected(raw) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert connected(raw) == 0

@@ -700,6 +700,23 @@ class RedisStore:
             if helper is not None:
                 await anyio.to_thread.run_sync(helper.close)
 
+    async def aclose_loop(self) -> None:
+        """Close the connections the store opened for the running event loop, which is
+        about to end (the blocking :class:`~swiftclient.Client` calls this as it closes its
+        own loop); the store stays open, and a later operation on a loop opens new ones.
+        On trio, nothing: its operations run on the store's helper loop, which
+        :meth:`aclose` closes."""
+        if running_loop() is None:
+            return
+        found = self._per_loop.pop(asyncio.get_running_loop(), None)
+        if found is None or self._client is not None:  # a client= given is the caller's
+            return
+        with anyio.CancelScope(shield=True):
+            try:
+                await found[0].aclose()
+            except self._errors:
+                pass
+
     async def __aenter__(self) -> RedisStore:
         return self
 
