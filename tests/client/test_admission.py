@@ -565,3 +565,24 @@ async def test_aimd_recovers_to_the_configured_limit() -> None:
     for _ in range(20):
         await a.settle(await a.acquire(T), status=200)
     assert a.concurrency(T) == 4
+
+
+def test_a_window_filled_in_one_trio_run_holds_in_the_next() -> None:
+    """An admission outlives an event loop (one ``anyio.run`` after another). Each trio
+    run's clock starts at a random point, and the admission kept its times on the running
+    loop's clock: the next run either admitted past the limit or refused for hours. It
+    keeps them on the monotonic clock."""
+    admission = Admission({"p": Limits(rpm=2, window=60.0)})
+
+    async def fill() -> None:
+        for _ in range(2):
+            await admission.settle(await admission.acquire("p/m", timeout=0), status=200)
+
+    async def next_run() -> float | None:
+        with pytest.raises(RateLimited) as refused:
+            await admission.acquire("p/m", timeout=0)
+        return refused.value.reset_after
+
+    anyio.run(fill, backend="trio")
+    reset_after = anyio.run(next_run, backend="trio")
+    assert reset_after is not None and 0 < reset_after <= 60.0 * 1.02

@@ -21,7 +21,7 @@ from typing import NamedTuple, Protocol
 import anyio
 
 from .._budget import DEFAULT_MAX_PUSHBACK, check_number
-from .._deadline import loop_time, running_loop
+from .._deadline import running_loop
 from ..errors import ConfigurationError, RateLimited
 from ._headers import LEARNED_HEADERS, Observed, parse_rate_limit_headers
 from ._hedge import SharedHedgeBudget
@@ -84,12 +84,16 @@ class Clock(Protocol):
 
 
 class SystemClock:
-    """The running event loop's clock (``anyio.current_time``'s reading) and cancel-scope
-    timeouts."""
+    """The process's monotonic clock (``time.monotonic``) and cancel-scope timeouts.
+
+    Not the running loop's: an admission outlives a loop (one ``anyio.run`` after another)
+    and the times it keeps must stay comparable, while each ``trio.run`` has a clock of its
+    own that starts at a random point (a window filled in one run held the next one off
+    for hours, or was forgotten at once). asyncio's loops read this same clock."""
 
     def now(self) -> float:
-        """The loop's time."""
-        return loop_time()
+        """Seconds on the monotonic clock."""
+        return time.monotonic()
 
     async def wait(self, event: anyio.Event, timeout: float | None) -> bool:
         """Wait for ``event`` for at most ``timeout`` seconds (``None``: no limit)."""
@@ -283,7 +287,7 @@ class Admission:
             ``"backend/model"``) to its limits; backends not named get ``Limits()`` (learning
             only). ``None``: learning only, everywhere.
         store: where the usage logs and leases live (a :class:`MemoryStore` by default).
-        clock: the clock (the running loop's by default).
+        clock: the clock (the monotonic clock by default, as :class:`SystemClock`).
         wall: Unix time, for HTTP-date and RFC 3339 reset headers (``time.time``).
     """
 

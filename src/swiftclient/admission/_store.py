@@ -33,12 +33,11 @@ requests (:class:`~swiftclient.admission.SharedHedgeBudget`).
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol, runtime_checkable
-
-from .._deadline import loop_time
 
 __all__ = ["Admit", "BucketCost", "MemoryStore", "StateStore"]
 
@@ -330,13 +329,14 @@ class MemoryStore:
     """Admission state in this process (the default store).
 
     Args:
-        clock: seconds on a monotonic clock (the running loop's by default).
+        clock: seconds on a monotonic clock (``time.monotonic`` by default: the state
+            outlives an event loop, and a trio run's clock starts at a random point).
     """
 
     shared = False
 
     def __init__(self, clock: Callable[[], float] | None = None) -> None:
-        self._clock = clock or loop_time
+        self._clock = clock or time.monotonic
         self._entries: dict[str, _Entry] = {}
         self._buckets: dict[str, _Bucket] = {}
 
