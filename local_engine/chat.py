@@ -159,6 +159,15 @@ class ChatPrompt:
     markup_format: ToolCallFormat = "none"
 
 
+def _generation_prompt(request: ChatRequest) -> bool:
+    """``extra_body["add_generation_prompt"]`` (vLLM's extension; default true): whether
+    the prompt ends with the header of a new assistant turn."""
+    wanted = (request.extra_body or {}).get("add_generation_prompt", True)
+    if not isinstance(wanted, bool):
+        raise ConfigurationError("extra_body['add_generation_prompt'] must be a boolean")
+    return wanted
+
+
 def _prefill(request: ChatRequest) -> str | None:
     """The final message's text when the request asks to continue it
     (``extra_body["continue_final_message"]``, vLLM's extension: the reply is the rest of
@@ -168,6 +177,11 @@ def _prefill(request: ChatRequest) -> str | None:
         return None
     if wanted is not True:
         raise ConfigurationError("extra_body['continue_final_message'] must be a boolean")
+    if _generation_prompt(request) and "add_generation_prompt" in (request.extra_body or {}):
+        raise ConfigurationError(
+            "continue_final_message cannot be combined with add_generation_prompt: true (a "
+            "new turn's header would follow the message to continue)"
+        )
     last = request.messages[-1]
     content = last.content
     if isinstance(content, list):  # text parts, joined as the template joins them
@@ -273,7 +287,7 @@ class ChatFormatter:
             request.messages,
             tools=tools,
             response_format=request.response_format,
-            add_generation_prompt=prefill is None,
+            add_generation_prompt=prefill is None and _generation_prompt(request),
             **{str(k): v for k, v in extra.items()},
         )
         if prefill is not None:  # the reply goes on from the final message's text

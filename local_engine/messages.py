@@ -123,18 +123,6 @@ def chat_fields(body: Mapping[str, Any], ignored: list[str]) -> dict[str, Any]:
                 "before it",
                 "messages",
             )
-    last = fields["messages"][-1]
-    if last["role"] == "assistant" and not last.get("tool_calls"):
-        # a prefill: the reply continues the final assistant turn's text (what it says
-        # comes back without the prefill, as Anthropic's API answers)
-        content = last.get("content")
-        if isinstance(content, str) and content != content.rstrip():
-            raise MessagesRequestError(
-                "messages: final assistant content cannot end with trailing whitespace",
-                "messages",
-            )
-        if content:
-            fields["continue_final_message"] = True
     return fields
 
 

@@ -91,6 +91,7 @@ EXTRA_BODY_KEYS = frozenset(
         "cache_salt",
         "chat_template_kwargs",
         "continue_final_message",
+        "add_generation_prompt",
         "continuous_usage_stats",
         "tool_grammar",
     }

@@ -325,6 +325,59 @@ async def test_messages_over_the_embedded_engine_with_a_tool(anyio_backend: str)
         await sdk.close()
 
 
+PREFILLED: Any = [*USER, {"role": "assistant", "content": "The answer is"}]
+
+
+@pytest.mark.anyio
+async def test_a_prefill_asks_the_backend_to_continue_the_final_turn() -> None:
+    """A final assistant turn of text is a prefill: an OpenAI-compatible backend is asked
+    to continue it with vLLM's chat-template fields (it was sent as a finished turn, and
+    the model wrote a new one); an Anthropic backend gets the turn as it is (its API
+    continues it), without those fields, which it would refuse. Content ending in
+    whitespace is refused, as Anthropic's API does."""
+    async with setup() as (fakes, sdk):
+        await sdk.messages.create(model="m", max_tokens=20, messages=PREFILLED)
+        sent = fakes["quick"].requests[-1].body
+        assert sent["continue_final_message"] is True and sent["add_generation_prompt"] is False
+        assert sent["messages"][-1] == {"role": "assistant", "content": "The answer is"}
+        with pytest.raises(anthropic.BadRequestError, match="trailing whitespace"):
+            trailing: Any = [*USER, {"role": "assistant", "content": "The answer is "}]
+            await sdk.messages.create(model="m", max_tokens=20, messages=trailing)
+        assert len(fakes["quick"].requests) == 1  # refused before anything was sent
+
+    fake = FakeProvider(Reply(text=" 42"), model="claude")
+    async with fake, AsyncClient(AnthropicBackend(fake.base_url, api_key="k"), model="c") as client:
+        sdk = sdk_for(client)
+        await sdk.messages.create(model="c", max_tokens=20, messages=PREFILLED)
+        sent = fake.requests[-1].body
+        assert "continue_final_message" not in sent and "add_generation_prompt" not in sent
+        assert sent["messages"][-1]["role"] == "assistant"
+        await sdk.close()
+
+
+@pytest.mark.anyio
+async def test_a_prefill_through_the_embedded_engine_is_continued(anyio_backend: str) -> None:
+    """Offline, the same SDK call gets the rest of the turn (what the engine gives for a
+    chat call that continues the final message), not a new turn."""
+    if anyio_backend != "asyncio":
+        pytest.skip("one event loop is enough: the engine's own tests cover trio")
+    from local_engine import LocalBackend
+
+    async with AsyncClient(backends={"local": LocalBackend()}) as client:
+        sdk = sdk_for(client)
+        reply = await sdk.messages.create(model="local/default", max_tokens=8, messages=PREFILLED)
+        continued = await client.chat(
+            PREFILLED,
+            model="local/default",
+            max_tokens=8,
+            extra_body={"continue_final_message": True},
+        )
+        fresh = await client.chat(PREFILLED, model="local/default", max_tokens=8)
+        assert reply.content[0].text == continued.text  # type: ignore[union-attr]
+        assert continued.text != fresh.text  # the two prompts differ, and so do the replies
+        await sdk.close()
+
+
 @pytest.mark.anyio
 async def test_leaving_a_messages_stream_early_releases_the_connection() -> None:
     async with FakeProvider(Reply(text="one two three", stall_after=1)) as fake:

@@ -451,11 +451,20 @@ async def test_a_final_assistant_turn_is_a_prefill_the_reply_continues(
     prompt = formatter.prepare(request).text
     assert prompt.endswith("assistant\nThe answer is"), prompt[-60:]
     assert prompt.count("The answer is") == 1
+    # vLLM's pair (add_generation_prompt false with it, as vLLM requires) is the same
+    vllm = {"continue_final_message": True, "add_generation_prompt": False}
+    both = ChatRequest(model="m", messages=turns, extra_body=vllm)
+    assert formatter.prepare(both).text == prompt
+    new_turn = formatter.prepare(ChatRequest(model="m", messages=turns)).text
+    assert new_turn.endswith("assistant\n"), new_turn[-60:]
+    no_header = ChatRequest(model="m", messages=turns, extra_body={"add_generation_prompt": False})
+    assert formatter.prepare(no_header).text == new_turn.removesuffix("<|im_start|>assistant\n")
 
     body: Any = {"model": "tiny-test", "max_tokens": 5, "messages": turns, **GREEDY}
     body["ignore_eos"] = True
     message = await served.http.post("/v1/messages", json=body)
     assert message.status_code == 200, message.text
+    assert IGNORED_FIELDS_HEADER not in message.headers
     continued = "".join(block["text"] for block in message.json()["content"])
     chat: Any = {"model": "tiny-test", "max_tokens": 5, "messages": turns, **GREEDY}
     chat |= {"ignore_eos": True, "continue_final_message": True}
@@ -471,6 +480,8 @@ async def test_a_final_assistant_turn_is_a_prefill_the_reply_continues(
     for bad, why in (
         ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"continue_final_message": "yes"}, "must be a boolean"),
+        ({"add_generation_prompt": True}, "cannot be combined with add_generation_prompt"),
+        ({"add_generation_prompt": 0}, "must be a boolean"),
         ({"messages": [turns[0]]}, "final message to be an assistant message"),
     ):
         response = await served.http.post("/v1/chat/completions", json={**chat, **bad})

@@ -51,6 +51,7 @@ from ..types import (
     Usage,
 )
 from ..wire import mark_matched_stop
+from ..wire.messages import PREFILL_FIELDS
 from .base import RequestOptions
 from .http import (
     NO_IDS,
@@ -90,6 +91,9 @@ _FINISH = {
     "model_context_window_exceeded": "length",
 }
 _THINKING = frozenset({"thinking", "redacted_thinking"})
+_PREFILL_KEYS = frozenset(PREFILL_FIELDS)
+"""The chat fields that ask for a final assistant turn to be continued: this API does so
+with every such turn, and would refuse them."""
 # A text block's delta as the API writes it, up to the text's JSON string (after the index).
 _TEXT_DELTA = b'{"type":"content_block_delta","index":%d,"delta":{"type":"text_delta","text":'
 _TEXT_DELTA_END = b"}}"
@@ -391,6 +395,8 @@ def encode_messages_request(
     system, messages, anchors = _messages(request, as_blocks=cache is not None)
     body: dict[str, Any] = {"model": request.model}
     extra_body = request.extra_body or {}
+    if _PREFILL_KEYS & extra_body.keys():  # the API continues a final assistant turn itself
+        extra_body = {k: v for k, v in extra_body.items() if k not in _PREFILL_KEYS}
     limit = request.max_new_tokens()
     if limit is None:
         limit = max_tokens

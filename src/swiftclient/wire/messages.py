@@ -51,6 +51,7 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, Literal
 
 from ..types import ChatCompletion, ChatCompletionChunk, ToolCallDelta, Usage
@@ -59,6 +60,7 @@ from . import joined_content, matched_stop, named_event
 __all__ = [
     "STOP_REASONS",
     "MessageEvents",
+    "PREFILL_FIELDS",
     "MessagesRequestError",
     "chat_fields",
     "error_type",
@@ -184,6 +186,7 @@ def chat_fields(
     for index, turn in enumerate(turns):
         messages.extend(_turn(turn, f"messages[{index}]", thinking))
     fields["messages"] = messages
+    _prefill(messages[-1], fields)
     stops = body.get("stop_sequences")
     if stops is not None:
         if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
@@ -229,6 +232,31 @@ def chat_fields(
     if extra:
         fields["extra_body"] = extra
     return fields
+
+
+PREFILL_FIELDS: Mapping[str, bool] = MappingProxyType(
+    {"continue_final_message": True, "add_generation_prompt": False}
+)
+"""The chat fields that ask for a final assistant turn to be continued (vLLM's chat
+template extensions, which the local engine also reads)."""
+
+
+def _prefill(last: dict[str, Any], fields: dict[str, Any]) -> None:
+    """A final assistant turn of text is a prefill: the reply continues it, and says only
+    what comes after it, as Anthropic's API answers. On chat completions that is
+    :data:`PREFILL_FIELDS` (sent in ``extra_body``: a backend of Anthropic's API drops
+    them, since it continues such a turn itself; a provider that cannot continue one
+    refuses them). Content ending in whitespace is refused, as there."""
+    if last["role"] != "assistant" or last.get("tool_calls"):
+        return
+    content = last.get("content")
+    if not isinstance(content, str) or not content:
+        return
+    if content != content.rstrip():
+        raise MessagesRequestError(
+            "messages: final assistant content cannot end with trailing whitespace", "messages"
+        )
+    fields.update(PREFILL_FIELDS)
 
 
 def _cache_marks(body: Mapping[str, Any]) -> bool:
