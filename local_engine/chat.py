@@ -159,6 +159,22 @@ class ChatPrompt:
     markup_format: ToolCallFormat = "none"
 
 
+def _check_tool_results(request: ChatRequest) -> None:
+    """Every tool message answers a call an earlier assistant message made (by its
+    ``tool_call_id``), as OpenAI's API requires: a result of no call was accepted, and the
+    model read it as a call's result."""
+    called: set[str] = set()
+    for index, message in enumerate(request.messages):
+        for call in message.tool_calls or ():
+            called.add(call.id)
+        answered = message.tool_call_id
+        if message.role == "tool" and answered is not None and answered not in called:
+            raise ConfigurationError(
+                f"messages[{index}]: the tool message's tool_call_id {answered!r} answers no "
+                "tool call of an earlier assistant message"
+            )
+
+
 def _generation_prompt(request: ChatRequest) -> bool:
     """``extra_body["add_generation_prompt"]`` (vLLM's extension; default true): whether
     the prompt ends with the header of a new assistant turn."""
@@ -282,6 +298,7 @@ class ChatFormatter:
                 f"extra_body['chat_template_kwargs'] may not set {', '.join(taken)}: the "
                 "request's own fields fill those template variables"
             )
+        _check_tool_results(request)
         prefill = _prefill(request)
         text = self.render(
             request.messages,

@@ -344,6 +344,22 @@ def test_plot_draws_a_png_and_names_the_extra_when_matplotlib_is_missing(
     )
 
 
+@pytest.mark.parametrize("flag", ["--json", "--plot"])
+def test_an_output_path_that_cannot_be_written_is_refused_before_the_run(
+    flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A --json path in a missing folder was found out after the whole run, whose results
+    were then lost."""
+    clear_provider_env(monkeypatch)
+    missing = tmp_path / "no-such-folder" / "out.file"
+    with FakeProvider(Reply(tokens=3)).run_in_thread() as fake:
+        argv = ["bench", "--base-url", fake.base_url, "-m", "m", "-c", "1", "-n", "2"]
+        assert main([*argv, flag, str(missing)]) == 2
+        assert fake.requests == []  # refused before measuring anything
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("swiftclient:")]
+    assert line.endswith(f"the folder {missing.parent} does not exist"), line
+
+
 def _visible_x_labels(ax: Any, renderer: Any) -> list[Any]:
     """The x tick labels drawn on ``ax`` (major and minor), left to right."""
     low, high = sorted(ax.get_xlim())

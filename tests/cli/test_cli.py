@@ -292,6 +292,19 @@ def test_piped_stdin_is_the_prompt(
     monkeypatch.setattr("sys.stdin", io.StringIO("  \n"))
     assert main(["chat", "--base-url", "http://127.0.0.1:9/v1", "-m", "m"]) == 2
     assert "no prompt" in capsys.readouterr().err
+    # an empty argument is no prompt either (it sent an empty message)
+    assert main(["chat", "--base-url", "http://127.0.0.1:9/v1", "-m", "m", " "]) == 2
+    assert "no prompt: the PROMPT argument is empty" in capsys.readouterr().err
+
+
+def test_a_temperature_out_of_range_names_its_flag(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clear_provider_env(monkeypatch)
+    for command in ("chat", "bench"):
+        argv = [command, "--base-url", "http://127.0.0.1:9/v1", "-m", "m", "--temperature", "-3"]
+        assert main([*argv, "hi"] if command == "chat" else argv) == 2
+        assert "Invalid value for '--temperature'" in capsys.readouterr().err
 
 
 def test_json_prints_the_completion_and_its_timing(
@@ -318,8 +331,39 @@ def test_api_errors_are_one_line_unless_debug(
         assert "The model does not exist." in line
         assert main(["--debug", "chat", "--base-url", fake.base_url, "-m", "nope", "hi"]) == 1
         err = capsys.readouterr().err
+        assert "Traceback (most recent call last)" in err
+        assert err_lines(err)[-1] == line
+        # after the subcommand too, as docs/cli.md says every subcommand takes it (it was a
+        # usage error, "No such option '--debug'")
+        assert main(["chat", "--base-url", fake.base_url, "--debug", "-m", "nope", "hi"]) == 1
+        err = capsys.readouterr().err
     assert "Traceback (most recent call last)" in err
     assert err_lines(err)[-1] == line
+
+
+def test_a_reply_that_breaks_off_ends_its_line_before_the_error(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The streamed text is left on a line of its own: on a terminal the error read
+    ``...tok1swiftclient: error: ...``."""
+    clear_provider_env(monkeypatch)
+    with FakeProvider(Reply(tokens=5, error_event_after=2)).run_in_thread() as fake:
+        assert main(["chat", "--base-url", fake.base_url, "-m", "m", "hi"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "tok0 tok1\n"
+    assert err_lines(captured.err)[-1].startswith("swiftclient: error: ")
+
+
+def test_an_empty_reply_cut_by_the_token_limit_says_so(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reply that reached ``--max-tokens`` before any text printed an empty line and
+    nothing else to explain it."""
+    clear_provider_env(monkeypatch)
+    with FakeProvider(Reply(text="", finish_reason="length")).run_in_thread() as fake:
+        assert main(["chat", "--base-url", fake.base_url, "-m", "m", "hi"]) == 0
+    err = capsys.readouterr().err
+    assert "token limit before any text; raise --max-tokens" in err
 
 
 def test_models_lists_what_the_backend_offers(

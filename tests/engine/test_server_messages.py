@@ -431,6 +431,50 @@ async def test_the_anthropic_backend_gets_what_the_chat_backend_gets(served: Ser
 
 
 @pytest.mark.anyio
+async def test_a_tool_result_of_no_call_is_refused_on_every_wire(served: Served) -> None:
+    """A tool result that answers no earlier call is a 400 on all three wires, as on
+    OpenAI's and Anthropic's APIs (chat completions and Responses accepted it, and the
+    model read it as a call's result); one that answers a call is served."""
+    user = {"role": "user", "content": "weather in Paris?"}
+    orphans: list[tuple[str, Any]] = [
+        (
+            "/v1/chat/completions",
+            {"messages": [user, {"role": "tool", "tool_call_id": "x", "content": "1"}]},
+        ),
+        (
+            "/v1/responses",
+            {"input": [{"type": "function_call_output", "call_id": "x", "output": "1"}]},
+        ),
+        (
+            "/v1/messages",
+            {
+                "max_tokens": 5,
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "tool_result", "tool_use_id": "x", "content": "1"}],
+                    }
+                ],
+            },
+        ),
+    ]
+    for path, body in orphans:
+        response = await served.http.post(path, json={"model": "tiny-test", **body})
+        assert response.status_code == 400, (path, response.text)
+        assert "'x'" in response.text and "answers no" in response.text, response.text
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+    answered: Any = [
+        user,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "12 C"},
+    ]
+    body = {"model": "tiny-test", "max_tokens": 2, "messages": answered, **GREEDY}
+    ok = await served.http.post("/v1/chat/completions", json=body)
+    assert ok.status_code == 200, ok.text
+    await served.settle()
+
+
+@pytest.mark.anyio
 async def test_a_final_assistant_turn_is_a_prefill_the_reply_continues(
     served: Served, tiny: TinyModel
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import shlex
 import statistics
 from collections.abc import Sequence
@@ -61,6 +62,15 @@ class VariantSpec:
         if self.hedge is not None:
             text += f" · hedge after {self.hedge * 1000:g} ms"
         return text
+
+
+def _check_writable(flag: str, path: Path) -> None:
+    """A usage error unless ``path``'s folder exists and may be written to."""
+    folder = path.parent
+    if not folder.is_dir():
+        raise CLIError(f"{flag} {path}: the folder {folder} does not exist", EXIT_USAGE)
+    if not os.access(folder, os.W_OK):
+        raise CLIError(f"{flag} {path}: the folder {folder} is not writable", EXIT_USAGE)
 
 
 def _hedge(value: str | None) -> float | None:
@@ -345,7 +355,11 @@ class _Progress:
     is_flag=True,
     help="Ask the server to generate every requested token (local engine, vLLM, SGLang).",
 )
-@click.option("--temperature", type=float, help="Sampling temperature sent with every request.")
+@click.option(
+    "--temperature",
+    type=click.FloatRange(0.0, 2.0),
+    help="Sampling temperature sent with every request (0 to 2).",
+)
 @click.option(
     "--timeout", **POSITIVE_DURATION, help="Per-request time limit (default: the client's)."
 )
@@ -413,6 +427,9 @@ def bench(**kwargs: Any) -> int:
     requests = kwargs["requests"] if kwargs["duration"] is not None or kwargs["requests"] else 32
     if kwargs["duration"] is not None:
         requests = None
+    for flag, path in (("--json", kwargs["json_path"]), ("--plot", kwargs["plot_path"])):
+        if path is not None:  # checked now, not after a run whose results it would lose
+            _check_writable(flag, path)
     if kwargs["plot_path"] is not None:
         check_plotting()
     workload = _workload(

@@ -131,15 +131,27 @@ class _Conversation:
             if "tools" not in params or not completion.tool_calls:
                 self._write_json(completion)
         else:
-            wrote = False
-            async with self.client.stream(messages, model=self.model, **params) as stream:
-                async for text in stream.text():
-                    self.out.write(text)
+            wrote = ""  # the last text written
+            try:
+                async with self.client.stream(messages, model=self.model, **params) as stream:
+                    async for text in stream.text():
+                        self.out.write(text)
+                        self.out.flush()
+                        wrote = text or wrote
+                    completion = await stream.final()
+            except Exception:
+                if wrote and not wrote.endswith("\n"):  # the error's line starts its own
+                    self.out.write("\n")
                     self.out.flush()
-                    wrote = wrote or bool(text)
-                completion = await stream.final()
+                raise
             if wrote or not completion.tool_calls:
                 self.out.write("\n")
+            if not wrote and not completion.tool_calls and completion.finish_reason == "length":
+                print(
+                    "[the reply reached its token limit before any text; raise --max-tokens]",
+                    file=sys.stderr,
+                    flush=True,
+                )
         self.out.flush()
         return completion
 
@@ -341,7 +353,9 @@ def _interactive(
     type=click.IntRange(min=1),
     help="Most tokens to generate (default: the server's).",
 )
-@click.option("--temperature", type=float, help="Sampling temperature.")
+@click.option(
+    "--temperature", type=click.FloatRange(0.0, 2.0), help="Sampling temperature (0 to 2)."
+)
 @click.option(
     "--timeout",
     **POSITIVE_DURATION,
@@ -376,6 +390,8 @@ def chat(
     With no PROMPT: a prompt piped on stdin is read whole, and on a terminal a conversation
     starts (history kept; Ctrl-C stops the current reply, Ctrl-D or /exit quits).
     """
+    if prompt is not None and not prompt.strip():  # as an empty stdin is
+        raise CLIError("no prompt: the PROMPT argument is empty", EXIT_USAGE)
     options = options_from(kwargs)
     # The built-in tools go in their own order, not sorted by name as the canonical form
     # would send them: the embedded model, behind `swiftclient serve`, knows them that way

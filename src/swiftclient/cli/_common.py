@@ -279,6 +279,16 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+def _debug_first(command: click.Command, args: list[str]) -> list[str]:
+    """``--debug`` given after a subcommand (``chat --debug ...``), moved to the group it
+    belongs to, so that every subcommand takes it (options after ``--`` stay)."""
+    own = any(isinstance(p, click.Option) and "--debug" in p.opts for p in command.params)
+    end = args.index("--") if "--" in args else len(args)
+    if not own or "--debug" not in args[1:end]:
+        return args
+    return ["--debug", *(a for a in args[:end] if a != "--debug"), *args[end:]]
+
+
 def run_command(
     command: click.Command,
     argv: Sequence[str] | None,
@@ -292,7 +302,7 @@ def run_command(
     ``--debug`` is among the arguments (or ``debug=True``, or ``SWIFTCLIENT_DEBUG=1``);
     usage errors exit 2, failures 1, an interrupt 130.
     """
-    args = list(sys.argv[1:] if argv is None else argv)
+    args = _debug_first(command, list(sys.argv[1:] if argv is None else argv))
     if debug is None:
         debug = "--debug" in args or os.environ.get("SWIFTCLIENT_DEBUG", "") not in ("", "0")
 
