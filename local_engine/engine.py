@@ -437,8 +437,9 @@ class Engine:
         stop = StopChecker(params, self.eos_token_ids, detok)
         if self.scheduler.num_waiting >= self.config.max_waiting:
             raise OverloadedError(
-                f"{self.scheduler.num_waiting} requests are already waiting "
-                f"(max_waiting={self.config.max_waiting})"
+                f"{self.scheduler.num_waiting} "
+                f"{'request is' if self.scheduler.num_waiting == 1 else 'requests are'} already "
+                f"waiting (max_waiting={self.config.max_waiting})"
             )
         if params.grammar is not None:
             if self.structured is None:

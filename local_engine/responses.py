@@ -41,4 +41,6 @@ def chat_fields(
 
     Raises :class:`ResponsesRequestError` naming a field the local server cannot serve.
     """
+    if body.get("model") is None:  # it read "Input should be a valid string"
+        raise ResponsesRequestError("model: Field required", "model")
     return wire_chat_fields(body, ignored, passed=EXTRA_BODY_KEYS)

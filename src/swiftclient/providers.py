@@ -197,8 +197,8 @@ def _azure(
     endpoint = base_url or (env.get(spec.base_url_env) if spec.base_url_env else None)
     if not endpoint:
         raise ConfigurationError(
-            f"provider {name!r} needs its endpoint: pass base_url= "
-            f"(https://RESOURCE.openai.azure.com) or set {spec.base_url_env}"
+            f"provider {name!r} needs its endpoint: pass base_url= (--base-url on the "
+            f"command line; https://RESOURCE.openai.azure.com) or set {spec.base_url_env}"
         )
     key = api_key or (env.get(spec.key_env) if spec.key_env else None)
     credential_header = any(

@@ -366,6 +366,23 @@ def test_an_empty_reply_cut_by_the_token_limit_says_so(
     assert "token limit before any text; raise --max-tokens" in err
 
 
+def test_a_missing_key_is_named_as_the_problem_with_no_model_given_too(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no -m, a key the server refuses read as "no model given" (exit 2); the key is
+    what to fix, as on any call (exit 1), and the error says how to pass one."""
+    clear_provider_env(monkeypatch)
+    with FakeProvider(api_key="sk-right-key-123").run_in_thread() as fake:
+        for argv in (
+            ["chat", "--base-url", fake.base_url, "hi"],
+            ["chat", "--base-url", fake.base_url, "-m", "m", "hi"],
+        ):
+            assert main(argv) == 1
+            (line,) = err_lines(capsys.readouterr().err)
+            assert line.startswith("swiftclient: error: AuthenticationError: "), line
+            assert "--api-key" in line and "SWIFTCLIENT_API_KEY" in line and "no model" not in line
+
+
 def test_models_lists_what_the_backend_offers(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -163,6 +163,7 @@ def test_tool_choice_text_format_and_logprobs_map_to_chat_fields() -> None:
             "tools[0]",
             "Chat Completions form",
         ),
+        ({"model": None}, "model", "model: Field required"),  # "Input should be a valid string"
     ],
 )
 def test_requests_the_stateless_server_cannot_serve_are_refused_by_name(

@@ -17,7 +17,7 @@ import click
 import pydantic
 
 from .._client import AsyncClient
-from ..errors import ConfigurationError, SwiftClientError
+from ..errors import AuthenticationError, ConfigurationError, SwiftClientError
 from ..providers import BuiltinTools, local_tools
 from ..types import ChatCompletion, Message, Timing
 from ._common import (
@@ -207,8 +207,10 @@ def _only_model(options: TargetOptions) -> str:
 
     try:
         names = anyio.run(fetch)
+    except AuthenticationError:
+        raise  # the key is what to fix, not the model (said as any call's 401 is)
     except SwiftClientError as exc:
-        reason = " ".join(str(exc).split())
+        reason = " ".join(str(exc).split()).rstrip(".")
         raise CLIError(
             f"{_NO_MODEL} (the backend's model list could not be read: {reason}; "
             "`swiftclient models` lists what it offers)",
@@ -351,7 +353,8 @@ def _interactive(
 @click.option(
     "--max-tokens",
     type=click.IntRange(min=1),
-    help="Most tokens to generate (default: the server's).",
+    help="Most tokens to generate (default: the server's; 4096 for Anthropic's API, which "
+    "requires one).",
 )
 @click.option(
     "--temperature", type=click.FloatRange(0.0, 2.0), help="Sampling temperature (0 to 2)."

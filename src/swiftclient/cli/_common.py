@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import click
 
-from ..errors import ConfigurationError, SwiftClientError
+from ..errors import AuthenticationError, ConfigurationError, SwiftClientError
 from ..providers import PRESETS
 
 if TYPE_CHECKING:
@@ -279,6 +279,12 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+_KEY_HINT = (
+    "(pass the key with --api-key, or better in the environment: the preset's own variable, "
+    "and for --base-url SWIFTCLIENT_API_KEY or OPENAI_API_KEY)"
+)
+
+
 def _debug_first(command: click.Command, args: list[str]) -> list[str]:
     """``--debug`` given after a subcommand (``chat --debug ...``), moved to the group it
     belongs to, so that every subcommand takes it (options after ``--`` stay)."""
@@ -328,6 +334,8 @@ def run_command(
         return EXIT_INTERRUPTED
     except ConfigurationError as exc:
         return fail(str(exc), EXIT_USAGE)
+    except AuthenticationError as exc:
+        return fail(f"{type(exc).__name__}: {exc} {_KEY_HINT}", EXIT_ERROR)
     except SwiftClientError as exc:
         return fail(f"{type(exc).__name__}: {exc}", EXIT_ERROR)
     except OSError as exc:
