@@ -246,6 +246,14 @@ def test_workloads_check_their_input(tmp_path: Path) -> None:
     bad.write_text('{"messages": [{"role": "user", "content": "ok"}]}\n{"messages": 5}\n')
     with pytest.raises(CLIError, match="bad.jsonl:2: not a chat request"):
         load_jsonl(bad)
+    # the error names what is wrong, and where ("messages": "x" read as five characters)
+    for line, words in (
+        ('{"messages": "x"}', "messages must be a non-empty list of messages"),
+        ('{"messages": [{"role": "bogus", "content": "x"}]}', "messages[0].role: Input should"),
+    ):
+        bad.write_text(line + "\n")
+        with pytest.raises(CLIError, match=re.escape(f"bad.jsonl:1: not a chat request: {words}")):
+            load_jsonl(bad)
     empty = tmp_path / "empty.json"
     empty.write_text("[]")
     with pytest.raises(CLIError, match="holds no request"):

@@ -129,6 +129,16 @@ def _read(path: Path) -> str:
         raise CLIError(f"cannot read {path}: {exc}", EXIT_USAGE) from exc
 
 
+def _message(value: object, index: int) -> Message:
+    """``messages[index]`` as a :class:`Message`; a ValueError naming what is wrong."""
+    try:
+        return Message.model_validate(value)
+    except pydantic.ValidationError as exc:
+        error = exc.errors(include_url=False, include_input=False)[0]
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error["loc"])
+        raise ValueError(f"messages[{index}]{where}: {error['msg']}") from None
+
+
 def load_jsonl(path: Path, *, output_tokens: int | None = None) -> Workload:
     """One chat request per line: ``{"messages": [...], "max_tokens": N}`` (an OpenAI
     request body; ``max_completion_tokens`` also counts, other fields are ignored)."""
@@ -140,12 +150,12 @@ def load_jsonl(path: Path, *, output_tokens: int | None = None) -> Workload:
             body = json.loads(line)
             if not isinstance(body, dict):
                 raise ValueError("not a JSON object")
-            messages = tuple(Message.model_validate(m) for m in body["messages"])
-            if not messages:
-                raise ValueError("messages is empty")
-        except (ValueError, KeyError, TypeError, pydantic.ValidationError) as exc:
-            detail = exc.errors()[0]["msg"] if isinstance(exc, pydantic.ValidationError) else exc
-            raise CLIError(f"{path}:{number}: not a chat request: {detail}", EXIT_USAGE) from None
+            listed = body.get("messages")
+            if not isinstance(listed, list) or not listed:
+                raise ValueError("messages must be a non-empty list of messages")
+            messages = tuple(_message(m, index) for index, m in enumerate(listed))
+        except ValueError as exc:  # json.JSONDecodeError is one too
+            raise CLIError(f"{path}:{number}: not a chat request: {exc}", EXIT_USAGE) from None
         limit = body.get("max_completion_tokens") or body.get("max_tokens")
         size = sum(_words(m.content) for m in messages if isinstance(m.content, str))
         requests.append(
