@@ -48,6 +48,17 @@ def validation_summary(exc: pydantic.ValidationError, prefix: tuple[Any, ...] = 
     return "; ".join(parts)
 
 
+def _type_name(tp: Any) -> str:
+    """``tp`` as its code spells it, for messages: ``Weather``, ``list[Weather]``."""
+    origin = typing.get_origin(tp)
+    if origin is None:
+        return str(getattr(tp, "__name__", tp))
+    if origin is typing.Annotated:
+        return _type_name(typing.get_args(tp)[0])
+    args = ", ".join(_type_name(arg) for arg in typing.get_args(tp))
+    return f"{_type_name(origin)}[{args}]"
+
+
 def _schema_name(tp: Any) -> str:
     """A JSON-schema name for ``tp``: ``Weather``, ``list_Weather``, ``dict_str_Weather``."""
     origin = typing.get_origin(tp)
@@ -114,6 +125,9 @@ class StructuredOutput(Generic[T]):
     adapter: pydantic.TypeAdapter[T]
     name: str
     response_format: ResponseFormat
+    title: str = ""
+    """The type as its code spells it (``list[Person]``; the schema's name is
+    ``list_Person``), for messages; ``name`` when not given."""
 
     def parse(self, completion: ChatCompletion) -> T:
         """Validate the completion's text (a reply fenced in a Markdown code block too).
@@ -130,11 +144,11 @@ class StructuredOutput(Generic[T]):
             if completion.finish_reason == "length":
                 message = (
                     f"the reply was cut off {_where(completion)} (finish_reason 'length') "
-                    f"before a whole {self.name} was written: raise max_tokens to give it "
-                    f"room ({summary})"
+                    f"before a whole {self.title or self.name} was written: raise max_tokens "
+                    f"to give it room ({summary})"
                 )
             else:
-                message = f"the reply does not validate as {self.name}: {summary}"
+                message = f"the reply does not validate as {self.title or self.name}: {summary}"
             raise errors.StructuredOutputError(message, raw=raw, completion=completion) from exc
 
 
@@ -166,7 +180,7 @@ def _build(tp: Any) -> StructuredOutput[Any]:
     strict = _strict_schema(schema)
     spec = JSONSchemaFormat(name=name, schema=strict or schema, strict=True if strict else None)
     response_format = ResponseFormat(type="json_schema", json_schema=spec)
-    return StructuredOutput(adapter, name, response_format)
+    return StructuredOutput(adapter, name, response_format, _type_name(tp))
 
 
 @functools.lru_cache(maxsize=_CACHE_SIZE)

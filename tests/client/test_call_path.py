@@ -452,6 +452,18 @@ async def test_a_reply_cut_off_at_max_tokens_says_so(usage: bool, where: str) ->
     assert cut.value.raw == '{"city": "Paris'
 
 
+@over_transports
+async def test_a_generic_response_model_is_named_as_its_code_spells_it() -> None:
+    """A ``list[Weather]`` reply that does not validate is named ``list[Weather]``, not by
+    its schema's name ``list_Weather``."""
+    script = Script()
+    script.add(parts=stream_body(['{"city": "Paris"}']))
+    async with scripted_client(script) as client:
+        with pytest.raises(StructuredOutputError) as wrong:
+            await client.chat("w", response_model=list[Weather])
+    assert str(wrong.value).startswith("the reply does not validate as list[Weather]: ")
+
+
 class NotAModel:
     pass
 
