@@ -39,6 +39,7 @@ PUBLIC = [
     "ChatRequest",
     "ChatStream",
     "Client",
+    "ClientClosedError",
     "ConfigurationError",
     "ConflictError",
     "ConnectTimeout",

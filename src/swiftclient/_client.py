@@ -447,7 +447,7 @@ class AsyncClient:
         streamed: bool = True,
     ) -> Call:
         if self._closed:
-            raise errors.ConfigurationError("this AsyncClient is closed")
+            raise errors.ClientClosedError("this AsyncClient is closed")
         if extra_headers is not None:
             extra_headers = call_headers(extra_headers)
         router = self.router

@@ -192,7 +192,7 @@ class _Loop:
                 "Client in the child"
             )
         if self.closed:
-            return errors.ConfigurationError("this Client is closed")
+            return errors.ClientClosedError("this Client is closed")
         return errors.ConfigurationError(
             "a Client cannot be called from its own event loop (an observer or a callback "
             "of a call): use its AsyncClient there, or another thread"
@@ -478,7 +478,7 @@ class _Pump(Generic[Item]):
                             put(item)
             put(_END)
         except anyio.get_cancelled_exc_class():  # the client closing
-            put(_Failed(errors.ConfigurationError("the Client was closed while this ran")))
+            put(_Failed(errors.ClientClosedError("the Client was closed while this ran")))
             raise
         except BaseException as exc:
             put(_Failed(exc))

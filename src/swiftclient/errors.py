@@ -4,6 +4,7 @@
 
     SwiftClientError
     ├── ConfigurationError                 bad arguments, unknown backend, missing extra
+    │   └── ClientClosedError               the client was closed, before or during the call
     ├── APIError
     │   ├── APIConnectionError
     │   │   └── APITimeoutError
@@ -54,6 +55,7 @@ __all__ = [
     "APITimeoutError",
     "AuthenticationError",
     "BadRequestError",
+    "ClientClosedError",
     "ConfigurationError",
     "ConflictError",
     "ConnectTimeout",
@@ -289,6 +291,12 @@ class SwiftClientError(Exception):
 
 class ConfigurationError(SwiftClientError, ValueError):
     """Bad arguments, an unknown backend, or a missing optional extra."""
+
+
+class ClientClosedError(ConfigurationError):
+    """The client was closed: before the call was made, or while it ran (an application
+    shutting down ends the calls still waiting for their replies). The transports answer
+    an SDK 503, not a 400: the request was not at fault."""
 
 
 def _restore_error(cls: type[APIError], args: tuple[Any, ...], state: dict[str, Any]) -> APIError:

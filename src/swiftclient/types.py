@@ -8,6 +8,7 @@ with ``model_validate_json``.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -286,6 +287,23 @@ def _tool_choice_hint(value: dict[str, Any]) -> str:
     )
 
 
+def _non_finite(value: Any, path: str) -> tuple[str, float] | None:
+    """The first NaN or infinity in a JSON-like value, with its path, or None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (path, value)
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _non_finite(item, f"{path}.{key}" if path else str(key))
+            if found is not None:
+                return found
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            found = _non_finite(item, f"{path}[{index}]")
+            if found is not None:
+                return found
+    return None
+
+
 class ChatRequest(BaseModel):
     """A chat-completion request, as sent on the wire.
 
@@ -327,6 +345,16 @@ class ChatRequest(BaseModel):
     def _non_empty(cls, value: list[Message]) -> list[Message]:
         if not value:
             raise ValueError("messages must hold at least one message")
+        return value
+
+    @field_validator("extra_body")
+    @classmethod
+    def _json_numbers(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        # NaN and the infinities have no JSON form: they went out as bare NaN / Infinity,
+        # which providers' strict parsers refuse (as a 400 naming nothing of the caller's)
+        found = _non_finite(value, "") if value else None
+        if found is not None:
+            raise ValueError(f"{found[0]} is {found[1]!r}: JSON has no form for it")
         return value
 
     @field_validator(

@@ -9,6 +9,7 @@ from swiftclient import (
     APIConnectionError,
     APIResponseValidationError,
     AsyncClient,
+    ClientClosedError,
     ConfigurationError,
     DeadlineExceeded,
     HTTPBackend,
@@ -113,6 +114,38 @@ async def test_a_thousand_abandoned_streams_leave_no_connection_checked_out() ->
             assert (await client.chat("hi")).text == "still fine"
             assert backend.pool_stats()["in_use"] == 0
         assert len(fake.requests) == 1001
+
+
+async def test_closing_the_client_ends_the_calls_still_reading_their_replies() -> None:
+    """Closing an AsyncClient (an application shutting down) while calls wait on a provider
+    that has gone quiet ended them only at their deadline (600 s by default): on asyncio,
+    closing aiohttp's connections does not wake a read parked on them. They end at once,
+    with ConfigurationError, on both event loops."""
+    async with FakeProvider(Reply(tokens=5, stall_after=1)) as fake:
+        client, _ = client_for(fake)
+        ended: list[BaseException] = []
+
+        async def chat() -> None:
+            with pytest.raises(ConfigurationError) as caught:
+                await client.chat("hi")
+            ended.append(caught.value)
+
+        async def stream() -> None:
+            with pytest.raises(ConfigurationError) as caught:
+                async with client.stream("hi") as replies:
+                    async for _ in replies.text():
+                        pass
+            ended.append(caught.value)
+
+        with anyio.fail_after(30):  # bounds the hang this test is about; not a speed assertion
+            async with client, anyio.create_task_group() as tg:
+                tg.start_soon(chat)
+                tg.start_soon(stream)
+                while fake.in_flight < 2:  # noqa: ASYNC110 (the fake's own count)
+                    await anyio.sleep(0.01)
+                await client.aclose()
+        assert [str(e) for e in ended] == ["the client was closed while this reply was read"] * 2
+        assert all(isinstance(e, ClientClosedError) for e in ended)
 
 
 async def test_drop_before_content_is_retried() -> None:

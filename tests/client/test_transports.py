@@ -353,6 +353,47 @@ def test_the_sync_sdk_through_a_blocking_client(flavour: str) -> None:
         sdk.close()
 
 
+@pytest.mark.anyio
+async def test_a_closed_client_is_a_503_to_the_sdk_not_a_400() -> None:
+    """The request was not at fault (frameworks read a 400 as the caller's): a call on a
+    client that was closed reaches the SDK as 503."""
+    async with providers("quick") as fakes:
+        client = AsyncClient(HTTPBackend(fakes["quick"].base_url), model="m")
+        async with client:
+            sdk = sdk_async(client)
+        with pytest.raises(openai.InternalServerError) as closed:
+            await sdk.chat.completions.create(model="m", messages=USER)
+        assert closed.value.status_code == 503 and "is closed" in str(closed.value)
+        await sdk.close()
+
+
+def test_a_blocking_sdk_stream_closed_from_another_thread() -> None:
+    """A "stop" button: one thread reads an SDK stream while another closes it. close()
+    raised ValueError ("generator already executing"); it returns, the reader ends, and
+    the provider's request is released."""
+    import threading
+
+    with FakeProvider(Reply(tokens=2000, token_delay=0.01)).run_in_thread() as fake:
+        with Client(HTTPBackend(fake.base_url), model="m") as client:
+            sdk = sdk_sync(client)
+            stream = sdk.chat.completions.create(model="m", messages=USER, stream=True)
+            started = threading.Event()
+
+            def read() -> None:
+                for _ in stream:
+                    started.set()
+
+            reader = threading.Thread(target=read)
+            reader.start()
+            assert started.wait(RELEASE_LIMIT)
+            stream.close()
+            reader.join(RELEASE_LIMIT)
+            assert not reader.is_alive()
+            anyio.run(settle, fake, 1, RELEASE_LIMIT)
+            assert fake.cancelled == 1
+            sdk.close()
+
+
 def test_paths_the_transport_does_not_serve_answer_404() -> None:
     with sync_providers("p") as fakes, Client(HTTPBackend(fakes["p"].base_url)) as client:
         http = httpx2.Client(transport=Transport(client))
@@ -360,6 +401,11 @@ def test_paths_the_transport_does_not_serve_answer_404() -> None:
         assert response.status_code == 404
         assert "/chat/completions" in response.json()["error"]["message"]
         assert "/responses" in response.json()["error"]["message"]
+        # an extra_body that is no object was dropped without a word
+        body = {"model": "m", "messages": USER, "extra_body": 5}
+        response = http.post("http://x/v1/chat/completions", json=body)
+        assert response.status_code == 400
+        assert response.json()["error"]["param"] == "extra_body"
         assert fakes["p"].requests == []
         http.close()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, get_args
 
 import pytest
@@ -76,6 +77,25 @@ def test_request_accepts_openai_style_dicts() -> None:
 def test_bad_requests_are_rejected(bad: dict[str, object]) -> None:
     with pytest.raises(ValidationError):
         ChatRequest.model_validate(bad)
+
+
+@pytest.mark.parametrize(
+    ("extra", "where"),
+    [
+        ({"top_k": float("nan")}, "top_k is nan"),
+        ({"x": {"y": [1, float("inf")]}}, "x.y[1] is inf"),
+        ({"logit_bias": {"5": float("-inf")}}, "logit_bias.5 is -inf"),
+    ],
+)
+def test_extra_body_numbers_json_cannot_carry_are_refused(
+    extra: dict[str, object], where: str
+) -> None:
+    """NaN and the infinities went out as bare ``NaN`` / ``Infinity``, not JSON, which a
+    strict provider refuses naming nothing of the caller's."""
+    user = [{"role": "user", "content": "x"}]
+    with pytest.raises(ValidationError, match=re.escape(f"{where}: JSON has no form for it")):
+        ChatRequest.model_validate({"model": "m", "messages": user, "extra_body": extra})
+    assert ChatRequest.model_validate({"model": "m", "messages": user, "extra_body": {"a": 1.5}})
 
 
 def test_canonical_bytes_are_stable_and_compact() -> None:

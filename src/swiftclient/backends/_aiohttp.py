@@ -26,6 +26,7 @@ import aiohttp
 import yarl
 from aiohttp.client_exceptions import UnixClientConnectorError
 
+from ..errors import ClientClosedError
 from ._errors import (
     ConnectError,
     ConnectTimeout,
@@ -167,7 +168,7 @@ def _client_timeout(connect: float | None) -> aiohttp.ClientTimeout:
 class _Body:
     """One response's body: aiohttp's ``readany`` with errors mapped."""
 
-    __slots__ = ("_content", "_response", "at_end")
+    __slots__ = ("__weakref__", "_content", "_response", "at_end")
 
     def __init__(self, response: aiohttp.ClientResponse) -> None:
         self._response = response
@@ -189,6 +190,12 @@ class _Body:
     async def aclose(self) -> None:
         """Back to the pool after a whole body; otherwise drop the connection."""
         self.close_nowait()
+
+    def abort(self, exc: Exception) -> None:
+        """Fail a read in progress, and the next ones, with ``exc`` (the transport is
+        closing: closing the connection under a parked ``readany`` does not wake it)."""
+        if not self._content.at_eof():
+            self._content.set_exception(exc)
 
     def close_nowait(self) -> bool:
         """Release or close the connection; aiohttp does either without waiting."""
@@ -221,6 +228,8 @@ class AiohttpTransport:
         self._proxy = proxy
         self._session: aiohttp.ClientSession | None = None
         self._urls: dict[str, yarl.URL] = {}  # parsed once: a backend calls few URLs
+        self._bodies: weakref.WeakSet[_Body] = weakref.WeakSet()
+        """The bodies handed out and not collected: failed when the transport closes."""
 
     def _open(self) -> aiohttp.ClientSession:
         connector = _Connector(
@@ -287,10 +296,18 @@ class AiohttpTransport:
         finally:
             if fresh is not None:
                 _FRESH.reset(fresh)
-        return TransportResponse(response.status, response.headers, _Body(response))
+        read = _Body(response)
+        self._bodies.add(read)
+        return TransportResponse(response.status, response.headers, read)
 
     async def aclose(self) -> None:
-        """Close the session and every pooled connection."""
+        """Close the session and every pooled connection; a reply still being read fails
+        with :class:`~swiftclient.errors.ClientClosedError` (it waited for bytes that no
+        closed connection brings, to its deadline)."""
         session, self._session = self._session, None
+        bodies = list(self._bodies)
+        self._bodies.clear()
+        for body in bodies:
+            body.abort(ClientClosedError("the client was closed while this reply was read"))
         if session is not None:
             await session.close()

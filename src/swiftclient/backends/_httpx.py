@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Mapping
 
 import httpx
 
-from ..errors import ConfigurationError
+from ..errors import ClientClosedError, ConfigurationError
 from ._errors import (
     ConnectError,
     ConnectTimeout,
@@ -97,10 +97,11 @@ class _Body:
     """One response's body: the transport's byte stream itself when there is no
     content-encoding to undo (no httpx iterator layers in between), else ``aiter_bytes``."""
 
-    __slots__ = ("_iterator", "_response")
+    __slots__ = ("_iterator", "_owner", "_response")
 
-    def __init__(self, response: httpx.Response) -> None:
+    def __init__(self, response: httpx.Response, owner: HttpxTransport) -> None:
         self._response = response
+        self._owner = owner
         self._iterator: AsyncIterator[bytes] | None = None
 
     def _open(self) -> AsyncIterator[bytes]:
@@ -126,6 +127,9 @@ class _Body:
         except StopAsyncIteration:
             return b""
         except _CAUGHT as exc:
+            if self._owner.closed:  # its connection was closed under it (trio words it
+                # "another task closed this fd")
+                raise ClientClosedError("the client was closed while this reply was read") from exc
             raise map_httpx_error(exc) from exc
 
     def close_nowait(self) -> bool:
@@ -206,6 +210,8 @@ class HttpxTransport:
         self._headers = dict(headers or {})
         """The headers of every request (a request's own go on top of them)."""
         self._urls: dict[str, tuple[httpx.URL, str]] = {}
+        self.closed = False
+        """Whether :meth:`aclose` ran (a read its closing broke says so)."""
 
     async def send(
         self,
@@ -253,8 +259,11 @@ class HttpxTransport:
                 continue
             break
         response.request = request
-        return TransportResponse(response.status_code, response.headers, _Body(response))
+        return TransportResponse(response.status_code, response.headers, _Body(response, self))
 
     async def aclose(self) -> None:
-        """Close the transport's connections."""
+        """Close the transport's connections; a reply still being read fails with
+        :class:`~swiftclient.errors.ClientClosedError` (one already on its way may end
+        first)."""
+        self.closed = True
         await self._transport.aclose()

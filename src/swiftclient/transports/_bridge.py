@@ -92,6 +92,8 @@ def body_classes(module: Any) -> tuple[type[Any], type[Any]]:
         def close(self) -> None:
             try:
                 self._events.close()  # type: ignore[attr-defined]
+            except ValueError:  # "generator already executing": another thread reads it (a
+                pass  # "stop" button); closing the stream below ends that thread's reading
             finally:
                 self._close()
 

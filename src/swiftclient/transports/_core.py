@@ -197,6 +197,8 @@ def _split(data: Mapping[str, Any]) -> dict[str, Any]:
 def _chat_exchange(data: dict[str, Any]) -> Exchange | Reply:
     if not isinstance(data.get("messages"), list):
         return _error(400, "the request body must be a JSON object with messages")
+    if data.get("extra_body") is not None and not isinstance(data["extra_body"], dict):
+        return _error(400, "extra_body must be an object", param="extra_body")  # was dropped
     stream = data.get("stream") is True
     options = data.get("stream_options")
     usage = not stream or (isinstance(options, dict) and options.get("include_usage") is True)
@@ -260,6 +262,8 @@ def _messages_error(status: int, message: str, *, param: str | None = None) -> R
 def _status_of(exc: BaseException) -> int:
     if isinstance(exc, errors.APIStatusError):
         return exc.status_code
+    if isinstance(exc, errors.ClientClosedError):
+        return 503  # shutting down: not the request's fault
     if isinstance(exc, errors.ConfigurationError):
         return 400
     if isinstance(exc, errors.APITimeoutError):
