@@ -99,6 +99,21 @@ def test_tools_choice_and_output_format() -> None:
         ({"tools": [{"type": "bash_20250124", "name": "bash"}]}, "tools[0].type"),
         ({"tool_choice": {"type": "sometimes"}}, "tool_choice"),
         ({"messages": [{"role": "user", "content": [{"type": "document"}]}]}, None),
+        # objects on Anthropic's API, which were dropped without a word
+        ({"metadata": "x"}, "metadata"),
+        ({"thinking": "yes"}, "thinking"),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "x"},
+                    {
+                        "role": "assistant",
+                        "content": [{"type": "tool_use", "id": "t", "name": "f", "input": "{}"}],
+                    },
+                ]
+            },
+            "messages[1].content[0].input",
+        ),
     ],
 )
 def test_what_cannot_be_a_chat_call_is_refused(body: dict[str, Any], param: str | None) -> None:

@@ -164,6 +164,7 @@ def test_tool_choice_text_format_and_logprobs_map_to_chat_fields() -> None:
             "Chat Completions form",
         ),
         ({"model": None}, "model", "model: Field required"),  # "Input should be a valid string"
+        ({"reasoning": "high"}, "reasoning", "reasoning must be an object"),  # was dropped
     ],
 )
 def test_requests_the_stateless_server_cannot_serve_are_refused_by_name(

@@ -196,6 +196,9 @@ def chat_fields(
     for name in _SAME:
         if body.get(name) is not None:
             fields[name] = body[name]
+    for name in ("metadata", "thinking"):  # objects on Anthropic's API: else dropped unsaid
+        if body.get(name) is not None and not isinstance(body[name], Mapping):
+            raise MessagesRequestError(f"{name} must be an object", name)
     metadata = body.get("metadata")
     if isinstance(metadata, Mapping) and isinstance(metadata.get("user_id"), str):
         fields["user"] = metadata["user_id"]
@@ -378,7 +381,10 @@ def _assistant(content: list[Any], where: str, as_: str) -> dict[str, Any]:
             call_id = block.get("id")
             if not isinstance(name, str) or not isinstance(call_id, str):
                 raise MessagesRequestError(f"{at}: a tool_use block needs an id and a name", at)
-            arguments = json.dumps(block.get("input") or {}, ensure_ascii=False)
+            given = block.get("input")
+            if given is not None and not isinstance(given, Mapping):  # sent on as a string
+                raise MessagesRequestError(f"{at}.input must be an object", f"{at}.input")
+            arguments = json.dumps(given or {}, ensure_ascii=False)
             calls.append(
                 {
                     "id": call_id,

@@ -201,6 +201,8 @@ def chat_fields(
         truncation=body.get("truncation") or "disabled",
     )
     reasoning = body.get("reasoning")
+    if reasoning is not None and not isinstance(reasoning, Mapping):  # was dropped unsaid
+        raise ResponsesRequestError("reasoning must be an object", "reasoning")
     if isinstance(reasoning, Mapping) and reasoning.get("effort") is not None:
         fields["reasoning_effort"] = reasoning["effort"]
     echo["reasoning"] = {"effort": fields.get("reasoning_effort"), "summary": None}
