@@ -211,9 +211,9 @@ def _prefill(request: ChatRequest) -> str | None:
     forced = request.tool_choice not in (None, "auto", "none")
     if forced or (request.response_format is not None and request.response_format.type != "text"):
         raise ConfigurationError(
-            "continue_final_message cannot be combined with a response_format or a forced "
-            "tool_choice: their grammar holds from the reply's first token, which the final "
-            "message has already written"
+            "a prefill (a final assistant message to continue: continue_final_message) cannot "
+            "be combined with a response_format or a forced tool_choice: their grammar holds "
+            "from the reply's first token, which the final message has already written"
         )
     return content
 

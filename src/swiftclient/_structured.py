@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import re
+import types
 import typing
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -52,11 +53,17 @@ def _type_name(tp: Any) -> str:
     """``tp`` as its code spells it, for messages: ``Weather``, ``list[Weather]``."""
     origin = typing.get_origin(tp)
     if origin is None:
-        return str(getattr(tp, "__name__", tp))
+        if tp is Ellipsis:
+            return "..."
+        return "None" if tp is type(None) else str(getattr(tp, "__name__", tp))
+    args = typing.get_args(tp)
     if origin is typing.Annotated:
-        return _type_name(typing.get_args(tp)[0])
-    args = ", ".join(_type_name(arg) for arg in typing.get_args(tp))
-    return f"{_type_name(origin)}[{args}]"
+        return _type_name(args[0])
+    if origin is typing.Union or origin is types.UnionType:
+        return " | ".join(_type_name(arg) for arg in args)
+    if origin is typing.Literal:
+        return f"Literal[{', '.join(repr(arg) for arg in args)}]"
+    return f"{_type_name(origin)}[{', '.join(_type_name(arg) for arg in args)}]"
 
 
 def _schema_name(tp: Any) -> str:

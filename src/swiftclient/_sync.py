@@ -242,7 +242,7 @@ class _Loop:
             return _result(future)
         except concurrent.futures.CancelledError:
             if self.closed:
-                raise errors.ConfigurationError(
+                raise errors.ClientClosedError(
                     "the Client was closed while this call was running"
                 ) from None
             raise
@@ -284,14 +284,14 @@ class _Loop:
             try:
                 if not self._client_exited:
                     self._client_exited = True  # an interrupted exit goes on on the loop
-                    try:
-                        self._client_cm.__exit__(None, None, None)
-                    finally:
-                        self._close_store_connections()
+                    self._client_cm.__exit__(None, None, None)
             finally:
                 for future in list(self._inflight):
                     future.cancel()  # their tasks are cancelled on the loop
-                self._stop()
+                try:  # after the calls: none is then halfway through a round trip to it
+                    self._close_store_connections()
+                finally:
+                    self._stop()
             self._shut = True
 
     def _close_store_connections(self) -> None:

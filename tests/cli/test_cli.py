@@ -337,8 +337,13 @@ def test_api_errors_are_one_line_unless_debug(
         # usage error, "No such option '--debug'")
         assert main(["chat", "--base-url", fake.base_url, "--debug", "-m", "nope", "hi"]) == 1
         err = capsys.readouterr().err
-    assert "Traceback (most recent call last)" in err
-    assert err_lines(err)[-1] == line
+        assert "Traceback (most recent call last)" in err
+        assert err_lines(err)[-1] == line
+        # the value of an option stays its value: the model named "--debug", no traceback
+        assert main(["chat", "--base-url", fake.base_url, "-m", "--debug", "hi"]) == 1
+        err = capsys.readouterr().err
+        assert "Traceback" not in err
+        assert fake.requests[-1].body["model"] == "--debug"
 
 
 def test_a_reply_that_breaks_off_ends_its_line_before_the_error(

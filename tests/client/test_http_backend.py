@@ -148,6 +148,40 @@ async def test_closing_the_client_ends_the_calls_still_reading_their_replies() -
         assert all(isinstance(e, ClientClosedError) for e in ended)
 
 
+async def test_closing_the_client_ends_a_call_still_waiting_for_its_answer() -> None:
+    """A call whose request is out and whose answer has not begun when the client closes
+    got a connection error, which was retried on a transport opened anew: the closed
+    client went on sending. It ends with ClientClosedError."""
+    arrived = anyio.Event()
+
+    async def never_answer(conn: anyio.abc.SocketStream) -> None:
+        async with conn:
+            await conn.receive()
+            arrived.set()
+            await anyio.sleep_forever()
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    backend = HTTPBackend(f"http://127.0.0.1:{port}/v1", name="quiet")
+    client = AsyncClient(backend, model="m", retry=FAST_RETRY)
+    with anyio.fail_after(30):  # bounds the hang this test is about; not a speed assertion
+        async with listener, anyio.create_task_group() as tg:
+            tg.start_soon(listener.serve, never_answer)
+            ended: list[BaseException] = []
+
+            async def chat() -> None:
+                with pytest.raises(ClientClosedError, match="before this reply began") as caught:
+                    await client.chat("hi")
+                ended.append(caught.value)
+
+            async with client, anyio.create_task_group() as calls:
+                calls.start_soon(chat)
+                await arrived.wait()
+                await client.aclose()
+            assert len(ended) == 1
+            tg.cancel_scope.cancel()
+
+
 async def test_drop_before_content_is_retried() -> None:
     async with FakeProvider() as fake:
         fake.script(Reply(drop_after=0), Reply(text="second try"))

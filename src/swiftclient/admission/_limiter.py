@@ -89,7 +89,9 @@ class SystemClock:
     Not the running loop's: an admission outlives a loop (one ``anyio.run`` after another)
     and the times it keeps must stay comparable, while each ``trio.run`` has a clock of its
     own that starts at a random point (a window filled in one run held the next one off
-    for hours, or was forgotten at once). asyncio's loops read this same clock."""
+    for hours, or was forgotten at once). asyncio's own loop reads this same clock. Its
+    waits time out on the loop's clock: under a virtual clock (trio's ``MockClock``) pass
+    an admission a ``clock=`` of that clock instead."""
 
     def now(self) -> float:
         """Seconds on the monotonic clock."""

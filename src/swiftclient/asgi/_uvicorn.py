@@ -376,11 +376,13 @@ class ThreadedServer:
         portal = self._portal
         if portal is None:
             raise RuntimeError("the server is not running")
-        future = portal.start_task_soon(func)
+        # spawned and cancelled from worker threads: the portal waits for the server's loop
+        future = await anyio.to_thread.run_sync(portal.start_task_soon, func)
         try:
             return await anyio.to_thread.run_sync(future.result, abandon_on_cancel=True)
         except BaseException:
-            future.cancel()
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(future.cancel)
             raise
 
     async def _run(

@@ -284,11 +284,16 @@ class AiohttpTransport:
                     )
                     break
                 except Exception as exc:
-                    if fresh is not None or not (_REUSED.get() and _unanswered(exc)):
+                    if session.closed or fresh is not None:
+                        raise
+                    if not (_REUSED.get() and _unanswered(exc)):
                         raise
                     # The pooled connection was dead: send again, at once, on a new one.
                     fresh = _FRESH.set(True)
         except Exception as exc:
+            if session.closed:  # closed by aclose() while this waited for its answer: a
+                # connection error would be retried, on a session opened anew
+                raise ClientClosedError("the client was closed before this reply began") from None
             mapped = map_aiohttp_error(exc)
             if mapped is None:
                 raise

@@ -129,7 +129,7 @@ class _Body:
         except _CAUGHT as exc:
             if self._owner.closed:  # its connection was closed under it (trio words it
                 # "another task closed this fd")
-                raise ClientClosedError("the client was closed while this reply was read") from exc
+                raise ClientClosedError("the client was closed while this reply was read") from None
             raise map_httpx_error(exc) from exc
 
     def close_nowait(self) -> bool:
@@ -253,6 +253,11 @@ class HttpxTransport:
             try:
                 response = await self._transport.handle_async_request(request)
             except _CAUGHT as exc:
+                if self.closed:  # closed while this waited for its answer: a connection
+                    # error would be retried, on a transport opened anew
+                    raise ClientClosedError(
+                        "the client was closed before this reply began"
+                    ) from None
                 if resends == _MAX_RESENDS or not probe.died_unanswered(exc):
                     raise map_httpx_error(exc) from exc
                 resends += 1

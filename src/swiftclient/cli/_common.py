@@ -285,14 +285,27 @@ _KEY_HINT = (
 )
 
 
-def _debug_first(command: click.Command, args: list[str]) -> list[str]:
+def _debug_first(command: click.Command, args: list[str]) -> tuple[list[str], bool]:
     """``--debug`` given after a subcommand (``chat --debug ...``), moved to the group it
-    belongs to, so that every subcommand takes it (options after ``--`` stay)."""
+    belongs to, so that every subcommand takes it; and whether it was given. One after
+    ``--``, or that is the value of an option before it (``-m --debug``), stays."""
     own = any(isinstance(p, click.Option) and "--debug" in p.opts for p in command.params)
     end = args.index("--") if "--" in args else len(args)
-    if not own or "--debug" not in args[1:end]:
-        return args
-    return ["--debug", *(a for a in args[:end] if a != "--debug"), *args[end:]]
+    valued: set[str] = set()
+    sub = None
+    if isinstance(command, click.Group) and args and own:
+        sub = command.get_command(click.Context(command), args[0])
+    if sub is not None:
+        for param in sub.params:
+            if isinstance(param, click.Option) and not param.is_flag and not param.count:
+                valued.update(param.opts)
+    flags = [
+        i for i in range(end) if args[i] == "--debug" and (i == 0 or args[i - 1] not in valued)
+    ]
+    if not own or not flags:
+        return args, bool(flags)
+    rest = [a for i, a in enumerate(args) if i not in flags]
+    return ["--debug", *rest], True
 
 
 def run_command(
@@ -308,9 +321,9 @@ def run_command(
     ``--debug`` is among the arguments (or ``debug=True``, or ``SWIFTCLIENT_DEBUG=1``);
     usage errors exit 2, failures 1, an interrupt 130.
     """
-    args = _debug_first(command, list(sys.argv[1:] if argv is None else argv))
+    args, given = _debug_first(command, list(sys.argv[1:] if argv is None else argv))
     if debug is None:
-        debug = "--debug" in args or os.environ.get("SWIFTCLIENT_DEBUG", "") not in ("", "0")
+        debug = given or os.environ.get("SWIFTCLIENT_DEBUG", "") not in ("", "0")
 
     def fail(message: str, code: int) -> int:
         if debug:

@@ -7,7 +7,8 @@ transports of both are the same code.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .. import errors
@@ -82,7 +83,7 @@ def body_classes(module: Any) -> tuple[type[Any], type[Any]]:
             await self._close()
 
     class SyncBody(module.SyncByteStream):  # type: ignore[misc]
-        def __init__(self, events: Iterator[bytes], close: Callable[[], None]) -> None:
+        def __init__(self, events: Generator[bytes], close: Callable[[], None]) -> None:
             self._events = events
             self._close = close
 
@@ -91,9 +92,10 @@ def body_classes(module: Any) -> tuple[type[Any], type[Any]]:
 
         def close(self) -> None:
             try:
-                self._events.close()  # type: ignore[attr-defined]
-            except ValueError:  # "generator already executing": another thread reads it (a
-                pass  # "stop" button); closing the stream below ends that thread's reading
+                # another thread may be reading it (a "stop" button): a running generator
+                # cannot be closed, and closing the stream below ends that thread's reading
+                if inspect.getgeneratorstate(self._events) != inspect.GEN_RUNNING:
+                    self._events.close()
             finally:
                 self._close()
 

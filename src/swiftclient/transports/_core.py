@@ -9,7 +9,7 @@ completion, a failed call and a stream (an :class:`Encoder`) are written on it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -594,7 +594,7 @@ class SSE:
         raise StopAsyncIteration
 
 
-def sse_sync(chunks: Iterator[ChatCompletionChunk], encoder: Encoder) -> Iterator[bytes]:
+def sse_sync(chunks: Iterator[ChatCompletionChunk], encoder: Encoder) -> Generator[bytes]:
     """:class:`SSE` for a blocking stream."""
     try:
         for chunk in chunks:
