@@ -268,6 +268,16 @@ async def test_signed_thinking_goes_through_an_anthropic_backend_and_back() -> N
         await sdk.close()
 
 
+@pytest.mark.anyio
+async def test_a_refusal_names_the_fields_the_sdk_sent() -> None:
+    """A refusal of the chat request the wire makes named its fields
+    (``tools.0.function.parameters``), which the caller never sent."""
+    async with setup() as (_, sdk):
+        bad: Any = [{"name": "f", "input_schema": 5}]
+        with pytest.raises(anthropic.BadRequestError, match=r"tools\[0\]\.input_schema: Input"):
+            await sdk.messages.create(model="m", max_tokens=5, messages=USER, tools=bad)
+
+
 def test_the_blocking_transport_serves_messages() -> None:
     with FakeProvider(Reply(text="from p"), model="p").run_in_thread() as fake:
         with Client(HTTPBackend(fake.base_url), model="m") as client:

@@ -237,6 +237,19 @@ async def test_the_response_names_the_model_that_answered_as_chat_does() -> None
         assert len(models) == 3 and set(models) == {"m"}  # created, in_progress, completed
 
 
+@pytest.mark.anyio
+async def test_a_refusal_names_the_fields_the_sdk_sent() -> None:
+    """The request the wire makes is a chat request; a refusal of it named its fields
+    (``max_completion_tokens``, ``tools.0.function.parameters``), which the caller never
+    sent."""
+    async with setup() as (_, sdk):
+        with pytest.raises(openai.BadRequestError, match=r"max_output_tokens: Input should"):
+            await sdk.responses.create(model="m", input="hi", max_output_tokens=0)
+        bad: Any = [{"type": "function", "name": "f", "parameters": 5}]
+        with pytest.raises(openai.BadRequestError, match=r"tools\[0\]\.parameters: Input"):
+            await sdk.responses.create(model="m", input="hi", tools=bad)
+
+
 def test_the_blocking_transport_serves_responses() -> None:
     with FakeProvider(Reply(text="from p"), model="p").run_in_thread() as fake:
         with Client(HTTPBackend(fake.base_url), model="m") as client:

@@ -9,6 +9,7 @@ completion, a failed call and a stream (an :class:`Encoder`) are written on it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -275,6 +276,35 @@ def _status_of(exc: BaseException) -> int:
     return 502  # a connection failure, a malformed or in-band provider error
 
 
+_RESPONSES_NAMES = (
+    (re.compile(r"\bmax_completion_tokens\b"), "max_output_tokens"),
+    (re.compile(r"\btools\.(\d+)\.function\.(\w+)"), r"tools[\1].\2"),
+    (re.compile(r"\bresponse_format\b"), "text.format"),
+)
+"""A chat request's field paths as the Responses API names what the caller sent."""
+_MESSAGES_NAMES = (
+    (re.compile(r"\bmax_completion_tokens\b"), "max_tokens"),
+    (re.compile(r"\btools\.(\d+)\.function\.parameters"), r"tools[\1].input_schema"),
+    (re.compile(r"\btools\.(\d+)\.function\.(\w+)"), r"tools[\1].\2"),
+    (re.compile(r"\bresponse_format\b"), "output_config.format"),
+)
+"""A chat request's field paths as the Messages API names what the caller sent."""
+_INVALID = "invalid chat request: "
+
+
+def _as_sent(
+    exc: errors.SwiftClientError, names: Sequence[tuple[re.Pattern[str], str]]
+) -> errors.SwiftClientError:
+    """A refusal of the chat request the wire made, naming the fields the caller sent (a
+    Responses ``max_output_tokens`` read ``max_completion_tokens``)."""
+    message = str(exc)
+    if not isinstance(exc, errors.ConfigurationError) or not message.startswith(_INVALID):
+        return exc
+    for pattern, name in names:
+        message = pattern.sub(name, message)
+    return errors.ConfigurationError(message)
+
+
 def error_reply(exc: errors.SwiftClientError) -> Reply:
     """The HTTP answer the SDK expects for a failed call: the provider's status, body and
     headers (``retry-after``, ``x-request-id``, rate limits) when it answered with an error,
@@ -464,8 +494,8 @@ class ResponsesWire:
         return Reply(200, headers, body)
 
     def error(self, exc: errors.SwiftClientError) -> Reply:
-        """The failure as on chat (the same error shape)."""
-        reply = error_reply(exc)
+        """The failure as on chat (the same error shape), naming the Responses fields."""
+        reply = error_reply(_as_sent(exc, _RESPONSES_NAMES))
         reply.headers.extend(self.headers)
         return reply
 
@@ -543,6 +573,7 @@ class MessagesWire:
         """The failure in Anthropic's error shape: the provider's status, headers, message
         and (one of Anthropic's) error type when it answered with an error, else a status
         for what went wrong."""
+        exc = _as_sent(exc, _MESSAGES_NAMES)
         status = _messages_status(exc)
         headers = [("content-type", _JSON), *self.headers]
         message, kind = str(exc), None
