@@ -526,6 +526,11 @@ class AsyncClient:
                 "not validated; call chat(..., response_model=...), which streams too under "
                 "stream_chat=True"
             )
+        if params.get("stream") is False:  # the request went out streamed all the same
+            raise errors.ConfigurationError(
+                "stream(..., stream=False) asks stream() for a whole reply: call chat(), which "
+                "takes stream=False"
+            )
         call = self._call(messages, model, timeout, retry, hedge, task, params, extra_headers)
         return ChatStream(call)
 

@@ -140,7 +140,8 @@ class StructuredOutput(Generic[T]):
         """Validate the completion's text (a reply fenced in a Markdown code block too).
 
         StructuredOutputError when it does not validate; for a reply cut off by the token
-        limit (``finish_reason == "length"``) the error says so and how to fix it.
+        limit (``finish_reason == "length"``), or one that is a tool call and no text, the
+        error says so and what to do.
         """
         raw = completion.text
         fenced = _FENCED.match(raw)
@@ -148,7 +149,15 @@ class StructuredOutput(Generic[T]):
             return self.adapter.validate_json(fenced.group(1) if fenced else raw)
         except pydantic.ValidationError as exc:
             summary = validation_summary(exc)
-            if completion.finish_reason == "length":
+            calls = completion.tool_calls
+            if calls and not raw.strip():
+                names = ", ".join(call.function.name for call in calls)
+                message = (
+                    f"the model called a tool ({names}) instead of writing a "
+                    f"{self.title or self.name}: run the call and ask again with its result, "
+                    "or leave tools out of a call with response_model="
+                )
+            elif completion.finish_reason == "length":
                 message = (
                     f"the reply was cut off {_where(completion)} (finish_reason 'length') "
                     f"before a whole {self.title or self.name} was written: raise max_tokens "

@@ -21,6 +21,7 @@ from swiftclient import (
     ConfigurationError,
     DeadlineExceeded,
     FirstTokenTimeout,
+    HTTPBackend,
     InternalServerError,
     Message,
     StreamStalled,
@@ -462,6 +463,23 @@ async def test_a_generic_response_model_is_named_as_its_code_spells_it() -> None
         with pytest.raises(StructuredOutputError) as wrong:
             await client.chat("w", response_model=list[Weather])
     assert str(wrong.value).startswith("the reply does not validate as list[Weather]: ")
+
+
+@pytest.mark.anyio
+async def test_a_tool_call_where_a_structure_was_asked_says_so() -> None:
+    """With tools offered, a reply that is a tool call and no text read "Invalid JSON: EOF
+    while parsing a value at line 1 column 0"."""
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
+    reply = Reply(tool_calls=[("get_weather", {"city": "Paris"})])
+    async with (
+        FakeProvider(reply) as fake,
+        AsyncClient(HTTPBackend(fake.base_url), model="m") as client,
+    ):
+        with pytest.raises(StructuredOutputError) as called:
+            await client.chat("w", response_model=Weather, tools=[tool])
+    assert str(called.value).startswith(
+        "the model called a tool (get_weather) instead of writing a Weather: run the call"
+    )
 
 
 class NotAModel:

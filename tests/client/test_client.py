@@ -438,6 +438,9 @@ async def test_warmup_and_batch_refuse_what_they_cannot_take() -> None:
         # it read "response_model: Extra inputs are not permitted", like a typo
         with pytest.raises(ConfigurationError, match=r"an argument of chat\(\), not stream"):
             client.stream("hi", response_model=dict)
+        # the request went out streamed all the same
+        with pytest.raises(ConfigurationError, match=r"stream=False\) asks stream\(\)"):
+            client.stream("hi", stream=False)
     with pytest.raises(ConfigurationError, match="keepalive_expiry"):
         HTTPBackend("http://127.0.0.1:9/v1", keepalive_expiry=-1)
     assert not script.requests

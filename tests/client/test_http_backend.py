@@ -334,7 +334,7 @@ def test_header_values_no_request_could_send_are_refused_up_front(
     assert "secret" not in str(raised.value) and raised.value.__cause__ is None
 
 
-@pytest.mark.parametrize("url", [123, "http://", "https:///v1"])
+@pytest.mark.parametrize("url", [123, "http://", "https:///v1", "ftp://127.0.0.1/v1"])
 def test_a_base_url_without_a_host_is_refused_up_front(url: object) -> None:
     """``"http://"`` was accepted and every call retried "invalid URL" three times."""
     with pytest.raises(ConfigurationError, match="base_url must"):

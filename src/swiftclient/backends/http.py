@@ -231,7 +231,10 @@ class HTTPBackend:
         cache_ttl: Literal["30m", "12h"] = "30m",
         min_cache_tokens: int = DEFAULT_MIN_TOKENS,
     ) -> None:
-        if not isinstance(base_url, str) or "://" not in base_url:
+        if not isinstance(base_url, str) or base_url.split("://", 1)[0].lower() not in (
+            "http",
+            "https",
+        ):  # ftp://... was taken, and its first call failed
             raise errors.ConfigurationError("base_url must be an absolute http(s) URL")
         if not base_url.split("://", 1)[1].split("/", 1)[0]:
             raise errors.ConfigurationError("base_url must name a host (http://HOST...)")
