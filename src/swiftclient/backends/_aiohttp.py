@@ -26,7 +26,6 @@ import aiohttp
 import yarl
 from aiohttp.client_exceptions import UnixClientConnectorError
 
-from ..errors import ClientClosedError
 from ._errors import (
     ConnectError,
     ConnectTimeout,
@@ -36,6 +35,7 @@ from ._errors import (
     ReadTimeout,
     TransportError,
     WriteError,
+    closed_under,
 )
 from .base import TransportResponse
 
@@ -285,15 +285,14 @@ class AiohttpTransport:
                     break
                 except Exception as exc:
                     if session.closed or fresh is not None:
-                        raise
+                        raise  # closed: said below; resent once already: as it is
                     if not (_REUSED.get() and _unanswered(exc)):
                         raise
                     # The pooled connection was dead: send again, at once, on a new one.
                     fresh = _FRESH.set(True)
         except Exception as exc:
-            if session.closed:  # closed by aclose() while this waited for its answer: a
-                # connection error would be retried, on a session opened anew
-                raise ClientClosedError("the client was closed before this reply began") from None
+            if session.closed:  # closed by aclose() while this waited for its answer
+                raise closed_under(reading=False) from None
             mapped = map_aiohttp_error(exc)
             if mapped is None:
                 raise
@@ -313,6 +312,6 @@ class AiohttpTransport:
         bodies = list(self._bodies)
         self._bodies.clear()
         for body in bodies:
-            body.abort(ClientClosedError("the client was closed while this reply was read"))
+            body.abort(closed_under(reading=True))
         if session is not None:
             await session.close()

@@ -44,6 +44,7 @@ __all__ = [
     "TransportError",
     "WriteError",
     "WriteTimeout",
+    "closed_under",
     "to_public",
 ]
 
@@ -127,3 +128,11 @@ def to_public(
     error.__cause__ = type(exc)(message)
     error.__suppress_context__ = True
     return error
+
+
+def closed_under(reading: bool) -> errors.ClientClosedError:
+    """The error of a request whose transport was closed under it: while its reply was
+    read (``reading``), or before the reply began (a connection error there would be
+    retried, on a transport opened anew)."""
+    when = "while this reply was read" if reading else "before this reply began"
+    return errors.ClientClosedError(f"the client was closed {when}")

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Mapping
 
 import httpx
 
-from ..errors import ClientClosedError, ConfigurationError
+from ..errors import ConfigurationError
 from ._errors import (
     ConnectError,
     ConnectTimeout,
@@ -34,6 +34,7 @@ from ._errors import (
     TransportError,
     WriteError,
     WriteTimeout,
+    closed_under,
 )
 from .base import TransportResponse
 
@@ -129,7 +130,7 @@ class _Body:
         except _CAUGHT as exc:
             if self._owner.closed:  # its connection was closed under it (trio words it
                 # "another task closed this fd")
-                raise ClientClosedError("the client was closed while this reply was read") from None
+                raise closed_under(reading=True) from None
             raise map_httpx_error(exc) from exc
 
     def close_nowait(self) -> bool:
@@ -253,11 +254,8 @@ class HttpxTransport:
             try:
                 response = await self._transport.handle_async_request(request)
             except _CAUGHT as exc:
-                if self.closed:  # closed while this waited for its answer: a connection
-                    # error would be retried, on a transport opened anew
-                    raise ClientClosedError(
-                        "the client was closed before this reply began"
-                    ) from None
+                if self.closed:  # closed while this waited for its answer
+                    raise closed_under(reading=False) from None
                 if resends == _MAX_RESENDS or not probe.died_unanswered(exc):
                     raise map_httpx_error(exc) from exc
                 resends += 1
