@@ -16,6 +16,7 @@ Each request runs as its own ``client.stream(...)`` call, with every policy of t
 from __future__ import annotations
 
 import contextlib
+import difflib
 import heapq
 import inspect
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
@@ -44,15 +45,35 @@ __all__ = [
     "run_batch",
 ]
 
-BatchRequest = ChatRequest | str | Mapping[str, Any]
+BatchRequest = ChatRequest | str | Sequence[Any] | Mapping[str, Any]
 """One batch entry: a :class:`ChatRequest`, a string (one user message, as
-``client.chat("hi")`` takes it: the same as ``{"messages": "hi"}``), or the keyword arguments
-of ``client.stream(...)`` as a mapping (``messages`` required; ``model``, ``timeout``,
+``client.chat("hi")`` takes it: the same as ``{"messages": "hi"}``), a list of messages (or a
+``Conversation``: the same as ``{"messages": [...]}``), or the keyword arguments of
+``client.stream(...)`` as a mapping (``messages`` required; ``model``, ``timeout``,
 ``retry``, ``hedge``, ``task``, ``extra_headers`` and request fields such as ``tools``
 optional)."""
 
 _CALL_ONLY = frozenset({"timeout", "retry", "hedge", "task", "extra_headers"})
 _NOT_FROM_REQUEST = frozenset({"model", "messages", "stream", "stream_options"})
+_ARGUMENTS = (
+    frozenset(ChatRequest.model_fields)
+    | frozenset(f.alias for f in ChatRequest.model_fields.values() if f.alias)
+    | _CALL_ONLY
+)
+
+
+def check_arguments(names: Iterable[str], where: str) -> None:
+    """Refuse argument names that are neither request fields nor call options, naming the
+    closest known one (a typo failed every entry of a batch, one by one, when sent)."""
+    for name in names:
+        if name in {"stream", "response_model"}:
+            raise ConfigurationError(
+                f"{where}: 'stream' and 'response_model' are not batch arguments"
+            )
+        if name not in _ARGUMENTS:
+            close = difflib.get_close_matches(str(name), sorted(_ARGUMENTS), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigurationError(f"{where}: unknown argument {name!r}{hint}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,21 +238,18 @@ def _entry(item: BatchRequest, defaults: Mapping[str, Any], index: int) -> _Entr
     if isinstance(item, ChatRequest):
         fields = item.model_dump(exclude_none=True, exclude=set(_NOT_FROM_REQUEST))
         return _Entry(item.messages, {**defaults, "model": item.model, **fields})
-    if isinstance(item, str):
-        item = {"messages": item}  # one user message, as chat("hi") takes it
+    if isinstance(item, str | Sequence) and not isinstance(item, bytes | bytearray):
+        item = {"messages": item}  # one user message, as chat("hi") takes it, or a list
     if not isinstance(item, Mapping):
         raise ConfigurationError(
-            f"batch requests[{index}] must be a ChatRequest, a string (one user message) or "
-            f"a mapping of chat arguments, got {type(item).__name__}"
+            f"batch requests[{index}] must be a ChatRequest, a string (one user message), a "
+            f"list of messages or a mapping of chat arguments, got {type(item).__name__}"
         )
     if "messages" not in item:
         raise ConfigurationError(f"batch requests[{index}] has no 'messages'")
+    check_arguments(item, f"batch requests[{index}]")
     kwargs = {**defaults, **item}
     messages = kwargs.pop("messages")
-    if "stream" in kwargs or "response_model" in kwargs:
-        raise ConfigurationError(
-            f"batch requests[{index}]: 'stream' and 'response_model' are not batch arguments"
-        )
     return _Entry(messages, kwargs)
 
 
@@ -323,6 +341,7 @@ async def batch_iter(
         raise ConfigurationError(
             f"requests must be an iterable of requests, got {type(requests).__name__}"
         )
+    check_arguments(defaults, "batch()")
     entries = [_entry(item, defaults, index) for index, item in enumerate(requests)]
     keys = [_prefix_key(entry, client.model) for entry in entries]
     scheduler = _Scheduler(plan_batch(keys, min_shared_bytes))

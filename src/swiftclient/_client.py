@@ -624,9 +624,11 @@ class AsyncClient:
         ``async with client.batch_iter(requests) as results: async for r in results``.
 
         Each entry is a :class:`ChatRequest`, a string (one user message, as in
-        ``chat("hi")``) or a mapping of :meth:`stream` arguments (``messages`` required);
-        ``defaults`` (``model``, ``timeout``, request fields) apply to every string or mapping
-        entry that does not set them. At most ``concurrency`` calls run at
+        ``chat("hi")``), a list of messages (or a ``Conversation``) or a mapping of
+        :meth:`stream` arguments (``messages`` required); ``defaults`` (``model``,
+        ``timeout``, request fields) apply to every entry that does not set them. An argument
+        name that is neither a request field nor a call option is refused before anything
+        is sent. At most ``concurrency`` calls run at
         once. Entries whose canonical prompts share at least ``min_shared_bytes`` bytes form
         a group: its first entry is sent first and the rest once its first token arrives
         (the shared prefix is then cached on the server); groups go depth-first. Every

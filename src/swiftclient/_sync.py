@@ -388,16 +388,20 @@ def _blocking(
 
 
 def _on_loop(
-    method: Callable[Concatenate[AsyncClient, P], R],
+    method: Callable[Concatenate[AsyncClient, P], R], *, after_close: bool = False
 ) -> Callable[Concatenate[Client, P], R]:
     """A plain method of :class:`AsyncClient`, run on the client's loop thread (where the
-    state it reads lives) and waited for."""
+    state it reads lives) and waited for. ``after_close``: once the client is closed (its
+    loop thread gone, so nothing else touches that state) it runs on the caller's thread;
+    counters stay readable after ``close()``."""
 
     async def run(aclient: AsyncClient, *args: Any, **kwargs: Any) -> R:
         return method(aclient, *args, **kwargs)
 
     def wrapper(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> R:
         loop = self._loop
+        if after_close and loop.closed and not loop.on_loop_thread():
+            return method(loop.aclient, *args, **kwargs)
         return loop.run(functools.partial(run, loop.aclient, *args, **kwargs))
 
     functools.update_wrapper(wrapper, method)
@@ -792,8 +796,8 @@ class Client:
         return self._health(detail)
 
     _health = _on_loop(AsyncClient._health_any)
-    stats = _on_loop(AsyncClient.stats)
-    cache_stats = _on_loop(AsyncClient.cache_stats)
+    stats = _on_loop(AsyncClient.stats, after_close=True)
+    cache_stats = _on_loop(AsyncClient.cache_stats, after_close=True)
     targets = _on_loop(AsyncClient.targets)
 
     # ------------------------------------------------------------------ calls
@@ -847,8 +851,8 @@ class Client:
         """Run one chat completion and return it (as :meth:`AsyncClient.chat`, blocking).
 
         With ``response_model``, the validated value is returned instead (see
-        :meth:`AsyncClient.chat`). A ``Conversation`` is sent like any message list; append
-        the reply to it yourself: ``conversation.append(client.chat(conversation))``.
+        :meth:`AsyncClient.chat`). A ``Conversation`` is sent like any message list;
+        ``conversation.send(client)`` also appends the reply.
         """
         loop = self._loop
         return loop.run(

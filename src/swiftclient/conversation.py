@@ -26,12 +26,19 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
+import pydantic
+
+from . import errors
 from ._canonical import PromptPrefix, prompt_prefix
+from ._structured import validation_summary
 from .prompt_cache import PrefixBreak, diagnose
 from .types import AssistantMessage, ChatCompletion, ChatRequest, Message, Tool
 
 if TYPE_CHECKING:
+    from collections.abc import Coroutine
+
     from ._client import AsyncClient
+    from ._sync import Client
 
 __all__ = ["Conversation", "PrefixBrokenWarning"]
 
@@ -43,16 +50,29 @@ class PrefixBrokenWarning(UserWarning):
 
 
 def _message(message: MessageLike) -> Message:
-    """``message`` as a private request :class:`Message`."""
+    """``message`` as a private request :class:`Message`; one that is not a message raises
+    :class:`~swiftclient.ConfigurationError` saying what is wrong with it."""
     if isinstance(message, ChatCompletion):
         if not message.choices:
-            raise ValueError("the completion has no choice to append")
+            raise errors.ConfigurationError("the completion has no choice to append")
         return message.choices[0].message.to_message()
     if isinstance(message, AssistantMessage):
         return message.to_message()
     if isinstance(message, Message):
         return message.model_copy(deep=True)
-    return Message.model_validate(message)
+    try:
+        return Message.model_validate(message)
+    except pydantic.ValidationError as exc:
+        raise errors.ConfigurationError(f"invalid message: {validation_summary(exc)}") from exc
+
+
+def _tool(index: int, tool: Tool | Mapping[str, Any]) -> Tool:
+    try:
+        return Tool.model_validate(tool)
+    except pydantic.ValidationError as exc:
+        raise errors.ConfigurationError(
+            f"invalid tool tools[{index}]: {validation_summary(exc)}"
+        ) from exc
 
 
 class Conversation(Sequence[Message]):
@@ -82,7 +102,7 @@ class Conversation(Sequence[Message]):
         self.static = len(self._messages)
         """How many leading messages are static (the cacheable prefix with the tools)."""
         self.tools: list[Tool] | None = (
-            [Tool.model_validate(tool) for tool in tools] if tools else None
+            [_tool(index, tool) for index, tool in enumerate(tools)] if tools else None
         )
         self.last_break: PrefixBreak | None = None
         """Where the last request stopped extending the one before it (None: it extended
@@ -151,7 +171,7 @@ class Conversation(Sequence[Message]):
     def truncate(self, length: int) -> None:
         """Keep the first ``length`` messages. Warns when that removes sent messages."""
         if length < 0:
-            raise ValueError("length must be >= 0")
+            raise errors.ConfigurationError("length must be >= 0")
         del self._messages[length:]
         self._check_edit()
 
@@ -195,9 +215,33 @@ class Conversation(Sequence[Message]):
         self._announced = False
         return list(self._messages)
 
-    async def send(self, client: AsyncClient, **params: Any) -> ChatCompletion:
+    @overload
+    def send(self, client: AsyncClient, **params: Any) -> Coroutine[Any, Any, ChatCompletion]: ...
+
+    @overload
+    def send(self, client: Client, **params: Any) -> ChatCompletion: ...
+
+    def send(
+        self, client: AsyncClient | Client, **params: Any
+    ) -> Coroutine[Any, Any, ChatCompletion] | ChatCompletion:
         """Send the conversation with ``client.chat`` (``params`` as there, without
-        ``response_model``), append the reply, and return the completion."""
+        ``response_model``), append the reply, and return the completion: ``await
+        conversation.send(async_client)``, or ``conversation.send(client)`` with a blocking
+        :class:`~swiftclient.Client`."""
+        from ._client import AsyncClient
+        from ._sync import Client
+
+        if isinstance(client, AsyncClient):
+            return self._send(client, params)
+        if isinstance(client, Client):
+            completion = client.chat(self, response_model=None, **params)
+            self.append(completion)
+            return completion
+        raise errors.ConfigurationError(
+            f"send() takes an AsyncClient or a Client, got {type(client).__name__}"
+        )
+
+    async def _send(self, client: AsyncClient, params: dict[str, Any]) -> ChatCompletion:
         completion: ChatCompletion = await client.chat(self, response_model=None, **params)
         self.append(completion)
         return completion

@@ -18,6 +18,7 @@ from swiftclient import (
     ChatCompletionChunk,
     ChatRequest,
     ConfigurationError,
+    Conversation,
     InternalServerError,
     RetryPolicy,
 )
@@ -284,8 +285,22 @@ async def test_empty_batch_and_bad_arguments() -> None:
             await client.batch([{"model": "m"}])
         with pytest.raises(ConfigurationError, match="not batch arguments"):
             await client.batch([{"messages": "hi", "stream": True}])
-        with pytest.raises(ConfigurationError, match="a string .one user message. or a mapping"):
+        with pytest.raises(ConfigurationError, match="a list of messages or a mapping"):
             await client.batch([42])  # type: ignore[list-item]
+        # A misspelt argument is refused before anything is sent, naming the closest one
+        # (it failed every entry, one by one, as each was sent).
+        with pytest.raises(
+            ConfigurationError,
+            match=r"batch\(\): unknown argument 'max_token' \(did you mean 'max_tokens'\?\)",
+        ):
+            await client.batch(["hi", "there"], max_token=3)
+        with pytest.raises(
+            ConfigurationError, match=r"requests\[1\]: unknown argument 'temprature'"
+        ):
+            await client.batch(["hi", {"messages": "x", "temprature": 0.5}])
+        with pytest.raises(ConfigurationError, match="not batch arguments"):
+            await client.batch(["hi"], response_model=dict)
+        assert backend.opened == []
         with pytest.raises(ConfigurationError, match="iterable of requests"):
             await client.batch("hi")  # one string is not a batch of one-letter requests
 
@@ -297,6 +312,17 @@ async def test_a_string_entry_is_one_user_message_as_chat_takes_it() -> None:
         assert [result.unwrap().text for result in results] == ["re: hi", "re: there"]
         async with client.batch_iter(["again"]) as finished:
             assert [result.unwrap().text async for result in finished] == ["re: again"]
+
+
+async def test_a_list_entry_is_its_messages() -> None:
+    backend = Scripted()
+    conversation = Conversation("s")
+    conversation.user("conv")
+    async with _client(backend) as client:
+        results = await client.batch(
+            [[{"role": "user", "content": "listed"}], conversation], max_tokens=3
+        )
+        assert [result.unwrap().text for result in results] == ["re: listed", "re: conv"]
 
 
 async def test_defaults_apply_to_mapping_entries() -> None:

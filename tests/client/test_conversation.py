@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swiftclient import AsyncClient, Conversation, PrefixBrokenWarning
+from swiftclient import AsyncClient, ConfigurationError, Conversation, PrefixBrokenWarning
 from swiftclient.prompt_cache import diagnose
 from swiftclient.types import AssistantMessage, Message
 
@@ -195,10 +195,17 @@ async def test_truncating_sent_messages_warns() -> None:
 
 def test_bad_input_is_rejected() -> None:
     conversation = Conversation()
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigurationError, match="length must be >= 0"):
         conversation.truncate(-1)
-    with pytest.raises(ValueError):
+    # The library's own error saying what is wrong (it was pydantic's ValidationError).
+    with pytest.raises(ConfigurationError, match="invalid message: role: Input should be"):
         conversation.append({"role": "robot", "content": "x"})
+    with pytest.raises(ConfigurationError, match="invalid message"):
+        conversation.append("hi")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=r"invalid tool tools\[1\]"):
+        Conversation(tools=[TOOLS[0], {"type": "function"}])
+    with pytest.raises(ConfigurationError, match="AsyncClient or a Client, got str"):
+        conversation.send("client")  # type: ignore[call-overload]
     assert repr(conversation) == "Conversation(messages=0, static=0)"
 
 

@@ -129,6 +129,11 @@ def test_the_sync_client_offers_the_async_surface() -> None:
         conversation.user("hi")
         conversation.append(client.chat(conversation))
         assert [m.role for m in conversation] == ["system", "user", "assistant"]
+        conversation.user("again")
+        # send() with a blocking client sends and appends (it returned a coroutine that
+        # was never awaited, and the reply was lost)
+        assert conversation.send(client).choices[0].message.content == "Hello there"
+        assert [m.role for m in conversation][-2:] == ["user", "assistant"]
 
         progress: list[BatchProgress] = []
         results = client.batch(
@@ -286,7 +291,11 @@ def test_an_unclosed_client_collected_leaves_no_thread_and_no_warning() -> None:
 def test_close_is_idempotent_and_refuses_later_calls() -> None:
     with fake() as provider:
         client = Client(HTTPBackend(provider.base_url), model="m")
+        client.chat("hi")
         client.close()
+        # The counters stay readable: a script reads them after its work is done.
+        assert client.cache_stats()["http"].requests == 1
+        assert client.stats(reset=True).calls == 0
         client.close()
         assert client.closed
         with pytest.raises(ConfigurationError, match="closed"):
