@@ -91,26 +91,41 @@ def _root(schema: dict[str, Any]) -> dict[str, Any]:
 _DATA_KEYS = frozenset({"required", "enum", "const", "default", "examples"})
 
 
-def _strict_schema(schema: Any) -> Any:
+def _strict_schema(schema: Any, root: Any = None, expanding: frozenset[str] = frozenset()) -> Any:
     """``schema`` as OpenAI's strict mode wants it (every object closed with
     ``additionalProperties: false``, every property required), or None when it cannot be
     (a ``dict[str, ...]`` type allows any key). The reply still validates: a field with a
-    default is then always sent, never left out."""
+    default is then always sent, never left out. As the ``openai`` SDK does, a ``null``
+    default is dropped (the field is nullable anyway) and a ``$ref`` with keys beside it (a
+    described nested model) is written out in place, since the API refuses such a
+    reference; ``root`` holds the definitions it refers to."""
+    if root is None:
+        root = schema
     if isinstance(schema, list):
-        items = [_strict_schema(item) for item in schema]
+        items = [_strict_schema(item, root, expanding) for item in schema]
         lost = any(new is None and old is not None for new, old in zip(items, schema, strict=True))
         return None if lost else items
     if not isinstance(schema, dict):
         return schema
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and len(schema) > 1:
+        target = _resolve_ref(root, ref)
+        if target is not None:
+            if ref in expanding:  # a model inside itself: the bare reference
+                return {"$ref": ref}
+            siblings = {key: value for key, value in schema.items() if key != "$ref"}
+            return _strict_schema({**target, **siblings}, root, expanding | {ref})
     node: dict[str, Any] = {}
     for key, value in schema.items():
         if key in ("properties", "$defs", "definitions") and isinstance(value, dict):
-            mapped = {name: _strict_schema(sub) for name, sub in value.items()}
+            mapped = {name: _strict_schema(sub, root, expanding) for name, sub in value.items()}
             if any(sub is None for sub in mapped.values()):
                 return None
             node[key] = mapped
+        elif key == "default" and value is None:
+            continue
         elif isinstance(value, dict | list) and key not in _DATA_KEYS:
-            mapped_value = _strict_schema(value)
+            mapped_value = _strict_schema(value, root, expanding)
             if mapped_value is None:
                 return None
             node[key] = mapped_value
@@ -123,6 +138,18 @@ def _strict_schema(schema: Any) -> Any:
         node["additionalProperties"] = False
         node["required"] = list(node.get("properties", {}))
     return node
+
+
+def _resolve_ref(root: Any, ref: str) -> dict[str, Any] | None:
+    """The definition a local ``$ref`` (``#/$defs/Name``) names in ``root``, if any."""
+    if not ref.startswith("#/"):
+        return None
+    found: Any = root
+    for part in ref[2:].split("/"):
+        if not isinstance(found, dict):
+            return None
+        found = found.get(part.replace("~1", "/").replace("~0", "~"))
+    return found if isinstance(found, dict) else None
 
 
 @dataclass(frozen=True, slots=True)
