@@ -391,3 +391,25 @@ async def test_the_fake_can_be_entered_again_after_it_stopped() -> None:
             raw = await stream_raw(client)
         assert "".join(c.text for c in chunks_of(raw)) == "tok0 tok1"
     assert len(fake.requests) == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--tokens", "-5"], "argument --tokens: must be at least 0, got -5"),
+        (["--chunk-size", "0"], "argument --chunk-size: must be at least 1, got 0"),
+        (["--ttft", "nan"], "argument --ttft: must be a finite number, got nan"),
+        (["--token-delay", "soon"], "argument --token-delay: not a number: 'soon'"),
+    ],
+)
+def test_the_command_line_refuses_bad_numbers_by_flag(
+    args: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from swiftclient.testing.__main__ import main
+
+    # A usage error naming the flag (it was the reply model's validation dump).
+    with pytest.raises(SystemExit) as exited:
+        main(args)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert said in err and "pydantic" not in err
