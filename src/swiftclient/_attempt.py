@@ -571,8 +571,13 @@ class AttemptRun:
         trace = self.call_trace
         start = self._now()
         try:
-            self._permit = permit = await admission.acquire(
+            # Bounded by the deadline as well: a store that stalls (a Redis server that
+            # stopped answering) holds the call no longer than its deadline.
+            acquiring = admission.acquire(
                 name, tokens=tokens, input_tokens=inputs, timeout=timeout, remaining=remaining
+            )
+            self._permit = permit = await self._bounded(
+                acquiring, self._deadline.at, "deadline", None
             )
         except errors.RateLimited:
             if trace is not None:

@@ -415,3 +415,45 @@ def test_a_blocking_client_closes_the_store_connections_of_its_loop() -> None:
                 while connected(raw) and time.monotonic() < deadline:
                     time.sleep(0.01)
                 assert connected(raw) == 0
+
+
+@pytest.mark.anyio
+async def test_a_stalled_store_holds_a_call_no_longer_than_its_deadline(
+    anyio_backend: str,
+) -> None:
+    """A Redis server that stops answering held every call until the store's socket
+    timeout, past a shorter total deadline (here 60 s against 0.3 s). The call ends at its
+    deadline; the store's operation runs on to its own timeout, which puts the store on
+    its per-process fallback, so the calls after it are served."""
+    import os
+    import signal
+
+    from swiftclient import AsyncClient, DeadlineExceeded, HTTPBackend, RetryPolicy, Timeout
+    from swiftclient.testing import FakeProvider
+
+    limits = {"p": Limits(concurrency=4, rpm=1000)}
+    with redis_process() as (url, process):
+        async with FakeProvider() as fake:
+            for socket_timeout in (60.0, 0.5):
+                async with RedisStore(url, timeout=socket_timeout) as store:
+                    backend = HTTPBackend(fake.base_url, name="p")
+                    admission = Admission(limits, store=store)
+                    async with AsyncClient(
+                        backend, model="m", limits=admission, retry=RetryPolicy.none()
+                    ) as client:
+                        assert (await client.chat("hi")).text  # connected, scripts loaded
+                        os.kill(process.pid, signal.SIGSTOP)
+                        try:
+                            with anyio.fail_after(30):  # a bound, not a speed check
+                                began = time.monotonic()
+                                with pytest.raises(DeadlineExceeded):
+                                    await client.chat("hi", timeout=Timeout(total=0.3))
+                                # (on trio a scope cannot stop a blocked worker thread: the
+                                # bound is read off the clock, half the socket timeout)
+                                assert time.monotonic() - began < 30
+                                if socket_timeout < 30:
+                                    while not store.degraded:  # noqa: ASYNC110
+                                        await anyio.sleep(0.01)
+                                    assert (await client.chat("hi")).text  # the fallback
+                        finally:
+                            os.kill(process.pid, signal.SIGCONT)

@@ -14,6 +14,8 @@ from the hash's key inside the scripts: one Redis server, not a cluster.) Reads
 When the server cannot be reached, every operation falls back to a per-process
 :class:`~swiftclient.admission.MemoryStore` (one warning is logged per outage), and the
 server is tried again after ``retry_after_down`` seconds: a store outage never fails a call.
+An operation runs to its end (the socket timeout) even when its caller stops waiting for it
+(a call's deadline came first), so a server that stalls is still found out.
 
 redis-py's asyncio client runs on asyncio only. On trio the store runs it on a private
 asyncio loop in one helper thread (a daemon: a store never closed does not keep the
@@ -384,6 +386,9 @@ class RedisStore:
         self._levels: dict[str, tuple[float, dict[str, float]]] = {}
         self._helper: _HelperLoop | None = None
         self._helper_lock = threading.Lock()
+        # Operations on this process's asyncio loops, each run to its own end (its socket
+        # timeout) even when its caller stopped waiting (a call's deadline came first).
+        self._pending: set[asyncio.Future[Any]] = set()
 
     def __repr__(self) -> str:
         where = "client" if self._url is None else _safe_url(self._url)
@@ -430,13 +435,59 @@ class RedisStore:
             return self._helper
 
     async def _on_asyncio(self, fn: Callable[..., Awaitable[_T]], *args: Any) -> _T:
-        """Run ``fn`` on asyncio: here, or on the helper loop when this loop is trio's."""
+        """Run ``fn`` on asyncio: here, or on the helper loop when this loop is trio's.
+
+        The operation runs to its own end while the caller may stop waiting (cancelled: a
+        call's deadline shorter than the socket timeout), so a stalled server still times
+        out and puts the store on its fallback for the calls after it (each of them was
+        cut off by its deadline before, and none learnt that the server was down)."""
+        operation = self._guarded(fn, args)
         if running_loop() is not None:
-            return await fn(*args)
+            task = asyncio.ensure_future(operation)
+            self._pending.add(task)
+            task.add_done_callback(self._ended)
+            return await asyncio.shield(task)
         helper = self._helper
         if helper is None:
-            helper = await anyio.to_thread.run_sync(self._start_helper)
-        return await anyio.to_thread.run_sync(helper.call, fn, *args)
+            try:
+                helper = await anyio.to_thread.run_sync(self._start_helper)
+            except BaseException:
+                operation.close()
+                raise
+        future = asyncio.run_coroutine_threadsafe(operation, helper.loop)
+        return await anyio.to_thread.run_sync(future.result, abandon_on_cancel=True)
+
+    def _ended(self, task: asyncio.Future[Any]) -> None:
+        self._pending.discard(task)
+        if not task.cancelled():
+            task.exception()  # seen here: a caller that stopped waiting never reads it
+
+    async def _guarded(self, fn: Callable[..., Awaitable[_T]], args: Sequence[Any]) -> _T:
+        """``fn(*args)``; a failure of the server puts the store on its fallback."""
+        try:
+            return await fn(*args)
+        except self._errors as exc:
+            self._down_until = time.monotonic() + self._retry_after_down
+            if not self._warned:
+                self._warned = True
+                logger.warning(
+                    "admission: the Redis store failed (%s); using per-process limits until "
+                    "it answers again",
+                    type(exc).__name__,
+                )
+            raise
+
+    async def _cancel_pending(self) -> None:
+        """Cancel the operations still running on this loop and wait for them (closing
+        their connections under them would read as the server failing)."""
+        if running_loop() is None:
+            return
+        loop = asyncio.get_running_loop()
+        ours = [task for task in self._pending if task.get_loop() is loop]
+        for task in ours:
+            task.cancel()
+        if ours:
+            await asyncio.wait(ours)
 
     async def _run(
         self, fn: Callable[..., Awaitable[_T]], args: Sequence[Any], local: Callable[[], _T]
@@ -448,15 +499,7 @@ class RedisStore:
             if self._to_release:  # first: the leases failed takes left hold slots
                 await self._release_orphans()
             result = await self._on_asyncio(fn, *args)
-        except self._errors as exc:
-            self._down_until = time.monotonic() + self._retry_after_down
-            if not self._warned:
-                self._warned = True
-                logger.warning(
-                    "admission: the Redis store failed (%s); using per-process limits until "
-                    "it answers again",
-                    type(exc).__name__,
-                )
+        except self._errors:  # the store is on its fallback now (_guarded)
             return local()
         if self._warned:
             self._warned = False
@@ -501,7 +544,7 @@ class RedisStore:
         args.extend((queue or "", repr(queue_ttl)))
 
         seen: dict[str, float] = {}
-        tried = False
+        tried = abandoned = False
 
         async def remote() -> Admit:
             # may run on the helper loop (trio): its clock is not the caller's
@@ -511,7 +554,7 @@ class RedisStore:
             if int(reply[0]) == 1:
                 for cost, value in zip(costs, reply[1:], strict=False):
                     seen[cost.kind] = float(_text(value))
-                if holder and concurrency is not None:
+                if holder and concurrency is not None and not abandoned:
                     self._held.add((key, holder))
                 return Admit(True)
             limit = _text(reply[1])
@@ -537,6 +580,7 @@ class RedisStore:
         try:
             admit = await self._run(remote, (), local)
         except BaseException:
+            abandoned = True
             if tried and holder:
                 # Cancelled while Redis ran it: no permit comes back, so nothing releases
                 # the lease the script may have left; the next operation removes it.
@@ -685,6 +729,10 @@ class RedisStore:
         owned = self._client is None
         clients, self._per_loop = self._per_loop, weakref.WeakKeyDictionary()
         with anyio.CancelScope(shield=True):
+            await self._cancel_pending()
+            helper = self._helper
+            if helper is not None:
+                await anyio.to_thread.run_sync(helper.cancel_all)
             if owned and clients:
 
                 async def close_ours() -> None:
@@ -708,6 +756,8 @@ class RedisStore:
         :meth:`aclose` closes."""
         if running_loop() is None:
             return
+        with anyio.CancelScope(shield=True):
+            await self._cancel_pending()
         found = self._per_loop.pop(asyncio.get_running_loop(), None)
         if found is None or self._client is not None:  # a client= given is the caller's
             return
@@ -743,13 +793,19 @@ class _HelperLoop:
         self.loop.call_soon(started.set)
         self.loop.run_forever()
 
-    def call(self, fn: Callable[..., Awaitable[_T]], *args: Any) -> _T:
-        """Run ``fn(*args)`` on the loop and wait for it (from a worker thread)."""
+    def cancel_all(self) -> None:
+        """Cancel the operations still running on the loop and wait for them (from a
+        worker thread)."""
 
-        async def run() -> _T:
-            return await fn(*args)
+        async def cancel() -> None:
+            current = asyncio.current_task()
+            others = [task for task in asyncio.all_tasks() if task is not current]
+            for task in others:
+                task.cancel()
+            if others:
+                await asyncio.wait(others)
 
-        return asyncio.run_coroutine_threadsafe(run(), self.loop).result()
+        asyncio.run_coroutine_threadsafe(cancel(), self.loop).result()
 
     def close(self) -> None:
         """Stop the loop and its thread (from a worker thread)."""
