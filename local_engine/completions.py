@@ -69,6 +69,17 @@ class TextRequest:
     shape: TextShape
 
 
+_CHAT_ONLY = (
+    "messages",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "functions",
+    "function_call",
+    "response_format",
+)
+
+
 def text_request_fields(body: dict[str, Any]) -> tuple[dict[str, Any], TextShape]:
     """Split a ``/v1/completions`` body into chat-request fields and the rest.
 
@@ -76,6 +87,11 @@ def text_request_fields(body: dict[str, Any]) -> tuple[dict[str, Any], TextShape
     serve, with the field as its ``param``.
     """
     fields = dict(body)
+    for name in _CHAT_ONLY:  # a chat field here was dropped without a word
+        if fields.get(name) is not None:
+            raise InvalidRequestError(
+                f"{name} is not supported on /v1/completions (use /v1/chat/completions)", name
+            )
     prompt = _single_prompt(fields.pop("prompt", None))
     echo = fields.pop("echo", False)
     if not isinstance(echo, bool):

@@ -228,14 +228,12 @@ def llguidance_module() -> ModuleType:
     return llguidance
 
 
-def _schema_grammar(schema: Mapping[str, Any] | bool, what: str) -> str:
+def _schema_grammar(schema: Mapping[str, Any] | bool, what: str, param: str) -> str:
     llg = llguidance_module()
     try:
         return str(llg.LLMatcher.grammar_from_json_schema(_plain(schema), overrides=_JSON_OPTIONS))
     except (ValueError, TypeError) as exc:
-        raise GrammarError(
-            f"{what} cannot be compiled: {schema_problem(str(exc))}", "response_format"
-        ) from exc
+        raise GrammarError(f"{what} cannot be compiled: {schema_problem(str(exc))}", param) from exc
 
 
 def _plain(schema: Mapping[str, Any] | bool) -> Any:
@@ -249,7 +247,10 @@ def _plain(schema: Mapping[str, Any] | bool) -> Any:
 
 def json_object_grammar() -> Grammar:
     """Any JSON object (``response_format={"type": "json_object"}``)."""
-    return Grammar(_schema_grammar({"type": "object"}, "the JSON object schema"), "json_object")
+    return Grammar(
+        _schema_grammar({"type": "object"}, "the JSON object schema", "response_format"),
+        "json_object",
+    )
 
 
 def json_schema_grammar(schema: Mapping[str, Any] | bool) -> Grammar:
@@ -258,7 +259,10 @@ def json_schema_grammar(schema: Mapping[str, Any] | bool) -> Grammar:
     Whether every keyword is supported shows when the grammar is compiled for a tokenizer
     (:meth:`local_engine.structured.StructuredOutput.compile`), which also raises GrammarError.
     """
-    return Grammar(_schema_grammar(schema, "the response_format JSON schema"), "json_schema")
+    return Grammar(
+        _schema_grammar(schema, "the response_format JSON schema", "response_format"),
+        "json_schema",
+    )
 
 
 def response_format_grammar(response_format: _ResponseFormat | None) -> Grammar | None:
@@ -325,7 +329,10 @@ def closed_objects(schema: Any, *, close: bool = True) -> Any:
         listed = node["properties"]
         required = node.get("required")
         # A required key the properties do not list: closing would leave no valid value.
-        unlisted = isinstance(required, list) and any(key not in listed for key in required)
+        # (A name that is no string is no key: the schema's compile refuses it.)
+        unlisted = isinstance(required, list) and any(
+            not isinstance(key, str) or key not in listed for key in required
+        )
         if not unlisted and not any(key in node for key in _OPEN_KEYS + _ADDING_KEYS):
             node["additionalProperties"] = False
     return node
@@ -397,7 +404,7 @@ def tool_call_grammar(
     schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
     schema = {**schema, **defs}
     # Check the schema on its own first, so an error names the tool schema, not the Lark text.
-    _schema_grammar(schema, "the tools' parameter schema")
+    _schema_grammar(schema, "the tools' parameter schema", "tools")
     # Inside Lark the JSON options travel in the schema itself.
     body = json.dumps({**schema, "x-guidance": _JSON_OPTIONS}, ensure_ascii=False)
     if tool_format == "hermes":

@@ -266,13 +266,14 @@ def _responses_error(exc: Exception) -> RequestError:
 def _engine_error(exc: Exception) -> RequestError:
     """Map an error of the engine onto a status, the one place that does: a refused request
     (:class:`~local_engine.errors.InvalidRequestError`, a ``ValueError``) 400, overload 503,
-    a grammar that failed mid-reply 500 with its reason, any other failure 500."""
+    a grammar that failed mid-reply 400 with its reason (the request's schema met a limit of
+    the grammar library, as one that fails at once does), any other failure 500."""
     if isinstance(exc, OverloadedError):
         return RequestError(503, f"the server is overloaded: {exc}", "server_overloaded")
     if isinstance(exc, ValueError):
         return RequestError(400, str(exc), "invalid_request", getattr(exc, "param", None))
     if isinstance(exc, GrammarFailedError):
-        return RequestError(500, str(exc), "grammar_failed")
+        return RequestError(400, str(exc), "grammar_failed")
     return RequestError(500, "the engine failed while serving the request", "engine_error")
 
 
@@ -784,6 +785,7 @@ class LocalServer:
     ) -> None:
         request_id = f"req_{secrets.token_hex(12)}"
         writer.headers["x-request-id"] = writer.headers["request-id"] = request_id
+        writer.error_shape = messages_error  # a handler's failure too, in Anthropic's shape
         if not self._messages_authorized(request):
             await writer.send_json(401, messages_error(401, "invalid x-api-key"))
             return
@@ -841,6 +843,7 @@ class LocalServer:
         take (its body without ``max_tokens``), ``{"input_tokens": N}``."""
         request_id = f"req_{secrets.token_hex(12)}"
         writer.headers["x-request-id"] = writer.headers["request-id"] = request_id
+        writer.error_shape = messages_error  # a handler's failure too, in Anthropic's shape
         if not self._messages_authorized(request):
             await writer.send_json(401, messages_error(401, "invalid x-api-key"))
             return

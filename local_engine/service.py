@@ -185,6 +185,31 @@ def _sent_as(param: str) -> str:
 _NOT_OBJECT = ("string", "number", "integer", "boolean", "array", "null")
 
 
+def _allows_no_object(kind: Any) -> bool:
+    """Whether a schema's ``type`` allows a value that is not an object (a type name that
+    is none, such as ``"strin"``, is left for the grammar compiler to explain)."""
+    if isinstance(kind, list):
+        return any(item != "object" for item in kind)
+    return kind in _NOT_OBJECT
+
+
+def _not_an_object(params: Mapping[str, Any]) -> str | None:
+    """What keeps a tool's parameter schema from being an object schema (its ``type``, or
+    a top-level ``anyOf``/``oneOf`` branch's, allowing more than an object), or None. A
+    call's arguments are an object: under a schema that allows a string the model wrote
+    one, and the reply came back as text holding the raw call."""
+    kind = params.get("type")
+    if _allows_no_object(kind):
+        return f"type {kind!r}"
+    for key in ("anyOf", "oneOf"):
+        branches = params.get(key)
+        for branch in branches if isinstance(branches, list) else ():
+            inner = branch.get("type") if isinstance(branch, Mapping) else None
+            if _allows_no_object(inner):
+                return f"{'an' if key == 'anyOf' else 'a'} {key} branch of type {inner!r}"
+    return None
+
+
 def _check_tools(request: ChatRequest) -> None:
     """Tools a model can be asked to call: each named, names unique, parameters an object
     schema (OpenAI refuses the same with a 400)."""
@@ -198,10 +223,10 @@ def _check_tools(request: ChatRequest) -> None:
                 f"tools[{i}] repeats the name {name!r} of another tool", "tools"
             )
         seen.add(name)
-        if params is not None and params.get("type") in _NOT_OBJECT:
+        wrong = None if params is None else _not_an_object(params)
+        if wrong is not None:
             raise InvalidRequestError(
-                f"tools[{i}].function.parameters must be an object schema "
-                f"(got type {params.get('type')!r})",
+                f"tools[{i}].function.parameters must be an object schema (got {wrong})",
                 "tools",
             )
 

@@ -135,6 +135,7 @@ class ResponseWriter:
         "_state",
         "_tracker",
         "_write_timeout",
+        "error_shape",
         "headers",
         "head_only",
         "status",
@@ -159,6 +160,9 @@ class ResponseWriter:
         self.head_only = False
         """Answering ``HEAD``: whole responses keep their headers (``Content-Length``
         included) and send no body."""
+        self.error_shape: Callable[[int, str], Any] | None = None
+        """The error body of this route's API for a status and a message (None: OpenAI's,
+        :func:`error_body`); the 500 of a handler that failed is written with it too."""
 
     @property
     def started(self) -> bool:
@@ -225,7 +229,12 @@ class ResponseWriter:
         param: str | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> None:
-        """Send an OpenAI-style JSON error (see :func:`error_body`)."""
+        """Send a JSON error: OpenAI's shape (see :func:`error_body`), or the route's own
+        (:attr:`error_shape`)."""
+        shape = self.error_shape
+        if shape is not None:
+            await self.send_json(status, shape(status, message), headers)
+            return
         await self.send_json(
             status, error_body(status, message, type=type, code=code, param=param), headers
         )

@@ -392,7 +392,7 @@ def _assistant(content: list[Any], where: str, as_: str) -> dict[str, Any]:
                     "function": {"name": name, "arguments": arguments},
                 }
             )
-        elif kind in _THINKING:
+        elif isinstance(kind, str) and kind in _THINKING:
             if as_ == "text":  # redacted blocks are dropped: a model cannot read them
                 if kind == "thinking" and isinstance(block.get("thinking"), str):
                     reasoning.append(block["thinking"])
@@ -478,14 +478,16 @@ def _tool_choice(choice: Any, fields: dict[str, Any]) -> None:
 def _output_format(body: Mapping[str, Any], fields: dict[str, Any]) -> None:
     """``output_format`` (or ``output_config.format``) as a ``json_schema`` response format."""
     fmt = body.get("output_format")
+    named = "output_format"
     config = body.get("output_config")
     if fmt is None and isinstance(config, Mapping):
         fmt = config.get("format")
+        named = "output_config.format"
     if fmt is None:
         return
     if not isinstance(fmt, Mapping) or fmt.get("type") != "json_schema":
         raise MessagesRequestError(
-            "output_format must be {'type': 'json_schema', 'schema': ...}", "output_format"
+            f"{named} must be {{'type': 'json_schema', 'schema': ...}}", named
         )
     schema = {"name": "output", "schema": fmt.get("schema") or {"type": "object"}}
     fields["response_format"] = {"type": "json_schema", "json_schema": schema}

@@ -387,7 +387,7 @@ def _messages(items: Any) -> list[dict[str, Any]]:
                 }
             )
         elif kind == "reasoning":
-            reasoning.extend(_reasoning_text(item))
+            reasoning.extend(_reasoning_text(item, where))
             if item.get("encrypted_content") is not None:
                 carried.append(dict(item))
         elif kind == "item_reference":
@@ -421,7 +421,13 @@ def _attach_reasoning(
         carried.clear()
 
 
-def _reasoning_text(item: Mapping[str, Any]) -> list[str]:
+def _reasoning_text(item: Mapping[str, Any], where: str) -> list[str]:
+    """A reasoning item's text: its ``content`` parts', else its ``summary``'s (each a list
+    of parts; a part that carries no text is skipped)."""
+    for key in ("content", "summary"):
+        parts = item.get(key)
+        if parts is not None and not isinstance(parts, list):
+            raise ResponsesRequestError(f"{where}.{key} must be a list of parts", f"{where}.{key}")
     parts = item.get("content") or item.get("summary") or []
     return [p["text"] for p in parts if isinstance(p, Mapping) and isinstance(p.get("text"), str)]
 
@@ -437,8 +443,11 @@ def _content(content: Any, where: str, field: str = "content") -> str | list[dic
         )
     parts: list[dict[str, Any]] = []
     for index, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, Mapping) else None
         at = f"{where}.{field}[{index}]"
+        if not isinstance(part, Mapping):
+            raise ResponsesRequestError(f"{at} must be an object (a content part)", at)
+        kind = part.get("type")
+        kind = kind if isinstance(kind, str) else repr(kind)  # a list is no key of a dict
         if kind in ("input_text", "output_text", "text") and isinstance(part.get("text"), str):
             parts.append({"type": "text", "text": part["text"]})
         elif kind == "refusal" and isinstance(part.get("refusal"), str):
@@ -448,12 +457,27 @@ def _content(content: Any, where: str, field: str = "content") -> str | list[dic
             if part.get("detail") in ("auto", "low", "high"):
                 image["detail"] = part["detail"]
             parts.append({"type": "image_url", "image_url": image})
+        elif kind in _PART_FIELDS:  # a known part without its value
+            key = _PART_FIELDS[kind]
+            article = "an" if kind[0] in "aeiou" else "a"
+            raise ResponsesRequestError(
+                f"{at}: {article} {kind} part needs {key} (a string)", f"{at}.{key}"
+            )
         else:
             raise ResponsesRequestError(
                 f"{at}: content parts of type {kind!r} are not supported here",
                 at,
             )
     return joined_content(parts)
+
+
+_PART_FIELDS = {
+    "input_text": "text",
+    "output_text": "text",
+    "text": "text",
+    "refusal": "refusal",
+    "input_image": "image_url",
+}
 
 
 # ---------------------------------------------------------------------- reply
