@@ -401,3 +401,32 @@ async def test_leaving_a_messages_stream_early_releases_the_connection() -> None
             assert fake.cancelled == 1
             assert backend.pool_stats()["in_use"] == 0
             await sdk.close()
+
+
+@pytest.mark.anyio
+async def test_a_closed_client_is_not_retried_by_the_anthropic_sdk() -> None:
+    """A closed client's 503 says ``x-should-retry: false``: the SDK at its default retries
+    sent it three times, with backoff, for an answer that cannot change."""
+    async with providers("quick") as fakes:
+        client = AsyncClient(HTTPBackend(fakes["quick"].base_url), model="m")
+        async with client:
+            pass
+        sent: list[object] = []
+
+        async def count(request: object) -> None:
+            sent.append(request)
+
+        http = httpx2.AsyncClient(
+            transport=AsyncTransport(client), event_hooks={"request": [count]}
+        )
+        sdk = anthropic.AsyncAnthropic(
+            base_url="http://swiftclient.invalid", api_key="unused", http_client=http, max_retries=2
+        )
+        with pytest.raises(anthropic.InternalServerError) as closed:
+            await sdk.messages.create(
+                model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
+            )
+        assert closed.value.status_code == 503 and "is closed" in str(closed.value)
+        assert closed.value.response.headers["x-should-retry"] == "false"
+        assert len(sent) == 1
+        await sdk.close()

@@ -364,6 +364,27 @@ async def test_a_closed_client_is_a_503_to_the_sdk_not_a_400() -> None:
         with pytest.raises(openai.InternalServerError) as closed:
             await sdk.chat.completions.create(model="m", messages=USER)
         assert closed.value.status_code == 503 and "is closed" in str(closed.value)
+        # Nor retried by an SDK left at its default retries (it tried three times, with
+        # backoff, for an answer that cannot change)
+        assert closed.value.response.headers["x-should-retry"] == "false"
+        sent: list[object] = []
+
+        async def count(request: object) -> None:
+            sent.append(request)
+
+        http = httpx.AsyncClient(
+            transport=AsyncHttpxTransport(client), event_hooks={"request": [count]}
+        )
+        retrying = openai.AsyncOpenAI(
+            base_url="http://swiftclient.invalid/v1",
+            api_key="unused",
+            http_client=http,
+            max_retries=2,
+        )
+        with pytest.raises(openai.InternalServerError):
+            await retrying.chat.completions.create(model="m", messages=USER)
+        assert len(sent) == 1
+        await retrying.close()
         await sdk.close()
 
 

@@ -322,7 +322,15 @@ def error_reply(exc: errors.SwiftClientError) -> Reply:
         if isinstance(body, dict) and isinstance(body.get("error"), dict | str):
             return Reply(status, headers, pydantic_core.to_json(body))
         return Reply(status, headers, pydantic_core.to_json(error_body(status, str(exc))))
-    return _error(status, str(exc))
+    reply = _error(status, str(exc))
+    reply.headers.extend(_retry_headers(exc))
+    return reply
+
+
+def _retry_headers(exc: errors.SwiftClientError) -> list[tuple[str, str]]:
+    """``x-should-retry: false`` for a failure no retry can mend (the client was closed):
+    the ``openai`` and ``anthropic`` SDKs retry a 503 twice, with backoff, unless told."""
+    return [("x-should-retry", "false")] if isinstance(exc, errors.ClientClosedError) else []
 
 
 def error_event(exc: errors.SwiftClientError) -> bytes:
@@ -585,6 +593,7 @@ class MessagesWire:
             )
             provided, kind = _provider_error(exc.body)
             message = provided or message
+        headers.extend(_retry_headers(exc))
         body = pydantic_core.to_json(messages.messages_error(status, message, kind))
         return Reply(status, headers, body)
 
