@@ -14,7 +14,8 @@ onto swiftclient's errors.
   ``LocalBackend``; the server and the command line refuse to start).
 - :class:`EngineError`: the engine failed (a step raised, it shut down); the server answers
   500. :class:`OverloadedError`: the waiting queue is full (503). :class:`GrammarFailedError`:
-  a reply's grammar failed partway through decoding (500, with the reason).
+  a reply's grammar failed partway through decoding (400 from the server, with the reason:
+  the request's schema met a limit of the grammar library).
 """
 
 from __future__ import annotations

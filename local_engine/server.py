@@ -79,7 +79,7 @@ from swiftclient.types import (
     ChatRequest,
     StreamOptions,
 )
-from swiftclient.wire import chat_completion_body
+from swiftclient.wire import chat_completion_body, request_problem
 
 from .backend import LocalBackend
 from .errors import EngineConfigError, EngineError, GrammarFailedError, OverloadedError
@@ -158,14 +158,9 @@ class RequestError(ValueError):
 
 
 def _validation_message(exc: pydantic.ValidationError) -> tuple[str, str | None]:
-    first = exc.errors()[0]
-    loc = ".".join(str(part) for part in first["loc"])
-    more = exc.error_count() - 1
-    suffix = f" (and {more} more error{'s' if more > 1 else ''})" if more else ""
-    message = first["msg"]
-    if first["type"] == "value_error":  # our own validators' words, without pydantic's label
-        message = message.removeprefix("Value error, ")
-    return f"invalid request: {loc}: {message}{suffix}", loc or None
+    """The message and ``param`` of a refused body (:func:`swiftclient.wire.request_problem`)."""
+    message, param = request_problem(exc)
+    return f"invalid request: {message}", param
 
 
 def parse_chat_body(body: Any, ignored: list[str] | None = None) -> ChatRequest:

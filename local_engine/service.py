@@ -14,7 +14,7 @@ Mapping:
   (:mod:`local_engine.grammar`); one that cannot be compiled, or that fails on the text it
   forces from the start, is a :class:`~local_engine.grammar.GrammarError` (an
   InvalidRequestError: 400 from the server); one that fails later, partway through a reply,
-  is a :class:`~local_engine.errors.GrammarFailedError` (500 from the server), never a reply.
+  is a :class:`~local_engine.errors.GrammarFailedError` (400 from the server), never a reply.
   Tools under ``tool_choice="auto"`` (or unset) get the tool-call grammar lazily, from the
   ``<tool_call>`` token on (:func:`~local_engine.grammar.auto_tool_grammar`: a tool whose
   schema cannot be compiled keeps its name and takes any arguments, logged);

@@ -572,13 +572,14 @@ class AttemptRun:
         start = self._now()
         try:
             # Bounded by the deadline as well: a store that stalls (a Redis server that
-            # stopped answering) holds the call no longer than its deadline.
+            # stopped answering) holds the call no longer than that. A moment later than
+            # the wait's own end, so that a wait for capacity the deadline cuts short still
+            # says which limit it waited on (RateLimited).
             acquiring = admission.acquire(
                 name, tokens=tokens, input_tokens=inputs, timeout=timeout, remaining=remaining
             )
-            self._permit = permit = await self._bounded(
-                acquiring, self._deadline.at, "deadline", None
-            )
+            due = self._deadline.at + _ADMISSION_GRACE
+            self._permit = permit = await self._bounded(acquiring, due, "deadline", None)
         except errors.RateLimited:
             if trace is not None:
                 trace.admitted(self.snapshot(), self._now() - start, True)
@@ -609,6 +610,10 @@ class AttemptRun:
             input_tokens=usage.prompt_tokens if usage is not None else None,
             output_tokens=usage.completion_tokens if usage is not None else None,
         )
+
+
+_ADMISSION_GRACE = 0.05
+"""Seconds past the deadline the wait for admission may take to end on its own."""
 
 
 class _Answer:

@@ -11,6 +11,7 @@ import functools
 import re
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -31,21 +32,38 @@ _FENCED = re.compile(r"\A\s*```[\w+.-]*[ \t]*\r?\n(.*?)\s*```\s*\Z", re.DOTALL)
 _ACCEPTED = "a pydantic model, TypedDict or dataclass, or a list or dict of them"
 
 
+# The tags pydantic puts in an error's location for the branch of a union it tried
+# (``str``, ``list[tagged-union[...]]``, ``function-after[...]``, a model's class name):
+# no field of a request is named so.
+_BRANCH = re.compile(r"\A(?:str|int|float|bool|bytes|list|dict|none|[\w-]+\[.*\]|[A-Z]\w*)\Z")
+
+
+def field_path(loc: Sequence[Any]) -> tuple[Any, ...]:
+    """An error's location without the union branches pydantic tried
+    (``messages.0.content.str`` is ``messages.0.content``)."""
+    return tuple(part for part in loc if not (isinstance(part, str) and _BRANCH.match(part)))
+
+
 def validation_summary(exc: pydantic.ValidationError, prefix: tuple[Any, ...] = ()) -> str:
-    """``where: what`` for each error (the first few), without the input values; with
-    ``prefix``, only the errors under that location, the prefix cut off."""
-    found = [
-        error
-        for error in exc.errors(include_url=False, include_input=False)
-        if tuple(error["loc"][: len(prefix)]) == prefix
-    ]
-    parts = []
-    for error in found[:_SUMMARY_LIMIT]:
-        where = ".".join(str(part) for part in error["loc"][len(prefix) :])
+    """``where: what`` for each field at fault (the first few), without the input values;
+    the branches of a union tried at one field are one entry (``content: Input should be a
+    valid string, or a valid list``). With ``prefix``, only the errors under that
+    location, the prefix cut off."""
+    fields: dict[tuple[Any, ...], list[str]] = {}
+    for error in exc.errors(include_url=False, include_input=False):
+        if tuple(error["loc"][: len(prefix)]) != prefix:
+            continue
+        said = fields.setdefault(field_path(error["loc"][len(prefix) :]), [])
         message = error["msg"].removeprefix("Value error, ")
+        if message not in said:
+            said.append(message)
+    parts = []
+    for loc, said in list(fields.items())[:_SUMMARY_LIMIT]:
+        where = ".".join(str(part) for part in loc)
+        message = said[0] + "".join(f", or {m.removeprefix('Input should be ')}" for m in said[1:])
         parts.append(f"{where}: {message}" if where else message)
-    if len(found) > _SUMMARY_LIMIT:
-        parts.append(f"and {len(found) - _SUMMARY_LIMIT} more")
+    if len(fields) > _SUMMARY_LIMIT:
+        parts.append(f"and {len(fields) - _SUMMARY_LIMIT} more")
     return "; ".join(parts)
 
 

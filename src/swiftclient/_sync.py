@@ -180,6 +180,11 @@ class _Loop:
             if not ready.done():
                 ready.set_exception(exc)
 
+    @property
+    def shut(self) -> bool:
+        """Whether the close is done: the client exited and the loop thread stopped."""
+        return self._shut
+
     def on_loop_thread(self) -> bool:
         """Whether the caller is the loop's own thread (which must never wait on the loop)."""
         return threading.get_ident() == self.thread_id
@@ -391,16 +396,16 @@ def _on_loop(
     method: Callable[Concatenate[AsyncClient, P], R], *, after_close: bool = False
 ) -> Callable[Concatenate[Client, P], R]:
     """A plain method of :class:`AsyncClient`, run on the client's loop thread (where the
-    state it reads lives) and waited for. ``after_close``: once the client is closed (its
-    loop thread gone, so nothing else touches that state) it runs on the caller's thread;
-    counters stay readable after ``close()``."""
+    state it reads lives) and waited for. ``after_close``: once the client's close is done
+    (its loop thread gone, so nothing else touches that state) it runs on the caller's
+    thread; counters stay readable after ``close()``."""
 
     async def run(aclient: AsyncClient, *args: Any, **kwargs: Any) -> R:
         return method(aclient, *args, **kwargs)
 
     def wrapper(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> R:
         loop = self._loop
-        if after_close and loop.closed and not loop.on_loop_thread():
+        if after_close and loop.shut:
             return method(loop.aclient, *args, **kwargs)
         return loop.run(functools.partial(run, loop.aclient, *args, **kwargs))
 

@@ -21,10 +21,11 @@ messages, tool calls and tool results of one conversation so that they are:
 
 from __future__ import annotations
 
+import inspect
 import json
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, overload
+from collections.abc import Awaitable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast, overload
 
 import pydantic
 
@@ -228,20 +229,18 @@ class Conversation(Sequence[Message]):
         ``response_model``), append the reply, and return the completion: ``await
         conversation.send(async_client)``, or ``conversation.send(client)`` with a blocking
         :class:`~swiftclient.Client`."""
-        from ._client import AsyncClient
-        from ._sync import Client
+        chat = getattr(client, "chat", None)
+        if not callable(chat):
+            raise errors.ConfigurationError(
+                f"send() takes an AsyncClient or a Client, got {type(client).__name__}"
+            )
+        answer = chat(self, response_model=None, **params)
+        if inspect.isawaitable(answer):  # an AsyncClient's call: appended once awaited
+            return self._appended(answer)
+        self.append(answer)
+        return cast("ChatCompletion", answer)
 
-        if isinstance(client, AsyncClient):
-            return self._send(client, params)
-        if isinstance(client, Client):
-            completion = client.chat(self, response_model=None, **params)
-            self.append(completion)
-            return completion
-        raise errors.ConfigurationError(
-            f"send() takes an AsyncClient or a Client, got {type(client).__name__}"
-        )
-
-    async def _send(self, client: AsyncClient, params: dict[str, Any]) -> ChatCompletion:
-        completion: ChatCompletion = await client.chat(self, response_model=None, **params)
+    async def _appended(self, answer: Awaitable[ChatCompletion]) -> ChatCompletion:
+        completion = await answer
         self.append(completion)
         return completion

@@ -197,3 +197,22 @@ async def _one_call(admission: Admission, text: str) -> str:
         backend = HTTPBackend(fake.base_url, name="fake")
         async with AsyncClient(backend, model="m", limits=admission, retry=RetryPolicy.none()) as c:
             return (await c.chat("hi")).text
+
+
+async def test_a_wait_for_a_slot_that_the_deadline_ends_says_which_limit() -> None:
+    """The wait for admission is bounded by the call's deadline too (a stalled store must
+    not hold the call); a wait for capacity that the deadline ends is still the
+    RateLimited that names the limit, not a DeadlineExceeded (a second review's find)."""
+    admission = Admission(Limits(concurrency=1))
+    async with FakeProvider() as fake:
+        backend = HTTPBackend(fake.base_url, name="p")
+        async with AsyncClient(
+            backend, model="m", limits=admission, retry=RetryPolicy.none()
+        ) as client:
+            held = await admission.acquire("p/m", timeout=0)
+            for _ in range(3):
+                with pytest.raises(RateLimited) as refused:
+                    await client.chat("hi", timeout=0.2)
+                assert refused.value.limit == "concurrency"
+            await admission.settle(held)
+            assert (await client.chat("hi")).text

@@ -4,6 +4,7 @@ to per-process limits when Redis is down. Every test runs on asyncio and trio.""
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -448,8 +449,9 @@ async def test_a_stalled_store_holds_a_call_no_longer_than_its_deadline(
                                 began = time.monotonic()
                                 with pytest.raises(DeadlineExceeded):
                                     await client.chat("hi", timeout=Timeout(total=0.3))
-                                # (on trio a scope cannot stop a blocked worker thread: the
-                                # bound is read off the clock, half the socket timeout)
+                                # read off the clock as well: a scope that could not stop
+                                # the wait would end it late, not raise (half the socket
+                                # timeout; the deadline is 0.3 s)
                                 assert time.monotonic() - began < 30
                                 if socket_timeout < 30:
                                     while not store.degraded:  # noqa: ASYNC110
@@ -457,3 +459,63 @@ async def test_a_stalled_store_holds_a_call_no_longer_than_its_deadline(
                                     assert (await client.chat("hi")).text  # the fallback
                         finally:
                             os.kill(process.pid, signal.SIGCONT)
+
+
+@pytest.mark.anyio
+async def test_acquires_cancelled_before_their_first_checkpoint_leave_no_lease(
+    redis_url: str,
+) -> None:
+    """A take runs to its end once handed to the store, even for a caller cancelled before
+    it began waiting (on trio it is handed on before the first checkpoint): the lease it
+    leaves is released like that of a take cancelled while Redis ran it. It held a slot of
+    every process sharing the store for the lease's ttl (a second review's find)."""
+    import redis
+
+    async with RedisStore(redis_url, cache_ttl=0.0) as store:
+        raw = redis.Redis.from_url(redis_url)  # blocking: it reads on trio too
+        admission = Admission(Limits(concurrency=1), store=store)
+        await admission.settle(await admission.acquire(key(), timeout=0))  # connected
+        targets = [key() for _ in range(10)]
+        for target in targets:
+            async with anyio.create_task_group() as group:
+                group.start_soon(functools.partial(admission.acquire, target))
+                group.cancel_scope.cancel()  # before the acquire's first checkpoint
+        with anyio.fail_after(30):
+            while True:
+                await store.leases("another")  # an operation: known orphans go first
+                leases = [raw.zcard(f"swiftclient:admission:{t}:leases") for t in targets]
+                if sum(leases) == 0:
+                    break
+                await anyio.sleep(0.05)
+        raw.close()
+
+
+@pytest.mark.anyio
+async def test_closing_the_store_under_a_take_falls_back_not_cancels_the_caller(
+    anyio_backend: str,
+) -> None:
+    """Closing the store cancels the operations it still runs; their callers, whom nobody
+    cancelled, carry on under the per-process fallback (on asyncio the call vanished in
+    its task group, on trio it raised concurrent.futures' CancelledError)."""
+    import os
+    import signal
+
+    with redis_process() as (url, process):
+        store = RedisStore(url, cache_ttl=0.0, timeout=30.0)
+        assert (await store.take(key(), [], concurrency=1, holder="h0", ttl=300)).granted
+        got: list[bool] = []
+
+        async def take() -> None:
+            admit = await store.take(key(), [], concurrency=1, holder="h1", ttl=300)
+            got.append(admit.granted)
+
+        os.kill(process.pid, signal.SIGSTOP)
+        try:
+            with anyio.fail_after(20):
+                async with anyio.create_task_group() as group:
+                    group.start_soon(take)
+                    await anyio.sleep(0.3)  # the take waits on the stalled server
+                    await store.aclose()
+        finally:
+            os.kill(process.pid, signal.SIGCONT)
+        assert got == [True]

@@ -154,3 +154,28 @@ async def test_a_failing_messages_handler_answers_in_anthropics_shape(
     assert response.json()["error"]["type"] == "api_error"
     assert "fault in the handler" not in response.text  # the reason stays in the log
     await served.settle()
+
+
+@pytest.mark.parametrize(
+    ("field", "param", "said"),
+    [
+        (
+            {"messages": [{"role": "user", "content": 5}]},
+            "messages.0.content",
+            "messages.0.content: Input should be a valid string, or a valid list",
+        ),
+        (
+            {"messages": HI, "stop": 5},
+            "stop",
+            "stop: Input should be a valid string, or a valid list",
+        ),
+    ],
+)
+async def test_a_value_no_branch_of_a_union_takes_is_named_by_its_field(
+    served: Served, field: dict[str, Any], param: str, said: str
+) -> None:
+    # It named the first branch pydantic tried (param ``messages.0.content.str``, "Input
+    # should be a valid string (and 1 more error)").
+    error = (await _refused(served, "/v1/chat/completions", field))["error"]
+    assert error["param"] == param and said in error["message"]
+    assert "more error" not in error["message"]

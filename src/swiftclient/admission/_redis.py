@@ -25,6 +25,7 @@ interpreter from exiting), one thread hop per operation.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import math
 import threading
@@ -446,7 +447,12 @@ class RedisStore:
             task = asyncio.ensure_future(operation)
             self._pending.add(task)
             task.add_done_callback(self._ended)
-            return await asyncio.shield(task)
+            try:
+                return await asyncio.shield(task)
+            except asyncio.CancelledError:
+                if task.cancelled() and not _being_cancelled():
+                    raise _closed() from None  # the store's closing ended it, not the caller
+                raise
         helper = self._helper
         if helper is None:
             try:
@@ -455,7 +461,10 @@ class RedisStore:
                 operation.close()
                 raise
         future = asyncio.run_coroutine_threadsafe(operation, helper.loop)
-        return await anyio.to_thread.run_sync(future.result, abandon_on_cancel=True)
+        try:
+            return await anyio.to_thread.run_sync(future.result, abandon_on_cancel=True)
+        except concurrent.futures.CancelledError:  # the store's closing ended it
+            raise _closed() from None
 
     def _ended(self, task: asyncio.Future[Any]) -> None:
         self._pending.discard(task)
@@ -483,7 +492,8 @@ class RedisStore:
         if running_loop() is None:
             return
         loop = asyncio.get_running_loop()
-        ours = [task for task in self._pending if task.get_loop() is loop]
+        # (a copy first: other loops' threads add and remove theirs meanwhile)
+        ours = [task for task in tuple(self._pending) if task.get_loop() is loop]
         for task in ours:
             task.cancel()
         if ours:
@@ -554,8 +564,9 @@ class RedisStore:
             if int(reply[0]) == 1:
                 for cost, value in zip(costs, reply[1:], strict=False):
                     seen[cost.kind] = float(_text(value))
-                if holder and concurrency is not None and not abandoned:
-                    self._held.add((key, holder))
+                if holder and concurrency is not None:
+                    # a caller that stopped waiting gets no permit: nothing would release it
+                    (self._to_release if abandoned else self._held).add((key, holder))
                 return Admit(True)
             limit = _text(reply[1])
             wait = _text(reply[2])
@@ -581,9 +592,10 @@ class RedisStore:
             admit = await self._run(remote, (), local)
         except BaseException:
             abandoned = True
-            if tried and holder:
-                # Cancelled while Redis ran it: no permit comes back, so nothing releases
-                # the lease the script may have left; the next operation removes it.
+            if holder:
+                # Cancelled: no permit comes back, so nothing releases the lease the script
+                # may leave; it runs to its end even when it has not begun yet (and then
+                # queues it itself): the next operation removes it.
                 self._held.discard((key, holder))
                 self._to_release.add((key, holder))
             raise
@@ -812,6 +824,19 @@ class _HelperLoop:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join()
         self.loop.close()
+
+
+def _being_cancelled() -> bool:
+    """Whether the running asyncio task has a cancellation pending (its own, not one of an
+    operation it waits for)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def _closed() -> ConnectionError:
+    """The error an operation the store's closing cancelled gives its caller: a store
+    failure, so the call carries on under the per-process fallback."""
+    return ConnectionError("the admission store was closed while this operation ran")
 
 
 async def _nothing() -> None:

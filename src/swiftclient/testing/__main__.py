@@ -14,11 +14,11 @@ from ._fake import FakeProvider
 from ._reply import Reply
 
 
-def _at_least(low: float, kind: type[int] | type[float]) -> Callable[[str], float]:
+def _at_least(low: float, kind: type[int] | type[float]) -> Callable[[str], int | float]:
     """An argparse type: a number of ``kind`` no smaller than ``low`` (a usage error
     otherwise, rather than the reply model's validation dump)."""
 
-    def parse(text: str) -> float:
+    def parse(text: str) -> int | float:
         try:
             value = kind(text)
         except ValueError:

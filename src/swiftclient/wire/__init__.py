@@ -15,9 +15,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import pydantic
 from pydantic import BaseModel
 
 from .._json import dumps
+from .._structured import field_path, validation_summary
 
 __all__ = [
     "chat_completion_body",
@@ -25,7 +27,18 @@ __all__ = [
     "mark_matched_stop",
     "matched_stop",
     "named_event",
+    "request_problem",
 ]
+
+
+def request_problem(exc: pydantic.ValidationError) -> tuple[str, str | None]:
+    """What a request body that does not validate has wrong, and the field to name as its
+    ``param``: each field at fault once, the branches of a union pydantic tried as one
+    (``messages.0.content: Input should be a valid string, or a valid list``, not
+    ``messages.0.content.str``), without the input values."""
+    first = exc.errors(include_url=False, include_input=False)[0]
+    loc = ".".join(str(part) for part in field_path(first["loc"]))
+    return validation_summary(exc), loc or None
 
 
 def chat_completion_body(completion: BaseModel) -> dict[str, Any]:
