@@ -150,15 +150,27 @@ def select_template(
     )
 
 
+_MEDIA = {
+    "image_url": "an image",
+    "image": "an image",
+    "input_image": "an image",
+    "input_audio": "audio",
+    "audio": "audio",
+    "video": "a video",
+}
+
+
 def _text_content(parts: Sequence[Any]) -> str:
     texts: list[str] = []
     for part in parts:
         kind = part.get("type") if isinstance(part, Mapping) else None
         if kind == "text" and isinstance(part.get("text"), str):
             texts.append(part["text"])
-        elif kind in {"image_url", "image", "input_image", "input_audio", "audio", "video"}:
+        elif kind in _MEDIA:
+            # in words every wire's caller reads (a Messages `image` block arrives here as
+            # a chat `image_url` part: naming that confused the caller)
             raise ConfigurationError(
-                f"this local model is text-only; a message has a {kind!r} content part"
+                f"this local model is text-only; a message holds {_MEDIA[kind]}"
             )
         else:
             raise ConfigurationError(f"unsupported message content part: {part!r}")

@@ -179,3 +179,19 @@ async def test_a_value_no_branch_of_a_union_takes_is_named_by_its_field(
     error = (await _refused(served, "/v1/chat/completions", field))["error"]
     assert error["param"] == param and said in error["message"]
     assert "more error" not in error["message"]
+
+
+async def test_an_image_to_the_text_only_model_is_named_as_every_wire_sent_it(
+    served: Served,
+) -> None:
+    # It said "a message has a 'image_url' content part": the chat form the Messages
+    # `image` block and the Responses `input_image` part became on the way in.
+    url = "https://example.invalid/a.png"
+    image = {"type": "image", "source": {"type": "url", "url": url}}
+    turns = [{"role": "user", "content": [image, {"type": "text", "text": "what?"}]}]
+    error = await _refused(served, "/v1/messages", {"messages": turns, "max_tokens": 8})
+    assert error["error"]["message"] == "this local model is text-only; a message holds an image"
+    parts = [{"type": "input_image", "image_url": url}, {"type": "input_text", "text": "what?"}]
+    items = [{"role": "user", "content": parts}]
+    error = (await _refused(served, "/v1/responses", {"input": items}))["error"]
+    assert error["message"] == "this local model is text-only; a message holds an image"
