@@ -157,12 +157,6 @@ class RequestError(ValueError):
         self.param = param
 
 
-def _validation_message(exc: pydantic.ValidationError) -> tuple[str, str | None]:
-    """The message and ``param`` of a refused body (:func:`swiftclient.wire.request_problem`)."""
-    message, param = request_problem(exc)
-    return f"invalid request: {message}", param
-
-
 def parse_chat_body(body: Any, ignored: list[str] | None = None) -> ChatRequest:
     """Turn a decoded ``/v1/chat/completions`` JSON body into a :class:`ChatRequest`.
 
@@ -199,8 +193,8 @@ def parse_chat_body(body: Any, ignored: list[str] | None = None) -> ChatRequest:
     try:
         return ChatRequest.model_validate(fields)
     except pydantic.ValidationError as exc:
-        message, param = _validation_message(exc)
-        raise RequestError(400, message, "invalid_request", param) from exc
+        message, param = request_problem(exc)  # each field at fault once, union branches as one
+        raise RequestError(400, f"invalid request: {message}", "invalid_request", param) from exc
 
 
 def _stream_options(

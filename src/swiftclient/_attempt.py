@@ -571,14 +571,15 @@ class AttemptRun:
         trace = self.call_trace
         start = self._now()
         try:
-            # Bounded by the deadline as well: a store that stalls (a Redis server that
-            # stopped answering) holds the call no longer than that. A moment later than
-            # the wait's own end, so that a wait for capacity the deadline cuts short still
-            # says which limit it waited on (RateLimited).
             acquiring = admission.acquire(
                 name, tokens=tokens, input_tokens=inputs, timeout=timeout, remaining=remaining
             )
-            due = self._deadline.at + _ADMISSION_GRACE
+            # A shared store's wait is bounded by the deadline as well: one that stalls (a
+            # Redis server that stopped answering) holds the call no longer than that. A
+            # moment later than the wait's own end, so that a wait for capacity the
+            # deadline cuts short still says which limit it waited on (RateLimited). An
+            # in-process store answers at once: its waits end on their own.
+            due = self._deadline.at + _ADMISSION_GRACE if admission.store.shared else math.inf
             self._permit = permit = await self._bounded(acquiring, due, "deadline", None)
         except errors.RateLimited:
             if trace is not None:

@@ -448,30 +448,29 @@ def _content(content: Any, where: str, field: str = "content") -> str | list[dic
             raise ResponsesRequestError(f"{at} must be an object (a content part)", at)
         kind = part.get("type")
         kind = kind if isinstance(kind, str) else repr(kind)  # a list is no key of a dict
-        if kind in ("input_text", "output_text", "text") and isinstance(part.get("text"), str):
-            parts.append({"type": "text", "text": part["text"]})
-        elif kind == "refusal" and isinstance(part.get("refusal"), str):
-            parts.append({"type": "text", "text": part["refusal"]})
-        elif kind == "input_image" and isinstance(part.get("image_url"), str):
-            image = {"url": part["image_url"]}
-            if part.get("detail") in ("auto", "low", "high"):
-                image["detail"] = part["detail"]
-            parts.append({"type": "image_url", "image_url": image})
-        elif kind in _PART_FIELDS:  # a known part without its value
-            key = _PART_FIELDS[kind]
-            article = "an" if kind[0] in "aeiou" else "a"
-            raise ResponsesRequestError(
-                f"{at}: {article} {kind} part needs {key} (a string)", f"{at}.{key}"
-            )
-        else:
+        key = _PART_FIELDS.get(kind)
+        if key is None:
             raise ResponsesRequestError(
                 f"{at}: content parts of type {kind!r} are not supported here",
                 at,
             )
+        value = part.get(key)
+        if not isinstance(value, str):  # a known part without its value
+            article = "an" if kind[0] in "aeiou" else "a"
+            raise ResponsesRequestError(
+                f"{at}: {article} {kind} part needs {key} (a string)", f"{at}.{key}"
+            )
+        if kind == "input_image":
+            image = {"url": value}
+            if part.get("detail") in ("auto", "low", "high"):
+                image["detail"] = part["detail"]
+            parts.append({"type": "image_url", "image_url": image})
+        else:  # text, or a refusal read back as text
+            parts.append({"type": "text", "text": value})
     return joined_content(parts)
 
 
-_PART_FIELDS = {
+_PART_FIELDS = {  # each part type this wire takes, and the field holding its value
     "input_text": "text",
     "output_text": "text",
     "text": "text",
