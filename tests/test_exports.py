@@ -29,6 +29,7 @@ PUBLIC = [
     "Attempt",
     "AuthenticationError",
     "Backend",
+    "BackendNameWarning",
     "BadRequestError",
     "BatchProgress",
     "BatchResult",

@@ -7,7 +7,7 @@ extends swiftclient, is in :mod:`swiftclient.extend`.
 
 from ._batch import BatchProgress, BatchResult
 from ._canonical import PromptPrefix
-from ._client import AsyncClient
+from ._client import AsyncClient, BackendNameWarning
 from ._cost import CallCost, HedgeStats, Price, Pricing
 from ._deadline import Timeout
 from ._retry import RetryPolicy
@@ -79,6 +79,7 @@ __all__ = [
     "Attempt",
     "AuthenticationError",
     "Backend",
+    "BackendNameWarning",
     "BadRequestError",
     "BatchProgress",
     "BatchResult",

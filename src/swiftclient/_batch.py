@@ -66,9 +66,14 @@ def check_arguments(names: Iterable[str], where: str) -> None:
     """Refuse argument names that are neither request fields nor call options, naming the
     closest known one (a typo failed every entry of a batch, one by one, when sent)."""
     for name in names:
-        if name in {"stream", "response_model"}:
+        if name == "stream":
             raise ConfigurationError(
-                f"{where}: 'stream' and 'response_model' are not batch arguments"
+                f"{where}: 'stream' is not a batch argument (each entry's reply is whole)"
+            )
+        if name == "response_model":
+            raise ConfigurationError(
+                f"{where}: 'response_model' is not a batch argument; pass response_format "
+                "(a JSON schema) and validate each reply's text, or call chat() per entry"
             )
         if name not in _ARGUMENTS:
             close = difflib.get_close_matches(str(name), sorted(_ARGUMENTS), n=1)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import os
+import warnings
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from types import TracebackType
@@ -127,6 +129,27 @@ def _retry(retry: object) -> RetryPolicy | None:
     return retry
 
 
+class BackendNameWarning(UserWarning):
+    """A model string's prefix is no backend's name but close to one (``"opnai/gpt-4o"``
+    with a backend ``"openai"``): the whole string goes to the default backend, which is
+    right only if the prefix is part of the model's own name there."""
+
+
+def _warn_near_miss(head: str, model: str, backends: Mapping[str, Backend], default: str) -> None:
+    """Warn when ``head``, the prefix of ``model`` that names no backend, looks like a
+    misspelt backend name (the model then goes, whole, to the default backend)."""
+    near = difflib.get_close_matches(head, list(backends), 1)
+    if near:
+        meant = f"{near[0]}/{model[len(head) + 1 :]}"
+        warnings.warn(
+            f"model {model!r}: no backend is named {head!r}, so the default backend "
+            f"({default!r}) gets the whole string; did you mean {meant!r}? (If {head!r} is "
+            "part of the model's name there, filter BackendNameWarning.)",
+            BackendNameWarning,
+            stacklevel=2,
+        )
+
+
 class AsyncClient:
     """The client agents call: ``await client.chat(messages=..., model=...)``.
 
@@ -233,6 +256,10 @@ class AsyncClient:
         self.model = model
         self.timeout = Timeout() if isinstance(timeout, NotGiven) else Timeout.coerce(timeout)
         self.retry = _retry(retry) or RetryPolicy()
+        if type(stream_chat) is not bool:
+            raise errors.ConfigurationError(
+                f"stream_chat must be True or False, got {type(stream_chat).__name__}"
+            )
         self.stream_chat = stream_chat
         self.hedge = _hedge(hedge)
         self.router = router
@@ -397,13 +424,15 @@ class AsyncClient:
             model = getattr(self._backends[self._default], "default_model", None)
         if not model or not isinstance(model, str):
             raise errors.ConfigurationError(
-                "no model given: pass model=... or set AsyncClient(model=...)"
+                "no model given: pass model=... to the call or to the client"
             )
         head, sep, rest = model.partition("/")
         if sep and head in self._backends and rest:
             target = Target(self._backends[head], rest, head)
         else:
             target = Target(self._backends[self._default], model, self._default)
+            if sep and rest and named is not None:  # warned once: the target is kept below
+                _warn_near_miss(head, model, self._backends, self._default)
         if named is not None:  # the backends are fixed: a model string names one target
             if len(self._resolved) >= _MAX_RESOLVED:
                 self._resolved.clear()
@@ -596,6 +625,10 @@ class AsyncClient:
                 raise errors.ConfigurationError("pass response_model or response_format, not both")
             structured = structured_output(response_model)
             params["response_format"] = structured.response_format
+        if stream is not None and type(stream) is not bool:
+            raise errors.ConfigurationError(
+                f"stream must be True, False or None, got {type(stream).__name__}"
+            )
         use_stream = self.stream_chat if stream is None else stream
         call = self._call(
             messages, model, timeout, retry, hedge, task, params, extra_headers, use_stream

@@ -228,7 +228,7 @@ def from_env(environ: Mapping[str, str] | None = None, **kwargs: Any) -> Backend
     provider = env.get("SWIFTCLIENT_PROVIDER")
     if provider:
         return preset(
-            provider,
+            provider.strip().lower(),  # an environment's "OpenAI" or "local " means the same
             api_key=env.get("SWIFTCLIENT_API_KEY"),
             base_url=env.get("SWIFTCLIENT_BASE_URL"),
             environ=env,

@@ -60,6 +60,13 @@ __all__ = [
 _REQUEST = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 _RESPONSE = ConfigDict(extra="allow", populate_by_name=True)
 
+_MAX_COUNT = 2**53
+"""The largest token count a request may ask for or a reply may report: the largest integer
+JSON numbers and floats hold exactly (a count past it is a provider's or a caller's error, and
+would overflow the float arithmetic of pricing, rate limits and metrics)."""
+_TokenCount = Annotated[int, Field(ge=0, le=_MAX_COUNT)]
+"""A token count in a reply's usage: never negative, at most ``_MAX_COUNT``."""
+
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 # What else an assistant message may carry instead of content, tool calls or a refusal (a
 # legacy function call, a reference to earlier audio output).
@@ -321,11 +328,11 @@ class ChatRequest(BaseModel):
     response_format: ResponseFormat | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=_MAX_COUNT)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=_MAX_COUNT)
     stop: str | list[str] | None = None
     seed: int | None = None
-    n: int | None = Field(default=None, ge=1)
+    n: int | None = Field(default=None, ge=1, le=_MAX_COUNT)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
@@ -436,8 +443,8 @@ class PromptTokensDetails(BaseModel):
     """Breakdown of prompt tokens; ``cached_tokens`` came from a prompt cache."""
 
     model_config = _RESPONSE
-    cached_tokens: int | None = None
-    cache_write_tokens: int | None = None
+    cached_tokens: _TokenCount | None = None
+    cache_write_tokens: _TokenCount | None = None
     """Prompt tokens written to the cache, where the provider reports them here (OpenAI's
     GPT-5.6 and later models)."""
 
@@ -446,18 +453,18 @@ class CompletionTokensDetails(BaseModel):
     """Breakdown of completion tokens."""
 
     model_config = _RESPONSE
-    reasoning_tokens: int | None = None
-    accepted_prediction_tokens: int | None = None
-    rejected_prediction_tokens: int | None = None
+    reasoning_tokens: _TokenCount | None = None
+    accepted_prediction_tokens: _TokenCount | None = None
+    rejected_prediction_tokens: _TokenCount | None = None
 
 
 class Usage(BaseModel):
     """Token counts for one completion."""
 
     model_config = _RESPONSE
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    total_tokens: int = 0
+    prompt_tokens: _TokenCount = 0
+    completion_tokens: _TokenCount = 0
+    total_tokens: _TokenCount = 0
     prompt_tokens_details: PromptTokensDetails | None = None
     completion_tokens_details: CompletionTokensDetails | None = None
 

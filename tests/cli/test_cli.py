@@ -371,6 +371,21 @@ def test_an_empty_reply_cut_by_the_token_limit_says_so(
     assert "token limit before any text; raise --max-tokens" in err
 
 
+def test_a_reply_cut_by_the_token_limit_after_some_text_says_so(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--max-tokens 1`` printed "Hello" with nothing to say the reply was cut short."""
+    clear_provider_env(monkeypatch)
+    with FakeProvider(Reply(text="Hello", finish_reason="length")).run_in_thread() as fake:
+        assert main(["chat", "--base-url", fake.base_url, "-m", "m", "hi"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "Hello\n"
+    assert "[the reply was cut off at its token limit; raise --max-tokens]" in captured.err
+    with FakeProvider(Reply(text="Hello")).run_in_thread() as fake:
+        assert main(["chat", "--base-url", fake.base_url, "-m", "m", "hi"]) == 0
+    assert "token limit" not in capsys.readouterr().err
+
+
 def test_a_missing_key_is_named_as_the_problem_with_no_model_given_too(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

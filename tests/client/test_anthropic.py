@@ -19,6 +19,7 @@ import pytest
 from swiftclient import (
     AnthropicBackend,
     APIConnectionError,
+    APIResponseValidationError,
     AsyncClient,
     AuthenticationError,
     ConfigurationError,
@@ -591,6 +592,29 @@ async def test_a_stream_cut_before_message_stop_is_a_connection_error() -> None:
     ):
         with pytest.raises(APIConnectionError, match="ended before"):
             await client.chat(messages="hi", retry=RetryPolicy.none())
+
+
+@over_transports
+@pytest.mark.parametrize("count", [b"-3", b"1" + b"0" * 400], ids=["negative", "huge"])
+async def test_an_output_count_out_of_range_is_a_validation_error(count: bytes) -> None:
+    body = EXAMPLE_STREAM.replace(
+        b'"usage":{"output_tokens":89}', b'"usage":{"output_tokens":' + count + b"}"
+    )
+    async with (
+        replay_backend(body) as backend,
+        AsyncClient(
+            backends={"a": backend},
+            model="a/claude",
+            pricing=Pricing({"*": Price(per_input_token=1e-6, per_output_token=2e-6)}),
+        ) as client,
+    ):
+        with pytest.raises(APIResponseValidationError, match="(?i)usage"):
+            await client.chat(messages="hi", retry=RetryPolicy.none())
+
+
+def test_headers_that_are_no_mapping_are_refused() -> None:
+    with pytest.raises(ConfigurationError, match="headers must be a mapping"):
+        AnthropicBackend("http://127.0.0.1:9", api_key=KEY, headers=5)  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------------- presets

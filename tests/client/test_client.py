@@ -6,6 +6,7 @@ import json
 import os
 import re
 import sys
+import warnings
 from typing import Any
 
 import anyio
@@ -16,6 +17,7 @@ from swiftclient import (
     APIResponseValidationError,
     AsyncClient,
     AuthenticationError,
+    BackendNameWarning,
     BadRequestError,
     ConfigurationError,
     DeadlineExceeded,
@@ -330,12 +332,37 @@ async def test_model_routing_by_backend_prefix() -> None:
     assert [json.loads(r.content)["model"] for r in a.requests] == ["Qwen/Qwen3-0.6B", "m"]
 
 
+@over_transports
+async def test_a_prefix_close_to_a_backend_name_warns_once_and_still_goes_to_the_default() -> None:
+    a, b = Script(), Script()
+    async with a.serve() as a_url, b.serve() as b_url:
+        backends = {"openai": backend_for(a_url, name="openai"), "local": backend_for(b_url)}
+        async with AsyncClient(backends=backends) as client:
+            with pytest.warns(BackendNameWarning, match="did you mean 'local/qwen3'") as seen:
+                await client.chat("x", model="locl/qwen3")
+                await client.chat("x", model="locl/qwen3")  # resolved once: no second warning
+            assert len(seen) == 1
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # a prefix like no backend's name: no warning
+                await client.chat("x", model="Qwen/Qwen3-0.6B")
+    assert [json.loads(r.content)["model"] for r in a.requests] == [
+        "locl/qwen3",
+        "locl/qwen3",
+        "Qwen/Qwen3-0.6B",
+    ]
+    assert not b.requests
+
+
 async def test_bad_parameters_raise_configuration_error() -> None:
     async with mock_client(Script()) as client:
         with pytest.raises(ConfigurationError, match="max_token"):
             await client.chat("x", max_token=3)
         with pytest.raises(ConfigurationError):
             await client.chat("x", model="")
+        with pytest.raises(ConfigurationError, match="stream must be True, False or None"):
+            await client.chat("x", stream="yes")  # type: ignore[call-overload]
+        with pytest.raises(ConfigurationError, match="max_tokens"):
+            await client.chat("x", max_tokens=10**400)
 
 
 _TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
@@ -544,6 +571,7 @@ def test_env_configuration_and_presets() -> None:
     assert isinstance(oxlo, HTTPBackend) and oxlo.base_url == "https://api.oxlo.ai/v1"
     assert isinstance(from_env({"OPENAI_API_KEY": "x" * 10}), HTTPBackend)
     assert isinstance(from_env({"SWIFTCLIENT_PROVIDER": "vllm"}), HTTPBackend)
+    assert from_env({"SWIFTCLIENT_PROVIDER": " VLLM "}).name == "vllm"  # as an env var is typed
     with pytest.raises(ConfigurationError, match="OXLO_API_KEY"):
         preset("oxlo", environ={})
     with pytest.raises(ConfigurationError, match="unknown provider"):
@@ -711,6 +739,7 @@ def test_a_uvloop_clock_is_read_through_time_monotonic_only_when_it_is_that_cloc
         ({"backend": "http://127.0.0.1:8000/v1"}, "HTTPBackend(url)"),
         ({"model": 123}, "model must be a string"),
         ({"backends": [HTTPBackend("http://127.0.0.1:8000/v1")]}, "backends must be a mapping"),
+        ({"stream_chat": "no"}, "stream_chat must be True or False"),
     ],
 )
 def test_wrong_constructor_arguments_are_configuration_errors(

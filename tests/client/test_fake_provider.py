@@ -121,6 +121,17 @@ async def test_status_errors_carry_retry_headers_and_an_openai_error_body() -> N
     assert recovered.status_code == 200
 
 
+async def test_several_choices_are_refused_not_answered_with_one() -> None:
+    async with FakeProvider() as fake, httpx.AsyncClient(base_url=fake.base_url) as client:
+        fake.script(Reply(text="kept for the next request"))
+        refused = await client.post("/chat/completions", json=chat_body(n=2))
+        one = await client.post("/chat/completions", json=chat_body(n=1))
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "n"
+    assert "one choice per request" in refused.json()["error"]["message"]
+    assert one.json()["choices"][0]["message"]["content"] == "kept for the next request"
+
+
 async def test_drop_after_breaks_the_stream_after_n_chunks() -> None:
     async with FakeProvider() as fake, httpx.AsyncClient(base_url=fake.base_url) as client:
         fake.script(Reply(tokens=5, drop_after=2), Reply(drop_after=0))

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import warnings
+
 import anyio
 import pytest
 
@@ -13,6 +17,7 @@ from swiftclient import (
     ConfigurationError,
     DeadlineExceeded,
     HTTPBackend,
+    NotFoundError,
     RateLimitError,
     RetryPolicy,
     StreamError,
@@ -319,6 +324,8 @@ def test_a_base_url_with_a_query_or_fragment_is_refused(suffix: str) -> None:
         ({"api_key": 123}, "api_key must be a str"),
         ({"headers": {"x-team": 1}}, "header 'x-team': header names and values must be str"),
         ({"headers": {"x-team": "a\r\nx-evil: 1"}}, "header 'x-team' holds a control"),
+        ({"headers": 5}, "headers must be a mapping of header names to values, got int"),
+        ({"headers": {1: "a"}}, "header 1: header names and values must be str"),
         ({"max_connections": 2.5}, "max_connections must be an int"),
     ],
 )
@@ -353,3 +360,33 @@ async def test_a_request_json_cannot_carry_is_a_configuration_error() -> None:
             with pytest.raises(ConfigurationError, match="cannot be sent as JSON"):
                 await call
         assert not fake.requests
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
+async def test_a_404_from_a_base_url_without_a_path_suggests_v1(stream: bool) -> None:
+    async with FakeProvider(Reply(tokens=2)) as fake:
+        root = fake.base_url.removesuffix("/v1")
+        async with AsyncClient(HTTPBackend(root), model="m", stream_chat=stream) as client:
+            with pytest.raises(NotFoundError) as missed:
+                await client.chat("hi")
+            assert f"base_url={root + '/v1'!r}?" in str(missed.value)
+        # With a path, a 404 is the server's own word (a wrong path is not guessed at).
+        async with AsyncClient(HTTPBackend(root + "/api"), model="m") as client:
+            with pytest.raises(NotFoundError) as missed:
+                await client.chat("hi")
+            assert "base_url" not in str(missed.value)
+
+
+def test_a_second_asyncio_run_on_one_client_is_refused_before_sending() -> None:
+    """Each ``asyncio.run`` makes a new loop; the pool belongs to the first. The second call
+    failed deep in aiohttp (``RuntimeError: Event loop is closed``) after retrying."""
+    with FakeProvider(Reply(tokens=2)).run_in_thread() as fake:
+        client = AsyncClient(HTTPBackend(fake.base_url, name="fake"), model="m")
+        assert asyncio.run(client.chat("hi")).text
+        with pytest.raises(ConfigurationError, match="first used on another event loop"):
+            asyncio.run(client.chat("hi"))
+        assert len(fake.requests) == 1
+        with warnings.catch_warnings():  # the first loop's connection cannot be closed now
+            warnings.simplefilter("ignore", ResourceWarning)
+            del client
+            gc.collect()

@@ -22,14 +22,17 @@ from swiftclient import (
     AsyncClient,
     DeadlineExceeded,
     HTTPBackend,
+    Price,
+    Pricing,
     ResponseTooLarge,
     RetryPolicy,
     Timeout,
 )
 from swiftclient._deadline import Deadline
+from swiftclient.admission import Limits
 from swiftclient.backends.base import BufferedChunkIterator
 from swiftclient.backends.http import MAX_DEPTH, _overfull
-from swiftclient.types import MAX_CHOICES, MAX_TOOL_CALLS, ChatRequest, Message
+from swiftclient.types import MAX_CHOICES, MAX_TOOL_CALLS, ChatRequest, Message, Usage
 
 from .mock import backend_for, serve_handler
 
@@ -257,3 +260,52 @@ async def test_events_after_a_large_one_wait_for_a_checkpoint() -> None:
         assert scope.cancelled_caught
         second = await chunks.__anext__()
         assert second.text == "after"
+
+
+_USAGE_FIELDS = [
+    pytest.param({"prompt_tokens": 10**400}, id="huge"),
+    pytest.param({"completion_tokens": -5}, id="negative"),
+    pytest.param({"prompt_tokens_details": {"cached_tokens": -1}}, id="negative-cached"),
+    pytest.param({"total_tokens": 2**53 + 1}, id="past-2-53"),
+]
+
+
+@over_transports
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
+@pytest.mark.parametrize("usage", _USAGE_FIELDS)
+async def test_a_usage_count_out_of_range_is_a_validation_error(
+    usage: dict[str, Any], stream: bool
+) -> None:
+    # A provider's usage feeds pricing, the rate-limit learner and the token histograms, all
+    # float arithmetic: a count past 2**53 raised OverflowError out of a call that had
+    # succeeded, and a negative one a ConfigurationError blaming the caller.
+    message = {"role": "assistant", "content": "hi"}
+    if stream:
+        body = (
+            _event({"id": "c", "choices": [_choice(0, content="hi")]})
+            + _event({"id": "c", "choices": [], "usage": usage})
+            + b"data: [DONE]\n\n"
+        )
+    else:
+        choice = {"index": 0, "message": message, "finish_reason": "stop"}
+        body = json.dumps({"id": "c", "choices": [choice], "usage": usage}).encode()
+    headers = SSE if stream else {"content-type": "application/json"}
+    pricing = Pricing({"*": Price(per_input_token=0.001, per_output_token=0.002)})
+    async with (
+        _backend(200, body, headers) as backend,
+        AsyncClient(
+            backend,
+            model="m",
+            retry=RetryPolicy.none(),
+            stream_chat=stream,
+            pricing=pricing,
+            limits=Limits(),
+        ) as client,
+    ):
+        with pytest.raises(APIResponseValidationError, match="(?i)usage"):
+            await client.chat("hi")
+
+
+def test_usage_counts_up_to_2_53_are_taken() -> None:
+    usage = Usage.model_validate({"prompt_tokens": 2**53, "completion_tokens": 0})
+    assert usage.prompt_tokens == 2**53

@@ -102,6 +102,14 @@ def test_tools_choice_and_output_format() -> None:
         # objects on Anthropic's API, which were dropped without a word
         ({"metadata": "x"}, "metadata"),
         ({"thinking": "yes"}, "thinking"),
+        # what Anthropic's API refuses, which was served (OpenAI's temperature goes to 2)
+        ({"temperature": 1.5}, "temperature"),
+        ({"temperature": True}, "temperature"),
+        ({"top_p": -0.1}, "top_p"),
+        ({"top_k": -1}, "top_k"),
+        ({"top_k": 2.5}, "top_k"),
+        ({"metadata": {"user_id": 7}}, "metadata.user_id"),
+        ({"tools": [{"name": "f"}]}, "tools[0].input_schema"),
         (
             {
                 "messages": [
@@ -122,6 +130,14 @@ def test_what_cannot_be_a_chat_call_is_refused(body: dict[str, Any], param: str 
         chat_fields({**request, **body}, [])
     if param is not None:
         assert refused.value.param == param
+
+
+def test_sampling_at_the_ends_of_anthropics_ranges_is_served() -> None:
+    request = {"model": "m", "max_tokens": 9, "messages": [{"role": "user", "content": "x"}]}
+    body = {**request, "temperature": 1, "top_p": 0.0, "top_k": 0, "metadata": {"user_id": "u"}}
+    fields = chat_fields(body, [], extra_body=True)
+    assert (fields["temperature"], fields["top_p"], fields["user"]) == (1, 0.0, "u")
+    assert fields["extra_body"] == {"top_k": 0}
 
 
 def _completion(message: dict[str, Any], **choice: Any) -> ChatCompletion:

@@ -52,7 +52,7 @@ from ..types import (
 )
 from ..wire import mark_matched_stop
 from ..wire.messages import PREFILL_FIELDS
-from .base import RequestOptions
+from .base import RequestOptions, header_mapping
 from .http import (
     NO_IDS,
     HTTPBackend,
@@ -945,7 +945,8 @@ class AnthropicBackend(HTTPBackend):
         if root and "://" in root and not root.endswith("/v1"):
             root += "/v1"
         merged = {"anthropic-version": version}
-        merged.update({k.lower(): v for k, v in (headers or {}).items()})
+        if headers is not None:
+            merged.update(header_mapping(headers, "headers"))
         super().__init__(root, api_key, name=name, headers=merged, **kwargs)
         self.max_tokens = max_tokens
         self.structured_output = structured_output

@@ -110,15 +110,21 @@ def check_headers(headers: Mapping[str, Any], from_key: Iterable[str] = ()) -> N
             )
 
 
+def header_mapping(headers: Any, what: str) -> dict[str, str]:
+    """``headers`` (the argument called ``what``) checked as a mapping of sendable headers
+    (:func:`check_headers`), with its names in lower case."""
+    if not isinstance(headers, Mapping):
+        raise ConfigurationError(
+            f"{what} must be a mapping of header names to values, got {type(headers).__name__}"
+        )
+    check_headers(headers)
+    return {name.lower(): value for name, value in headers.items()}
+
+
 def call_headers(headers: Any) -> dict[str, str]:
     """One call's ``extra_headers``, checked: a mapping of sendable headers, no credential
     among them (a key belongs on the backend, where errors and logs are scrubbed of it)."""
-    if not isinstance(headers, Mapping):
-        raise ConfigurationError(
-            "extra_headers must be a mapping of header names to values, "
-            f"got {type(headers).__name__}"
-        )
-    check_headers(headers)
+    checked = header_mapping(headers, "extra_headers")
     for name in headers:
         if is_credential_header(name):
             raise ConfigurationError(
@@ -130,7 +136,7 @@ def call_headers(headers: Any) -> dict[str, str]:
                 f"extra_headers: the client sets {name!r} itself (the request's body, "
                 "connection or retries depend on it)"
             )
-    return {name.lower(): value for name, value in headers.items()}
+    return checked
 
 
 def with_call_headers(headers: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:

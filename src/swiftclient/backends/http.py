@@ -60,6 +60,7 @@ from .base import (
     TransportResponse,
     check_backend_name,
     check_headers,
+    header_mapping,
     with_call_headers,
 )
 
@@ -259,14 +260,21 @@ class HTTPBackend:
         check_backend_name(name)
         self.name = name
         self.base_url = base_url.rstrip("/")
+        # A 404 from a base URL without a path is most often a missing ``/v1``: said with it.
+        self._missing_path = (
+            f" (base_url has no path; OpenAI-compatible servers usually serve under /v1: "
+            f"base_url={self.base_url + '/v1'!r}?)"
+            if not urlsplit(self.base_url).path
+            else ""
+        )
         self._api_key = api_key
         base_headers = {
             "user-agent": _USER_AGENT,
             "accept": "application/json",
             "content-type": "application/json",
         }
-        if headers:
-            base_headers.update({k.lower(): v for k, v in headers.items()})
+        if headers is not None:
+            base_headers.update(header_mapping(headers, "headers"))
         if api_key is not None and not isinstance(api_key, str):
             raise errors.ConfigurationError("api_key must be a str")
         if api_key:
@@ -303,6 +311,7 @@ class HTTPBackend:
         self._cache_ttl = cache_ttl
         self._min_cache_tokens = min_cache_tokens
         self._transport: Transport | None = None
+        self._loop: object = None  # the asyncio loop the transport was made on (None: trio)
         self._slots: anyio.Semaphore | None = None
         self._release_nowait = False
         if transport is None and not http2:
@@ -395,7 +404,18 @@ class HTTPBackend:
         if transport is None:
             transport = self._transport = self._make_transport()
             self._slots = anyio.Semaphore(self._max_connections)
+            self._loop = running_loop()
         return transport
+
+    def _other_loop(self) -> errors.ConfigurationError:
+        """The error for a request on another event loop than the pool's (the second of two
+        ``asyncio.run()`` calls sharing a client): its connections cannot serve it."""
+        return errors.ConfigurationError(
+            f"backend {self.name!r} was first used on another event loop, and its pooled "
+            "connections belong to that loop (each asyncio.run() makes a new one): make the "
+            "client inside the coroutine you run (async with AsyncClient(...) as client: "
+            "...), close it before the loop ends, or use the blocking Client"
+        )
 
     def pool_stats(self) -> dict[str, int]:
         """Connections checked out by calls (``in_use``) and calls waiting for one
@@ -534,6 +554,8 @@ class HTTPBackend:
         slot (at most ``Timeout.pool``). Await it at once: the slot is already held."""
         if self._transport is None:
             self._open()
+        elif self._loop is not running_loop():
+            raise self._other_loop()
         headers = self._stream_headers if stream else self._headers
         encoding = None
         if options is not None:
@@ -728,6 +750,8 @@ class HTTPBackend:
         headers = errors.redact_headers(response.headers, *self._secrets)
         request_id = headers.get("x-request-id") or headers.get("request-id")
         message = f"{self.name}: HTTP {status}: {detail}"
+        if status == 404:
+            message += self._missing_path
         return errors.status_error_class(status)(
             message,
             status_code=status,

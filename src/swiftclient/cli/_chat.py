@@ -146,9 +146,11 @@ class _Conversation:
                 raise
             if wrote or not completion.tool_calls:
                 self.out.write("\n")
-            if not wrote and not completion.tool_calls and completion.finish_reason == "length":
+            if not completion.tool_calls and completion.finish_reason == "length":
                 print(
-                    "[the reply reached its token limit before any text; raise --max-tokens]",
+                    "[the reply was cut off at its token limit; raise --max-tokens]"
+                    if wrote
+                    else "[the reply reached its token limit before any text; raise --max-tokens]",
                     file=sys.stderr,
                     flush=True,
                 )

@@ -107,7 +107,8 @@ class TargetOptions:
     @property
     def provider(self) -> str | None:
         """The preset named by ``--backend``, else by ``SWIFTCLIENT_PROVIDER``."""
-        return self.backend or os.environ.get("SWIFTCLIENT_PROVIDER") or None
+        named = self.backend or os.environ.get("SWIFTCLIENT_PROVIDER", "").strip().lower()
+        return named or None
 
     @property
     def is_local(self) -> bool:

@@ -306,6 +306,13 @@ class FakeProvider:
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             await writer.send_error(400, "The body must be a JSON object with messages.")
             return
+        if body.get("n", 1) != 1:
+            # One choice is what every scripted reply describes: say so rather than answer
+            # one choice to a request for several.
+            await writer.send_error(
+                400, "The fake provider answers one choice per request: n must be 1.", param="n"
+            )
+            return
         seq = self._seq
         reply = self._queue[0] if self._queue else self.default
         limit_headers: dict[str, str] = {}

@@ -24,10 +24,11 @@ Request mapping:
   (web search, code execution, ...) are refused; ``tool_choice`` ``auto`` / ``any`` /
   ``tool`` / ``none`` becomes ``auto`` / ``required`` / the named function / ``none``, and
   ``disable_parallel_tool_use`` ``parallel_tool_calls: false``;
-- ``max_tokens`` (required, as by the API), ``stop_sequences`` (``stop``), ``temperature``,
-  ``top_p``, ``metadata.user_id`` (``user``); ``output_format`` / ``output_config.format``
-  (``json_schema``) becomes a ``json_schema`` ``response_format``; ``top_k`` and
-  ``thinking`` travel in ``extra_body`` (an Anthropic backend sends them on);
+- ``max_tokens`` (required, as by the API), ``stop_sequences`` (``stop``), ``temperature``
+  and ``top_p`` (from 0 to 1, as the API takes them), ``metadata.user_id`` (``user``);
+  ``output_format`` / ``output_config.format`` (``json_schema``) becomes a ``json_schema``
+  ``response_format``; ``top_k`` (an integer >= 0) and ``thinking`` travel in
+  ``extra_body`` (an Anthropic backend sends them on);
 - ``cache_control`` marks are dropped and named in ``x-ignored-fields`` (an
   ``AnthropicBackend`` with ``cache_breakpoints=True`` places its own); other
   fields are ignored and named to the caller.
@@ -193,15 +194,25 @@ def chat_fields(
             raise MessagesRequestError("stop_sequences must be a list of strings", "stop_sequences")
         if stops:
             fields["stop"] = stops
-    for name in _SAME:
-        if body.get(name) is not None:
-            fields[name] = body[name]
+    for name in _SAME:  # Anthropic's API takes both from 0 to 1 (OpenAI's temperature to 2)
+        value = body.get(name)
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+                raise MessagesRequestError(f"{name}: must be a number from 0 to 1", name)
+            fields[name] = value
+    top_k = body.get("top_k")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0):
+        raise MessagesRequestError("top_k: must be an integer >= 0", "top_k")
     for name in ("metadata", "thinking"):  # objects on Anthropic's API: else dropped unsaid
         if body.get(name) is not None and not isinstance(body[name], Mapping):
             raise MessagesRequestError(f"{name} must be an object", name)
     metadata = body.get("metadata")
-    if isinstance(metadata, Mapping) and isinstance(metadata.get("user_id"), str):
-        fields["user"] = metadata["user_id"]
+    if isinstance(metadata, Mapping):
+        user = metadata.get("user_id")
+        if user is not None and not isinstance(user, str):
+            raise MessagesRequestError("metadata.user_id must be a string", "metadata.user_id")
+        if user is not None:
+            fields["user"] = user
     tools = body.get("tools")
     if tools:
         fields["tools"] = _tools(tools)
@@ -450,7 +461,12 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
         function: dict[str, Any] = {"name": name}
         if isinstance(tool.get("description"), str):
             function["description"] = tool["description"]
-        function["parameters"] = tool.get("input_schema") or {"type": "object"}
+        schema = tool.get("input_schema")
+        if schema is None:  # required by Anthropic's API, as here (a wrong type: below)
+            raise MessagesRequestError(
+                f"tools[{index}].input_schema: Field required", f"tools[{index}].input_schema"
+            )
+        function["parameters"] = schema or {"type": "object"}
         converted.append({"type": "function", "function": function})
     return converted
 
