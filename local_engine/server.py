@@ -79,7 +79,12 @@ from swiftclient.types import (
     ChatRequest,
     StreamOptions,
 )
-from swiftclient.wire import chat_completion_body, request_problem
+from swiftclient.wire import (
+    chat_completion_body,
+    listed_names,
+    printable_name,
+    request_problem,
+)
 
 from .backend import LocalBackend
 from .errors import EngineConfigError, EngineError, GrammarFailedError, OverloadedError
@@ -108,9 +113,7 @@ _REQUEST_FIELDS = frozenset(ChatRequest.model_fields) - {"extra_body"}
 _STREAM_OPTIONS = frozenset(StreamOptions.model_fields)
 IGNORED_FIELDS_HEADER = "x-ignored-fields"
 """The response header naming the request fields the server ignored (comma-separated)."""
-_NAMED_AT_MOST = 20  # ignored field names in the header and a log line
 _REMEMBERED_AT_MOST = 1000  # field names logged once (a client could send any number)
-_NAME_CHARS = 64
 
 
 def _status_of(writer: ResponseWriter, raised: BaseException | None) -> int:
@@ -119,20 +122,6 @@ def _status_of(writer: ResponseWriter, raised: BaseException | None) -> int:
     if writer.status is not None:
         return writer.status
     return 500 if isinstance(raised, Exception) else 499
-
-
-def _printable(name: str) -> str:
-    """A client's field name as it may go in a header or a log line: non-ASCII and control
-    characters escaped (``\\n``, ``\\u043a``), cut to :data:`_NAME_CHARS` characters."""
-    escaped = ascii(name)[1:-1].replace(",", "\\x2c")  # the header lists names by commas
-    return escaped if len(escaped) <= _NAME_CHARS else escaped[: _NAME_CHARS - 3] + "..."
-
-
-def _listed(names: list[str]) -> str:
-    """``names`` joined, the first :data:`_NAMED_AT_MOST` of them and a count of the rest."""
-    shown = ", ".join(names[:_NAMED_AT_MOST])
-    more = len(names) - _NAMED_AT_MOST
-    return shown + (f" and {more} more" if more > 0 else "")
 
 
 _log = logging.getLogger("local_engine.server")
@@ -509,18 +498,18 @@ class LocalServer:
 
     def _note_ignored(self, writer: ResponseWriter, ignored: list[str]) -> None:
         """Name the ignored fields in a header; log each field name the first time (the
-        names escaped to printable ASCII and cut short, at most :data:`_NAMED_AT_MOST` of
+        names escaped to printable ASCII and cut short, at most ``NAMED_AT_MOST`` of
         them, and at most :data:`_REMEMBERED_AT_MOST` remembered: a client chooses them)."""
         if not ignored:
             return
-        names = sorted({_printable(name) for name in ignored})
-        writer.headers[IGNORED_FIELDS_HEADER] = _listed(names)
+        names = sorted({printable_name(name) for name in ignored})
+        writer.headers[IGNORED_FIELDS_HEADER] = listed_names(names)
         if len(self._ignored_seen) >= _REMEMBERED_AT_MOST:
             return
         new = [name for name in names if name not in self._ignored_seen]
         if new:
             self._ignored_seen.update(new[: _REMEMBERED_AT_MOST - len(self._ignored_seen)])
-            _log.warning("ignoring request fields this server does not use: %s", _listed(new))
+            _log.warning("ignoring request fields this server does not use: %s", listed_names(new))
 
     async def _traced(
         self,

@@ -61,7 +61,7 @@ import anyio
 import anyio.to_thread
 
 from swiftclient.types import ChatCompletion, ChatCompletionChunk, ChatRequest, Usage
-from swiftclient.wire import mark_matched_stop
+from swiftclient.wire import listed_names, mark_matched_stop, printable_name
 
 from .chat import ChatFormatter, ChatPrompt, CompletionStream, build_completion, make_usage
 from .engine import Engine, RequestOutput
@@ -142,7 +142,8 @@ class PreparedRequest:
     cache_salt: str | None
 
 
-_ignored_logged: set[str] = set()
+_ignored_logged: set[str] = set()  # printable names, as logged
+_REMEMBERED_AT_MOST = 1000
 
 
 def _extra(request: ChatRequest) -> dict[str, Any]:
@@ -151,14 +152,16 @@ def _extra(request: ChatRequest) -> dict[str, Any]:
     # null is absent, as OpenAI's own optional fields are
     body = request.extra_body or {}
     extra = {k: v for k, v in body.items() if k in EXTRA_BODY_KEYS and v is not None}
-    unknown = sorted(set(request.extra_body or {}) - EXTRA_BODY_KEYS - _ignored_logged)
-    if unknown:
-        _ignored_logged.update(unknown)
-        _log.warning(
-            "ignoring extra_body keys the local engine does not use: %s (it reads: %s)",
-            ", ".join(unknown),
-            ", ".join(sorted(EXTRA_BODY_KEYS)),
-        )
+    if len(_ignored_logged) < _REMEMBERED_AT_MOST:  # a client may send any number of names
+        unknown = {printable_name(k) for k in body if k not in EXTRA_BODY_KEYS}
+        new = sorted(unknown - _ignored_logged)
+        if new:
+            _ignored_logged.update(new[: _REMEMBERED_AT_MOST - len(_ignored_logged)])
+            _log.warning(
+                "ignoring extra_body keys the local engine does not use: %s (it reads: %s)",
+                listed_names(new),
+                ", ".join(sorted(EXTRA_BODY_KEYS)),
+            )
     for flag in ("ignore_eos", "continuous_usage_stats", "tool_grammar"):
         if flag in extra and not isinstance(extra[flag], bool):
             param = "stream_options." + flag if flag == "continuous_usage_stats" else flag

@@ -475,6 +475,15 @@ class Usage(BaseModel):
         extra = self.__pydantic_extra__
         if not extra:
             return self
+        split = extra.get("cache_creation")
+        counts = [*_CACHE_HIT_FIELDS, "cache_creation_input_tokens"]
+        for name, value in [
+            *((key, extra.get(key)) for key in counts),
+            *(split.items() if isinstance(split, dict) else ()),
+        ]:  # the counts read from the extras (the properties below) are as bounded
+            if isinstance(value, int) and not isinstance(value, bool):
+                if not 0 <= value <= _MAX_COUNT:
+                    raise ValueError(f"{name}: a token count must be from 0 to 2**53")
         details = self.prompt_tokens_details
         if details is not None and details.cached_tokens is not None:
             return self

@@ -15,6 +15,7 @@ from typing import Any
 
 import anyio
 import httpx
+import pydantic
 import pytest
 
 from swiftclient import (
@@ -309,3 +310,19 @@ async def test_a_usage_count_out_of_range_is_a_validation_error(
 def test_usage_counts_up_to_2_53_are_taken() -> None:
     usage = Usage.model_validate({"prompt_tokens": 2**53, "completion_tokens": 0})
     assert usage.prompt_tokens == 2**53
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"prompt_cache_hit_tokens": -1, "prompt_tokens_details": {}},
+        {"cache_read_input_tokens": 2**60},
+        {"cache_creation_input_tokens": -2},
+        {"cache_creation": {"ephemeral_1h_input_tokens": -3}},
+    ],
+)
+def test_cache_counts_other_providers_name_are_bounded_too(extra: dict[str, Any]) -> None:
+    # Read from the extras (DeepSeek's and Anthropic-style names): a negative count reached
+    # pricing through the cache properties unchecked.
+    with pytest.raises(pydantic.ValidationError, match="from 0 to 2"):
+        Usage.model_validate({"prompt_tokens": 9, **extra})

@@ -271,6 +271,37 @@ async def test_the_fields_a_provider_ignored_reach_the_sdk() -> None:
         await sdk.close()
 
 
+@pytest.mark.anyio
+async def test_ignored_field_names_a_caller_chose_are_escaped_in_the_header() -> None:
+    """A Responses or Messages field the wire ignores is named in ``x-ignored-fields`` as
+    sent: a non-ASCII name raised ``UnicodeEncodeError`` at the SDK, and a CR-LF in one
+    wrote a header line of its own into the SDK's answer."""
+    body: Any = {
+        "ключ": 1,
+        "a\r\nx-evil: 1": 2,
+        "b,c": 3,
+        "include": ["reasoning.encrypted_content"],
+    }
+    async with hedged() as (fakes, client):
+        sdk = openai_sdk(client, "httpx2")
+        fakes["quick"].script(Reply(text="ok"))
+        raw = await sdk.responses.with_raw_response.create(model=QUICK, input="hi", extra_body=body)
+        assert raw.headers.get_list("x-ignored-fields") == [
+            "\\u043a\\u043b\\u044e\\u0447, a\\r\\nx-evil: 1, b\\x2cc, "
+            "include:reasoning.encrypted_content"
+        ]
+        assert "x-evil" not in raw.headers
+        assert raw.parse().output_text == "ok"
+        await sdk.close()
+        anthropic = anthropic_sdk(client)
+        fakes["quick"].script(Reply(text="ok"))
+        answer = await anthropic.messages.with_raw_response.create(
+            model=QUICK, max_tokens=9, messages=USER, extra_body={"ключ": 1}
+        )
+        assert answer.headers["x-ignored-fields"] == "\\u043a\\u043b\\u044e\\u0447"
+        await anthropic.close()
+
+
 # --------------------------------------------------------------------------- anthropic SDK
 
 

@@ -165,6 +165,7 @@ def test_tool_choice_text_format_and_logprobs_map_to_chat_fields() -> None:
         ),
         ({"model": None}, "model", "model: Field required"),  # "Input should be a valid string"
         ({"reasoning": "high"}, "reasoning", "reasoning must be an object"),  # was dropped
+        ({"include": [1]}, "include", "include must be a list of strings"),
     ],
 )
 def test_requests_the_stateless_server_cannot_serve_are_refused_by_name(
@@ -174,6 +175,14 @@ def test_requests_the_stateless_server_cannot_serve_are_refused_by_name(
         chat_fields({"model": "m", "input": "x", **body}, [])
     if param is not None:
         assert caught.value.param == param
+
+
+def test_include_values_but_logprobs_are_named_as_ignored() -> None:
+    ignored: list[str] = []
+    include = ["message.output_text.logprobs", "reasoning.encrypted_content"]
+    fields, _ = chat_fields({"model": "m", "input": "x", "include": include}, ignored)
+    assert fields["logprobs"] is True
+    assert ignored == ["include:reasoning.encrypted_content"]
 
 
 def _echo() -> ResponseEcho:

@@ -21,7 +21,7 @@ from .. import errors
 from .._deadline import Timeout
 from ..asgi._wire import error_body
 from ..types import Attempt, ChatCompletion, ChatCompletionChunk, ChatRequest, Timing
-from ..wire import chat_completion_body, messages, responses
+from ..wire import chat_completion_body, listed_names, messages, printable_name, responses
 
 __all__ = [
     "CHAT",
@@ -352,6 +352,13 @@ def _winner(timing: Timing) -> Attempt | None:
     return None
 
 
+def _named(ignored: list[str]) -> str:
+    """The ``x-ignored-fields`` value naming a wire's ``ignored`` fields, in order: names a
+    caller chose, so escaped to printable ASCII (a non-ASCII name raised
+    ``UnicodeEncodeError`` at the SDK, a CR-LF in one wrote a header of its own)."""
+    return listed_names(list(dict.fromkeys(printable_name(name) for name in ignored)))
+
+
 def _call_headers(
     timing: Timing | None, own: Sequence[tuple[str, str]] = ()
 ) -> list[tuple[str, str]]:
@@ -490,9 +497,7 @@ class ResponsesWire:
     def __init__(self, echo: responses.ResponseEcho, ignored: list[str]) -> None:
         """Answer for the request ``echo`` describes; name the ``ignored`` fields."""
         self._echo = echo
-        self.headers: list[tuple[str, str]] = (
-            [("x-ignored-fields", ", ".join(ignored))] if ignored else []
-        )
+        self.headers: list[tuple[str, str]] = [(_IGNORED, _named(ignored))] if ignored else []
 
     def completion(self, completion: ChatCompletion) -> Reply:
         """The completion as a ``response`` object."""
@@ -566,9 +571,7 @@ class MessagesWire:
     def __init__(self, model: str | None, ignored: list[str]) -> None:
         """Answer a request for ``model``; name the ``ignored`` fields."""
         self._model = model or ""
-        self.headers: list[tuple[str, str]] = (
-            [("x-ignored-fields", ", ".join(ignored))] if ignored else []
-        )
+        self.headers: list[tuple[str, str]] = [(_IGNORED, _named(ignored))] if ignored else []
 
     def completion(self, completion: ChatCompletion) -> Reply:
         """The completion as a ``message`` body."""

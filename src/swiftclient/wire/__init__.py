@@ -24,11 +24,33 @@ from .._structured import field_path, validation_summary
 __all__ = [
     "chat_completion_body",
     "joined_content",
+    "listed_names",
     "mark_matched_stop",
     "matched_stop",
     "named_event",
+    "printable_name",
     "request_problem",
 ]
+
+NAME_CHARS = 64
+"""The longest field name :func:`printable_name` keeps whole."""
+NAMED_AT_MOST = 20
+"""The most field names :func:`listed_names` lists."""
+
+
+def printable_name(name: str) -> str:
+    """A field name a client chose, as it may go in a header or a log line: non-ASCII and
+    control characters escaped (``\\n``, ``\\u043a``), commas too (a header lists names
+    by commas), cut to :data:`NAME_CHARS` characters."""
+    escaped = ascii(name)[1:-1].replace(",", "\\x2c")
+    return escaped if len(escaped) <= NAME_CHARS else escaped[: NAME_CHARS - 3] + "..."
+
+
+def listed_names(names: list[str]) -> str:
+    """``names`` joined by commas, the first :data:`NAMED_AT_MOST` of them and a count of
+    the rest (a header's or a log line's list of field names, each :func:`printable_name`)."""
+    more = len(names) - NAMED_AT_MOST
+    return ", ".join(names[:NAMED_AT_MOST]) + (f" and {more} more" if more > 0 else "")
 
 
 def request_problem(exc: pydantic.ValidationError) -> tuple[str, str | None]:

@@ -223,7 +223,8 @@ def chat_fields(
 
 def _unserved(body: Mapping[str, Any]) -> list[str]:
     """Accepted settings this translation cannot honour, as ``x-ignored-fields`` names
-    them: storing the response, truncating the input, reasoning summaries, verbosity."""
+    them: storing the response, truncating the input, reasoning summaries, verbosity, the
+    outputs ``include`` asks for but logprobs (``include:<value>``)."""
     unserved = []
     if body.get("store") is True:
         unserved.append("store")
@@ -234,6 +235,9 @@ def _unserved(body: Mapping[str, Any]) -> list[str]:
         unserved.append("reasoning.summary")
     if isinstance(text, Mapping) and text.get("verbosity") is not None:
         unserved.append("text.verbosity")
+    include = body.get("include")
+    if isinstance(include, list):  # each output asked for but the logprobs is not produced
+        unserved.extend(f"include:{item}" for item in include if item != _LOGPROBS_INCLUDE)
     return unserved
 
 
@@ -259,8 +263,8 @@ _HANDLED = frozenset(
 
 def _logprobs(body: Mapping[str, Any], fields: dict[str, Any], echo: dict[str, Any]) -> None:
     include = body.get("include") or []
-    if not isinstance(include, list):
-        raise ResponsesRequestError("include must be a list", "include")
+    if not isinstance(include, list) or not all(isinstance(item, str) for item in include):
+        raise ResponsesRequestError("include must be a list of strings", "include")
     top = body.get("top_logprobs")
     if top is not None or _LOGPROBS_INCLUDE in include:
         fields["logprobs"] = True
