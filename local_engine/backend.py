@@ -44,6 +44,7 @@ from swiftclient import errors
 from swiftclient.backends import check_backend_name
 from swiftclient.extend import Deadline, RequestOptions
 from swiftclient.types import ChatCompletion, ChatCompletionChunk, ChatRequest
+from swiftclient.wire import listed_names, printable_name
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
@@ -59,6 +60,20 @@ _NOT_RUNNING = (
     "LocalBackend {name!r} is not running: use it inside `async with AsyncClient(backend) as "
     "client:` (or `async with backend:`), which loads the model and starts the engine"
 )
+
+
+def _name_ignored(request: ChatRequest, options: RequestOptions | None) -> None:
+    """Name the ``extra_body`` keys the engine does not read to the call, as the engine's
+    HTTP server names them in its ``x-ignored-fields`` header: the call's attempt keeps the
+    header (``Attempt.headers``) and the SDK transports hand it on, so a field is named the
+    same in-process and over HTTP."""
+    if options is None or options.on_response is None or not request.extra_body:
+        return
+    from local_engine.service import EXTRA_BODY_KEYS  # loaded with the engine
+
+    ignored = {printable_name(key) for key in request.extra_body if key not in EXTRA_BODY_KEYS}
+    if ignored:
+        options.on_response(200, {"x-ignored-fields": listed_names(sorted(ignored))})
 
 
 class LocalBackend:
@@ -413,6 +428,7 @@ class LocalBackend:
         A final usage chunk is sent unless ``request.stream_options.include_usage`` is False.
         """
         async_engine, service = self._running()
+        _name_ignored(request, options)
         usage = request.stream_options is None or request.stream_options.include_usage is not False
         async with AsyncExitStack() as stack:
             try:
@@ -428,6 +444,7 @@ class LocalBackend:
     ) -> ChatCompletion:
         """Run a non-streamed completion."""
         async_engine, service = self._running()
+        _name_ignored(request, options)
         try:
             return await service.complete(async_engine, request)
         except (ValueError, EngineError) as exc:

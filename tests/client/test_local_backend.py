@@ -356,3 +356,22 @@ async def test_engine_shutdown_mid_stream_is_an_engine_error(tiny: TinyModel) ->
             with pytest.raises(EngineError, match="shut down"):
                 async for _ in stream:
                     pass
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
+async def test_extra_body_keys_the_engine_does_not_read_are_named_as_over_http(
+    tiny: TinyModel, stream: bool
+) -> None:
+    """The engine's server names them in ``x-ignored-fields``; in-process they were only
+    logged (once per process), so a call (and an SDK through the transports) heard
+    nothing."""
+    async with AsyncClient(LocalBackend.from_engine(tiny.engine()), model=MODEL) as client:
+        extra = {"ignore_eos": True, "thinkng": {"type": "enabled"}, "ключ": 1}
+        done = await client.chat("Hi", max_tokens=2, stream=stream, extra_body=extra)
+        assert done.timing is not None
+        assert done.timing.attempts[0].headers == {
+            "x-ignored-fields": "\\u043a\\u043b\\u044e\\u0447, thinkng"  # sorted, escaped
+        }
+        plain = await client.chat("Hi", max_tokens=2, stream=stream, **FIXED)
+        assert plain.timing is not None and plain.timing.attempts[0].headers is None

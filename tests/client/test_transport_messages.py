@@ -304,6 +304,13 @@ async def test_messages_over_the_embedded_engine_with_a_tool(anyio_backend: str)
         sdk = sdk_for(client)
         reply = await sdk.messages.create(model="local/default", max_tokens=12, messages=USER)
         assert reply.content[0].text and reply.usage.output_tokens >= 1  # type: ignore[union-attr]
+        # Thinking the engine cannot do is named, as `swiftclient serve` names it (it was
+        # only logged in-process).
+        thinking: Any = {"type": "enabled", "budget_tokens": 1024}
+        raw = await sdk.messages.with_raw_response.create(
+            model="local/default", max_tokens=4, messages=USER, thinking=thinking
+        )
+        assert raw.headers["x-ignored-fields"] == "thinking"
         async with sdk.messages.stream(
             model="local/default", max_tokens=12, messages=USER
         ) as stream:

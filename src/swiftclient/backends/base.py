@@ -57,7 +57,8 @@ class RequestOptions:
     call's request bytes and prompt prefix, built once and reused by every attempt (backends
     that send no bytes ignore it). ``on_response``, when set, is called with the status and
     headers of the HTTP response as soon as they arrive (admission learns rate limits from
-    them; backends without HTTP responses never call it).
+    them); a backend without HTTP responses may call it with headers of its own (the
+    bundled engine's ``x-ignored-fields``), or never.
 
     Each attempt builds its own and a backend only reads it: treat it as read-only. It is
     not frozen because a frozen dataclass's ``__init__`` sets each field through
