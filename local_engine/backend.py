@@ -73,7 +73,8 @@ def _name_ignored(request: ChatRequest, options: RequestOptions | None) -> None:
 
     ignored = {printable_name(key) for key in request.extra_body if key not in EXTRA_BODY_KEYS}
     if ignored:
-        options.on_response(200, {"x-ignored-fields": listed_names(sorted(ignored))})
+        # no HTTP status: admission learns from an in-process call what it did before
+        options.on_response(None, {"x-ignored-fields": listed_names(sorted(ignored))})
 
 
 class LocalBackend:

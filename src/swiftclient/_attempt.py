@@ -633,8 +633,8 @@ class _Answer:
     def __init__(self, record: Attempt) -> None:
         self.record = record
 
-    def __call__(self, status: int, headers: Mapping[str, str]) -> None:
-        """Take in the response's head."""
+    def __call__(self, status: int | None, headers: Mapping[str, str]) -> None:
+        """Take in the response's head (status None: a backend's headers without one)."""
         names = tuple(headers)
         wanted, limited = _HEAD_PLANS.get(names) or _head_plan(names)
         kept: dict[str, str] = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import itertools
 import os
+import sys
 import warnings
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
@@ -135,19 +136,34 @@ class BackendNameWarning(UserWarning):
     right only if the prefix is part of the model's own name there."""
 
 
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+
+
 def _warn_near_miss(head: str, model: str, backends: Mapping[str, Backend], default: str) -> None:
     """Warn when ``head``, the prefix of ``model`` that names no backend, looks like a
-    misspelt backend name (the model then goes, whole, to the default backend)."""
-    near = difflib.get_close_matches(head, list(backends), 1)
-    if near:
-        meant = f"{near[0]}/{model[len(head) + 1 :]}"
-        warnings.warn(
-            f"model {model!r}: no backend is named {head!r}, so the default backend "
-            f"({default!r}) gets the whole string; did you mean {meant!r}? (If {head!r} is "
-            "part of the model's name there, filter BackendNameWarning.)",
-            BackendNameWarning,
-            stacklevel=2,
-        )
+    misspelt backend name (the model then goes, whole, to the default backend). An
+    organisation's name that merely resembles a backend's (``deepseek-ai`` and
+    ``deepseek``, ``mistralai`` and ``mistral``, ``Qwen`` and ``qwen``) is no typo."""
+    lowered = head.lower()
+    names = [
+        name
+        for name in backends
+        if not (lowered.startswith(name.lower()) or name.lower().startswith(lowered))
+    ]
+    near = difflib.get_close_matches(head, names, 1, cutoff=0.8)
+    if not near:
+        return
+    meant = f"{near[0]}/{model[len(head) + 1 :]}"
+    frame, level = sys._getframe(), 1  # the warning points at the caller's line
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(
+        f"model {model!r}: no backend is named {head!r}, so the default backend "
+        f"({default!r}) gets the whole string; did you mean {meant!r}? (If {head!r} is "
+        "part of the model's name there, filter BackendNameWarning.)",
+        BackendNameWarning,
+        stacklevel=level,
+    )
 
 
 class AsyncClient:

@@ -8,17 +8,21 @@ with ``model_validate_json``.
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
+import pydantic
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
     field_validator,
     model_validator,
 )
@@ -66,6 +70,39 @@ JSON numbers and floats hold exactly (a count past it is a provider's or a calle
 would overflow the float arithmetic of pricing, rate limits and metrics)."""
 _TokenCount = Annotated[int, Field(ge=0, le=_MAX_COUNT)]
 """A token count in a reply's usage: never negative, at most ``_MAX_COUNT``."""
+_RANGE_ERRORS = frozenset({"greater_than_equal", "less_than_equal"})
+_log = logging.getLogger("swiftclient")
+
+
+def _count(value: object) -> int | None:
+    """A count a provider reports under a name of its own (read from a usage's extras): an
+    integer from 0 to ``_MAX_COUNT``, else None (not reported)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _MAX_COUNT:
+        return value
+    return None
+
+
+def unreported_usage(exc: pydantic.ValidationError) -> None:
+    """Judge a reply's usage that did not validate: when its only fault is a count out of
+    range (negative, or past 2**53, a provider's bad number), the reply is kept without
+    usage, as a reply that reports none is, and a warning is logged; any other fault is
+    raised (the reply's body is malformed)."""
+    if not all(error["type"] in _RANGE_ERRORS for error in exc.errors()):
+        raise exc
+    where = ", ".join(".".join(str(p) for p in error["loc"]) for error in exc.errors())
+    _log.warning("a reply's usage has a token count out of range (%s): usage dropped", where)
+
+
+def _usage_or_none(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    try:
+        return handler(value)
+    except pydantic.ValidationError as exc:
+        unreported_usage(exc)
+        return None
+
+
+_ReportedUsage = Annotated["Usage | None", WrapValidator(_usage_or_none)]
+"""A reply's usage: a count out of range drops it (:func:`unreported_usage`)."""
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 # What else an assistant message may carry instead of content, tool calls or a refusal (a
@@ -475,21 +512,12 @@ class Usage(BaseModel):
         extra = self.__pydantic_extra__
         if not extra:
             return self
-        split = extra.get("cache_creation")
-        counts = [*_CACHE_HIT_FIELDS, "cache_creation_input_tokens"]
-        for name, value in [
-            *((key, extra.get(key)) for key in counts),
-            *(split.items() if isinstance(split, dict) else ()),
-        ]:  # the counts read from the extras (the properties below) are as bounded
-            if isinstance(value, int) and not isinstance(value, bool):
-                if not 0 <= value <= _MAX_COUNT:
-                    raise ValueError(f"{name}: a token count must be from 0 to 2**53")
         details = self.prompt_tokens_details
         if details is not None and details.cached_tokens is not None:
             return self
         for key in _CACHE_HIT_FIELDS:
-            hit = extra.get(key)
-            if isinstance(hit, int) and not isinstance(hit, bool):
+            hit = _count(extra.get(key))
+            if hit is not None:
                 if details is None:
                     self.prompt_tokens_details = PromptTokensDetails(cached_tokens=hit)
                 else:
@@ -514,8 +542,7 @@ class Usage(BaseModel):
         if details is not None and details.cache_write_tokens:
             return details.cache_write_tokens
         extra = self.__pydantic_extra__ or {}
-        written = extra.get("cache_creation_input_tokens")
-        return written if isinstance(written, int) and not isinstance(written, bool) else 0
+        return _count(extra.get("cache_creation_input_tokens")) or 0
 
     @property
     def cache_write_1h_tokens(self) -> int:
@@ -526,8 +553,7 @@ class Usage(BaseModel):
         split = extra.get("cache_creation")
         if not isinstance(split, dict):
             return 0
-        written = split.get("ephemeral_1h_input_tokens")
-        return written if isinstance(written, int) and not isinstance(written, bool) else 0
+        return _count(split.get("ephemeral_1h_input_tokens")) or 0
 
 
 class AssistantMessage(BaseModel):
@@ -684,7 +710,7 @@ class ChatCompletion(BaseModel):
     created: int = 0
     model: str = ""
     choices: list[Choice] = Field(default_factory=list)
-    usage: Usage | None = None
+    usage: _ReportedUsage = None
     system_fingerprint: str | None = None
     timing: Timing | None = Field(default=None, exclude=True)
 
@@ -763,7 +789,7 @@ class ChatCompletionChunk(BaseModel):
     created: int = 0
     model: str = ""
     choices: list[ChunkChoice] = Field(default_factory=list)
-    usage: Usage | None = None
+    usage: _ReportedUsage = None
     system_fingerprint: str | None = None
 
     @property

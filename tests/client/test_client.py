@@ -332,6 +332,26 @@ async def test_model_routing_by_backend_prefix() -> None:
     assert [json.loads(r.content)["model"] for r in a.requests] == ["Qwen/Qwen3-0.6B", "m"]
 
 
+@pytest.mark.parametrize(
+    ("model", "names"),
+    [
+        ("deepseek-ai/DeepSeek-R1", ["together", "deepseek"]),
+        ("allenai/OLMo-2", ["vllm", "openai"]),
+        ("mistralai/mistral-large", ["openrouter", "mistral"]),
+        ("meta-llama/Llama-3.1-8B", ["together", "ollama"]),
+        ("openbmb/MiniCPM", ["vllm", "openai"]),
+        ("togethercomputer/m", ["vllm", "together"]),
+        ("Qwen/Qwen3-0.6B", ["vllm", "qwen"]),
+    ],
+)
+def test_an_organisation_like_a_backend_name_is_no_typo(model: str, names: list[str]) -> None:
+    backends = {name: HTTPBackend("http://127.0.0.1:9/v1", name=name) for name in names}
+    client = AsyncClient(backends=backends)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert client.targets(model)[0].backend is backends[names[0]]
+
+
 @over_transports
 async def test_a_prefix_close_to_a_backend_name_warns_once_and_still_goes_to_the_default() -> None:
     a, b = Script(), Script()
@@ -342,6 +362,7 @@ async def test_a_prefix_close_to_a_backend_name_warns_once_and_still_goes_to_the
                 await client.chat("x", model="locl/qwen3")
                 await client.chat("x", model="locl/qwen3")  # resolved once: no second warning
             assert len(seen) == 1
+            assert seen[0].filename == __file__  # the caller's line, not the package's
             with warnings.catch_warnings():
                 warnings.simplefilter("error")  # a prefix like no backend's name: no warning
                 await client.chat("x", model="Qwen/Qwen3-0.6B")

@@ -126,6 +126,8 @@ async def test_several_choices_are_refused_not_answered_with_one() -> None:
         fake.script(Reply(text="kept for the next request"))
         refused = await client.post("/chat/completions", json=chat_body(n=2))
         one = await client.post("/chat/completions", json=chat_body(n=1))
+        unset = await client.post("/chat/completions", json=chat_body(n=None))
+    assert unset.status_code == 200
     assert refused.status_code == 400
     assert refused.json()["error"]["param"] == "n"
     assert "one choice per request" in refused.json()["error"]["message"]

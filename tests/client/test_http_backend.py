@@ -7,7 +7,9 @@ import gc
 import warnings
 
 import anyio
+import httpx
 import pytest
+import trio
 
 from swiftclient import (
     APIConnectionError,
@@ -381,12 +383,33 @@ def test_a_second_asyncio_run_on_one_client_is_refused_before_sending() -> None:
     """Each ``asyncio.run`` makes a new loop; the pool belongs to the first. The second call
     failed deep in aiohttp (``RuntimeError: Event loop is closed``) after retrying."""
     with FakeProvider(Reply(tokens=2)).run_in_thread() as fake:
-        client = AsyncClient(HTTPBackend(fake.base_url, name="fake"), model="m")
+        backend = HTTPBackend(fake.base_url, name="fake")
+        client = AsyncClient(backend, model="m")
         assert asyncio.run(client.chat("hi")).text
         with pytest.raises(ConfigurationError, match="first used on another event loop"):
             asyncio.run(client.chat("hi"))
+        with pytest.raises(ConfigurationError, match="first used on another event loop"):
+            asyncio.run(backend.warmup())  # every way into the pool, not only a chat
         assert len(fake.requests) == 1
         with warnings.catch_warnings():  # the first loop's connection cannot be closed now
             warnings.simplefilter("ignore", ResourceWarning)
-            del client
+            del client, backend
             gc.collect()
+
+
+def test_a_transport_the_caller_gave_serves_each_loop_it_is_used_on() -> None:
+    """A given transport (``httpx.MockTransport`` in a test suite's module-scoped fixture)
+    belongs to no loop: one client is used by test after test, each on a new loop."""
+    answer = {
+        "id": "c",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
+        ],
+    }
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, json=answer))
+    client = AsyncClient(
+        HTTPBackend("http://x.test/v1", transport=transport), model="m", stream_chat=False
+    )
+    assert asyncio.run(client.chat("hi")).text == "ok"
+    assert asyncio.run(client.chat("hi")).text == "ok"
+    assert trio.run(client.chat, "hi").text == "ok"

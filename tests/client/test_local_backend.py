@@ -14,6 +14,7 @@ import pytest
 from local_engine import LocalBackend
 from local_engine.default_model import embedded_model_dir
 from swiftclient import AsyncClient
+from swiftclient.admission import Limits
 from swiftclient.errors import BadRequestError, ConfigurationError, EngineError
 from swiftclient.extend import Deadline
 from swiftclient.types import ChatRequest, Message, Tool
@@ -375,3 +376,17 @@ async def test_extra_body_keys_the_engine_does_not_read_are_named_as_over_http(
         }
         plain = await client.chat("Hi", max_tokens=2, stream=stream, **FIXED)
         assert plain.timing is not None and plain.timing.attempts[0].headers is None
+
+
+@pytest.mark.anyio
+async def test_naming_ignored_keys_teaches_admission_nothing(tiny: TinyModel) -> None:
+    """The header came with a "status 200", which admission took as an HTTP answer: an
+    in-process attempt that failed or timed out set the target's learned latency, which
+    then refused calls with shorter deadlines, only when an ignored key was sent."""
+    backend = LocalBackend.from_engine(tiny.engine())
+    async with AsyncClient(backend, model=MODEL, limits=Limits(concurrency=4)) as client:
+        extra = {"ignore_eos": True, "not_an_engine_key": 1}
+        done = await client.chat("Hi", max_tokens=2, stream=False, extra_body=extra)
+        assert done.timing is not None and done.timing.attempts[0].headers
+        (gate,) = client.admission._gates.values()
+        assert gate.latency is None  # as for a call without the key

@@ -9,13 +9,13 @@ about a thousand items (``ResponseTooLarge``), whatever their size.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
 import httpx
-import pydantic
 import pytest
 
 from swiftclient import (
@@ -271,25 +271,20 @@ _USAGE_FIELDS = [
 ]
 
 
-@over_transports
-@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
-@pytest.mark.parametrize("usage", _USAGE_FIELDS)
-async def test_a_usage_count_out_of_range_is_a_validation_error(
-    usage: dict[str, Any], stream: bool
-) -> None:
-    # A provider's usage feeds pricing, the rate-limit learner and the token histograms, all
-    # float arithmetic: a count past 2**53 raised OverflowError out of a call that had
-    # succeeded, and a negative one a ConfigurationError blaming the caller.
-    message = {"role": "assistant", "content": "hi"}
+def _usage_reply(usage: object, stream: bool) -> bytes:
     if stream:
-        body = (
+        return (
             _event({"id": "c", "choices": [_choice(0, content="hi")]})
             + _event({"id": "c", "choices": [], "usage": usage})
             + b"data: [DONE]\n\n"
         )
-    else:
-        choice = {"index": 0, "message": message, "finish_reason": "stop"}
-        body = json.dumps({"id": "c", "choices": [choice], "usage": usage}).encode()
+    message = {"role": "assistant", "content": "hi"}
+    choice = {"index": 0, "message": message, "finish_reason": "stop"}
+    return json.dumps({"id": "c", "choices": [choice], "usage": usage}).encode()
+
+
+@asynccontextmanager
+async def _priced_client(body: bytes, stream: bool) -> AsyncIterator[AsyncClient]:
     headers = SSE if stream else {"content-type": "application/json"}
     pricing = Pricing({"*": Price(per_input_token=0.001, per_output_token=0.002)})
     async with (
@@ -303,7 +298,31 @@ async def test_a_usage_count_out_of_range_is_a_validation_error(
             limits=Limits(),
         ) as client,
     ):
-        with pytest.raises(APIResponseValidationError, match="(?i)usage"):
+        yield client
+
+
+@over_transports
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
+@pytest.mark.parametrize("usage", _USAGE_FIELDS)
+async def test_a_usage_count_out_of_range_is_dropped_and_the_reply_kept(
+    usage: dict[str, Any], stream: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A provider's usage feeds pricing, the rate-limit learner and the token histograms, all
+    # float arithmetic: a count past 2**53 raised OverflowError out of a call that had
+    # succeeded, and a negative one a ConfigurationError blaming the caller. The reply is
+    # kept, as one that reports no usage is.
+    async with _priced_client(_usage_reply(usage, stream), stream) as client:
+        with caplog.at_level(logging.WARNING, logger="swiftclient"):
+            completion = await client.chat("hi")
+    assert completion.text == "hi" and completion.usage is None
+    assert "usage dropped" in caplog.text
+
+
+@over_transports
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
+async def test_a_usage_of_the_wrong_shape_is_still_a_malformed_reply(stream: bool) -> None:
+    async with _priced_client(_usage_reply("lots", stream), stream) as client:
+        with pytest.raises(APIResponseValidationError):
             await client.chat("hi")
 
 
@@ -318,11 +337,15 @@ def test_usage_counts_up_to_2_53_are_taken() -> None:
         {"prompt_cache_hit_tokens": -1, "prompt_tokens_details": {}},
         {"cache_read_input_tokens": 2**60},
         {"cache_creation_input_tokens": -2},
-        {"cache_creation": {"ephemeral_1h_input_tokens": -3}},
+        {"cache_creation": {"ephemeral_1h_input_tokens": -3, "some_id": -7}},
     ],
 )
-def test_cache_counts_other_providers_name_are_bounded_too(extra: dict[str, Any]) -> None:
+def test_cache_counts_other_providers_name_are_read_only_in_range(extra: dict[str, Any]) -> None:
     # Read from the extras (DeepSeek's and Anthropic-style names): a negative count reached
-    # pricing through the cache properties unchecked.
-    with pytest.raises(pydantic.ValidationError, match="from 0 to 2"):
-        Usage.model_validate({"prompt_tokens": 9, **extra})
+    # pricing through the cache properties unchecked; out of range, it is not reported.
+    usage = Usage.model_validate({"prompt_tokens": 9, **extra})
+    assert (usage.cached_tokens, usage.cache_write_tokens, usage.cache_write_1h_tokens) == (
+        0,
+        0,
+        0,
+    )

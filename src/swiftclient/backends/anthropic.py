@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import pydantic
 import pydantic_core
 
 from .. import errors
@@ -43,12 +44,12 @@ from ..types import (
     FunctionCallDelta,
     ImageContentPart,
     Message,
-    PromptTokensDetails,
     TextContentPart,
     ToolCall,
     ToolCallDelta,
     ToolChoice,
     Usage,
+    unreported_usage,
 )
 from ..wire import mark_matched_stop
 from ..wire.messages import PREFILL_FIELDS
@@ -481,11 +482,12 @@ def encode_messages_request(
 # --------------------------------------------------------------------------- responses
 
 
-def _usage(raw: Mapping[str, Any]) -> Usage:
+def _usage(raw: Mapping[str, Any]) -> Usage | None:
     """Anthropic usage as the project's :class:`Usage`: ``prompt_tokens`` counts every
     input token (uncached, cache reads and cache writes, which Anthropic reports apart);
     ``cached_tokens`` the reads; ``cache_write_tokens`` the writes; ``cache_creation`` (the
-    writes per TTL, ``cache_write_1h_tokens``) is kept as the API sent it."""
+    writes per TTL, ``cache_write_1h_tokens``) is kept as the API sent it. None when a
+    count is out of range (:func:`~swiftclient.types.unreported_usage`)."""
 
     def count(key: str) -> int:
         value = raw.get(key)
@@ -496,17 +498,21 @@ def _usage(raw: Mapping[str, Any]) -> Usage:
     split = raw.get("cache_creation")
     prompt = count("input_tokens") + read + written
     completion = count("output_tokens")
-    return Usage.model_validate(
-        {
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": PromptTokensDetails(cached_tokens=read),
-            "cache_read_input_tokens": read,
-            "cache_creation_input_tokens": written,
-            **({"cache_creation": dict(split)} if isinstance(split, dict) else {}),
-        }
-    )
+    try:
+        return Usage.model_validate(
+            {
+                "prompt_tokens": prompt,
+                "completion_tokens": completion,
+                "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": read},
+                "cache_read_input_tokens": read,
+                "cache_creation_input_tokens": written,
+                **({"cache_creation": dict(split)} if isinstance(split, dict) else {}),
+            }
+        )
+    except pydantic.ValidationError as exc:
+        unreported_usage(exc)
+        return None
 
 
 def _finish(stop_reason: Any, output_only: bool) -> str | None:

@@ -57,8 +57,9 @@ class RequestOptions:
     call's request bytes and prompt prefix, built once and reused by every attempt (backends
     that send no bytes ignore it). ``on_response``, when set, is called with the status and
     headers of the HTTP response as soon as they arrive (admission learns rate limits from
-    them); a backend without HTTP responses may call it with headers of its own (the
-    bundled engine's ``x-ignored-fields``), or never.
+    them); a backend without HTTP responses may call it with status None and headers of
+    its own (the bundled engine's ``x-ignored-fields``: kept on the attempt, with no status
+    for admission to learn from), or never.
 
     Each attempt builds its own and a backend only reads it: treat it as read-only. It is
     not frozen because a frozen dataclass's ``__init__`` sets each field through
@@ -68,7 +69,7 @@ class RequestOptions:
     idempotency_key: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
     encoding: CallEncoding | None = None
-    on_response: Callable[[int, Mapping[str, str]], None] | None = None
+    on_response: Callable[[int | None, Mapping[str, str]], None] | None = None
 
 
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")

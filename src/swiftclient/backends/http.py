@@ -311,7 +311,7 @@ class HTTPBackend:
         self._cache_ttl = cache_ttl
         self._min_cache_tokens = min_cache_tokens
         self._transport: Transport | None = None
-        self._loop: object = None  # the asyncio loop the transport was made on (None: trio)
+        self._loop: object = None  # the asyncio loop the transport last served (None: trio)
         self._slots: anyio.Semaphore | None = None
         self._release_nowait = False
         if transport is None and not http2:
@@ -401,21 +401,22 @@ class HTTPBackend:
     def _open(self) -> Transport:
         """The backend's transport and connection slots, made on first use in this loop."""
         transport = self._transport
+        loop = running_loop()
         if transport is None:
             transport = self._transport = self._make_transport()
             self._slots = anyio.Semaphore(self._max_connections)
-            self._loop = running_loop()
+        elif loop is not self._loop and self._given_transport is None:
+            # The pool's connections belong to the loop it was made on (the second of two
+            # asyncio.run() calls sharing a client failed deep in aiohttp); a transport the
+            # caller gave (httpx.MockTransport, say) may serve any loop.
+            raise errors.ConfigurationError(
+                f"backend {self.name!r} was first used on another event loop, and its pooled "
+                "connections belong to that loop (each asyncio.run() makes a new one): make "
+                "one client per asyncio.run(), inside the coroutine it runs (async with "
+                "AsyncClient(...) as client: ...), or use the blocking Client"
+            )
+        self._loop = loop
         return transport
-
-    def _other_loop(self) -> errors.ConfigurationError:
-        """The error for a request on another event loop than the pool's (the second of two
-        ``asyncio.run()`` calls sharing a client): its connections cannot serve it."""
-        return errors.ConfigurationError(
-            f"backend {self.name!r} was first used on another event loop, and its pooled "
-            "connections belong to that loop (each asyncio.run() makes a new one): make the "
-            "client inside the coroutine you run (async with AsyncClient(...) as client: "
-            "...), close it before the loop ends, or use the blocking Client"
-        )
 
     def pool_stats(self) -> dict[str, int]:
         """Connections checked out by calls (``in_use``) and calls waiting for one
@@ -552,10 +553,8 @@ class HTTPBackend:
         status raises its error). With a connection slot free now, this is the exchange's
         own coroutine, no coroutine of its own per request; else one that first waits for a
         slot (at most ``Timeout.pool``). Await it at once: the slot is already held."""
-        if self._transport is None:
+        if self._transport is None or self._loop is not running_loop():
             self._open()
-        elif self._loop is not running_loop():
-            raise self._other_loop()
         headers = self._stream_headers if stream else self._headers
         encoding = None
         if options is not None:

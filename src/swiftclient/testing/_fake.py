@@ -306,7 +306,7 @@ class FakeProvider:
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             await writer.send_error(400, "The body must be a JSON object with messages.")
             return
-        if body.get("n", 1) != 1:
+        if body.get("n") not in (None, 1):  # null is absent, as on OpenAI's API
             # One choice is what every scripted reply describes: say so rather than answer
             # one choice to a request for several.
             await writer.send_error(
