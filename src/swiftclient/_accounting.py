@@ -31,9 +31,16 @@ if TYPE_CHECKING:
     from ._attempt import AttemptResult
     from ._stream import CallRecord
 
-__all__ = ["Accounting", "attempt_record"]
+__all__ = ["Accounting", "attempt_record", "was_sent"]
 
-_NOT_SENT = (errors.PoolTimeout, errors.ConnectTimeout)
+_NOT_SENT = (errors.PoolTimeout, errors.ConnectTimeout, errors.RateLimited)
+"""Failures that mean no request left the client (admission refused it, or no connection
+was had): such an attempt is neither billed nor counted as sent."""
+
+
+def was_sent(result: AttemptResult) -> bool:
+    """Whether the attempt's request left the client (see :data:`_NOT_SENT`)."""
+    return not (result.outcome == "failed" and isinstance(result.error, _NOT_SENT))
 
 
 class Accounting:
@@ -63,8 +70,8 @@ class Accounting:
         to), added to the totals."""
         winner = record.winner
         records = [attempt_record(result, result is winner) for result in record.results]
-        chars = 0
-        if self.pricing is not None and any(r.input_tokens is None for r in records):
+        chars = 0  # the prompt's size estimates what an attempt without usage was billed
+        if any(r.input_tokens is None for r in records):
             chars = prompt_chars(record.request.messages)
         cost = CallCost.from_attempts(records, pricing=self.pricing, prompt_chars=chars)
         self.stats.add(cost)
@@ -76,12 +83,9 @@ def attempt_record(result: AttemptResult, committed: bool) -> AttemptRecord:
     attempt won whatever its own end; any other that ended ``won`` lost the race."""
     outcome: Outcome = result.outcome
     error = result.error
-    sent = True
-    if outcome == "failed" and error is not None:
-        if isinstance(error, _NOT_SENT):
-            sent = False
-        elif isinstance(error, errors.APITimeoutError):
-            outcome = "cancelled"  # abandoned after it was sent: billed
+    sent = was_sent(result)
+    if sent and outcome == "failed" and isinstance(error, errors.APITimeoutError):
+        outcome = "cancelled"  # abandoned after it was sent: billed
     if committed:
         outcome = "won"
     elif outcome == "won":

@@ -351,7 +351,8 @@ class CallCost:
     Attributes:
         winner: the index of the attempt that committed, ``None`` if none did.
         attempts: attempts started.
-        hedges_sent: attempts started while an earlier one was still running.
+        hedges_sent: attempts started while an earlier one was still running, and sent (a
+            hedge admission refused, or that got no connection, never left the client).
         hedges_won: 1 when a hedge committed, else 0.
         wasted_requests: attempts sent that did not commit (lost, cancelled, failed).
         wasted_input_tokens: prompt tokens billed for attempts that did not commit.
@@ -472,7 +473,7 @@ class CallCost:
             write_cost = None if write_cost is None else write_cost + cache_written
             if not is_winner:
                 wasted = None if wasted is None else wasted + price
-        hedges = sum(1 for attempt in attempts if attempt.hedge)
+        hedges = sum(1 for attempt in attempts if attempt.hedge and attempt.sent)
         hedge_won = winner is not None and attempts[winner].hedge
         return cls(
             winner=winner,

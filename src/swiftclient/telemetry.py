@@ -47,6 +47,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import metrics, propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from ._accounting import was_sent
 from .backends.base import Backend
 from .types import ChatCompletion
 
@@ -589,9 +590,6 @@ class CallTrace:
                 attributes=attributes,
             )
             self._attempts[attempt.number] = span
-        if self.metered and trigger != "first":  # its counter: retry, hedge or fallback
-            counter = getattr(self._telemetry.instruments, trigger)
-            counter.add(1, {"swiftclient.target": target.name})
 
     def headers_for(self, attempt: AttemptResult) -> dict[str, str]:
         """The trace context for ``attempt``'s request: its span's, else the call's."""
@@ -614,12 +612,18 @@ class CallTrace:
             )
 
     def on_end(self, attempt: AttemptResult) -> None:
-        """End the attempt's span with its outcome; count a 429."""
+        """End the attempt's span with its outcome; count a 429, and a retry, hedge or
+        fallback that was sent (one admission refused never left the client)."""
         error = attempt.error
-        if self.metered and error is not None and getattr(error, "status_code", None) == 429:
-            self._telemetry.instruments.throttled.add(
-                1, {"swiftclient.target": attempt.target.name}
-            )
+        if self.metered:
+            if error is not None and getattr(error, "status_code", None) == 429:
+                self._telemetry.instruments.throttled.add(
+                    1, {"swiftclient.target": attempt.target.name}
+                )
+            trigger = attempt.trigger
+            if trigger != "first" and was_sent(attempt):  # its counter: retry, hedge, fallback
+                counter = getattr(self._telemetry.instruments, trigger)
+                counter.add(1, {"swiftclient.target": attempt.target.name})
         span = self._attempts.pop(attempt.number, None)
         if span is None:
             return

@@ -27,6 +27,7 @@ from swiftclient import (
     Timeout,
     Timing,
 )
+from swiftclient.admission import Limits
 from swiftclient.extend import AttemptResult
 from swiftclient.testing import Reply
 
@@ -303,12 +304,18 @@ class Started:
         pass
 
 
+@pytest.mark.parametrize("priced", [True, False], ids=["priced", "counted"])
 @pytest.mark.parametrize("streamed", [True, False])
-async def test_a_cancelled_call_bills_its_attempts_and_leaves_no_state(streamed: bool) -> None:
+async def test_a_cancelled_call_bills_its_attempts_and_leaves_no_state(
+    streamed: bool, priced: bool
+) -> None:
+    """Without ``pricing`` the counts are kept all the same (the prompt's estimate was made
+    only with it: 0 wasted input tokens)."""
     started = Started()
+    pricing = PER_TOKEN if priced else None
     async with (
         providers("a", "b") as fakes,
-        client_for(fakes, pricing=PER_TOKEN, observers=[started]) as client,
+        client_for(fakes, pricing=pricing, observers=[started]) as client,
     ):
         fakes["a"].script(HELD)
         fakes["b"].script(HELD)
@@ -324,8 +331,11 @@ async def test_a_cancelled_call_bills_its_attempts_and_leaves_no_state(streamed:
         estimate = -(-len(PROMPT) // 4)  # no usage reported: about four characters a token
         assert (stats.calls, stats.attempts, stats.wasted_requests) == (1, 2, 2)
         assert stats.wasted_input_tokens == 2 * estimate
-        assert stats.cost == pytest.approx(2 * estimate * 0.001)
-        assert stats.wasted_cost == pytest.approx(stats.cost)
+        if priced:
+            assert stats.cost == pytest.approx(2 * estimate * 0.001)
+            assert stats.wasted_cost == pytest.approx(stats.cost)
+        else:
+            assert (stats.calls_unpriced, stats.cost) == (1, 0.0)
 
 
 # --------------------------------------------------------------------------- no state
@@ -366,3 +376,22 @@ async def test_unpriced_one_target_calls_are_not_accounted_priced_ones_are() -> 
         assert priced.timing is not None and priced.timing.cost is not None
         assert priced.timing.cost.cost == pytest.approx(0.01)
         assert client.stats().calls == 1
+
+
+async def test_an_attempt_admission_refused_is_neither_sent_nor_wasted() -> None:
+    """A fallback past a target whose rate limit is spent: the refused attempt never left
+    the client, but it was counted as a wasted request (19 "wasted" in 20 such calls)."""
+    async with (
+        providers("a", "b") as fakes,
+        client_for(
+            fakes, pricing=PER_REQUEST, limits={"a": Limits(rpm=1, window=30.0)}, timeout=5.0
+        ) as client,
+    ):
+        first = await client.chat(PROMPT, model=["a/m", "b/m"])
+        second = await client.chat(PROMPT, model=["a/m", "b/m"])
+        assert (first.text, second.text) == ("from a", "from b")
+        assert len(fakes["a"].requests) == 1
+        assert cost_of(second).wasted_requests == 0
+        assert cost_of(second).cost == pytest.approx(0.02)
+        stats = client.stats()
+        assert (stats.calls, stats.attempts, stats.wasted_requests) == (2, 3, 0)

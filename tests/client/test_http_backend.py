@@ -26,6 +26,7 @@ from swiftclient import (
     StreamStalled,
     Timeout,
 )
+from swiftclient.backends._httpx import map_httpx_error
 from swiftclient.testing import FakeProvider, Reply
 
 from .mock import FAST_RETRY
@@ -413,3 +414,14 @@ def test_a_transport_the_caller_gave_serves_each_loop_it_is_used_on() -> None:
     assert asyncio.run(client.chat("hi")).text == "ok"
     assert asyncio.run(client.chat("hi")).text == "ok"
     assert trio.run(client.chat, "hi").text == "ok"
+
+
+def test_a_connect_timeout_says_what_timed_out_through_an_exception_group() -> None:
+    """On trio, httpx's ``ConnectTimeout`` wraps the nursery of connection attempts: the
+    message read "Exceptions from Trio nursery (1 sub-exception)"."""
+    inner = OSError("connecting to 10.0.0.1:443 took too long")
+    exc = httpx.ConnectTimeout("")
+    exc.__cause__ = BaseExceptionGroup("Exceptions from Trio nursery", [inner])
+    error = map_httpx_error(exc)
+    assert type(error).__name__ == "ConnectTimeout"
+    assert str(error) == "opening a connection timed out (connecting to 10.0.0.1:443 took too long)"

@@ -24,11 +24,13 @@ from swiftclient import (
     BadRequestError,
     Hedge,
     HTTPBackend,
+    RateLimited,
     RetryPolicy,
     Telemetry,
     Timeout,
 )
 from swiftclient._deadline import Deadline
+from swiftclient.admission import Limits
 from swiftclient.backends.base import RequestOptions
 from swiftclient.extend import CircuitBreaker, PolicyHub
 from swiftclient.telemetry import CAPTURE_CONTENT_ENV, DURATION_BUCKETS, TOKEN_BUCKETS
@@ -36,7 +38,17 @@ from swiftclient.testing import FakeProvider, Reply
 from swiftclient.types import ChatCompletionChunk, ChatRequest
 
 from ..otel import Otel, attrs, points, recording
-from .mock import FAST_RETRY, Gated, Script, backend_for, chunk, scripted_client, sse
+from .mock import (
+    FAST_RETRY,
+    Gated,
+    Script,
+    backend_for,
+    chunk,
+    client_for,
+    providers,
+    scripted_client,
+    sse,
+)
 
 pytestmark = pytest.mark.anyio
 over_transports = pytest.mark.usefixtures("transport")
@@ -230,6 +242,30 @@ async def test_a_hedged_call_records_both_attempts_and_the_hedge(otel: Otel) -> 
     metrics = otel.metrics()
     assert points(metrics["swiftclient.client.hedges"])[0].value == 1
     assert points(metrics["swiftclient.client.hedges_won"])[0].value == 1
+
+
+@over_transports
+async def test_a_fallback_admission_refused_is_not_counted_as_sent(otel: Otel) -> None:
+    """The retry, hedge and fallback counters were added as each attempt started, so an
+    attempt admission refused (nothing sent) counted as a fallback sent."""
+    async with (
+        providers("a", "b") as fakes,
+        client_for(
+            fakes,
+            telemetry=otel.telemetry(),
+            limits={"a": Limits(rpm=1, window=30.0)},
+            timeout=5.0,  # a's limit frees after the deadline: refused at once
+        ) as client,
+    ):
+        first, second = fakes["a"], fakes["b"]
+        assert (await client.chat("hi", model=["a/m", "b/m"])).text == "from a"
+        assert (await client.chat("hi", model=["b/m", "a/m"])).text == "from b"
+        first.script(Reply(status=500))
+        second.script(Reply(status=500))
+        with pytest.raises(RateLimited):  # b fails, then a is refused: nothing sent
+            await client.chat("hi", model=["b/m", "a/m"])
+    assert len(first.requests) == 1
+    assert "swiftclient.client.fallbacks" not in otel.metrics()
 
 
 class _SpentBudget:

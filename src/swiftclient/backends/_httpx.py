@@ -74,11 +74,16 @@ _CAUGHT = (httpx.HTTPError, httpx.InvalidURL)
 
 def _detail(exc: BaseException) -> str:
     """The first non-empty message along the exception's cause chain (httpx often re-raises
-    with an empty message, the reason being in the lower layer's exception)."""
+    with an empty message, the reason being in the lower layer's exception); a group (trio's
+    happy-eyeballs nursery) is read through its first exception, not its own "Exceptions
+    from Trio nursery" text."""
     seen: BaseException | None = exc
     for _ in range(8):
         if seen is None:
             break
+        if isinstance(seen, BaseExceptionGroup) and seen.exceptions:
+            seen = seen.exceptions[0]
+            continue
         if str(seen):
             return str(seen)
         seen = seen.__cause__ or seen.__context__
@@ -87,6 +92,8 @@ def _detail(exc: BaseException) -> str:
 
 def map_httpx_error(exc: Exception) -> TransportError:
     """The transport error for an httpx exception (one of :data:`_CAUGHT`)."""
+    if isinstance(exc, httpx.ConnectTimeout):  # worded as the aiohttp transport words it
+        return ConnectTimeout(f"opening a connection timed out ({_detail(exc)})")
     for cls in type(exc).__mro__:
         error = HTTPX_ERRORS.get(cls)
         if error is not None:
