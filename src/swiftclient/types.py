@@ -101,8 +101,10 @@ def _usage_or_none(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
         return None
 
 
-_ReportedUsage = Annotated["Usage | None", WrapValidator(_usage_or_none)]
-"""A reply's usage: a count out of range drops it (:func:`unreported_usage`)."""
+_ReportedUsage = Annotated["Usage", WrapValidator(_usage_or_none)] | None
+"""A reply's usage: a count out of range drops it (:func:`unreported_usage`). The validator
+wraps the object alone: a chunk's ``"usage": null`` (every chunk of an OpenAI stream that
+asks for usage) is read as before, at no cost."""
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 # What else an assistant message may carry instead of content, tool calls or a refusal (a
