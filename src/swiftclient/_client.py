@@ -136,7 +136,7 @@ class BackendNameWarning(UserWarning):
     right only if the prefix is part of the model's own name there."""
 
 
-_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 def _warn_near_miss(head: str, model: str, backends: Mapping[str, Backend], default: str) -> None:
@@ -154,7 +154,7 @@ def _warn_near_miss(head: str, model: str, backends: Mapping[str, Backend], defa
     if not near:
         return
     meant = f"{near[0]}/{model[len(head) + 1 :]}"
-    frame, level = sys._getframe(), 1  # the warning points at the caller's line
+    frame, level = sys._getframe(), 1  # at the caller's line (a blocking Client's: its loop's)
     while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
         frame, level = frame.f_back, level + 1
     warnings.warn(

@@ -70,7 +70,10 @@ JSON numbers and floats hold exactly (a count past it is a provider's or a calle
 would overflow the float arithmetic of pricing, rate limits and metrics)."""
 _TokenCount = Annotated[int, Field(ge=0, le=_MAX_COUNT)]
 """A token count in a reply's usage: never negative, at most ``_MAX_COUNT``."""
-_RANGE_ERRORS = frozenset({"greater_than_equal", "less_than_equal"})
+_RANGE_ERRORS = frozenset(
+    {"greater_than_equal", "less_than_equal", "int_parsing_size", "finite_number"}
+)
+"""A count out of range: negative, past 2**53, past 2**63 as a float, or past a float's."""
 _log = logging.getLogger("swiftclient")
 
 

@@ -425,3 +425,19 @@ def test_a_connect_timeout_says_what_timed_out_through_an_exception_group() -> N
     error = map_httpx_error(exc)
     assert type(error).__name__ == "ConnectTimeout"
     assert str(error) == "opening a connection timed out (connecting to 10.0.0.1:443 took too long)"
+
+
+def test_a_pool_the_caller_gave_is_refused_on_another_loop_too() -> None:
+    """Only transports that hold no connections serve any loop: a given httpx pool failed
+    on the second ``asyncio.run`` with "Event loop is closed", after sending."""
+    with FakeProvider(Reply(tokens=2)).run_in_thread() as fake:
+        backend = HTTPBackend(fake.base_url, transport=httpx.AsyncHTTPTransport())
+        client = AsyncClient(backend, model="m")
+        assert asyncio.run(client.chat("hi")).text
+        with pytest.raises(ConfigurationError, match="first used on another event loop"):
+            asyncio.run(client.chat("hi"))
+        assert len(fake.requests) == 1
+        with warnings.catch_warnings():  # the first loop's connection cannot be closed now
+            warnings.simplefilter("ignore", ResourceWarning)
+            del client, backend
+            gc.collect()

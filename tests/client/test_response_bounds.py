@@ -33,7 +33,15 @@ from swiftclient._deadline import Deadline
 from swiftclient.admission import Limits
 from swiftclient.backends.base import BufferedChunkIterator
 from swiftclient.backends.http import MAX_DEPTH, _overfull
-from swiftclient.types import MAX_CHOICES, MAX_TOOL_CALLS, ChatRequest, Message, Usage
+from swiftclient.transports._core import _ChatEncoder
+from swiftclient.types import (
+    MAX_CHOICES,
+    MAX_TOOL_CALLS,
+    ChatCompletionChunk,
+    ChatRequest,
+    Message,
+    Usage,
+)
 
 from .mock import backend_for, serve_handler
 
@@ -268,6 +276,7 @@ _USAGE_FIELDS = [
     pytest.param({"completion_tokens": -5}, id="negative"),
     pytest.param({"prompt_tokens_details": {"cached_tokens": -1}}, id="negative-cached"),
     pytest.param({"total_tokens": 2**53 + 1}, id="past-2-53"),
+    pytest.param({"prompt_tokens": 1e20}, id="float-past-2-63"),
 ]
 
 
@@ -349,3 +358,16 @@ def test_cache_counts_other_providers_name_are_read_only_in_range(extra: dict[st
         0,
         0,
     )
+
+
+def test_a_dropped_usage_chunk_does_not_reach_an_sdk_that_asked_for_none() -> None:
+    """The usage-only chunk is left out for an SDK that did not ask for usage; with its
+    usage dropped it went through as ``{"choices": [], "usage": null}``, and a loop reading
+    ``chunk.choices[0]`` failed on it."""
+    encoder = _ChatEncoder(usage=False)
+    dropped = ChatCompletionChunk.model_validate(
+        {"id": "c", "choices": [], "usage": {"prompt_tokens": -1}}
+    )
+    assert dropped.usage is None
+    assert encoder.chunk(dropped) == b""
+    assert _ChatEncoder(usage=True).chunk(dropped) != b""

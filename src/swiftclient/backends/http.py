@@ -76,6 +76,8 @@ _validate_completion = ChatCompletion.__pydantic_validator__.validate_json
 # already on its way (a server writes it right after [DONE]), so the connection can go back
 # to the pool; a body that has not ended by then is closed instead. Bytes read meanwhile are
 # bounded too.
+_LOOP_FREE = (httpx.MockTransport, httpx.ASGITransport)
+"""Transports a caller may give that hold no connections, so serve any event loop."""
 _END_GRACE = 0.02
 _END_BYTES = 64 << 10
 _USER_AGENT = "swiftclient/0.1"
@@ -405,10 +407,10 @@ class HTTPBackend:
         if transport is None:
             transport = self._transport = self._make_transport()
             self._slots = anyio.Semaphore(self._max_connections)
-        elif loop is not self._loop and self._given_transport is None:
+        elif loop is not self._loop and not isinstance(self._given_transport, _LOOP_FREE):
             # The pool's connections belong to the loop it was made on (the second of two
-            # asyncio.run() calls sharing a client failed deep in aiohttp); a transport the
-            # caller gave (httpx.MockTransport, say) may serve any loop.
+            # asyncio.run() calls sharing a client failed deep in aiohttp); httpx's mock and
+            # ASGI transports hold no connections and serve any loop.
             raise errors.ConfigurationError(
                 f"backend {self.name!r} was first used on another event loop, and its pooled "
                 "connections belong to that loop (each asyncio.run() makes a new one): make "

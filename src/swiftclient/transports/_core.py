@@ -413,10 +413,11 @@ class _ChatEncoder:
         self._usage = usage
 
     def chunk(self, chunk: ChatCompletionChunk) -> bytes:
-        if not self._usage and chunk.usage is not None:
-            if not chunk.choices:
+        if not self._usage:
+            if not chunk.choices:  # the usage chunk, also when its usage was dropped
                 return b""
-            chunk = chunk.model_copy(update={"usage": None})
+            if chunk.usage is not None:
+                chunk = chunk.model_copy(update={"usage": None})
         return chunk_event(chunk)
 
     def end(self) -> bytes:
