@@ -44,7 +44,7 @@ from swiftclient import errors
 from swiftclient.backends import check_backend_name
 from swiftclient.extend import Deadline, RequestOptions
 from swiftclient.types import ChatCompletion, ChatCompletionChunk, ChatRequest
-from swiftclient.wire import listed_names, printable_name
+from swiftclient.wire import listed_names
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
@@ -69,9 +69,9 @@ def _name_ignored(request: ChatRequest, options: RequestOptions | None) -> None:
     same in-process and over HTTP."""
     if options is None or options.on_response is None or not request.extra_body:
         return
-    from local_engine.service import EXTRA_BODY_KEYS  # loaded with the engine
+    from local_engine.service import unread_keys  # loaded with the engine
 
-    ignored = {printable_name(key) for key in request.extra_body if key not in EXTRA_BODY_KEYS}
+    ignored = unread_keys(request.extra_body)
     if ignored:
         # no HTTP status: admission learns from an in-process call what it did before
         options.on_response(None, {"x-ignored-fields": listed_names(sorted(ignored))})

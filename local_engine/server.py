@@ -98,7 +98,7 @@ from .responses import (
     event_bytes,
     response_body,
 )
-from .service import EXTRA_BODY_KEYS
+from .service import EXTRA_BODY_KEYS, NamesSeen
 from .tracing import ServerTracer
 
 if TYPE_CHECKING:
@@ -113,7 +113,6 @@ _REQUEST_FIELDS = frozenset(ChatRequest.model_fields) - {"extra_body"}
 _STREAM_OPTIONS = frozenset(StreamOptions.model_fields)
 IGNORED_FIELDS_HEADER = "x-ignored-fields"
 """The response header naming the request fields the server ignored (comma-separated)."""
-_REMEMBERED_AT_MOST = 1000  # field names logged once (a client could send any number)
 
 
 def _status_of(writer: ResponseWriter, raised: BaseException | None) -> int:
@@ -318,7 +317,7 @@ class LocalServer:
         self._model_name = model_name
         self._created = int(time.time())
         self._access_log = access_log
-        self._ignored_seen: set[str] = set()
+        self._ignored_seen = NamesSeen()
         if meter_provider is not None:
             backend.meter_provider = meter_provider
         self._tracer = ServerTracer(tracer_provider)
@@ -499,16 +498,13 @@ class LocalServer:
     def _note_ignored(self, writer: ResponseWriter, ignored: list[str]) -> None:
         """Name the ignored fields in a header; log each field name the first time (the
         names escaped to printable ASCII and cut short, at most ``NAMED_AT_MOST`` of
-        them, and at most :data:`_REMEMBERED_AT_MOST` remembered: a client chooses them)."""
+        them, and at most 1,000 remembered: a client chooses them, :class:`NamesSeen`)."""
         if not ignored:
             return
-        names = sorted({printable_name(name) for name in ignored})
-        writer.headers[IGNORED_FIELDS_HEADER] = listed_names(names)
-        if len(self._ignored_seen) >= _REMEMBERED_AT_MOST:
-            return
-        new = [name for name in names if name not in self._ignored_seen]
+        names = {printable_name(name) for name in ignored}
+        writer.headers[IGNORED_FIELDS_HEADER] = listed_names(sorted(names))
+        new = self._ignored_seen.new(names)
         if new:
-            self._ignored_seen.update(new[: _REMEMBERED_AT_MOST - len(self._ignored_seen)])
             _log.warning("ignoring request fields this server does not use: %s", listed_names(new))
 
     async def _traced(

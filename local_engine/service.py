@@ -142,8 +142,33 @@ class PreparedRequest:
     cache_salt: str | None
 
 
-_ignored_logged: set[str] = set()  # printable names, as logged
-_REMEMBERED_AT_MOST = 1000
+class NamesSeen:
+    """Field names a client chose, each logged the first time it comes: at most ``limit``
+    remembered (a client may send any number of names)."""
+
+    __slots__ = ("limit", "names")
+
+    def __init__(self, limit: int = 1000) -> None:
+        self.limit = limit
+        self.names: set[str] = set()
+
+    def new(self, names: set[str]) -> list[str]:
+        """Of ``names`` (printable), those not seen before, sorted, and now remembered (up
+        to the limit); none once the limit is reached."""
+        if len(self.names) >= self.limit:
+            return []
+        new = sorted(names - self.names)
+        self.names.update(new[: self.limit - len(self.names)])
+        return new
+
+
+def unread_keys(extra_body: dict[str, Any] | None) -> set[str]:
+    """The ``extra_body`` keys the engine does not read, escaped to printable ASCII (as
+    they are named in a header and a log line)."""
+    return {printable_name(key) for key in extra_body or () if key not in EXTRA_BODY_KEYS}
+
+
+_ignored_logged = NamesSeen()
 
 
 def _extra(request: ChatRequest) -> dict[str, Any]:
@@ -152,16 +177,13 @@ def _extra(request: ChatRequest) -> dict[str, Any]:
     # null is absent, as OpenAI's own optional fields are
     body = request.extra_body or {}
     extra = {k: v for k, v in body.items() if k in EXTRA_BODY_KEYS and v is not None}
-    if len(_ignored_logged) < _REMEMBERED_AT_MOST:  # a client may send any number of names
-        unknown = {printable_name(k) for k in body if k not in EXTRA_BODY_KEYS}
-        new = sorted(unknown - _ignored_logged)
-        if new:
-            _ignored_logged.update(new[: _REMEMBERED_AT_MOST - len(_ignored_logged)])
-            _log.warning(
-                "ignoring extra_body keys the local engine does not use: %s (it reads: %s)",
-                listed_names(new),
-                ", ".join(sorted(EXTRA_BODY_KEYS)),
-            )
+    new = _ignored_logged.new(unread_keys(body)) if body else []
+    if new:
+        _log.warning(
+            "ignoring extra_body keys the local engine does not use: %s (it reads: %s)",
+            listed_names(new),
+            ", ".join(sorted(EXTRA_BODY_KEYS)),
+        )
     for flag in ("ignore_eos", "continuous_usage_stats", "tool_grammar"):
         if flag in extra and not isinstance(extra[flag], bool):
             param = "stream_options." + flag if flag == "continuous_usage_stats" else flag

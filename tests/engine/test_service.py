@@ -48,8 +48,7 @@ def test_ignored_extra_body_keys_are_logged_printable_and_remembered_boundedly(
 ) -> None:
     """A client's key with a CR-LF wrote a forged log line, and every new key a client
     sent was remembered for the life of the process."""
-    monkeypatch.setattr(service_module, "_ignored_logged", set())
-    monkeypatch.setattr(service_module, "_REMEMBERED_AT_MOST", 3)
+    monkeypatch.setattr(service_module, "_ignored_logged", service_module.NamesSeen(limit=3))
 
     def request(*keys: str) -> ChatRequest:
         return ChatRequest(
@@ -67,4 +66,4 @@ def test_ignored_extra_body_keys_are_logged_printable_and_remembered_boundedly(
     assert len(lines) == 2
     assert all("\n" not in line and "\r" not in line for line in lines)
     assert lines[0].startswith("ignoring extra_body keys the local engine does not use: a\\r\\n")
-    assert service_module._ignored_logged == {"a\\r\\nFORGED line", "k1", "k2"}
+    assert service_module._ignored_logged.names == {"a\\r\\nFORGED line", "k1", "k2"}
