@@ -14,7 +14,8 @@ How an attempt's end is read:
   left early or that broke after it committed was still answered, and is billed);
 - a request the client gave up on after sending it (first-token, idle or deadline timeout)
   counts as cancelled, so billed: the server may have run its prefill;
-- a request that never left the client (no pooled connection, connect timeout) was not sent.
+- a request that never left the client (admission refused it or it was cancelled while it
+  waited for admission; no pooled connection, connect timeout) was not sent.
 """
 
 from __future__ import annotations
@@ -33,13 +34,17 @@ if TYPE_CHECKING:
 
 __all__ = ["Accounting", "attempt_record", "was_sent"]
 
-_NOT_SENT = (errors.PoolTimeout, errors.ConnectTimeout, errors.RateLimited)
-"""Failures that mean no request left the client (admission refused it, or no connection
-was had): such an attempt is neither billed nor counted as sent."""
+_NOT_SENT = (errors.PoolTimeout, errors.ConnectTimeout)
+"""Failures of a request handed to its backend that mean it never left the client (no
+connection was had): such an attempt is neither billed nor counted as sent."""
 
 
 def was_sent(result: AttemptResult) -> bool:
-    """Whether the attempt's request left the client (see :data:`_NOT_SENT`)."""
+    """Whether the attempt's request left the client: it was handed to its backend (not
+    refused admission, nor cancelled while it waited for it) and did not fail for want of a
+    connection (:data:`_NOT_SENT`)."""
+    if not result.sent:
+        return False
     return not (result.outcome == "failed" and isinstance(result.error, _NOT_SENT))
 
 

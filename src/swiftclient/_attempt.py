@@ -115,6 +115,10 @@ class AttemptResult(NamedTuple):
     """The same for every attempt of one call (its idempotency key): group by it."""
     call_trace: object
     """The call's telemetry observer (None without one)."""
+    sent: bool = True
+    """Whether its request was handed to its backend (False: it ended before that, refused
+    admission or cancelled while it waited for it); a request handed over may still have
+    failed before it left the client (see :func:`~swiftclient._accounting.was_sent`)."""
 
     @property
     def status_code(self) -> int | None:
@@ -260,6 +264,8 @@ class AttemptRun:
     _iterator: AsyncIterator[ChatCompletionChunk] | None = None
     _waiter: Waiter | None = None
     _chunk_seen = False
+    _sent = False
+    """Whether the request was handed to the backend (after admission)."""
 
     def __init__(
         self,
@@ -334,6 +340,7 @@ class AttemptRun:
             self.request,
             self.call_id,
             self.call_trace,
+            self._sent,
         )
 
     # ------------------------------------------------------------------ outcome
@@ -489,6 +496,7 @@ class AttemptRun:
             if admission is not None:
                 await self._admit(admission)
             due, kind = self._due()
+            self._sent = True
             opening = self.target.backend.stream(self.request, self._deadline, self.options)
             # A cancel scope: the backend's stream may shield its cleanup.
             iterator = await self._bounded(stack.enter_async_context(opening), due, kind, None)
@@ -541,6 +549,7 @@ class AttemptRun:
         try:
             if admission is not None:
                 await self._admit(admission)
+            self._sent = True
             waiting = backend.complete(self.request, deadline, self.options)
             waiter = None
             if due != math.inf and getattr(backend, "complete_cancels_cleanly", False):

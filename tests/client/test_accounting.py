@@ -395,3 +395,27 @@ async def test_an_attempt_admission_refused_is_neither_sent_nor_wasted() -> None
         assert cost_of(second).cost == pytest.approx(0.02)
         stats = client.stats()
         assert (stats.calls, stats.attempts, stats.wasted_requests) == (2, 3, 0)
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+async def test_an_attempt_cancelled_while_it_waited_for_admission_was_not_sent(
+    streamed: bool,
+) -> None:
+    """a's limit is spent, so its attempt waits for admission (the window frees within the
+    deadline); the hedge to b wins meanwhile and a's wait is cancelled. Nothing left for a,
+    but it was counted as a wasted request and a hedge race lost."""
+    async with (
+        providers("a", "b") as fakes,
+        client_for(
+            fakes, pricing=PER_REQUEST, limits={"a": Limits(rpm=1, window=30.0)}, timeout=120.0
+        ) as client,
+    ):
+        assert (await client.chat(PROMPT, model="a/m")).text == "from a"
+        completion = await hedged(client, streamed)
+        assert completion.text == "from b"
+        assert len(fakes["a"].requests) == 1
+        cost = cost_of(completion)
+        assert (cost.attempts, cost.hedges_sent, cost.hedges_won) == (2, 1, 1)
+        assert (cost.wasted_requests, cost.wasted_input_tokens) == (0, 0)
+        assert cost.cost == pytest.approx(0.02)  # b alone
+        assert client.stats().wasted_requests == 0
