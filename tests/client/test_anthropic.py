@@ -277,6 +277,26 @@ async def test_tool_calls_come_back_as_tool_calls_streamed_or_not() -> None:
             assert completion.text == ""
 
 
+def test_a_strict_tool_stays_strict() -> None:
+    """A tool's ``strict`` (Anthropic's strict tool use) was dropped."""
+    strict = {"name": "f", "parameters": {"type": "object"}, "strict": True}
+    body = encode(tools=[{"type": "function", "function": strict}, *TOOLS])
+    assert [tool.get("strict") for tool in body["tools"]] == [None, True, None]
+
+
+def test_thinking_tokens_are_the_reasoning_tokens() -> None:
+    """Anthropic's ``output_tokens_details.thinking_tokens`` was not read."""
+    message = {"id": "m", "model": "claude-x", "usage": {"input_tokens": 3}}
+    late = {"output_tokens": 9, "output_tokens_details": {"thinking_tokens": 6}}
+    events = [
+        ("message_start", {"message": message}),
+        ("message_delta", {"delta": {"stop_reason": "end_turn"}, "usage": late}),
+        ("message_stop", {}),
+    ]
+    usage = decoded(MessageDecoder(), events)[-1].usage
+    assert usage.completion_tokens == 9 and usage.completion_tokens_details.reasoning_tokens == 6
+
+
 async def test_cache_usage_is_normalized() -> None:
     usage = ReplyUsage(prompt_tokens=100, cached_tokens=60, cache_write_tokens=30)
     async with FakeProvider() as fake, client_for(fake) as client:
@@ -564,6 +584,54 @@ def test_the_decoder_is_sans_io() -> None:
             chunks.append(chunk)
     assert decoder.done
     assert deltas(chunks) == EXPECTED_DELTAS
+
+
+def block_events(index: int, name: str, pieces: list[str]) -> list[tuple[str, dict[str, Any]]]:
+    """A ``tool_use`` block's events: its start, an ``input_json_delta`` a piece, its stop."""
+    block = {"type": "tool_use", "id": f"toolu_{index}", "name": name, "input": {}}
+    return [
+        ("content_block_start", {"index": index, "content_block": block}),
+        *(
+            ("content_block_delta", {"index": index, "delta": json_delta(piece)})
+            for piece in pieces
+        ),
+        ("content_block_stop", {"index": index}),
+    ]
+
+
+def json_delta(piece: str) -> dict[str, Any]:
+    return {"type": "input_json_delta", "partial_json": piece}
+
+
+@pytest.mark.parametrize("pieces", [[""], [], ["", ""]])
+def test_a_streamed_call_without_arguments_has_the_empty_object(pieces: list[str]) -> None:
+    """Anthropic streams a call without arguments as one empty ``partial_json``: its
+    arguments were "", which no JSON parser takes (a whole reply gave "{}")."""
+    start = ("message_start", {"message": {"id": "m", "model": "claude-x", "usage": {}}})
+    events = [
+        start,
+        *block_events(0, "get_time", pieces),
+        *block_events(1, "weather", ["", '{"city": ', '"Paris"}']),
+        ("message_delta", {"delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 9}}),
+        ("message_stop", {}),
+    ]
+    calls: dict[int, str] = {}
+    for chunk in decoded(MessageDecoder(), events):
+        for call in chunk.choices[0].delta.tool_calls or [] if chunk.choices else []:
+            if call.function is not None and call.function.arguments is not None:
+                calls[call.index] = calls.get(call.index, "") + call.function.arguments
+    assert calls == {0: "{}", 1: '{"city": "Paris"}'}
+    # the forced tool of a structured reply is its text: "{}" too
+    output = decoded(
+        MessageDecoder(frozenset({"get_time"})), [start, *block_events(0, "get_time", pieces)]
+    )
+    assert [chunk.choices[0].delta.content for chunk in output if chunk.choices] == [None, "{}"]
+
+
+def decoded(decoder: MessageDecoder, events: list[tuple[str, dict[str, Any]]]) -> list[Any]:
+    """The chunks ``decoder`` makes of ``events``."""
+    chunks = [decoder.event(kind, data) for kind, data in events]
+    return [chunk for chunk in chunks if chunk is not None]
 
 
 @over_transports

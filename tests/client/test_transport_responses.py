@@ -386,6 +386,59 @@ def test_a_stream_without_a_usage_chunk_still_completes() -> None:
     assert events.end() == []
 
 
+def _streamed(deltas: list[dict[str, Any]], finish: str) -> list[dict[str, Any]]:
+    """The Responses events of a chat stream of ``deltas`` that ends with ``finish``, each
+    checked against the ``openai`` SDK's event types."""
+    from swiftclient.types import ChatCompletionChunk
+    from swiftclient.wire.responses import ResponseEcho, ResponseEvents, chat_fields
+
+    _, echoed = chat_fields({"model": "m", "input": "hi", "stream": True}, [])
+    events = ResponseEvents(ResponseEcho("m", echoed))
+    got = events.start()
+    for at, delta in enumerate(deltas):
+        choice = {"index": 0, "delta": delta, "finish_reason": None}
+        if at == len(deltas) - 1:
+            choice["finish_reason"] = finish
+        chunk = {"id": "c", "created": 0, "model": "m", "choices": [choice]}
+        got.extend(events.feed(ChatCompletionChunk.model_validate(chunk)))
+    got.extend(events.end())
+    adapter = pydantic.TypeAdapter(openai.types.responses.ResponseStreamEvent)
+    for event in got:
+        adapter.validate_python(event)
+    return got
+
+
+def test_a_streamed_refusal_is_a_refusal_part() -> None:
+    """A stream's refusal deltas were dropped: the response ended with empty output text
+    (a whole reply had its refusal part); a content filter's finish said ``completed``."""
+    got = _streamed(
+        [{"content": "Well."}, {"refusal": "I can't "}, {"refusal": "help."}], "content_filter"
+    )
+    kinds = [event["type"] for event in got]
+    assert kinds.count("response.refusal.delta") == 2
+    assert "response.refusal.done" in kinds
+    done = [e for e in got if e["type"] == "response.refusal.done"]
+    assert done[0]["refusal"] == "I can't help."
+    final = got[-1]
+    assert final["type"] == "response.incomplete"
+    response = final["response"]
+    assert response["incomplete_details"] == {"reason": "content_filter"}
+    text, refusal = response["output"]
+    assert text["content"][0]["text"] == "Well."
+    assert refusal["content"] == [{"type": "refusal", "refusal": "I can't help."}]
+    parsed = openai.types.responses.Response.model_validate(response)
+    assert parsed.output_text == "Well."
+
+
+def test_a_cut_reply_is_incomplete_for_its_token_limit() -> None:
+    got = _streamed([{"content": "Hello"}], "length")
+    assert got[-1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert "completed_at" not in got[-1]["response"]  # OpenAI's: only once completed
+    completed = _streamed([{"content": "Hello"}], "stop")[-1]
+    assert completed["type"] == "response.completed"
+    assert isinstance(completed["response"]["completed_at"], int)
+
+
 @pytest.mark.anyio
 async def test_leaving_a_responses_stream_early_releases_the_connection() -> None:
     async with FakeProvider(Reply(text="one two three", stall_after=1)) as fake:

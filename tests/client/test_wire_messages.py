@@ -337,3 +337,46 @@ def test_dropped_cache_marks_are_named() -> None:
     assert ignored == ["cache_control"]  # inside a tool result's blocks too
     _, none = _chat({"messages": [{"role": "user", "content": "hi"}]})
     assert none == []
+
+
+def test_a_streamed_refusal_is_text_as_a_whole_one_is() -> None:
+    """A stream's refusal deltas were dropped (an empty message, where the whole reply
+    gave the refusal as its text)."""
+    chunks = [
+        ChatCompletionChunk.model_validate(
+            {"id": "c", "created": 0, "model": "m", "choices": [choice]}
+        )
+        for choice in (
+            {"index": 0, "delta": {"refusal": "I can't "}},
+            {"index": 0, "delta": {"refusal": "help."}, "finish_reason": "content_filter"},
+        )
+    ]
+    events = MessageEvents("m")
+    got = [data for chunk in chunks for _, data in events.feed(chunk)] + [
+        data for _, data in events.end()
+    ]
+    texts = [e["delta"]["text"] for e in got if e["type"] == "content_block_delta"]
+    assert texts == ["I can't ", "help."]
+    assert got[-2]["delta"]["stop_reason"] == "refusal"
+    whole = _completion({"role": "assistant", "refusal": "I can't help."})
+    assert message_body(whole, "m")["content"] == [{"type": "text", "text": "I can't help."}]
+
+
+def test_anthropics_own_stop_reasons_go_back_unchanged() -> None:
+    """An Anthropic backend hands on ``pause_turn`` as its finish reason; it went back to
+    an Anthropic client as ``end_turn``."""
+    completion = _completion({"role": "assistant", "content": "Hi"}, finish_reason="pause_turn")
+    assert message_body(completion, "m")["stop_reason"] == "pause_turn"
+    events = MessageEvents("m")
+    got = [*events.feed(_stop_chunk({"finish_reason": "pause_turn"})), *events.end()]
+    assert got[-2][1]["delta"]["stop_reason"] == "pause_turn"
+    odd = _completion({"role": "assistant", "content": "Hi"}, finish_reason="eos")
+    assert message_body(odd, "m")["stop_reason"] == "end_turn"
+
+
+def test_a_strict_tool_is_a_strict_function() -> None:
+    """``strict`` on an Anthropic tool was dropped (and named nowhere)."""
+    tool = {"name": "t", "input_schema": {"type": "object"}, "strict": True}
+    request, ignored = _chat({"messages": [{"role": "user", "content": "q"}], "tools": [tool]})
+    assert request.tools is not None and request.tools[0].function.strict is True
+    assert ignored == []

@@ -414,6 +414,8 @@ def encode_messages_request(
             entry["description"] = fn.description
         schema = fn.parameters or {"type": "object", "properties": {}}
         entry["input_schema"] = schema if exact else canonical_schema(schema)
+        if fn.strict is not None:  # Anthropic's strict tool use: inputs match the schema
+            entry["strict"] = fn.strict
         tools.append(entry)
     if not exact:
         tools.sort(key=lambda entry: str(entry["name"]))
@@ -498,12 +500,18 @@ def _usage(raw: Mapping[str, Any]) -> Usage | None:
     split = raw.get("cache_creation")
     prompt = count("input_tokens") + read + written
     completion = count("output_tokens")
+    details = raw.get("output_tokens_details")  # the thinking share of the output
+    thinking = details.get("thinking_tokens") if isinstance(details, dict) else None
+    reasoning = {}
+    if isinstance(thinking, int) and not isinstance(thinking, bool) and thinking:
+        reasoning = {"completion_tokens_details": {"reasoning_tokens": thinking}}
     try:
         return Usage.model_validate(
             {
                 "prompt_tokens": prompt,
                 "completion_tokens": completion,
                 "total_tokens": prompt + completion,
+                **reasoning,
                 "prompt_tokens_details": {"cached_tokens": read},
                 "cache_read_input_tokens": read,
                 "cache_creation_input_tokens": written,
@@ -662,6 +670,7 @@ class MessageDecoder:
 
     __slots__ = (
         "_answered",
+        "_bare",
         "_blocks",
         "_calls",
         "_id",
@@ -682,6 +691,8 @@ class MessageDecoder:
         self._input: dict[str, Any] = {}
         # block index -> ("text" | "tool" | "output" | "thinking" | "other", tool index, block)
         self._blocks: dict[int, tuple[str, int, dict[str, Any] | None]] = {}
+        # tool and output blocks no argument piece reached yet: "{}" when they stop
+        self._bare: set[int] = set()
         self._calls = 0
         self._answered = False
         self._thinking: list[dict[str, Any]] = []
@@ -758,6 +769,7 @@ class MessageDecoder:
             return None
         if kind == "tool_use":
             name = str(block.get("name", ""))
+            self._bare.add(index)
             if name in self._output:
                 self._blocks[index] = ("output", 0, None)
                 self._answered = True
@@ -798,6 +810,7 @@ class MessageDecoder:
             piece = delta.get("partial_json")
             if not isinstance(piece, str) or not piece:
                 return None
+            self._bare.discard(index)
             if where == "output":
                 return self._text.text(piece)
             if where == "tool":
@@ -820,6 +833,14 @@ class MessageDecoder:
     def _stop(self, data: dict[str, Any]) -> ChatCompletionChunk | None:
         index = data.get("index")
         entry = self._blocks.get(index) if isinstance(index, int) else None
+        if entry is not None and index in self._bare:
+            # A call without arguments streams one empty piece: its arguments are the empty
+            # object, as a whole reply's are, not "" (which no JSON parser takes).
+            self._bare.discard(index)
+            if entry[0] == "output":
+                return self._text.text("{}")
+            tool_delta = ToolCallDelta(index=entry[1], function=FunctionCallDelta(arguments="{}"))
+            return _chunk(self._id, self._model, ChoiceDelta(tool_calls=[tool_delta]))
         if entry is None or entry[0] != "thinking" or entry[2] is None:
             return None
         self._thinking.append(entry[2])

@@ -410,6 +410,8 @@ class _EventStream(_ChunkStream):
                 self._chunk({"content": text}, logprobs=logprobs)
             else:  # the per-token path: nothing to validate
                 self._pending.append(self._texts.text(text))
+        elif kind == "response.refusal.delta":
+            self._chunk({"refusal": data.get("delta", "")})
         elif kind in ("response.reasoning_text.delta", "response.reasoning_summary_text.delta"):
             self._chunk({"reasoning_content": data.get("delta", "")})
         elif kind == "response.output_item.added":

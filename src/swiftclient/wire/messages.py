@@ -79,6 +79,12 @@ STOP_REASONS = {
     "content_filter": "refusal",
 }
 """Anthropic's ``stop_reason`` for a chat finish reason."""
+_NATIVE_STOPS = frozenset(
+    {"end_turn", "max_tokens", "stop_sequence", "tool_use", "pause_turn", "refusal"}
+    | {"model_context_window_exceeded"}
+)
+"""Anthropic's own stop reasons: one an Anthropic backend handed on as its finish reason
+(``pause_turn``) goes back unchanged."""
 _ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -467,6 +473,8 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
                 f"tools[{index}].input_schema: Field required", f"tools[{index}].input_schema"
             )
         function["parameters"] = schema or {"type": "object"}
+        if isinstance(tool.get("strict"), bool):  # the inputs must match the schema
+            function["strict"] = tool["strict"]
         converted.append({"type": "function", "function": function})
     return converted
 
@@ -528,7 +536,8 @@ def _usage(usage: Usage | None) -> dict[str, int]:
 def _stop_reason(finish_reason: str | None) -> str | None:
     if finish_reason is None:
         return None
-    return STOP_REASONS.get(finish_reason, "end_turn")
+    native = finish_reason if finish_reason in _NATIVE_STOPS else "end_turn"
+    return STOP_REASONS.get(finish_reason, native)
 
 
 def _stop_fields(finish_reason: str | None, calls: bool, matched: str | None) -> dict[str, Any]:
@@ -677,11 +686,12 @@ class MessageEvents:
             signed = extra.get("thinking_blocks")
             if isinstance(signed, list) and signed:
                 events.extend(self._signed_block(signed[-1]))
-            if delta.content:
+            said = delta.content or delta.refusal  # a refusal is text here, as when whole
+            if said:
                 if self._open is None or self._open[0] != "text":
                     events.extend(self._begin("text", {"type": "text", "text": ""}))
                 assert self._open is not None
-                text = {"type": "text_delta", "text": delta.content}
+                text = {"type": "text_delta", "text": said}
                 events.append(self._delta(self._open[1], text))
             for call in delta.tool_calls or ():
                 events.extend(self._call(call))

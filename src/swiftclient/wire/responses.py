@@ -110,8 +110,9 @@ class ResponseEcho:
         output: list[dict[str, Any]],
         usage: dict[str, Any] | None = None,
         error: dict[str, Any] | None = None,
+        reason: str = "max_output_tokens",
     ) -> dict[str, Any]:
-        """The ``response`` object in a given state."""
+        """The ``response`` object in a given state (``reason``: why, when ``incomplete``)."""
         body: dict[str, Any] = {
             "id": self.id,
             "object": "response",
@@ -119,9 +120,7 @@ class ResponseEcho:
             "status": status,
             "background": False,
             "error": error,
-            "incomplete_details": (
-                {"reason": "max_output_tokens"} if status == "incomplete" else None
-            ),
+            "incomplete_details": {"reason": reason} if status == "incomplete" else None,
             "model": self.model,
             "output": output,
             "previous_response_id": None,
@@ -129,7 +128,7 @@ class ResponseEcho:
             "usage": usage,
             **self.fields,
         }
-        if status in {"completed", "incomplete"}:
+        if status == "completed":  # OpenAI's: present only then
             body["completed_at"] = int(time.time())
         return body
 
@@ -515,6 +514,10 @@ def _message_item(item_id: str, text: str, status: str, logprobs: list[Any]) -> 
     }
 
 
+def _refusal_part(text: str) -> dict[str, Any]:
+    return {"type": "refusal", "refusal": text}
+
+
 def _text_part(text: str, logprobs: list[Any]) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
 
@@ -537,7 +540,15 @@ def _item_id(prefix: str) -> str:
 
 
 def _status(finish_reason: str | None) -> str:
-    return "incomplete" if finish_reason == "length" else "completed"
+    return "incomplete" if finish_reason in _INCOMPLETE else "completed"
+
+
+_INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
+"""The chat finish reasons a response is ``incomplete`` for, and the reason it gives."""
+
+
+def _reason(finish_reason: str | None) -> str:
+    return _INCOMPLETE.get(finish_reason or "", "max_output_tokens")
 
 
 def response_body(
@@ -564,9 +575,8 @@ def response_body(
         cut_call = "incomplete"
     if message.content or message.refusal or not calls:
         if message.refusal and not message.content:
-            part = {"type": "refusal", "refusal": message.refusal}
             item = _message_item(_item_id("msg"), "", said, [])
-            item["content"] = [part]
+            item["content"] = [_refusal_part(message.refusal)]
         else:
             item = _message_item(_item_id("msg"), message.content or "", said, logprobs)
         output.append(item)
@@ -575,7 +585,9 @@ def response_body(
         output.append(
             _call_item(_item_id("fc"), call.id, call.function.name, call.function.arguments, done)
         )
-    return echo.response(status, output, _usage(completion.usage))
+    return echo.response(
+        status, output, _usage(completion.usage), reason=_reason(choice.finish_reason)
+    )
 
 
 def event_bytes(event: Mapping[str, Any]) -> bytes:
@@ -596,12 +608,15 @@ class _Item:
         "logprobs",
         "name",
         "reasoning",
+        "refusal",
         "status",
         "text",
     )
 
-    def __init__(self, kind: str, index: int) -> None:
+    def __init__(self, kind: str, index: int, refusal: bool = False) -> None:
         self.kind = kind
+        self.refusal = refusal
+        """A message whose one part is a refusal (its ``text``), not output text."""
         self.index = index
         self.id = _item_id("msg" if kind == "message" else "fc")
         self.text: list[str] = []
@@ -616,7 +631,10 @@ class _Item:
         if self.kind == "reasoning":
             return dict(self.reasoning)
         if self.kind == "message":
-            return _message_item(self.id, "".join(self.text), status, list(self.logprobs))
+            item = _message_item(self.id, "".join(self.text), status, list(self.logprobs))
+            if self.refusal:
+                item["content"] = [_refusal_part("".join(self.text))]
+            return item
         return _call_item(self.id, self.call_id, self.name, "".join(self.arguments), status)
 
 
@@ -671,6 +689,8 @@ class ResponseEvents:
                 self._reasoned = len(extra["reasoning_items"])
             if delta.content:
                 events.extend(self._text(delta.content, choice.logprobs))
+            if delta.refusal:
+                events.extend(self._text(delta.refusal, None, refusal=True))
             for call in delta.tool_calls or ():
                 events.extend(self._call(call))
             if choice.finish_reason is not None:
@@ -690,9 +710,9 @@ class ResponseEvents:
             return []
         return self._close(self._usage)
 
-    def _open(self, kind: str) -> tuple[_Item, list[dict[str, Any]]]:
+    def _open(self, kind: str, refusal: bool = False) -> tuple[_Item, list[dict[str, Any]]]:
         events = self._end_current()
-        item = _Item(kind, len(self._items))
+        item = _Item(kind, len(self._items), refusal)
         self._items.append(item)
         self._current = item
         opening = item.snapshot("in_progress")
@@ -708,7 +728,7 @@ class ResponseEvents:
                     item_id=item.id,
                     output_index=item.index,
                     content_index=0,
-                    part=_text_part("", []),
+                    part=_refusal_part("") if refusal else _text_part("", []),
                 )
             )
         return item, events
@@ -761,13 +781,20 @@ class ResponseEvents:
         )
         return events
 
-    def _text(self, text: str, logprobs: dict[str, Any] | None) -> list[dict[str, Any]]:
+    def _text(
+        self, text: str, logprobs: dict[str, Any] | None, *, refusal: bool = False
+    ) -> list[dict[str, Any]]:
+        """A piece of the reply's text (``refusal``: of its refusal, a message of its own)."""
         events: list[dict[str, Any]] = []
         item = self._current
-        if item is None or item.kind != "message":
-            item, events = self._open("message")
-        entries = list((logprobs or {}).get("content") or [])
+        if item is None or item.kind != "message" or item.refusal != refusal:
+            item, events = self._open("message", refusal)
         item.text.append(text)
+        if refusal:
+            where = {"item_id": item.id, "output_index": item.index, "content_index": 0}
+            events.append(self._event("response.refusal.delta", **where, delta=text))
+            return events
+        entries = list((logprobs or {}).get("content") or [])
         item.logprobs.extend(entries)
         events.append(
             self._event(
@@ -815,7 +842,14 @@ class ResponseEvents:
             status = "incomplete"
         item.status = status
         events: list[dict[str, Any]] = []
-        if item.kind == "message":
+        if item.kind == "message" and item.refusal:
+            text = "".join(item.text)
+            fields = {"item_id": item.id, "output_index": item.index, "content_index": 0}
+            events.append(self._event("response.refusal.done", **fields, refusal=text))
+            events.append(
+                self._event("response.content_part.done", **fields, part=_refusal_part(text))
+            )
+        elif item.kind == "message":
             text = "".join(item.text)
             fields = {"item_id": item.id, "output_index": item.index, "content_index": 0}
             events.append(
@@ -853,7 +887,8 @@ class ResponseEvents:
             _, events = self._open("message")
         events.extend(self._end_current())
         self.closed = True
-        response = self._echo.response(status, self._output(status), _usage(usage))
+        reason = _reason(self._finish)
+        response = self._echo.response(status, self._output(status), _usage(usage), reason=reason)
         kind = "response.completed" if status == "completed" else "response.incomplete"
         events.append(self._event(kind, response=response))
         return events
