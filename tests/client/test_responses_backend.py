@@ -407,33 +407,16 @@ async def test_a_streamed_refusal_is_the_messages_refusal() -> None:
     """``response.refusal.delta`` events were dropped: an empty reply, with no refusal."""
     part = {"item_id": "msg_1", "output_index": 0, "content_index": 0}
     item = {"type": "message", "id": "msg_1", "role": "assistant", "status": "in_progress"}
-    body = _sse(
-        {
-            "type": "response.created",
-            "sequence_number": 0,
-            "response": _response("in_progress", []),
-        },
-        {
-            "type": "response.output_item.added",
-            "sequence_number": 1,
-            "output_index": 0,
-            "item": {**item, "content": []},
-        },
-        {
-            "type": "response.content_part.added",
-            "sequence_number": 2,
-            **part,
-            "part": {"type": "refusal", "refusal": ""},
-        },
-        {"type": "response.refusal.delta", "sequence_number": 3, **part, "delta": "I can't "},
-        {"type": "response.refusal.delta", "sequence_number": 4, **part, "delta": "help."},
-        {"type": "response.refusal.done", "sequence_number": 5, **part, "refusal": "I can't help."},
-        {
-            "type": "response.completed",
-            "sequence_number": 6,
-            "response": _response("completed", [], USAGE),
-        },
-    )
+    events: list[dict[str, Any]] = [
+        {"type": "response.created", "response": _response("in_progress", [])},
+        {"type": "response.output_item.added", "output_index": 0, "item": {**item, "content": []}},
+        {"type": "response.content_part.added", **part, "part": {"type": "refusal", "refusal": ""}},
+        {"type": "response.refusal.delta", **part, "delta": "I can't "},
+        {"type": "response.refusal.delta", **part, "delta": "help."},
+        {"type": "response.refusal.done", **part, "refusal": "I can't help."},
+        {"type": "response.completed", "response": _response("completed", [], USAGE)},
+    ]
+    body = _sse(*({**event, "sequence_number": at} for at, event in enumerate(events)))
     async with _client(body, []) as client:
         async with client.stream("hi", model="r/m") as stream:
             final = await stream.final()
