@@ -40,7 +40,7 @@ import anyio.to_thread
 from anyio.abc import TaskGroup
 
 from local_engine.engine import Engine, RequestOutput, StepTokens
-from local_engine.errors import EngineError
+from local_engine.errors import EngineError, InvalidRequestError
 from local_engine.sampler import SamplingParams
 
 if TYPE_CHECKING:
@@ -310,6 +310,12 @@ class AsyncEngine:
     ) -> AsyncIterator[list[_Outputs]]:
         if not self._accepting:
             raise EngineError("AsyncEngine is not running (use `async with AsyncEngine(...)`)")
+        limit = self.engine.config.max_waiting
+        if len(params) > limit:  # they wait together: more never fit, however idle it is
+            raise InvalidRequestError(
+                f"n={len(params)} choices are more than this engine queues at once "
+                f"(max_waiting={limit}); ask for at most {limit}"
+            )
         added: list[tuple[str, _Mailbox]] = []
         async with self._lock:
             if self._failure is not None:

@@ -12,7 +12,7 @@ import pytest
 
 from local_engine.async_engine import AsyncEngine
 from local_engine.engine import Engine, EngineConfig, RequestOutput, StepTokens
-from local_engine.errors import EngineError, OverloadedError
+from local_engine.errors import EngineError, InvalidRequestError, OverloadedError
 from local_engine.loader import load_model
 from local_engine.model import DecoderModel
 from local_engine.sampler import SamplingParams
@@ -340,9 +340,19 @@ async def test_choices_compute_their_prompt_once_and_step_together(
 async def test_choices_refused_leave_none_added(model: DecoderModel) -> None:
     engine = make_engine(model, max_num_seqs=1, max_num_batched_tokens=64, max_waiting=2)
     async with AsyncEngine(engine) as ae:
-        with pytest.raises(OverloadedError):
+        async with ae.stream(prompt(3), LONG) as running:
+            await running.__anext__()  # admitted: it holds the only running slot
+            async with ae.stream(prompt(2), GREEDY):  # waits behind it: one slot left
+                with pytest.raises(OverloadedError):
+                    async with ae.stream_choices(prompt(1), [GREEDY] * 2):
+                        pass
+                assert engine.scheduler.num_waiting == 1  # neither choice stayed
+        # more choices than ever wait at once: refused as a bad request, not "busy" (a 503 a
+        # retrying client would send again forever)
+        with pytest.raises(InvalidRequestError, match="max_waiting=2"):
             async with ae.stream_choices(prompt(1), [GREEDY] * 3):
                 pass
+        await ae.wait_idle()  # the two streams left above are aborted
         assert not engine.has_unfinished()
         async with ae.stream_choices(prompt(1), [GREEDY] * 2) as merged:
             pairs = [pair async for pair in merged]

@@ -525,6 +525,20 @@ async def test_overload_is_503_with_retry_after(tiny: TinyModel, anyio_backend: 
         await running.settle()
 
 
+async def test_more_choices_than_ever_wait_is_400_not_503(
+    tiny: TinyModel, anyio_backend: str
+) -> None:
+    """n above max_waiting was a 503 "2 requests are already waiting" on an idle server,
+    which a retrying client sends again forever."""
+    engine = tiny.engine(max_num_seqs=1, max_waiting=2)
+    async with serve(engine) as running:
+        create: Any = running.oa.chat.completions.create
+        with pytest.raises(openai.BadRequestError, match="max_waiting=2"):
+            await create(model="tiny-test", messages=HI, n=3, max_tokens=2)
+        reply = await create(model="tiny-test", messages=HI, n=2, max_tokens=2)
+        assert len(reply.choices) == 2
+
+
 async def test_client_disconnect_mid_stream_aborts_the_request(served: Served) -> None:
     stream = await served.oa.chat.completions.create(
         model="tiny-test", messages=HI, stream=True, **LONG
