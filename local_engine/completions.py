@@ -193,12 +193,16 @@ class _Logprobs:
         }
 
     def add(self, items: Sequence[TokenLogprob]) -> None:
+        text = self._tokenizer.token_text
         for item in items:
-            self.data["tokens"].append(self._tokenizer.token_text(item.token_id))
+            token = text(item.token_id)
+            self.data["tokens"].append(token)
             self.data["token_logprobs"].append(item.logprob)
-            self.data["top_logprobs"].append(
-                {self._tokenizer.token_text(t): lp for t, lp in item.top_logprobs}
-            )
+            top = {text(t): lp for t, lp in item.top_logprobs}
+            # the token itself is always there, as OpenAI's legacy API and vLLM give it (so
+            # up to logprobs + 1 entries): harnesses read top_logprobs[i][tokens[i]]
+            top.setdefault(token, item.logprob)
+            self.data["top_logprobs"].append(top)
             self.data["text_offset"].append(self._offsets.next(item.token_id))
 
     def add_prompt(self, items: Sequence[TokenLogprob | None], first_token: int) -> None:

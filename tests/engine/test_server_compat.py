@@ -452,12 +452,25 @@ async def test_echo_with_logprobs_scores_the_prompt(served: Served) -> None:
         assert len(logprobs["tokens"]) == len(text)
         assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
         assert all(lp <= 0 for lp in logprobs["token_logprobs"][1:])
-        assert all(len(top) == 2 for top in logprobs["top_logprobs"][1:])
+        # the 2 most likely, and the token itself when it is not one of them
+        for token, top in zip(logprobs["tokens"][1:], logprobs["top_logprobs"][1:], strict=True):
+            assert token in top and len(top) in (2, 3)
         assert logprobs["text_offset"][0] == 0 and logprobs["text_offset"] == sorted(
             logprobs["text_offset"]
         )
         tail = logprobs["token_logprobs"][len(prompt) :]
         assert tail == pytest.approx(reply_logprobs, abs=2e-3)
+    # logprobs 0: each entry the token alone (it was {}, and a sampled token outside the top
+    # logprobs was missing: harnesses read top_logprobs[i][tokens[i]])
+    for sampled in ({"logprobs": 0}, {"logprobs": 1, "temperature": 2.0, "seed": 1}):
+        body = {"model": "tiny-test", "prompt": prompt, "max_tokens": 8, "ignore_eos": True}
+        got = (await served.http.post("/v1/completions", json=body | sampled)).json()
+        entry = got["choices"][0]["logprobs"]
+        for token, lp, top in zip(
+            entry["tokens"], entry["token_logprobs"], entry["top_logprobs"], strict=True
+        ):
+            assert token in top and 1 <= len(top) <= sampled["logprobs"] + 1
+            assert sampled["logprobs"] or top == {token: lp}
     # with tokens to generate, the prompt's entries come first, then the reply's
     more = (await _scored(served, text, max_tokens=3, ignore_eos=True))["choices"][0]
     assert len(more["logprobs"]["tokens"]) == len(text) + 3
