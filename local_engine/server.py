@@ -44,6 +44,7 @@ import hmac
 import logging
 import re
 import secrets
+import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -1211,6 +1212,11 @@ def command(**options: Any) -> int:
     try:
         _build(args).run()
     except OSError as exc:
+        if exc.errno in _UNRESOLVED:  # a name no resolver knows: the flag is what to fix
+            raise click.BadParameter(
+                f"{args.host!r} is no address this machine can bind (the name is unknown)",
+                param_hint="'--host'",
+            ) from exc
         raise click.ClickException(f"cannot serve on {args.host}:{args.port}: {exc}") from exc
     except KeyboardInterrupt:
         pass
@@ -1219,6 +1225,13 @@ def command(**options: Any) -> int:
             access_log.removeHandler(handler)
     print("stopped", flush=True)
     return 0
+
+
+_UNRESOLVED = frozenset(
+    getattr(socket, name) for name in ("EAI_NONAME", "EAI_NODATA") if hasattr(socket, name)
+)
+"""getaddrinfo's errors for a host name nothing resolves (asyncio and uvloop pass them on as
+the ``errno`` of the bind's ``OSError``)."""
 
 
 def _print_access_lines() -> logging.Handler:

@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -315,6 +316,31 @@ def test_bench_says_what_it_measures_before_the_first_reply() -> None:
     assert "8 requests per level" in header
     assert target.strip() == f"target: {fake.base_url} · model m"
     assert process.returncode == 130 and "Traceback" not in err
+
+
+def test_an_interrupted_bench_keeps_the_levels_that_finished(tmp_path: Path) -> None:
+    """Ctrl-C during a level said "c=2 done: 0/2 requests" and wrote no --json file, the
+    levels that had finished lost with the one cut short."""
+    out = tmp_path / "run.json"
+    with FakeProvider(Reply(tokens=2, ttft=60.0)).run_in_thread() as fake:
+        fake.script(Reply(tokens=2), Reply(tokens=2))  # level c=1 ends; c=2 waits
+        argv = ("bench", "--base-url", fake.base_url, "-m", "m", "-c", "1,2", "-n", "2")
+        with spawn(*argv, "--warmup", "0", "--json", str(out)) as process:
+            assert process.stderr is not None
+            lines = [process.stderr.readline() for _ in range(3)]  # header, target, c=1
+            assert "c=1 done: 2/2 requests" in lines[-1], lines
+            deadline = time.monotonic() + LIMIT
+            while not fake.in_flight and time.monotonic() < deadline:  # c=2 has begun
+                time.sleep(0.01)
+            process.send_signal(signal.SIGINT)
+            _, err = process.communicate(timeout=LIMIT)
+    assert process.returncode == 130 and "Traceback" not in err
+    assert "c=2 interrupted" in err and "c=2 done" not in err
+    assert f"wrote {out}: the level that finished before the interrupt" in err
+    document = json.loads(out.read_text())
+    assert document["config"]["interrupted"] is True
+    assert [row["level"] for row in document["summary"]] == ["c=1"]
+    assert len(document["samples"]) == 2
 
 
 def test_progress_lines_and_tables_without_a_terminal_have_no_colour() -> None:

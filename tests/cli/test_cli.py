@@ -176,6 +176,11 @@ def test_flags_that_name_two_targets_are_a_usage_error(
         (["serve", "--timeout-write", "-1"], "'--timeout-write'"),
         (["chat", "--local", "--timeout", "0", "hi"], "'--timeout'"),
         (["bench", "--local", "--duration", "0ms"], "'--duration'"),
+        (
+            ["bench", "--base-url", "http://127.0.0.1:9/v1", "-m", "m", "--hedge", "abc"],
+            "'--hedge'",
+        ),
+        (["bench", "--local", "--compare", "--hedge 5parsecs"], "'--hedge'"),
         (["chat", "--base-url", "notaurl", "-m", "m", "hi"], "--base-url must be an absolute"),
         (["chat", "--backend", "openai", "-m", "x", "hi"], "pass --api-key or set"),
     ],
@@ -189,6 +194,30 @@ def test_bad_values_are_usage_errors_naming_the_flag(
     assert main(argv) == 2
     (line,) = err_lines(capsys.readouterr().err)
     assert line.startswith("swiftclient") and says in line, line
+
+
+def test_a_host_no_resolver_knows_is_a_usage_error_naming_host(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``serve --host 999.1.1.1`` exited 1 ("cannot serve on ..."), as a server failure; the
+    flag is what to fix. (The bind's error is raised here: no name is looked up.)"""
+    import socket
+
+    import local_engine.server as server
+
+    class Unresolved:
+        def run(self) -> None:
+            raise OSError(socket.EAI_NONAME, "Name or service not known")
+
+    class Busy:
+        def run(self) -> None:
+            raise OSError(98, "Address already in use")
+
+    for built, status, says in ((Unresolved, 2, "'--host'"), (Busy, 1, "cannot serve on")):
+        monkeypatch.setattr(server, "_build", lambda args, built=built: built())
+        assert main(["serve", "--host", "999.1.1.1", "--no-access-log"]) == status
+        (line,) = err_lines(capsys.readouterr().err)
+        assert says in line, line
 
 
 def test_chat_without_a_model_uses_the_only_one_the_backend_lists(
@@ -384,6 +413,12 @@ def test_a_reply_cut_by_the_token_limit_after_some_text_says_so(
     with FakeProvider(Reply(text="Hello")).run_in_thread() as fake:
         assert main(["chat", "--base-url", fake.base_url, "-m", "m", "hi"]) == 0
     assert "token limit" not in capsys.readouterr().err
+    # --json too: stdout holds the document alone, stderr the notice (it said nothing)
+    with FakeProvider(Reply(text="Hello", finish_reason="length")).run_in_thread() as fake:
+        assert main(["chat", "--base-url", fake.base_url, "-m", "m", "--json", "hi"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["choices"][0]["finish_reason"] == "length"
+    assert "[the reply was cut off at its token limit; raise --max-tokens]" in captured.err
 
 
 def test_a_missing_key_is_named_as_the_problem_with_no_model_given_too(

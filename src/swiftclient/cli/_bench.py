@@ -76,7 +76,11 @@ def _check_writable(flag: str, path: Path) -> None:
 def _hedge(value: str | None) -> float | None:
     if value is None or value.lower() in ("off", "none", "no"):
         return None
-    return parse_duration(value)
+    try:
+        return parse_duration(value)
+    except click.BadParameter as exc:  # parsed after click's own pass: name the flag
+        exc.param_hint = "'--hedge'"
+        raise
 
 
 def _levels(concurrency: str | None, rate: str | None) -> list[Level]:
@@ -232,6 +236,8 @@ class _Progress:
         self.ttfts: list[float] = []
         self.total: int | None = None
         self.label = ""
+        self.ended = False
+        """The level being followed ran to its end (else it was interrupted)."""
         self._bar: Any = None
         self._task: Any = None
         self._last_line = 0.0
@@ -251,7 +257,7 @@ class _Progress:
     def _plain(self, final: bool = False) -> None:
         errors, p50 = self._status()
         total = "?" if self.total is None else str(self.total)
-        word = "done" if final else "running"
+        word = ("done" if self.ended else "interrupted") if final else "running"
         self.err.print(
             f"  {self.label} {word}: {self.done}/{total} requests, {errors} errors, p50 TTFT {p50}"
         )
@@ -259,6 +265,7 @@ class _Progress:
     async def follow(self, label: str, total: int | None) -> None:
         """Refresh until cancelled (the level's end)."""
         self.done, self.errors, self.ttfts, self.total, self.label = 0, 0, [], total, label
+        self.ended = False
         if not self.live:
             self._last_line = anyio.current_time()
             try:
@@ -537,6 +544,40 @@ async def _bench(settings: _Settings) -> int:
     out = console()
     samples: list[Sample] = []
     summaries: list[Summary] = []
+    try:
+        await _run_levels(settings, progress, samples, summaries)
+    except (KeyboardInterrupt, anyio.get_cancelled_exc_class()):
+        path = settings.json_path
+        if path is not None and summaries:  # keep the levels that finished
+            write_json(path, {**settings.config(), "interrupted": True}, summaries, samples)
+            levels = len({summary.level for summary in summaries})
+            which = "the level" if levels == 1 else f"the {levels} levels"
+            err.print(f"wrote {path}: {which} that finished before the interrupt")
+        elif path is not None:
+            err.print(f"nothing written to {path}: no level finished before the interrupt")
+        raise
+    title = f"swiftclient bench · {settings.workload.name}"
+    render(out, summaries, title)
+    if settings.json_path is not None:
+        write_json(settings.json_path, settings.config(), summaries, samples)
+        err.print(f"wrote {settings.json_path}")
+    if settings.plot_path is not None:
+        plot(settings.plot_path, summaries, samples, title)
+        err.print(f"wrote {settings.plot_path}")
+    measured = [s for s in samples if not s.warmup]
+    if measured and all(not s.ok for s in measured):
+        first = next(s for s in measured if s.message)
+        raise CLIError(
+            f"every request failed; the first: {first.error}: {first.message}", EXIT_ERROR
+        )
+    return 0
+
+
+async def _run_levels(
+    settings: _Settings, progress: _Progress, samples: list[Sample], summaries: list[Summary]
+) -> None:
+    """Run every level, adding each one's samples and summaries as it ends."""
+    err = progress.err
     async with AsyncExitStack() as stack:
         if any(spec.target.is_local for spec in settings.specs):
             err.print("loading the local model...")
@@ -571,24 +612,11 @@ async def _bench(settings: _Settings) -> int:
                     first=sent,
                     pair_prompts=settings.pair_prompts,
                 )
+                # kept before the level says it is done: an interrupt from then on keeps it
+                samples.extend(level_samples)
+                summaries.extend(
+                    summarize(level_samples, level, v.name, settings.slo_ttft) for v in variants
+                )
+                progress.ended = True
                 tg.cancel_scope.cancel()
             sent += len(level_samples)
-            samples.extend(level_samples)
-            summaries.extend(
-                summarize(level_samples, level, v.name, settings.slo_ttft) for v in variants
-            )
-    title = f"swiftclient bench · {settings.workload.name}"
-    render(out, summaries, title)
-    if settings.json_path is not None:
-        write_json(settings.json_path, settings.config(), summaries, samples)
-        err.print(f"wrote {settings.json_path}")
-    if settings.plot_path is not None:
-        plot(settings.plot_path, summaries, samples, title)
-        err.print(f"wrote {settings.plot_path}")
-    measured = [s for s in samples if not s.warmup]
-    if measured and all(not s.ok for s in measured):
-        first = next(s for s in measured if s.message)
-        raise CLIError(
-            f"every request failed; the first: {first.error}: {first.message}", EXIT_ERROR
-        )
-    return 0

@@ -146,15 +146,15 @@ class _Conversation:
                 raise
             if wrote or not completion.tool_calls:
                 self.out.write("\n")
-            if not completion.tool_calls and completion.finish_reason == "length":
-                print(
-                    "[the reply was cut off at its token limit; raise --max-tokens]"
-                    if wrote
-                    else "[the reply reached its token limit before any text; raise --max-tokens]",
-                    file=sys.stderr,
-                    flush=True,
-                )
         self.out.flush()
+        if not completion.tool_calls and completion.finish_reason == "length":
+            print(
+                "[the reply was cut off at its token limit; raise --max-tokens]"
+                if completion.text
+                else "[the reply reached its token limit before any text; raise --max-tokens]",
+                file=sys.stderr,
+                flush=True,
+            )
         return completion
 
     def _write_json(self, completion: ChatCompletion) -> None:
