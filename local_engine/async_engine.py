@@ -204,6 +204,12 @@ class AsyncEngine:
         """Start the driver task."""
         if self._task_group is not None:
             raise EngineError("AsyncEngine is already running")
+        if self.engine.driver is not None:
+            raise EngineError(
+                "this Engine is already served by another AsyncEngine (another LocalBackend "
+                "made with from_engine, say): one serves an engine at a time; share that one"
+            )
+        self.engine.driver = self
         self._lock = anyio.Lock()
         self._wakeup = anyio.Event()
         self._tick = anyio.Event()
@@ -245,6 +251,8 @@ class AsyncEngine:
         self._driver_scope.cancel()
         with anyio.CancelScope(shield=True):
             await self._stopped.wait()
+        if self.engine.driver is self:
+            self.engine.driver = None
         self._pending_aborts.clear()
         self.engine.abort_all()
         # Backstop: no stream may wait on a driver that is gone.

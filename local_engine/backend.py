@@ -25,6 +25,7 @@ share cached prompt blocks (``prompt_cache_key`` is ignored).
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -137,6 +138,16 @@ class LocalBackend:
         generation_config: Literal["auto", "none"] = "auto",
     ) -> None:
         check_backend_name(name)
+        if model is not None and not isinstance(model, (str, os.PathLike)):
+            raise errors.ConfigurationError(
+                f"model must be a model directory, a .gguf file or an embedded model's name "
+                f"(a str or a path), got {type(model).__name__}"
+            )
+        if chat_template is not None and not isinstance(chat_template, str):
+            raise errors.ConfigurationError(
+                "chat_template must be a Jinja template (a str), got "
+                f"{type(chat_template).__name__}"
+            )
         if generation_config not in ("auto", "none"):
             raise errors.ConfigurationError(
                 f"unknown generation_config {generation_config!r}: expected 'auto' or 'none'"
@@ -381,6 +392,12 @@ class LocalBackend:
             raise errors.ConfigurationError(f"LocalBackend {self.name!r} is already running")
         await self.warmup()
         engine = self._loaded_service().engine
+        if engine.driver is not None:  # two drivers would step it at once from two threads
+            raise errors.ConfigurationError(
+                f"LocalBackend {self.name!r}: its engine is already served by another "
+                "LocalBackend (or AsyncEngine); one serves an engine at a time: route every "
+                "client's calls through that one"
+            )
         stats = self.stats
         stats.engine = engine
         async_engine = AsyncEngine(engine, stats)

@@ -41,7 +41,12 @@ from swiftclient.types import (
 )
 
 from .stop import _held_suffix
-from .templates import normalize_messages, render_normalized, select_template
+from .templates import (
+    compile_template,
+    normalize_messages,
+    render_normalized,
+    select_template,
+)
 from .tokenizer import Tokenizer
 from .tool_calls import (
     ParsedOutput,
@@ -218,6 +223,20 @@ def _prefill(request: ChatRequest) -> str | None:
     return content
 
 
+def _check_template(source: str, own: object) -> None:
+    """Refuse, when it is given, a ``chat_template`` that could never render a conversation:
+    one that does not compile, or a word with no Jinja in it (a misspelt name of a template
+    would otherwise be the prompt of every request, as its literal text)."""
+    if "{{" not in source and "{%" not in source:
+        names = sorted(own) if isinstance(own, dict) else []
+        known = f"; the tokenizer's named templates: {', '.join(names)}" if names else ""
+        raise ConfigurationError(
+            f"chat_template {source[:60]!r} is no Jinja template (it holds no '{{{{' or "
+            f"'{{%'){known}"
+        )
+    compile_template(source)  # ChatTemplateError (a ConfigurationError) when it does not
+
+
 class ChatFormatter:
     """Renders chat requests with a tokenizer's chat template.
 
@@ -242,6 +261,7 @@ class ChatFormatter:
             if named:
                 self._template_name = chat_template
             else:
+                _check_template(chat_template, self._template)
                 self._template = chat_template
         self._tool_format = None if tool_format is None else check_tool_format(tool_format)
 

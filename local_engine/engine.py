@@ -231,6 +231,9 @@ class Engine:
         here, or loaded from ``draft_model`` by :meth:`from_pretrained`).
         """
         self.config = config = config if config is not None else EngineConfig()
+        self.driver: object | None = None
+        """The :class:`~local_engine.async_engine.AsyncEngine` stepping this engine while one
+        runs (one at a time: two would step it at once from two threads)."""
         self.model = model
         self.tokenizer = tokenizer
         if config.attention_backend != "auto":

@@ -58,6 +58,23 @@ def test_constructor_rejects_bad_arguments() -> None:
         LocalBackend(name="a/b")
     with pytest.raises(ConfigurationError, match="default_max_tokens"):
         LocalBackend(default_max_tokens=0)
+    with pytest.raises(ConfigurationError, match="model must be"):  # a bare TypeError at entry
+        LocalBackend(123)  # type: ignore[arg-type]
+
+
+@pytest.mark.anyio
+async def test_one_engine_is_served_by_one_backend_at_a_time(tiny: TinyModel) -> None:
+    """Two backends from one engine each started a driver: two threads stepped it at once,
+    and it failed ("2 blocks cannot hold 33 tokens"), refusing every request after."""
+    engine = tiny.engine()
+    first, second = LocalBackend.from_engine(engine), LocalBackend.from_engine(engine, name="b")
+    async with AsyncClient(first, model=MODEL) as client:
+        with pytest.raises(ConfigurationError, match="already served by another LocalBackend"):
+            async with AsyncClient(second, model=MODEL):
+                pass
+        assert (await client.chat("Hi", max_tokens=2)).usage is not None
+    async with AsyncClient(second, model=MODEL) as client:  # free once the first is closed
+        assert (await client.chat("Hi", max_tokens=2)).usage is not None
 
 
 @pytest.mark.anyio

@@ -337,6 +337,17 @@ async def test_choices_compute_their_prompt_once_and_step_together(
     assert engine.num_free_blocks() == 512
 
 
+async def test_one_async_engine_drives_an_engine_at_a_time(model: DecoderModel) -> None:
+    engine = make_engine(model)
+    async with AsyncEngine(engine):
+        with pytest.raises(EngineError, match="already served by another AsyncEngine"):
+            async with AsyncEngine(engine):
+                pass
+    async with AsyncEngine(engine) as again:  # released when the first stopped
+        outs = [out async for out in again.generate(prompt(1), GREEDY)]
+        assert outs[-1].finished
+
+
 async def test_choices_refused_leave_none_added(model: DecoderModel) -> None:
     engine = make_engine(model, max_num_seqs=1, max_num_batched_tokens=64, max_waiting=2)
     async with AsyncEngine(engine) as ae:

@@ -417,6 +417,12 @@ def test_formatter_overrides(family_dirs: dict[str, Path]) -> None:
     assert custom.tool_format(has_tools=False) == "none"
     with pytest.raises(ConfigurationError, match="tool call format"):
         ChatFormatter(tok, tool_format="xml")
+    # a misspelt template name was the literal prompt of every request; a broken template
+    # failed each request (a 400) rather than the set-up
+    with pytest.raises(ConfigurationError, match="'chatml' is no Jinja template"):
+        ChatFormatter(tok, chat_template="chatml")
+    with pytest.raises(ConfigurationError, match="does not compile"):
+        ChatFormatter(tok, chat_template="{% for m in messages %}{{ m.content }")
 
 
 def test_response_format_instruction() -> None:
