@@ -30,10 +30,10 @@ or right after the step in flight.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from types import TracebackType
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -46,7 +46,9 @@ from local_engine.sampler import SamplingParams
 if TYPE_CHECKING:
     from local_engine.metrics import StepObserver
 
-__all__ = ["AsyncEngine"]
+__all__ = ["AsyncEngine", "run_in_worker"]
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -183,6 +185,53 @@ class _Outputs:
         out = await self._mailbox.get()
         self._done = out.finished
         return out
+
+
+class _Job:
+    """One call for a worker thread that keeps no reference to its function, arguments,
+    result or error once the caller has taken them.
+
+    A worker thread of trio's cache (anyio's on trio) drops its references to a job only
+    after it has handed the result over, when it runs again; if the process is exiting by
+    then and those references were the last to the engine's tensors, the tensors are freed
+    in that thread during interpreter finalization: torch releases the GIL to free them,
+    cannot take it back, and the thread's forced exit aborts the process ("terminate called
+    without an active exception", seen after a LocalBackend was entered twice on trio)."""
+
+    __slots__ = ("args", "error", "fn", "value")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.fn: Callable[..., Any] | None = fn
+        self.args: tuple[Any, ...] | None = args
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    def __call__(self) -> None:
+        fn, args = self.fn, self.args
+        self.fn = self.args = None
+        assert fn is not None and args is not None
+        try:
+            self.value = fn(*args)
+        except BaseException as exc:  # handed to the caller, who raises it
+            self.error = exc
+        del fn, args  # freed here, in this thread, while the interpreter runs
+
+    def take(self) -> Any:
+        """The result (or raise the error), leaving the job empty."""
+        value, error = self.value, self.error
+        self.value = self.error = None
+        if error is not None:
+            raise error
+        return value
+
+
+async def run_in_worker(fn: Callable[..., T], *args: Any) -> T:
+    """``anyio.to_thread.run_sync(fn, *args)``, with nothing of the call left in the worker
+    thread afterwards (see :class:`_Job`)."""
+    job = _Job(fn, args)
+    await anyio.to_thread.run_sync(job)
+    value: T = job.take()
+    return value
 
 
 class AsyncEngine:
@@ -461,7 +510,7 @@ class AsyncEngine:
                             )
                         else:
                             started = anyio.current_time()
-                            outputs = await anyio.to_thread.run_sync(engine.step)
+                            outputs = await run_in_worker(engine.step)
                             self._emit(outputs, anyio.current_time() - started)
                     except Exception as exc:
                         self._fail(exc)
@@ -489,7 +538,7 @@ class AsyncEngine:
             nonlocal ran, seconds
             started = anyio.current_time()
             try:
-                ran = await anyio.to_thread.run_sync(engine.run_step)
+                ran = await run_in_worker(engine.run_step)
             except Exception as exc:
                 errors.append(exc)
             seconds = anyio.current_time() - started
@@ -499,7 +548,7 @@ class AsyncEngine:
                 tg.start_soon(run)
             if pending is not None:
                 try:
-                    outputs = await anyio.to_thread.run_sync(engine.process_step, pending)
+                    outputs = await run_in_worker(engine.process_step, pending)
                 except Exception as exc:
                     errors.append(exc)
                 else:

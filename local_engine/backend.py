@@ -376,11 +376,13 @@ class LocalBackend:
 
         ``connections`` is accepted for the Backend ``warmup`` convention and ignored.
         """
+        from local_engine.async_engine import run_in_worker
+
         if self._load_lock is None:
             self._load_lock = anyio.Lock()
         async with self._load_lock:
             if self._service is None:
-                self._model_dir, self._service = await anyio.to_thread.run_sync(self._load_sync)
+                self._model_dir, self._service = await run_in_worker(self._load_sync)
 
     # ------------------------------------------------------------------ lifecycle
 

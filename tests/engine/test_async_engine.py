@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, aclosing
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from local_engine.async_engine import AsyncEngine
+from local_engine.async_engine import AsyncEngine, run_in_worker
 from local_engine.engine import Engine, EngineConfig, RequestOutput, StepTokens
 from local_engine.errors import EngineError, InvalidRequestError, OverloadedError
 from local_engine.loader import load_model
@@ -335,6 +336,32 @@ async def test_choices_compute_their_prompt_once_and_step_together(
     assert [f.num_cached_tokens for f in finals] == [0, 16, 16]
     assert all(f.num_generated_tokens == 4 for f in finals)
     assert engine.num_free_blocks() == 512
+
+
+class _Heavy:
+    """Stands for the engine and a step's tensors: what a worker thread must not hold."""
+
+    def run(self, given: _Heavy) -> _Heavy:
+        return given
+
+
+async def test_a_worker_thread_keeps_nothing_of_its_call() -> None:
+    """A worker of trio's thread cache dropped its job (the engine's bound method, a step's
+    tensors) only when it ran again; at interpreter exit that freed the engine's tensors in
+    that thread during finalization and aborted the process (seen on trio after a
+    LocalBackend was entered twice). The job lets go of everything before it is handed back."""
+    owner, given = _Heavy(), _Heavy()
+    refs = [weakref.ref(owner), weakref.ref(given)]
+    result = await run_in_worker(owner.run, given)
+    assert result is given
+    del owner, given, result
+    assert [ref() for ref in refs] == [None, None]  # no reference left in the worker thread
+
+    def fails() -> None:
+        raise ValueError("in the worker")
+
+    with pytest.raises(ValueError, match="in the worker"):
+        await run_in_worker(fails)
 
 
 async def test_one_async_engine_drives_an_engine_at_a_time(model: DecoderModel) -> None:
