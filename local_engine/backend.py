@@ -33,6 +33,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Literal
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 
 from local_engine.errors import (
@@ -177,7 +178,7 @@ class LocalBackend:
         self._model_dir: Path | None = None
         self._service: ChatService | None = None
         self._async_engine: AsyncEngine | None = None
-        self._load_lock: anyio.Lock | None = None
+        self._load_lock: tuple[anyio.lowlevel.EventLoopToken, anyio.Lock] | None = None
         self.meter_provider: MeterProvider | None = None
         """Where the engine's OpenTelemetry metrics go (None: the global provider); read
         when :attr:`stats` is first used."""
@@ -378,9 +379,12 @@ class LocalBackend:
         """
         from local_engine.async_engine import run_in_worker
 
-        if self._load_lock is None:
-            self._load_lock = anyio.Lock()
-        async with self._load_lock:
+        if self._service is not None:
+            return
+        token = anyio.lowlevel.current_token()  # a lock serves the event loop it was made on
+        if self._load_lock is None or self._load_lock[0] != token:
+            self._load_lock = (token, anyio.Lock())
+        async with self._load_lock[1]:
             if self._service is None:
                 self._model_dir, self._service = await run_in_worker(self._load_sync)
 

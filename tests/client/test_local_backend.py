@@ -123,6 +123,23 @@ async def test_model_may_be_a_directory_or_an_embedded_model_name(cache_env: Pat
     assert "random weights, for tests and benchmarks: swift-50m" in str(caught.value)
 
 
+def test_a_backend_serves_one_event_loop_after_another_of_either_library(
+    cache_env: Path,
+) -> None:
+    """Its model-loading lock was made on the first event loop: the next run on the other
+    library failed inside warmup() ("no running event loop", "must be called from async
+    context")."""
+    backend = LocalBackend(cache_env)
+
+    async def once() -> int | None:
+        async with AsyncClient(backend, model=MODEL) as client:
+            usage = (await client.chat("Hi", max_tokens=2)).usage
+            return None if usage is None else usage.completion_tokens
+
+    for library in ("asyncio", "trio", "asyncio"):
+        assert anyio.run(once, backend=library) == 2, library
+
+
 @pytest.mark.anyio
 async def test_a_closed_backend_does_not_keep_its_model_alive(cache_env: Path) -> None:
     """The engine's gauges stay registered with the global meter for the process's life:
