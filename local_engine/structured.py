@@ -139,12 +139,19 @@ class StructuredOutput:
                 self._compiled.move_to_end(grammar.text)
                 return cached
             llg = llguidance_module()
-            tokenizer = self._llg_tokenizer()
+            param = "tools" if grammar.kind.startswith("tool_call") else "response_format"
+            try:
+                tokenizer = self._llg_tokenizer()
+            except ValueError as exc:  # the model's, not the request's: every grammar fails
+                raise GrammarError(
+                    f"the {_describe(grammar)} needs constrained decoding, which this model "
+                    f"does not have: llguidance cannot read its tokenizer ({exc})",
+                    param,
+                ) from None
         matcher = llg.LLMatcher(tokenizer, grammar.text, log_level=0)
         error = matcher.get_error() if matcher.is_error() else _probe(matcher)
         if error:
             problem = schema_problem(error)
-            param = "tools" if grammar.kind.startswith("tool_call") else "response_format"
             raise GrammarError(f"the {_describe(grammar)} cannot be compiled: {problem}", param)
         with self._lock:
             self._compiled[grammar.text] = matcher

@@ -247,6 +247,27 @@ def test_switches_take_only_bools_or_none(name: str, value: object) -> None:
     assert getattr(EngineConfig(**{name: True}), name) is True  # type: ignore[arg-type]
 
 
+def test_a_grammar_on_a_tokenizer_llguidance_cannot_read_is_a_bad_request(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    """JSON mode on such a model said "the engine failed: ValueError(can't determine decoder
+    type...)" though the engine had not failed; it is the request's 400, naming why."""
+    import shutil
+
+    from local_engine.grammar import GrammarError, json_object_grammar
+
+    root = tmp_path / "m"
+    shutil.copytree(model_dir, root)
+    write_char_tokenizer(root)  # a decoder llguidance does not know
+    engine = Engine.from_pretrained(root, EngineConfig(num_blocks=64, block_size=4))
+    assert engine.structured is not None
+    with pytest.raises(GrammarError, match="llguidance cannot read its tokenizer") as caught:
+        engine.structured.compile(json_object_grammar())
+    assert caught.value.param == "response_format"
+    plain = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    assert len(engine.generate([[20, 21, 22]], plain)[0].token_ids) == 3  # still serving
+
+
 def test_from_pretrained_with_tokenizer_streams_text_and_stops(
     tmp_path: Path, model_dir: Path
 ) -> None:
