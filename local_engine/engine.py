@@ -214,6 +214,22 @@ class StepTokens:
     items: list[_Tokens] = field(default_factory=list)
 
 
+def _model_path(path: str | Path) -> Path:
+    """``path``, or the embedded model of that name (``swift-tiny``...) when no such path
+    exists."""
+    root = Path(path)
+    if not root.exists():
+        from local_engine.default_model import (
+            DEFAULT_MODEL_NAME,
+            DEFAULT_MODELS,
+            find_default_model,
+        )
+
+        if str(path) == DEFAULT_MODEL_NAME or str(path) in DEFAULT_MODELS:
+            return find_default_model(str(path))
+    return root
+
+
 class Engine:
     """Continuous-batching inference over one :class:`DecoderModel`."""
 
@@ -332,16 +348,7 @@ class Engine:
         from local_engine.loader import load_model
 
         config = config if config is not None else EngineConfig()
-        root = Path(path)
-        if not root.exists():
-            from local_engine.default_model import (
-                DEFAULT_MODEL_NAME,
-                DEFAULT_MODELS,
-                find_default_model,
-            )
-
-            if str(path) == DEFAULT_MODEL_NAME or str(path) in DEFAULT_MODELS:
-                root = path = find_default_model(str(path))
+        root = path = _model_path(path)
         tokenizer: Tokenizer | None = None
         gguf = root.is_file() and root.suffix.lower() == ".gguf"
         if gguf:  # first: a tokenizer it cannot rebuild fails before the weights are read
@@ -355,8 +362,9 @@ class Engine:
             tokenizer = Tokenizer.from_dir(root)
         spec = config.speculative
         draft = None
-        if spec is not None and spec.draft_model is not None:
-            draft = load_model(spec.draft_model, dtype=config.dtype, device=config.device)
+        if spec is not None and spec.draft_model is not None:  # an embedded name too
+            draft_path = _model_path(spec.draft_model)
+            draft = load_model(draft_path, dtype=config.dtype, device=config.device)
         return cls(model, config, tokenizer, draft_model=draft)
 
     @property

@@ -615,3 +615,18 @@ def test_scheduler_drafts_leave_budget_for_every_decode() -> None:
         (a, 3, 2),
         (b, 1, 0),
     ]
+
+
+def test_the_draft_model_may_be_an_embedded_model_name() -> None:
+    """The target took ``"swift-tiny"``; the draft said "model path 'swift-tiny' does not
+    exist"."""
+    spec = SpeculativeConfig(method="draft", draft_model="swift-tiny", num_speculative_tokens=2)
+    engine = Engine.from_pretrained("swift-tiny", EngineConfig(num_blocks=64, speculative=spec))
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    plain = Engine.from_pretrained("swift-tiny", EngineConfig(num_blocks=64))
+    prompt = [5, 6, 7, 8]
+    # the model drafts for itself: greedy tokens are the plain ones
+    assert (
+        engine.generate([prompt], params)[0].token_ids
+        == plain.generate([prompt], params)[0].token_ids
+    )
