@@ -258,7 +258,6 @@ class AsyncEngine:
                 "this Engine is already served by another AsyncEngine (another LocalBackend "
                 "made with from_engine, say): one serves an engine at a time; share that one"
             )
-        self.engine.driver = self
         self._lock = anyio.Lock()
         self._wakeup = anyio.Event()
         self._tick = anyio.Event()
@@ -266,6 +265,7 @@ class AsyncEngine:
         self._driver_scope = scope = anyio.CancelScope()
         tg = anyio.create_task_group()
         await tg.__aenter__()
+        self.engine.driver = self  # released when the driver has stopped (aclose)
         self._task_group = tg
         self._accepting = True
         tg.start_soon(self._drive, scope)
