@@ -291,23 +291,29 @@ class AsyncEngine:
 
     async def aclose(self) -> None:
         """Abort every request (their streams end with ``finish_reason="abort"``) and
-        stop the driver. Idempotent."""
-        if self._driver_scope is None:
+        stop the driver. Idempotent: once it has run, a later call (``__aexit__`` after an
+        explicit close) does nothing, so it never touches the engine again: another
+        AsyncEngine may be serving it by then."""
+        scope = self._driver_scope
+        if scope is None:
             return
         self._accepting = False
         for request_id in list(self._mailboxes):
             self.abort(request_id)
-        self._driver_scope.cancel()
+        scope.cancel()
         with anyio.CancelScope(shield=True):
             await self._stopped.wait()
-        if self.engine.driver is self:
-            self.engine.driver = None
+        if self._driver_scope is not scope:  # a close running beside this one finished it
+            return
+        self._driver_scope = None
         self._pending_aborts.clear()
         self.engine.abort_all()
         # Backstop: no stream may wait on a driver that is gone.
         for mailbox in self._mailboxes.values():
             mailbox.fail(EngineError("AsyncEngine was closed"))
         self._mailboxes.clear()
+        if self.engine.driver is self:  # last: the engine is free for another AsyncEngine
+            self.engine.driver = None
         self._notify()
 
     @asynccontextmanager

@@ -549,6 +549,8 @@ class AttemptRun:
         try:
             if admission is not None:
                 await self._admit(admission)
+            if due <= self._now():  # the wait for admission took the deadline: nothing sent
+                raise self._timeout_error("deadline")
             self._sent = True
             waiting = backend.complete(self.request, deadline, self.options)
             waiter = None

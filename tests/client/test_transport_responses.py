@@ -428,6 +428,21 @@ def test_a_streamed_refusal_is_a_refusal_part() -> None:
     assert refusal["content"] == [{"type": "refusal", "refusal": "I can't help."}]
     parsed = openai.types.responses.Response.model_validate(response)
     assert parsed.output_text == "Well."
+    # the whole reply has the same output (it left the refusal out beside text)
+    from swiftclient.types import ChatCompletion
+    from swiftclient.wire.responses import ResponseEcho, chat_fields, response_body
+
+    message = {"role": "assistant", "content": "Well.", "refusal": "I can't help."}
+    choice = {"index": 0, "message": message, "finish_reason": "content_filter"}
+    whole = ChatCompletion.model_validate(
+        {"id": "c", "created": 0, "model": "m", "choices": [choice]}
+    )
+    _, echoed = chat_fields({"model": "m", "input": "hi"}, [])
+    body = response_body(whole, ResponseEcho("m", echoed))
+    assert [item["content"] for item in body["output"]] == [
+        item["content"] for item in response["output"]
+    ]
+    assert body["status"] == "incomplete"
 
 
 def test_a_cut_reply_is_incomplete_for_its_token_limit() -> None:

@@ -373,6 +373,19 @@ async def test_one_async_engine_drives_an_engine_at_a_time(model: DecoderModel) 
     async with AsyncEngine(engine) as again:  # released when the first stopped
         outs = [out async for out in again.generate(prompt(1), GREEDY)]
         assert outs[-1].finished
+    # closing the first again (as its __aexit__ does after an explicit close) leaves the
+    # engine's new owner alone: it aborted the new owner's requests, whose streams then hung
+    first = AsyncEngine(engine)
+    await first.__aenter__()
+    await first.aclose()
+    async with AsyncEngine(engine) as second:
+        async with second.stream(prompt(2), LONG) as running:
+            await running.__anext__()
+            await first.aclose()
+            assert engine.has_unfinished()
+            outs = [out async for out in running]
+        assert outs[-1].finished and outs[-1].num_generated_tokens == 200
+    await first.__aexit__(None, None, None)
 
 
 async def test_choices_refused_leave_none_added(model: DecoderModel) -> None:

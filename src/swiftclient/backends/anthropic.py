@@ -414,8 +414,6 @@ def encode_messages_request(
             entry["description"] = fn.description
         schema = fn.parameters or {"type": "object", "properties": {}}
         entry["input_schema"] = schema if exact else canonical_schema(schema)
-        if fn.strict is not None:  # Anthropic's strict tool use: inputs match the schema
-            entry["strict"] = fn.strict
         tools.append(entry)
     if not exact:
         tools.sort(key=lambda entry: str(entry["name"]))

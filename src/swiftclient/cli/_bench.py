@@ -302,7 +302,8 @@ class _Progress:
                     await anyio.sleep(0.25)
             finally:
                 errors, p50 = self._status()
-                bar.update(task, completed=self.done, errors=errors, ttft=p50)
+                label = label if self.ended else f"{label} interrupted"
+                bar.update(task, description=label, completed=self.done, errors=errors, ttft=p50)
                 bar.refresh()
 
 

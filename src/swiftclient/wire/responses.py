@@ -573,12 +573,11 @@ def response_body(
     cut_call = status
     if calls and choice.finish_reason == "stop" and matched_stop(choice) is not None:
         cut_call = "incomplete"
-    if message.content or message.refusal or not calls:
-        if message.refusal and not message.content:
-            item = _message_item(_item_id("msg"), "", said, [])
-            item["content"] = [_refusal_part(message.refusal)]
-        else:
-            item = _message_item(_item_id("msg"), message.content or "", said, logprobs)
+    if message.content or not (message.refusal or calls):
+        output.append(_message_item(_item_id("msg"), message.content or "", said, logprobs))
+    if message.refusal:  # a message of its own, as the stream sends it
+        item = _message_item(_item_id("msg"), "", said, [])
+        item["content"] = [_refusal_part(message.refusal)]
         output.append(item)
     for i, call in enumerate(calls):
         done = cut_call if i == len(calls) - 1 else "completed"
