@@ -1,6 +1,6 @@
 """The legacy text-completions API (``POST /v1/completions``) over the chat service.
 
-The prompt (a string, a list of token ids, or a list holding one of either) goes to the
+The prompt (a string, a list of token ids, or a list of either) goes to the
 model as it is, with no chat template. Sampling fields map as for chat
 (:mod:`local_engine.service`; vLLM's extensions such as ``top_k``, ``min_tokens`` or
 ``ignore_eos`` included); ``max_tokens`` defaults to 16, as in OpenAI's and vLLM's API;
@@ -10,8 +10,10 @@ the prompt before the reply, in the text and, with ``logprobs``, in the logprobs
 first prompt token's logprob and alternatives are null: nothing comes before it). With
 ``echo``, ``max_tokens: 0`` scores the prompt alone: the reply holds the prompt and its
 logprobs, no generated token, ``finish_reason`` ``"length"`` (what evaluation harnesses send
-to score a text). Several prompts in one request, ``n > 1``,
-``suffix`` and ``best_of`` other than ``n`` are refused (400). A streamed reply is one chunk
+to score a text). Several prompts in one request (a list of strings or of token-id lists)
+are served unstreamed, each reply the choice of its prompt's index (:func:`merge_texts`);
+streamed, they are refused, as are ``n > 1``, ``suffix`` and ``best_of`` other than ``n``
+(400). A streamed reply is one chunk
 per engine output that brings text or a finish reason, then a usage chunk with
 ``stream_options.include_usage`` (usage on every chunk with ``continuous_usage_stats``).
 """
@@ -50,6 +52,14 @@ class TextShape:
     echo: bool = False
     logprobs: int | None = None
     score_only: bool = False
+    more: tuple[str | list[int], ...] = ()
+    """The prompts after the first of a request that sent several (a list of strings or of
+    token-id lists): each is its own choice, in order."""
+
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        """Every prompt of the request, in order."""
+        return [self.prompt, *self.more]
 
     @property
     def prompt_logprobs(self) -> int | None:
@@ -92,7 +102,7 @@ def text_request_fields(body: dict[str, Any]) -> tuple[dict[str, Any], TextShape
             raise InvalidRequestError(
                 f"{name} is not supported on /v1/completions (use /v1/chat/completions)", name
             )
-    prompt = _single_prompt(fields.pop("prompt", None))
+    prompt, *more = _prompts(fields.pop("prompt", None))
     echo = fields.pop("echo", False)
     if not isinstance(echo, bool):
         raise InvalidRequestError("echo must be a boolean", "echo")
@@ -122,7 +132,7 @@ def text_request_fields(body: dict[str, Any]) -> tuple[dict[str, Any], TextShape
         fields["max_tokens"] = LEGACY_DEFAULT_MAX_TOKENS
     score_only = _scores_only(fields, echo)
     fields["messages"] = [{"role": "user", "content": "(legacy completion)"}]
-    return fields, TextShape(prompt, echo, logprobs, score_only)
+    return fields, TextShape(prompt, echo, logprobs, score_only, tuple(more))
 
 
 def _scores_only(fields: dict[str, Any], echo: bool) -> bool:
@@ -142,18 +152,50 @@ def _scores_only(fields: dict[str, Any], echo: bool) -> bool:
     return True
 
 
-def _single_prompt(prompt: Any) -> str | list[int]:
+def _prompts(prompt: Any) -> list[str | list[int]]:
+    """The request's prompts: one string or token-id list, or a list of several."""
     if isinstance(prompt, str):
-        return prompt
+        return [prompt]
     if isinstance(prompt, list) and prompt:
         if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            return list(prompt)
-        if len(prompt) == 1 and isinstance(prompt[0], str | list):
-            return _single_prompt(prompt[0])
-        raise InvalidRequestError(
-            "one prompt per request: send a string or a list of token ids", "prompt"
-        )
+            return [list(prompt)]
+        return [_one_prompt(each) for each in prompt]
     raise InvalidRequestError("prompt must be a non-empty string or list of token ids", "prompt")
+
+
+def _one_prompt(prompt: Any) -> str | list[int]:
+    """One of several prompts: a string or a non-empty list of token ids."""
+    if isinstance(prompt, str):
+        return prompt
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    ):
+        return list(prompt)
+    raise InvalidRequestError(
+        "prompt must be a string, a list of token ids, or a list of either (several prompts)",
+        "prompt",
+    )
+
+
+def merge_texts(bodies: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One ``text_completion`` of the whole replies to a request's several prompts: each
+    reply's choice in prompt order (``index`` the prompt's), the usage summed."""
+    first = bodies[0]
+    choices: list[dict[str, Any]] = []
+    totals: dict[str, int] = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+    cached = 0
+    for index, body in enumerate(bodies):
+        choices.extend({**choice, "index": index} for choice in body["choices"])
+        usage = body["usage"]
+        for key in totals:
+            totals[key] += usage[key]
+        cached += (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    usage_sum: dict[str, Any] = dict(totals)
+    if any("prompt_tokens_details" in body["usage"] for body in bodies):
+        usage_sum["prompt_tokens_details"] = {"cached_tokens": cached}
+    return {**first, "choices": choices, "usage": usage_sum}
 
 
 def _completion_id() -> str:

@@ -88,7 +88,13 @@ from swiftclient.wire import (
 )
 
 from .backend import LocalBackend
-from .errors import EngineConfigError, EngineError, GrammarFailedError, OverloadedError
+from .errors import (
+    EngineConfigError,
+    EngineError,
+    GrammarFailedError,
+    InvalidRequestError,
+    OverloadedError,
+)
 from .messages import MessageEvents, MessagesRequestError, message_body, messages_error, named_event
 from .messages import chat_fields as messages_chat_fields
 from .responses import (
@@ -106,7 +112,9 @@ if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import Span, TracerProvider
 
+    from .completions import TextRequest
     from .engine import EngineConfig, RequestOutput
+    from .service import ChatService, OutputSource, PreparedRequest
 
 __all__ = ["LocalServer", "RequestError", "command", "main", "parse_chat_body"]
 
@@ -612,6 +620,14 @@ class LocalServer:
             if chat.model not in self.served_model_names:
                 raise self._unknown_model(chat.model)
             self._check_limit(chat)
+            if shape.more and chat.stream:
+                raise RequestError(
+                    400,
+                    "several prompts in one request are served without streaming: send "
+                    "stream: false, or one prompt per request",
+                    "invalid_request",
+                    "prompt",
+                )
         except RequestError as error:
             self._note_ignored(writer, ignored)
             await _send_error(writer, error)
@@ -625,6 +641,11 @@ class LocalServer:
                 prompt_logprobs=shape.prompt_logprobs,
                 score_only=shape.score_only,
             )
+            if shape.more:  # several prompts: a choice each, run side by side
+                body = await self._several_texts(service, engine, parsed, prepare)
+                _access_usage(_UsageView(body["usage"]))
+                await writer.send_json(200, body)
+                return
             prepared = await anyio.to_thread.run_sync(prepare, chat, shape.prompt)
             if not chat.stream:
                 body = await complete_text(service, engine, parsed, prepared)
@@ -657,6 +678,38 @@ class LocalServer:
             )
             return
         await writer.write(SSE_DONE)
+
+    async def _several_texts(
+        self,
+        service: ChatService,
+        engine: OutputSource,
+        parsed: TextRequest,
+        prepare: Callable[[ChatRequest, str | list[int]], PreparedRequest],
+    ) -> dict[str, Any]:
+        """The one body of a legacy completion with several prompts: each prompt prepared
+        and run as its own engine request, side by side, its reply a choice in order."""
+        from .completions import complete_text, merge_texts
+
+        prompts = parsed.shape.prompts
+        limit = service.engine.config.max_waiting
+        if len(prompts) > limit:  # they wait together: more never fit, however idle it is
+            raise InvalidRequestError(
+                f"{len(prompts)} prompts are more than this server queues at once "
+                f"(max_waiting={limit}); send at most {limit} a request",
+                "prompt",
+            )
+        prepared = [
+            await anyio.to_thread.run_sync(prepare, parsed.request, prompt) for prompt in prompts
+        ]
+        bodies: list[dict[str, Any]] = [{} for _ in prompts]
+
+        async def run(index: int) -> None:
+            bodies[index] = await complete_text(service, engine, parsed, prepared[index])
+
+        async with anyio.create_task_group() as tg:
+            for index in range(len(prompts)):
+                tg.start_soon(run, index)
+        return merge_texts(bodies)
 
     async def _responses(self, request: Request, writer: ResponseWriter) -> None:
         """``POST /v1/responses``: the Responses API, stateless (:mod:`local_engine.responses`)."""

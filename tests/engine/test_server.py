@@ -537,6 +537,10 @@ async def test_more_choices_than_ever_wait_is_400_not_503(
             await create(model="tiny-test", messages=HI, n=3, max_tokens=2)
         reply = await create(model="tiny-test", messages=HI, n=2, max_tokens=2)
         assert len(reply.choices) == 2
+        body = {"model": "tiny-test", "prompt": ["a", "b", "c"], "max_tokens": 2}
+        refused = await running.http.post("/v1/completions", json=body)
+        assert refused.status_code == 400 and "max_waiting=2" in refused.text
+        assert refused.json()["error"]["param"] == "prompt"
 
 
 async def test_client_disconnect_mid_stream_aborts_the_request(served: Served) -> None:

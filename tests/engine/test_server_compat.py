@@ -410,7 +410,9 @@ async def test_legacy_completions(served: Served) -> None:
     )
     assert default.usage is not None and default.usage.completion_tokens == 16  # OpenAI's default
     for bad, param in (
-        ({"prompt": ["a", "b"]}, "prompt"),
+        ({"prompt": ["a", "b"], "stream": True}, "prompt"),  # several: not streamed
+        ({"prompt": ["a", 5]}, "prompt"),
+        ({"prompt": [[1, 2], []]}, "prompt"),
         ({"prompt": "a", "suffix": "z"}, "suffix"),
         ({"prompt": ""}, "prompt"),
         ({"prompt": "a", "n": 2}, "n"),
@@ -420,6 +422,36 @@ async def test_legacy_completions(served: Served) -> None:
         response = await served.http.post("/v1/completions", json={"model": "tiny-test", **bad})
         assert response.status_code == 400, bad
         assert response.json()["error"]["param"] == param, bad
+
+
+@pytest.mark.anyio
+async def test_several_prompts_are_a_choice_each_with_the_usage_summed(served: Served) -> None:
+    """What lm-evaluation-harness sends with a batch size over 1 (a list of strings or of
+    token-id lists): each prompt's reply is the choice of its index, as alone (it was a 400,
+    "one prompt per request")."""
+    ask = {"model": "tiny-test", "max_tokens": 4, "temperature": 0.0, "ignore_eos": True}
+    for prompts in (["Once upon", "The capital of", "Hi"], [[40, 41, 42], [50, 51]]):
+        alone = []
+        for prompt in prompts:
+            body = {**ask, "prompt": prompt, "echo": True, "logprobs": 1}
+            response = await served.http.post("/v1/completions", json=body)
+            alone.append(response.json())
+        several = {**ask, "prompt": prompts, "echo": True, "logprobs": 1}
+        response = await served.http.post("/v1/completions", json=several)
+        assert response.status_code == 200, response.text
+        got = response.json()
+        assert [choice["index"] for choice in got["choices"]] == list(range(len(prompts)))
+        for choice, single in zip(got["choices"], alone, strict=True):
+            assert choice["text"] == single["choices"][0]["text"]
+            assert choice["logprobs"]["tokens"] == single["choices"][0]["logprobs"]["tokens"]
+        for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+            assert got["usage"][key] == sum(single["usage"][key] for single in alone), key
+    # the openai SDK's form of a batch
+    batch = await served.oa.completions.create(
+        model="tiny-test", prompt=["a", "b"], max_tokens=2, extra_body={"ignore_eos": True}
+    )
+    assert [choice.index for choice in batch.choices] == [0, 1]
+    assert batch.usage is not None and batch.usage.completion_tokens == 4
 
 
 async def _scored(served: Served, prompt: list[int], **fields: Any) -> dict[str, Any]:
