@@ -418,6 +418,7 @@ async def test_legacy_completions(served: Served) -> None:
         ({"prompt": "a", "n": 2}, "n"),
         ({"prompt": "a", "logprobs": -1}, "logprobs"),
         ({"prompt": "a", "logprobs": 50}, "logprobs"),  # it named top_logprobs
+        ({"prompt": "a", "max_tokens": -1}, "max_tokens"),
     ):
         response = await served.http.post("/v1/completions", json={"model": "tiny-test", **bad})
         assert response.status_code == 400, bad
