@@ -423,6 +423,10 @@ async def test_legacy_completions(served: Served) -> None:
         response = await served.http.post("/v1/completions", json={"model": "tiny-test", **bad})
         assert response.status_code == 400, bad
         assert response.json()["error"]["param"] == param, bad
+    # 0 is taken (with echo): the error said "greater than or equal to 1"
+    negative = {"model": "tiny-test", "prompt": "a", "max_tokens": -1}
+    said = (await served.http.post("/v1/completions", json=negative)).json()["error"]["message"]
+    assert "at least 0" in said
 
 
 @pytest.mark.anyio
