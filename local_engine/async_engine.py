@@ -191,12 +191,14 @@ class _Job:
     """One call for a worker thread that keeps no reference to its function, arguments,
     result or error once the caller has taken them.
 
-    A worker thread of trio's cache (anyio's on trio) drops its references to a job only
-    after it has handed the result over, when it runs again; if the process is exiting by
-    then and those references were the last to the engine's tensors, the tensors are freed
-    in that thread during interpreter finalization: torch releases the GIL to free them,
-    cannot take it back, and the thread's forced exit aborts the process ("terminate called
-    without an active exception", seen after a LocalBackend was entered twice on trio)."""
+    A worker thread lets go of a call's last pieces after it has handed the result over:
+    trio's thread cache of the result (until the job's frame returns), anyio's asyncio
+    workers of the function and its arguments too (until their next job). If the process is
+    exiting by then and those references were the last to the engine's tensors, the tensors
+    are freed in that thread during interpreter finalization: torch releases the GIL to free
+    them, cannot take it back, and the thread's forced exit aborts the process ("terminate
+    called without an active exception", seen after a LocalBackend was entered twice on
+    trio)."""
 
     __slots__ = ("args", "error", "fn", "value")
 

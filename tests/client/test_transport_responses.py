@@ -439,9 +439,9 @@ def test_a_streamed_refusal_is_a_refusal_part() -> None:
     )
     _, echoed = chat_fields({"model": "m", "input": "hi"}, [])
     body = response_body(whole, ResponseEcho("m", echoed))
-    assert [item["content"] for item in body["output"]] == [
-        item["content"] for item in response["output"]
-    ]
+    assert [(item["content"], item["status"]) for item in body["output"]] == [
+        (item["content"], item["status"]) for item in response["output"]
+    ]  # the text completed, the refusal cut
     assert body["status"] == "incomplete"
 
 

@@ -574,7 +574,8 @@ def response_body(
     if calls and choice.finish_reason == "stop" and matched_stop(choice) is not None:
         cut_call = "incomplete"
     if message.content or not (message.refusal or calls):
-        output.append(_message_item(_item_id("msg"), message.content or "", said, logprobs))
+        text_said = "completed" if message.refusal else said  # the refusal comes after it
+        output.append(_message_item(_item_id("msg"), message.content or "", text_said, logprobs))
     if message.refusal:  # a message of its own, as the stream sends it
         item = _message_item(_item_id("msg"), "", said, [])
         item["content"] = [_refusal_part(message.refusal)]
