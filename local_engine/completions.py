@@ -131,7 +131,7 @@ def text_request_fields(body: dict[str, Any]) -> tuple[dict[str, Any], TextShape
     if fields["max_tokens"] is None:
         fields["max_tokens"] = LEGACY_DEFAULT_MAX_TOKENS
     limit = fields["max_tokens"]
-    if isinstance(limit, int) and not isinstance(limit, bool) and limit < 0:  # chat says 1
+    if isinstance(limit, int | float) and not isinstance(limit, bool) and limit < 0:
         raise InvalidRequestError(
             "max_tokens must be at least 0 here (0 with echo scores the prompt)", "max_tokens"
         )

@@ -702,13 +702,20 @@ class LocalServer:
             await anyio.to_thread.run_sync(prepare, parsed.request, prompt) for prompt in prompts
         ]
         bodies: list[dict[str, Any]] = [{} for _ in prompts]
+        failures: list[ValueError | EngineError] = []
 
-        async def run(index: int) -> None:
-            bodies[index] = await complete_text(service, engine, parsed, prepared[index])
+        async def run(index: int, scope: anyio.CancelScope) -> None:
+            try:
+                bodies[index] = await complete_text(service, engine, parsed, prepared[index])
+            except (ValueError, EngineError) as exc:  # the request's answer, as for one prompt
+                failures.append(exc)
+                scope.cancel()  # the others too
 
         async with anyio.create_task_group() as tg:
             for index in range(len(prompts)):
-                tg.start_soon(run, index)
+                tg.start_soon(run, index, tg.cancel_scope)
+        if failures:
+            raise failures[0]
         return merge_texts(bodies)
 
     async def _responses(self, request: Request, writer: ResponseWriter) -> None:

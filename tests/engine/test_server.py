@@ -543,6 +543,31 @@ async def test_more_choices_than_ever_wait_is_400_not_503(
         assert refused.json()["error"]["param"] == "prompt"
 
 
+async def test_a_batch_of_prompts_the_queue_cannot_take_is_503_as_one_prompt_is(
+    tiny: TinyModel, anyio_backend: str
+) -> None:
+    """Several prompts on /v1/completions run side by side; when one was refused for a full
+    queue the task group's ExceptionGroup got past the handler: a 500 "internal_error",
+    no Retry-After, where one prompt gets 503."""
+    engine = tiny.engine(max_num_seqs=1, max_waiting=2)
+    async with serve(engine) as running:
+        create: Any = running.oa.chat.completions.create
+        first = await create(model="tiny-test", messages=HI, stream=True, **LONG)
+        async for chunk in first:  # the first request runs...
+            if chunk.choices and chunk.choices[0].delta.content:
+                break
+        second = await create(model="tiny-test", messages=HI, stream=True, **LONG)  # ...one waits
+        body = {"model": "tiny-test", "prompt": ["a", "b"], "max_tokens": 2}
+        refused = await running.http.post("/v1/completions", json=body)
+        assert refused.status_code == 503, refused.text
+        assert refused.headers["retry-after"] == "1"
+        assert refused.json()["error"]["code"] == "server_overloaded"
+        await second.close()
+        await first.close()
+        await running.settle()
+        assert engine.num_free_blocks() == engine.num_blocks  # the batch's first was aborted
+
+
 async def test_client_disconnect_mid_stream_aborts_the_request(served: Served) -> None:
     stream = await served.oa.chat.completions.create(
         model="tiny-test", messages=HI, stream=True, **LONG

@@ -424,9 +424,10 @@ async def test_legacy_completions(served: Served) -> None:
         assert response.status_code == 400, bad
         assert response.json()["error"]["param"] == param, bad
     # 0 is taken (with echo): the error said "greater than or equal to 1"
-    negative = {"model": "tiny-test", "prompt": "a", "max_tokens": -1}
-    said = (await served.http.post("/v1/completions", json=negative)).json()["error"]["message"]
-    assert "at least 0" in said
+    for limit in (-1, -1.0):
+        negative = {"model": "tiny-test", "prompt": "a", "max_tokens": limit}
+        response = await served.http.post("/v1/completions", json=negative)
+        assert "at least 0" in response.json()["error"]["message"], limit
 
 
 @pytest.mark.anyio
