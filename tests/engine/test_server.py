@@ -506,23 +506,29 @@ async def test_health_and_models(served: Served) -> None:
         await backend.aclose()
 
 
+@asynccontextmanager
+async def one_running_one_waiting(running: Any) -> AsyncIterator[None]:
+    """Two long streams on a server of one sequence: the first runs, the second waits."""
+    create: Any = running.oa.chat.completions.create
+    first = await create(model="tiny-test", messages=HI, stream=True, **LONG)
+    async for chunk in first:  # the first request runs...
+        if chunk.choices and chunk.choices[0].delta.content:
+            break
+    second = await create(model="tiny-test", messages=HI, stream=True, **LONG)  # ...one waits
+    yield
+    await second.close()
+    await first.close()
+    await running.settle()
+
+
 async def test_overload_is_503_with_retry_after(tiny: TinyModel, anyio_backend: str) -> None:
     engine = tiny.engine(max_num_seqs=1, max_waiting=1)
-    async with serve(engine) as running:
-        create: Any = running.oa.chat.completions.create
-        first = await create(model="tiny-test", messages=HI, stream=True, **LONG)
-        async for chunk in first:  # the first request runs...
-            if chunk.choices and chunk.choices[0].delta.content:
-                break
-        second = await create(model="tiny-test", messages=HI, stream=True, **LONG)  # ...one waits
+    async with serve(engine) as running, one_running_one_waiting(running):
         with pytest.raises(openai.InternalServerError) as caught:
-            await create(model="tiny-test", messages=HI, **LONG)
+            await running.oa.chat.completions.create(model="tiny-test", messages=HI, **LONG)
         assert caught.value.status_code == 503
         assert caught.value.response.headers["retry-after"] == "1"
         assert caught.value.code == "server_overloaded"
-        await second.close()
-        await first.close()
-        await running.settle()
 
 
 async def test_more_choices_than_ever_wait_is_400_not_503(
@@ -551,20 +557,12 @@ async def test_a_batch_of_prompts_the_queue_cannot_take_is_503_as_one_prompt_is(
     no Retry-After, where one prompt gets 503."""
     engine = tiny.engine(max_num_seqs=1, max_waiting=2)
     async with serve(engine) as running:
-        create: Any = running.oa.chat.completions.create
-        first = await create(model="tiny-test", messages=HI, stream=True, **LONG)
-        async for chunk in first:  # the first request runs...
-            if chunk.choices and chunk.choices[0].delta.content:
-                break
-        second = await create(model="tiny-test", messages=HI, stream=True, **LONG)  # ...one waits
-        body = {"model": "tiny-test", "prompt": ["a", "b"], "max_tokens": 2}
-        refused = await running.http.post("/v1/completions", json=body)
-        assert refused.status_code == 503, refused.text
-        assert refused.headers["retry-after"] == "1"
-        assert refused.json()["error"]["code"] == "server_overloaded"
-        await second.close()
-        await first.close()
-        await running.settle()
+        async with one_running_one_waiting(running):
+            body = {"model": "tiny-test", "prompt": ["a", "b"], "max_tokens": 2}
+            refused = await running.http.post("/v1/completions", json=body)
+            assert refused.status_code == 503, refused.text
+            assert refused.headers["retry-after"] == "1"
+            assert refused.json()["error"]["code"] == "server_overloaded"
         assert engine.num_free_blocks() == engine.num_blocks  # the batch's first was aborted
 
 
