@@ -17,6 +17,7 @@ from swiftclient import (
     CallCost,
     ChatCompletion,
     ConfigurationError,
+    DeadlineExceeded,
     Hedge,
     HedgeStats,
     HTTPBackend,
@@ -395,6 +396,30 @@ async def test_an_attempt_admission_refused_is_neither_sent_nor_wasted() -> None
         assert cost_of(second).cost == pytest.approx(0.02)
         stats = client.stats()
         assert (stats.calls, stats.attempts, stats.wasted_requests) == (2, 3, 0)
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+async def test_an_attempt_whose_admission_took_the_deadline_was_not_sent(
+    streamed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shared store's wait may end a moment past the deadline. The stream then sent
+    nothing and counted nothing; a non-streamed attempt was counted as sent and billed as
+    a cancelled request (its deadline was checked only once it was waiting on the reply)."""
+    from swiftclient._attempt import AttemptRun
+
+    async def admitted_late(self: AttemptRun, admission: object) -> None:
+        await anyio.sleep(self._deadline.at - self._now() + 0.05)
+
+    monkeypatch.setattr(AttemptRun, "_admit", admitted_late)
+    async with (
+        providers("a") as fakes,
+        client_for(fakes, pricing=PER_REQUEST, limits={"a": Limits(rpm=100)}, timeout=0.2) as c,
+    ):
+        with pytest.raises(DeadlineExceeded):
+            await c.chat(PROMPT, model="a/m", stream=streamed)
+        assert not fakes["a"].requests
+        stats = c.stats()
+        assert (stats.attempts, stats.wasted_requests, stats.cost) == (1, 0, 0.0)
 
 
 @pytest.mark.parametrize("streamed", [True, False])
