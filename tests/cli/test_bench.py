@@ -515,3 +515,30 @@ def test_compare_local_is_the_local_engine_and_alone() -> None:
         with pytest.raises(CLIError) as raised:
             _variant_b(spec, a)
         assert raised.value.status == 2 and "--compare: " in raised.value.format_message()
+
+
+@pytest.mark.parametrize("ended", [True, False])
+def test_the_terminal_bar_says_a_level_cut_short_was_interrupted(ended: bool) -> None:
+    """On a terminal the bar kept the level's plain label when Ctrl-C cut the level short,
+    as if it had finished."""
+    import io
+
+    import anyio
+    from rich.console import Console
+
+    from swiftclient.cli._bench import _Progress
+
+    progress = _Progress()
+    out = io.StringIO()
+    progress.err = Console(file=out, force_terminal=True, width=120, color_system=None)
+    progress.live = True
+
+    async def level() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(progress.follow, "c=2", 4)
+            await anyio.wait_all_tasks_blocked()
+            progress.ended = ended  # follow() begins a level as not ended
+            tg.cancel_scope.cancel()
+
+    anyio.run(level)
+    assert ("c=2 interrupted" in out.getvalue()) is not ended, out.getvalue()
