@@ -46,7 +46,7 @@ from local_engine.sampler import SamplingParams
 if TYPE_CHECKING:
     from local_engine.metrics import StepObserver
 
-__all__ = ["AsyncEngine", "run_in_worker"]
+__all__ = ["AsyncEngine", "check_waiting_room", "run_in_worker"]
 
 T = TypeVar("T")
 
@@ -227,6 +227,19 @@ class _Job:
         return value
 
 
+def check_waiting_room(engine: Engine, count: int, what: str, param: str | None = None) -> None:
+    """Refuse ``count`` requests that are added together (the choices of one request, or
+    its prompts) when they are more than ``engine`` queues at once: they would never fit,
+    however idle it is, and "busy" (503) would have a client retry forever."""
+    limit = engine.config.max_waiting
+    if count > limit:
+        raise InvalidRequestError(
+            f"{count} {what} are more than this engine queues at once (max_waiting={limit}); "
+            f"ask for at most {limit} in one request",
+            param,
+        )
+
+
 async def run_in_worker(fn: Callable[..., T], *args: Any) -> T:
     """``anyio.to_thread.run_sync(fn, *args)``, with nothing of the call left in the worker
     thread afterwards (see :class:`_Job`)."""
@@ -375,12 +388,7 @@ class AsyncEngine:
     ) -> AsyncIterator[list[_Outputs]]:
         if not self._accepting:
             raise EngineError("AsyncEngine is not running (use `async with AsyncEngine(...)`)")
-        limit = self.engine.config.max_waiting
-        if len(params) > limit:  # they wait together: more never fit, however idle it is
-            raise InvalidRequestError(
-                f"n={len(params)} choices are more than this engine queues at once "
-                f"(max_waiting={limit}); ask for at most {limit}"
-            )
+        check_waiting_room(self.engine, len(params), "choices (n)")
         added: list[tuple[str, _Mailbox]] = []
         async with self._lock:
             if self._failure is not None:

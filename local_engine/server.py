@@ -92,7 +92,6 @@ from .errors import (
     EngineConfigError,
     EngineError,
     GrammarFailedError,
-    InvalidRequestError,
     OverloadedError,
 )
 from .messages import MessageEvents, MessagesRequestError, message_body, messages_error, named_event
@@ -688,19 +687,14 @@ class LocalServer:
     ) -> dict[str, Any]:
         """The one body of a legacy completion with several prompts: each prompt prepared
         and run as its own engine request, side by side, its reply a choice in order."""
+        from .async_engine import check_waiting_room
         from .completions import complete_text, merge_texts
 
         prompts = parsed.shape.prompts
-        limit = service.engine.config.max_waiting
-        if len(prompts) > limit:  # they wait together: more never fit, however idle it is
-            raise InvalidRequestError(
-                f"{len(prompts)} prompts are more than this server queues at once "
-                f"(max_waiting={limit}); send at most {limit} a request",
-                "prompt",
-            )
-        prepared = [
-            await anyio.to_thread.run_sync(prepare, parsed.request, prompt) for prompt in prompts
-        ]
+        check_waiting_room(service.engine, len(prompts), "prompts", "prompt")
+        prepared = await anyio.to_thread.run_sync(  # one trip to a worker thread for all
+            lambda: [prepare(parsed.request, prompt) for prompt in prompts]
+        )
         bodies: list[dict[str, Any]] = [{} for _ in prompts]
         failures: list[ValueError | EngineError] = []
 
